@@ -1,0 +1,69 @@
+//! Pure decision logic: no I/O, no clocks, no async. Everything here is a function of its
+//! inputs so it can be unit- and property-tested exhaustively.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// KEP-4212 `podType`: which kind of pod a drain plan entry targets. The declaration order
+/// is the drain order.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum PodType {
+    Default,
+    DaemonSet,
+    Static,
+}
+
+/// What nodegrace knows of one pod on its node: enough to classify, order and terminate it,
+/// and to persist in the offline cache (`/var/lib/nodegrace/pods.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `spec.priority`; pods without one have priority 0, as in the apiserver.
+    pub priority: i32,
+    pub pod_type: PodType,
+    /// `spec.terminationGracePeriodSeconds` (default 30).
+    pub termination_grace_period_seconds: i64,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.deletionTimestamp` is set: still running, counts as active.
+    #[serde(default)]
+    pub terminating: bool,
+    /// Phase Succeeded or Failed: ignored by every drain.
+    #[serde(default)]
+    pub terminal: bool,
+    /// Static pods only: the `kubernetes.io/config.hash` / mirror annotation value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_hash: Option<String>,
+}
+
+impl PodInfo {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    pub fn grace_period(&self) -> Duration {
+        Duration::from_secs(self.termination_grace_period_seconds.max(0) as u64)
+    }
+}
+
+/// KEP-4212 `DrainPlanEntry`; also the shape of a drain target. Shared by the CRD types in
+/// `api` and by the pure planning code here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainPlanEntry {
+    /// Selects pods by label among those of this type and priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// Pods with a priority less than or equal to this value are selected.
+    pub pod_priority: i32,
+    pub pod_type: PodType,
+}

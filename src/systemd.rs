@@ -1,0 +1,1 @@
+//! TODO: see the issue that owns this module.
