@@ -13,9 +13,7 @@ use toml::Spanned;
 
 use super::error::{located, ConfigError};
 use super::raw::{Dur, Leaf, Merge, RawBand, RawConfig, RawPlanEntry, RawPolicy};
-use super::{
-    CompletionPolicy, DrainPlanEntrySetting, PriorityGracePeriod, Settings,
-};
+use super::{CompletionPolicy, DrainPlanEntrySetting, PriorityGracePeriod, Settings};
 use crate::plan::PodType;
 
 /// The result of [`load_report`]: the settings and how they were found.
@@ -107,7 +105,12 @@ fn drop_in_paths(main: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(err) => return Err(ConfigError::file(&dir, format!("cannot list drop-ins: {err}"))),
+        Err(err) => {
+            return Err(ConfigError::file(
+                &dir,
+                format!("cannot list drop-ins: {err}"),
+            ))
+        }
     };
     let mut names = Vec::new();
     for entry in entries {
@@ -443,12 +446,30 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
 
     if let Some(sd) = &raw.shutdown {
         let t = &mut s.shutdown;
-        duration(ctx, &sd.max_delay, "shutdown.max_delay", Bounds { nonzero: true, max: DAY }, &mut t.max_delay)?;
+        duration(
+            ctx,
+            &sd.max_delay,
+            "shutdown.max_delay",
+            Bounds {
+                nonzero: true,
+                max: DAY,
+            },
+            &mut t.max_delay,
+        )?;
         flag(&sd.manage_logind_dropin, &mut t.manage_logind_dropin);
-        path(ctx, &sd.logind_dropin_dir, "shutdown.logind_dropin_dir", &mut t.logind_dropin_dir)?;
+        path(
+            ctx,
+            &sd.logind_dropin_dir,
+            "shutdown.logind_dropin_dir",
+            &mut t.logind_dropin_dir,
+        )?;
         if let Some(leaf) = &sd.logind_dropin_name {
             let name = leaf.get();
-            if name.contains('/') || name.starts_with('.') || !name.ends_with(".conf") || name.len() <= ".conf".len() {
+            if name.contains('/')
+                || name.starts_with('.')
+                || !name.ends_with(".conf")
+                || name.len() <= ".conf".len()
+            {
                 return Err(ctx.leaf(
                     leaf,
                     "shutdown.logind_dropin_name",
@@ -463,7 +484,10 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
             ctx,
             &sd.stop_drain_timeout,
             "shutdown.stop_drain_timeout",
-            Bounds { nonzero: true, max: Duration::from_secs(110) },
+            Bounds {
+                nonzero: true,
+                max: Duration::from_secs(110),
+            },
             &mut t.stop_drain_timeout,
         )?;
         flag(&sd.warn_kubelet_inhibitor, &mut t.warn_kubelet_inhibitor);
@@ -474,27 +498,66 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
         if let Some(plan) = &dr.plan {
             t.plan = drain_plan(ctx, plan)?;
         }
-        let reserve = Bounds { nonzero: false, max: HOUR };
-        duration(ctx, &dr.reserve_daemonset, "drain.reserve_daemonset", reserve, &mut t.reserve_daemonset)?;
-        duration(ctx, &dr.reserve_static, "drain.reserve_static", reserve, &mut t.reserve_static)?;
-        duration(ctx, &dr.reserve_critical, "drain.reserve_critical", reserve, &mut t.reserve_critical)?;
+        let reserve = Bounds {
+            nonzero: false,
+            max: HOUR,
+        };
+        duration(
+            ctx,
+            &dr.reserve_daemonset,
+            "drain.reserve_daemonset",
+            reserve,
+            &mut t.reserve_daemonset,
+        )?;
+        duration(
+            ctx,
+            &dr.reserve_static,
+            "drain.reserve_static",
+            reserve,
+            &mut t.reserve_static,
+        )?;
+        duration(
+            ctx,
+            &dr.reserve_critical,
+            "drain.reserve_critical",
+            reserve,
+            &mut t.reserve_critical,
+        )?;
         if let Some(leaf) = &dr.critical_priority {
             t.critical_priority = priority(ctx, leaf.file, &leaf.inner, "drain.critical_priority")?;
         }
-        duration(ctx, &dr.eviction_backoff_max, "drain.eviction_backoff_max", Bounds { nonzero: true, max: HOUR }, &mut t.eviction_backoff_max)?;
+        duration(
+            ctx,
+            &dr.eviction_backoff_max,
+            "drain.eviction_backoff_max",
+            Bounds {
+                nonzero: true,
+                max: HOUR,
+            },
+            &mut t.eviction_backoff_max,
+        )?;
         duration(
             ctx,
             &dr.eviction_backoff_max_shutdown,
             "drain.eviction_backoff_max_shutdown",
-            Bounds { nonzero: true, max: Duration::from_secs(5 * 60) },
+            Bounds {
+                nonzero: true,
+                max: Duration::from_secs(5 * 60),
+            },
             &mut t.eviction_backoff_max_shutdown,
         )?;
-        flag(&dr.external_eviction_request_controller, &mut t.external_eviction_request_controller);
+        flag(
+            &dr.external_eviction_request_controller,
+            &mut t.external_eviction_request_controller,
+        );
         duration(
             ctx,
             &dr.volume_detach_timeout,
             "drain.volume_detach_timeout",
-            Bounds { nonzero: false, max: Duration::from_secs(10 * 60) },
+            Bounds {
+                nonzero: false,
+                max: Duration::from_secs(10 * 60),
+            },
             &mut t.volume_detach_timeout,
         )?;
     }
@@ -502,14 +565,30 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
     if let Some(fb) = &raw.fallback {
         let t = &mut s.fallback;
         flag(&fb.enabled, &mut t.enabled);
-        duration(ctx, &fb.apiserver_timeout, "fallback.apiserver_timeout", Bounds { nonzero: true, max: HOUR }, &mut t.apiserver_timeout)?;
+        duration(
+            ctx,
+            &fb.apiserver_timeout,
+            "fallback.apiserver_timeout",
+            Bounds {
+                nonzero: true,
+                max: HOUR,
+            },
+            &mut t.apiserver_timeout,
+        )?;
         if let Some(leaf) = &fb.cri_endpoint {
             let socket = leaf.get().strip_prefix("unix://").unwrap_or("");
-            if !socket.starts_with('/') || Path::new(socket).components().any(|c| c == Component::ParentDir) {
+            if !socket.starts_with('/')
+                || Path::new(socket)
+                    .components()
+                    .any(|c| c == Component::ParentDir)
+            {
                 return Err(ctx.leaf(
                     leaf,
                     "fallback.cri_endpoint",
-                    &format!("{:?} must be \"unix://\" followed by an absolute socket path", leaf.get()),
+                    &format!(
+                        "{:?} must be \"unix://\" followed by an absolute socket path",
+                        leaf.get()
+                    ),
                 ));
             }
             t.cri_endpoint = leaf.get().clone();
@@ -518,24 +597,48 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
         if let Some(leaf) = &fb.kubelet_unit {
             let unit = leaf.get();
             if unit.contains('/') || !unit.ends_with(".service") || unit.len() <= ".service".len() {
-                return Err(ctx.leaf(leaf, "fallback.kubelet_unit", &format!("{unit:?} must be a systemd service unit name, e.g. \"kubelet.service\"")));
+                return Err(ctx.leaf(
+                    leaf,
+                    "fallback.kubelet_unit",
+                    &format!(
+                        "{unit:?} must be a systemd service unit name, e.g. \"kubelet.service\""
+                    ),
+                ));
             }
             t.kubelet_unit = unit.clone();
         }
         if let Some(bands) = &fb.shutdown_grace_period_by_pod_priority {
             t.shutdown_grace_period_by_pod_priority = grace_bands(ctx, bands)?;
-        } else if fb.shutdown_grace_period.is_some() || fb.shutdown_grace_period_critical_pods.is_some() {
+        } else if fb.shutdown_grace_period.is_some()
+            || fb.shutdown_grace_period_critical_pods.is_some()
+        {
             t.shutdown_grace_period_by_pod_priority = simple_grace(ctx, fb)?;
         }
     }
 
     if let Some(sp) = &raw.static_pods {
-        path(ctx, &sp.manifest_dir, "static_pods.manifest_dir", &mut s.static_pods.manifest_dir)?;
-        path(ctx, &sp.gate_dir, "static_pods.gate_dir", &mut s.static_pods.gate_dir)?;
+        path(
+            ctx,
+            &sp.manifest_dir,
+            "static_pods.manifest_dir",
+            &mut s.static_pods.manifest_dir,
+        )?;
+        path(
+            ctx,
+            &sp.gate_dir,
+            "static_pods.gate_dir",
+            &mut s.static_pods.gate_dir,
+        )?;
     }
-    if s.static_pods.gate_dir.starts_with(&s.static_pods.manifest_dir) {
+    if s.static_pods
+        .gate_dir
+        .starts_with(&s.static_pods.manifest_dir)
+    {
         let sp = raw.static_pods.as_ref();
-        let (leaf, key) = match (sp.and_then(|sp| sp.gate_dir.as_ref()), sp.and_then(|sp| sp.manifest_dir.as_ref())) {
+        let (leaf, key) = match (
+            sp.and_then(|sp| sp.gate_dir.as_ref()),
+            sp.and_then(|sp| sp.manifest_dir.as_ref()),
+        ) {
             (Some(leaf), _) => (leaf, "static_pods.gate_dir"),
             (None, Some(leaf)) => (leaf, "static_pods.manifest_dir"),
             (None, None) => unreachable_defaults()?,
@@ -563,7 +666,10 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
 }
 
 fn unreachable_defaults<T>() -> Result<T, ConfigError> {
-    Err(ConfigError::file("<defaults>", "the built-in defaults are inconsistent"))
+    Err(ConfigError::file(
+        "<defaults>",
+        "the built-in defaults are inconsistent",
+    ))
 }
 
 /// The three reserves come out of the shutdown budget; Default pods need some of it too.
@@ -580,9 +686,21 @@ fn check_reserves(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Co
         .and_then(|sd| sd.max_delay.as_ref())
         .map(|leaf| (leaf.file, leaf.span(), "shutdown.max_delay"))
         .into_iter()
-        .chain(drain.and_then(|d| d.reserve_daemonset.as_ref()).map(|l| (l.file, l.span(), "drain.reserve_daemonset")))
-        .chain(drain.and_then(|d| d.reserve_static.as_ref()).map(|l| (l.file, l.span(), "drain.reserve_static")))
-        .chain(drain.and_then(|d| d.reserve_critical.as_ref()).map(|l| (l.file, l.span(), "drain.reserve_critical")))
+        .chain(
+            drain
+                .and_then(|d| d.reserve_daemonset.as_ref())
+                .map(|l| (l.file, l.span(), "drain.reserve_daemonset")),
+        )
+        .chain(
+            drain
+                .and_then(|d| d.reserve_static.as_ref())
+                .map(|l| (l.file, l.span(), "drain.reserve_static")),
+        )
+        .chain(
+            drain
+                .and_then(|d| d.reserve_critical.as_ref())
+                .map(|l| (l.file, l.span(), "drain.reserve_critical")),
+        )
         .max_by_key(|(file, span, _)| (*file, span.start));
     let Some((file, span, key)) = culprit else {
         return unreachable_defaults();
@@ -609,8 +727,16 @@ fn drain_plan(
         let key = format!("drain.plan[{i}]");
         let raw = entry.get_ref();
         let setting = DrainPlanEntrySetting {
-            pod_type: raw.pod_type.as_ref().map_or(PodType::Default, |t| *t.get_ref()),
-            pod_priority: priority(ctx, plan.file, &raw.pod_priority, &format!("{key}.pod_priority"))?,
+            pod_type: raw
+                .pod_type
+                .as_ref()
+                .map_or(PodType::Default, |t| *t.get_ref()),
+            pod_priority: priority(
+                ctx,
+                plan.file,
+                &raw.pod_priority,
+                &format!("{key}.pod_priority"),
+            )?,
             pod_selector: raw
                 .pod_selector
                 .as_ref()
@@ -622,7 +748,9 @@ fn drain_plan(
                 plan.file,
                 entry.span(),
                 &key,
-                &format!("duplicates drain.plan[{first}] (same pod_type, pod_priority and pod_selector)"),
+                &format!(
+                    "duplicates drain.plan[{first}] (same pod_type, pod_priority and pod_selector)"
+                ),
             ));
         }
         out.push(setting);
@@ -636,7 +764,11 @@ fn grace_bands(
 ) -> Result<Vec<PriorityGracePeriod>, ConfigError> {
     const KEY: &str = "fallback.shutdown_grace_period_by_pod_priority";
     if bands.get().is_empty() {
-        return Err(ctx.leaf(bands, KEY, "needs at least one band; set fallback.enabled = false to turn the fallback off"));
+        return Err(ctx.leaf(
+            bands,
+            KEY,
+            "needs at least one band; set fallback.enabled = false to turn the fallback off",
+        ));
     }
     let mut out: Vec<PriorityGracePeriod> = Vec::new();
     for (i, band) in bands.get().iter().enumerate() {
@@ -650,7 +782,10 @@ fn grace_bands(
             raw.shutdown_grace_period.span(),
             &format!("{key}.shutdown_grace_period"),
             grace,
-            &Bounds { nonzero: true, max: DAY },
+            &Bounds {
+                nonzero: true,
+                max: DAY,
+            },
         )?;
         if let Some(prev) = out.last() {
             if priority <= prev.priority {
@@ -665,7 +800,10 @@ fn grace_bands(
                 ));
             }
         }
-        out.push(PriorityGracePeriod { priority, shutdown_grace_period: grace });
+        out.push(PriorityGracePeriod {
+            priority,
+            shutdown_grace_period: grace,
+        });
     }
     Ok(out)
 }
@@ -679,25 +817,48 @@ fn simple_grace(
     ctx: &Ctx<'_>,
     fb: &super::raw::RawFallback,
 ) -> Result<Vec<PriorityGracePeriod>, ConfigError> {
-    let total = fb.shutdown_grace_period.as_ref().map_or(DEFAULT_SHUTDOWN_GRACE_PERIOD, |l| l.get().0);
+    let total = fb
+        .shutdown_grace_period
+        .as_ref()
+        .map_or(DEFAULT_SHUTDOWN_GRACE_PERIOD, |l| l.get().0);
     let critical = fb
         .shutdown_grace_period_critical_pods
         .as_ref()
         .map_or(DEFAULT_SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS, |l| l.get().0);
     let blame = |message: &str| {
         // Point at whichever of the two was written last.
-        let total = fb.shutdown_grace_period.as_ref().map(|l| (l.file, l.span(), "fallback.shutdown_grace_period"));
-        let critical = fb
-            .shutdown_grace_period_critical_pods
+        let total = fb
+            .shutdown_grace_period
             .as_ref()
-            .map(|l| (l.file, l.span(), "fallback.shutdown_grace_period_critical_pods"));
-        match total.into_iter().chain(critical).max_by_key(|(file, span, _)| (*file, span.start)) {
+            .map(|l| (l.file, l.span(), "fallback.shutdown_grace_period"));
+        let critical = fb.shutdown_grace_period_critical_pods.as_ref().map(|l| {
+            (
+                l.file,
+                l.span(),
+                "fallback.shutdown_grace_period_critical_pods",
+            )
+        });
+        match total
+            .into_iter()
+            .chain(critical)
+            .max_by_key(|(file, span, _)| (*file, span.start))
+        {
             Some((file, span, key)) => ctx.at(file, span, key, message),
             None => ConfigError::file("<defaults>", message),
         }
     };
     if let Some(leaf) = &fb.shutdown_grace_period {
-        check_duration(ctx, leaf.file, leaf.span(), "fallback.shutdown_grace_period", total, &Bounds { nonzero: true, max: DAY })?;
+        check_duration(
+            ctx,
+            leaf.file,
+            leaf.span(),
+            "fallback.shutdown_grace_period",
+            total,
+            &Bounds {
+                nonzero: true,
+                max: DAY,
+            },
+        )?;
     }
     if critical.is_zero() {
         return Err(blame(
@@ -714,8 +875,14 @@ fn simple_grace(
         )));
     }
     Ok(vec![
-        PriorityGracePeriod { priority: 0, shutdown_grace_period: total - critical },
-        PriorityGracePeriod { priority: SYSTEM_CRITICAL_PRIORITY, shutdown_grace_period: critical },
+        PriorityGracePeriod {
+            priority: 0,
+            shutdown_grace_period: total - critical,
+        },
+        PriorityGracePeriod {
+            priority: SYSTEM_CRITICAL_PRIORITY,
+            shutdown_grace_period: critical,
+        },
     ])
 }
 
@@ -725,7 +892,11 @@ fn metrics_listen(ctx: &Ctx<'_>, leaf: &Leaf<String>) -> Result<Option<SocketAdd
         return Ok(None);
     }
     let addr: SocketAddr = text.parse().map_err(|_| {
-        ctx.leaf(leaf, "metrics.listen", &format!("{text:?} is not an IP address and port such as \"127.0.0.1:9847\""))
+        ctx.leaf(
+            leaf,
+            "metrics.listen",
+            &format!("{text:?} is not an IP address and port such as \"127.0.0.1:9847\""),
+        )
     })?;
     if !addr.ip().is_loopback() {
         return Err(ctx.leaf(

@@ -238,7 +238,10 @@ pub fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static
         ("state_dir", a.state_dir != b.state_dir),
         ("node.name", a.node.name != b.node.name),
         ("node.kubeconfig", a.node.kubeconfig != b.node.kubeconfig),
-        ("shutdown.max_delay", a.shutdown.max_delay != b.shutdown.max_delay),
+        (
+            "shutdown.max_delay",
+            a.shutdown.max_delay != b.shutdown.max_delay,
+        ),
         (
             "shutdown.manage_logind_dropin",
             a.shutdown.manage_logind_dropin != b.shutdown.manage_logind_dropin,
@@ -251,12 +254,18 @@ pub fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static
             "shutdown.logind_dropin_name",
             a.shutdown.logind_dropin_name != b.shutdown.logind_dropin_name,
         ),
-        ("fallback.cri_endpoint", a.fallback.cri_endpoint != b.fallback.cri_endpoint),
+        (
+            "fallback.cri_endpoint",
+            a.fallback.cri_endpoint != b.fallback.cri_endpoint,
+        ),
         (
             "static_pods.manifest_dir",
             a.static_pods.manifest_dir != b.static_pods.manifest_dir,
         ),
-        ("static_pods.gate_dir", a.static_pods.gate_dir != b.static_pods.gate_dir),
+        (
+            "static_pods.gate_dir",
+            a.static_pods.gate_dir != b.static_pods.gate_dir,
+        ),
         ("metrics.listen", a.metrics.listen != b.metrics.listen),
     ];
     checks

@@ -232,8 +232,8 @@ impl Merge for RawFallback {
     fn merge(&mut self, later: Self, file: usize) {
         // The simple form and the band list are two spellings of one setting: a later file
         // that uses one form replaces whatever an earlier file said in the other.
-        let later_simple =
-            later.shutdown_grace_period.is_some() || later.shutdown_grace_period_critical_pods.is_some();
+        let later_simple = later.shutdown_grace_period.is_some()
+            || later.shutdown_grace_period_critical_pods.is_some();
         if later_simple {
             self.shutdown_grace_period_by_pod_priority = None;
         }

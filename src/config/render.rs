@@ -38,7 +38,10 @@ fn pod_type(t: PodType) -> Value {
 }
 
 fn entries<const N: usize>(entries: [(&str, Value); N]) -> Table {
-    entries.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    entries
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 fn table<const N: usize>(fields: [(&str, Value); N]) -> Value {
@@ -51,19 +54,31 @@ pub fn to_toml_table(s: &Settings) -> Table {
         ("name", Value::String(s.node.name.clone())),
         (
             "kubeconfig",
-            s.node.kubeconfig.as_deref().map_or(Value::String(String::new()), path),
+            s.node
+                .kubeconfig
+                .as_deref()
+                .map_or(Value::String(String::new()), path),
         ),
     ]);
     let sd = &s.shutdown;
     let shutdown = table([
         ("max_delay", dur(sd.max_delay)),
-        ("manage_logind_dropin", Value::Boolean(sd.manage_logind_dropin)),
+        (
+            "manage_logind_dropin",
+            Value::Boolean(sd.manage_logind_dropin),
+        ),
         ("logind_dropin_dir", path(&sd.logind_dropin_dir)),
-        ("logind_dropin_name", Value::String(sd.logind_dropin_name.clone())),
+        (
+            "logind_dropin_name",
+            Value::String(sd.logind_dropin_name.clone()),
+        ),
         ("on_cancel", policy(sd.on_cancel)),
         ("after_boot", policy(sd.after_boot)),
         ("stop_drain_timeout", dur(sd.stop_drain_timeout)),
-        ("warn_kubelet_inhibitor", Value::Boolean(sd.warn_kubelet_inhibitor)),
+        (
+            "warn_kubelet_inhibitor",
+            Value::Boolean(sd.warn_kubelet_inhibitor),
+        ),
     ]);
     let d = &s.drain;
     let plan = d
@@ -90,9 +105,15 @@ pub fn to_toml_table(s: &Settings) -> Table {
         ("reserve_daemonset", dur(d.reserve_daemonset)),
         ("reserve_static", dur(d.reserve_static)),
         ("reserve_critical", dur(d.reserve_critical)),
-        ("critical_priority", Value::Integer(d.critical_priority.into())),
+        (
+            "critical_priority",
+            Value::Integer(d.critical_priority.into()),
+        ),
         ("eviction_backoff_max", dur(d.eviction_backoff_max)),
-        ("eviction_backoff_max_shutdown", dur(d.eviction_backoff_max_shutdown)),
+        (
+            "eviction_backoff_max_shutdown",
+            dur(d.eviction_backoff_max_shutdown),
+        ),
         (
             "external_eviction_request_controller",
             Value::Boolean(d.external_eviction_request_controller),
@@ -137,8 +158,33 @@ pub fn to_toml_table(s: &Settings) -> Table {
     ])
 }
 
-/// The effective settings as a TOML document.
+/// The effective settings as a TOML document, sections in the order of the documented file.
 pub fn to_toml_string(s: &Settings) -> String {
-    // A table of strings, integers, booleans and arrays always serializes.
-    toml::to_string_pretty(&to_toml_table(s)).unwrap_or_else(|err| format!("# cannot render: {err}\n"))
+    let mut all = to_toml_table(s);
+    let order = [
+        "state_dir",
+        "node",
+        "shutdown",
+        "drain",
+        "fallback",
+        "static_pods",
+        "metrics",
+    ];
+    let mut parts = Vec::new();
+    for key in order {
+        if let Some(value) = all.remove(key) {
+            let mut one = Table::new();
+            one.insert(key.to_string(), value);
+            parts.push(render(&one));
+        }
+    }
+    if !all.is_empty() {
+        parts.push(render(&all));
+    }
+    parts.join("\n")
+}
+
+fn render(table: &Table) -> String {
+    // Strings, integers, booleans, arrays and tables always serialize.
+    toml::to_string_pretty(table).unwrap_or_else(|err| format!("# cannot render: {err}\n"))
 }
