@@ -149,7 +149,7 @@ fn parse_fragment(fragment: &Fragment) -> Result<RawConfig, ConfigError> {
             err.message(),
         )
     };
-    let tree = DeTable::parse(&fragment.text).map_err(|err| error(err, None))?;
+    let tree = DeTable::parse(&fragment.text).map_err(|err| syntax_error(fragment, err))?;
     let deserializer = toml::de::Deserializer::from(tree.clone());
     serde::Deserialize::deserialize(deserializer).map_err(|err| {
         let key = err
@@ -159,12 +159,46 @@ fn parse_fragment(fragment: &Fragment) -> Result<RawConfig, ConfigError> {
     })
 }
 
+/// A TOML syntax error, with the key it happened in when the rest of the file parses.
+fn syntax_error(fragment: &Fragment, err: toml::de::Error) -> ConfigError {
+    let text = &fragment.text;
+    let span = err.span();
+    let mut message = err.message().to_string();
+    if message == "duplicate key" {
+        if let Some(key) = span.clone().and_then(|span| text.get(span)) {
+            message = format!("duplicate key `{key}`");
+        }
+    }
+    let (recovered, _) = DeTable::parse_recoverable(text);
+    let key = span
+        .as_ref()
+        .and_then(|span| key_at(recovered.get_ref(), span.start));
+    located(
+        fragment.name.clone(),
+        text,
+        span.map(|span| span.start),
+        key,
+        &message,
+    )
+}
+
 /// The dotted key of the deepest key or value whose span holds `offset`.
 fn key_at(table: &DeTable<'_>, offset: usize) -> Option<String> {
     let mut best: Option<Vec<String>> = None;
     let mut path = Vec::new();
     walk_table(table, offset, &mut path, &mut best);
-    best.map(|parts| parts.join("."))
+    best.map(|parts| dotted(&parts))
+}
+
+fn dotted(parts: &[String]) -> String {
+    let mut out = String::new();
+    for part in parts {
+        if !out.is_empty() && !part.starts_with('[') {
+            out.push('.');
+        }
+        out.push_str(part);
+    }
+    out
 }
 
 fn holds(span: &Range<usize>, offset: usize) -> bool {
@@ -202,16 +236,14 @@ fn walk_value(
     match value.get_ref() {
         DeValue::Table(table) => walk_table(table, offset, path, best),
         DeValue::Array(items) => {
-            let Some(last) = path.pop() else { return };
             for (i, item) in items.iter().enumerate() {
-                path.push(format!("{last}[{i}]"));
+                path.push(format!("[{i}]"));
                 if holds(&item.span(), offset) {
                     consider(path, best);
                 }
                 walk_value(item, offset, path, best);
                 path.pop();
             }
-            path.push(last);
         }
         _ => {}
     }
@@ -868,10 +900,20 @@ fn simple_grace(
     }
     if critical >= total {
         return Err(blame(&format!(
-            "shutdown_grace_period_critical_pods ({}) must be less than shutdown_grace_period ({}), \
-             which includes it",
+            "shutdown_grace_period_critical_pods ({}{}) must be less than shutdown_grace_period \
+             ({}{}), which includes it",
             humantime::format_duration(critical),
-            humantime::format_duration(total)
+            if fb.shutdown_grace_period_critical_pods.is_none() {
+                ", the default"
+            } else {
+                ""
+            },
+            humantime::format_duration(total),
+            if fb.shutdown_grace_period.is_none() {
+                ", the default"
+            } else {
+                ""
+            },
         )));
     }
     Ok(vec![

@@ -760,3 +760,145 @@ fn restart_required_lists_changed_static_keys_only() {
         vec!["static_pods.gate_dir", "metrics.listen"]
     );
 }
+
+#[test]
+fn missing_field_and_duplicate_key_name_the_place() {
+    let e = err("[[drain.plan]]\npod_priority = 1\n\n[[drain.plan]]\npod_type = \"Static\"\n");
+    assert_err(
+        &e,
+        "<string>",
+        "drain.plan[1]",
+        4,
+        "missing field `pod_priority`",
+    );
+    let e = err("[shutdown]\nmax_delay = \"1h\"\nmax_delay = \"2h\"\n");
+    assert_eq!(e.location, Some((3, 1)), "{e}");
+    assert!(e.message.contains("duplicate key `max_delay`"), "{e}");
+}
+
+#[test]
+fn only_the_effective_value_is_validated() {
+    let dir = Dir::new();
+    dir.write("config.toml", "[shutdown]\nmax_delay = \"48h\"\n");
+    dir.write("config.d/1.toml", "[shutdown]\nmax_delay = \"2h\"\n");
+    assert_eq!(load(&dir.main()).unwrap().shutdown.max_delay, secs(7200));
+}
+
+mod roundtrip {
+    use super::*;
+    use proptest::collection::{btree_map, btree_set, vec};
+    use proptest::prelude::*;
+
+    fn duration(max_ms: u64) -> impl Strategy<Value = Duration> {
+        (1..=max_ms, 0u32..1_000_000)
+            .prop_map(|(ms, ns)| Duration::from_millis(ms) + Duration::from_nanos(ns.into()))
+    }
+
+    fn pod_type() -> impl Strategy<Value = PodType> {
+        prop_oneof![
+            Just(PodType::Default),
+            Just(PodType::DaemonSet),
+            Just(PodType::Static)
+        ]
+    }
+
+    fn plan() -> impl Strategy<Value = Vec<DrainPlanEntrySetting>> {
+        let entry = (
+            pod_type(),
+            any::<i32>(),
+            btree_map("[a-z.]{1,8}/?[a-z]{0,4}", "[ -~]{0,6}", 0..3),
+        )
+            .prop_map(
+                |(pod_type, pod_priority, pod_selector)| DrainPlanEntrySetting {
+                    pod_type,
+                    pod_priority,
+                    pod_selector,
+                },
+            );
+        vec(entry, 0..5).prop_map(|mut entries| {
+            let mut seen = Vec::new();
+            entries.retain(|e| {
+                let new = !seen.contains(e);
+                seen.push(e.clone());
+                new
+            });
+            entries
+        })
+    }
+
+    fn bands() -> impl Strategy<Value = Vec<PriorityGracePeriod>> {
+        (btree_set(any::<i32>(), 1..5), vec(duration(3_600_000), 5)).prop_map(
+            |(priorities, graces)| {
+                priorities
+                    .into_iter()
+                    .zip(graces)
+                    .map(|(priority, shutdown_grace_period)| PriorityGracePeriod {
+                        priority,
+                        shutdown_grace_period,
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    prop_compose! {
+        fn settings()(
+            name in "([a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?)?",
+            kubeconfig in proptest::option::of("/[a-z]{1,8}/[a-z ]{1,8}"),
+            max_delay in duration(24 * 3_600_000),
+            bools in vec(any::<bool>(), 6),
+            stop_drain_timeout in duration(110_000),
+            reserves in vec(0u64..=1_000, 3),
+            critical_priority in any::<i32>(),
+            backoff in duration(3_600_000),
+            backoff_shutdown in duration(300_000),
+            volume in 0u64..=600,
+            apiserver_timeout in duration(3_600_000),
+            plan in plan(),
+            bands in bands(),
+            port in 1u16..,
+            v6 in any::<bool>(),
+            metrics_on in any::<bool>(),
+        ) -> Settings {
+            let mut s = Settings::default();
+            s.node.name = name;
+            s.node.kubeconfig = kubeconfig.map(PathBuf::from);
+            // Leave room for the reserves (at most 3 * 1000 ms).
+            s.shutdown.max_delay = max_delay + secs(4);
+            s.shutdown.max_delay = s.shutdown.max_delay.min(Duration::from_secs(24 * 3600));
+            s.shutdown.manage_logind_dropin = bools[0];
+            s.shutdown.on_cancel = if bools[1] { CompletionPolicy::Keep } else { CompletionPolicy::Complete };
+            s.shutdown.after_boot = if bools[2] { CompletionPolicy::Keep } else { CompletionPolicy::Complete };
+            s.shutdown.stop_drain_timeout = stop_drain_timeout;
+            s.shutdown.warn_kubelet_inhibitor = bools[3];
+            s.drain.reserve_daemonset = Duration::from_millis(reserves[0]);
+            s.drain.reserve_static = Duration::from_millis(reserves[1]);
+            s.drain.reserve_critical = Duration::from_millis(reserves[2]);
+            s.drain.critical_priority = critical_priority;
+            s.drain.eviction_backoff_max = backoff;
+            s.drain.eviction_backoff_max_shutdown = backoff_shutdown;
+            s.drain.external_eviction_request_controller = bools[4];
+            s.drain.volume_detach_timeout = secs(volume);
+            s.drain.plan = plan;
+            s.fallback.enabled = bools[5];
+            s.fallback.apiserver_timeout = apiserver_timeout;
+            s.fallback.shutdown_grace_period_by_pod_priority = bands;
+            s.metrics.listen = metrics_on.then(|| {
+                if v6 { format!("[::1]:{port}") } else { format!("127.0.0.1:{port}") }
+                    .parse()
+                    .unwrap()
+            });
+            s
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn check_config_output_reloads_to_the_same_settings(settings in settings()) {
+            let loaded = Loaded { settings: settings.clone(), files: vec![], main_missing: true };
+            let printed = check_config_report(Path::new("/x/config.toml"), &loaded);
+            let reread = load_str(&printed).map_err(|e| TestCaseError::fail(format!("{e}\n{printed}")))?;
+            prop_assert_eq!(reread, settings);
+        }
+    }
+}
