@@ -19,7 +19,7 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags};
 use serde::{Deserialize, Serialize};
 
 /// One of the two directories a manifest can live in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Place {
     /// The kubelet's `staticPodPath`.
@@ -53,6 +53,8 @@ pub enum StepKind {
 pub struct Step<'a> {
     pub kind: StepKind,
     pub dir: StepDir,
+    /// The other directory a rename changes.
+    pub from_dir: Option<StepDir>,
     pub name: &'a str,
 }
 
@@ -262,7 +264,12 @@ fn step_dir(d: &DirHandle) -> StepDir {
 
 impl Ops {
     fn announce(&self, kind: StepKind, dir: StepDir, name: &str) -> nix::Result<()> {
-        self.hook.before(&Step { kind, dir, name })
+        self.hook.before(&Step {
+            kind,
+            dir,
+            from_dir: None,
+            name,
+        })
     }
 
     /// `renameat2(RENAME_NOREPLACE)`; EEXIST if `to` exists, EINVAL where the filesystem
@@ -274,7 +281,12 @@ impl Ops {
         to: &DirHandle,
         to_name: &str,
     ) -> nix::Result<()> {
-        self.announce(StepKind::Rename, step_dir(to), to_name)?;
+        self.hook.before(&Step {
+            kind: StepKind::Rename,
+            dir: step_dir(to),
+            from_dir: Some(step_dir(from)),
+            name: to_name,
+        })?;
         nix::fcntl::renameat2(
             &from.fd,
             from_name,

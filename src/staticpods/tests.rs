@@ -146,7 +146,8 @@ impl StepHook for TestHook {
             return Err(Errno::EINVAL);
         }
         if let Some((place, errno)) = self.fail_dir {
-            if step.dir == StepDir::Dir(place) && step.kind != StepKind::Fsync {
+            let touches = step.dir == StepDir::Dir(place) || step.from_dir == Some(StepDir::Dir(place));
+            if touches && step.kind != StepKind::Fsync {
                 return Err(errno);
             }
         }
@@ -572,7 +573,6 @@ fn crash_everywhere(
     let f = Fixture::with_gate_root(gate_root);
     run_scenario(&f, files, scenario, copy, counter.clone());
     let total = counter.steps();
-    prop_assert!(total > 0);
     for k in 0..=total {
         // Crash after k steps, then a crash after j steps of the recovery, then recover.
         let mut j = 0;
