@@ -209,8 +209,8 @@ impl DirHandle {
             Err(Errno::ELOOP) => return Ok(Entry::Other("symlink")),
             Err(e) => return Err(e).with_context(|| format!("opening {}", self.display(name))),
         };
-        let st = nix::sys::stat::fstat(&fd)
-            .with_context(|| format!("stat {}", self.display(name)))?;
+        let st =
+            nix::sys::stat::fstat(&fd).with_context(|| format!("stat {}", self.display(name)))?;
         if kind_of(&st) != "regular file" {
             return Ok(Entry::Other(kind_of(&st)));
         }

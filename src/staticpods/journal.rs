@@ -41,7 +41,9 @@ pub struct Intent {
 pub enum Record {
     Intent(Intent),
     /// The move finished, or was settled after a failure.
-    Done { id: u64 },
+    Done {
+        id: u64,
+    },
 }
 
 pub fn read(path: &Path) -> Result<Vec<Record>> {
@@ -159,7 +161,8 @@ mod tests {
         append(&p, &Record::Intent(intent(1, "a"))).unwrap();
         // A crash in the middle of a write leaves half a line without a newline.
         let mut f = OpenOptions::new().append(true).open(&p).unwrap();
-        f.write_all(b"{\"record\":\"intent\",\"id\":2,\"op").unwrap();
+        f.write_all(b"{\"record\":\"intent\",\"id\":2,\"op")
+            .unwrap();
         append(&p, &Record::Done { id: 1 }).unwrap();
         append(&p, &Record::Intent(intent(3, "b"))).unwrap();
         let r = read(&p).unwrap();

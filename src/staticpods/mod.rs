@@ -290,7 +290,9 @@ impl FsGate {
     pub fn scan(&self, place: Place) -> Result<Scan> {
         let dir = match self.open(place) {
             Ok(d) => d,
-            Err(_) if place == Place::Gate && std::fs::symlink_metadata(&self.gate_dir).is_err() => {
+            Err(_)
+                if place == Place::Gate && std::fs::symlink_metadata(&self.gate_dir).is_err() =>
+            {
                 return Ok(Scan::default())
             }
             Err(e) => return Err(e),
@@ -665,9 +667,9 @@ impl FsGate {
                             self.ops
                                 .unlink(dst, name)
                                 .with_context(|| format!("removing {}", dst.display(name)))?;
-                            self.ops.fsync_dir(dst).with_context(|| {
-                                format!("syncing {}", dst.path.display())
-                            })?;
+                            self.ops
+                                .fsync_dir(dst)
+                                .with_context(|| format!("syncing {}", dst.path.display()))?;
                             self.remove_temp(dst, &tmp, &t)?;
                             return Ok(Settled::AtSource);
                         }

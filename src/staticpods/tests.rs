@@ -12,7 +12,9 @@ use super::fsio::{Step, StepDir, StepHook, StepKind, TEMP_SUFFIX};
 use super::*;
 
 fn pod(name: &str, ns: Option<&str>, extra: &str) -> Vec<u8> {
-    let ns = ns.map(|n| format!("  namespace: {n}\n")).unwrap_or_default();
+    let ns = ns
+        .map(|n| format!("  namespace: {n}\n"))
+        .unwrap_or_default();
     format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n{ns}spec:\n  containers: []\n# {extra}\n")
         .into_bytes()
 }
@@ -146,7 +148,8 @@ impl StepHook for TestHook {
             return Err(Errno::EINVAL);
         }
         if let Some((place, errno)) = self.fail_dir {
-            let touches = step.dir == StepDir::Dir(place) || step.from_dir == Some(StepDir::Dir(place));
+            let touches =
+                step.dir == StepDir::Dir(place) || step.from_dir == Some(StepDir::Dir(place));
             if touches && step.kind != StepKind::Fsync {
                 return Err(errno);
             }
@@ -159,7 +162,12 @@ impl StepHook for TestHook {
 fn gate_and_restore_round_trip_keeps_bytes_mode_and_owner() {
     for copy in [false, true] {
         let f = Fixture::new();
-        f.write(&f.m, "etcd.yaml", &pod("etcd", Some("kube-system"), "1"), 0o640);
+        f.write(
+            &f.m,
+            "etcd.yaml",
+            &pod("etcd", Some("kube-system"), "1"),
+            0o640,
+        );
         f.write(&f.m, "api.json", &pod("api", None, "2"), 0o4604);
         let owner = if nix::unistd::geteuid().is_root() {
             (1234, 5678)
@@ -234,7 +242,11 @@ fn symlinked_manifest_is_refused_and_nothing_moves() {
     assert!(!f.g.join("evil.yaml").exists());
     let scan = gate.scan(Place::Manifests).unwrap();
     assert_eq!(scan.refused.len(), 1);
-    assert_eq!(scan.manifests.len(), 1, "a symlink is not followed to parse it");
+    assert_eq!(
+        scan.manifests.len(),
+        1,
+        "a symlink is not followed to parse it"
+    );
     gate.gate("ok.yaml").unwrap();
 }
 
@@ -265,8 +277,11 @@ fn symlinked_manifest_dir_is_refused() {
 #[test]
 fn fifo_and_devices_are_refused_without_blocking() {
     let f = Fixture::new();
-    nix::unistd::mkfifo(&f.m.join("pipe.yaml"), nix::sys::stat::Mode::from_bits_truncate(0o600))
-        .unwrap();
+    nix::unistd::mkfifo(
+        &f.m.join("pipe.yaml"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
     fs::create_dir(f.m.join("subdir")).unwrap();
     let gate = f.gate();
     let err = gate.gate("pipe.yaml").unwrap_err();
@@ -304,14 +319,28 @@ fn hostile_names_are_refused() {
 #[test]
 fn unparseable_manifest_is_reported_and_left_while_others_gate() {
     let f = Fixture::new();
-    f.write(&f.m, "broken.yaml", b"apiVersion: v1\nkind: Pod\nmetadata: [", 0o600);
-    f.write(&f.m, "etcd.yaml~", &pod("etcd", None, "editor backup"), 0o600);
+    f.write(
+        &f.m,
+        "broken.yaml",
+        b"apiVersion: v1\nkind: Pod\nmetadata: [",
+        0o600,
+    );
+    f.write(
+        &f.m,
+        "etcd.yaml~",
+        &pod("etcd", None, "editor backup"),
+        0o600,
+    );
     f.write(&f.m, "etcd.yaml", &pod("etcd", None, ""), 0o600);
     let gate = f.gate();
     let scan = gate.scan(Place::Manifests).unwrap();
     assert_eq!(scan.unparseable.len(), 1);
     assert_eq!(scan.unparseable[0].file_name, "broken.yaml");
-    assert_eq!(scan.manifests.len(), 2, "the kubelet reads editor backups too");
+    assert_eq!(
+        scan.manifests.len(),
+        2,
+        "the kubelet reads editor backups too"
+    );
     let err = gate.gate("broken.yaml").unwrap_err();
     assert!(format!("{err:#}").contains("not a static pod manifest"));
     gate.gate("etcd.yaml").unwrap();
@@ -331,14 +360,26 @@ fn restore_never_overwrites_a_file_that_reappeared() {
         gate.gate("api.yaml").unwrap();
         f.write(&f.m, "etcd.yaml", &pod("etcd", None, "new"), 0o644);
         assert_eq!(gate.restore_all().unwrap(), vec!["etcd.yaml".to_string()]);
-        assert_eq!(fs::read(f.m.join("etcd.yaml")).unwrap(), pod("etcd", None, "new"));
-        assert_eq!(fs::read(f.g.join("etcd.yaml")).unwrap(), pod("etcd", None, "old"));
+        assert_eq!(
+            fs::read(f.m.join("etcd.yaml")).unwrap(),
+            pod("etcd", None, "new")
+        );
+        assert_eq!(
+            fs::read(f.g.join("etcd.yaml")).unwrap(),
+            pod("etcd", None, "old")
+        );
         assert!(f.m.join("api.yaml").exists() && !f.g.join("api.yaml").exists());
         // A second gate of the new file must not clobber the kept-aside one either.
         let err = gate.gate("etcd.yaml").unwrap_err();
         assert!(format!("{err:#}").contains("already exists"));
-        assert_eq!(fs::read(f.g.join("etcd.yaml")).unwrap(), pod("etcd", None, "old"));
-        assert_eq!(fs::read(f.m.join("etcd.yaml")).unwrap(), pod("etcd", None, "new"));
+        assert_eq!(
+            fs::read(f.g.join("etcd.yaml")).unwrap(),
+            pod("etcd", None, "old")
+        );
+        assert_eq!(
+            fs::read(f.m.join("etcd.yaml")).unwrap(),
+            pod("etcd", None, "new")
+        );
     }
 }
 
@@ -409,8 +450,18 @@ fn layout_is_validated() {
 #[test]
 fn mirror_pods_map_by_parsed_name_and_namespace() {
     let f = Fixture::new();
-    f.write(&f.m, "zz-not-etcd.yaml", &pod("etcd", Some("kube-system"), ""), 0o600);
-    f.write(&f.m, "etcd.yaml", &pod("etcd-x", Some("kube-system"), ""), 0o600);
+    f.write(
+        &f.m,
+        "zz-not-etcd.yaml",
+        &pod("etcd", Some("kube-system"), ""),
+        0o600,
+    );
+    f.write(
+        &f.m,
+        "etcd.yaml",
+        &pod("etcd-x", Some("kube-system"), ""),
+        0o600,
+    );
     f.write(&f.m, "other.yaml", &pod("etcd", None, ""), 0o600);
     let gate = f.gate();
     let m = gate
@@ -452,7 +503,10 @@ fn source_edited_during_a_copy_keeps_both() {
         .with_forced_copy(true);
     let err = gate.gate("a.yaml").unwrap_err();
     assert!(format!("{err:#}").contains("changed"), "{err:#}");
-    assert_eq!(fs::read(f.m.join("a.yaml")).unwrap(), pod("a", None, "edited"));
+    assert_eq!(
+        fs::read(f.m.join("a.yaml")).unwrap(),
+        pod("a", None, "edited")
+    );
     assert_eq!(fs::read(f.g.join("a.yaml")).unwrap(), pod("a", None, ""));
     assert_eq!(f.pending_intents(), 0);
 }
@@ -497,7 +551,12 @@ fn run_scenario(
         }
     }
     if matches!(scenario, Scenario::RestoreWithConflict) {
-        f.write(&f.m, &files[0].0, b"apiVersion: v1\nkind: Pod\nmetadata: {name: new}\n", 0o600);
+        f.write(
+            &f.m,
+            &files[0].0,
+            b"apiVersion: v1\nkind: Pod\nmetadata: {name: new}\n",
+            0o600,
+        );
     }
     let gate = f.gate_with(hook, copy);
     match scenario {
@@ -536,7 +595,9 @@ fn check_invariant(
         let newcomer = contents
             .iter()
             .filter(|(p, n, b, _)| {
-                *p == Place::Manifests && *n == files[0].0 && b.starts_with(b"apiVersion: v1\nkind: Pod\nmetadata: {name: new}")
+                *p == Place::Manifests
+                    && *n == files[0].0
+                    && b.starts_with(b"apiVersion: v1\nkind: Pod\nmetadata: {name: new}")
             })
             .count();
         prop_assert_eq!(newcomer, 1);
@@ -552,7 +613,11 @@ fn check_invariant(
 fn manifest_set() -> impl Strategy<Value = Vec<(String, Vec<u8>, u32)>> {
     proptest::collection::btree_map(
         "[a-z][a-z0-9-]{0,6}(\\.yaml|\\.json|~)?",
-        ("[a-z]{1,6}", "[ -~]{0,40}", prop_oneof![Just(0o600u32), Just(0o644), Just(0o640)]),
+        (
+            "[a-z]{1,6}",
+            "[ -~]{0,40}",
+            prop_oneof![Just(0o600u32), Just(0o644), Just(0o640)],
+        ),
         1..4,
     )
     .prop_map(|m| {
@@ -578,13 +643,22 @@ fn crash_everywhere(
         let mut j = 0;
         loop {
             let f = Fixture::with_gate_root(gate_root);
-            run_scenario(&f, files, scenario, copy, TestHook::crash_after(k, rename_einval));
+            run_scenario(
+                &f,
+                files,
+                scenario,
+                copy,
+                TestHook::crash_after(k, rename_einval),
+            );
             let rec_hook = TestHook::crash_after(j, rename_einval);
-            let rec_done = f.gate_with(rec_hook.clone(), copy).recover().is_ok()
-                && rec_hook.steps() <= j;
-            f.gate().recover().map_err(|e| TestCaseError::fail(format!("{e:#}")))?;
-            check_invariant(&f, files, scenario)
-                .map_err(|e| TestCaseError::fail(format!("crash at {k}/{total}, recovery crash at {j}: {e}")))?;
+            let rec_done =
+                f.gate_with(rec_hook.clone(), copy).recover().is_ok() && rec_hook.steps() <= j;
+            f.gate()
+                .recover()
+                .map_err(|e| TestCaseError::fail(format!("{e:#}")))?;
+            check_invariant(&f, files, scenario).map_err(|e| {
+                TestCaseError::fail(format!("crash at {k}/{total}, recovery crash at {j}: {e}"))
+            })?;
             if rec_done {
                 break;
             }
@@ -672,11 +746,23 @@ mod real {
             "test setup: the two directories must be on different filesystems"
         );
         let files = vec![
-            ("etcd.yaml".to_string(), pod("etcd", Some("kube-system"), "x"), 0o600),
-            ("api.yaml".to_string(), pod("api", Some("kube-system"), "y"), 0o644),
+            (
+                "etcd.yaml".to_string(),
+                pod("etcd", Some("kube-system"), "x"),
+                0o600,
+            ),
+            (
+                "api.yaml".to_string(),
+                pod("api", Some("kube-system"), "y"),
+                0o644,
+            ),
         ];
         // No forced copy: the rename must fail with EXDEV and fall back by itself.
-        for scenario in [Scenario::Gate, Scenario::Restore, Scenario::RestoreWithConflict] {
+        for scenario in [
+            Scenario::Gate,
+            Scenario::Restore,
+            Scenario::RestoreWithConflict,
+        ] {
             crash_everywhere(&files, scenario, false, false, Some(&mnt.0)).unwrap();
         }
         let gate = f.gate();
@@ -684,10 +770,14 @@ mod real {
         gate.gate("a.yaml").unwrap();
         let recs = journal::read(gate.journal_path()).unwrap();
         assert!(
-            recs.iter().any(|r| matches!(r, journal::Record::Intent(i) if i.copy)),
+            recs.iter()
+                .any(|r| matches!(r, journal::Record::Intent(i) if i.copy)),
             "the move should have taken the copy path"
         );
-        assert_eq!(fs::metadata(f.g.join("a.yaml")).unwrap().mode() & 0o7777, 0o640);
+        assert_eq!(
+            fs::metadata(f.g.join("a.yaml")).unwrap().mode() & 0o7777,
+            0o640
+        );
     }
 
     #[test]
@@ -714,4 +804,34 @@ mod real {
         assert_eq!(gate.restore_all().unwrap(), Vec::<String>::new());
         assert!(f.m.join("a.yaml").exists() && f.m.join("b.yaml").exists());
     }
+}
+
+#[test]
+fn an_undeletable_source_takes_the_copy_back() {
+    // e.g. `chattr +i` on the manifest: the copy is made, the source cannot be unlinked.
+    struct ImmutableSource;
+    impl StepHook for ImmutableSource {
+        fn before(&self, step: &Step<'_>) -> std::result::Result<(), Errno> {
+            if step.kind == StepKind::Unlink
+                && step.dir == StepDir::Dir(Place::Manifests)
+                && step.name == "a.yaml"
+            {
+                return Err(Errno::EPERM);
+            }
+            Ok(())
+        }
+    }
+    let f = Fixture::new();
+    f.write(&f.m, "a.yaml", &pod("a", None, ""), 0o600);
+    f.write(&f.m, "b.yaml", &pod("b", None, ""), 0o600);
+    let gate = f
+        .gate()
+        .with_hook(Arc::new(ImmutableSource))
+        .with_forced_copy(true);
+    assert!(gate.gate("a.yaml").is_err());
+    gate.gate("b.yaml").unwrap();
+    assert!(f.m.join("a.yaml").exists());
+    assert!(!f.g.join("a.yaml").exists(), "the copy was taken back");
+    assert!(f.g.join("b.yaml").exists() && !f.m.join("b.yaml").exists());
+    assert_eq!(f.pending_intents(), 0);
 }
