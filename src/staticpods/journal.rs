@@ -69,8 +69,9 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
     Ok(records)
 }
 
-/// Appends one record and makes it durable. The leading newline keeps a record whole
-/// even after a torn line.
+/// Appends one record. An intent is made durable before returning; a `Done` is not
+/// synced (recovery decides from the files, so a lost `Done` only costs a re-check).
+/// The leading newline keeps a record whole even after a torn line.
 pub fn append(path: &Path, record: &Record) -> Result<()> {
     let existed = path.exists();
     let mut line = b"\n".to_vec();
@@ -85,6 +86,9 @@ pub fn append(path: &Path, record: &Record) -> Result<()> {
         .with_context(|| format!("opening {}", path.display()))?;
     f.write_all(&line)
         .with_context(|| format!("writing {}", path.display()))?;
+    if matches!(record, Record::Done { .. }) {
+        return Ok(());
+    }
     f.sync_all()
         .with_context(|| format!("syncing {}", path.display()))?;
     if !existed {

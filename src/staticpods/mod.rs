@@ -266,7 +266,23 @@ impl FsGate {
         match place {
             Place::Manifests => DirHandle::open(&self.manifest_dir, place)
                 .context("the kubelet's static pod manifest directory"),
-            Place::Gate => DirHandle::open(&self.gate_dir, place).context("the gate directory"),
+            Place::Gate => {
+                let g = DirHandle::open(&self.gate_dir, place).context("the gate directory")?;
+                // Whatever sits in the gate directory is restored into staticPodPath: a
+                // directory others can write to would let them plant a pod.
+                let st = nix::sys::stat::fstat(&g.fd)
+                    .with_context(|| format!("stat {}", self.gate_dir.display()))?;
+                if st.st_uid != nix::unistd::geteuid().as_raw() || st.st_mode & 0o022 != 0 {
+                    bail!(
+                        "gate directory {} must be owned by uid {} and not writable by group or others (owner {}, mode {:o}); refused",
+                        self.gate_dir.display(),
+                        nix::unistd::geteuid(),
+                        st.st_uid,
+                        st.st_mode & 0o7777
+                    );
+                }
+                Ok(g)
+            }
         }
     }
 

@@ -835,3 +835,18 @@ fn an_undeletable_source_takes_the_copy_back() {
     assert!(f.g.join("b.yaml").exists() && !f.m.join("b.yaml").exists());
     assert_eq!(f.pending_intents(), 0);
 }
+
+#[test]
+fn a_gate_dir_others_can_write_is_refused() {
+    let f = Fixture::new();
+    f.write(&f.m, "a.yaml", &pod("a", None, ""), 0o600);
+    f.write(&f.m, "b.yaml", &pod("b", None, ""), 0o600);
+    let gate = f.gate();
+    gate.gate("a.yaml").unwrap();
+    fs::set_permissions(&f.g, fs::Permissions::from_mode(0o777)).unwrap();
+    fs::write(f.g.join("planted.yaml"), pod("planted", None, "")).unwrap();
+    let before = f.contents();
+    assert!(format!("{:#}", gate.gate("b.yaml").unwrap_err()).contains("not writable"));
+    assert!(gate.restore_all().is_err());
+    assert_eq!(f.contents(), before);
+}
