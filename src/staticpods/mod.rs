@@ -334,7 +334,17 @@ impl FsGate {
             if name.starts_with('.') {
                 continue; // the kubelet ignores dot-files, and so do we
             }
-            match dir.entry(&name)? {
+            let entry = match dir.entry(&name) {
+                Ok(e) => e,
+                Err(e) => {
+                    scan.refused.push(Problem {
+                        file_name: name,
+                        reason: format!("cannot be read: {e:#}"),
+                    });
+                    continue;
+                }
+            };
+            match entry {
                 Entry::Absent => {}
                 Entry::Other("directory") => {}
                 Entry::Other(kind) => scan.refused.push(Problem {
