@@ -516,3 +516,397 @@ fn an_eviction_request_is_created_with_a_requester() {
     assert!(!eval(&absent, None));
     assert!(eval(&unrequested, Some(&requested)), "withdrawing the last requester cancels");
 }
+
+// --- RBAC and the node-restriction admission policies -------------------------------
+
+mod rbac {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    use kube_cel::cel::{Context, Program, Value as CelValue};
+    use kube_cel::KubeCelExt;
+    use serde_json::{json, Value};
+
+    fn rbac_file(name: &str) -> String {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/rbac").join(name);
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn documents(name: &str) -> Vec<Value> {
+        serde_yaml::Deserializer::from_str(&rbac_file(name))
+            .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn cluster_role_grants_exactly_what_the_daemon_needs() {
+        let docs = documents("clusterrole.yaml");
+        let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+        let mut grants: Vec<String> = role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|rule| {
+                let list = |key: &str| -> String {
+                    rule[key].as_array().map_or(String::new(), |v| {
+                        v.iter().map(|s| s.as_str().unwrap()).collect::<Vec<_>>().join(",")
+                    })
+                };
+                let names = list("resourceNames");
+                format!(
+                    "{}/{}{}: {}",
+                    list("apiGroups"),
+                    list("resources"),
+                    if names.is_empty() { String::new() } else { format!("[{names}]") },
+                    list("verbs")
+                )
+            })
+            .collect();
+        grants.sort();
+        assert_eq!(
+            grants,
+            [
+                "/nodes/status: patch",
+                "/nodes: get,list,watch,patch",
+                "/pods/eviction: create",
+                "/pods: get,list,watch,delete",
+                "apiextensions.k8s.io/customresourcedefinitions[evictionrequests.nodegrace.dev,nodemaintenances.nodegrace.dev]: get",
+                "events.k8s.io/events: create,patch",
+                "nodegrace.dev/evictionrequests/status: patch,update",
+                "nodegrace.dev/evictionrequests: get,list,watch,create,patch,update,delete",
+                "nodegrace.dev/nodemaintenances/status: patch,update",
+                "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update",
+                "policy/poddisruptionbudgets: list",
+                "storage.k8s.io/volumeattachments: list,watch",
+            ]
+        );
+        let binding = docs.iter().find(|d| d["kind"] == "ClusterRoleBinding").unwrap();
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(
+            binding["subjects"],
+            json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "nodegrace:nodes"}])
+        );
+    }
+
+    #[test]
+    fn every_rule_is_justified_by_a_comment() {
+        let text = rbac_file("clusterrole.yaml");
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim_start().starts_with("- apiGroups:") {
+                assert!(
+                    lines[i - 1].trim_start().starts_with('#'),
+                    "rule at line {} has no comment above it",
+                    i + 1
+                );
+            }
+        }
+    }
+
+    struct Policy {
+        name: String,
+        match_conditions: Vec<String>,
+        variables: Vec<(String, Program)>,
+        validations: Vec<(Program, String)>,
+    }
+
+    fn policies() -> Vec<Policy> {
+        let docs = documents("node-restriction.yaml");
+        let bound: Vec<&Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+            .map(|d| &d["spec"]["policyName"])
+            .collect();
+        let compile = |expr: &Value| {
+            let text = expr.as_str().unwrap();
+            Program::compile(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+        };
+        docs.iter()
+            .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+            .map(|d| {
+                let spec = &d["spec"];
+                assert_eq!(spec["failurePolicy"], "Fail");
+                assert!(bound.contains(&&d["metadata"]["name"]), "{} is not bound", d["metadata"]["name"]);
+                Policy {
+                    name: d["metadata"]["name"].as_str().unwrap().to_owned(),
+                    match_conditions: spec["matchConditions"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| c["expression"].as_str().unwrap().to_owned())
+                        .collect(),
+                    variables: spec["variables"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| (v["name"].as_str().unwrap().to_owned(), compile(&v["expression"])))
+                        .collect(),
+                    validations: spec["validations"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| {
+                            let message = v["message"]
+                                .as_str()
+                                .or(v["messageExpression"].as_str())
+                                .unwrap()
+                                .to_owned();
+                            (compile(&v["expression"]), message)
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn policy(name: &str) -> Policy {
+        policies()
+            .into_iter()
+            .find(|p| p.name == format!("nodegrace-node-restriction-{name}"))
+            .unwrap()
+    }
+
+    fn eval_bool(program: &Program, ctx: &Context) -> Result<bool, String> {
+        match program.execute(ctx) {
+            Ok(CelValue::Bool(b)) => Ok(b),
+            Ok(other) => Err(format!("non-boolean result {other:?}")),
+            Err(e) => Err(format!("evaluation error: {e}")),
+        }
+    }
+
+    /// What the apiserver would answer: `Ok` if admitted (or the policy does not apply),
+    /// `Err(message)` of the first failing validation. Evaluation errors deny, as with
+    /// failurePolicy Fail.
+    fn admit(
+        policy: &Policy,
+        user: &str,
+        operation: &str,
+        sub_resource: &str,
+        object: Value,
+        old_object: Value,
+    ) -> Result<(), String> {
+        let name = object["metadata"]["name"]
+            .as_str()
+            .or(old_object["metadata"]["name"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let request = json!({
+            "operation": operation,
+            "subResource": sub_resource,
+            "name": name,
+            "userInfo": {"username": user, "groups": ["nodegrace:nodes", "system:authenticated"]},
+        });
+        let mut ctx = Context::default();
+        ctx.register_all();
+        ctx.add_variable("request", request).unwrap();
+        ctx.add_variable("object", object).unwrap();
+        ctx.add_variable("oldObject", old_object).unwrap();
+        for condition in &policy.match_conditions {
+            assert_eq!(eval_bool(&Program::compile(condition).unwrap(), &ctx), Ok(true));
+        }
+        let mut variables: HashMap<String, CelValue> = HashMap::new();
+        for (var, program) in &policy.variables {
+            ctx.add_variable_from_value("variables", CelValue::from(variables.clone()));
+            let value = program
+                .execute(&ctx)
+                .map_err(|e| format!("variable {var}: {e}"))?;
+            variables.insert(var.clone(), value);
+        }
+        ctx.add_variable_from_value("variables", CelValue::from(variables));
+        for (program, message) in &policy.validations {
+            match eval_bool(program, &ctx) {
+                Ok(true) => {}
+                Ok(false) => return Err(message.clone()),
+                Err(e) => return Err(format!("{message} ({e})")),
+            }
+        }
+        Ok(())
+    }
+
+    /// A denial by a validation that evaluated to false, not by an evaluation error.
+    fn denied(result: Result<(), String>) -> String {
+        let message = result.expect_err("expected a denial");
+        assert!(!message.contains("evaluation error") && !message.starts_with("variable "), "{message}");
+        message
+    }
+
+    const ME: &str = "nodegrace:node:one";
+
+    fn node(name: &str) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "pool": "blue"},
+                         "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+            "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        })
+    }
+
+    #[test]
+    fn the_match_condition_selects_only_nodegrace_identities() {
+        let mut ctx = Context::default();
+        ctx.register_all();
+        ctx.add_variable("request", json!({"userInfo": {"username": "admin", "groups": ["system:masters"]}}))
+            .unwrap();
+        for policy in policies() {
+            for condition in &policy.match_conditions {
+                assert_eq!(eval_bool(&Program::compile(condition).unwrap(), &ctx), Ok(false));
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_may_cordon_taint_label_and_flag_only_itself() {
+        let p = policy("nodes");
+        let old = node("one");
+        let mut cordoned = old.clone();
+        cordoned["spec"]["unschedulable"] = json!(true);
+        cordoned["spec"]["taints"].as_array_mut().unwrap().push(
+            json!({"key": "nodegrace.dev/maintenance", "effect": "NoSchedule"}),
+        );
+        cordoned["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"] =
+            json!("true");
+        cordoned["metadata"]["annotations"]["nodegrace.dev/cordoned"] = json!("false");
+        assert_eq!(admit(&p, ME, "UPDATE", "", cordoned.clone(), old.clone()), Ok(()));
+
+        let mut flagged = old.clone();
+        flagged["status"]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "GracefulNodeShutdownInProgress", "status": "True"}));
+        assert_eq!(admit(&p, ME, "UPDATE", "status", flagged, old.clone()), Ok(()));
+
+        // Someone else's node, even with the same change.
+        let other = node("two");
+        let mut other_cordoned = other.clone();
+        other_cordoned["spec"]["unschedulable"] = json!(true);
+        assert!(denied(admit(&p, ME, "UPDATE", "", other_cordoned, other)).contains("only update its own Node"));
+
+        let mut untainted = old.clone();
+        untainted["spec"]["taints"] = json!([]);
+        assert!(denied(admit(&p, ME, "UPDATE", "", untainted, old.clone())).contains("taints"));
+
+        let mut relabelled = old.clone();
+        relabelled["metadata"]["labels"]["pool"] = json!("gpu");
+        assert!(denied(admit(&p, ME, "UPDATE", "", relabelled, old.clone())).contains("label"));
+
+        let mut annotated = old.clone();
+        annotated["metadata"]["annotations"].as_object_mut().unwrap().remove("node.alpha.kubernetes.io/ttl");
+        assert!(denied(admit(&p, ME, "UPDATE", "", annotated, old.clone())).contains("annotations"));
+
+        let mut not_ready = old.clone();
+        not_ready["status"]["conditions"][0]["status"] = json!("False");
+        assert!(denied(admit(&p, ME, "UPDATE", "status", not_ready, old.clone())).contains("condition"));
+
+        denied(admit(&p, ME, "DELETE", "", Value::Null, old.clone()));
+        assert!(denied(admit(&p, "nodegrace:intruder", "UPDATE", "", cordoned, old)).contains("must be named"));
+    }
+
+    #[test]
+    fn a_node_may_delete_only_its_own_pods() {
+        let p = policy("pods");
+        let pod = |node: &str| json!({"metadata": {"name": "web-0", "namespace": "shop"}, "spec": {"nodeName": node}});
+        assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, pod("one")), Ok(()));
+        denied(admit(&p, ME, "DELETE", "", Value::Null, pod("two")));
+        denied(admit(&p, ME, "UPDATE", "", pod("one"), pod("one")));
+    }
+
+    fn maintenance(selector: Value) -> Value {
+        json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "m", "finalizers": ["example.com/audit"]},
+            "spec": {"nodeSelector": selector, "stage": "Drain"},
+            "status": {"nodeStatuses": [
+                {"nodeName": "one", "nodeRef": {"name": "one"}, "podsRemaining": 5},
+                {"nodeName": "two", "nodeRef": {"name": "two"}, "podsRemaining": 7}]}
+        })
+    }
+
+    fn pinned(node: &str) -> Value {
+        serde_json::to_value(nodegrace::api::node_selector_for(node)).unwrap()
+    }
+
+    fn by_label() -> Value {
+        json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["blue"]}]}]})
+    }
+
+    #[test]
+    fn a_node_creates_and_drives_only_maintenances_of_itself() {
+        let p = policy("nodemaintenances");
+        assert_eq!(admit(&p, ME, "CREATE", "", maintenance(pinned("one")), Value::Null), Ok(()));
+        denied(admit(&p, ME, "CREATE", "", maintenance(pinned("two")), Value::Null));
+        denied(admit(&p, ME, "CREATE", "", maintenance(by_label()), Value::Null));
+        // A second term without the pin would widen the selection.
+        let mut widened = pinned("one");
+        widened["nodeSelectorTerms"].as_array_mut().unwrap().push(by_label()["nodeSelectorTerms"][0].clone());
+        denied(admit(&p, ME, "CREATE", "", maintenance(widened), Value::Null));
+
+        // Completing its own maintenance; not an admin's shared one.
+        let own = maintenance(pinned("one"));
+        let mut completed = own.clone();
+        completed["spec"]["stage"] = json!("Complete");
+        assert_eq!(admit(&p, ME, "UPDATE", "", completed, own), Ok(()));
+        let shared = maintenance(by_label());
+        let mut completed = shared.clone();
+        completed["spec"]["stage"] = json!("Complete");
+        denied(admit(&p, ME, "UPDATE", "", completed, shared.clone()));
+
+        // Its finalizer on an admin's maintenance, not someone else's.
+        let mut finalized = shared.clone();
+        finalized["metadata"]["finalizers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!(nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION));
+        assert_eq!(admit(&p, ME, "UPDATE", "", finalized.clone(), shared.clone()), Ok(()));
+        assert_eq!(admit(&p, ME, "UPDATE", "", shared.clone(), finalized), Ok(()));
+        let mut stripped = shared.clone();
+        stripped["metadata"]["finalizers"] = json!([]);
+        denied(admit(&p, ME, "UPDATE", "", stripped, shared.clone()));
+
+        // Its own status entry and the aggregates, never another node's entry.
+        let mut progressed = shared.clone();
+        progressed["status"]["nodeStatuses"][0]["podsRemaining"] = json!(0);
+        progressed["status"]["drainStatus"] = json!({"drainMessage": "Draining"});
+        assert_eq!(admit(&p, ME, "UPDATE", "status", progressed, shared.clone()), Ok(()));
+        let mut meddled = shared.clone();
+        meddled["status"]["nodeStatuses"][1]["podsRemaining"] = json!(0);
+        assert!(denied(admit(&p, ME, "UPDATE", "status", meddled, shared.clone()))
+            .contains("own status.nodeStatuses entry"));
+        let mut dropped = shared.clone();
+        dropped["status"]["nodeStatuses"].as_array_mut().unwrap().remove(1);
+        denied(admit(&p, ME, "UPDATE", "status", dropped, shared.clone()));
+
+        denied(admit(&p, ME, "DELETE", "", Value::Null, shared));
+    }
+
+    fn eviction_request(requesters: &[&str]) -> Value {
+        let requesters: Vec<Value> = requesters.iter().map(|r| json!({"name": r})).collect();
+        json!({
+            "metadata": {"name": "uid-1", "namespace": "shop"},
+            "spec": {"type": "Soft", "target": {"podRef": {"name": "web-0", "uid": "uid-1"}},
+                     "requesters": requesters, "heartbeatDeadlineSeconds": 1800}
+        })
+    }
+
+    #[test]
+    fn a_node_manages_only_its_own_requester() {
+        let p = policy("evictionrequests");
+        let ours = nodegrace::api::REQUESTER_NODE_MAINTENANCE;
+        let other = "descheduler.example.com";
+        assert_eq!(admit(&p, ME, "CREATE", "", eviction_request(&[ours]), Value::Null), Ok(()));
+        denied(admit(&p, ME, "CREATE", "", eviction_request(&[ours, other]), Value::Null));
+        // Join and withdraw beside another requester.
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "", eviction_request(&[other, ours]), eviction_request(&[other])),
+            Ok(())
+        );
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "", eviction_request(&[other]), eviction_request(&[other, ours])),
+            Ok(())
+        );
+        denied(admit(&p, ME, "UPDATE", "", eviction_request(&[ours]), eviction_request(&[other, ours])));
+        assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours])), Ok(()));
+        assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[])), Ok(()));
+        denied(admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours, other])));
+    }
+}
