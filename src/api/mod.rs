@@ -56,7 +56,10 @@ pub fn eviction_request_crd() -> Result<CustomResourceDefinition> {
         .context("building the EvictionRequest CRD")
 }
 
-fn finish(crd: CustomResourceDefinition, patches: &[schema::Patch]) -> Result<CustomResourceDefinition> {
+fn finish(
+    crd: CustomResourceDefinition,
+    patches: &[schema::Patch],
+) -> Result<CustomResourceDefinition> {
     let mut crd = serde_json::to_value(crd)?;
     let versions = crd
         .pointer_mut("/spec/versions")
