@@ -289,6 +289,56 @@ fn every_cel_rule_compiles_and_uses_only_crd_variables() {
     }
 }
 
+/// The apiserver's structural-schema rules that can be checked without one: every node
+/// has a type, no `additionalProperties` beside `properties`, map-list keys are required
+/// scalars, and transition rules (`oldSelf`) never sit below an atomic or set list, where
+/// old and new items cannot be correlated.
+fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
+    let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true
+        || schema["x-kubernetes-int-or-string"] == true;
+    assert!(schema["type"].is_string() || preserve, "{path}: no type");
+    assert!(
+        !(schema["properties"].is_object() && schema["additionalProperties"].is_object()),
+        "{path}: properties and additionalProperties"
+    );
+    for forbidden in ["$ref", "anyOf", "oneOf", "allOf"] {
+        assert!(schema[forbidden].is_null(), "{path}: {forbidden} in a structural schema");
+    }
+    if let Some(rules) = schema["x-kubernetes-validations"].as_array() {
+        for rule in rules {
+            let text = rule["rule"].as_str().unwrap();
+            if text.contains("oldSelf") {
+                assert!(!under_uncorrelated_list, "{path}: transition rule {text:?} cannot be correlated");
+            }
+        }
+    }
+    if let Some(props) = schema["properties"].as_object() {
+        for (name, prop) in props {
+            check_structural(prop, &format!("{path}.{name}"), under_uncorrelated_list);
+        }
+    }
+    if let Some(additional) = schema["additionalProperties"].as_object() {
+        check_structural(&Value::Object(additional.clone()), &format!("{path}.*"), under_uncorrelated_list);
+    }
+    if schema["items"].is_object() {
+        let correlated = schema["x-kubernetes-list-type"] == "map";
+        check_structural(
+            &schema["items"],
+            &format!("{path}[]"),
+            under_uncorrelated_list || !correlated,
+        );
+    }
+}
+
+#[test]
+fn both_schemas_are_structural() {
+    for crd in [api::node_maintenance_crd().unwrap(), api::eviction_request_crd().unwrap()] {
+        let schema = schema_of(&crd_json(crd));
+        assert_eq!(schema["type"], "object");
+        check_structural(&schema, "", false);
+    }
+}
+
 // --- CEL evaluation on sample objects ------------------------------------------------
 
 fn validate(schema: &Value, new: &Value, old: Option<&Value>) -> Vec<String> {
