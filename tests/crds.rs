@@ -302,13 +302,19 @@ fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
         "{path}: properties and additionalProperties"
     );
     for forbidden in ["$ref", "anyOf", "oneOf", "allOf"] {
-        assert!(schema[forbidden].is_null(), "{path}: {forbidden} in a structural schema");
+        assert!(
+            schema[forbidden].is_null(),
+            "{path}: {forbidden} in a structural schema"
+        );
     }
     if let Some(rules) = schema["x-kubernetes-validations"].as_array() {
         for rule in rules {
             let text = rule["rule"].as_str().unwrap();
             if text.contains("oldSelf") {
-                assert!(!under_uncorrelated_list, "{path}: transition rule {text:?} cannot be correlated");
+                assert!(
+                    !under_uncorrelated_list,
+                    "{path}: transition rule {text:?} cannot be correlated"
+                );
             }
         }
     }
@@ -318,7 +324,11 @@ fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
         }
     }
     if let Some(additional) = schema["additionalProperties"].as_object() {
-        check_structural(&Value::Object(additional.clone()), &format!("{path}.*"), under_uncorrelated_list);
+        check_structural(
+            &Value::Object(additional.clone()),
+            &format!("{path}.*"),
+            under_uncorrelated_list,
+        );
     }
     if schema["items"].is_object() {
         let correlated = schema["x-kubernetes-list-type"] == "map";
@@ -332,7 +342,10 @@ fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
 
 #[test]
 fn both_schemas_are_structural() {
-    for crd in [api::node_maintenance_crd().unwrap(), api::eviction_request_crd().unwrap()] {
+    for crd in [
+        api::node_maintenance_crd().unwrap(),
+        api::eviction_request_crd().unwrap(),
+    ] {
         let schema = schema_of(&crd_json(crd));
         assert_eq!(schema["type"], "object");
         check_structural(&schema, "", false);

@@ -66,7 +66,7 @@ impl fmt::Display for Stage {
 /// Intent to cordon and drain the nodes matching `nodeSelector` (KEP-4212 NodeMaintenanceSpec).
 // Repeated `type_ = "string"` inside the printcolumns reads as a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "nodegrace.dev",
     version = "v1alpha1",

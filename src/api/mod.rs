@@ -131,6 +131,27 @@ pub fn field_manager_for_node(node: &str) -> String {
     format!("{FIELD_MANAGER_PREFIX}{}-{hash}", &node[..keep])
 }
 
+/// Longest name of a cluster-scoped object (DNS subdomain).
+const MAX_OBJECT_NAME_LEN: usize = 253;
+
+/// Name of the NodeMaintenance nodegrace creates for a shutdown of `node`:
+/// `shutdown-<node>`, or for a node name too long for that, a truncated prefix plus a hash
+/// of the full name (still a valid DNS subdomain, still stable and unique per node).
+pub fn shutdown_maintenance_name(node: &str) -> String {
+    const PREFIX: &str = "shutdown-";
+    let plain = format!("{PREFIX}{node}");
+    if plain.len() <= MAX_OBJECT_NAME_LEN {
+        return plain;
+    }
+    let hash = format!("{:016x}", fnv1a64(node.as_bytes()));
+    let mut keep = MAX_OBJECT_NAME_LEN - PREFIX.len() - 1 - hash.len();
+    while !node.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    let stem = node[..keep].trim_end_matches(['.', '-']);
+    format!("{PREFIX}{stem}-{hash}")
+}
+
 fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)

@@ -231,3 +231,18 @@ fn node_selector_for_pins_the_node_by_name() {
         json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["one"]}]}]})
     );
 }
+
+#[test]
+fn shutdown_maintenance_name_is_a_valid_object_name_for_any_node() {
+    assert_eq!(shutdown_maintenance_name("one"), "shutdown-one");
+    // The cut after 227 characters lands on the dot, which must not end a label.
+    let long = format!("{}.{}", "a".repeat(226), "b".repeat(26));
+    let name = shutdown_maintenance_name(&long);
+    assert!(name.len() <= 253, "{}", name.len());
+    assert!(name.starts_with("shutdown-aaaa"));
+    assert!(!name.contains(".-") && !name.contains("--"), "{name}");
+    assert_ne!(
+        name,
+        shutdown_maintenance_name(&format!("{}.{}", "a".repeat(226), "c".repeat(26)))
+    );
+}
