@@ -322,8 +322,11 @@ mod tests {
         // Regular: web (30 s grace) and db (120 s) share 300 - 40 - 30 - 20 = 210 s by grace.
         assert_eq!((by_index(0).start, by_index(0).end), (secs(0), secs(42)));
         assert_eq!((by_index(1).start, by_index(1).end), (secs(42), secs(210)));
-        assert_eq!(by_index(1).escalate_at, secs(90), "db keeps its full 120 s grace after escalation");
-        assert_eq!(by_index(0).escalate_at, secs(12));
+        // db's 168 s share: half for cooperation, then at most 84 s of its 120 s grace.
+        assert_eq!(by_index(1).escalate_at, secs(126));
+        assert_eq!(by_index(0).escalate_at, secs(21));
+        // critical (dns, 30 s grace) gets 40 s: 20 s cooperative, then at most 20 s of grace.
+        assert_eq!(by_index(2).escalate_at, secs(230));
         assert_eq!((by_index(2).start, by_index(2).end), (secs(210), secs(250)));
         assert_eq!((by_index(7).start, by_index(7).end), (secs(250), secs(280)));
         assert_eq!((by_index(11).start, by_index(11).end), (secs(280), secs(300)));

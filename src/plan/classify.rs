@@ -180,7 +180,7 @@ mod tests {
             termination_grace_period_seconds: Some(120),
             ..Default::default()
         });
-        p.metadata.deletion_timestamp = Some(Time(chrono::Utc::now()));
+        p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
         p.metadata.labels = Some([("app".to_string(), "db".to_string())].into());
         let info = PodInfo::from_pod(&p).unwrap();
         assert_eq!(info.priority, 2_000_000_000);
