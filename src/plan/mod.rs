@@ -13,6 +13,8 @@ pub mod classify;
 pub mod drainplan;
 pub mod gns;
 pub mod model;
+#[cfg(test)]
+mod proptests;
 pub mod selector;
 pub mod targets;
 #[cfg(test)]
@@ -25,7 +27,7 @@ pub use drainplan::{
 };
 pub use selector::{selector_matches, Selector, SelectorError};
 pub use targets::{
-    fast_forward, maintenance_blockers, maintenance_message, node_message, node_targets,
+    fast_forward, least_powerful, maintenance_blockers, maintenance_message, node_message, node_targets,
     plan_position, reached_drain_targets, Blockers, DrainTargets, NodeProgress, NodeReport,
     NodeTargets, PlanPosition,
 };

@@ -339,6 +339,29 @@ mod tests {
     }
 
     #[test]
+    fn incomparable_selector_targets_do_not_deadlock() {
+        // db-first wants app=db pods up to 100 gone first; low-first every pod up to 50. The
+        // exact intersection (app=db up to 50) targets neither pod and both would wait forever.
+        use crate::plan::testutil::{pod_l, sel_entry};
+        let mut c = ClusterModel::new();
+        c.set_pods("n", vec![pod_l("db", Default, 80, "app", "db"), pod("other", Default, 30)]);
+        c.add_maintenance("db-first", &[sel_entry(Default, 100, "app", "db")], &["n"]).unwrap();
+        c.add_maintenance("low-first", &[entry(Default, 50)], &["n"]).unwrap();
+        let (_, nodes) = c.settle().unwrap();
+        // db-first targets no plain Default pods yet, so it is the least powerful.
+        assert_eq!(nodes["n"].holders, ["db-first"]);
+        assert!(nodes["n"].targets.targets(&pod_l("db", Default, 80, "app", "db")));
+        assert!(!nodes["n"].targets.targets(&pod("other", Default, 30)));
+        assert_eq!(nodes["n"].message, "Draining");
+        for _ in 0..20 {
+            c.drain_node("n");
+        }
+        let (maint, nodes) = c.settle().unwrap();
+        assert!(maint.values().all(|m| m.drained), "{maint:?}");
+        assert_eq!(nodes["n"].message, "Drained");
+    }
+
+    #[test]
     fn daemonset_pods_wait_for_every_default_pod() {
         let mut c = ClusterModel::new();
         c.set_pods("n", pods(&[("web", Default, 2_000_000_000), ("ds", DaemonSet, 0)]));

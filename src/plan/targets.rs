@@ -151,7 +151,28 @@ impl DrainTargets {
         DrainTargets { entries }
     }
 
-    /// The least powerful combination: targets a pod only if both target it.
+    /// A total order on targets consistent with inclusion (if `a` covers `b`, `b` ranks at most
+    /// `a`): the plain levels of Static, DaemonSet, Default in turn, then how far the selector
+    /// entries reach above their type's plain level.
+    fn rank(&self) -> ([Option<i32>; 3], i128) {
+        let plain = |t| self.entries.get(&(t, None)).copied();
+        let extras = self
+            .entries
+            .iter()
+            .filter(|((_, s), _)| s.is_some())
+            .map(|((t, _), p)| {
+                let base = plain(*t).map_or(i128::from(i32::MIN) - 1, i128::from);
+                i128::from(*p) - base
+            })
+            .sum();
+        (
+            [plain(PodType::Static), plain(PodType::DaemonSet), plain(PodType::Default)],
+            extras,
+        )
+    }
+
+    /// A conservative combination: targets a pod only if both target it (possibly fewer pods
+    /// than the exact intersection when the two use different selectors).
     pub fn meet(&self, other: &DrainTargets) -> DrainTargets {
         self.combine(other, |a, b| a.min(b))
     }
@@ -171,15 +192,21 @@ pub struct NodeTargets {
     pub holders: Vec<String>,
 }
 
-/// The node's effective targets: the least powerful of the targets of every active maintenance
-/// selecting the node, never below `previous` (drain targets never backtrack). With no
-/// maintenance the previous targets stay (the caller drops the node status then).
-/// `maintenances` is (name, targets), oldest first.
+/// The least powerful of several targets: the one every other covers when there is one (always
+/// so for plans without selectors, whose targets form a chain); otherwise, for targets made
+/// incomparable by different selectors, the lowest in a total order consistent with inclusion,
+/// the first (oldest) on a tie. An exact intersection would deadlock there: each maintenance
+/// would wait for pods only the other one targets.
+pub fn least_powerful<'a>(targets: impl IntoIterator<Item = &'a DrainTargets>) -> Option<&'a DrainTargets> {
+    targets.into_iter().min_by_key(|t| t.rank())
+}
+
+/// The node's effective targets: the least powerful ([`least_powerful`]) of the targets of
+/// every active maintenance selecting the node, never below `previous` (drain targets never
+/// backtrack). With no maintenance the previous targets stay (the caller drops the node status
+/// then). `maintenances` is (name, targets), oldest first.
 pub fn node_targets(previous: Option<&DrainTargets>, maintenances: &[(&str, &DrainTargets)]) -> NodeTargets {
-    let meet = maintenances
-        .iter()
-        .map(|(_, t)| (*t).clone())
-        .reduce(|a, b| a.meet(&b));
+    let meet = least_powerful(maintenances.iter().map(|(_, t)| *t)).cloned();
     let targets = match (previous, meet) {
         (Some(p), Some(m)) => p.join(&m),
         (Some(p), None) => p.clone(),
