@@ -355,6 +355,7 @@ mod tests {
         assert_eq!(nodes["n"].message, "Draining");
         for _ in 0..20 {
             c.drain_node("n");
+            c.settle().unwrap();
         }
         let (maint, nodes) = c.settle().unwrap();
         assert!(maint.values().all(|m| m.drained), "{maint:?}");
