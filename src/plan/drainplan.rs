@@ -9,11 +9,14 @@ use super::{DrainPlanEntry, PodType};
 
 /// The priorities of the entries injected for each pod type: the highest user priority class,
 /// `system-cluster-critical`, `system-node-critical` and the int32 maximum.
-pub const DEFAULT_PLAN_PRIORITIES: [i32; 4] = [1_000_000_000, 2_000_000_000, 2_000_001_000, i32::MAX];
+pub const DEFAULT_PLAN_PRIORITIES: [i32; 4] =
+    [1_000_000_000, 2_000_000_000, 2_000_001_000, i32::MAX];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    #[error("drainPlan[{index}] ({pod_type:?}, podPriority {priority}): invalid podSelector: {source}")]
+    #[error(
+        "drainPlan[{index}] ({pod_type:?}, podPriority {priority}): invalid podSelector: {source}"
+    )]
     InvalidSelector {
         index: usize,
         pod_type: PodType,
@@ -84,7 +87,11 @@ impl CompiledEntry {
 
 impl fmt::Display for CompiledEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} pods with priority <= {}", self.pod_type, self.priority)?;
+        write!(
+            f,
+            "{:?} pods with priority <= {}",
+            self.pod_type, self.priority
+        )?;
         if let Some(s) = &self.selector {
             write!(f, " matching {s}")?;
         }
@@ -148,7 +155,9 @@ pub fn normalize_drain_plan(entries: &[DrainPlanEntry]) -> Result<Vec<DrainPlanE
         .collect())
 }
 
-pub(crate) fn normalize_compiled(entries: &[DrainPlanEntry]) -> Result<Vec<CompiledEntry>, PlanError> {
+pub(crate) fn normalize_compiled(
+    entries: &[DrainPlanEntry],
+) -> Result<Vec<CompiledEntry>, PlanError> {
     let mut plan = compile_plan(entries)?;
     for default in default_plan_entries() {
         let default = CompiledEntry::compile(0, &default)?;
@@ -166,9 +175,12 @@ pub fn validate_drain_plan(entries: &[DrainPlanEntry]) -> Result<(), PlanError> 
     let given = compile_plan(entries)?;
     let normalized = normalize_compiled(entries)?;
     if let Some(missing) = normalized.iter().find(|e| !given.contains(e)) {
-        return Err(PlanError::NotNormalized(format!("missing default entry: {missing}")));
+        return Err(PlanError::NotNormalized(format!(
+            "missing default entry: {missing}"
+        )));
     }
-    if let Some(i) = (1..given.len()).find(|&i| given[i - 1].plan_cmp(&given[i]) != Ordering::Less) {
+    if let Some(i) = (1..given.len()).find(|&i| given[i - 1].plan_cmp(&given[i]) != Ordering::Less)
+    {
         return Err(PlanError::NotNormalized(format!(
             "drainPlan[{}] ({}) must come before drainPlan[{}] ({})",
             i,
@@ -217,13 +229,25 @@ mod tests {
     fn empty_plan_becomes_the_twelve_defaults_in_order() {
         let plan = normalize_drain_plan(&[]).unwrap();
         assert_eq!(plan, default_plan_entries());
-        let text: Vec<String> = plan.iter().map(|e| format!("{:?}/{}", e.pod_type, e.pod_priority)).collect();
+        let text: Vec<String> = plan
+            .iter()
+            .map(|e| format!("{:?}/{}", e.pod_type, e.pod_priority))
+            .collect();
         assert_eq!(
             text,
             [
-                "Default/1000000000", "Default/2000000000", "Default/2000001000", "Default/2147483647",
-                "DaemonSet/1000000000", "DaemonSet/2000000000", "DaemonSet/2000001000", "DaemonSet/2147483647",
-                "Static/1000000000", "Static/2000000000", "Static/2000001000", "Static/2147483647",
+                "Default/1000000000",
+                "Default/2000000000",
+                "Default/2000001000",
+                "Default/2147483647",
+                "DaemonSet/1000000000",
+                "DaemonSet/2000000000",
+                "DaemonSet/2000001000",
+                "DaemonSet/2147483647",
+                "Static/1000000000",
+                "Static/2000000000",
+                "Static/2000001000",
+                "Static/2147483647",
             ]
         );
     }
@@ -239,12 +263,20 @@ mod tests {
         ];
         let plan = normalize_drain_plan(&user).unwrap();
         assert_eq!(plan.len(), 12 + 4);
-        assert_eq!(plan[0], entry(PodType::Default, 2000).with_selector_of(&user[4]));
+        assert_eq!(
+            plan[0],
+            entry(PodType::Default, 2000).with_selector_of(&user[4])
+        );
         assert_eq!(plan[1], entry(PodType::Default, 2000));
         assert_eq!(plan[2], entry(PodType::Default, 1_000_000_000));
         assert_eq!(plan[6], entry(PodType::DaemonSet, 3000));
         assert_eq!(plan[11], entry(PodType::Static, 5));
-        assert_eq!(plan.iter().filter(|e| **e == entry(PodType::Default, 1_000_000_000)).count(), 1);
+        assert_eq!(
+            plan.iter()
+                .filter(|e| **e == entry(PodType::Default, 1_000_000_000))
+                .count(),
+            1
+        );
     }
 
     impl DrainPlanEntry {
@@ -283,8 +315,16 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("drainPlan[0] and drainPlan[2]"));
-        let err = normalize_drain_plan(&[entry(PodType::Static, 1), entry(PodType::Static, 1)]).unwrap_err();
-        assert!(matches!(err, PlanError::Duplicate { first: 0, second: 1, .. }));
+        let err = normalize_drain_plan(&[entry(PodType::Static, 1), entry(PodType::Static, 1)])
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            PlanError::Duplicate {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -293,9 +333,11 @@ mod tests {
             pod_selector: Some(LabelSelector::default()),
             ..entry(PodType::Default, 1_000_000_000)
         };
-        let plan = normalize_drain_plan(&[with_empty.clone()]).unwrap();
+        let plan = normalize_drain_plan(std::slice::from_ref(&with_empty)).unwrap();
         assert_eq!(plan, default_plan_entries());
-        assert!(normalize_drain_plan(&[with_empty, entry(PodType::Default, 1_000_000_000)]).is_err());
+        assert!(
+            normalize_drain_plan(&[with_empty, entry(PodType::Default, 1_000_000_000)]).is_err()
+        );
     }
 
     #[test]
@@ -312,7 +354,10 @@ mod tests {
             ..entry(PodType::Default, 5)
         };
         let err = normalize_drain_plan(&[entry(PodType::Default, 1), bad]).unwrap_err();
-        assert!(matches!(err, PlanError::InvalidSelector { index: 1, .. }), "{err}");
+        assert!(
+            matches!(err, PlanError::InvalidSelector { index: 1, .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -332,8 +377,14 @@ mod tests {
         let a = vec![sel_entry(PodType::Default, 5, "app", "db")];
         let normalized = normalize_drain_plan(&a).unwrap();
         assert!(!drain_plan_changed(&a, &normalized));
-        assert!(drain_plan_changed(&a, &[sel_entry(PodType::Default, 6, "app", "db")]));
-        assert!(drain_plan_changed(&a, &[sel_entry(PodType::Default, 5, "app", "web")]));
+        assert!(drain_plan_changed(
+            &a,
+            &[sel_entry(PodType::Default, 6, "app", "db")]
+        ));
+        assert!(drain_plan_changed(
+            &a,
+            &[sel_entry(PodType::Default, 5, "app", "web")]
+        ));
         assert!(drain_plan_changed(&a, &[]));
     }
 }

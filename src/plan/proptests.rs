@@ -5,7 +5,10 @@ use std::cmp::Ordering;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use proptest::prelude::*;
 
-use super::drainplan::{compile_plan, default_plan_entries, normalize_drain_plan, validate_drain_plan, CompiledEntry, PlanError};
+use super::drainplan::{
+    compile_plan, default_plan_entries, normalize_drain_plan, validate_drain_plan, CompiledEntry,
+    PlanError,
+};
 use super::model::ClusterModel;
 use super::targets::{node_targets, DrainTargets};
 use super::testutil::pod;
@@ -32,7 +35,11 @@ fn arb_selector() -> impl Strategy<Value = Option<LabelSelector>> {
 }
 
 fn arb_type() -> impl Strategy<Value = PodType> {
-    prop_oneof![Just(PodType::Default), Just(PodType::DaemonSet), Just(PodType::Static)]
+    prop_oneof![
+        Just(PodType::Default),
+        Just(PodType::DaemonSet),
+        Just(PodType::Static)
+    ]
 }
 
 fn arb_priority() -> impl Strategy<Value = i32> {
@@ -49,11 +56,13 @@ fn arb_priority() -> impl Strategy<Value = i32> {
 }
 
 fn arb_entry() -> impl Strategy<Value = DrainPlanEntry> {
-    (arb_type(), arb_priority(), arb_selector()).prop_map(|(pod_type, pod_priority, pod_selector)| DrainPlanEntry {
-        pod_selector,
-        pod_priority,
-        pod_type,
-    })
+    (arb_type(), arb_priority(), arb_selector()).prop_map(
+        |(pod_type, pod_priority, pod_selector)| DrainPlanEntry {
+            pod_selector,
+            pod_priority,
+            pod_type,
+        },
+    )
 }
 
 /// A valid user plan: generated entries with duplicates removed.
@@ -101,14 +110,22 @@ fn arb_maintenance_targets() -> impl Strategy<Value = DrainTargets> {
 
 /// Targets of plans without selectors: these always form a chain.
 fn arb_plain_maintenance_targets() -> impl Strategy<Value = DrainTargets> {
-    (proptest::collection::btree_set((arb_type(), arb_priority()), 0..5), 0usize..20).prop_map(|(entries, i)| {
-        let plan: Vec<DrainPlanEntry> = entries
-            .into_iter()
-            .map(|(pod_type, pod_priority)| DrainPlanEntry { pod_selector: None, pod_priority, pod_type })
-            .collect();
-        let plan = normalize_drain_plan(&plan).expect("valid plan");
-        DrainTargets::for_plan(&plan, i).expect("valid plan")
-    })
+    (
+        proptest::collection::btree_set((arb_type(), arb_priority()), 0..5),
+        0usize..20,
+    )
+        .prop_map(|(entries, i)| {
+            let plan: Vec<DrainPlanEntry> = entries
+                .into_iter()
+                .map(|(pod_type, pod_priority)| DrainPlanEntry {
+                    pod_selector: None,
+                    pod_priority,
+                    pod_type,
+                })
+                .collect();
+            let plan = normalize_drain_plan(&plan).expect("valid plan");
+            DrainTargets::for_plan(&plan, i).expect("valid plan")
+        })
 }
 
 proptest! {
@@ -223,13 +240,13 @@ proptest! {
     ) {
         let nodes = ["n0", "n1", "n2"];
         let mut c = ClusterModel::new();
-        for n in 0..3 {
+        for (n, node) in nodes.iter().enumerate() {
             let on: Vec<PodInfo> = pods.iter().enumerate().filter(|(_, (pn, _))| *pn == n).map(|(i, (_, p))| {
                 let mut p = p.clone();
                 p.name = format!("p{i}");
                 p
             }).collect();
-            c.set_pods(nodes[n], on);
+            c.set_pods(node, on);
         }
         let mut seen: std::collections::BTreeMap<String, DrainTargets> = Default::default();
         let mut check = |c: &mut ClusterModel| -> Result<(), TestCaseError> {

@@ -40,7 +40,10 @@ impl DrainTargets {
         let mut t = DrainTargets::none();
         for (i, e) in entries.iter().enumerate() {
             let c = CompiledEntry::compile(i, e)?;
-            let p = t.entries.entry((c.pod_type, c.selector)).or_insert(c.priority);
+            let p = t
+                .entries
+                .entry((c.pod_type, c.selector))
+                .or_insert(c.priority);
             *p = (*p).max(c.priority);
         }
         t.raise_selectors_to_plain();
@@ -68,7 +71,9 @@ impl DrainTargets {
         }
         for e in plan {
             if let (Some(sel), Some(&plain)) = (&e.selector, t.entries.get(&(e.pod_type, None))) {
-                t.entries.entry((e.pod_type, Some(sel.clone()))).or_insert(plain);
+                t.entries
+                    .entry((e.pod_type, Some(sel.clone())))
+                    .or_insert(plain);
             }
         }
         t.raise_selectors_to_plain();
@@ -108,7 +113,9 @@ impl DrainTargets {
     /// The highest priority targeted for (type, selector); None when nothing of it is targeted.
     fn level(&self, t: PodType, s: &Option<Selector>) -> Option<i32> {
         let plain = self.entries.get(&(t, None)).copied();
-        let own = s.as_ref().and_then(|_| self.entries.get(&(t, s.clone())).copied());
+        let own = s
+            .as_ref()
+            .and_then(|_| self.entries.get(&(t, s.clone())).copied());
         plain.max(own)
     }
 
@@ -126,8 +133,12 @@ impl DrainTargets {
     }
 
     /// Active (non-terminal) pods targeted; terminating pods are active.
-    pub fn active_targeted<'a>(&'a self, pods: &'a [PodInfo]) -> impl Iterator<Item = &'a PodInfo> + 'a {
-        pods.iter().filter(move |p| p.is_active() && self.targets(p))
+    pub fn active_targeted<'a>(
+        &'a self,
+        pods: &'a [PodInfo],
+    ) -> impl Iterator<Item = &'a PodInfo> + 'a {
+        pods.iter()
+            .filter(move |p| p.is_active() && self.targets(p))
     }
 
     /// Finished on a node: no active targeted pod is left. Terminal pods are ignored.
@@ -142,11 +153,17 @@ impl DrainTargets {
             .all(|(t, s)| other.level(*t, s) <= self.level(*t, s))
     }
 
-    fn combine(&self, other: &DrainTargets, f: fn(Option<i32>, Option<i32>) -> Option<i32>) -> DrainTargets {
+    fn combine(
+        &self,
+        other: &DrainTargets,
+        f: fn(Option<i32>, Option<i32>) -> Option<i32>,
+    ) -> DrainTargets {
         let entries = self
             .keys_with(other)
             .into_iter()
-            .filter_map(|(t, s)| f(self.level(*t, s), other.level(*t, s)).map(|p| ((*t, s.clone()), p)))
+            .filter_map(|(t, s)| {
+                f(self.level(*t, s), other.level(*t, s)).map(|p| ((*t, s.clone()), p))
+            })
             .collect();
         DrainTargets { entries }
     }
@@ -166,7 +183,11 @@ impl DrainTargets {
             })
             .sum();
         (
-            [plain(PodType::Static), plain(PodType::DaemonSet), plain(PodType::Default)],
+            [
+                plain(PodType::Static),
+                plain(PodType::DaemonSet),
+                plain(PodType::Default),
+            ],
             extras,
         )
     }
@@ -197,7 +218,9 @@ pub struct NodeTargets {
 /// incomparable by different selectors, the lowest in a total order consistent with inclusion,
 /// the first (oldest) on a tie. An exact intersection would deadlock there: each maintenance
 /// would wait for pods only the other one targets.
-pub fn least_powerful<'a>(targets: impl IntoIterator<Item = &'a DrainTargets>) -> Option<&'a DrainTargets> {
+pub fn least_powerful<'a>(
+    targets: impl IntoIterator<Item = &'a DrainTargets>,
+) -> Option<&'a DrainTargets> {
     targets.into_iter().min_by_key(|t| t.rank())
 }
 
@@ -205,7 +228,10 @@ pub fn least_powerful<'a>(targets: impl IntoIterator<Item = &'a DrainTargets>) -
 /// every active maintenance selecting the node, never below `previous` (drain targets never
 /// backtrack). With no maintenance the previous targets stay (the caller drops the node status
 /// then). `maintenances` is (name, targets), oldest first.
-pub fn node_targets(previous: Option<&DrainTargets>, maintenances: &[(&str, &DrainTargets)]) -> NodeTargets {
+pub fn node_targets(
+    previous: Option<&DrainTargets>,
+    maintenances: &[(&str, &DrainTargets)],
+) -> NodeTargets {
     let meet = least_powerful(maintenances.iter().map(|(_, t)| *t)).cloned();
     let targets = match (previous, meet) {
         (Some(p), Some(m)) => p.join(&m),
@@ -222,7 +248,9 @@ pub fn node_targets(previous: Option<&DrainTargets>, maintenances: &[(&str, &Dra
 }
 
 /// The lowest targets among a maintenance's nodes (`status.drainStatus.reachedDrainTargets`).
-pub fn reached_drain_targets<'a>(nodes: impl IntoIterator<Item = &'a DrainTargets>) -> DrainTargets {
+pub fn reached_drain_targets<'a>(
+    nodes: impl IntoIterator<Item = &'a DrainTargets>,
+) -> DrainTargets {
     nodes
         .into_iter()
         .cloned()
@@ -253,30 +281,55 @@ pub struct PlanPosition {
 /// it moves to the next entry only when every node reports the base entry finished.
 pub fn plan_position(plan_len: usize, reports: &[Option<NodeReport>]) -> PlanPosition {
     let last = plan_len.saturating_sub(1);
-    let base = reports.iter().flatten().map(|r| r.index).max().unwrap_or(0).min(last);
+    let base = reports
+        .iter()
+        .flatten()
+        .map(|r| r.index)
+        .max()
+        .unwrap_or(0)
+        .min(last);
     let all_finished = !reports.is_empty()
         && reports
             .iter()
             .all(|r| r.is_some_and(|r| r.index >= base && r.finished));
     match (all_finished, base < last) {
-        (true, true) => PlanPosition { index: base + 1, drained: false },
-        (true, false) => PlanPosition { index: base, drained: true },
-        (false, _) => PlanPosition { index: base, drained: false },
+        (true, true) => PlanPosition {
+            index: base + 1,
+            drained: false,
+        },
+        (true, false) => PlanPosition {
+            index: base,
+            drained: true,
+        },
+        (false, _) => PlanPosition {
+            index: base,
+            drained: false,
+        },
     }
 }
 
 /// For a maintenance selecting only this node (the shutdown maintenance): skip every entry that
 /// is already finished at once, instead of one status round trip per entry.
-pub fn fast_forward(plan: &[DrainPlanEntry], index: usize, pods: &[PodInfo]) -> Result<PlanPosition, PlanError> {
+pub fn fast_forward(
+    plan: &[DrainPlanEntry],
+    index: usize,
+    pods: &[PodInfo],
+) -> Result<PlanPosition, PlanError> {
     let compiled = compile_plan(plan)?;
     let last = compiled.len().saturating_sub(1);
     let mut index = index.min(last);
     loop {
         if !DrainTargets::for_compiled_plan(&compiled, index).is_finished(pods) {
-            return Ok(PlanPosition { index, drained: false });
+            return Ok(PlanPosition {
+                index,
+                drained: false,
+            });
         }
         if index >= last {
-            return Ok(PlanPosition { index, drained: true });
+            return Ok(PlanPosition {
+                index,
+                drained: true,
+            });
         }
         index += 1;
     }
@@ -328,7 +381,11 @@ fn push_unique(names: &mut Vec<String>, name: &str) {
 /// Computes what holds a maintenance back: for each of its nodes not finished with its
 /// targets, either the maintenance itself drains there, or the node's holders keep the node
 /// below the maintenance's targets.
-pub fn maintenance_blockers(targets: &DrainTargets, at_last_entry: bool, nodes: &[NodeProgress<'_>]) -> Blockers {
+pub fn maintenance_blockers(
+    targets: &DrainTargets,
+    at_last_entry: bool,
+    nodes: &[NodeProgress<'_>],
+) -> Blockers {
     let mut b = Blockers {
         any_node_draining: nodes.iter().any(|n| n.draining),
         ..Blockers::default()
@@ -430,7 +487,10 @@ mod tests {
         assert!(targets.targets(&pod_l("c", PodType::Default, 500, "app", "db")));
         assert!(!targets.targets(&pod_l("d", PodType::Default, 501, "app", "db")));
         assert!(!targets.targets(&pod_l("e", PodType::Default, 300, "app", "web")));
-        assert!(!targets.targets(&pod("f", PodType::DaemonSet, 0)), "type must match");
+        assert!(
+            !targets.targets(&pod("f", PodType::DaemonSet, 0)),
+            "type must match"
+        );
     }
 
     #[test]
@@ -468,11 +528,30 @@ mod tests {
         assert_eq!(shown(0), [(Default, 1000, false), (Default, 1000, true)]);
         assert_eq!(shown(1), [(Default, 1000, false), (Default, 2000, true)]);
         assert_eq!(shown(2), [(Default, max, false), (Default, max, true)]);
-        assert_eq!(shown(3), [(Default, max, false), (Default, max, true), (DaemonSet, 1000, false)]);
-        assert_eq!(shown(4), [(Default, max, false), (Default, max, true), (DaemonSet, max, false)]);
+        assert_eq!(
+            shown(3),
+            [
+                (Default, max, false),
+                (Default, max, true),
+                (DaemonSet, 1000, false)
+            ]
+        );
+        assert_eq!(
+            shown(4),
+            [
+                (Default, max, false),
+                (Default, max, true),
+                (DaemonSet, max, false)
+            ]
+        );
         assert_eq!(
             shown(5),
-            [(Default, max, false), (Default, max, true), (DaemonSet, max, false), (Static, max, false)]
+            [
+                (Default, max, false),
+                (Default, max, true),
+                (DaemonSet, max, false),
+                (Static, max, false)
+            ]
         );
         let pg = pod_l("pg", Default, 1500, "app", "postgres");
         assert!(!t(&plan, 0).targets(&pg));
@@ -481,7 +560,8 @@ mod tests {
 
     #[test]
     fn selector_first_without_plain_entry() {
-        let plan = normalize_drain_plan(&[sel_entry(PodType::Default, 50, "tier", "batch")]).unwrap();
+        let plan =
+            normalize_drain_plan(&[sel_entry(PodType::Default, 50, "tier", "batch")]).unwrap();
         let first = t(&plan, 0);
         assert!(first.targets(&pod_l("b", PodType::Default, 50, "tier", "batch")));
         assert!(!first.targets(&pod("x", PodType::Default, 0)));
@@ -492,11 +572,19 @@ mod tests {
     fn meet_join_and_covers() {
         let low = DrainTargets::from_entries(&[entry(PodType::Default, 5000)]).unwrap();
         let high = DrainTargets::from_entries(&[entry(PodType::Default, 10000)]).unwrap();
-        let ds = DrainTargets::from_entries(&[entry(PodType::Default, i32::MAX), entry(PodType::DaemonSet, 3)]).unwrap();
+        let ds = DrainTargets::from_entries(&[
+            entry(PodType::Default, i32::MAX),
+            entry(PodType::DaemonSet, 3),
+        ])
+        .unwrap();
         assert_eq!(low.meet(&high), low);
         assert_eq!(low.join(&high), high);
         assert!(high.covers(&low) && !low.covers(&high));
-        assert_eq!(ds.meet(&high), high, "a type missing on one side is not targeted");
+        assert_eq!(
+            ds.meet(&high),
+            high,
+            "a type missing on one side is not targeted"
+        );
         assert!(DrainTargets::none().covers(&DrainTargets::none()));
         assert!(!DrainTargets::none().covers(&low));
     }
@@ -510,27 +598,80 @@ mod tests {
         assert_eq!(first.targets, b);
         assert_eq!(first.holders, ["b"]);
         let with_c = node_targets(Some(&first.targets), &[("a", &a), ("b", &b), ("c", &c)]);
-        assert_eq!(with_c.targets, b, "maintenance-c must not pull the node back");
+        assert_eq!(
+            with_c.targets, b,
+            "maintenance-c must not pull the node back"
+        );
         assert_eq!(with_c.holders, ["b", "c"]);
     }
 
     #[test]
     fn plan_position_advances_only_when_every_node_finished() {
         let r = |index, finished| Some(NodeReport { index, finished });
-        assert_eq!(plan_position(3, &[r(0, true), r(0, false)]), PlanPosition { index: 0, drained: false });
-        assert_eq!(plan_position(3, &[r(0, true), None]), PlanPosition { index: 0, drained: false });
-        assert_eq!(plan_position(3, &[r(0, true), r(0, true)]), PlanPosition { index: 1, drained: false });
+        assert_eq!(
+            plan_position(3, &[r(0, true), r(0, false)]),
+            PlanPosition {
+                index: 0,
+                drained: false
+            }
+        );
+        assert_eq!(
+            plan_position(3, &[r(0, true), None]),
+            PlanPosition {
+                index: 0,
+                drained: false
+            }
+        );
+        assert_eq!(
+            plan_position(3, &[r(0, true), r(0, true)]),
+            PlanPosition {
+                index: 1,
+                drained: false
+            }
+        );
         // A stale report for an earlier entry says nothing about the current one.
-        assert_eq!(plan_position(3, &[r(1, true), r(0, true)]), PlanPosition { index: 1, drained: false });
-        assert_eq!(plan_position(3, &[r(2, true), r(2, true)]), PlanPosition { index: 2, drained: true });
-        assert_eq!(plan_position(3, &[]), PlanPosition { index: 0, drained: false });
+        assert_eq!(
+            plan_position(3, &[r(1, true), r(0, true)]),
+            PlanPosition {
+                index: 1,
+                drained: false
+            }
+        );
+        assert_eq!(
+            plan_position(3, &[r(2, true), r(2, true)]),
+            PlanPosition {
+                index: 2,
+                drained: true
+            }
+        );
+        assert_eq!(
+            plan_position(3, &[]),
+            PlanPosition {
+                index: 0,
+                drained: false
+            }
+        );
     }
 
     #[test]
     fn fast_forward_skips_finished_entries() {
-        let plan = normalize_drain_plan(&[entry(PodType::Default, 10), entry(PodType::Default, 20)]).unwrap();
+        let plan =
+            normalize_drain_plan(&[entry(PodType::Default, 10), entry(PodType::Default, 20)])
+                .unwrap();
         let pods = vec![pod("a", PodType::Default, 1_500_000_000)];
-        assert_eq!(fast_forward(&plan, 0, &pods).unwrap(), PlanPosition { index: 3, drained: false });
-        assert_eq!(fast_forward(&plan, 0, &[]).unwrap(), PlanPosition { index: plan.len() - 1, drained: true });
+        assert_eq!(
+            fast_forward(&plan, 0, &pods).unwrap(),
+            PlanPosition {
+                index: 3,
+                drained: false
+            }
+        );
+        assert_eq!(
+            fast_forward(&plan, 0, &[]).unwrap(),
+            PlanPosition {
+                index: plan.len() - 1,
+                drained: true
+            }
+        );
     }
 }
