@@ -27,9 +27,9 @@ pub use drainplan::{
 };
 pub use selector::{selector_matches, Selector, SelectorError};
 pub use targets::{
-    fast_forward, least_powerful, maintenance_blockers, maintenance_message, node_message,
-    node_targets, plan_position, reached_drain_targets, Blockers, DrainTargets, NodeProgress,
-    NodeReport, NodeTargets, PlanPosition,
+    evaluate_node, fast_forward, least_powerful, maintenance_blockers, maintenance_message,
+    node_message, node_targets, plan_position, reached_drain_targets, Blockers, DrainTargets,
+    MaintenanceInput, NodeEvaluation, NodeProgress, NodeReport, NodeTargets, PlanPosition,
 };
 
 /// KEP-4212 `podType`: which kind of pod a drain plan entry targets. The declaration order

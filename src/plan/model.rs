@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::drainplan::{normalize_drain_plan, PlanError};
+use super::drainplan::{normalize_compiled, CompiledEntry, PlanError};
 use super::targets::{
     maintenance_blockers, maintenance_message, node_message, node_targets, plan_position,
     reached_drain_targets, Blockers, DrainTargets, NodeProgress, NodeReport, NodeTargets,
@@ -15,7 +15,7 @@ use super::{DrainPlanEntry, PodInfo};
 #[derive(Debug, Clone)]
 struct Maintenance {
     name: String,
-    plan: Vec<DrainPlanEntry>,
+    plan: Vec<CompiledEntry>,
     nodes: Vec<String>,
 }
 
@@ -66,7 +66,7 @@ impl ClusterModel {
     ) -> Result<(), PlanError> {
         self.maintenances.push(Maintenance {
             name: name.into(),
-            plan: normalize_drain_plan(plan)?,
+            plan: normalize_compiled(plan)?,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
         });
         Ok(())
@@ -115,7 +115,12 @@ impl ClusterModel {
     fn maintenance_targets(&self) -> Result<Vec<DrainTargets>, PlanError> {
         self.maintenances
             .iter()
-            .map(|m| DrainTargets::for_plan(&m.plan, self.position(m).index))
+            .map(|m| {
+                Ok(DrainTargets::for_compiled_plan(
+                    &m.plan,
+                    self.position(m).index,
+                ))
+            })
             .collect()
     }
 

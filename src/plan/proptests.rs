@@ -129,7 +129,7 @@ fn arb_plain_maintenance_targets() -> impl Strategy<Value = DrainTargets> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn normalization_is_idempotent_sorted_unique_and_has_defaults(entries in proptest::collection::vec(arb_entry(), 0..8)) {
@@ -231,6 +231,11 @@ proptest! {
         // The status form reads back to the same targets.
         prop_assert_eq!(DrainTargets::from_entries(&effective.to_entries()).unwrap(), effective);
     }
+}
+
+proptest! {
+    // Each case settles a whole cluster dozens of times.
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn cluster_model_never_backtracks_and_finishes(

@@ -335,6 +335,113 @@ pub fn fast_forward(
     }
 }
 
+/// One active maintenance selecting this node, as the node engine reads it.
+#[derive(Debug, Clone)]
+pub struct MaintenanceInput<'a> {
+    pub name: &'a str,
+    /// `spec.drainPlan`, normalized.
+    pub plan: &'a [DrainPlanEntry],
+    /// The reports of every node the maintenance selects, from its status (None: no report yet).
+    pub reports: Vec<Option<NodeReport>>,
+    /// Which of `reports` is this node's.
+    pub own: usize,
+}
+
+/// What the node engine decides for its node.
+#[derive(Debug, Clone)]
+pub struct NodeEvaluation {
+    /// The node's effective targets and holders (write to the node's status entries).
+    pub node: NodeTargets,
+    /// Per maintenance, in input order: its position as far as this node can tell, its
+    /// targets, and this node's new report for it.
+    pub positions: Vec<PlanPosition>,
+    pub maintenance_targets: Vec<DrainTargets>,
+    pub reports: Vec<NodeReport>,
+    /// Active pods to terminate now (targeted by the effective targets), in plan order: by pod
+    /// type, then ascending priority.
+    pub to_terminate: Vec<PodInfo>,
+}
+
+impl NodeEvaluation {
+    /// The node still has active targeted pods.
+    pub fn draining(&self) -> bool {
+        !self.to_terminate.is_empty()
+    }
+}
+
+/// The node engine's decision for its own node: every maintenance's position (advancing past
+/// entries this node finishes whenever the other nodes' reports allow it, so a maintenance of
+/// this node alone runs through finished entries at once), the effective targets (never below
+/// `previous`) and this node's reports. `maintenances` oldest first.
+pub fn evaluate_node(
+    previous: Option<&DrainTargets>,
+    maintenances: &[MaintenanceInput<'_>],
+    pods: &[PodInfo],
+) -> Result<NodeEvaluation, PlanError> {
+    let plans = maintenances
+        .iter()
+        .map(|m| compile_plan(m.plan))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut reports: Vec<Vec<Option<NodeReport>>> =
+        maintenances.iter().map(|m| m.reports.clone()).collect();
+    let mut previous = previous.cloned();
+    // Each pass either advances a position or stops; positions are bounded by plan lengths.
+    let bound = plans.iter().map(Vec::len).sum::<usize>() + 2;
+    for _ in 0..bound {
+        let positions: Vec<PlanPosition> = plans
+            .iter()
+            .zip(&reports)
+            .map(|(p, r)| plan_position(p.len(), r))
+            .collect();
+        let targets: Vec<DrainTargets> = plans
+            .iter()
+            .zip(&positions)
+            .map(|(p, pos)| DrainTargets::for_compiled_plan(p, pos.index))
+            .collect();
+        let named: Vec<(&str, &DrainTargets)> =
+            maintenances.iter().map(|m| m.name).zip(&targets).collect();
+        let node = node_targets(previous.as_ref(), &named);
+        let own: Vec<NodeReport> = positions
+            .iter()
+            .zip(&targets)
+            .map(|(pos, t)| NodeReport {
+                index: pos.index,
+                finished: t.is_finished(pods),
+            })
+            .collect();
+        let mut changed = false;
+        for ((m, r), new) in maintenances.iter().zip(reports.iter_mut()).zip(&own) {
+            if let Some(slot) = r.get_mut(m.own) {
+                if *slot != Some(*new) {
+                    *slot = Some(*new);
+                    changed = true;
+                }
+            }
+        }
+        let next_positions: Vec<PlanPosition> = plans
+            .iter()
+            .zip(&reports)
+            .map(|(p, r)| plan_position(p.len(), r))
+            .collect();
+        if !changed || next_positions == positions {
+            let mut to_terminate: Vec<PodInfo> =
+                node.targets.active_targeted(pods).cloned().collect();
+            to_terminate.sort_by_key(|p| (p.pod_type, p.priority));
+            return Ok(NodeEvaluation {
+                node,
+                positions,
+                maintenance_targets: targets,
+                reports: own,
+                to_terminate,
+            });
+        }
+        previous = Some(node.targets);
+    }
+    Err(PlanError::NotNormalized(
+        "node evaluation did not settle".into(),
+    ))
+}
+
 /// How one node of a maintenance stands, as read from the maintenance's status.
 #[derive(Debug, Clone)]
 pub struct NodeProgress<'a> {
@@ -673,5 +780,78 @@ mod tests {
                 drained: true
             }
         );
+    }
+
+    #[test]
+    fn evaluate_node_runs_a_single_node_maintenance_through_finished_entries() {
+        let plan = normalize_drain_plan(&[]).unwrap();
+        let mut pods = vec![
+            pod("critical", PodType::Default, 2_000_000_000),
+            pod("web", PodType::Default, 0),
+            pod("proxy", PodType::DaemonSet, 2_000_001_000),
+            pod("etcd", PodType::Static, 2_000_001_000),
+        ];
+        let mut previous: Option<DrainTargets> = None;
+        let mut report = None;
+        let mut order = Vec::new();
+        for _ in 0..6 {
+            let input = MaintenanceInput {
+                name: "shutdown-n1",
+                plan: &plan,
+                reports: vec![report],
+                own: 0,
+            };
+            let eval = evaluate_node(previous.as_ref(), &[input], &pods).unwrap();
+            report = Some(eval.reports[0]);
+            previous = Some(eval.node.targets.clone());
+            if !eval.draining() {
+                assert!(eval.positions[0].drained);
+                break;
+            }
+            let names: Vec<String> = eval.to_terminate.iter().map(|p| p.name.clone()).collect();
+            order.push(names.join(","));
+            pods.retain(|p| !eval.to_terminate.contains(p));
+        }
+        assert_eq!(order, ["web", "critical", "proxy", "etcd"]);
+        assert!(pods.is_empty());
+    }
+
+    #[test]
+    fn evaluate_node_waits_for_the_other_nodes() {
+        let plan = normalize_drain_plan(&[entry(PodType::Default, 100)]).unwrap();
+        let pods = vec![pod("late", PodType::Default, 500)];
+        let other = Some(NodeReport {
+            index: 0,
+            finished: false,
+        });
+        let input = MaintenanceInput {
+            name: "m",
+            plan: &plan,
+            reports: vec![other, None],
+            own: 1,
+        };
+        let eval = evaluate_node(None, &[input.clone()], &pods).unwrap();
+        assert_eq!(eval.positions[0].index, 0);
+        assert_eq!(
+            eval.reports[0],
+            NodeReport {
+                index: 0,
+                finished: true
+            }
+        );
+        assert!(!eval.draining(), "the pod at 500 waits for the other node");
+        let done = MaintenanceInput {
+            reports: vec![
+                Some(NodeReport {
+                    index: 0,
+                    finished: true,
+                }),
+                None,
+            ],
+            ..input
+        };
+        let eval = evaluate_node(None, &[done], &pods).unwrap();
+        assert_eq!(eval.positions[0].index, 1);
+        assert_eq!(eval.to_terminate.len(), 1);
     }
 }
