@@ -4,6 +4,10 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::config::{DrainPlanEntrySetting, DrainSettings};
+
 use super::selector::{Selector, SelectorError};
 use super::{DrainPlanEntry, PodType};
 
@@ -112,6 +116,25 @@ impl fmt::Display for DrainPlanEntry {
     }
 }
 
+impl From<&DrainPlanEntrySetting> for DrainPlanEntry {
+    fn from(s: &DrainPlanEntrySetting) -> Self {
+        DrainPlanEntry {
+            pod_selector: (!s.pod_selector.is_empty()).then(|| LabelSelector {
+                match_labels: Some(s.pod_selector.clone()),
+                match_expressions: None,
+            }),
+            pod_priority: s.pod_priority,
+            pod_type: s.pod_type,
+        }
+    }
+}
+
+/// The normalized drain plan of the shutdown maintenance, from `[drain] plan` in the config.
+pub fn shutdown_drain_plan(settings: &DrainSettings) -> Result<Vec<DrainPlanEntry>, PlanError> {
+    let entries: Vec<DrainPlanEntry> = settings.plan.iter().map(DrainPlanEntry::from).collect();
+    normalize_drain_plan(&entries)
+}
+
 /// The 12 entries injected into every plan, in plan order.
 pub fn default_plan_entries() -> Vec<DrainPlanEntry> {
     [PodType::Default, PodType::DaemonSet, PodType::Static]
@@ -204,7 +227,7 @@ pub fn drain_plan_changed(old: &[DrainPlanEntry], new: &[DrainPlanEntry]) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     pub(crate) fn entry(pod_type: PodType, prio: i32) -> DrainPlanEntry {
         DrainPlanEntry {
@@ -370,6 +393,26 @@ mod tests {
         swapped.swap(0, 1);
         let err = validate_drain_plan(&swapped).unwrap_err();
         assert!(err.to_string().contains("must come before"), "{err}");
+    }
+
+    #[test]
+    fn shutdown_plan_comes_from_config() {
+        let mut settings = crate::config::Settings::default().drain;
+        settings.plan = vec![DrainPlanEntrySetting {
+            pod_type: PodType::Default,
+            pod_priority: 100,
+            pod_selector: [("app".to_string(), "db".to_string())].into(),
+        }];
+        let plan = shutdown_drain_plan(&settings).unwrap();
+        assert_eq!(plan.len(), 13);
+        assert_eq!(plan[0], sel_entry(PodType::Default, 100, "app", "db"));
+        settings.plan[0]
+            .pod_selector
+            .insert("bad key!".into(), "x".into());
+        assert!(matches!(
+            shutdown_drain_plan(&settings),
+            Err(PlanError::InvalidSelector { index: 0, .. })
+        ));
     }
 
     #[test]

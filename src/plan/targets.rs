@@ -830,7 +830,7 @@ mod tests {
             reports: vec![other, None],
             own: 1,
         };
-        let eval = evaluate_node(None, &[input.clone()], &pods).unwrap();
+        let eval = evaluate_node(None, std::slice::from_ref(&input), &pods).unwrap();
         assert_eq!(eval.positions[0].index, 0);
         assert_eq!(
             eval.reports[0],
