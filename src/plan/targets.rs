@@ -258,10 +258,14 @@ pub fn reached_drain_targets<'a>(
         .unwrap_or_default()
 }
 
-/// One node's report to a maintenance, kept in that maintenance's `status.nodeStatuses`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One node's report to a maintenance, kept in that maintenance's `status.nodeStatuses`
+/// (serialized as `planIndex` and `finished`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct NodeReport {
     /// The plan entry of the maintenance the node evaluated.
+    #[serde(rename = "planIndex")]
     pub index: usize,
     /// No active pod targeted by the maintenance's targets at `index` is left on the node.
     pub finished: bool,
