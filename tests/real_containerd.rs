@@ -36,6 +36,7 @@ fn options(band_spec: &[(i32, f64)], stop_kubelet: bool) -> FallbackOptions {
         kubelet_timeout: Duration::from_secs(5),
         band_slack: Duration::from_secs(1),
         list_retry: Duration::from_millis(500),
+        sandbox_wait: Duration::from_secs(5),
     }
 }
 
@@ -172,6 +173,12 @@ fn bands_stop_in_priority_order_with_sigterm_then_sigkill_after_the_grace() {
         assert_eq!(sandboxes.len(), 5);
         assert!(sandboxes.iter().all(|s| s.state == SandboxState::NotReady), "{sandboxes:#?}");
 
+        for b in &report.bands {
+            eprintln!("band {:>10}: {:?} .. {:?}", b.priority, b.started_after, b.ended_after.unwrap());
+        }
+        for p in &report.pods {
+            eprintln!("{:>8}: stop at {:?}, containers gone {:?}, sandbox gone {:?}", p.name, p.stop_started_after.unwrap(), p.containers_stopped_after.unwrap(), p.stopped_after.unwrap());
+        }
         // Ideal: 1 s (low-b) + 3 s (mid/app) + 0.5 s (high).
         let ideal = Duration::from_millis(4500);
         eprintln!("total {total:?}, ideal {ideal:?}, overhead {:?}", total.saturating_sub(ideal));

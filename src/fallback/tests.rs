@@ -52,6 +52,7 @@ struct FakeRuntime {
     sandboxes: Vec<PodSandbox>,
     containers: Vec<(Container, Behaviour)>,
     unreachable: bool,
+    sandbox_delay: Duration,
 }
 
 fn unavailable(op: &'static str) -> CriError {
@@ -122,6 +123,7 @@ impl Runtime for FakeRuntime {
         Ok(())
     }
     async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        tokio::time::sleep(self.sandbox_delay).await;
         self.clock.push(Ev::SandboxStopped(id.into()));
         Ok(())
     }
@@ -178,6 +180,7 @@ struct Node {
     containers: Vec<(Container, Behaviour)>,
     cache: PodCache,
     manifests: Vec<StaticManifest>,
+    sandbox_delay: Duration,
 }
 
 impl Node {
@@ -191,6 +194,7 @@ impl Node {
             containers: Vec::new(),
             cache: PodCache::default(),
             manifests: Vec::new(),
+            sandbox_delay: Duration::ZERO,
         }
     }
 
@@ -247,6 +251,7 @@ impl Node {
             sandboxes: self.sandboxes.clone(),
             containers: self.containers.clone(),
             unreachable,
+            sandbox_delay: self.sandbox_delay,
         };
         let opts = FallbackOptions {
             node: "node1".into(),
@@ -262,6 +267,7 @@ impl Node {
             kubelet_timeout: S(5),
             band_slack: S(1),
             list_retry: S(1),
+            sandbox_wait: S(5),
         };
         let gate = FakeGate {
             clock: self.clock.clone(),
@@ -482,4 +488,21 @@ async fn an_unreachable_runtime_is_reported_and_static_manifests_are_still_gated
     assert!(report.errors[0].contains("unix:///fake.sock"), "{}", report.errors[0]);
     assert_eq!(report.pods.len(), 1);
     assert_eq!(report.pods[0].outcome, PodOutcome::Gated);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sandbox_teardown_overlaps_the_next_band_and_is_waited_for_at_the_end() {
+    let mut n = Node::new();
+    n.sandbox_delay = S(2);
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod("ns", "db", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    let started = Instant::now();
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    assert_eq!(n.stop_requested("db-c0").0, S(1), "db's band waits for web's containers only");
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-web".into())), S(3));
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-db".into())), S(4));
+    assert_eq!(Instant::now() - started, S(4), "the run waits for the last sandbox");
+    let web = report.pod("ns", "web").unwrap();
+    assert_eq!((web.containers_stopped_after, web.stopped_after), (Some(S(1)), Some(S(3))));
+    assert!(report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped));
 }

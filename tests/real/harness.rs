@@ -27,6 +27,12 @@ pub fn enabled() -> bool {
         eprintln!("NODEGRACE_REAL_TESTS is not 1: skipping the real containerd tier");
         return false;
     }
+    require();
+    true
+}
+
+/// Panics unless root and every tool the private containerd needs is installed.
+pub fn require() {
     assert!(
         nix::unistd::geteuid().is_root(),
         "NODEGRACE_REAL_TESTS=1 but not root: the real containerd tests need root"
@@ -41,7 +47,6 @@ pub fn enabled() -> bool {
         Path::new("/bin/busybox").exists(),
         "NODEGRACE_REAL_TESTS=1 but /bin/busybox is missing (apt-get install busybox-static)"
     );
-    true
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
