@@ -293,10 +293,7 @@ impl Fallback {
         let sorted = bands::sorted_bands(&self.opts.bands);
         {
             let mut r = self.lock();
-            r.pods = targets
-                .iter()
-                .map(|t| pod_report(t, &sorted))
-                .collect();
+            r.pods = targets.iter().map(|t| pod_report(t, &sorted)).collect();
         }
 
         let mut running: FuturesUnordered<StepFuture> = FuturesUnordered::new();
@@ -343,7 +340,10 @@ impl Fallback {
             }
             if timed_out {
                 let mut r = self.lock();
-                for &i in members.iter().filter(|&&i| progress[i] == Progress::Containers) {
+                for &i in members
+                    .iter()
+                    .filter(|&&i| progress[i] == Progress::Containers)
+                {
                     let p = &mut r.pods[i];
                     warn!(pod = %format!("{}/{}", p.namespace, p.name), band = band.priority, "band time is up before the pod stopped");
                     p.outcome = PodOutcome::TimedOut;
@@ -658,10 +658,9 @@ fn mirror_name(m: &StaticManifest, node: &str) -> String {
 /// The cached pod for a sandbox: by UID (a static pod's UID is its config hash), else by
 /// namespace/name.
 fn cached_pod<'a>(cache: &'a PodCache, s: &PodSandbox) -> Option<&'a PodInfo> {
-    let by_uid = cache
-        .pods
-        .iter()
-        .find(|p| !s.uid.is_empty() && (p.uid == s.uid || p.static_hash.as_deref() == Some(&s.uid)));
+    let by_uid = cache.pods.iter().find(|p| {
+        !s.uid.is_empty() && (p.uid == s.uid || p.static_hash.as_deref() == Some(&s.uid))
+    });
     by_uid.or_else(|| {
         cache
             .pods
