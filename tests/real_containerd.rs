@@ -197,15 +197,17 @@ fn bands_stop_in_priority_order_with_sigterm_then_sigkill_after_the_grace() {
             max(&band0) - min(&band0)
         );
 
-        // Those ignoring SIGTERM were killed only after their grace, the rest exited by themselves.
+        // Those ignoring SIGTERM were killed only after their grace, the rest exited by
+        // themselves. The upper bound tells low-b's own 1 s grace from its band's 2 s.
         for (pod_idx, pod, grace) in [(1, "low-b", 1.0), (3, "mid", 3.0)] {
             let (_, id) = &running[pod_idx].containers[0];
             let (code, finished_ns) = ctd.exit_of(id).await;
             assert_eq!(code, 137, "{pod} was SIGKILLed");
             let stop_started = report.pod("default", pod).unwrap().stop_started_at.unwrap();
             let lived = (finished_ns - stop_started.timestamp_nanos_opt().unwrap()) as f64 / 1e9;
+            eprintln!("{pod} lived {lived:.3} s after StopContainer (grace {grace} s)");
             assert!(
-                lived >= grace - 0.05 && lived < grace + 1.5,
+                lived >= grace - 0.05 && lived < grace + 0.9,
                 "{pod} lived {lived:.2} s after StopContainer, grace {grace} s"
             );
         }
@@ -258,7 +260,7 @@ fn bands_stop_in_priority_order_with_sigterm_then_sigkill_after_the_grace() {
             total.saturating_sub(ideal)
         );
         assert!(
-            total >= ideal && total < ideal + Duration::from_millis(1500),
+            total >= ideal && total < ideal + Duration::from_millis(2500),
             "total {total:?}"
         );
 

@@ -35,7 +35,7 @@ use chrono::{DateTime, Utc};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use crate::config::{PriorityGracePeriod, Settings};
 use crate::cri::{Container, ContainerState, PodSandbox, Runtime, SandboxState};
@@ -281,6 +281,11 @@ impl Fallback {
     /// Drains the node locally. Never fails as a whole: every failure is in the report and
     /// the rest goes on.
     pub async fn run(&self, cache: &PodCache) -> FallbackReport {
+        let span = tracing::info_span!("offline_fallback", node = %self.opts.node);
+        self.run_bands(cache).instrument(span).await
+    }
+
+    async fn run_bands(&self, cache: &PodCache) -> FallbackReport {
         let t0 = Instant::now();
         self.lock().started_at = Some(Utc::now());
         info!(endpoint = %self.runtime.endpoint(), "offline fallback: draining through the CRI runtime");
