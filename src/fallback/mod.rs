@@ -16,6 +16,9 @@
 //! the runtime is stuck: it is reported as timed out and the next band starts, while the
 //! stuck calls keep running beside it (as the kubelet's do) until the whole run ends.
 //!
+//! Grace periods are used as configured: unlike the kubelet's killContainer, no 2 s floor
+//! is applied, so a band or pod grace of 0 means SIGKILL at once.
+//!
 //! Cancel safety: everything runs inside the future returned by [`Fallback::run`]; dropping
 //! it drops every outstanding call. Progress is kept in a shared report so that
 //! [`Fallback::report`] shows what was done even after the future was dropped.
@@ -156,6 +159,8 @@ pub struct BandReport {
 #[serde(rename_all = "camelCase")]
 pub struct FallbackReport {
     pub endpoint: String,
+    /// Runtime name and version, when it answered.
+    pub runtime: Option<String>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
     /// The kubelet unit was (asked to be) stopped and not started again yet.
@@ -453,7 +458,15 @@ impl Fallback {
     }
 
     async fn collect_targets(&self, cache: &PodCache) -> Vec<Target> {
-        let (listed, manifests) = tokio::join!(self.list_runtime(), self.active_manifests());
+        let (listed, manifests, version) = tokio::join!(
+            self.list_runtime(),
+            self.active_manifests(),
+            self.runtime.version()
+        );
+        if let Ok(v) = version {
+            info!(runtime = %v.runtime_name, version = %v.runtime_version, "CRI runtime");
+            self.lock().runtime = Some(format!("{} {}", v.runtime_name, v.runtime_version));
+        }
         let (sandboxes, containers) = listed.unwrap_or_default();
         let sorted = bands::sorted_bands(&self.opts.bands);
         let node = &self.opts.node;
