@@ -446,6 +446,14 @@ async fn eviction_honours_the_disruption_budget() {
     cluster.add_running_pod("prod", "db-3", "n1", json!({"app": "db"})).unwrap();
     assert_eq!(pdbs.get("db-pdb").await.unwrap().status.unwrap().disruptions_allowed, Some(1));
     pods.evict("db-1", &EvictParams::default()).await.unwrap();
+    assert_eq!(pdbs.get("db-pdb").await.unwrap().status.unwrap().disruptions_allowed, Some(0));
+
+    // A terminal pod is evicted without consulting the exhausted budget.
+    cluster
+        .store
+        .update_in_process("", "pods", "prod", "db-2", |p| p["status"]["phase"] = json!("Succeeded"));
+    pods.evict("db-2", &EvictParams::default()).await.unwrap();
+    assert!(pods.get_opt("db-2").await.unwrap().is_none(), "terminal pods are deleted at once");
 }
 
 #[tokio::test]
@@ -593,4 +601,37 @@ async fn faults_unreachability_and_the_request_log() {
     assert!(!matches!(err, kube::Error::Api(_)), "unreachable is a transport error: {err:?}");
     cluster.api.set_reachable(true).await.unwrap();
     assert_eq!(nodes.get("n1").await.unwrap().name_any(), "n1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn finalizers_hold_a_finished_pod_until_removed() {
+    let cluster = FakeCluster::start().await.unwrap();
+    let kubelet = cluster.kubelet(KubeletConfig::node("n1"));
+    let pods: Api<Pod> = Api::namespaced(cluster.client().unwrap(), "default");
+    let mut p = pod("held", "n1", json!({}));
+    p.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    pods.delete("held", &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let held = pods.get("held").await.unwrap();
+    assert_eq!(held.metadata.deletion_grace_period_seconds, Some(0));
+    assert_eq!(kubelet.finished().len(), 1);
+    let rv = held.resource_version();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(pods.get("held").await.unwrap().resource_version(), rv, "no write loop on a held pod");
+
+    let err = api_err(
+        pods.patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/new"]}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(err.code, 422, "no new finalizers on an object being deleted");
+    pods.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+        .await
+        .unwrap();
+    assert!(pods.get_opt("held").await.unwrap().is_none());
 }
