@@ -957,6 +957,17 @@ async fn faults_unreachability_and_the_request_log() {
         3
     );
 
+    cluster.api.inject_errors(None, "/api/v1/nodes/n1", 429, 1);
+    let err = api_err(nodes.get("n1").await.unwrap_err());
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (429, "TooManyRequests"),
+        "the client does not retry 429 itself"
+    );
+    let throttled = cluster.api.requests().len();
+    nodes.get("n1").await.unwrap();
+    assert_eq!(cluster.api.requests().len(), throttled + 1);
+
     cluster.api.set_reachable(false).await.unwrap();
     let err = nodes.get("n1").await.unwrap_err();
     assert!(
@@ -1011,4 +1022,18 @@ async fn finalizers_hold_a_finished_pod_until_removed() {
     .await
     .unwrap();
     assert!(pods.get_opt("held").await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_is_added_in_tokio_time() {
+    let cluster = FakeCluster::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(cluster.client().unwrap());
+    nodes
+        .create(&PostParams::default(), &node("n1"))
+        .await
+        .unwrap();
+    cluster.api.set_latency(Duration::from_secs(3));
+    let start = tokio::time::Instant::now();
+    nodes.get("n1").await.unwrap();
+    assert!(start.elapsed() >= Duration::from_secs(3));
 }

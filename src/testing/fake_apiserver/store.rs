@@ -303,6 +303,26 @@ struct Inner {
     compactions: u64,
 }
 
+impl Inner {
+    /// Objects of one resource (optionally one namespace), by key range instead of a full scan.
+    fn scan<'a>(
+        &'a self,
+        group: &'a str,
+        plural: &'a str,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjKey, &'a Stored)> + 'a {
+        let start = ObjKey {
+            group: group.to_string(),
+            plural: plural.to_string(),
+            namespace: ns.unwrap_or_default().to_string(),
+            name: String::new(),
+        };
+        self.objects.range(start..).take_while(move |(k, _)| {
+            k.group == group && k.plural == plural && ns.is_none_or(|n| k.namespace == n)
+        })
+    }
+}
+
 /// Wall-clock timestamps derived from tokio's clock, so paused time moves them consistently.
 #[derive(Debug, Clone)]
 struct Clock {
@@ -611,8 +631,7 @@ impl Store {
     pub fn list(&self, filter: &Filter) -> (Vec<Value>, u64) {
         let g = self.lock();
         let items = g
-            .objects
-            .iter()
+            .scan(&filter.group, &filter.plural, filter.namespace.as_deref())
             .filter(|(k, s)| filter.matches_key(k) && filter.matches(&s.obj))
             .map(|(_, s)| s.obj.clone())
             .collect();
@@ -822,12 +841,8 @@ impl Store {
     /// The disruption controller, run synchronously after every pod or PDB write.
     fn recompute_pdbs(&self, g: &mut Inner, ns: &str) {
         let pdb_keys: Vec<ObjKey> = g
-            .objects
-            .keys()
-            .filter(|k| {
-                k.group == "policy" && k.plural == "poddisruptionbudgets" && k.namespace == ns
-            })
-            .cloned()
+            .scan("policy", "poddisruptionbudgets", Some(ns))
+            .map(|(k, _)| k.clone())
             .collect();
         for key in pdb_keys {
             let Some(stored) = g.objects.get(&key) else {
@@ -835,9 +850,7 @@ impl Store {
             };
             let pdb = stored.obj.clone();
             let pods: Vec<&Value> = g
-                .objects
-                .iter()
-                .filter(|(k, _)| k.group.is_empty() && k.plural == "pods" && k.namespace == ns)
+                .scan("", "pods", Some(ns))
                 .map(|(_, s)| &s.obj)
                 .filter(|p| label_selector_object_matches(pdb.pointer("/spec/selector"), p))
                 .collect();
@@ -1628,11 +1641,7 @@ impl Store {
             || pod.pointer("/metadata/deletionTimestamp").is_some();
         if !can_ignore_pdb {
             let pdbs: Vec<(ObjKey, Value)> = g
-                .objects
-                .iter()
-                .filter(|(k, _)| {
-                    k.group == "policy" && k.plural == "poddisruptionbudgets" && k.namespace == ns
-                })
+                .scan("policy", "poddisruptionbudgets", Some(ns))
                 .filter(|(_, s)| {
                     label_selector_object_matches(s.obj.pointer("/spec/selector"), &pod)
                 })
