@@ -134,6 +134,18 @@ async fn create_get_list_with_selectors_and_pagination() {
     );
     assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
 
+    let move_pod = Patch::Merge(json!({"spec": {"nodeName": "n2"}}));
+    let err = api_err(
+        pods.patch("a", &PatchParams::default(), &move_pod)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (422, "Invalid"),
+        "pod specs are immutable"
+    );
+
     let other_ns: Api<Pod> = Api::namespaced(client.clone(), "nowhere");
     let err = api_err(
         other_ns

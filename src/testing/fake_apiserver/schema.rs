@@ -112,6 +112,7 @@ pub fn default_and_prune(obj: &mut Value, schema: &Value) {
         if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
             continue;
         }
+        drop_null_unless_nullable(o, k, s);
         if !o.contains_key(k) {
             if let Some(d) = s.get("default") {
                 o.insert(k.clone(), d.clone());
@@ -132,6 +133,15 @@ pub fn default_and_prune(obj: &mut Value, schema: &Value) {
     }
 }
 
+/// The real apiserver prunes `null` for fields not marked `nullable`, before defaulting.
+fn drop_null_unless_nullable(o: &mut Map<String, Value>, k: &str, s: &Value) {
+    if o.get(k).is_some_and(Value::is_null)
+        && s.get("nullable").and_then(Value::as_bool) != Some(true)
+    {
+        o.remove(k);
+    }
+}
+
 fn walk(v: &mut Value, s: &Value) {
     let preserve = s
         .get("x-kubernetes-preserve-unknown-fields")
@@ -141,6 +151,7 @@ fn walk(v: &mut Value, s: &Value) {
         Value::Object(o) => {
             if let Some(props) = s.get("properties").and_then(Value::as_object) {
                 for (k, ps) in props {
+                    drop_null_unless_nullable(o, k, ps);
                     if !o.contains_key(k) {
                         if let Some(d) = ps.get("default") {
                             o.insert(k.clone(), d.clone());
@@ -410,7 +421,7 @@ mod tests {
     fn prune_and_default_follow_schema() {
         let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
             "stage": {"type": "string", "default": "Idle"}}}}});
-        let mut obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {}, "spec": {"typo": 1}, "junk": 2});
+        let mut obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {}, "spec": {"typo": 1, "stage": null}, "junk": 2});
         default_and_prune(&mut obj, &schema);
         assert_eq!(obj["spec"], json!({"stage": "Idle"}));
         assert!(obj.get("junk").is_none());

@@ -1422,6 +1422,13 @@ impl Store {
             }
         }
         Self::validate_cr(ri, &name, &mut new)?;
+        if ri.is_pod() && sub.is_empty() && mutable_pod_spec(old) != mutable_pod_spec(&new) {
+            return Err(ApiError::invalid(
+                ri,
+                &name,
+                &["spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds`".into()],
+            ));
+        }
         if content(&new, !ri.has_status) != content(old, !ri.has_status) {
             let gen = old
                 .pointer("/metadata/generation")
@@ -1709,6 +1716,28 @@ impl Store {
         self.delete_locked(&mut g, &pods, ns, name, &del)
             .map(|_| ())
     }
+}
+
+/// A pod spec without the fields an update may change, for the immutability check.
+fn mutable_pod_spec(pod: &Value) -> Value {
+    let mut spec = pod.get("spec").cloned().unwrap_or_else(|| json!({}));
+    if let Some(o) = spec.as_object_mut() {
+        for f in [
+            "activeDeadlineSeconds",
+            "tolerations",
+            "terminationGracePeriodSeconds",
+        ] {
+            o.remove(f);
+        }
+        for list in ["containers", "initContainers"] {
+            if let Some(cs) = o.get_mut(list).and_then(Value::as_array_mut) {
+                for c in cs.iter_mut().filter_map(Value::as_object_mut) {
+                    c.remove("image");
+                }
+            }
+        }
+    }
+    spec
 }
 
 /// Type metadata on every object the server returns (the store keeps it too).
