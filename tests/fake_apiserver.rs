@@ -416,11 +416,28 @@ async fn server_side_apply_on_a_map_list_keeps_each_managers_entries() {
     let managers: Vec<String> = got
         .metadata
         .managed_fields
+        .as_ref()
         .unwrap()
         .iter()
         .filter_map(|m| m.manager.clone())
         .collect();
     assert!(managers.contains(&"nodegrace-a".into()) && managers.contains(&"nodegrace-b".into()));
+    let owned_by_a =
+        serde_json::to_value(&got.metadata.managed_fields.as_ref().unwrap()[..]).unwrap();
+    let a = owned_by_a
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["manager"] == "nodegrace-a")
+        .unwrap();
+    assert_eq!(
+        (a["operation"].as_str(), a["subresource"].as_str()),
+        (Some("Apply"), Some("status"))
+    );
+    assert_eq!(
+        a["fieldsV1"],
+        json!({"f:status": {"f:nodeStatuses": {"k:{\"nodeName\":\"a\"}": {".": {}, "f:nodeName": {}, "f:drainTargets": {}}}}})
+    );
 
     // Another manager changing a's entry conflicts, naming the owner and the field.
     let err = api_err(
@@ -1048,4 +1065,36 @@ async fn latency_is_added_in_tokio_time() {
     let start = tokio::time::Instant::now();
     nodes.get("n1").await.unwrap();
     assert!(start.elapsed() >= Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn streaming_list_watcher_gets_initial_events_and_the_end_bookmark() {
+    let cluster = FakeCluster::start().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client().unwrap(), "default");
+    pods.create(&PostParams::default(), &pod("a", "n1", json!({})))
+        .await
+        .unwrap();
+    let mut stream = watcher(pods.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut seen = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match ev {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(p) => seen.push(p.name_any()),
+            watcher::Event::InitDone => break,
+            e => panic!("unexpected {e:?}"),
+        }
+    }
+    assert_eq!(seen, ["a"]);
+    let watch = cluster
+        .api
+        .requests()
+        .into_iter()
+        .find(|r| r.is_watch())
+        .unwrap();
+    assert_eq!(watch.param("sendInitialEvents").as_deref(), Some("true"));
 }
