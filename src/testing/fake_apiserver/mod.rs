@@ -9,6 +9,20 @@
 //! subresource; graceful pod deletion and finalizers; the eviction subresource with
 //! PodDisruptionBudget arithmetic (429); CRD-driven discovery.
 //!
+//! Usage (tests and `nodegrace simulate`):
+//! ```ignore
+//! let cluster = FakeCluster::start().await?;           // 127.0.0.1:<free port>, ~60 ms
+//! let client = cluster.client()?;                      // kube::Client, default_retry off
+//! cluster.add_node("n1")?;
+//! cluster.add_running_pod("default", "web-0", "n1", json!({"app": "web"}))?;
+//! cluster.install_crd(&NodeMaintenance::crd())?;        // served at once; uninstall_crd(name)
+//! let kubelet = cluster.kubelet(KubeletConfig::node("n1")); // finishes deleted pods
+//! cluster.api.inject_errors(Some("POST"), "/api/v1/namespaces/*/pods/*/eviction", 429, 3);
+//! cluster.api.set_reachable(false).await?;             // connection refused, watches cut
+//! cluster.store.compact();                             // open watches get ERROR 410
+//! let sent = cluster.api.writes();                     // what the apiserver received
+//! ```
+//!
 //! Deliberate simplifications (each chosen so that client bugs stay visible):
 //! - No authn/authz/admission webhooks, no CEL (`x-kubernetes-validations`) evaluation;
 //!   CRD schemas are used for defaulting, pruning, types, `required`, `enum`, min/max and
