@@ -228,6 +228,28 @@ async fn stale_resource_version_is_a_conflict() {
     );
     assert_eq!(err.code, 409);
     assert_eq!(nodes.get("n1").await.unwrap().labels().get("b"), None);
+
+    let wrong_uid = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("someone-else".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let err = api_err(nodes.delete("n1", &wrong_uid).await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    let right_uid = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: updated.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    assert!(
+        nodes.delete("n1", &right_uid).await.unwrap().is_right(),
+        "nodes answer a Status"
+    );
+    assert!(nodes.get_opt("n1").await.unwrap().is_none());
 }
 
 #[tokio::test]
