@@ -116,7 +116,8 @@ fn scan(search_dirs: &[PathBuf], own_dir: &Path) -> Vec<DropinFile> {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !name.ends_with(".conf") {
+            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            if !name.ends_with(".conf") || is_dir {
                 continue;
             }
             let path = entry.path();
