@@ -75,11 +75,48 @@ impl ShutdownState {
         }
     }
 
+    /// Writes, fsyncs and renames into place.
     pub fn store(&self, state_dir: &Path) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(self).context("encoding shutdown state")?;
         std::fs::create_dir_all(state_dir)
             .with_context(|| format!("creating state directory {}", state_dir.display()))?;
         write_atomic(&state_dir.join(SHUTDOWN_STATE_FILE), &bytes, 0o600)
+    }
+
+    /// Writes and renames into place without waiting for the disk: at once visible to a
+    /// restarted daemon, which is all a shutdown in progress needs (after a power loss the
+    /// boot id differs and the file is ignored). Call [`ShutdownState::sync`] afterwards.
+    pub fn store_unsynced(&self, state_dir: &Path) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let bytes = serde_json::to_vec_pretty(self).context("encoding shutdown state")?;
+        std::fs::create_dir_all(state_dir)
+            .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+        let path = state_dir.join(SHUTDOWN_STATE_FILE);
+        let tmp = state_dir.join(format!(".{SHUTDOWN_STATE_FILE}.tmp-{}", std::process::id()));
+        let result = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&bytes))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .with_context(|| format!("writing {}", path.display()));
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Makes a [`ShutdownState::store_unsynced`] durable.
+    pub fn sync(state_dir: &Path) -> Result<()> {
+        let path = state_dir.join(SHUTDOWN_STATE_FILE);
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("syncing {}", path.display()))?;
+        crate::fsutil::fsync_dir(state_dir)
     }
 }
 

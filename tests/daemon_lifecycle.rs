@@ -81,8 +81,9 @@ async fn drain_starts_on_the_signal_and_the_inhibitor_closes_when_it_is_done() {
         .unwrap();
 
     env.fakes
-        .with(|s| s.jobs = vec![("reboot.target".into(), "start".into())]);
-    env.fakes.prepare_for_shutdown(true).await.unwrap();
+        .prepare_for_shutdown_typed(true, "reboot")
+        .await
+        .unwrap();
     let rec = within(drainer.wait_until(|r| !r.drains.is_empty())).await;
     let req = rec.drains[0].req.clone();
     assert_eq!(req.kind, ShutdownKind::Reboot);

@@ -546,6 +546,12 @@ impl Machine {
     }
 
     fn persist(&mut self, phase: ShutdownPhase) {
+        self.persist_with(phase, false);
+    }
+
+    /// `fast`: rename into place now and fsync on a blocking thread, so that the drain
+    /// starts without waiting for the disk (tens of ms on a busy node).
+    fn persist_with(&mut self, phase: ShutdownPhase, fast: bool) {
         let Some(req) = &self.shutdown else { return };
         let state = ShutdownState {
             phase,
@@ -555,7 +561,19 @@ impl Machine {
             boot_id: req.boot_id.clone(),
             updated_at: chrono::Utc::now(),
         };
-        if let Err(e) = state.store(&self.settings.state_dir) {
+        let dir = self.settings.state_dir.clone();
+        let stored = if fast {
+            state.store_unsynced(&dir).map(|()| {
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = ShutdownState::sync(&dir) {
+                        tracing::error!(error = %format!("{e:#}"), "cannot sync the shutdown state");
+                    }
+                });
+            })
+        } else {
+            state.store(&dir)
+        };
+        if let Err(e) = stored {
             let msg = format!("{e:#}");
             tracing::error!(error = %msg, "cannot persist the shutdown state");
             self.status.last_error = Some(msg);
@@ -610,7 +628,7 @@ impl Machine {
             "shutdown: draining the node"
         );
         self.shutdown = Some(req.clone());
-        self.persist(ShutdownPhase::Draining);
+        self.persist_with(ShutdownPhase::Draining, true);
         self.deadline = Some(Instant::now() + remaining);
         let drainer = self.drainer.clone();
         let r = req.clone();
@@ -666,13 +684,15 @@ impl Machine {
             return Flow::Continue;
         };
         match e {
-            Some(LogindEvent::PrepareForShutdown(true)) => {
+            Some(LogindEvent::PrepareForShutdown { start: true, kind }) => {
+                // No systemd round trip here: in delay mode logind queues the shutdown job
+                // only after the inhibitors are gone, so ListJobs could not tell anyway.
                 if matches!(self.status.phase, Phase::Armed | Phase::Starting) {
-                    let kind = systemd::shutdown_kind(bus.systemd.as_ref()).await;
+                    let kind = kind.unwrap_or(ShutdownKind::Unknown);
                     self.begin_shutdown(kind, None, None, "PrepareForShutdown(true)");
                 }
             }
-            Some(LogindEvent::PrepareForShutdown(false)) => {
+            Some(LogindEvent::PrepareForShutdown { start: false, .. }) => {
                 if matches!(self.status.phase, Phase::Draining | Phase::Released) {
                     if let Err(e) = self
                         .cancel_shutdown(&bus, "PrepareForShutdown(false)")

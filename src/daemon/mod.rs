@@ -130,8 +130,12 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
         }
     };
+    // One thread keeps RSS and wake-ups down; blocking helpers (zbus uses a few while
+    // connecting) must not linger.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(4)
+        .thread_keep_alive(Duration::from_secs(1))
         .build()
         .context("building the async runtime")?;
     let config_path: PathBuf = config.to_path_buf();

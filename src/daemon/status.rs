@@ -110,11 +110,12 @@ impl Status {
         serde_json::from_slice(&bytes).with_context(|| format!("parsing status {}", path.display()))
     }
 
-    /// Writes atomically; failures are logged, never fatal (the directory may be gone).
+    /// Replaces the file by rename, without fsync: it describes this run only (it lives
+    /// in /run) and is rewritten on the hot path of a shutdown. Failures are logged.
     pub fn write(&self, path: &Path) {
         let result = serde_json::to_vec_pretty(self)
             .map_err(anyhow::Error::from)
-            .and_then(|bytes| crate::fsutil::write_atomic(path, &bytes, 0o644));
+            .and_then(|bytes| replace_unsynced(path, &bytes));
         if let Err(e) = result {
             tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "cannot write status file");
         }
@@ -125,4 +126,33 @@ impl Default for Status {
     fn default() -> Self {
         Self::new()
     }
+}
+
+fn replace_unsynced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    use anyhow::Context;
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} has no file name", path.display()))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("writing {}", path.display()));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }

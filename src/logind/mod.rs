@@ -3,6 +3,7 @@
 
 pub mod budget;
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
@@ -10,6 +11,8 @@ use anyhow::{Context, Result};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
+
+use crate::daemon::ShutdownKind;
 
 /// One entry of `ListInhibitors`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,10 +47,23 @@ impl InhibitorInfo {
 /// What logind tells its subscribers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogindEvent {
-    /// `PrepareForShutdown(start)`.
-    PrepareForShutdown(bool),
+    /// `PrepareForShutdown(start)`, or `PrepareForShutdownWithMetadata` (logind 255+),
+    /// which also says which kind of shutdown it is.
+    PrepareForShutdown {
+        start: bool,
+        kind: Option<ShutdownKind>,
+    },
     /// logind lost its bus name; a new inhibitor must be taken once it is back.
     Gone,
+}
+
+/// The `type` of `PrepareForShutdownWithMetadata` ("poweroff", "reboot", "kexec", ...).
+pub fn shutdown_kind_from_type(t: &str) -> ShutdownKind {
+    match t {
+        "reboot" | "kexec" | "soft-reboot" => ShutdownKind::Reboot,
+        "poweroff" | "halt" => ShutdownKind::Poweroff,
+        _ => ShutdownKind::Unknown,
+    }
 }
 
 /// logind as the daemon uses it. A stream from [`Logind::events`] ends when the bus
@@ -140,6 +156,13 @@ pub trait Login1Manager {
     #[zbus(signal)]
     fn prepare_for_shutdown(&self, start: bool) -> zbus::Result<()>;
 
+    #[zbus(signal)]
+    fn prepare_for_shutdown_with_metadata(
+        &self,
+        start: bool,
+        metadata: HashMap<String, zbus::zvariant::OwnedValue>,
+    ) -> zbus::Result<()>;
+
     #[zbus(property, name = "InhibitDelayMaxUSec")]
     fn inhibit_delay_max_usec(&self) -> zbus::Result<u64>;
 
@@ -225,22 +248,40 @@ impl Logind for ZbusLogind {
     }
 
     async fn events(&self) -> Result<BoxStream<'static, LogindEvent>> {
-        let signals = self
+        // One ordered stream for both signals: logind 255+ sends the one with metadata
+        // first, and it must be the one that starts the drain.
+        let all = self
             .proxy
-            .receive_prepare_for_shutdown()
+            .inner()
+            .receive_all_signals()
             .await
-            .context("subscribing to logind PrepareForShutdown")?;
+            .context("subscribing to logind signals")?;
         let owner = self
             .proxy
             .inner()
             .receive_owner_changed()
             .await
             .context("watching the org.freedesktop.login1 name")?;
-        let signals = signals.filter_map(|sig| async move {
-            match sig.args() {
-                Ok(args) => Some(LogindEvent::PrepareForShutdown(args.start)),
+        let signals = all.filter_map(|msg| async move {
+            let member = msg.header().member()?.as_str().to_owned();
+            let body = msg.body();
+            let parsed = match member.as_str() {
+                "PrepareForShutdown" => body.deserialize::<bool>().map(|start| (start, None)),
+                "PrepareForShutdownWithMetadata" => body
+                    .deserialize::<(bool, HashMap<String, zbus::zvariant::OwnedValue>)>()
+                    .map(|(start, metadata)| {
+                        let kind = metadata
+                            .get("type")
+                            .and_then(|v| String::try_from(v.clone()).ok())
+                            .map(|t| shutdown_kind_from_type(&t));
+                        (start, kind)
+                    }),
+                _ => return None,
+            };
+            match parsed {
+                Ok((start, kind)) => Some(LogindEvent::PrepareForShutdown { start, kind }),
                 Err(e) => {
-                    tracing::warn!(error = %e, "ignoring a malformed PrepareForShutdown signal");
+                    tracing::warn!(signal = %member, error = %e, "ignoring a malformed logind signal");
                     None
                 }
             }

@@ -185,8 +185,31 @@ impl Fakes {
             .context("the fakes are not on a bus")
     }
 
-    /// Sets `PreparingForShutdown` and emits `PrepareForShutdown(start)`.
-    pub async fn prepare_for_shutdown(&self, start: bool) -> Result<()> {
+    /// Like logind 255+: `PrepareForShutdownWithMetadata(start, {"type": kind})`, then
+    /// `PrepareForShutdown(start)`.
+    pub async fn prepare_for_shutdown_typed(
+        &self,
+        start: bool,
+        kind: &str,
+    ) -> Result<std::time::Instant> {
+        let conn = self.connection()?;
+        let iface = conn
+            .object_server()
+            .interface::<_, FakeLogind>(LOGIND_PATH)
+            .await?;
+        let mut metadata = std::collections::HashMap::new();
+        metadata.insert("type".to_string(), zbus::zvariant::Value::from(kind));
+        self.shared.with(|s| s.preparing = start);
+        let at = std::time::Instant::now();
+        FakeLogind::prepare_for_shutdown_with_metadata(iface.signal_emitter(), start, metadata)
+            .await?;
+        self.prepare_for_shutdown(start).await?;
+        Ok(at)
+    }
+
+    /// Sets `PreparingForShutdown` and emits `PrepareForShutdown(start)`; returns the
+    /// moment of emission.
+    pub async fn prepare_for_shutdown(&self, start: bool) -> Result<std::time::Instant> {
         self.shared.with(|s| s.preparing = start);
         self.shared
             .log
@@ -196,8 +219,9 @@ impl Fakes {
             .object_server()
             .interface::<_, FakeLogind>(LOGIND_PATH)
             .await?;
+        let at = std::time::Instant::now();
         FakeLogind::prepare_for_shutdown(iface.signal_emitter(), start).await?;
-        Ok(())
+        Ok(at)
     }
 
     /// Reads or changes the state (waking [`Fakes::wait_until`]).
@@ -372,6 +396,13 @@ impl FakeLogind {
 
     #[zbus(signal)]
     async fn prepare_for_shutdown(emitter: &SignalEmitter<'_>, start: bool) -> zbus::Result<()>;
+
+    #[zbus(signal)]
+    async fn prepare_for_shutdown_with_metadata(
+        emitter: &SignalEmitter<'_>,
+        start: bool,
+        metadata: std::collections::HashMap<String, zbus::zvariant::Value<'_>>,
+    ) -> zbus::Result<()>;
 }
 
 struct FakeSystemd {
