@@ -8,6 +8,9 @@ use async_trait::async_trait;
 use crate::logind::{Logind, ZbusLogind};
 use crate::systemd::{SystemdManager, ZbusSystemd};
 
+/// A logind that stops answering must not wedge the state machine (D-Bus' usual 25 s).
+const METHOD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(25);
+
 /// The adapters of one bus connection; dropping the last clone closes it.
 #[derive(Clone)]
 pub struct Bus {
@@ -43,16 +46,19 @@ impl ZbusConnector {
 #[async_trait]
 impl Connector for ZbusConnector {
     async fn connect(&self) -> Result<Bus> {
-        let conn = match &self.address {
+        let builder = match &self.address {
             Some(a) => zbus::connection::Builder::address(a.as_str())
-                .with_context(|| format!("bad bus address {a}"))?
-                .build()
-                .await
-                .with_context(|| format!("connecting to the bus at {a}"))?,
-            None => zbus::Connection::system()
-                .await
-                .context("connecting to the system bus")?,
+                .with_context(|| format!("bad bus address {a}"))?,
+            None => zbus::connection::Builder::system().context("the system bus address")?,
         };
+        let conn = builder
+            .method_timeout(METHOD_TIMEOUT)
+            .build()
+            .await
+            .with_context(|| match &self.address {
+                Some(a) => format!("connecting to the bus at {a}"),
+                None => "connecting to the system bus".to_string(),
+            })?;
         Ok(Bus {
             logind: Arc::new(ZbusLogind::new(&conn).await?),
             systemd: Arc::new(ZbusSystemd::new(&conn).await?),

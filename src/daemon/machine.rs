@@ -700,6 +700,9 @@ impl Machine {
                     {
                         self.disconnect(&format!("{e:#}"));
                     }
+                    if self.terminating {
+                        return Flow::Exit;
+                    }
                 }
             }
             Some(LogindEvent::Gone) => self.disconnect("logind left the bus"),
