@@ -45,6 +45,7 @@ pub fn init() -> LogTarget {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_filter(filter()),
         )
         .try_init();

@@ -45,3 +45,35 @@ async fn a_shutdown_that_began_while_disconnected_is_drained_on_reconnect() {
     drainer.finish();
     within(env.fakes.wait_until(|s| s.held().is_empty())).await;
 }
+
+#[tokio::test]
+async fn logind_leaving_the_bus_is_a_reconnect_with_a_new_inhibitor() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = TestEnv::start(dir.path(), FakeState::with_delay(Duration::from_secs(1200)))
+        .await
+        .unwrap();
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let d = env.spawn(env.daemon(env.settings(), Arc::new(drainer.clone())));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+
+    // logind (and systemd's name, served by the same fake connection) leave; the bus stays.
+    env.fakes.disconnect();
+    within(d.handle.wait_for(|s| !s.bus_connected))
+        .await
+        .unwrap();
+    env.fakes.serve(env.bus.address()).await.unwrap();
+    let fake = within(
+        env.fakes
+            .wait_until(|s| s.taken_by("nodegrace").len() == 2 && s.held().len() == 1),
+    )
+    .await;
+    assert!(fake.taken_by("nodegrace")[1].held());
+    within(
+        d.handle
+            .wait_for(|s| s.bus_connected && s.phase == Phase::Armed),
+    )
+    .await
+    .unwrap();
+}
