@@ -427,9 +427,12 @@ impl Machine {
         match self.status.phase {
             Phase::Starting => {
                 self.take_inhibitor(bus).await?;
-                let persisted = self.persisted_this_boot();
+                // A bypass shutdown never comes back to a running daemon: only logind's count.
+                let persisted = self.persisted_this_boot().filter(|p| {
+                    p.phase != ShutdownPhase::Cancelled && p.kind != ShutdownKind::Bypass
+                });
                 if preparing {
-                    let resume = persisted.filter(|p| p.phase != ShutdownPhase::Cancelled);
+                    let resume = persisted;
                     let kind = match &resume {
                         Some(p) => p.kind,
                         None => systemd::shutdown_kind(bus.systemd.as_ref()).await,
@@ -441,7 +444,7 @@ impl Machine {
                         "logind was already preparing for shutdown at start",
                     );
                 } else {
-                    match persisted.filter(|p| p.phase != ShutdownPhase::Cancelled) {
+                    match persisted {
                         Some(p) => {
                             tracing::info!(
                                 "the shutdown was cancelled while nodegrace was not running"
