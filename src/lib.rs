@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod fallback;
 pub mod fsutil;
 pub mod logind;
+pub mod metrics;
 pub mod plan;
 pub mod state;
 pub mod staticpods;

@@ -1,12 +1,48 @@
 //! Configuration: `/etc/nodegrace/config.toml` plus `config.d/*.toml` drop-ins, validated
 //! into a typed [`Settings`]. Every default here is documented in `config/nodegrace.toml`.
+//!
+//! Files are first deserialized into raw fragments (every key optional, unknown keys
+//! rejected, each value remembering its file and position), merged in order, and only then
+//! validated into [`Settings`], so that an error found after the merge still names the file,
+//! key and line that set the offending value.
+//!
+//! # Reloading (SIGHUP)
+//!
+//! [`load`] is side-effect free; on SIGHUP call it again and keep the running settings if it
+//! fails. Not every setting can take effect in a running daemon; [`restart_required`] lists
+//! the keys that changed but only apply after a restart (log them):
+//!
+//! - Safe at runtime (read when next used): `shutdown.on_cancel`, `shutdown.after_boot`,
+//!   `shutdown.stop_drain_timeout`, `shutdown.warn_kubelet_inhibitor`, all of `[drain]`
+//!   (a drain already running keeps the plan it started with), and `[fallback]` except
+//!   `cri_endpoint`.
+//! - Restart required: `state_dir` (state and gate journal live there), `node.*` (the
+//!   watches are bound to one Node and one client), `shutdown.max_delay`,
+//!   `shutdown.manage_logind_dropin`, `shutdown.logind_dropin_dir`,
+//!   `shutdown.logind_dropin_name` (the logind budget is negotiated at start),
+//!   `fallback.cri_endpoint` (one CRI connection), `static_pods.*` (moving these while
+//!   manifests are gated could strand a manifest), `metrics.listen` (bound socket).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context;
+
 use crate::plan::PodType;
+
+mod error;
+mod load;
+mod raw;
+mod render;
+#[cfg(test)]
+mod tests;
+
+pub use error::ConfigError;
+pub use load::{load, load_fragments, load_report, load_str, Fragment, Loaded};
+pub use render::{to_toml_string, to_toml_table};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nodegrace/config.toml";
 
@@ -177,7 +213,99 @@ impl Default for Settings {
     }
 }
 
-/// `nodegrace check-config`.
-pub fn check_config_command(_path: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
-    anyhow::bail!("`check-config` is not implemented yet")
+impl Settings {
+    /// The Node this daemon serves: `node.name`, or else the host name lowercased, as the
+    /// kubelet derives its default node name.
+    pub fn node_name(&self) -> anyhow::Result<String> {
+        if !self.node.name.is_empty() {
+            return Ok(self.node.name.clone());
+        }
+        let host = nix::unistd::gethostname().context("cannot read the host name")?;
+        let host = host
+            .into_string()
+            .map_err(|raw| anyhow::anyhow!("the host name {raw:?} is not UTF-8; set node.name"))?;
+        let name = host.trim().to_lowercase();
+        anyhow::ensure!(!name.is_empty(), "the host name is empty; set node.name");
+        Ok(name)
+    }
+}
+
+/// Keys whose value differs between `running` and `reloaded` but only take effect after a
+/// restart (see the module documentation).
+pub fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static str> {
+    let (a, b) = (running, reloaded);
+    let checks = [
+        ("state_dir", a.state_dir != b.state_dir),
+        ("node.name", a.node.name != b.node.name),
+        ("node.kubeconfig", a.node.kubeconfig != b.node.kubeconfig),
+        (
+            "shutdown.max_delay",
+            a.shutdown.max_delay != b.shutdown.max_delay,
+        ),
+        (
+            "shutdown.manage_logind_dropin",
+            a.shutdown.manage_logind_dropin != b.shutdown.manage_logind_dropin,
+        ),
+        (
+            "shutdown.logind_dropin_dir",
+            a.shutdown.logind_dropin_dir != b.shutdown.logind_dropin_dir,
+        ),
+        (
+            "shutdown.logind_dropin_name",
+            a.shutdown.logind_dropin_name != b.shutdown.logind_dropin_name,
+        ),
+        (
+            "fallback.cri_endpoint",
+            a.fallback.cri_endpoint != b.fallback.cri_endpoint,
+        ),
+        (
+            "static_pods.manifest_dir",
+            a.static_pods.manifest_dir != b.static_pods.manifest_dir,
+        ),
+        (
+            "static_pods.gate_dir",
+            a.static_pods.gate_dir != b.static_pods.gate_dir,
+        ),
+        ("metrics.listen", a.metrics.listen != b.metrics.listen),
+    ];
+    checks
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+}
+
+/// `nodegrace check-config`: validate, then print the files read and the effective settings.
+pub fn check_config_command(path: &Path) -> anyhow::Result<ExitCode> {
+    match load_report(path) {
+        Ok(loaded) => {
+            print!("{}", check_config_report(path, &loaded));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            eprintln!("nodegrace: invalid configuration: {err}");
+            Ok(ExitCode::from(crate::cli::EXIT_CONFIG))
+        }
+    }
+}
+
+/// What `check-config` prints on success; valid TOML (the file list is in comments).
+pub fn check_config_report(main: &Path, loaded: &Loaded) -> String {
+    let mut out = String::new();
+    if loaded.main_missing {
+        out.push_str(&format!(
+            "# {} does not exist; using the defaults\n",
+            main.display()
+        ));
+    }
+    if loaded.files.is_empty() {
+        out.push_str("# no configuration files read\n");
+    } else {
+        out.push_str("# files read, in order (later wins):\n");
+        for file in &loaded.files {
+            out.push_str(&format!("#   {}\n", file.display()));
+        }
+    }
+    out.push_str("# effective settings:\n");
+    out.push_str(&to_toml_string(&loaded.settings));
+    out
 }

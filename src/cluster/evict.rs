@@ -1,0 +1,189 @@
+//! Terminating one pod through the apiserver: the Eviction API (which honours
+//! PodDisruptionBudgets) or, at a shutdown deadline, DELETE. Both carry the pod's UID as a
+//! precondition so that a pod recreated under the same name (a StatefulSet replica) is
+//! never hit by a request meant for its predecessor.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::core::Status;
+use kube::Api;
+
+/// What became of a request to terminate a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted: the pod is now terminating.
+    Accepted,
+    /// The pod is gone, or a different pod now has its name: nothing to do.
+    Gone,
+    /// 429: a PodDisruptionBudget (named when the apiserver says which) or throttling.
+    Blocked {
+        budget: Option<String>,
+        message: String,
+    },
+}
+
+fn preconditions(uid: &str) -> Preconditions {
+    Preconditions {
+        uid: Some(uid.to_string()),
+        resource_version: None,
+    }
+}
+
+/// POSTs an Eviction for the pod `namespace/name` with UID `uid`.
+pub async fn evict(
+    api: &Api<Pod>,
+    name: &str,
+    uid: &str,
+    grace_seconds: Option<i64>,
+) -> Result<Outcome> {
+    let params = EvictParams {
+        delete_options: Some(DeleteParams {
+            grace_period_seconds: grace_seconds.map(|g| g.max(0) as u32),
+            preconditions: Some(preconditions(uid)),
+            ..DeleteParams::default()
+        }),
+        post_options: PostParams::default(),
+    };
+    classify(api.evict(name, &params).await.map(|_| ()))
+        .with_context(|| format!("evicting pod {name}"))
+}
+
+/// DELETEs the pod with a bounded grace period, bypassing disruption budgets.
+pub async fn delete(api: &Api<Pod>, name: &str, uid: &str, grace_seconds: i64) -> Result<Outcome> {
+    let params = DeleteParams {
+        grace_period_seconds: Some(grace_seconds.max(0) as u32),
+        preconditions: Some(preconditions(uid)),
+        ..DeleteParams::default()
+    };
+    classify(api.delete(name, &params).await.map(|_| ()))
+        .with_context(|| format!("deleting pod {name}"))
+}
+
+fn classify(result: kube::Result<()>) -> kube::Result<Outcome> {
+    match result {
+        Ok(()) => Ok(Outcome::Accepted),
+        Err(kube::Error::Api(status)) => match status.code {
+            404 => Ok(Outcome::Gone),
+            // A UID precondition that no longer holds: the name now belongs to another pod.
+            409 if status.message.contains("Precondition failed") => Ok(Outcome::Gone),
+            429 => Ok(Outcome::Blocked {
+                budget: blocking_budget(&status),
+                message: status.message.clone(),
+            }),
+            _ => Err(kube::Error::Api(status)),
+        },
+        Err(err) => Err(err),
+    }
+}
+
+/// The PodDisruptionBudget named in a 429 from the eviction subresource. The apiserver puts
+/// it in a cause of reason `DisruptionBudget` whose message starts
+/// "The disruption budget <name> ...".
+pub fn blocking_budget(status: &Status) -> Option<String> {
+    let causes = status.details.as_ref()?.causes.iter();
+    causes
+        .filter(|c| c.reason == "DisruptionBudget")
+        .find_map(|c| {
+            c.message
+                .strip_prefix("The disruption budget ")?
+                .split_whitespace()
+                .next()
+                .map(str::to_string)
+        })
+}
+
+/// Delay before eviction attempt `attempt` (0-based) after 429s: 1 s doubling, capped.
+pub fn backoff(attempt: u32, cap: Duration) -> Duration {
+    let secs = 1u64.checked_shl(attempt.min(63)).unwrap_or(u64::MAX);
+    Duration::from_secs(secs).min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::response::StatusCause;
+
+    fn status(code: u16, message: &str, causes: Vec<StatusCause>) -> Box<Status> {
+        Box::new(
+            serde_json::from_value(serde_json::json!({
+                "code": code,
+                "message": message,
+                "details": {"causes": causes},
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_pdb_block_names_the_budget() {
+        let s = status(
+            429,
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+            vec![StatusCause {
+                reason: "DisruptionBudget".into(),
+                message: "The disruption budget db-pdb needs 2 healthy pods and has 2 currently"
+                    .into(),
+                field: String::new(),
+            }],
+        );
+        assert_eq!(
+            classify(Err(kube::Error::Api(s))).unwrap(),
+            Outcome::Blocked {
+                budget: Some("db-pdb".into()),
+                message: "Cannot evict pod as it would violate the pod's disruption budget.".into()
+            }
+        );
+    }
+
+    #[test]
+    fn throttling_blocks_without_a_budget() {
+        let s = status(429, "Too many requests", vec![]);
+        assert!(matches!(
+            classify(Err(kube::Error::Api(s))).unwrap(),
+            Outcome::Blocked { budget: None, .. }
+        ));
+    }
+
+    #[test]
+    fn a_replaced_pod_or_a_missing_one_is_gone() {
+        let replaced = status(
+            409,
+            "Precondition failed: UID in precondition: a, UID in object meta: b",
+            vec![],
+        );
+        assert_eq!(
+            classify(Err(kube::Error::Api(replaced))).unwrap(),
+            Outcome::Gone
+        );
+        let missing = status(404, "pods \"x\" not found", vec![]);
+        assert_eq!(
+            classify(Err(kube::Error::Api(missing))).unwrap(),
+            Outcome::Gone
+        );
+    }
+
+    #[test]
+    fn other_errors_stay_errors() {
+        let s = status(
+            500,
+            "This pod has more than one PodDisruptionBudget",
+            vec![],
+        );
+        assert!(classify(Err(kube::Error::Api(s))).is_err());
+        let conflict = status(409, "Operation cannot be fulfilled", vec![]);
+        assert!(classify(Err(kube::Error::Api(conflict))).is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap() {
+        let cap = Duration::from_secs(15 * 60);
+        assert_eq!(backoff(0, cap), Duration::from_secs(1));
+        assert_eq!(backoff(3, cap), Duration::from_secs(8));
+        assert_eq!(backoff(20, cap), cap);
+        assert_eq!(backoff(u32::MAX, cap), cap);
+        assert_eq!(backoff(5, Duration::from_secs(5)), Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,17 @@
+//! The Kubernetes side: the node's own object, its pods, NodeMaintenances and
+//! EvictionRequests, through kube. Every request follows the real apiserver's semantics:
+//! optimistic concurrency on resourceVersion, UID preconditions, 429 back-off.
+
+pub mod evict;
+pub mod node;
+
+/// Field manager for writes that are not per-node server-side applies.
+pub const FIELD_MANAGER: &str = "nodegrace";
+
+/// Status code of a kube API error, if it is one.
+pub fn api_error_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}

@@ -1,0 +1,72 @@
+use std::fmt;
+use std::path::PathBuf;
+
+/// Why a configuration could not be loaded. Displays as one line:
+/// `FILE[:LINE:COLUMN]: [KEY: ]MESSAGE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file at fault.
+    pub file: PathBuf,
+    /// 1-based line and column (in characters) of the offending key or value.
+    pub location: Option<(usize, usize)>,
+    /// Dotted key, e.g. `drain.plan[1].pod_priority`.
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(super) fn file(file: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        ConfigError {
+            file: file.into(),
+            location: None,
+            key: None,
+            message: one_line(&message.into()),
+        }
+    }
+}
+
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some((line, column)) = self.location {
+            write!(f, ":{line}:{column}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": {key}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// 1-based line and character column of a byte offset.
+pub(super) fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+pub(super) fn located(
+    file: PathBuf,
+    text: &str,
+    offset: Option<usize>,
+    key: Option<String>,
+    message: &str,
+) -> ConfigError {
+    ConfigError {
+        file,
+        location: offset.map(|offset| line_column(text, offset)),
+        key,
+        message: one_line(message),
+    }
+}

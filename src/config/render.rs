@@ -1,0 +1,190 @@
+//! The effective settings as TOML that [`super::load_str`] reads back to the same settings.
+
+use std::path::Path;
+use std::time::Duration;
+
+use toml::{Table, Value};
+
+use super::{CompletionPolicy, Settings};
+use crate::plan::PodType;
+
+fn dur(d: Duration) -> Value {
+    Value::String(humantime::format_duration(d).to_string())
+}
+
+fn path(p: &Path) -> Value {
+    Value::String(p.display().to_string())
+}
+
+fn policy(p: CompletionPolicy) -> Value {
+    Value::String(
+        match p {
+            CompletionPolicy::Keep => "keep",
+            CompletionPolicy::Complete => "complete",
+        }
+        .into(),
+    )
+}
+
+fn pod_type(t: PodType) -> Value {
+    Value::String(
+        match t {
+            PodType::Default => "Default",
+            PodType::DaemonSet => "DaemonSet",
+            PodType::Static => "Static",
+        }
+        .into(),
+    )
+}
+
+fn entries<const N: usize>(entries: [(&str, Value); N]) -> Table {
+    entries
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+fn table<const N: usize>(fields: [(&str, Value); N]) -> Value {
+    Value::Table(entries(fields))
+}
+
+/// Every key, defaults included; durations as humantime strings.
+pub fn to_toml_table(s: &Settings) -> Table {
+    let node = table([
+        ("name", Value::String(s.node.name.clone())),
+        (
+            "kubeconfig",
+            s.node
+                .kubeconfig
+                .as_deref()
+                .map_or(Value::String(String::new()), path),
+        ),
+    ]);
+    let sd = &s.shutdown;
+    let shutdown = table([
+        ("max_delay", dur(sd.max_delay)),
+        (
+            "manage_logind_dropin",
+            Value::Boolean(sd.manage_logind_dropin),
+        ),
+        ("logind_dropin_dir", path(&sd.logind_dropin_dir)),
+        (
+            "logind_dropin_name",
+            Value::String(sd.logind_dropin_name.clone()),
+        ),
+        ("on_cancel", policy(sd.on_cancel)),
+        ("after_boot", policy(sd.after_boot)),
+        ("stop_drain_timeout", dur(sd.stop_drain_timeout)),
+        (
+            "warn_kubelet_inhibitor",
+            Value::Boolean(sd.warn_kubelet_inhibitor),
+        ),
+    ]);
+    let d = &s.drain;
+    let plan = d
+        .plan
+        .iter()
+        .map(|e| {
+            table([
+                ("pod_type", pod_type(e.pod_type)),
+                ("pod_priority", Value::Integer(e.pod_priority.into())),
+                (
+                    "pod_selector",
+                    Value::Table(
+                        e.pod_selector
+                            .iter()
+                            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                            .collect(),
+                    ),
+                ),
+            ])
+        })
+        .collect();
+    let drain = table([
+        ("plan", Value::Array(plan)),
+        ("reserve_daemonset", dur(d.reserve_daemonset)),
+        ("reserve_static", dur(d.reserve_static)),
+        ("reserve_critical", dur(d.reserve_critical)),
+        (
+            "critical_priority",
+            Value::Integer(d.critical_priority.into()),
+        ),
+        ("eviction_backoff_max", dur(d.eviction_backoff_max)),
+        (
+            "eviction_backoff_max_shutdown",
+            dur(d.eviction_backoff_max_shutdown),
+        ),
+        (
+            "external_eviction_request_controller",
+            Value::Boolean(d.external_eviction_request_controller),
+        ),
+        ("volume_detach_timeout", dur(d.volume_detach_timeout)),
+    ]);
+    let f = &s.fallback;
+    let bands = f
+        .shutdown_grace_period_by_pod_priority
+        .iter()
+        .map(|b| {
+            table([
+                ("priority", Value::Integer(b.priority.into())),
+                ("shutdown_grace_period", dur(b.shutdown_grace_period)),
+            ])
+        })
+        .collect();
+    let fallback = table([
+        ("enabled", Value::Boolean(f.enabled)),
+        ("apiserver_timeout", dur(f.apiserver_timeout)),
+        ("cri_endpoint", Value::String(f.cri_endpoint.clone())),
+        ("stop_kubelet", Value::Boolean(f.stop_kubelet)),
+        ("kubelet_unit", Value::String(f.kubelet_unit.clone())),
+        ("shutdown_grace_period_by_pod_priority", Value::Array(bands)),
+    ]);
+    let static_pods = table([
+        ("manifest_dir", path(&s.static_pods.manifest_dir)),
+        ("gate_dir", path(&s.static_pods.gate_dir)),
+    ]);
+    let metrics = table([(
+        "listen",
+        Value::String(s.metrics.listen.map(|a| a.to_string()).unwrap_or_default()),
+    )]);
+    entries([
+        ("state_dir", path(&s.state_dir)),
+        ("node", node),
+        ("shutdown", shutdown),
+        ("drain", drain),
+        ("fallback", fallback),
+        ("static_pods", static_pods),
+        ("metrics", metrics),
+    ])
+}
+
+/// The effective settings as a TOML document, sections in the order of the documented file.
+pub fn to_toml_string(s: &Settings) -> String {
+    let mut all = to_toml_table(s);
+    let order = [
+        "state_dir",
+        "node",
+        "shutdown",
+        "drain",
+        "fallback",
+        "static_pods",
+        "metrics",
+    ];
+    let mut parts = Vec::new();
+    for key in order {
+        if let Some(value) = all.remove(key) {
+            let mut one = Table::new();
+            one.insert(key.to_string(), value);
+            parts.push(render(&one));
+        }
+    }
+    if !all.is_empty() {
+        parts.push(render(&all));
+    }
+    parts.join("\n")
+}
+
+fn render(table: &Table) -> String {
+    // Strings, integers, booleans, arrays and tables always serialize.
+    toml::to_string_pretty(table).unwrap_or_else(|err| format!("# cannot render: {err}\n"))
+}

@@ -1,0 +1,904 @@
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn err(text: &str) -> ConfigError {
+    match load_str(text) {
+        Ok(settings) => panic!("expected an error for {text:?}, got {settings:?}"),
+        Err(err) => err,
+    }
+}
+
+/// Asserts file, key and line of an error and that it renders as one line naming them.
+#[track_caller]
+fn assert_err(err: &ConfigError, file: &str, key: &str, line: usize, needle: &str) {
+    let rendered = err.to_string();
+    assert_eq!(err.file, PathBuf::from(file), "{rendered}");
+    assert_eq!(err.key.as_deref(), Some(key), "{rendered}");
+    assert_eq!(err.location.map(|(l, _)| l), Some(line), "{rendered}");
+    assert!(
+        rendered.contains(needle),
+        "{rendered:?} does not mention {needle:?}"
+    );
+    assert!(!rendered.contains('\n'), "{rendered:?} is not one line");
+    assert!(
+        rendered.starts_with(&format!("{file}:{line}:")),
+        "{rendered:?} does not start with {file}:{line}:"
+    );
+    assert!(rendered.contains(key), "{rendered:?} does not name {key}");
+}
+
+fn shipped_config() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/nodegrace.toml");
+    fs::read_to_string(&path).unwrap()
+}
+
+#[test]
+fn empty_text_is_the_defaults() {
+    assert_eq!(load_str("").unwrap(), Settings::default());
+}
+
+#[test]
+fn shipped_config_equals_the_defaults() {
+    let text = shipped_config();
+    assert_eq!(load_str(&text).unwrap(), Settings::default());
+}
+
+/// Every key check-config prints is documented in the shipped file (set or in a comment).
+#[test]
+fn shipped_config_mentions_every_key() {
+    let text = shipped_config();
+    fn keys(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+        for (k, v) in table {
+            out.push(format!("{prefix}{k}"));
+            if let toml::Value::Table(t) = v {
+                keys(&format!("{prefix}{k}."), t, out);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    keys("", &to_toml_table(&Settings::default()), &mut all);
+    all.extend(
+        [
+            "drain.plan.pod_type",
+            "drain.plan.pod_priority",
+            "drain.plan.pod_selector",
+        ]
+        .map(String::from),
+    );
+    all.extend(
+        [
+            "fallback.shutdown_grace_period",
+            "fallback.shutdown_grace_period_critical_pods",
+            "fallback.shutdown_grace_period_by_pod_priority.priority",
+        ]
+        .map(String::from),
+    );
+    let tables = to_toml_table(&Settings::default());
+    for key in all {
+        let leaf = key.rsplit('.').next().unwrap();
+        let documented = if matches!(tables.get(&key), Some(toml::Value::Table(_))) {
+            text.contains(&format!("\n[{key}]\n"))
+        } else {
+            text.contains(&format!("{leaf} ="))
+                || text.contains(&format!("{leaf}  "))
+                || text.contains(&format!("[[{key}]]"))
+        };
+        assert!(documented, "config/nodegrace.toml does not document {key}");
+    }
+    assert!(text.contains("[[drain.plan]]"));
+    assert!(text.contains("[[fallback.shutdown_grace_period_by_pod_priority]]"));
+}
+
+const FULL: &str = r#"
+state_dir = "/srv/nodegrace"
+
+[node]
+name = "worker-1.example"
+kubeconfig = ""
+
+[shutdown]
+max_delay = "1h 30s"
+manage_logind_dropin = false
+logind_dropin_dir = "/run/systemd/logind.conf.d"
+logind_dropin_name = "zzz-ng.conf"
+on_cancel = "complete"
+after_boot = "keep"
+stop_drain_timeout = "100s"
+warn_kubelet_inhibitor = false
+
+[drain]
+reserve_daemonset = "10s"
+reserve_static = "0s"
+reserve_critical = "1m"
+critical_priority = 1000000
+eviction_backoff_max = "2m"
+eviction_backoff_max_shutdown = "1s"
+external_eviction_request_controller = true
+volume_detach_timeout = "0s"
+
+[[drain.plan]]
+pod_type = "Default"
+pod_priority = 1000
+pod_selector = { "app.kubernetes.io/component" = "frontend", tier = "web" }
+
+[[drain.plan]]
+pod_priority = -5
+
+[[drain.plan]]
+pod_type = "Static"
+pod_priority = 2147483647
+
+[fallback]
+enabled = false
+apiserver_timeout = "45s"
+cri_endpoint = "unix:///run/crio/crio.sock"
+stop_kubelet = false
+kubelet_unit = "kubelet2.service"
+
+[[fallback.shutdown_grace_period_by_pod_priority]]
+priority = -10
+shutdown_grace_period = "5s"
+
+[[fallback.shutdown_grace_period_by_pod_priority]]
+priority = 100000
+shutdown_grace_period = "2m"
+
+[static_pods]
+manifest_dir = "/etc/k8s/static"
+gate_dir = "/etc/k8s/static-gated"
+
+[metrics]
+listen = "[::1]:9999"
+"#;
+
+#[test]
+fn every_key_is_applied() {
+    let s = load_str(FULL).unwrap();
+    assert_eq!(s.state_dir, PathBuf::from("/srv/nodegrace"));
+    assert_eq!(s.node.name, "worker-1.example");
+    assert_eq!(s.node.kubeconfig, None);
+    assert_eq!(s.shutdown.max_delay, secs(3630));
+    assert!(!s.shutdown.manage_logind_dropin);
+    assert_eq!(
+        s.shutdown.logind_dropin_dir,
+        PathBuf::from("/run/systemd/logind.conf.d")
+    );
+    assert_eq!(s.shutdown.logind_dropin_name, "zzz-ng.conf");
+    assert_eq!(s.shutdown.on_cancel, CompletionPolicy::Complete);
+    assert_eq!(s.shutdown.after_boot, CompletionPolicy::Keep);
+    assert_eq!(s.shutdown.stop_drain_timeout, secs(100));
+    assert!(!s.shutdown.warn_kubelet_inhibitor);
+    assert_eq!(s.drain.reserve_daemonset, secs(10));
+    assert_eq!(s.drain.reserve_static, secs(0));
+    assert_eq!(s.drain.reserve_critical, secs(60));
+    assert_eq!(s.drain.critical_priority, 1_000_000);
+    assert_eq!(s.drain.eviction_backoff_max, secs(120));
+    assert_eq!(s.drain.eviction_backoff_max_shutdown, secs(1));
+    assert!(s.drain.external_eviction_request_controller);
+    assert_eq!(s.drain.volume_detach_timeout, secs(0));
+    let selector: BTreeMap<String, String> = [
+        (
+            "app.kubernetes.io/component".to_string(),
+            "frontend".to_string(),
+        ),
+        ("tier".to_string(), "web".to_string()),
+    ]
+    .into();
+    assert_eq!(
+        s.drain.plan,
+        vec![
+            DrainPlanEntrySetting {
+                pod_type: PodType::Default,
+                pod_priority: 1000,
+                pod_selector: selector,
+            },
+            DrainPlanEntrySetting {
+                pod_type: PodType::Default,
+                pod_priority: -5,
+                pod_selector: BTreeMap::new(),
+            },
+            DrainPlanEntrySetting {
+                pod_type: PodType::Static,
+                pod_priority: i32::MAX,
+                pod_selector: BTreeMap::new(),
+            },
+        ]
+    );
+    assert!(!s.fallback.enabled);
+    assert_eq!(s.fallback.apiserver_timeout, secs(45));
+    assert_eq!(s.fallback.cri_endpoint, "unix:///run/crio/crio.sock");
+    assert!(!s.fallback.stop_kubelet);
+    assert_eq!(s.fallback.kubelet_unit, "kubelet2.service");
+    assert_eq!(
+        s.fallback.shutdown_grace_period_by_pod_priority,
+        vec![
+            PriorityGracePeriod {
+                priority: -10,
+                shutdown_grace_period: secs(5)
+            },
+            PriorityGracePeriod {
+                priority: 100_000,
+                shutdown_grace_period: secs(120)
+            },
+        ]
+    );
+    assert_eq!(s.static_pods.manifest_dir, PathBuf::from("/etc/k8s/static"));
+    assert_eq!(
+        s.static_pods.gate_dir,
+        PathBuf::from("/etc/k8s/static-gated")
+    );
+    assert_eq!(s.metrics.listen, Some("[::1]:9999".parse().unwrap()));
+}
+
+#[test]
+fn simple_grace_form_converts_like_the_kubelet() {
+    let s = load_str(
+        "[fallback]\nshutdown_grace_period = \"5m\"\nshutdown_grace_period_critical_pods = \"1m\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        s.fallback.shutdown_grace_period_by_pod_priority,
+        vec![
+            PriorityGracePeriod {
+                priority: 0,
+                shutdown_grace_period: secs(240)
+            },
+            PriorityGracePeriod {
+                priority: 2_000_000_000,
+                shutdown_grace_period: secs(60)
+            },
+        ]
+    );
+    // Only one half given: the other keeps its default (90s total, 30s critical).
+    let s = load_str("[fallback]\nshutdown_grace_period = \"2m\"\n").unwrap();
+    assert_eq!(
+        s.fallback.shutdown_grace_period_by_pod_priority[0].shutdown_grace_period,
+        secs(90)
+    );
+}
+
+#[test]
+fn round_trip_of_check_config_output() {
+    for settings in [Settings::default(), load_str(FULL).unwrap()] {
+        let loaded = Loaded {
+            settings: settings.clone(),
+            files: vec![PathBuf::from("/etc/nodegrace/config.toml")],
+            main_missing: false,
+        };
+        let printed = check_config_report(Path::new("/etc/nodegrace/config.toml"), &loaded);
+        let reread = load_str(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        assert_eq!(reread, settings, "{printed}");
+    }
+}
+
+#[test]
+fn check_config_output_lists_files_and_durations_as_strings() {
+    let loaded = Loaded {
+        settings: Settings::default(),
+        files: vec![
+            PathBuf::from("/e/config.toml"),
+            PathBuf::from("/e/config.d/10-a.toml"),
+        ],
+        main_missing: false,
+    };
+    let out = check_config_report(Path::new("/e/config.toml"), &loaded);
+    let a = out.find("#   /e/config.toml").unwrap();
+    let b = out.find("#   /e/config.d/10-a.toml").unwrap();
+    assert!(a < b, "{out}");
+    assert!(out.contains("max_delay = \"15m\""), "{out}");
+    assert!(out.contains("listen = \"\""), "{out}");
+    let missing = Loaded {
+        files: vec![],
+        main_missing: true,
+        ..loaded
+    };
+    let out = check_config_report(Path::new("/e/config.toml"), &missing);
+    assert!(out.contains("/e/config.toml does not exist"), "{out}");
+}
+
+// ---- bad files ----
+
+#[test]
+fn unknown_key_in_each_section() {
+    let cases = [
+        ("stat_dir = \"/x\"\n", "stat_dir", 1),
+        ("[node]\nname = \"a\"\nnmae = \"b\"\n", "node.nmae", 3),
+        ("[shutdown]\nmax_dealy = \"1m\"\n", "shutdown.max_dealy", 2),
+        ("[drain]\n\nreserve = \"1s\"\n", "drain.reserve", 3),
+        (
+            "[[drain.plan]]\npod_priority = 1\npod_typ = \"Static\"\n",
+            "drain.plan[0].pod_typ",
+            3,
+        ),
+        ("[fallback]\nenable = true\n", "fallback.enable", 2),
+        (
+            "[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 1\nshutdown_grace_period = \"1s\"\ngrace = \"1s\"\n",
+            "fallback.shutdown_grace_period_by_pod_priority[0].grace",
+            4,
+        ),
+        ("[static_pods]\nmanifests = \"/x\"\n", "static_pods.manifests", 2),
+        ("[metrics]\nport = 1\n", "metrics.port", 2),
+        ("[metric]\nlisten = \"\"\n", "metric", 1),
+    ];
+    for (text, key, line) in cases {
+        assert_err(&err(text), "<string>", key, line, "unknown field");
+    }
+}
+
+#[test]
+fn wrong_types() {
+    let cases = [
+        ("state_dir = 5\n", "state_dir", 1),
+        ("[node]\nname = true\n", "node.name", 2),
+        (
+            "[shutdown]\nmanage_logind_dropin = \"yes\"\n",
+            "shutdown.manage_logind_dropin",
+            2,
+        ),
+        (
+            "[shutdown]\non_cancel = \"later\"\n",
+            "shutdown.on_cancel",
+            2,
+        ),
+        (
+            "[drain]\ncritical_priority = \"high\"\n",
+            "drain.critical_priority",
+            2,
+        ),
+        (
+            "[[drain.plan]]\npod_type = \"Job\"\npod_priority = 1\n",
+            "drain.plan[0].pod_type",
+            2,
+        ),
+        ("[fallback]\nenabled = 1\n", "fallback.enabled", 2),
+        ("[metrics]\nlisten = 9847\n", "metrics.listen", 2),
+        ("node = 3\n", "node", 1),
+    ];
+    for (text, key, line) in cases {
+        let e = err(text);
+        assert_err(&e, "<string>", key, line, "");
+        assert!(
+            e.message.contains("invalid") || e.message.contains("unknown variant"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn bad_durations() {
+    let e = err("[shutdown]\nmax_delay = 90\n");
+    assert_err(
+        &e,
+        "<string>",
+        "shutdown.max_delay",
+        2,
+        "write it as a string with a unit, e.g. \"90s\"",
+    );
+    let e = err("[drain]\nreserve_static = \"3 fortnights\"\n");
+    assert_err(
+        &e,
+        "<string>",
+        "drain.reserve_static",
+        2,
+        "invalid duration \"3 fortnights\"",
+    );
+    let e = err("[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 0\nshutdown_grace_period = 1.5\n");
+    assert_err(
+        &e,
+        "<string>",
+        "fallback.shutdown_grace_period_by_pod_priority[0].shutdown_grace_period",
+        3,
+        "bare number",
+    );
+}
+
+#[test]
+fn out_of_range_values() {
+    let cases: [(&str, &str, usize, &str); 19] = [
+        ("[shutdown]\nmax_delay = \"0s\"\n", "shutdown.max_delay", 2, "greater than zero"),
+        ("[shutdown]\nmax_delay = \"25h\"\n", "shutdown.max_delay", 2, "at most 1day"),
+        ("[shutdown]\nstop_drain_timeout = \"111s\"\n", "shutdown.stop_drain_timeout", 2, "at most 1m 50s"),
+        ("[shutdown]\nlogind_dropin_name = \"nodegrace\"\n", "shutdown.logind_dropin_name", 2, ".conf"),
+        ("[shutdown]\nlogind_dropin_name = \"a/b.conf\"\n", "shutdown.logind_dropin_name", 2, ".conf"),
+        ("[shutdown]\nlogind_dropin_dir = \"etc/x\"\n", "shutdown.logind_dropin_dir", 2, "absolute"),
+        ("state_dir = \"/var/lib/../x\"\n", "state_dir", 1, ".."),
+        ("[node]\nname = \"Worker_1\"\n", "node.name", 2, "not a valid Node name"),
+        ("[drain]\ncritical_priority = 3000000000\n", "drain.critical_priority", 2, "32-bit"),
+        ("[drain]\neviction_backoff_max = \"0s\"\n", "drain.eviction_backoff_max", 2, "greater than zero"),
+        (
+            "[drain]\n\n[[drain.plan]]\npod_priority = 1\n[[drain.plan]]\npod_priority = -2147483649\n",
+            "drain.plan[1].pod_priority",
+            6,
+            "32-bit",
+        ),
+        (
+            "[[drain.plan]]\npod_priority = 7\n\n[[drain.plan]]\npod_type = \"Default\"\npod_priority = 7\n",
+            "drain.plan[1]",
+            4,
+            "duplicates drain.plan[0]",
+        ),
+        ("[fallback]\ncri_endpoint = \"/run/containerd.sock\"\n", "fallback.cri_endpoint", 2, "unix://"),
+        ("[fallback]\ncri_endpoint = \"unix://run/c.sock\"\n", "fallback.cri_endpoint", 2, "absolute"),
+        (
+            "[fallback]\nshutdown_grace_period = \"30s\"\nshutdown_grace_period_critical_pods = \"30s\"\n",
+            "fallback.shutdown_grace_period_critical_pods",
+            3,
+            "must be less than",
+        ),
+        (
+            "[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 10\nshutdown_grace_period = \"1s\"\n[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 10\nshutdown_grace_period = \"2s\"\n",
+            "fallback.shutdown_grace_period_by_pod_priority[1].priority",
+            5,
+            "strictly ascending",
+        ),
+        (
+            "[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 10\nshutdown_grace_period = \"0s\"\n",
+            "fallback.shutdown_grace_period_by_pod_priority[0].shutdown_grace_period",
+            3,
+            "greater than zero",
+        ),
+        ("[static_pods]\ngate_dir = \"/etc/kubernetes/manifests/gated\"\n", "static_pods.gate_dir", 2, "inside"),
+        ("[metrics]\nlisten = \"0.0.0.0:9847\"\n", "metrics.listen", 2, "no authentication"),
+    ];
+    for (text, key, line, needle) in cases {
+        assert_err(&err(text), "<string>", key, line, needle);
+    }
+    assert_err(
+        &err("[metrics]\nlisten = \"localhost:1\"\n"),
+        "<string>",
+        "metrics.listen",
+        2,
+        "IP address",
+    );
+    assert_err(
+        &err("[shutdown]\nmax_delay = \"80s\"\n"),
+        "<string>",
+        "shutdown.max_delay",
+        2,
+        "nothing of shutdown.max_delay",
+    );
+    assert_err(
+        &err("[fallback]\nshutdown_grace_period_by_pod_priority = []\n"),
+        "<string>",
+        "fallback.shutdown_grace_period_by_pod_priority",
+        2,
+        "at least one band",
+    );
+}
+
+#[test]
+fn both_fallback_forms_in_one_file() {
+    let text = "[fallback]\nshutdown_grace_period = \"90s\"\n\n[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 0\nshutdown_grace_period = \"1m\"\n";
+    let e = err(text);
+    assert_err(
+        &e,
+        "<string>",
+        "fallback.shutdown_grace_period_by_pod_priority",
+        4,
+        "cannot be combined with fallback.shutdown_grace_period",
+    );
+}
+
+#[test]
+fn syntax_error_names_file_and_line() {
+    let e = err("[node]\nname = \"unterminated\n");
+    assert_eq!(e.location.map(|(l, _)| l), Some(2), "{e}");
+    assert!(!e.to_string().contains('\n'));
+}
+
+#[test]
+fn column_is_reported() {
+    let e = err("[drain]\n  reserve_static = \"nope\"\n");
+    assert_eq!(e.location, Some((2, 20)), "{e}");
+}
+
+// ---- files and drop-ins ----
+
+struct Dir(tempfile::TempDir);
+
+impl Dir {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("config.d")).unwrap();
+        Dir(dir)
+    }
+    fn main(&self) -> PathBuf {
+        self.0.path().join("config.toml")
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.path().join(name);
+        fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+#[test]
+fn drop_ins_merge_in_byte_order_after_main() {
+    let dir = Dir::new();
+    dir.write(
+        "config.toml",
+        r#"
+[shutdown]
+max_delay = "20m"
+on_cancel = "complete"
+
+[drain]
+reserve_static = "5s"
+[[drain.plan]]
+pod_priority = 1
+[[drain.plan]]
+pod_priority = 2
+"#,
+    );
+    // "Z" (0x5a) sorts before "a" (0x61) in byte order, unlike in a case-blind sort.
+    dir.write(
+        "config.d/a-later.toml",
+        "[shutdown]\nmax_delay = \"30m\"\n[[drain.plan]]\npod_priority = 3\n",
+    );
+    dir.write(
+        "config.d/Z-first.toml",
+        "[shutdown]\nmax_delay = \"25m\"\nafter_boot = \"keep\"\n",
+    );
+    dir.write("config.d/.hidden.toml", "bogus = 1\n");
+    dir.write("config.d/notes.txt", "bogus = 1\n");
+    dir.write("config.d/b.toml.bak", "bogus = 1\n");
+    let loaded = load_report(&dir.main()).unwrap();
+    assert_eq!(
+        loaded.files,
+        vec![
+            dir.main(),
+            dir.0.path().join("config.d/Z-first.toml"),
+            dir.0.path().join("config.d/a-later.toml"),
+        ]
+    );
+    assert!(!loaded.main_missing);
+    let s = loaded.settings;
+    // Scalars: the last file wins.
+    assert_eq!(s.shutdown.max_delay, secs(30 * 60));
+    // Tables merge: keys set only by earlier files survive.
+    assert_eq!(s.shutdown.on_cancel, CompletionPolicy::Complete);
+    assert_eq!(s.shutdown.after_boot, CompletionPolicy::Keep);
+    assert_eq!(s.drain.reserve_static, secs(5));
+    // Arrays replace.
+    let priorities: Vec<i32> = s.drain.plan.iter().map(|e| e.pod_priority).collect();
+    assert_eq!(priorities, vec![3]);
+    assert_eq!(load(&dir.main()).unwrap(), s);
+}
+
+#[test]
+fn later_fallback_form_replaces_the_other() {
+    let dir = Dir::new();
+    dir.write(
+        "config.toml",
+        "[fallback]\nshutdown_grace_period = \"10m\"\nshutdown_grace_period_critical_pods = \"2m\"\n",
+    );
+    dir.write(
+        "config.d/10.toml",
+        "[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 5\nshutdown_grace_period = \"7s\"\n",
+    );
+    let s = load(&dir.main()).unwrap();
+    assert_eq!(
+        s.fallback.shutdown_grace_period_by_pod_priority,
+        vec![PriorityGracePeriod {
+            priority: 5,
+            shutdown_grace_period: secs(7)
+        }]
+    );
+    dir.write(
+        "config.d/20.toml",
+        "[fallback]\nshutdown_grace_period_critical_pods = \"20s\"\n",
+    );
+    let s = load(&dir.main()).unwrap();
+    // The band list from 10.toml is gone; the total from the main file was dropped with it
+    // when 10.toml switched forms, so the default total (90s) applies.
+    assert_eq!(
+        s.fallback.shutdown_grace_period_by_pod_priority,
+        vec![
+            PriorityGracePeriod {
+                priority: 0,
+                shutdown_grace_period: secs(70)
+            },
+            PriorityGracePeriod {
+                priority: 2_000_000_000,
+                shutdown_grace_period: secs(20)
+            },
+        ]
+    );
+}
+
+#[test]
+fn validation_error_after_merge_names_the_file_that_set_the_key() {
+    let dir = Dir::new();
+    dir.write("config.toml", "[static_pods]\nmanifest_dir = \"/m\"\n");
+    let dropin = dir.write(
+        "config.d/50-gate.toml",
+        "# gate\n\n[static_pods]\ngate_dir = \"/m/gated\"\n",
+    );
+    let e = load(&dir.main()).unwrap_err();
+    assert_err(
+        &e,
+        dropin.to_str().unwrap(),
+        "static_pods.gate_dir",
+        4,
+        "inside",
+    );
+
+    // The same mistake the other way round: the drop-in moves the manifest dir above the
+    // default gate dir.
+    let dir = Dir::new();
+    let dropin = dir.write(
+        "config.d/1.toml",
+        "[static_pods]\nmanifest_dir = \"/var/lib/nodegrace\"\n",
+    );
+    let e = load(&dir.main()).unwrap_err();
+    assert_err(
+        &e,
+        dropin.to_str().unwrap(),
+        "static_pods.manifest_dir",
+        2,
+        "inside",
+    );
+}
+
+#[test]
+fn parse_error_in_a_drop_in_names_the_drop_in() {
+    let dir = Dir::new();
+    dir.write("config.toml", "[drain]\nreserve_static = \"5s\"\n");
+    let dropin = dir.write("config.d/10-x.toml", "[drain]\nreserve_statik = \"5s\"\n");
+    let e = load(&dir.main()).unwrap_err();
+    assert_err(
+        &e,
+        dropin.to_str().unwrap(),
+        "drain.reserve_statik",
+        2,
+        "unknown field",
+    );
+}
+
+#[test]
+fn missing_main_file_is_defaults_plus_drop_ins() {
+    let dir = Dir::new();
+    let dropin = dir.write("config.d/1.toml", "[node]\nname = \"n1\"\n");
+    let loaded = load_report(&dir.main()).unwrap();
+    assert!(loaded.main_missing);
+    assert_eq!(loaded.files, vec![dropin]);
+    let mut expected = Settings::default();
+    expected.node.name = "n1".into();
+    assert_eq!(loaded.settings, expected);
+
+    let empty = tempfile::tempdir().unwrap();
+    let loaded = load_report(&empty.path().join("config.toml")).unwrap();
+    assert!(loaded.main_missing);
+    assert!(loaded.files.is_empty());
+    assert_eq!(loaded.settings, Settings::default());
+}
+
+#[test]
+fn unreadable_main_file_is_an_error() {
+    let dir = Dir::new();
+    // A directory cannot be read as a file, even by root.
+    fs::create_dir(dir.main()).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert_eq!(e.file, dir.main());
+    assert!(e.message.starts_with("cannot read"), "{e}");
+}
+
+#[test]
+fn non_utf8_file_is_an_error() {
+    let dir = Dir::new();
+    fs::write(dir.main(), b"state_dir = \"/\xff\"\n").unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert!(e.message.contains("UTF-8"), "{e}");
+}
+
+#[test]
+fn symlinked_drop_in_is_an_error() {
+    let dir = Dir::new();
+    let target = dir.write("real.toml", "[node]\nname = \"x\"\n");
+    let link = dir.0.path().join("config.d/10-link.toml");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert_eq!(e.file, link);
+    assert!(e.to_string().contains("symlink"), "{e}");
+}
+
+#[test]
+fn non_regular_drop_in_is_an_error() {
+    let dir = Dir::new();
+    let sub = dir.0.path().join("config.d/10-dir.toml");
+    fs::create_dir(&sub).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert_eq!(e.file, sub);
+    assert!(e.message.contains("not a regular file"), "{e}");
+}
+
+#[test]
+fn check_config_command_exit_codes() {
+    let dir = Dir::new();
+    dir.write("config.toml", "[node]\nname = \"n\"\n");
+    assert_eq!(
+        check_config_command(&dir.main()).unwrap(),
+        std::process::ExitCode::SUCCESS
+    );
+    dir.write("config.d/1.toml", "[node]\nname = 1\n");
+    assert_eq!(
+        check_config_command(&dir.main()).unwrap(),
+        std::process::ExitCode::from(crate::cli::EXIT_CONFIG)
+    );
+}
+
+#[test]
+fn node_name_prefers_the_configured_name() {
+    let mut s = Settings::default();
+    s.node.name = "configured".into();
+    assert_eq!(s.node_name().unwrap(), "configured");
+    s.node.name.clear();
+    let host = s.node_name().unwrap();
+    assert!(!host.is_empty());
+    assert_eq!(host, host.to_lowercase());
+}
+
+#[test]
+fn restart_required_lists_changed_static_keys_only() {
+    let a = Settings::default();
+    let mut b = a.clone();
+    b.drain.reserve_static = secs(1);
+    b.shutdown.on_cancel = CompletionPolicy::Complete;
+    assert!(restart_required(&a, &b).is_empty());
+    b.static_pods.gate_dir = "/elsewhere".into();
+    b.metrics.listen = Some("127.0.0.1:1".parse().unwrap());
+    assert_eq!(
+        restart_required(&a, &b),
+        vec!["static_pods.gate_dir", "metrics.listen"]
+    );
+}
+
+#[test]
+fn missing_field_and_duplicate_key_name_the_place() {
+    let e = err("[[drain.plan]]\npod_priority = 1\n\n[[drain.plan]]\npod_type = \"Static\"\n");
+    assert_err(
+        &e,
+        "<string>",
+        "drain.plan[1]",
+        4,
+        "missing field `pod_priority`",
+    );
+    let e = err("[shutdown]\nmax_delay = \"1h\"\nmax_delay = \"2h\"\n");
+    assert_eq!(e.location, Some((3, 1)), "{e}");
+    assert!(e.message.contains("duplicate key `max_delay`"), "{e}");
+}
+
+#[test]
+fn only_the_effective_value_is_validated() {
+    let dir = Dir::new();
+    dir.write("config.toml", "[shutdown]\nmax_delay = \"48h\"\n");
+    dir.write("config.d/1.toml", "[shutdown]\nmax_delay = \"2h\"\n");
+    assert_eq!(load(&dir.main()).unwrap().shutdown.max_delay, secs(7200));
+}
+
+mod roundtrip {
+    use super::*;
+    use proptest::collection::{btree_map, btree_set, vec};
+    use proptest::prelude::*;
+
+    fn duration(max_ms: u64) -> impl Strategy<Value = Duration> {
+        (1..=max_ms, 0u32..1_000_000)
+            .prop_map(|(ms, ns)| Duration::from_millis(ms) + Duration::from_nanos(ns.into()))
+    }
+
+    fn pod_type() -> impl Strategy<Value = PodType> {
+        prop_oneof![
+            Just(PodType::Default),
+            Just(PodType::DaemonSet),
+            Just(PodType::Static)
+        ]
+    }
+
+    fn plan() -> impl Strategy<Value = Vec<DrainPlanEntrySetting>> {
+        let entry = (
+            pod_type(),
+            any::<i32>(),
+            btree_map("[a-z.]{1,8}/?[a-z]{0,4}", "[ -~]{0,6}", 0..3),
+        )
+            .prop_map(
+                |(pod_type, pod_priority, pod_selector)| DrainPlanEntrySetting {
+                    pod_type,
+                    pod_priority,
+                    pod_selector,
+                },
+            );
+        vec(entry, 0..5).prop_map(|mut entries| {
+            let mut seen = Vec::new();
+            entries.retain(|e| {
+                let new = !seen.contains(e);
+                seen.push(e.clone());
+                new
+            });
+            entries
+        })
+    }
+
+    fn bands() -> impl Strategy<Value = Vec<PriorityGracePeriod>> {
+        (btree_set(any::<i32>(), 1..5), vec(duration(3_600_000), 5)).prop_map(
+            |(priorities, graces)| {
+                priorities
+                    .into_iter()
+                    .zip(graces)
+                    .map(|(priority, shutdown_grace_period)| PriorityGracePeriod {
+                        priority,
+                        shutdown_grace_period,
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    prop_compose! {
+        fn settings()(
+            name in "([a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?)?",
+            kubeconfig in proptest::option::of("/[a-z]{1,8}/[a-z ]{1,8}"),
+            max_delay in duration(24 * 3_600_000),
+            bools in vec(any::<bool>(), 6),
+            stop_drain_timeout in duration(110_000),
+            reserves in vec(0u64..=1_000, 3),
+            critical_priority in any::<i32>(),
+            backoff in duration(3_600_000),
+            backoff_shutdown in duration(300_000),
+            volume in 0u64..=600,
+            apiserver_timeout in duration(3_600_000),
+            plan in plan(),
+            bands in bands(),
+            port in 1u16..,
+            v6 in any::<bool>(),
+            metrics_on in any::<bool>(),
+        ) -> Settings {
+            let mut s = Settings::default();
+            s.node.name = name;
+            s.node.kubeconfig = kubeconfig.map(PathBuf::from);
+            // Leave room for the reserves (at most 3 * 1000 ms).
+            s.shutdown.max_delay = max_delay + secs(4);
+            s.shutdown.max_delay = s.shutdown.max_delay.min(Duration::from_secs(24 * 3600));
+            s.shutdown.manage_logind_dropin = bools[0];
+            s.shutdown.on_cancel = if bools[1] { CompletionPolicy::Keep } else { CompletionPolicy::Complete };
+            s.shutdown.after_boot = if bools[2] { CompletionPolicy::Keep } else { CompletionPolicy::Complete };
+            s.shutdown.stop_drain_timeout = stop_drain_timeout;
+            s.shutdown.warn_kubelet_inhibitor = bools[3];
+            s.drain.reserve_daemonset = Duration::from_millis(reserves[0]);
+            s.drain.reserve_static = Duration::from_millis(reserves[1]);
+            s.drain.reserve_critical = Duration::from_millis(reserves[2]);
+            s.drain.critical_priority = critical_priority;
+            s.drain.eviction_backoff_max = backoff;
+            s.drain.eviction_backoff_max_shutdown = backoff_shutdown;
+            s.drain.external_eviction_request_controller = bools[4];
+            s.drain.volume_detach_timeout = secs(volume);
+            s.drain.plan = plan;
+            s.fallback.enabled = bools[5];
+            s.fallback.apiserver_timeout = apiserver_timeout;
+            s.fallback.shutdown_grace_period_by_pod_priority = bands;
+            s.metrics.listen = metrics_on.then(|| {
+                if v6 { format!("[::1]:{port}") } else { format!("127.0.0.1:{port}") }
+                    .parse()
+                    .unwrap()
+            });
+            s
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn check_config_output_reloads_to_the_same_settings(settings in settings()) {
+            let loaded = Loaded { settings: settings.clone(), files: vec![], main_missing: true };
+            let printed = check_config_report(Path::new("/x/config.toml"), &loaded);
+            let reread = load_str(&printed).map_err(|e| TestCaseError::fail(format!("{e}\n{printed}")))?;
+            prop_assert_eq!(reread, settings);
+        }
+    }
+}

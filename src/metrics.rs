@@ -1,0 +1,357 @@
+//! Prometheus metrics, served as text on a loopback address when `[metrics] listen` is set.
+//! Recording is cheap and lock-free, so it is always on; only the listener is optional.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// How a pod was made to go away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TerminationMethod {
+    Eviction,
+    EvictionRequest,
+    Delete,
+    Cri,
+    StaticGate,
+}
+
+impl TerminationMethod {
+    fn label(self) -> &'static str {
+        match self {
+            TerminationMethod::Eviction => "eviction",
+            TerminationMethod::EvictionRequest => "eviction_request",
+            TerminationMethod::Delete => "delete",
+            TerminationMethod::Cri => "cri",
+            TerminationMethod::StaticGate => "static_gate",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabel {
+    method: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BandLabel {
+    band: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric nodegrace exports. Cloning shares the same series.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    shutdown_start: FloatGauge,
+    shutdown_end: FloatGauge,
+    band_duration: Family<BandLabel, FloatGauge>,
+    pods_terminated: Family<MethodLabel, Counter>,
+    escalations: Counter,
+    fallback_used: Counter,
+    inhibitor_held: Gauge,
+    effective_budget: FloatGauge,
+    api_errors: Family<OperationLabel, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodegrace");
+        let shutdown_start = FloatGauge::default();
+        registry.register(
+            "shutdown_start_timestamp_seconds",
+            "Unix time the last shutdown drain started",
+            shutdown_start.clone(),
+        );
+        let shutdown_end = FloatGauge::default();
+        registry.register(
+            "shutdown_end_timestamp_seconds",
+            "Unix time the last shutdown drain released the inhibitor",
+            shutdown_end.clone(),
+        );
+        let band_duration = Family::<BandLabel, FloatGauge>::default();
+        registry.register(
+            "band_duration_seconds",
+            "How long each drain band of the last shutdown took",
+            band_duration.clone(),
+        );
+        let pods_terminated = Family::<MethodLabel, Counter>::default();
+        registry.register(
+            "pods_terminated",
+            "Pods terminated, by method",
+            pods_terminated.clone(),
+        );
+        let escalations = Counter::default();
+        registry.register(
+            "escalations",
+            "Pods whose cooperative drain was escalated to deletion at a shutdown deadline",
+            escalations.clone(),
+        );
+        let fallback_used = Counter::default();
+        registry.register(
+            "fallback_used",
+            "Shutdowns drained through the local CRI fallback",
+            fallback_used.clone(),
+        );
+        let inhibitor_held = Gauge::default();
+        registry.register(
+            "inhibitor_held",
+            "1 while the logind shutdown delay inhibitor is held",
+            inhibitor_held.clone(),
+        );
+        let effective_budget = FloatGauge::default();
+        registry.register(
+            "effective_budget_seconds",
+            "Usable shutdown budget: min(configured max delay, logind InhibitDelayMaxUSec)",
+            effective_budget.clone(),
+        );
+        let api_errors = Family::<OperationLabel, Counter>::default();
+        registry.register(
+            "api_errors",
+            "Failed requests to the Kubernetes apiserver, by operation",
+            api_errors.clone(),
+        );
+        Metrics {
+            registry: Arc::new(registry),
+            shutdown_start,
+            shutdown_end,
+            band_duration,
+            pods_terminated,
+            escalations,
+            fallback_used,
+            inhibitor_held,
+            effective_budget,
+            api_errors,
+        }
+    }
+
+    pub fn shutdown_started(&self, at: chrono::DateTime<chrono::Utc>) {
+        self.shutdown_start.set(unix_seconds(at));
+    }
+
+    pub fn shutdown_ended(&self, at: chrono::DateTime<chrono::Utc>) {
+        self.shutdown_end.set(unix_seconds(at));
+    }
+
+    pub fn band_finished(&self, band: &str, took: std::time::Duration) {
+        self.band_duration
+            .get_or_create(&BandLabel { band: band.into() })
+            .set(took.as_secs_f64());
+    }
+
+    pub fn pod_terminated(&self, method: TerminationMethod) {
+        self.pods_terminated
+            .get_or_create(&MethodLabel {
+                method: method.label().into(),
+            })
+            .inc();
+    }
+
+    pub fn escalated(&self) {
+        self.escalations.inc();
+    }
+
+    pub fn fallback_used(&self) {
+        self.fallback_used.inc();
+    }
+
+    pub fn set_inhibitor_held(&self, held: bool) {
+        self.inhibitor_held.set(i64::from(held));
+    }
+
+    pub fn set_effective_budget(&self, budget: std::time::Duration) {
+        self.effective_budget.set(budget.as_secs_f64());
+    }
+
+    pub fn api_error(&self, operation: &str) {
+        self.api_errors
+            .get_or_create(&OperationLabel {
+                operation: operation.into(),
+            })
+            .inc();
+    }
+
+    /// The exposition text, as served on `/metrics`.
+    pub fn render(&self) -> Result<String> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).context("encoding metrics")?;
+        Ok(out)
+    }
+}
+
+fn unix_seconds(at: chrono::DateTime<chrono::Utc>) -> f64 {
+    at.timestamp_millis() as f64 / 1000.0
+}
+
+/// Binds `addr` and serves `/metrics` until `stop` is cancelled. Binding errors are returned
+/// at once so that a bad address is reported at start, not lost in a background task.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Metrics,
+    stop: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding metrics listener on {addr}"))?;
+    Ok(tokio::spawn(accept_loop(listener, metrics, stop)))
+}
+
+async fn accept_loop(listener: TcpListener, metrics: Metrics, stop: CancellationToken) {
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    tracing::warn!(error = %err, "metrics listener accept failed");
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| respond(req, metrics.clone()));
+            if let Err(err) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %err, "metrics connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn respond(
+    req: Request<hyper::body::Incoming>,
+    metrics: Metrics,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, content_type, body) = if req.uri().path() != "/metrics" {
+        (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".to_string(),
+        )
+    } else {
+        match metrics.render() {
+            Ok(text) => (
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                text,
+            ),
+            Err(err) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("{err:#}\n"),
+            ),
+        }
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = http::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, value);
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn recorded_values_appear_in_the_exposition() {
+        let m = Metrics::new();
+        m.pod_terminated(TerminationMethod::Eviction);
+        m.pod_terminated(TerminationMethod::Eviction);
+        m.pod_terminated(TerminationMethod::Cri);
+        m.set_inhibitor_held(true);
+        m.set_effective_budget(std::time::Duration::from_secs(90));
+        m.band_finished("Default/0", std::time::Duration::from_millis(1500));
+        let text = m.render().unwrap();
+        assert!(
+            text.contains("nodegrace_pods_terminated_total{method=\"eviction\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodegrace_pods_terminated_total{method=\"cri\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("nodegrace_inhibitor_held 1"), "{text}");
+        assert!(
+            text.contains("nodegrace_effective_budget_seconds 90.0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodegrace_band_duration_seconds{band=\"Default/0\"} 1.5"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http_and_stops_on_cancel() {
+        let m = Metrics::new();
+        m.escalated();
+        let stop = CancellationToken::new();
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let task = serve(addr, m, stop.clone()).await.unwrap();
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert!(reply.contains("nodegrace_escalations_total 1"), "{reply}");
+        stop.cancel();
+        task.await.unwrap();
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_busy_address_is_an_error_at_start() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = serve(addr, Metrics::new(), CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("binding metrics listener"));
+    }
+}
