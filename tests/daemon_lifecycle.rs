@@ -335,22 +335,27 @@ async fn stop_with_a_queued_poweroff_drains_first() {
 }
 
 #[tokio::test]
-async fn reload_keeps_the_running_config_when_the_new_one_is_invalid() {
+async fn reload_applies_runtime_keys_and_keeps_the_config_when_invalid() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir, 20 * MIN).await;
-    let drainer = ScriptedDrainer::new(DrainMode::Immediate);
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
     let settings = env.settings();
     let calls = Arc::new(AtomicUsize::new(0));
     let (c, base) = (calls.clone(), settings.clone());
     let daemon = env
-        .daemon(settings, Arc::new(drainer))
+        .daemon(settings, Arc::new(drainer.clone()))
         .with_reloader(Box::new(move || {
-            if c.fetch_add(1, Ordering::SeqCst) == 0 {
-                anyhow::bail!("config.toml line 3: unknown key `max_dela`")
-            }
             let mut s = base.clone();
-            s.shutdown.max_delay = 10 * MIN;
+            match c.fetch_add(1, Ordering::SeqCst) {
+                0 => anyhow::bail!("config.toml line 3: unknown key `max_dela`"),
+                1 => s.shutdown.stop_drain_timeout = Duration::from_secs(42),
+                _ => {
+                    s.shutdown.stop_drain_timeout = Duration::from_secs(7);
+                    // Only after a restart: the budget was negotiated with logind at start.
+                    s.shutdown.max_delay = 10 * MIN;
+                }
+            }
             Ok(s)
         }));
     let d = env.spawn(daemon);
@@ -359,14 +364,17 @@ async fn reload_keeps_the_running_config_when_the_new_one_is_invalid() {
         .unwrap();
     d.handle.reload();
     d.handle.reload();
-    let st = within(
-        d.handle
-            .wait_for(|s| s.budget.as_ref().is_some_and(|b| b.budget == 10 * MIN)),
-    )
-    .await
-    .unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
-    assert_eq!(st.phase, Phase::Armed);
+    d.handle.reload();
+    // Control messages are handled in order: the stop below sees all three reloads.
+    env.fakes.with(|s| s.system_state = "stopping".into());
+    d.handle.terminate();
+    let rec = within(drainer.wait_until(|r| r.drains.len() == 1)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(rec.drains[0].req.budget, Duration::from_secs(7));
+    let st = d.handle.status();
+    assert_eq!(st.budget.unwrap().budget, 15 * MIN);
+    drainer.finish();
+    within(d.task).await.unwrap().unwrap();
 }
 
 #[tokio::test]

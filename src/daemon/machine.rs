@@ -760,28 +760,12 @@ impl Machine {
         match reloader() {
             Ok(new) if new == self.settings => tracing::info!("configuration unchanged"),
             Ok(new) => {
-                let budget_changed = new.shutdown != self.settings.shutdown;
-                self.settings = new;
-                tracing::info!("configuration reloaded");
-                if budget_changed && self.status.phase == Phase::Armed {
-                    if let Some(bus) = self.bus.clone() {
-                        match budget::establish(
-                            bus.logind.as_ref(),
-                            bus.systemd.as_ref(),
-                            &self.settings.shutdown,
-                            &self.paths.logind_search_dirs,
-                        )
-                        .await
-                        {
-                            Ok(b) => {
-                                self.status.budget = Some(b.clone());
-                                self.budget = Some(b);
-                                self.publish();
-                            }
-                            Err(e) => tracing::error!(error = %e, "cannot re-establish the budget"),
-                        }
-                    }
+                let pending = crate::config::restart_required(&self.settings, &new);
+                if !pending.is_empty() {
+                    tracing::warn!(keys = ?pending, "these changes take effect after a restart");
                 }
+                self.settings = keep_restart_only_keys(&self.settings, new);
+                tracing::info!("configuration reloaded");
             }
             Err(e) => tracing::error!(
                 error = %format!("{e:#}"),
@@ -828,4 +812,19 @@ impl Drop for Machine {
             t.abort();
         }
     }
+}
+
+/// `reloaded`, except for the keys that only apply after a restart (see `config`).
+fn keep_restart_only_keys(running: &Settings, reloaded: Settings) -> Settings {
+    let mut s = reloaded;
+    s.state_dir = running.state_dir.clone();
+    s.node = running.node.clone();
+    s.shutdown.max_delay = running.shutdown.max_delay;
+    s.shutdown.manage_logind_dropin = running.shutdown.manage_logind_dropin;
+    s.shutdown.logind_dropin_dir = running.shutdown.logind_dropin_dir.clone();
+    s.shutdown.logind_dropin_name = running.shutdown.logind_dropin_name.clone();
+    s.fallback.cri_endpoint = running.fallback.cri_endpoint.clone();
+    s.static_pods = running.static_pods.clone();
+    s.metrics = running.metrics.clone();
+    s
 }

@@ -83,9 +83,9 @@ impl Drainer for NoopDrainer {
     }
 }
 
-/// The settings the daemon runs with. Swapped for `config::load` once it exists.
-pub fn load_settings(_path: &Path) -> anyhow::Result<Settings> {
-    Ok(Settings::default())
+/// The settings the daemon runs with: the file and its drop-ins, validated.
+pub fn load_settings(path: &Path) -> anyhow::Result<Settings> {
+    crate::config::load(path).map_err(anyhow::Error::from)
 }
 
 /// The drainer the daemon uses. `NODEGRACE_TEST_DRAIN_SECONDS=N` (feature `test-hooks` only)
