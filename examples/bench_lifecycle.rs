@@ -191,14 +191,18 @@ async fn idle() -> Result<()> {
     }
     let after = switches(pid)?;
     let rss_kib = status_field(pid, None, "VmRSS")?;
+    let anon_kib = status_field(pid, None, "RssAnon")?;
+    let file_kib = status_field(pid, None, "RssFile")?;
     let wakeups: u64 = after
         .iter()
         .map(|(t, n)| n - before.get(t).copied().unwrap_or(0))
         .sum();
     println!(
-        "idle {}s: RSS {:.1} MiB, {} thread(s) (before: {}), {wakeups} context switches, {pings} watchdog pings (WatchdogSec={}s)",
+        "idle {}s: RSS {:.1} MiB (anon {:.1}, file {:.1}), {} thread(s) (before: {}), {wakeups} context switches, {pings} watchdog pings (WatchdogSec={}s)",
         IDLE.as_secs(),
         rss_kib as f64 / 1024.0,
+        anon_kib as f64 / 1024.0,
+        file_kib as f64 / 1024.0,
         after.len(),
         before.len(),
         WATCHDOG.as_secs()
