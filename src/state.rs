@@ -36,3 +36,116 @@ impl PodCache {
         write_atomic(&state_dir.join(POD_CACHE_FILE), &bytes, 0o600)
     }
 }
+
+pub const SHUTDOWN_STATE_FILE: &str = "state.json";
+
+/// Where a shutdown stands, as persisted for a restarted daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShutdownPhase {
+    Draining,
+    Released,
+    Cancelled,
+}
+
+/// The shutdown in progress (or last handled); `state.json` in the state directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownState {
+    pub phase: ShutdownPhase,
+    pub kind: crate::daemon::ShutdownKind,
+    /// When the shutdown began; a resumed drain keeps this deadline origin.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub budget_seconds: f64,
+    /// `/proc/sys/kernel/random/boot_id` of the boot being shut down.
+    pub boot_id: String,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl ShutdownState {
+    /// Reads the state; a missing file is None, a corrupt one an error.
+    pub fn load(state_dir: &Path) -> Result<Option<Self>> {
+        let path = state_dir.join(SHUTDOWN_STATE_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .with_context(|| format!("parsing shutdown state {}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading shutdown state {}", path.display())),
+        }
+    }
+
+    /// Writes, fsyncs and renames into place.
+    pub fn store(&self, state_dir: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).context("encoding shutdown state")?;
+        std::fs::create_dir_all(state_dir)
+            .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+        write_atomic(&state_dir.join(SHUTDOWN_STATE_FILE), &bytes, 0o600)
+    }
+
+    /// Writes and renames into place without waiting for the disk: at once visible to a
+    /// restarted daemon, which is all a shutdown in progress needs (after a power loss the
+    /// boot id differs and the file is ignored). Call [`ShutdownState::sync`] afterwards.
+    pub fn store_unsynced(&self, state_dir: &Path) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let bytes = serde_json::to_vec_pretty(self).context("encoding shutdown state")?;
+        std::fs::create_dir_all(state_dir)
+            .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+        let path = state_dir.join(SHUTDOWN_STATE_FILE);
+        let tmp = state_dir.join(format!(".{SHUTDOWN_STATE_FILE}.tmp-{}", std::process::id()));
+        let result = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&bytes))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .with_context(|| format!("writing {}", path.display()));
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Makes a [`ShutdownState::store_unsynced`] durable.
+    pub fn sync(state_dir: &Path) -> Result<()> {
+        let path = state_dir.join(SHUTDOWN_STATE_FILE);
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("syncing {}", path.display()))?;
+        crate::fsutil::fsync_dir(state_dir)
+    }
+}
+
+/// This boot's id; "unknown" where the kernel does not say.
+pub fn current_boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_state_round_trips_and_missing_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(ShutdownState::load(dir.path()).unwrap(), None);
+        let s = ShutdownState {
+            phase: ShutdownPhase::Draining,
+            kind: crate::daemon::ShutdownKind::Reboot,
+            started_at: chrono::Utc::now(),
+            budget_seconds: 900.0,
+            boot_id: current_boot_id(),
+            updated_at: chrono::Utc::now(),
+        };
+        s.store(dir.path()).unwrap();
+        assert_eq!(ShutdownState::load(dir.path()).unwrap(), Some(s));
+        std::fs::write(dir.path().join(SHUTDOWN_STATE_FILE), b"{").unwrap();
+        assert!(ShutdownState::load(dir.path()).is_err());
+    }
+}

@@ -1,1 +1,53 @@
-//! TODO: see the issue that owns this module.
+//! Logging: journald with structured fields under systemd, stderr otherwise; filtered by
+//! `RUST_LOG` (default `info`).
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Where log records go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogTarget {
+    Journald,
+    Stderr,
+}
+
+/// Journald when systemd connected our output to the journal (`$JOURNAL_STREAM`).
+pub fn preferred_target() -> LogTarget {
+    if std::env::var_os("JOURNAL_STREAM").is_some() {
+        LogTarget::Journald
+    } else {
+        LogTarget::Stderr
+    }
+}
+
+/// Installs the global subscriber; a second call is a no-op. Returns where logs go.
+pub fn init() -> LogTarget {
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let target = preferred_target();
+    if target == LogTarget::Journald {
+        match tracing_journald::layer() {
+            Ok(layer) => {
+                let layer = layer.with_syslog_identifier("nodegrace".into());
+                if tracing_subscriber::registry()
+                    .with(layer.with_filter(filter()))
+                    .try_init()
+                    .is_ok()
+                {
+                    return LogTarget::Journald;
+                }
+                return target;
+            }
+            Err(e) => eprintln!("nodegrace: journald unavailable ({e}); logging to stderr"),
+        }
+    }
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_filter(filter()),
+        )
+        .try_init();
+    LogTarget::Stderr
+}

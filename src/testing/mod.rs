@@ -1,1 +1,67 @@
-//! Fakes shared by the tests and by `nodegrace simulate`.
+//! Fakes shared by the tests, the benchmark and `nodegrace simulate`: a private
+//! `dbus-daemon`, fake logind and systemd manager services on it, a scriptable drainer and
+//! a notifier that records what the daemon tells systemd.
+
+pub mod bus;
+pub mod drainer;
+pub mod fake_logind;
+pub mod harness;
+
+use std::sync::{Arc, Mutex};
+
+pub use bus::PrivateBus;
+pub use drainer::{DrainMode, ScriptedDrainer};
+pub use fake_logind::{FakeInhibitor, FakeState, Fakes};
+pub use harness::TestEnv;
+
+use crate::systemd::{Notifier, Notify};
+
+/// One ordered log that fakes and the recording notifier both append to, so tests can
+/// assert the order of things seen from outside ("Inhibit" before "READY=1").
+#[derive(Debug, Clone, Default)]
+pub struct EventLog(Arc<Mutex<Vec<String>>>);
+
+impl EventLog {
+    pub fn push(&self, entry: impl Into<String>) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(entry.into());
+        }
+    }
+
+    pub fn entries(&self) -> Vec<String> {
+        self.0.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Index of the first entry starting with `prefix`.
+    pub fn position(&self, prefix: &str) -> Option<usize> {
+        self.entries().iter().position(|e| e.starts_with(prefix))
+    }
+}
+
+/// A [`Notifier`] that logs `notify: READY=1` etc. instead of talking to systemd.
+#[derive(Debug, Clone, Default)]
+pub struct RecordingNotifier {
+    pub log: EventLog,
+}
+
+impl Notifier for RecordingNotifier {
+    fn notify(&self, msg: Notify) {
+        self.log.push(match msg {
+            Notify::Ready => "notify: READY=1".to_string(),
+            Notify::Status(s) => format!("notify: STATUS={s}"),
+            Notify::Watchdog => "notify: WATCHDOG=1".to_string(),
+            Notify::Stopping => "notify: STOPPING=1".to_string(),
+        });
+    }
+
+    fn watchdog_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// Number of open file descriptors of this process.
+pub fn open_fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}

@@ -1,0 +1,831 @@
+//! The daemon's state machine: one task, fed by the logind signal stream, the drain task,
+//! the budget deadline, control messages (signals) and the watchdog timer.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::{Instant, Interval};
+
+use super::bus::{Bus, Connector};
+use super::status::{Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
+use super::{Drainer, ShutdownKind, ShutdownRequest};
+use crate::config::Settings;
+use crate::logind::budget::{self, BudgetReport};
+use crate::logind::{InhibitorLock, LogindError, LogindEvent};
+use crate::state::{current_boot_id, ShutdownPhase, ShutdownState};
+use crate::systemd::{self, Notifier, Notify};
+
+const INHIBITOR_WHO: &str = "nodegrace";
+const INHIBITOR_WHY: &str = "Draining Kubernetes workloads from this node before shutdown";
+const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// logind's built-in `InhibitDelayMaxSec`, used before the real value could be read.
+const LOGIND_DEFAULT_DELAY: Duration = Duration::from_secs(5);
+
+/// Files the daemon writes besides the state directory of its settings.
+#[derive(Debug, Clone)]
+pub struct DaemonPaths {
+    pub status_file: PathBuf,
+    /// logind.conf.d directories to scan, highest priority first.
+    pub logind_search_dirs: Vec<PathBuf>,
+}
+
+impl DaemonPaths {
+    /// The standard paths; `$NODEGRACE_STATUS_FILE` overrides the status file.
+    pub fn from_env() -> Self {
+        DaemonPaths {
+            status_file: std::env::var_os("NODEGRACE_STATUS_FILE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATUS_FILE)),
+            logind_search_dirs: budget::default_search_dirs(),
+        }
+    }
+}
+
+/// What signals (or tests) ask of the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// SIGTERM: drain first if the system is going down, then exit.
+    Terminate,
+    /// SIGHUP: reload the configuration.
+    Reload,
+}
+
+pub type Reloader = Box<dyn Fn() -> Result<Settings> + Send + Sync>;
+
+/// The daemon with its adapters injected; [`Daemon::run`] runs it until it is terminated.
+pub struct Daemon {
+    settings: Settings,
+    paths: DaemonPaths,
+    connector: Arc<dyn Connector>,
+    drainer: Arc<dyn Drainer>,
+    notifier: Arc<dyn Notifier>,
+    reloader: Option<Reloader>,
+    control_tx: mpsc::UnboundedSender<Control>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
+    status_tx: watch::Sender<Status>,
+}
+
+/// Controls a running [`Daemon`] and watches its status.
+#[derive(Clone)]
+pub struct DaemonHandle {
+    control: mpsc::UnboundedSender<Control>,
+    status: watch::Receiver<Status>,
+}
+
+impl DaemonHandle {
+    pub fn terminate(&self) {
+        let _ = self.control.send(Control::Terminate);
+    }
+
+    pub fn reload(&self) {
+        let _ = self.control.send(Control::Reload);
+    }
+
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until the status satisfies `pred`; None once the daemon is gone.
+    pub async fn wait_for(&self, pred: impl FnMut(&Status) -> bool) -> Option<Status> {
+        let mut rx = self.status.clone();
+        let r = rx.wait_for(pred).await.ok().map(|s| s.clone());
+        r
+    }
+}
+
+impl Daemon {
+    pub fn new(
+        settings: Settings,
+        paths: DaemonPaths,
+        connector: Arc<dyn Connector>,
+        drainer: Arc<dyn Drainer>,
+        notifier: Arc<dyn Notifier>,
+    ) -> Self {
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let (status_tx, _) = watch::channel(Status::new());
+        Daemon {
+            settings,
+            paths,
+            connector,
+            drainer,
+            notifier,
+            reloader: None,
+            control_tx,
+            control_rx,
+            status_tx,
+        }
+    }
+
+    /// Where SIGHUP gets the new settings from.
+    pub fn with_reloader(mut self, reloader: Reloader) -> Self {
+        self.reloader = Some(reloader);
+        self
+    }
+
+    pub fn handle(&self) -> DaemonHandle {
+        DaemonHandle {
+            control: self.control_tx.clone(),
+            status: self.status_tx.subscribe(),
+        }
+    }
+
+    /// Runs until terminated. Errors only where retrying cannot help (not a logind).
+    pub async fn run(self) -> Result<()> {
+        let watchdog = self.notifier.watchdog_interval().map(|period| {
+            let mut i = tokio::time::interval_at(Instant::now() + period, period);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
+        let mut m = Machine {
+            settings: self.settings,
+            paths: self.paths,
+            connector: self.connector,
+            drainer: self.drainer,
+            notifier: self.notifier,
+            reloader: self.reloader,
+            _control_tx: self.control_tx,
+            control_rx: self.control_rx,
+            status_tx: self.status_tx,
+            status: Status::new(),
+            boot_id: current_boot_id(),
+            bus: None,
+            events: None,
+            connecting: None,
+            reconnect_at: None,
+            backoff: BACKOFF_INITIAL,
+            lock: None,
+            budget: None,
+            shutdown: None,
+            drain: None,
+            deadline: None,
+            terminating: false,
+            ready_sent: false,
+            side_tasks: Vec::new(),
+            watchdog,
+        };
+        let result = m.run().await;
+        m.stop(result.as_ref().err().map(|e| format!("{e:#}")));
+        result
+    }
+}
+
+struct Connected {
+    bus: Bus,
+    events: BoxStream<'static, LogindEvent>,
+    budget: BudgetReport,
+}
+
+enum Step {
+    Control(Option<Control>),
+    Connected(Result<Result<Connected, LogindError>, JoinError>),
+    Reconnect,
+    Event(Option<LogindEvent>),
+    DrainDone(Result<Result<()>, JoinError>),
+    Deadline,
+    Watchdog,
+}
+
+#[derive(PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Exit,
+}
+
+struct Machine {
+    settings: Settings,
+    paths: DaemonPaths,
+    connector: Arc<dyn Connector>,
+    drainer: Arc<dyn Drainer>,
+    notifier: Arc<dyn Notifier>,
+    reloader: Option<Reloader>,
+    _control_tx: mpsc::UnboundedSender<Control>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
+    status_tx: watch::Sender<Status>,
+    status: Status,
+    boot_id: String,
+    bus: Option<Bus>,
+    events: Option<BoxStream<'static, LogindEvent>>,
+    connecting: Option<JoinHandle<Result<Connected, LogindError>>>,
+    reconnect_at: Option<Instant>,
+    backoff: Duration,
+    lock: Option<InhibitorLock>,
+    budget: Option<BudgetReport>,
+    shutdown: Option<ShutdownRequest>,
+    drain: Option<JoinHandle<Result<()>>>,
+    deadline: Option<Instant>,
+    /// SIGTERM arrived; exit once the current drain is released.
+    terminating: bool,
+    ready_sent: bool,
+    side_tasks: Vec<JoinHandle<()>>,
+    watchdog: Option<Interval>,
+}
+
+async fn join_opt<T>(h: &mut Option<JoinHandle<T>>) -> Result<T, JoinError> {
+    match h {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_opt(s: &mut Option<BoxStream<'static, LogindEvent>>) -> Option<LogindEvent> {
+    match s {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn tick_opt(i: &mut Option<Interval>) {
+    match i {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Machine {
+    async fn run(&mut self) -> Result<()> {
+        self.publish();
+        self.notifier
+            .notify(Notify::Status(Phase::Starting.describe().into()));
+        self.start_connecting();
+        loop {
+            let step = tokio::select! {
+                c = self.control_rx.recv() => Step::Control(c),
+                r = join_opt(&mut self.connecting) => Step::Connected(r),
+                () = sleep_opt(self.reconnect_at) => Step::Reconnect,
+                e = next_opt(&mut self.events) => Step::Event(e),
+                r = join_opt(&mut self.drain) => Step::DrainDone(r),
+                () = sleep_opt(self.deadline) => Step::Deadline,
+                () = tick_opt(&mut self.watchdog) => Step::Watchdog,
+            };
+            let flow = match step {
+                Step::Control(Some(Control::Terminate)) | Step::Control(None) => {
+                    self.on_terminate().await
+                }
+                Step::Control(Some(Control::Reload)) => {
+                    self.on_reload().await;
+                    Flow::Continue
+                }
+                Step::Connected(r) => {
+                    self.connecting = None;
+                    self.on_connected(r).await?;
+                    Flow::Continue
+                }
+                Step::Reconnect => {
+                    self.start_connecting();
+                    Flow::Continue
+                }
+                Step::Event(e) => self.on_event(e).await,
+                Step::DrainDone(r) => {
+                    self.drain = None;
+                    let reason = match r {
+                        Ok(Ok(())) => "drain finished".to_string(),
+                        Ok(Err(e)) => {
+                            tracing::error!(error = %format!("{e:#}"), "drain failed");
+                            format!("drain failed: {e:#}")
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "drain task ended abnormally");
+                            "drain task ended abnormally".to_string()
+                        }
+                    };
+                    self.release(&reason)
+                }
+                Step::Deadline => {
+                    tracing::warn!("shutdown budget ended before the drain finished");
+                    self.release("shutdown budget ended")
+                }
+                Step::Watchdog => {
+                    self.notifier.notify(Notify::Watchdog);
+                    Flow::Continue
+                }
+            };
+            if flow == Flow::Exit {
+                return Ok(());
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        self.status.updated_at = chrono::Utc::now();
+        self.status.write(&self.paths.status_file);
+        self.status_tx.send_replace(self.status.clone());
+    }
+
+    fn enter(&mut self, phase: Phase, reason: &str) {
+        tracing::info!(phase = ?phase, reason, "phase change");
+        self.status.enter(phase, reason);
+        self.notifier.notify(Notify::Status(format!(
+            "{}{}",
+            phase.describe(),
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            }
+        )));
+        self.publish();
+    }
+
+    fn start_connecting(&mut self) {
+        self.reconnect_at = None;
+        let connector = self.connector.clone();
+        let cfg = self.settings.shutdown.clone();
+        let dirs = self.paths.logind_search_dirs.clone();
+        self.connecting = Some(tokio::spawn(async move {
+            let bus = connector.connect().await?;
+            // Subscribe before reading any state so that no signal falls in between.
+            let events = bus.logind.events().await?;
+            let budget =
+                budget::establish(bus.logind.as_ref(), bus.systemd.as_ref(), &cfg, &dirs).await?;
+            Ok(Connected {
+                bus,
+                events,
+                budget,
+            })
+        }));
+    }
+
+    fn schedule_reconnect(&mut self) {
+        self.reconnect_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+
+    /// Forgets the connection; the inhibitor fd is kept until a new one replaces it,
+    /// because logind may well still honour it.
+    fn disconnect(&mut self, why: &str) {
+        tracing::warn!(reason = why, retry_in = ?self.backoff, "lost the bus or logind; reconnecting");
+        self.events = None;
+        self.bus = None;
+        self.status.bus_connected = false;
+        self.status.last_error = Some(why.to_string());
+        self.publish();
+        self.schedule_reconnect();
+    }
+
+    async fn on_connected(
+        &mut self,
+        r: Result<Result<Connected, LogindError>, JoinError>,
+    ) -> Result<()> {
+        let c = match r {
+            Ok(Ok(c)) => c,
+            Ok(Err(LogindError::MissingProperty(detail))) => {
+                let e = LogindError::MissingProperty(detail);
+                self.status.last_error = Some(e.to_string());
+                self.publish();
+                return Err(e.into());
+            }
+            Ok(Err(LogindError::Other(e))) => {
+                let msg = format!("cannot use logind: {e:#}");
+                tracing::warn!(error = %format!("{e:#}"), retry_in = ?self.backoff, "cannot use logind yet; retrying");
+                self.status.last_error = Some(msg);
+                self.publish();
+                self.schedule_reconnect();
+                return Ok(());
+            }
+            Err(e) => {
+                self.status.last_error = Some(format!("connecting failed: {e}"));
+                self.schedule_reconnect();
+                return Ok(());
+            }
+        };
+        self.status.last_error = c.budget.error.clone();
+        self.status.budget = Some(c.budget.clone());
+        self.status.bus_connected = true;
+        self.budget = Some(c.budget);
+        self.bus = Some(c.bus.clone());
+        self.events = Some(c.events);
+        match self.after_connect(&c.bus).await {
+            Ok(()) => {
+                self.backoff = BACKOFF_INITIAL;
+                self.publish();
+            }
+            Err(e) => self.disconnect(&format!("{e:#}")),
+        }
+        Ok(())
+    }
+
+    /// Brings the inhibitor and the shutdown in line with what logind says now, which
+    /// also catches a shutdown that began or was cancelled while we were disconnected.
+    async fn after_connect(&mut self, bus: &Bus) -> Result<()> {
+        let preparing = bus.logind.preparing_for_shutdown().await?;
+        match self.status.phase {
+            Phase::Starting => {
+                self.take_inhibitor(bus).await?;
+                // A bypass shutdown never comes back to a running daemon: only logind's count.
+                let persisted = self.persisted_this_boot().filter(|p| {
+                    p.phase != ShutdownPhase::Cancelled && p.kind != ShutdownKind::Bypass
+                });
+                if preparing {
+                    let resume = persisted;
+                    let kind = match &resume {
+                        Some(p) => p.kind,
+                        None => systemd::shutdown_kind(bus.systemd.as_ref()).await,
+                    };
+                    self.begin_shutdown(
+                        kind,
+                        None,
+                        resume.as_ref(),
+                        "logind was already preparing for shutdown at start",
+                    );
+                } else {
+                    match persisted {
+                        Some(p) => {
+                            tracing::info!(
+                                "the shutdown was cancelled while nodegrace was not running"
+                            );
+                            let req = self.request_from(&p, true);
+                            self.shutdown = Some(req.clone());
+                            self.persist(ShutdownPhase::Cancelled);
+                            self.shutdown = None;
+                            self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
+                        }
+                        None => {
+                            self.spawn_side("after_boot", |d| async move { d.after_boot().await })
+                        }
+                    }
+                    self.enter(Phase::Armed, "inhibitor held");
+                }
+            }
+            Phase::Armed => {
+                self.take_inhibitor(bus).await?;
+                if preparing {
+                    let kind = systemd::shutdown_kind(bus.systemd.as_ref()).await;
+                    self.begin_shutdown(kind, None, None, "shutdown began while disconnected");
+                }
+            }
+            Phase::Draining => {
+                self.take_inhibitor(bus).await?;
+                let bypass = self.shutdown.as_ref().map(|s| s.kind) == Some(ShutdownKind::Bypass);
+                if !preparing && !bypass {
+                    self.cancel_shutdown(bus, "shutdown cancelled while disconnected")
+                        .await?;
+                }
+            }
+            Phase::Released => {
+                if !preparing {
+                    self.cancel_shutdown(bus, "shutdown cancelled while disconnected")
+                        .await?;
+                }
+            }
+            Phase::Stopping => {}
+        }
+        self.check_kubelet_inhibitor(bus).await;
+        Ok(())
+    }
+
+    async fn take_inhibitor(&mut self, bus: &Bus) -> Result<()> {
+        let lock = bus
+            .logind
+            .inhibit_shutdown_delay(INHIBITOR_WHO, INHIBITOR_WHY)
+            .await?;
+        if let Some(old) = self.lock.replace(lock) {
+            old.release("replaced by the inhibitor taken after reconnecting");
+        }
+        self.status.inhibitor_held = true;
+        if !self.ready_sent {
+            self.notifier.notify(Notify::Ready);
+            self.ready_sent = true;
+        }
+        self.publish();
+        Ok(())
+    }
+
+    async fn check_kubelet_inhibitor(&mut self, bus: &Bus) {
+        if !self.settings.shutdown.warn_kubelet_inhibitor {
+            return;
+        }
+        match bus.logind.list_inhibitors().await {
+            Ok(list) => {
+                let found = list.iter().find(|i| i.looks_like_kubelet());
+                if let Some(k) = found {
+                    tracing::warn!(
+                        who = %k.who, why = %k.why, pid = k.pid,
+                        "the kubelet holds a shutdown delay inhibitor too: its Graceful Node Shutdown \
+                         would drain this node alongside nodegrace; set shutdownGracePeriod to 0 in \
+                         the kubelet configuration"
+                    );
+                }
+                self.status.kubelet_inhibitor =
+                    found.map(|k| format!("{} ({}), pid {}", k.who, k.why, k.pid));
+            }
+            Err(e) => tracing::debug!(error = %format!("{e:#}"), "cannot list inhibitors"),
+        }
+    }
+
+    fn persisted_this_boot(&self) -> Option<ShutdownState> {
+        match ShutdownState::load(&self.settings.state_dir) {
+            Ok(s) => s.filter(|s| s.boot_id == self.boot_id),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "ignoring unreadable shutdown state");
+                None
+            }
+        }
+    }
+
+    fn request_from(&self, p: &ShutdownState, resumed: bool) -> ShutdownRequest {
+        ShutdownRequest {
+            kind: p.kind,
+            started_at: p.started_at,
+            budget: Duration::try_from_secs_f64(p.budget_seconds).unwrap_or(Duration::ZERO),
+            resumed,
+            boot_id: p.boot_id.clone(),
+        }
+    }
+
+    fn persist(&mut self, phase: ShutdownPhase) {
+        self.persist_with(phase, false);
+    }
+
+    /// `fast`: rename into place now and fsync on a blocking thread, so that the drain
+    /// starts without waiting for the disk (tens of ms on a busy node).
+    fn persist_with(&mut self, phase: ShutdownPhase, fast: bool) {
+        let Some(req) = &self.shutdown else { return };
+        let state = ShutdownState {
+            phase,
+            kind: req.kind,
+            started_at: req.started_at,
+            budget_seconds: req.budget.as_secs_f64(),
+            boot_id: req.boot_id.clone(),
+            updated_at: chrono::Utc::now(),
+        };
+        let dir = self.settings.state_dir.clone();
+        let stored = if fast {
+            state.store_unsynced(&dir).map(|()| {
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = ShutdownState::sync(&dir) {
+                        tracing::error!(error = %format!("{e:#}"), "cannot sync the shutdown state");
+                    }
+                });
+            })
+        } else {
+            state.store(&dir)
+        };
+        if let Err(e) = stored {
+            let msg = format!("{e:#}");
+            tracing::error!(error = %msg, "cannot persist the shutdown state");
+            self.status.last_error = Some(msg);
+        }
+    }
+
+    fn spawn_side<F, Fut>(&mut self, what: &'static str, f: F)
+    where
+        F: FnOnce(Arc<dyn Drainer>) -> Fut,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        self.side_tasks.retain(|t| !t.is_finished());
+        let fut = f(self.drainer.clone());
+        self.side_tasks.push(tokio::spawn(async move {
+            if let Err(e) = fut.await {
+                tracing::error!(task = what, error = %format!("{e:#}"), "drainer task failed");
+            }
+        }));
+    }
+
+    /// Persists the shutdown, then starts the drain and the budget deadline.
+    fn begin_shutdown(
+        &mut self,
+        kind: ShutdownKind,
+        budget_override: Option<Duration>,
+        resume: Option<&ShutdownState>,
+        reason: &str,
+    ) {
+        let now = chrono::Utc::now();
+        let req = match resume {
+            Some(p) => self.request_from(p, true),
+            None => ShutdownRequest {
+                kind,
+                started_at: now,
+                budget: budget_override.unwrap_or_else(|| {
+                    self.budget
+                        .as_ref()
+                        .map(|b| b.budget)
+                        .unwrap_or(LOGIND_DEFAULT_DELAY)
+                }),
+                resumed: false,
+                boot_id: self.boot_id.clone(),
+            },
+        };
+        let remaining = req.remaining(now);
+        tracing::info!(
+            kind = ?req.kind,
+            started_at = %req.started_at,
+            budget = %humantime::format_duration(req.budget),
+            remaining = %humantime::format_duration(remaining),
+            resumed = req.resumed,
+            "shutdown: draining the node"
+        );
+        self.shutdown = Some(req.clone());
+        self.persist_with(ShutdownPhase::Draining, true);
+        self.deadline = Some(Instant::now() + remaining);
+        let drainer = self.drainer.clone();
+        let r = req.clone();
+        self.drain = Some(tokio::spawn(async move { drainer.drain(&r).await }));
+        self.status.shutdown = Some(ShutdownStatus {
+            kind: req.kind,
+            started_at: req.started_at,
+            deadline: req.started_at
+                + chrono::Duration::from_std(req.budget).unwrap_or(chrono::Duration::zero()),
+            resumed: req.resumed,
+        });
+        self.enter(Phase::Draining, reason);
+    }
+
+    fn release(&mut self, reason: &str) -> Flow {
+        if let Some(lock) = self.lock.take() {
+            lock.release(reason);
+        }
+        self.status.inhibitor_held = false;
+        self.deadline = None;
+        if let Some(d) = self.drain.take() {
+            d.abort();
+        }
+        self.persist(ShutdownPhase::Released);
+        self.enter(Phase::Released, reason);
+        if self.terminating {
+            Flow::Exit
+        } else {
+            Flow::Continue
+        }
+    }
+
+    async fn cancel_shutdown(&mut self, bus: &Bus, reason: &str) -> Result<()> {
+        if let Some(d) = self.drain.take() {
+            d.abort();
+        }
+        self.deadline = None;
+        self.persist(ShutdownPhase::Cancelled);
+        let req = self.shutdown.take();
+        self.status.shutdown = None;
+        if self.lock.is_none() {
+            self.take_inhibitor(bus).await?;
+        }
+        if let Some(req) = req {
+            self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
+        }
+        self.enter(Phase::Armed, reason);
+        Ok(())
+    }
+
+    async fn on_event(&mut self, e: Option<LogindEvent>) -> Flow {
+        let Some(bus) = self.bus.clone() else {
+            return Flow::Continue;
+        };
+        match e {
+            Some(LogindEvent::PrepareForShutdown { start: true, kind }) => {
+                // No systemd round trip here: in delay mode logind queues the shutdown job
+                // only after the inhibitors are gone, so ListJobs could not tell anyway.
+                if matches!(self.status.phase, Phase::Armed | Phase::Starting) {
+                    let kind = kind.unwrap_or(ShutdownKind::Unknown);
+                    self.begin_shutdown(kind, None, None, "PrepareForShutdown(true)");
+                }
+            }
+            Some(LogindEvent::PrepareForShutdown { start: false, .. }) => {
+                if matches!(self.status.phase, Phase::Draining | Phase::Released) {
+                    if let Err(e) = self
+                        .cancel_shutdown(&bus, "PrepareForShutdown(false)")
+                        .await
+                    {
+                        self.disconnect(&format!("{e:#}"));
+                    }
+                    if self.terminating {
+                        return Flow::Exit;
+                    }
+                }
+            }
+            Some(LogindEvent::Gone) => self.disconnect("logind left the bus"),
+            None => self.disconnect("the bus connection closed"),
+        }
+        Flow::Continue
+    }
+
+    async fn on_terminate(&mut self) -> Flow {
+        if !self.terminating {
+            self.notifier.notify(Notify::Stopping);
+        }
+        self.terminating = true;
+        let cap = Instant::now() + self.settings.shutdown.stop_drain_timeout;
+        match self.status.phase {
+            Phase::Draining => {
+                tracing::info!("stop requested while draining: finishing the drain first");
+                self.deadline = Some(self.deadline.map_or(cap, |d| d.min(cap)));
+                Flow::Continue
+            }
+            Phase::Armed | Phase::Starting => {
+                let Some(bus) = self.bus.clone() else {
+                    return Flow::Exit;
+                };
+                match systemd::is_system_stopping(bus.systemd.as_ref()).await {
+                    Ok(true) => {
+                        let timeout = self.settings.shutdown.stop_drain_timeout;
+                        self.begin_shutdown(
+                            ShutdownKind::Bypass,
+                            Some(timeout),
+                            None,
+                            "systemd is stopping nodegrace during a shutdown that bypassed logind",
+                        );
+                        Flow::Continue
+                    }
+                    Ok(false) => Flow::Exit,
+                    Err(e) => {
+                        tracing::warn!(error = %format!("{e:#}"), "cannot tell whether the system is stopping; exiting without draining");
+                        Flow::Exit
+                    }
+                }
+            }
+            Phase::Released | Phase::Stopping => Flow::Exit,
+        }
+    }
+
+    async fn on_reload(&mut self) {
+        let Some(reloader) = &self.reloader else {
+            tracing::info!("nothing to reload");
+            return;
+        };
+        match reloader() {
+            Ok(new) if new == self.settings => tracing::info!("configuration unchanged"),
+            Ok(new) => {
+                let budget_changed = new.shutdown != self.settings.shutdown;
+                self.settings = new;
+                tracing::info!("configuration reloaded");
+                if budget_changed && self.status.phase == Phase::Armed {
+                    if let Some(bus) = self.bus.clone() {
+                        match budget::establish(
+                            bus.logind.as_ref(),
+                            bus.systemd.as_ref(),
+                            &self.settings.shutdown,
+                            &self.paths.logind_search_dirs,
+                        )
+                        .await
+                        {
+                            Ok(b) => {
+                                self.status.budget = Some(b.clone());
+                                self.budget = Some(b);
+                                self.publish();
+                            }
+                            Err(e) => tracing::error!(error = %e, "cannot re-establish the budget"),
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::error!(
+                error = %format!("{e:#}"),
+                "invalid configuration on reload; keeping the running one"
+            ),
+        }
+    }
+
+    /// Leaves nothing running behind: tasks aborted, inhibitor closed, status written.
+    fn stop(&mut self, error: Option<String>) {
+        if let Some(c) = self.connecting.take() {
+            c.abort();
+        }
+        if let Some(d) = self.drain.take() {
+            d.abort();
+        }
+        for t in self.side_tasks.drain(..) {
+            t.abort();
+        }
+        self.events = None;
+        self.bus = None;
+        if let Some(lock) = self.lock.take() {
+            lock.release("daemon stopping");
+        }
+        self.status.inhibitor_held = false;
+        self.status.bus_connected = false;
+        if error.is_some() {
+            self.status.last_error = error;
+        }
+        self.enter(Phase::Stopping, "daemon stopping");
+    }
+}
+
+impl Drop for Machine {
+    /// A dropped daemon (a test's "kill") must not leave its tasks running.
+    fn drop(&mut self) {
+        if let Some(c) = self.connecting.take() {
+            c.abort();
+        }
+        if let Some(d) = self.drain.take() {
+            d.abort();
+        }
+        for t in self.side_tasks.drain(..) {
+            t.abort();
+        }
+    }
+}

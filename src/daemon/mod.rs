@@ -1,0 +1,175 @@
+//! The one state machine: start, steady, draining, fallback, released, cancelled.
+//! The Kubernetes drain and the offline fallback plug in behind [`Drainer`].
+
+mod bus;
+mod machine;
+pub mod status;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Settings;
+
+pub use bus::{Bus, Connector, ZbusConnector};
+pub use machine::{Control, Daemon, DaemonHandle, DaemonPaths};
+pub use status::{Phase, Status};
+
+/// Which shutdown logind is preparing, as far as it can be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShutdownKind {
+    Poweroff,
+    Reboot,
+    /// systemd is stopping nodegrace during a shutdown that bypassed logind.
+    Bypass,
+    Unknown,
+}
+
+/// Everything a drain needs to know about the shutdown it serves.
+#[derive(Debug, Clone)]
+pub struct ShutdownRequest {
+    pub kind: ShutdownKind,
+    /// Wall-clock start, persisted so that a restarted daemon keeps the same deadline.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// Total time from `started_at` until the inhibitor must be released.
+    pub budget: Duration,
+    /// The daemon restarted mid-shutdown and is resuming a drain already under way.
+    pub resumed: bool,
+    /// `/proc/sys/kernel/random/boot_id` of the boot being shut down.
+    pub boot_id: String,
+}
+
+impl ShutdownRequest {
+    /// Time left until the budget ends, measured against the wall clock.
+    pub fn remaining(&self, now: chrono::DateTime<chrono::Utc>) -> Duration {
+        let elapsed = (now - self.started_at).to_std().unwrap_or(Duration::ZERO);
+        self.budget.saturating_sub(elapsed)
+    }
+}
+
+/// The node's drain, as seen by the state machine. The daemon releases the inhibitor when
+/// `drain` returns or when the budget ends, whichever is first; at the budget end the
+/// `drain` future is dropped, so implementations must be cancel-safe.
+#[async_trait]
+pub trait Drainer: Send + Sync + 'static {
+    /// Drains the node for `req`; returns once every targeted pod is gone.
+    async fn drain(&self, req: &ShutdownRequest) -> anyhow::Result<()>;
+    /// The shutdown was cancelled (`PrepareForShutdown(false)`): undo what must be undone.
+    async fn cancel(&self, req: &ShutdownRequest) -> anyhow::Result<()>;
+    /// The daemon started and no shutdown is in progress: reconcile after a boot.
+    async fn after_boot(&self) -> anyhow::Result<()>;
+}
+
+/// A drain that does nothing: the node is considered empty at once.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopDrainer;
+
+#[async_trait]
+impl Drainer for NoopDrainer {
+    async fn drain(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn cancel(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn after_boot(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// The settings the daemon runs with. Swapped for `config::load` once it exists.
+pub fn load_settings(_path: &Path) -> anyhow::Result<Settings> {
+    Ok(Settings::default())
+}
+
+/// The drainer the daemon uses. `NODEGRACE_TEST_DRAIN_SECONDS=N` (feature `test-hooks` only)
+/// makes the drain take N seconds, for tests against a real logind.
+pub fn build_drainer(_settings: &Settings) -> Arc<dyn Drainer> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(secs) = std::env::var("NODEGRACE_TEST_DRAIN_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        tracing::warn!(secs, "test hook: every drain takes {secs} s");
+        return Arc::new(SleepDrainer(Duration::from_secs(secs)));
+    }
+    Arc::new(NoopDrainer)
+}
+
+/// A drain that takes a fixed time (test hook).
+#[derive(Debug, Clone, Copy)]
+pub struct SleepDrainer(pub Duration);
+
+#[async_trait]
+impl Drainer for SleepDrainer {
+    async fn drain(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
+        tokio::time::sleep(self.0).await;
+        Ok(())
+    }
+    async fn cancel(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn after_boot(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// `nodegrace run`: runs until SIGTERM. Only a configuration that cannot be used or a
+/// service that is not logind ends it with an error; an unreachable bus is retried.
+pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
+    let settings = match load_settings(config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("nodegrace: invalid configuration: {e:#}");
+            return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+        }
+    };
+    // One thread keeps RSS and wake-ups down; blocking helpers (zbus uses a few while
+    // connecting) must not linger.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .thread_keep_alive(Duration::from_secs(1))
+        .build()
+        .context("building the async runtime")?;
+    let config_path: PathBuf = config.to_path_buf();
+    runtime.block_on(async move {
+        let target = crate::telemetry::init();
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), log = ?target, "nodegrace starting");
+        let drainer = build_drainer(&settings);
+        let daemon = Daemon::new(
+            settings,
+            DaemonPaths::from_env(),
+            Arc::new(ZbusConnector::system()),
+            drainer,
+            Arc::new(crate::systemd::SdNotifier),
+        )
+        .with_reloader(Box::new(move || load_settings(&config_path)));
+        forward_signals(daemon.handle()).context("installing signal handlers")?;
+        daemon.run().await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn forward_signals(handle: DaemonHandle) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => handle.terminate(),
+                _ = int.recv() => handle.terminate(),
+                _ = hup.recv() => handle.reload(),
+            }
+        }
+    });
+    Ok(())
+}

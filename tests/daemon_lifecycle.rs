@@ -1,0 +1,392 @@
+//! The shutdown lifecycle against fake logind/systemd services on a private dbus-daemon.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nodegrace::daemon::{Phase, ShutdownKind, Status};
+use nodegrace::state::{current_boot_id, ShutdownPhase, ShutdownState};
+use nodegrace::testing::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
+
+const MIN: Duration = Duration::from_secs(60);
+
+async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("timed out waiting")
+}
+
+async fn env(dir: &tempfile::TempDir, delay: Duration) -> TestEnv {
+    TestEnv::start(dir.path(), FakeState::with_delay(delay))
+        .await
+        .expect("private bus with fakes")
+}
+
+fn held_by_us(env: &TestEnv) -> usize {
+    env.fakes
+        .state()
+        .taken_by("nodegrace")
+        .iter()
+        .filter(|i| i.held())
+        .count()
+}
+
+#[tokio::test]
+async fn inhibitor_is_held_before_ready_and_status_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let d = env.spawn(env.daemon(env.settings(), Arc::new(drainer.clone())));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+
+    let fake = env.fakes.state();
+    let ours = fake.taken_by("nodegrace");
+    assert_eq!(ours.len(), 1);
+    assert!(ours[0].held());
+    assert_eq!(
+        (ours[0].what.as_str(), ours[0].mode.as_str()),
+        ("shutdown", "delay")
+    );
+    assert_eq!(ours[0].pid, std::process::id());
+    let inhibit = env.log.position("logind: Inhibit(").unwrap();
+    let ready = env.log.position("notify: READY=1").unwrap();
+    assert!(inhibit < ready, "{:?}", env.log.entries());
+
+    let file = Status::read(&env.paths().status_file).unwrap();
+    assert_eq!(file.phase, Phase::Armed);
+    assert!(file.inhibitor_held && file.bus_connected);
+    let budget = file.budget.unwrap();
+    assert_eq!(budget.budget, 15 * MIN);
+    assert_eq!(budget.logind_effective, 20 * MIN);
+    assert_eq!(budget.dropin_written, None);
+    assert_eq!(
+        file.timeline.iter().map(|c| c.phase).collect::<Vec<_>>(),
+        vec![Phase::Starting, Phase::Armed]
+    );
+    within(drainer.wait_until(|r| r.after_boots == 1)).await;
+    assert!(drainer.record().drains.is_empty());
+}
+
+#[tokio::test]
+async fn drain_starts_on_the_signal_and_the_inhibitor_closes_when_it_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let settings = env.settings();
+    let d = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+
+    env.fakes
+        .prepare_for_shutdown_typed(true, "reboot")
+        .await
+        .unwrap();
+    let rec = within(drainer.wait_until(|r| !r.drains.is_empty())).await;
+    let req = rec.drains[0].req.clone();
+    assert_eq!(req.kind, ShutdownKind::Reboot);
+    assert_eq!(req.budget, 15 * MIN);
+    assert!(!req.resumed);
+    assert_eq!(req.boot_id, current_boot_id());
+
+    let st = within(d.handle.wait_for(|s| s.phase == Phase::Draining))
+        .await
+        .unwrap();
+    assert_eq!(st.shutdown.unwrap().started_at, req.started_at);
+    let persisted = ShutdownState::load(&settings.state_dir).unwrap().unwrap();
+    assert_eq!(persisted.phase, ShutdownPhase::Draining);
+    assert_eq!(persisted.started_at, req.started_at);
+    assert_eq!(persisted.boot_id, current_boot_id());
+    assert_eq!(held_by_us(&env), 1, "the lock is held while draining");
+
+    drainer.finish();
+    let fake = within(env.fakes.wait_until(|s| s.held().is_empty())).await;
+    let closed = fake.taken_by("nodegrace")[0].closed_at.unwrap();
+    let finished = drainer.record().drains[0].finished.unwrap();
+    assert!(closed >= finished);
+    let st = within(d.handle.wait_for(|s| s.phase == Phase::Released))
+        .await
+        .unwrap();
+    assert!(!st.inhibitor_held);
+    assert_eq!(
+        ShutdownState::load(&settings.state_dir)
+            .unwrap()
+            .unwrap()
+            .phase,
+        ShutdownPhase::Released
+    );
+    assert!(env
+        .log
+        .entries()
+        .iter()
+        .any(|e| e.starts_with("notify: STATUS=draining")));
+}
+
+#[tokio::test]
+async fn the_inhibitor_is_released_when_the_budget_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::Forever);
+    let mut settings = env.settings();
+    settings.shutdown.max_delay = 90 * Duration::from_secs(1);
+    let d = env.spawn(env.daemon(settings, Arc::new(drainer.clone())));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+
+    // From here on the clock only moves when every task is idle.
+    tokio::time::pause();
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    let rec = drainer.wait_until(|r| !r.drains.is_empty()).await;
+    let started = rec.drains[0].started_tokio;
+    let fake = env.fakes.wait_until(|s| s.held().is_empty()).await;
+    let closed = fake.taken_by("nodegrace")[0].closed_at_tokio.unwrap();
+    let waited = closed - started;
+    assert!(
+        waited >= Duration::from_secs(90) && waited < Duration::from_secs(91),
+        "released after {waited:?}"
+    );
+    let rec = drainer.wait_until(|r| r.drains[0].dropped).await;
+    assert!(rec.drains[0].finished.is_none());
+    let st = d
+        .handle
+        .wait_for(|s| s.phase == Phase::Released)
+        .await
+        .unwrap();
+    assert_eq!(st.timeline.last().unwrap().reason, "shutdown budget ended");
+}
+
+#[tokio::test]
+async fn cancel_stops_the_drain_and_retakes_the_inhibitor() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let settings = env.settings();
+    let d = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+
+    // Cancelled mid-drain: the drain stops, the lock we hold stays.
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    within(drainer.wait_until(|r| r.drains.len() == 1)).await;
+    env.fakes.prepare_for_shutdown(false).await.unwrap();
+    let rec = within(drainer.wait_until(|r| r.cancels.len() == 1 && r.drains[0].dropped)).await;
+    assert_eq!(rec.cancels[0].started_at, rec.drains[0].req.started_at);
+    within(
+        d.handle
+            .wait_for(|s| s.phase == Phase::Armed && s.shutdown.is_none()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(held_by_us(&env), 1);
+    assert_eq!(env.fakes.state().taken_by("nodegrace").len(), 1);
+    assert_eq!(
+        ShutdownState::load(&settings.state_dir)
+            .unwrap()
+            .unwrap()
+            .phase,
+        ShutdownPhase::Cancelled
+    );
+
+    // Cancelled after release: a new lock is taken.
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    within(drainer.wait_until(|r| r.drains.len() == 2)).await;
+    drainer.finish();
+    within(env.fakes.wait_until(|s| s.held().is_empty())).await;
+    env.fakes.prepare_for_shutdown(false).await.unwrap();
+    let fake = within(env.fakes.wait_until(|s| s.held().len() == 1)).await;
+    assert_eq!(fake.taken_by("nodegrace").len(), 2);
+    within(drainer.wait_until(|r| r.cancels.len() == 2)).await;
+    within(
+        d.handle
+            .wait_for(|s| s.phase == Phase::Armed && s.inhibitor_held),
+    )
+    .await
+    .unwrap();
+
+    // And the next shutdown is handled like the first.
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    within(drainer.wait_until(|r| r.drains.len() == 3)).await;
+}
+
+#[tokio::test]
+async fn a_daemon_killed_mid_shutdown_resumes_with_the_persisted_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::Forever);
+    let settings = env.settings();
+    let first = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
+    within(first.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    let rec = within(drainer.wait_until(|r| r.drains.len() == 1)).await;
+    let original = rec.drains[0].req.clone();
+    within(first.handle.wait_for(|s| s.phase == Phase::Draining))
+        .await
+        .unwrap();
+
+    first.kill().await;
+    within(env.fakes.wait_until(|s| s.held().is_empty())).await;
+    assert!(drainer.record().drains[0].dropped);
+
+    let second = env.spawn(env.daemon(settings, Arc::new(drainer.clone())));
+    let rec = within(drainer.wait_until(|r| r.drains.len() == 2)).await;
+    let resumed = &rec.drains[1].req;
+    assert!(resumed.resumed);
+    assert_eq!(resumed.started_at, original.started_at);
+    assert_eq!(resumed.budget, original.budget);
+    let st = within(second.handle.wait_for(|s| s.phase == Phase::Draining))
+        .await
+        .unwrap();
+    assert!(st.shutdown.unwrap().resumed);
+    assert!(st.inhibitor_held);
+    assert_eq!(held_by_us(&env), 1);
+    assert_eq!(drainer.record().after_boots, 1, "only the first start");
+}
+
+#[tokio::test]
+async fn a_shutdown_cancelled_while_down_is_cancelled_on_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::Forever);
+    let settings = env.settings();
+    let first = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
+    within(first.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    within(first.handle.wait_for(|s| s.phase == Phase::Draining))
+        .await
+        .unwrap();
+    first.kill().await;
+    env.fakes.with(|s| s.preparing = false);
+
+    let second = env.spawn(env.daemon(settings, Arc::new(drainer.clone())));
+    within(second.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    let rec = within(drainer.wait_until(|r| r.cancels.len() == 1)).await;
+    assert_eq!(rec.drains.len(), 1);
+    assert_eq!(rec.after_boots, 1, "only the first start");
+}
+
+#[tokio::test]
+async fn a_plain_stop_exits_without_draining() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::Immediate);
+    let d = env.spawn(env.daemon(env.settings(), Arc::new(drainer.clone())));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    d.handle.terminate();
+    within(d.task).await.unwrap().unwrap();
+    within(env.fakes.wait_until(|s| s.held().is_empty())).await;
+    assert!(drainer.record().drains.is_empty());
+    assert!(env.log.position("notify: STOPPING=1").is_some());
+    let file = Status::read(&env.paths().status_file).unwrap();
+    assert_eq!(file.phase, Phase::Stopping);
+}
+
+async fn stop_while_the_system_goes_down(state: &str, jobs: &[(&str, &str)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let settings = env.settings();
+    let d = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    env.fakes.with(|s| {
+        s.system_state = state.into();
+        s.jobs = jobs
+            .iter()
+            .map(|(u, t)| (u.to_string(), t.to_string()))
+            .collect();
+    });
+    d.handle.terminate();
+    let rec = within(drainer.wait_until(|r| r.drains.len() == 1)).await;
+    assert_eq!(rec.drains[0].req.kind, ShutdownKind::Bypass);
+    assert_eq!(
+        rec.drains[0].req.budget,
+        settings.shutdown.stop_drain_timeout
+    );
+    assert_eq!(held_by_us(&env), 1, "held while the bypass drain runs");
+    assert!(!d.task.is_finished());
+    drainer.finish();
+    within(d.task).await.unwrap().unwrap();
+    let persisted = ShutdownState::load(&settings.state_dir).unwrap().unwrap();
+    assert_eq!(persisted.kind, ShutdownKind::Bypass);
+    assert_eq!(persisted.phase, ShutdownPhase::Released);
+}
+
+#[tokio::test]
+async fn stop_while_systemd_is_stopping_drains_first() {
+    stop_while_the_system_goes_down("stopping", &[]).await;
+}
+
+#[tokio::test]
+async fn stop_with_a_queued_poweroff_drains_first() {
+    stop_while_the_system_goes_down("running", &[("poweroff.target", "start")]).await;
+}
+
+#[tokio::test]
+async fn reload_keeps_the_running_config_when_the_new_one_is_invalid() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::Immediate);
+    let settings = env.settings();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (c, base) = (calls.clone(), settings.clone());
+    let daemon = env
+        .daemon(settings, Arc::new(drainer))
+        .with_reloader(Box::new(move || {
+            if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                anyhow::bail!("config.toml line 3: unknown key `max_dela`")
+            }
+            let mut s = base.clone();
+            s.shutdown.max_delay = 10 * MIN;
+            Ok(s)
+        }));
+    let d = env.spawn(daemon);
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    d.handle.reload();
+    d.handle.reload();
+    let st = within(
+        d.handle
+            .wait_for(|s| s.budget.as_ref().is_some_and(|b| b.budget == 10 * MIN)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(st.phase, Phase::Armed);
+}
+
+#[tokio::test]
+async fn a_kubelet_delay_inhibitor_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    env.fakes.add_foreign_inhibitor(
+        "kubelet",
+        "Kubelet needs time to handle node shutdown",
+        4242,
+    );
+    let d = env.spawn(env.daemon(
+        env.settings(),
+        Arc::new(ScriptedDrainer::new(DrainMode::Immediate)),
+    ));
+    let st = within(
+        d.handle
+            .wait_for(|s| s.phase == Phase::Armed && s.kubelet_inhibitor.is_some()),
+    )
+    .await
+    .unwrap();
+    assert!(st.kubelet_inhibitor.unwrap().contains("kubelet"));
+}
