@@ -28,7 +28,9 @@ pub enum OutputFormat {
 
 /// Loads the configuration the way every command does: an invalid one is reported on stderr
 /// and ends the command with [`EXIT_CONFIG`].
-fn load_settings(path: &std::path::Path) -> Result<crate::config::Settings, std::process::ExitCode> {
+fn load_settings(
+    path: &std::path::Path,
+) -> Result<crate::config::Settings, std::process::ExitCode> {
     crate::config::load(path).map_err(|err| {
         eprintln!("nodegrace: invalid configuration: {err}");
         std::process::ExitCode::from(EXIT_CONFIG)
@@ -96,9 +98,9 @@ async fn kube_client(
             .await
             .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
         }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig (node.kubeconfig is empty, no in-cluster config, no $KUBECONFIG)")?,
+        None => kube::Config::infer().await.context(
+            "no kubeconfig (node.kubeconfig is empty, no in-cluster config, no $KUBECONFIG)",
+        )?,
     };
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
@@ -112,4 +114,14 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")
+}
+
+/// Writes a command's output; a closed pipe (`| head`) is not an error worth a panic.
+fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(Into::into),
+    }
 }

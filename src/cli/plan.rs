@@ -168,12 +168,11 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
     };
     let budget = choose_budget(opts.budget, &settings, &DaemonPaths::from_env().status_file);
     let report = build_report(&settings, node, source, &pods, budget)?;
-    match opts.output {
-        OutputFormat::Json => {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        }
-        OutputFormat::Table => print!("{}", render_table(&report)),
-    }
+    let text = match opts.output {
+        OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
+        OutputFormat::Table => render_table(&report),
+    };
+    super::print_stdout(&text)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -265,7 +264,9 @@ fn collect_pods(value: serde_json::Value, out: &mut Vec<Pod>) -> Result<()> {
                 out.push(to_pod(item).with_context(|| format!("items[{j}]"))?);
             }
         }
-        "" => bail!("not a Kubernetes object (no kind); expected a Pod, a PodList or a List of pods"),
+        "" => {
+            bail!("not a Kubernetes object (no kind); expected a Pod, a PodList or a List of pods")
+        }
         other => bail!("a {other}, not a Pod, PodList or List of pods"),
     }
     Ok(())
@@ -308,7 +309,7 @@ fn choose_budget(flag: Option<Duration>, settings: &Settings, status_file: &Path
     BudgetChoice {
         seconds: secs(configured),
         source: "config".into(),
-        detail: format!("shutdown.max_delay from the configuration ({why_not})"),
+        detail: format!("shutdown.max_delay from the configuration; {why_not}"),
     }
 }
 
@@ -531,7 +532,11 @@ pub fn render_table(r: &PlanReport) -> String {
         r.escalated.len()
     ));
     let budget = Duration::from_millis((r.budget.seconds * 1000.0).round() as u64);
-    out.push_str(&format!("Budget: {} ({})\n", human(budget), r.budget.detail));
+    out.push_str(&format!(
+        "Budget: {} ({})\n",
+        human(budget),
+        r.budget.detail
+    ));
     let res = &r.reserves;
     let d = |s: f64| human(Duration::from_millis((s * 1000.0).round() as u64));
     out.push_str(&format!(
@@ -548,6 +553,7 @@ pub fn render_table(r: &PlanReport) -> String {
         }
     ));
 
+    out.push('\n');
     let mut rows = vec![vec![
         "#".to_string(),
         "POD".into(),
@@ -570,6 +576,8 @@ pub fn render_table(r: &PlanReport) -> String {
                 d(step.end_seconds),
                 d(step.escalate_at_seconds),
                 step.explanation
+                    .strip_prefix(&format!("{}: ", step.description))
+                    .unwrap_or(&step.explanation)
             ),
         ));
         for p in &step.pods {

@@ -20,8 +20,8 @@ use crate::daemon::status::{PhaseChange, ShutdownStatus};
 use crate::daemon::{DaemonPaths, Status};
 use crate::logind::budget::{DelayDropin, DROPIN_MARKER};
 use crate::plan::{normalize_drain_plan, plan_steps, DrainTargets, PodInfo};
-use crate::staticpods::{FsGate, StaticPodGate};
 use crate::state::{PodCache, ShutdownState};
+use crate::staticpods::{FsGate, StaticPodGate};
 
 /// How long the apiserver probe (and each list after it) may take.
 pub const APISERVER_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -171,10 +171,11 @@ pub fn status_command(config: &Path, output: OutputFormat) -> Result<ExitCode> {
     };
     let paths = DaemonPaths::from_env();
     let report = gather(&settings, &paths.status_file)?;
-    match output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        OutputFormat::Table => print!("{}", render_table(&report)),
-    }
+    let text = match output {
+        OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
+        OutputFormat::Table => render_table(&report),
+    };
+    super::print_stdout(&text)?;
     let determined = report.daemon.state != "unreadable"
         || report.apiserver.reachable
         || report.last_shutdown.persisted_error.is_none()
@@ -193,7 +194,8 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
     };
     let (daemon, status) = daemon_section(status_file);
     let budget = budget_section(settings, status.as_ref());
-    let (apiserver, maintenances) = runtime()?.block_on(cluster_sections(settings, node.as_deref()));
+    let (apiserver, maintenances) =
+        runtime()?.block_on(cluster_sections(settings, node.as_deref()));
     let (persisted, persisted_error) = match ShutdownState::load(&settings.state_dir) {
         Ok(s) => (s, None),
         Err(e) => (None, Some(format!("{e:#}"))),
@@ -333,7 +335,11 @@ fn budget_section(settings: &Settings, status: Option<&Status>) -> BudgetSection
         .iter()
         .max_by(|a, b| a.path.file_name().cmp(&b.path.file_name()))
     {
-        Some(format!("{} (InhibitDelayMaxSec={})", d.path.display(), d.value))
+        Some(format!(
+            "{} (InhibitDelayMaxSec={})",
+            d.path.display(),
+            d.value
+        ))
     } else {
         Some("logind.conf or logind's built-in default (no drop-in sets it)".into())
     };
@@ -357,9 +363,7 @@ fn own_dropin(dir: &Path) -> Option<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "conf"))
-        .filter(|p| {
-            std::fs::read_to_string(p).is_ok_and(|text| text.starts_with(DROPIN_MARKER))
-        })
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|text| text.starts_with(DROPIN_MARKER)))
         .collect();
     ours.sort();
     ours.pop()
@@ -452,8 +456,7 @@ async fn cluster_sections(
     } else {
         bounded("listing the node's pods", async {
             let api: kube::Api<Pod> = kube::Api::all(client.clone());
-            let params =
-                kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+            let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
             Ok(api.list(&params).await?.items)
         })
         .await
@@ -545,6 +548,14 @@ fn maintenance_report(
 
 fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace('\n', " ")
+}
+
+/// The name a unit enum has in the JSON output (`reboot`, `released`).
+fn serde_name<T: Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn dur(s: f64) -> String {
@@ -745,8 +756,8 @@ pub fn render_table(r: &StatusReport) -> String {
         row(
             "Shutdown",
             format!(
-                "{:?} in progress since {}, deadline {}{}",
-                cur.kind,
+                "{} since {}, deadline {}{}",
+                serde_name(&cur.kind),
                 cur.started_at.to_rfc3339(),
                 cur.deadline.to_rfc3339(),
                 if cur.resumed { " (resumed)" } else { "" }
@@ -758,10 +769,10 @@ pub fn render_table(r: &StatusReport) -> String {
         match (&l.persisted, &l.persisted_error) {
             (_, Some(e)) => format!("unreadable: {e}"),
             (Some(p), None) => format!(
-                "{:?} started {}, {:?} (budget {}, last update {})",
-                p.kind,
+                "{} started {}, {} (budget {}, last update {})",
+                serde_name(&p.kind),
                 p.started_at.to_rfc3339(),
-                p.phase,
+                serde_name(&p.phase),
                 dur(p.budget_seconds),
                 p.updated_at.to_rfc3339()
             ),
@@ -782,10 +793,7 @@ pub fn render_table(r: &StatusReport) -> String {
             .map(|t| {
                 vec![
                     t.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                    serde_json::to_value(t.phase)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
+                    serde_name(&t.phase),
                     t.reason.clone(),
                 ]
             })
