@@ -100,7 +100,7 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-fn step<'a>(report: &'a Value, index: u64) -> &'a Value {
+fn step(report: &Value, index: u64) -> &Value {
     report["steps"]
         .as_array()
         .unwrap()

@@ -368,7 +368,7 @@ pub fn build_report(
     let mut step_reports = Vec::with_capacity(schedule.len());
     for (step, sched) in steps.iter().zip(&schedule) {
         let mut pods: Vec<&PodInfo> = step.pods.iter().collect();
-        pods.sort_by(|a, b| (a.priority, a.key()).cmp(&(b.priority, b.key())));
+        pods.sort_by_key(|a| (a.priority, a.key()));
         let share = sched.end.saturating_sub(sched.start);
         let pod_plans = pods
             .into_iter()
