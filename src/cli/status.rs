@@ -419,7 +419,8 @@ async fn cluster_sections(
         active: Vec::new(),
     };
     let probe = bounded("apiserver probe", async {
-        let client = kube_client(settings, APISERVER_PROBE_TIMEOUT).await?;
+        // The outer bound is what gives up; the client's own timeouts only back it up.
+        let client = kube_client(settings, APISERVER_PROBE_TIMEOUT * 2).await?;
         let version = client.apiserver_version().await?;
         Ok((client, version))
     })
