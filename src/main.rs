@@ -61,7 +61,9 @@ enum Command {
 }
 
 const PLAN_HELP: &str = "\
-The plan uses the configured [drain] plan and reserves. Terminal pods (Succeeded, Failed) are
+The plan uses the configured [drain] plan and reserves. A pod list is one node's pods: the
+node its pods name in spec.nodeName (pods bound to no node are ignored), or this node when
+none is named; a list spanning several nodes is refused. Terminal pods (Succeeded, Failed) are
 listed as ignored. A pod is escalated when its grace period does not fit its step's share of
 the budget (or the step has no share because the budget is below the reserves): it is then
 deleted at the step's escalation time with its grace cut to what is left of the share. The
@@ -73,8 +75,10 @@ use --pods), 2 invalid configuration or usage.";
 const STATUS_HELP: &str = "\
 Each section is read on its own; one that cannot be read says why and the others are still
 printed. The apiserver is probed for at most 3s. The daemon's status file is
-/run/nodegrace/status.json ($NODEGRACE_STATUS_FILE overrides it); state.json, pods.json and the
-static pod journal are read from state_dir, gated manifests from static_pods.gate_dir.
+/run/nodegrace/status.json ($NODEGRACE_STATUS_FILE overrides it); state.json and pods.json are
+read from state_dir, gated manifests from static_pods.gate_dir. Active NodeMaintenances are the
+ones not Complete that have an entry for this node, are its shutdown maintenance, or select it
+by name.
 
 Exit codes: 0 status printed (even with sections unknown), 1 nothing could be determined
 (status file, state directory, static pod gate and apiserver all unreadable), 2 invalid

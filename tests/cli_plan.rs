@@ -410,3 +410,41 @@ fn live_plan_without_an_apiserver_says_so_and_points_to_pods() {
         &["cannot list the pods of node node-a", "--pods FILE"],
     );
 }
+
+#[test]
+fn a_plan_is_for_the_one_node_the_list_names() {
+    let env = Env::new();
+    let text = std::fs::read_to_string(data("pods-node-a.yaml")).unwrap();
+    // Unbound (pending) pods in a one-node list are ignored, and the node comes from the list.
+    let pending = env.dir.path().join("pending.yaml");
+    std::fs::write(
+        &pending,
+        text.replace("nodeName: node-a", "nodeName: node-x")
+            .replacen("    nodeName: node-x\n", "", 1),
+    )
+    .unwrap();
+    let r = env.json(&["plan", "--pods", pending.to_str().unwrap()]);
+    assert_eq!(r["node"], "node-x");
+    assert_eq!(strings(&r["order"]), ORDER[1..]);
+    let ignored: Vec<&str> = r["ignored"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["pod"].as_str().unwrap())
+        .collect();
+    assert!(ignored.contains(&ORDER[0]), "{ignored:?}");
+
+    let two = env.dir.path().join("two-nodes.yaml");
+    std::fs::write(
+        &two,
+        text.replacen("nodeName: node-a", "nodeName: node-b", 1),
+    )
+    .unwrap();
+    assert_one_line_error(
+        &env.run(&["plan", "--pods", two.to_str().unwrap()]),
+        &[
+            "pods of 2 nodes (node-a, node-b)",
+            "--field-selector spec.nodeName=NODE",
+        ],
+    );
+}

@@ -151,23 +151,23 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
         Ok(s) => s,
         Err(code) => return Ok(code),
     };
-    let (node, source, pods) = match &opts.pods {
+    let (node, source, pods, unbound) = match &opts.pods {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read pod list {}", path.display()))?;
-            let pods = parse_pod_list(&text)
+            let (node, pods, unbound) = parse_pod_list(&text)
+                .and_then(|pods| pods_of_one_node(pods, settings.node_name().ok()))
                 .with_context(|| format!("invalid pod list {}", path.display()))?;
-            let node = settings.node_name().ok();
-            (node, format!("file:{}", path.display()), pods)
+            (node, format!("file:{}", path.display()), pods, unbound)
         }
         None => {
             let node = settings.node_name()?;
             let pods = runtime()?.block_on(live_pods(&settings, &node))?;
-            (Some(node), "apiserver".to_string(), pods)
+            (Some(node), "apiserver".to_string(), pods, Vec::new())
         }
     };
     let budget = choose_budget(opts.budget, &settings, &DaemonPaths::from_env().status_file);
-    let report = build_report(&settings, node, source, &pods, budget)?;
+    let report = build_report(&settings, node, source, &pods, unbound, budget)?;
     let text = match opts.output {
         OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
         OutputFormat::Table => render_table(&report),
@@ -277,6 +277,43 @@ fn to_pod(value: serde_json::Value) -> Result<Pod> {
     Ok(pod)
 }
 
+/// A plan is for one node: the one the list's pods are bound to (`spec.nodeName`), whose
+/// unbound pods are then ignored. A list without any binding is taken as the configured
+/// node's; a list spanning several nodes is an error.
+fn pods_of_one_node(
+    pods: Vec<Pod>,
+    configured: Option<String>,
+) -> Result<(Option<String>, Vec<Pod>, Vec<IgnoredPod>)> {
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let nodes: std::collections::BTreeSet<String> = pods.iter().filter_map(node_of).collect();
+    if nodes.len() > 1 {
+        let names: Vec<&str> = nodes.iter().map(String::as_str).take(5).collect();
+        bail!(
+            "it holds pods of {} nodes ({}{}); a plan is for one node: kubectl get pods -A --field-selector spec.nodeName=NODE -o yaml",
+            nodes.len(),
+            names.join(", "),
+            if nodes.len() > 5 { ", ..." } else { "" }
+        );
+    }
+    let Some(node) = nodes.into_iter().next() else {
+        return Ok((configured, pods, Vec::new()));
+    };
+    let (bound, unbound): (Vec<Pod>, Vec<Pod>) =
+        pods.into_iter().partition(|p| node_of(p).is_some());
+    let ignored = unbound
+        .iter()
+        .map(|p| IgnoredPod {
+            pod: format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap_or("default"),
+                p.metadata.name.as_deref().unwrap_or_default()
+            ),
+            reason: "not bound to a node (no spec.nodeName)".into(),
+        })
+        .collect();
+    Ok((Some(node), bound, ignored))
+}
+
 /// `--budget`, else the running daemon's effective budget, else `shutdown.max_delay`.
 fn choose_budget(flag: Option<Duration>, settings: &Settings, status_file: &Path) -> BudgetChoice {
     if let Some(b) = flag {
@@ -335,10 +372,10 @@ pub fn build_report(
     node: Option<String>,
     source: String,
     pods: &[Pod],
+    mut ignored: Vec<IgnoredPod>,
     budget: BudgetChoice,
 ) -> Result<PlanReport> {
     let mut infos = Vec::with_capacity(pods.len());
-    let mut ignored = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
         let info = PodInfo::from_pod(pod).with_context(|| format!("pod {} of the list", i + 1))?;
         if info.terminal {
