@@ -703,7 +703,7 @@ pub fn render_table(r: &StatusReport) -> String {
             row(
                 "  band",
                 format!(
-                    "{}: {} pod(s){} {}",
+                    "{}: {} pod(s){}: {}",
                     band.description,
                     band.remaining,
                     if band.targeted { " (draining)" } else { "" },
