@@ -197,7 +197,7 @@ fn status_json_shows_local_state_and_an_unreachable_apiserver() {
     for expected in [
         "running (pid",
         "released: shutdown may proceed",
-        "UNREACHABLE within 3s",
+        "UNREACHABLE: apiserver probe",
         "Maintenances   unknown: apiserver unreachable",
         "1 gated in",
         "kube-system/etcd (etcd.yaml)",

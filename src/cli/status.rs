@@ -644,11 +644,7 @@ pub fn render_table(r: &StatusReport) -> String {
         if a.reachable {
             format!("reachable ({})", a.version.clone().unwrap_or_default())
         } else {
-            format!(
-                "UNREACHABLE within {}: {}",
-                dur(a.probe_timeout_seconds),
-                a.error.clone().unwrap_or_default()
-            )
+            format!("UNREACHABLE: {}", a.error.clone().unwrap_or_default())
         },
     );
 
