@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -32,7 +33,56 @@ enum Command {
     },
     /// Print the man page (roff).
     Man,
+    /// Dry run: which pods a shutdown starting now would drain, in which order and band, with
+    /// which share of the budget and grace period, and which would be escalated.
+    #[command(after_help = PLAN_HELP)]
+    Plan {
+        /// Plan for the pods in FILE: `kubectl get pods -o yaml` or `-o json` output (a List,
+        /// a PodList, a single Pod, or a multi-document YAML stream). Without it, the node's
+        /// pods are read from the apiserver with the configured kubeconfig.
+        #[arg(long, value_name = "FILE")]
+        pods: Option<PathBuf>,
+        /// Shutdown budget, e.g. `5m` or `90s`. Default: the running daemon's effective
+        /// budget from its status file, else `shutdown.max_delay`.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        budget: Option<Duration>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
+        output: cli::OutputFormat,
+    },
+    /// This node at a glance: daemon and inhibitor, budget and logind's delay, apiserver,
+    /// active NodeMaintenances, gated static pods, the last shutdown.
+    #[command(after_help = STATUS_HELP)]
+    Status {
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
+        output: cli::OutputFormat,
+    },
 }
+
+const PLAN_HELP: &str = "\
+The plan uses the configured [drain] plan and reserves. A pod list is one node's pods: the
+node its pods name in spec.nodeName (pods bound to no node are ignored), or this node when
+none is named; a list spanning several nodes is refused. Terminal pods (Succeeded, Failed) are
+listed as ignored. A pod is escalated when its grace period does not fit its step's share of
+the budget (or the step has no share because the budget is below the reserves): it is then
+deleted at the step's escalation time with its grace cut to what is left of the share. The
+offline view shows what the fallback (no apiserver) would do: the kubelet's priority bands.
+
+Exit codes: 0 plan printed, 1 the pods could not be read (bad file, apiserver unreachable:
+use --pods), 2 invalid configuration or usage.";
+
+const STATUS_HELP: &str = "\
+Each section is read on its own; one that cannot be read says why and the others are still
+printed. The apiserver is probed for at most 3s. The daemon's status file is
+/run/nodegrace/status.json ($NODEGRACE_STATUS_FILE overrides it); state.json and pods.json are
+read from state_dir, gated manifests from static_pods.gate_dir. Active NodeMaintenances are the
+ones not Complete that have an entry for this node, are its shutdown maintenance, or select it
+by name.
+
+Exit codes: 0 status printed (even with sections unknown), 1 nothing could be determined
+(status file, state directory, static pod gate and apiserver all unreadable), 2 invalid
+configuration or usage.";
 
 const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";
@@ -53,6 +103,19 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Man => man_page(),
+        Command::Plan {
+            pods,
+            budget,
+            output,
+        } => cli::plan(
+            &args.config,
+            &cli::PlanOptions {
+                pods,
+                budget,
+                output,
+            },
+        ),
+        Command::Status { output } => cli::status(&args.config, output),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,803 @@
+//! `nodegrace status`: this node at a glance. Every section is read on its own and says why
+//! it could not be read, so a dead daemon or a lost apiserver still leaves the rest visible.
+//!
+//! Sources: the daemon's runtime status file ([`crate::daemon::status::DEFAULT_STATUS_FILE`],
+//! `$NODEGRACE_STATUS_FILE` overrides it), `state.json` and `pods.json` in `state_dir`, the
+//! static pod gate directory, logind.conf.d of `[shutdown]`, and the apiserver (3 s probe).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+
+use super::{align, human, kube_client, load_settings, runtime, secs, OutputFormat};
+use crate::api::{node_selector_for, shutdown_maintenance_name, NodeMaintenance};
+use crate::config::Settings;
+use crate::daemon::status::{PhaseChange, ShutdownStatus};
+use crate::daemon::{DaemonPaths, Status};
+use crate::logind::budget::{DelayDropin, DROPIN_MARKER};
+use crate::plan::{normalize_drain_plan, plan_steps, DrainTargets, PodInfo};
+use crate::state::{PodCache, ShutdownState};
+use crate::staticpods::{FsGate, StaticPodGate};
+
+/// How long the apiserver probe (and each list after it) may take.
+pub const APISERVER_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What `status -o json` prints.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    pub node: Option<String>,
+    pub node_error: Option<String>,
+    pub daemon: DaemonSection,
+    pub budget: BudgetSection,
+    pub apiserver: ApiserverSection,
+    pub maintenances: MaintenanceSection,
+    pub static_pods: StaticPodSection,
+    pub pod_cache: PodCacheSection,
+    pub last_shutdown: ShutdownSection,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonSection {
+    pub status_file: PathBuf,
+    /// `running`, `not-running` (no status file), `stale` (its process is gone) or
+    /// `unreadable`.
+    pub state: String,
+    pub pid: Option<u32>,
+    pub phase: Option<crate::daemon::Phase>,
+    pub phase_description: Option<String>,
+    pub inhibitor_held: Option<bool>,
+    pub bus_connected: Option<bool>,
+    pub kubelet_inhibitor: Option<String>,
+    pub last_error: Option<String>,
+    pub updated_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSection {
+    /// `daemon` (established by the running daemon) or `config` (daemon not running: only
+    /// the configured maximum is known).
+    pub source: String,
+    pub configured_seconds: f64,
+    pub budget_seconds: Option<f64>,
+    pub logind_initial_seconds: Option<f64>,
+    pub logind_effective_seconds: Option<f64>,
+    /// The logind drop-in that sets the effective delay, as far as it can be told.
+    pub set_by: Option<String>,
+    pub dropin_written: Option<PathBuf>,
+    /// Other drop-ins setting InhibitDelayMaxSec; `overrides_ours` ones win over nodegrace's.
+    pub other_dropins: Vec<DelayDropin>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiserverSection {
+    pub reachable: bool,
+    pub version: Option<String>,
+    pub error: Option<String>,
+    pub probe_timeout_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceSection {
+    /// False when the apiserver could not be asked.
+    pub known: bool,
+    pub error: Option<String>,
+    /// Active (not Complete) NodeMaintenances that select this node.
+    pub active: Vec<MaintenanceReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceReport {
+    pub name: String,
+    pub stage: String,
+    pub reason: Option<String>,
+    pub drained: Option<String>,
+    /// This node's entry in `status.nodeStatuses`.
+    pub drain_targets: Vec<String>,
+    pub drain_message: Option<String>,
+    pub pods_remaining: Option<i32>,
+    pub pods_pending_eviction_request: Option<i32>,
+    pub active_eviction_requests: Option<i32>,
+    pub last_update_time: Option<String>,
+    /// The node's active pods per step of this maintenance's plan (steps without pods left out).
+    pub bands: Vec<BandReport>,
+    pub bands_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BandReport {
+    pub index: usize,
+    pub description: String,
+    /// Covered by this node's drain targets: these pods are being drained now.
+    pub targeted: bool,
+    pub remaining: usize,
+    pub pods: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticPodSection {
+    pub manifest_dir: PathBuf,
+    pub gate_dir: PathBuf,
+    pub gated: Vec<GatedManifest>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatedManifest {
+    pub file_name: String,
+    pub namespace: String,
+    pub pod_name: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodCacheSection {
+    pub pods: Option<usize>,
+    pub written_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownSection {
+    /// `state.json`: the last shutdown handled (persisted across restarts).
+    pub persisted: Option<ShutdownState>,
+    pub persisted_error: Option<String>,
+    /// The shutdown the running daemon serves, if any.
+    pub current: Option<ShutdownStatus>,
+    /// The daemon's phase changes of this run, oldest first.
+    pub timeline: Vec<PhaseChange>,
+}
+
+/// `nodegrace status`.
+pub fn status_command(config: &Path, output: OutputFormat) -> Result<ExitCode> {
+    let settings = match load_settings(config) {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let paths = DaemonPaths::from_env();
+    let report = gather(&settings, &paths.status_file)?;
+    let text = match output {
+        OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
+        OutputFormat::Table => render_table(&report),
+    };
+    super::print_stdout(&text)?;
+    let determined = report.daemon.state != "unreadable"
+        || report.apiserver.reachable
+        || report.last_shutdown.persisted_error.is_none()
+        || report.static_pods.error.is_none();
+    Ok(if determined {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(super::EXIT_FAILURE)
+    })
+}
+
+fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
+    let (node, node_error) = match settings.node_name() {
+        Ok(n) => (Some(n), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    let (daemon, status) = daemon_section(status_file);
+    let budget = budget_section(settings, status.as_ref());
+    let (apiserver, maintenances) =
+        runtime()?.block_on(cluster_sections(settings, node.as_deref()));
+    let (persisted, persisted_error) = match ShutdownState::load(&settings.state_dir) {
+        Ok(s) => (s, None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    let pod_cache = match PodCache::load(&settings.state_dir) {
+        Ok(c) => PodCacheSection {
+            pods: Some(c.pods.len()),
+            written_at: c.written_at,
+            error: None,
+        },
+        Err(e) => PodCacheSection {
+            pods: None,
+            written_at: None,
+            error: Some(format!("{e:#}")),
+        },
+    };
+    Ok(StatusReport {
+        node,
+        node_error,
+        daemon,
+        budget,
+        apiserver,
+        maintenances,
+        static_pods: static_pod_section(settings),
+        pod_cache,
+        last_shutdown: ShutdownSection {
+            persisted,
+            persisted_error,
+            current: status.as_ref().and_then(|s| s.shutdown.clone()),
+            timeline: status.map(|s| s.timeline).unwrap_or_default(),
+        },
+    })
+}
+
+fn daemon_section(status_file: &Path) -> (DaemonSection, Option<Status>) {
+    let mut section = DaemonSection {
+        status_file: status_file.to_path_buf(),
+        state: String::new(),
+        pid: None,
+        phase: None,
+        phase_description: None,
+        inhibitor_held: None,
+        bus_connected: None,
+        kubelet_inhibitor: None,
+        last_error: None,
+        updated_at: None,
+        error: None,
+    };
+    match std::fs::symlink_metadata(status_file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            section.state = "not-running".into();
+            section.error = Some(format!(
+                "no status file {}: the daemon is not running",
+                status_file.display()
+            ));
+            return (section, None);
+        }
+        _ => {}
+    }
+    let status = match Status::read(status_file) {
+        Ok(s) => s,
+        Err(e) => {
+            section.state = "unreadable".into();
+            section.error = Some(format!("{e:#}"));
+            return (section, None);
+        }
+    };
+    let alive = process_alive(status.pid);
+    section.state = if alive { "running" } else { "stale" }.into();
+    if !alive {
+        section.error = Some(format!(
+            "process {} that wrote {} is gone: the daemon is not running (what follows is its last word)",
+            status.pid,
+            status_file.display()
+        ));
+    }
+    section.pid = Some(status.pid);
+    section.phase = Some(status.phase);
+    section.phase_description = Some(status.phase.describe().into());
+    // A dead daemon holds nothing: logind drops an inhibitor with its process.
+    section.inhibitor_held = Some(alive && status.inhibitor_held);
+    section.bus_connected = Some(alive && status.bus_connected);
+    section.kubelet_inhibitor = status.kubelet_inhibitor.clone();
+    section.last_error = status.last_error.clone();
+    section.updated_at = Some(status.updated_at);
+    (section, Some(status))
+}
+
+fn process_alive(pid: u32) -> bool {
+    let Ok(raw) = i32::try_from(pid) else {
+        return false;
+    };
+    if raw <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::EPERM) => true,
+        Err(_) => false,
+    }
+}
+
+fn budget_section(settings: &Settings, status: Option<&Status>) -> BudgetSection {
+    let configured = settings.shutdown.max_delay;
+    let own_dropin = own_dropin(&settings.shutdown.logind_dropin_dir);
+    let Some(report) = status.and_then(|s| s.budget.as_ref()) else {
+        return BudgetSection {
+            source: "config".into(),
+            configured_seconds: secs(configured),
+            budget_seconds: None,
+            logind_initial_seconds: None,
+            logind_effective_seconds: None,
+            set_by: own_dropin.map(|p| format!("{} (nodegrace's drop-in)", p.display())),
+            dropin_written: None,
+            other_dropins: Vec::new(),
+            error: Some(match status {
+                None => "the daemon is not running: logind's effective delay is not known".into(),
+                Some(_) => "the daemon has not established the budget yet".into(),
+            }),
+        };
+    };
+    let overriding = report
+        .delay_dropins
+        .iter()
+        .filter(|d| d.overrides_ours)
+        .max_by(|a, b| a.path.file_name().cmp(&b.path.file_name()));
+    let set_by = if let Some(d) = overriding {
+        Some(format!(
+            "{} (InhibitDelayMaxSec={}, overrides nodegrace's drop-in)",
+            d.path.display(),
+            d.value
+        ))
+    } else if let Some(p) = report.dropin_written.as_ref().or(own_dropin.as_ref()) {
+        Some(format!("{} (nodegrace's drop-in)", p.display()))
+    } else if let Some(d) = report
+        .delay_dropins
+        .iter()
+        .max_by(|a, b| a.path.file_name().cmp(&b.path.file_name()))
+    {
+        Some(format!(
+            "{} (InhibitDelayMaxSec={})",
+            d.path.display(),
+            d.value
+        ))
+    } else {
+        Some("logind.conf or logind's built-in default (no drop-in sets it)".into())
+    };
+    BudgetSection {
+        source: "daemon".into(),
+        configured_seconds: secs(report.configured),
+        budget_seconds: Some(secs(report.budget)),
+        logind_initial_seconds: Some(secs(report.logind_initial)),
+        logind_effective_seconds: Some(secs(report.logind_effective)),
+        set_by,
+        dropin_written: report.dropin_written.clone(),
+        other_dropins: report.delay_dropins.clone(),
+        error: report.error.clone(),
+    }
+}
+
+/// nodegrace's own logind drop-in (recognised by its marker line), if one is installed.
+fn own_dropin(dir: &Path) -> Option<PathBuf> {
+    let mut ours: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "conf"))
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|text| text.starts_with(DROPIN_MARKER)))
+        .collect();
+    ours.sort();
+    ours.pop()
+}
+
+fn static_pod_section(settings: &Settings) -> StaticPodSection {
+    let sp = &settings.static_pods;
+    let gated = FsGate::new(sp, &settings.state_dir).and_then(|gate| gate.gated());
+    let (gated, error) = match gated {
+        Ok(list) => (
+            list.into_iter()
+                .map(|m| GatedManifest {
+                    file_name: m.file_name,
+                    namespace: m.namespace,
+                    pod_name: m.pod_name,
+                })
+                .collect(),
+            None,
+        ),
+        Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+    };
+    StaticPodSection {
+        manifest_dir: sp.manifest_dir.clone(),
+        gate_dir: sp.gate_dir.clone(),
+        gated,
+        error,
+    }
+}
+
+async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(APISERVER_PROBE_TIMEOUT, fut).await {
+        Ok(r) => r.with_context(|| what.to_string()),
+        Err(_) => Err(anyhow::anyhow!(
+            "{what}: no answer within {}",
+            human(APISERVER_PROBE_TIMEOUT)
+        )),
+    }
+}
+
+async fn cluster_sections(
+    settings: &Settings,
+    node: Option<&str>,
+) -> (ApiserverSection, MaintenanceSection) {
+    let mut api = ApiserverSection {
+        reachable: false,
+        version: None,
+        error: None,
+        probe_timeout_seconds: secs(APISERVER_PROBE_TIMEOUT),
+    };
+    let unknown = |why: String| MaintenanceSection {
+        known: false,
+        error: Some(why),
+        active: Vec::new(),
+    };
+    let probe = bounded("apiserver probe", async {
+        // The outer bound is what gives up; the client's own timeouts only back it up.
+        let client = kube_client(settings, APISERVER_PROBE_TIMEOUT * 2).await?;
+        let version = client.apiserver_version().await?;
+        Ok((client, version))
+    })
+    .await;
+    let client = match probe {
+        Ok((client, version)) => {
+            api.reachable = true;
+            api.version = Some(version.git_version);
+            client
+        }
+        Err(e) => {
+            api.error = Some(one_line(&e));
+            return (api, unknown("apiserver unreachable".into()));
+        }
+    };
+    let Some(node) = node else {
+        return (api, unknown("the node name is not known".into()));
+    };
+    let maintenances = bounded("listing NodeMaintenances", async {
+        let nm: kube::Api<NodeMaintenance> = kube::Api::all(client.clone());
+        Ok(nm.list(&Default::default()).await?.items)
+    })
+    .await;
+    let maintenances = match maintenances {
+        Ok(list) => list,
+        Err(e) => return (api, unknown(one_line(&e))),
+    };
+    let active: Vec<NodeMaintenance> = maintenances
+        .into_iter()
+        .filter(|m| m.stage() != crate::api::Stage::Complete && selects_node(m, node))
+        .collect();
+    let pods = if active.is_empty() {
+        Ok(Vec::new())
+    } else {
+        bounded("listing the node's pods", async {
+            let api: kube::Api<Pod> = kube::Api::all(client.clone());
+            let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+            Ok(api.list(&params).await?.items)
+        })
+        .await
+        .map(|pods| {
+            pods.iter()
+                .filter_map(|p| PodInfo::from_pod(p).ok())
+                .filter(PodInfo::is_active)
+                .collect::<Vec<_>>()
+        })
+    };
+    let reports = active
+        .iter()
+        .map(|m| maintenance_report(m, node, &pods))
+        .collect();
+    (
+        api,
+        MaintenanceSection {
+            known: true,
+            error: None,
+            active: reports,
+        },
+    )
+}
+
+/// Whether `m` selects `node`: it has an entry for the node, it is the node's shutdown
+/// maintenance, or its selector pins the node by name. Label selectors that nobody has
+/// answered for this node yet are not evaluated (that needs the Node object).
+fn selects_node(m: &NodeMaintenance, node: &str) -> bool {
+    m.node_status(node).is_some()
+        || m.metadata.name.as_deref() == Some(shutdown_maintenance_name(node).as_str())
+        || m.spec.node_selector == node_selector_for(node)
+}
+
+fn maintenance_report(
+    m: &NodeMaintenance,
+    node: &str,
+    pods: &Result<Vec<PodInfo>>,
+) -> MaintenanceReport {
+    let ns = m.node_status(node);
+    let mut report = MaintenanceReport {
+        name: m.metadata.name.clone().unwrap_or_default(),
+        stage: m.stage().to_string(),
+        reason: m.spec.reason.clone(),
+        drained: m.drained().map(str::to_string),
+        drain_targets: ns
+            .map(|s| s.drain_targets.iter().map(ToString::to_string).collect())
+            .unwrap_or_default(),
+        drain_message: ns
+            .map(|s| s.drain_message.clone())
+            .filter(|s| !s.is_empty()),
+        pods_remaining: ns.map(|s| s.pods_remaining),
+        pods_pending_eviction_request: ns.map(|s| s.pods_pending_eviction_request),
+        active_eviction_requests: ns.map(|s| s.active_eviction_requests),
+        last_update_time: ns
+            .and_then(|s| s.last_update_time.as_ref())
+            .map(|t| t.0.to_string()),
+        bands: Vec::new(),
+        bands_error: None,
+    };
+    let pods = match pods {
+        Ok(p) => p,
+        Err(e) => {
+            report.bands_error = Some(one_line(e));
+            return report;
+        }
+    };
+    let bands = (|| -> Result<Vec<BandReport>> {
+        let plan = normalize_drain_plan(&m.spec.drain_plan)?;
+        let targets =
+            DrainTargets::from_entries(ns.map(|s| s.drain_targets.as_slice()).unwrap_or(&[]))?;
+        Ok(plan_steps(&plan, pods)?
+            .into_iter()
+            .filter(|s| !s.pods.is_empty())
+            .map(|s| BandReport {
+                index: s.index,
+                description: s.entry.to_string(),
+                targeted: s.pods.iter().all(|p| targets.targets(p)),
+                remaining: s.pods.len(),
+                pods: s.pods.iter().map(PodInfo::key).collect(),
+            })
+            .collect())
+    })();
+    match bands {
+        Ok(b) => report.bands = b,
+        Err(e) => report.bands_error = Some(one_line(&e)),
+    }
+    report
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+/// The name a unit enum has in the JSON output (`reboot`, `released`).
+fn serde_name<T: Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn dur(s: f64) -> String {
+    human(Duration::from_millis((s * 1000.0).round() as u64))
+}
+
+/// The human form: one aligned `key  value` line per fact, sections in a fixed order.
+pub fn render_table(r: &StatusReport) -> String {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut row = |k: &str, v: String| rows.push(vec![k.to_string(), v]);
+
+    row(
+        "Node",
+        r.node
+            .clone()
+            .unwrap_or_else(|| format!("unknown: {}", r.node_error.clone().unwrap_or_default())),
+    );
+
+    let d = &r.daemon;
+    let daemon = match d.state.as_str() {
+        "running" => format!(
+            "running (pid {}): {}",
+            d.pid.unwrap_or_default(),
+            d.phase_description.clone().unwrap_or_default()
+        ),
+        _ => format!("{}: {}", d.state, d.error.clone().unwrap_or_default()),
+    };
+    row("Daemon", daemon);
+    if d.state == "stale" {
+        row(
+            "  last phase",
+            d.phase_description.clone().unwrap_or_default(),
+        );
+    }
+    row(
+        "Inhibitor",
+        match d.inhibitor_held {
+            Some(true) => "held (shutdowns wait for the drain)".into(),
+            Some(false) => "NOT held: a shutdown now would not wait for the drain".into(),
+            None => "unknown (daemon not running: nothing delays a shutdown)".into(),
+        },
+    );
+    if let Some(k) = &d.kubelet_inhibitor {
+        row(
+            "  kubelet",
+            format!("also holds a shutdown delay inhibitor: {k}"),
+        );
+    }
+    if let Some(e) = &d.last_error {
+        row("  last error", e.clone());
+    }
+
+    let b = &r.budget;
+    match b.budget_seconds {
+        Some(budget) => row(
+            "Budget",
+            format!(
+                "{} (shutdown.max_delay {}, logind's effective delay {})",
+                dur(budget),
+                dur(b.configured_seconds),
+                b.logind_effective_seconds.map(dur).unwrap_or_default()
+            ),
+        ),
+        None => row(
+            "Budget",
+            format!(
+                "at most {} (shutdown.max_delay); {}",
+                dur(b.configured_seconds),
+                b.error.clone().unwrap_or_default()
+            ),
+        ),
+    }
+    if let Some(set_by) = &b.set_by {
+        row("logind delay", format!("set by {set_by}"));
+    }
+    if b.budget_seconds.is_some() {
+        if let Some(e) = &b.error {
+            row("  budget error", e.clone());
+        }
+    }
+
+    let a = &r.apiserver;
+    row(
+        "apiserver",
+        if a.reachable {
+            format!("reachable ({})", a.version.clone().unwrap_or_default())
+        } else {
+            format!("UNREACHABLE: {}", a.error.clone().unwrap_or_default())
+        },
+    );
+
+    let m = &r.maintenances;
+    if !m.known {
+        row(
+            "Maintenances",
+            format!("unknown: {}", m.error.clone().unwrap_or_default()),
+        );
+    } else if m.active.is_empty() {
+        row("Maintenances", "none active for this node".into());
+    }
+    for nm in &m.active {
+        row(
+            "Maintenance",
+            format!(
+                "{}: stage {}{}{}",
+                nm.name,
+                nm.stage,
+                nm.drained
+                    .as_ref()
+                    .map(|s| format!(", Drained={s}"))
+                    .unwrap_or_default(),
+                nm.reason
+                    .as_ref()
+                    .map(|s| format!(", reason: {s}"))
+                    .unwrap_or_default()
+            ),
+        );
+        row(
+            "  targets",
+            if nm.drain_targets.is_empty() {
+                "none yet".into()
+            } else {
+                nm.drain_targets.join("; ")
+            },
+        );
+        if let Some(msg) = &nm.drain_message {
+            row("  message", msg.clone());
+        }
+        if let Some(left) = nm.pods_remaining {
+            row(
+                "  remaining",
+                format!(
+                    "{left} targeted pod(s), {} awaiting an eviction request, {} being evicted",
+                    nm.pods_pending_eviction_request.unwrap_or_default(),
+                    nm.active_eviction_requests.unwrap_or_default()
+                ),
+            );
+        }
+        for band in &nm.bands {
+            row(
+                "  band",
+                format!(
+                    "{}: {} pod(s){}: {}",
+                    band.description,
+                    band.remaining,
+                    if band.targeted { " (draining)" } else { "" },
+                    band.pods.join(" ")
+                ),
+            );
+        }
+        if let Some(e) = &nm.bands_error {
+            row("  bands", format!("unknown: {e}"));
+        }
+    }
+
+    let s = &r.static_pods;
+    row(
+        "Static pods",
+        match &s.error {
+            Some(e) => format!("gate unreadable: {e}"),
+            None if s.gated.is_empty() => {
+                format!("none gated ({})", s.gate_dir.display())
+            }
+            None => format!(
+                "{} gated in {}: {}",
+                s.gated.len(),
+                s.gate_dir.display(),
+                s.gated
+                    .iter()
+                    .map(|g| format!("{}/{} ({})", g.namespace, g.pod_name, g.file_name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    );
+
+    let c = &r.pod_cache;
+    row(
+        "Pod cache",
+        match (&c.error, c.pods) {
+            (Some(e), _) => format!("unreadable: {e}"),
+            (None, Some(n)) => format!(
+                "{n} pod(s) for the offline fallback{}",
+                c.written_at
+                    .map(|t| format!(", written {}", t.to_rfc3339()))
+                    .unwrap_or_else(|| " (never written)".into())
+            ),
+            (None, None) => "unknown".into(),
+        },
+    );
+
+    let l = &r.last_shutdown;
+    if let Some(cur) = &l.current {
+        row(
+            "Shutdown",
+            format!(
+                "{} since {}, deadline {}{}",
+                serde_name(&cur.kind),
+                cur.started_at.to_rfc3339(),
+                cur.deadline.to_rfc3339(),
+                if cur.resumed { " (resumed)" } else { "" }
+            ),
+        );
+    }
+    row(
+        "Last shutdown",
+        match (&l.persisted, &l.persisted_error) {
+            (_, Some(e)) => format!("unreadable: {e}"),
+            (Some(p), None) => format!(
+                "{} started {}, {} (budget {}, last update {})",
+                serde_name(&p.kind),
+                p.started_at.to_rfc3339(),
+                serde_name(&p.phase),
+                dur(p.budget_seconds),
+                p.updated_at.to_rfc3339()
+            ),
+            (None, None) => "none recorded".into(),
+        },
+    );
+
+    let mut out = String::new();
+    for line in align(&rows) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if !l.timeline.is_empty() {
+        out.push_str("\nTimeline (this daemon run):\n");
+        let rows: Vec<Vec<String>> = l
+            .timeline
+            .iter()
+            .map(|t| {
+                vec![
+                    t.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                    serde_name(&t.phase),
+                    t.reason.clone(),
+                ]
+            })
+            .collect();
+        for line in align(&rows) {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    out
+}

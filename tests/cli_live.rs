@@ -1,0 +1,338 @@
+//! `plan` and `status` against an apiserver: a minimal HTTP responder that answers the three
+//! reads the commands make (`/version`, the node's pods, NodeMaintenances) with objects
+//! serialized from the real API types, and records the requests it got.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use nodegrace::api::{
+    node_selector_for, NodeMaintenance, NodeMaintenanceNodeStatus, NodeMaintenanceSpec,
+    NodeMaintenanceStatus, Stage,
+};
+use nodegrace::plan::{DrainPlanEntry, PodType};
+use serde_json::{json, Value};
+
+type Requests = Arc<Mutex<Vec<String>>>;
+
+/// Serves `routes` (path without query -> JSON body) on a local port; 404 otherwise.
+/// `answer: false` accepts connections and never answers.
+fn serve(routes: Vec<(&'static str, Value)>, answer: bool) -> (u16, Requests) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests: Requests = Arc::default();
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            if !answer {
+                held.push(stream);
+                continue;
+            }
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request_line = String::new();
+            if reader.read_line(&mut request_line).is_err() {
+                continue;
+            }
+            loop {
+                let mut header = String::new();
+                if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                    break;
+                }
+            }
+            let target = request_line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or_default()
+                .to_string();
+            seen.lock().unwrap().push(target.clone());
+            let path = target.split('?').next().unwrap_or_default();
+            let (code, body) = match routes.iter().find(|(p, _)| *p == path) {
+                Some((_, body)) => ("200 OK", body.to_string()),
+                None => (
+                    "404 Not Found",
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("the server could not find the requested resource ({path})"),
+                        "reason": "NotFound", "code": 404})
+                    .to_string(),
+                ),
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (port, requests)
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new(port: u16) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().display().to_string();
+        std::fs::write(
+            dir.path().join("kubeconfig"),
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!(
+                r#"state_dir = "{root}/state"
+[node]
+name = "node-a"
+kubeconfig = "{root}/kubeconfig"
+[shutdown]
+max_delay = "300s"
+logind_dropin_dir = "{root}/logind.conf.d"
+[drain]
+reserve_daemonset = "30s"
+reserve_static = "20s"
+reserve_critical = "40s"
+[static_pods]
+manifest_dir = "{root}/manifests"
+gate_dir = "{root}/gate"
+"#
+            ),
+        )
+        .unwrap();
+        Env { dir }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .args(args)
+            .env("NODEGRACE_STATUS_FILE", self.dir.path().join("status.json"))
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+fn data_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/pods-node-a.yaml")
+}
+
+/// The sample pods as the apiserver returns them: a PodList.
+fn pod_list() -> Value {
+    let text = std::fs::read_to_string(data_path()).unwrap();
+    let mut list: Value = serde_yaml::from_str(&text).unwrap();
+    list["kind"] = json!("PodList");
+    list["metadata"] = json!({"resourceVersion": "42"});
+    list
+}
+
+fn version() -> Value {
+    json!({"major": "1", "minor": "33", "gitVersion": "v1.33.1", "gitCommit": "abc",
+        "gitTreeState": "clean", "buildDate": "2025-05-15T00:00:00Z", "goVersion": "go1.24.2",
+        "compiler": "gc", "platform": "linux/amd64"})
+}
+
+fn entry(pod_type: PodType, pod_priority: i32) -> DrainPlanEntry {
+    DrainPlanEntry {
+        pod_selector: None,
+        pod_priority,
+        pod_type,
+    }
+}
+
+fn maintenance(name: &str, stage: Stage, selector: NodeSelector) -> NodeMaintenance {
+    let mut m = NodeMaintenance::new(
+        name,
+        NodeMaintenanceSpec {
+            node_selector: selector,
+            stage,
+            drain_plan: nodegrace::plan::normalize_drain_plan(&[]).unwrap(),
+            reason: Some(format!("{name} reason")),
+        },
+    );
+    m.metadata.resource_version = Some("7".into());
+    m
+}
+
+fn maintenances() -> Value {
+    let mut shutdown = maintenance(
+        &nodegrace::api::shutdown_maintenance_name("node-a"),
+        Stage::Drain,
+        node_selector_for("node-a"),
+    );
+    let mut ns = NodeMaintenanceNodeStatus::for_node("node-a");
+    ns.drain_targets = vec![entry(PodType::Default, 1_000_000_000)];
+    ns.drain_message = "Draining".into();
+    ns.pods_remaining = 3;
+    ns.active_eviction_requests = 1;
+    ns.pods_pending_eviction_request = 2;
+    shutdown.status = Some(NodeMaintenanceStatus {
+        node_statuses: vec![ns],
+        ..Default::default()
+    });
+    let done = maintenance(
+        "kernel-upgrade",
+        Stage::Complete,
+        node_selector_for("node-a"),
+    );
+    let other = maintenance("other-node", Stage::Drain, node_selector_for("node-b"));
+    let by_label = maintenance(
+        "rack-7",
+        Stage::Cordon,
+        NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: "rack".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["7".into()]),
+                }]),
+                match_fields: None,
+            }],
+        },
+    );
+    json!({
+        "apiVersion": "nodegrace.dev/v1alpha1",
+        "kind": "NodeMaintenanceList",
+        "metadata": {"resourceVersion": "99"},
+        "items": [shutdown, done, other, by_label],
+    })
+}
+
+#[test]
+fn live_plan_reads_the_nodes_pods_with_a_field_selector() {
+    let (port, requests) = serve(vec![("/api/v1/pods", pod_list())], true);
+    let env = Env::new(port);
+    let r = env.json(&["plan", "-o", "json"]);
+    assert_eq!(r["source"], "apiserver");
+    assert_eq!(r["node"], "node-a");
+    assert_eq!(r["order"].as_array().unwrap().len(), 6);
+    assert_eq!(r["order"][5], "kube-system/etcd-node-a");
+    let seen = requests.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|t| t.starts_with("/api/v1/pods?")
+            && t.contains("fieldSelector=spec.nodeName%3Dnode-a")),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn status_lists_the_active_maintenances_of_this_node_with_pods_per_band() {
+    let (port, _) = serve(
+        vec![
+            ("/version", version()),
+            ("/api/v1/pods", pod_list()),
+            (
+                "/apis/nodegrace.dev/v1alpha1/nodemaintenances",
+                maintenances(),
+            ),
+        ],
+        true,
+    );
+    let env = Env::new(port);
+    let r = env.json(&["status", "-o", "json"]);
+    assert_eq!(r["apiserver"]["reachable"], true);
+    assert_eq!(r["apiserver"]["version"], "v1.33.1");
+    let m = &r["maintenances"];
+    assert_eq!(m["known"], true);
+    let active = m["active"].as_array().unwrap();
+    // Complete ones and other nodes' are left out; a label selector nobody answered for this
+    // node cannot be evaluated without the Node and is left out too.
+    assert_eq!(active.len(), 1, "{m}");
+    let nm = &active[0];
+    assert_eq!(
+        nm["name"],
+        nodegrace::api::shutdown_maintenance_name("node-a")
+    );
+    assert_eq!(nm["stage"], "Drain");
+    assert_eq!(
+        nm["drainTargets"][0],
+        "Default pods with priority <= 1000000000"
+    );
+    assert_eq!(nm["drainMessage"], "Draining");
+    assert_eq!(nm["podsRemaining"], 3);
+    let bands: Vec<(String, bool, u64)> = nm["bands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["description"].as_str().unwrap().to_string(),
+                b["targeted"].as_bool().unwrap(),
+                b["remaining"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bands,
+        [
+            (
+                "Default pods with priority <= 1000000000".to_string(),
+                true,
+                3
+            ),
+            (
+                "Default pods with priority <= 2000000000".to_string(),
+                false,
+                1
+            ),
+            (
+                "DaemonSet pods with priority <= 2000001000".to_string(),
+                false,
+                1
+            ),
+            (
+                "Static pods with priority <= 2000001000".to_string(),
+                false,
+                1
+            ),
+        ]
+    );
+
+    let out = env.run(&["status"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("reachable (v1.33.1)"), "{table}");
+    assert!(table.contains("stage Drain"), "{table}");
+    assert!(
+        table.contains("Default pods with priority <= 1000000000: 3 pod(s) (draining)"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_silent_apiserver_is_given_up_on_after_the_probe_timeout() {
+    let (port, _) = serve(Vec::new(), false);
+    let env = Env::new(port);
+    let began = Instant::now();
+    let r = env.json(&["status", "-o", "json"]);
+    let took = began.elapsed();
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(took >= Duration::from_secs(3), "took {took:?}");
+    assert_eq!(r["apiserver"]["reachable"], false);
+    assert!(
+        r["apiserver"]["error"].as_str().unwrap().contains("3s"),
+        "{}",
+        r["apiserver"]
+    );
+    assert_eq!(r["maintenances"]["known"], false);
+}

@@ -1,0 +1,299 @@
+//! `nodegrace status` through the built binary, with the daemon's files prepared by the test
+//! (status file via `$NODEGRACE_STATUS_FILE`, `state_dir` and the static pod dirs via the
+//! config) and an apiserver address that refuses connections.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use nodegrace::daemon::status::ShutdownStatus;
+use nodegrace::daemon::{Phase, ShutdownKind, Status};
+use nodegrace::logind::budget::{BudgetReport, DelayDropin};
+use nodegrace::state::{ShutdownPhase, ShutdownState};
+use serde_json::Value;
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+const ETCD_MANIFEST: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: etcd
+  namespace: kube-system
+spec:
+  priority: 2000001000
+  containers:
+  - name: etcd
+    image: registry.k8s.io/etcd:3.5.21-0
+";
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().display().to_string();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        std::fs::write(
+            dir.path().join("kubeconfig"),
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: t}}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!(
+                r#"state_dir = "{root}/state"
+[node]
+name = "node-a"
+kubeconfig = "{root}/kubeconfig"
+[shutdown]
+max_delay = "10m"
+logind_dropin_dir = "{root}/logind.conf.d"
+[static_pods]
+manifest_dir = "{root}/manifests"
+gate_dir = "{root}/gate"
+"#
+            ),
+        )
+        .unwrap();
+        for d in ["state", "manifests", "gate", "logind.conf.d"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        Env { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+            .arg("--config")
+            .arg(self.path("config.toml"))
+            .args(args)
+            .env("NODEGRACE_STATUS_FILE", self.path("status.json"))
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap()
+    }
+
+    fn json(&self) -> Value {
+        let out = self.run(&["status", "-o", "json"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// What a daemon that drained for a reboot and released leaves behind.
+    fn prepare_released_reboot(&self, pid: u32) {
+        let started = chrono::Utc::now() - chrono::Duration::seconds(40);
+        let mut status = Status::new();
+        status.pid = pid;
+        status.bus_connected = true;
+        status.inhibitor_held = true;
+        status.enter(Phase::Armed, "inhibitor taken");
+        status.enter(Phase::Draining, "PrepareForShutdown(true): reboot");
+        status.enter(Phase::Released, "node drained");
+        status.budget = Some(BudgetReport {
+            configured: Duration::from_secs(600),
+            logind_initial: Duration::from_secs(5),
+            logind_effective: Duration::from_secs(600),
+            budget: Duration::from_secs(600),
+            dropin_written: Some(self.path("logind.conf.d/zz-nodegrace.conf")),
+            reload_requested: true,
+            delay_dropins: vec![DelayDropin {
+                path: self.path("logind.conf.d/10-vendor.conf"),
+                value: "30s".into(),
+                overrides_ours: false,
+            }],
+            error: None,
+        });
+        status.shutdown = Some(ShutdownStatus {
+            kind: ShutdownKind::Reboot,
+            started_at: started,
+            deadline: started + chrono::Duration::seconds(600),
+            resumed: false,
+        });
+        status.write(&self.path("status.json"));
+        ShutdownState {
+            phase: ShutdownPhase::Released,
+            kind: ShutdownKind::Reboot,
+            started_at: started,
+            budget_seconds: 600.0,
+            boot_id: "boot-1".into(),
+            updated_at: chrono::Utc::now(),
+        }
+        .store(&self.path("state"))
+        .unwrap();
+        std::fs::write(self.path("gate/etcd.yaml"), ETCD_MANIFEST).unwrap();
+    }
+}
+
+#[test]
+fn status_json_shows_local_state_and_an_unreachable_apiserver() {
+    let env = Env::new();
+    env.prepare_released_reboot(std::process::id());
+    let began = Instant::now();
+    let r = env.json();
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "the probe is bounded"
+    );
+
+    assert_eq!(r["node"], "node-a");
+    let d = &r["daemon"];
+    assert_eq!(d["state"], "running");
+    assert_eq!(d["phase"], "released");
+    assert_eq!(d["inhibitorHeld"], true);
+    assert_eq!(d["pid"], std::process::id());
+
+    let b = &r["budget"];
+    assert_eq!(b["source"], "daemon");
+    assert_eq!(b["budgetSeconds"], 600.0);
+    assert_eq!(b["logindInitialSeconds"], 5.0);
+    assert_eq!(b["logindEffectiveSeconds"], 600.0);
+    assert!(
+        b["setBy"].as_str().unwrap().contains("zz-nodegrace.conf"),
+        "{b}"
+    );
+    assert_eq!(b["otherDropins"][0]["value"], "30s");
+
+    assert_eq!(r["apiserver"]["reachable"], false);
+    assert!(r["apiserver"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("apiserver probe"));
+    assert_eq!(r["maintenances"]["known"], false);
+
+    let gated = r["staticPods"]["gated"].as_array().unwrap();
+    assert_eq!(gated.len(), 1);
+    assert_eq!(gated[0]["podName"], "etcd");
+    assert_eq!(gated[0]["fileName"], "etcd.yaml");
+    assert_eq!(r["staticPods"]["error"], Value::Null);
+
+    let l = &r["lastShutdown"];
+    assert_eq!(l["persisted"]["phase"], "released");
+    assert_eq!(l["persisted"]["kind"], "reboot");
+    assert_eq!(l["current"]["kind"], "reboot");
+    let phases: Vec<&str> = l["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(phases, ["starting", "armed", "draining", "released"]);
+
+    let out = env.run(&["status"]);
+    assert_eq!(out.status.code(), Some(0));
+    let table = String::from_utf8(out.stdout).unwrap();
+    for expected in [
+        "running (pid",
+        "released: shutdown may proceed",
+        "UNREACHABLE: apiserver probe",
+        "Maintenances   unknown: apiserver unreachable",
+        "1 gated in",
+        "kube-system/etcd (etcd.yaml)",
+        "reboot started",
+        "released (budget 10m",
+        "Timeline",
+    ] {
+        assert!(table.contains(expected), "{expected:?} missing:\n{table}");
+    }
+}
+
+#[test]
+fn a_dead_daemon_is_reported_as_such_and_holds_nothing() {
+    let env = Env::new();
+    // A pid that cannot be alive: beyond the kernel's pid_max ceiling.
+    env.prepare_released_reboot(4_194_305);
+    let r = env.json();
+    assert_eq!(r["daemon"]["state"], "stale");
+    assert_eq!(r["daemon"]["inhibitorHeld"], false);
+    assert_eq!(r["lastShutdown"]["persisted"]["phase"], "released");
+}
+
+#[test]
+fn without_daemon_files_status_still_prints_and_exits_zero() {
+    let env = Env::new();
+    let r = env.json();
+    assert_eq!(r["daemon"]["state"], "not-running");
+    assert_eq!(r["daemon"]["inhibitorHeld"], Value::Null);
+    assert_eq!(r["budget"]["source"], "config");
+    assert_eq!(r["budget"]["configuredSeconds"], 600.0);
+    assert_eq!(r["budget"]["budgetSeconds"], Value::Null);
+    assert_eq!(r["apiserver"]["reachable"], false);
+    assert_eq!(r["lastShutdown"]["persisted"], Value::Null);
+    assert_eq!(r["staticPods"]["gated"].as_array().unwrap().len(), 0);
+
+    let out = env.run(&["status"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("not-running"), "{table}");
+    assert!(table.contains("Last shutdown  none recorded"), "{table}");
+}
+
+#[test]
+fn corrupt_local_files_are_reported_per_section() {
+    let env = Env::new();
+    std::fs::write(env.path("status.json"), b"{ not json").unwrap();
+    std::fs::write(env.path("state/state.json"), b"[").unwrap();
+    let r = env.json();
+    assert_eq!(r["daemon"]["state"], "unreadable");
+    assert!(r["daemon"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("parsing status"));
+    assert!(r["lastShutdown"]["persistedError"]
+        .as_str()
+        .unwrap()
+        .contains("parsing shutdown state"));
+    // The gate is still readable, so something was determined: exit 0.
+    assert_eq!(r["staticPods"]["error"], Value::Null);
+}
+
+#[test]
+fn nothing_determinable_exits_one() {
+    let env = Env::new();
+    std::fs::write(env.path("status.json"), b"{ not json").unwrap();
+    std::fs::write(env.path("state/state.json"), b"[").unwrap();
+    // A gate path that is a file, not a directory: unreadable.
+    std::fs::remove_dir(env.path("gate")).unwrap();
+    std::fs::write(env.path("gate"), b"").unwrap();
+    let out = env.run(&["status", "-o", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["staticPods"]["error"].is_string(), "{r}");
+}
+
+#[test]
+fn help_documents_the_exit_codes_and_overrides() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .args(["status", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("Exit codes: 0 status printed"), "{help}");
+    assert!(help.contains("NODEGRACE_STATUS_FILE"), "{help}");
+    let out = Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .args(["plan", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        help.contains("--pods <FILE>") && help.contains("--budget <DURATION>"),
+        "{help}"
+    );
+    assert!(help.contains("Exit codes: 0 plan printed"), "{help}");
+}
