@@ -8,6 +8,28 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub mod budget;
+pub mod classify;
+pub mod drainplan;
+pub mod gns;
+pub mod model;
+pub mod selector;
+pub mod targets;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub use classify::ClassifyError;
+pub use drainplan::{
+    default_plan_entries, drain_plan_changed, normalize_drain_plan, validate_drain_plan, PlanError,
+    DEFAULT_PLAN_PRIORITIES,
+};
+pub use selector::{selector_matches, Selector, SelectorError};
+pub use targets::{
+    fast_forward, maintenance_blockers, maintenance_message, node_message, node_targets,
+    plan_position, reached_drain_targets, Blockers, DrainTargets, NodeProgress, NodeReport,
+    NodeTargets, PlanPosition,
+};
+
 /// KEP-4212 `podType`: which kind of pod a drain plan entry targets. The declaration order
 /// is the drain order.
 #[derive(
