@@ -1,0 +1,187 @@
+//! The move journal: one JSON record per line, each appended and fsynced before the step it
+//! announces. A line torn by a crash is skipped: its move had not started.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::fsio::Place;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Gate,
+    Restore,
+}
+
+/// A move about to happen, with what is needed to find the file again after a crash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub id: u64,
+    pub op: Op,
+    pub file: String,
+    pub from: Place,
+    pub to: Place,
+    pub size: u64,
+    pub sha256: String,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Copy + rename + unlink (another filesystem) instead of one rename.
+    pub copy: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "record", rename_all = "lowercase")]
+pub enum Record {
+    Intent(Intent),
+    /// The move finished, or was settled after a failure.
+    Done {
+        id: u64,
+    },
+}
+
+pub fn read(path: &Path) -> Result<Vec<Record>> {
+    let text = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut records = Vec::new();
+    for line in text.split(|b| *b == b'\n') {
+        if line.iter().all(|b| b.is_ascii_whitespace()) {
+            continue;
+        }
+        match serde_json::from_slice::<Record>(line) {
+            Ok(r) => records.push(r),
+            Err(e) => tracing::warn!(
+                journal = %path.display(),
+                error = %e,
+                "skipping a torn or unreadable journal line"
+            ),
+        }
+    }
+    Ok(records)
+}
+
+/// Appends one record. An intent is made durable before returning; a `Done` is not
+/// synced (recovery decides from the files, so a lost `Done` only costs a re-check).
+/// The leading newline keeps a record whole even after a torn line.
+pub fn append(path: &Path, record: &Record) -> Result<()> {
+    let existed = path.exists();
+    let mut line = b"\n".to_vec();
+    serde_json::to_writer(&mut line, record).context("encoding a journal record")?;
+    line.push(b'\n');
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    f.write_all(&line)
+        .with_context(|| format!("writing {}", path.display()))?;
+    if matches!(record, Record::Done { .. }) {
+        return Ok(());
+    }
+    f.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))?;
+    if !existed {
+        if let Some(dir) = path.parent() {
+            crate::fsutil::fsync_dir(dir)?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the journal with just `keep` (intents still unsettled).
+pub fn rewrite(path: &Path, keep: &[Intent]) -> Result<()> {
+    let mut out = Vec::new();
+    for i in keep {
+        serde_json::to_writer(&mut out, &Record::Intent(i.clone()))
+            .context("encoding a journal record")?;
+        out.push(b'\n');
+    }
+    crate::fsutil::write_atomic(path, &out, 0o600)
+}
+
+/// The intents that still need settling: for each file, its latest intent when that has
+/// no `Done`. An older intent for the same file is moot: the later move started from the
+/// state the older one left.
+pub fn pending(records: &[Record]) -> Vec<Intent> {
+    let done: HashSet<u64> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Done { id } => Some(*id),
+            Record::Intent(_) => None,
+        })
+        .collect();
+    let mut latest: HashMap<&str, &Intent> = HashMap::new();
+    let mut order = Vec::new();
+    for r in records {
+        if let Record::Intent(i) = r {
+            if latest.insert(i.file.as_str(), i).is_none() {
+                order.push(i.file.as_str());
+            }
+        }
+    }
+    order
+        .into_iter()
+        .filter_map(|f| latest.get(f).copied())
+        .filter(|i| !done.contains(&i.id))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intent(id: u64, file: &str) -> Intent {
+        Intent {
+            id,
+            op: Op::Gate,
+            file: file.into(),
+            from: Place::Manifests,
+            to: Place::Gate,
+            size: 1,
+            sha256: "x".into(),
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+            copy: false,
+        }
+    }
+
+    #[test]
+    fn torn_lines_are_skipped_and_later_records_survive() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("j");
+        append(&p, &Record::Intent(intent(1, "a"))).unwrap();
+        // A crash in the middle of a write leaves half a line without a newline.
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"{\"record\":\"intent\",\"id\":2,\"op")
+            .unwrap();
+        append(&p, &Record::Done { id: 1 }).unwrap();
+        append(&p, &Record::Intent(intent(3, "b"))).unwrap();
+        let r = read(&p).unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(pending(&r), vec![intent(3, "b")]);
+    }
+
+    #[test]
+    fn only_the_latest_intent_per_file_counts() {
+        let r = vec![
+            Record::Intent(intent(1, "a")),
+            Record::Intent(intent(2, "a")),
+            Record::Done { id: 2 },
+            Record::Intent(intent(3, "b")),
+        ];
+        assert_eq!(pending(&r), vec![intent(3, "b")]);
+    }
+}

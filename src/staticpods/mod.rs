@@ -1,0 +1,825 @@
+//! Static-pod gate: moves manifests out of the kubelet's `staticPodPath` and back,
+//! journaled and crash-safe. See the StaticPodGate trait for the contract.
+//!
+//! A move is: parse and hash the file, append an intent (file, from, to, size, SHA-256,
+//! mode, owner) to the journal and fsync it, then `renameat2(RENAME_NOREPLACE)` within a
+//! filesystem (hard link + unlink where the flag is unsupported), or across filesystems
+//! copy to a dot-file (`.<name>.nodegrace-tmp`, which the kubelet ignores) with the same
+//! owner and mode, fsync, rename into place without replacing, fsync the directory, unlink
+//! the source, fsync its directory; then append `done`. After a crash, `recover` decides
+//! where each journaled file is by comparing content hashes, removes the redundant copy
+//! and temporaries, and never deletes the only copy of anything.
+
+mod fsio;
+mod journal;
+mod manifest;
+
+#[cfg(test)]
+mod tests;
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use nix::errno::Errno;
+
+use crate::config::StaticPodSettings;
+#[cfg(test)]
+use fsio::Hook;
+use fsio::{check_name, temp_name, temp_owner, DirHandle, Entry, FileData, NoHook, Ops};
+use journal::{Intent, Op, Record};
+
+pub use fsio::Place;
+pub use manifest::{
+    mirror_pod_name, parse_manifest, ParsedPod, SYSTEM_CLUSTER_CRITICAL, SYSTEM_NODE_CRITICAL,
+};
+
+/// One static pod manifest, identified by parsing it (not by its file name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticManifest {
+    /// File name inside the manifest or gate directory.
+    pub file_name: String,
+    pub namespace: String,
+    /// `metadata.name` in the manifest; the mirror pod is named `<name>-<nodeName>`.
+    pub pod_name: String,
+    pub priority: i32,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl StaticManifest {
+    /// Whether the mirror pod `pod_namespace/pod_name` on `node_name` is this manifest's.
+    pub fn is_mirrored_by(&self, pod_namespace: &str, pod_name: &str, node_name: &str) -> bool {
+        self.namespace == pod_namespace && mirror_pod_name(&self.pod_name, node_name) == pod_name
+    }
+}
+
+/// Synchronous on purpose: callers in async code use `spawn_blocking`.
+pub trait StaticPodGate: Send + Sync {
+    /// Replays the journal after a crash; every manifest ends in exactly one place.
+    fn recover(&self) -> Result<()>;
+    /// Manifests the kubelet currently sees (parseable ones; others are reported).
+    fn active(&self) -> Result<Vec<StaticManifest>>;
+    /// Manifests currently gated.
+    fn gated(&self) -> Result<Vec<StaticManifest>>;
+    /// Moves one manifest from the manifest directory to the gate directory.
+    fn gate(&self, file_name: &str) -> Result<()>;
+    /// Moves every gated manifest back, never overwriting; returns the names kept aside.
+    fn restore_all(&self) -> Result<Vec<String>>;
+
+    /// The active manifest whose mirror pod is `pod_namespace/pod_name` on `node_name`,
+    /// matched by the parsed name and namespace, never by file name. When several files
+    /// declare the same pod, the first by file name.
+    fn find_manifest_for_mirror(
+        &self,
+        pod_namespace: &str,
+        pod_name: &str,
+        node_name: &str,
+    ) -> Result<Option<StaticManifest>> {
+        Ok(self
+            .active()?
+            .into_iter()
+            .find(|m| m.is_mirrored_by(pod_namespace, pod_name, node_name)))
+    }
+}
+
+/// A file left where it is, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file_name: String,
+    pub reason: String,
+}
+
+/// What one directory holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// Parseable manifests, by file name.
+    pub manifests: Vec<StaticManifest>,
+    /// Regular files that are not a single v1 Pod (the kubelet would complain about them too).
+    pub unparseable: Vec<Problem>,
+    /// Symlinks, FIFOs, devices, sockets, directories: never touched.
+    pub refused: Vec<Problem>,
+    /// Our own temporaries (`.<name>.nodegrace-tmp`); `recover` removes them.
+    pub temporaries: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    pub restored: Vec<String>,
+    /// A file of the same name is in the manifest directory: the gated one stays in the
+    /// gate directory for the operator to decide.
+    pub kept_aside: Vec<String>,
+    /// Not restored because of an error; still in the gate directory.
+    pub failed: Vec<Problem>,
+}
+
+/// Where `recover` left a journaled file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// The move had finished (or was finished from a complete copy).
+    AtDestination,
+    /// The move had not happened; the file is where it was.
+    AtSource,
+    /// Two different files now carry the name (one changed or appeared meanwhile); both
+    /// kept for the operator.
+    BothKept(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub settled: Vec<(String, Settled)>,
+    /// Journal entries that could not be settled; they stay in the journal.
+    pub unsettled: Vec<Problem>,
+    /// Temporaries with no complete copy elsewhere, left in place.
+    pub leftover_temporaries: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moved {
+    Yes,
+    DestinationExists,
+}
+
+/// The gate on the real filesystem.
+pub struct FsGate {
+    manifest_dir: PathBuf,
+    gate_dir: PathBuf,
+    journal: PathBuf,
+    lock: PathBuf,
+    state_dir: PathBuf,
+    ops: Ops,
+    force_copy: bool,
+}
+
+/// Name of the journal inside the state directory.
+pub const JOURNAL_FILE: &str = "static-pods.journal";
+const LOCK_FILE: &str = "static-pods.lock";
+
+fn lexically_clean(p: &Path, what: &str) -> Result<()> {
+    if !p.is_absolute() {
+        bail!("{what} {} must be an absolute path", p.display());
+    }
+    if p.components().any(|c| matches!(c, Component::ParentDir)) {
+        bail!("{what} {} must not contain '..'", p.display());
+    }
+    Ok(())
+}
+
+fn check_not_inside(inner: &Path, outer: &Path, inner_what: &str) -> Result<()> {
+    if inner.starts_with(outer) {
+        bail!(
+            "{inner_what} {} must not be the kubelet's staticPodPath {} or inside it",
+            inner.display(),
+            outer.display()
+        );
+    }
+    Ok(())
+}
+
+impl FsGate {
+    /// `settings.manifest_dir` is the kubelet's `staticPodPath`; the journal and its lock
+    /// live in `state_dir`. Nothing is created until the first move.
+    pub fn new(settings: &StaticPodSettings, state_dir: &Path) -> Result<Self> {
+        lexically_clean(&settings.manifest_dir, "static pod manifest directory")?;
+        lexically_clean(&settings.gate_dir, "gate directory")?;
+        lexically_clean(state_dir, "state directory")?;
+        check_not_inside(&settings.gate_dir, &settings.manifest_dir, "gate directory")?;
+        check_not_inside(state_dir, &settings.manifest_dir, "state directory")?;
+        let gate = FsGate {
+            manifest_dir: settings.manifest_dir.clone(),
+            gate_dir: settings.gate_dir.clone(),
+            journal: state_dir.join(JOURNAL_FILE),
+            lock: state_dir.join(LOCK_FILE),
+            state_dir: state_dir.to_path_buf(),
+            ops: Ops {
+                hook: Arc::new(NoHook),
+            },
+            force_copy: false,
+        };
+        gate.check_resolved_layout()?;
+        Ok(gate)
+    }
+
+    /// Same check on resolved paths, so a symlinked parent cannot put the gate directory
+    /// inside the manifest directory.
+    fn check_resolved_layout(&self) -> Result<()> {
+        let (Ok(m), Ok(g)) = (
+            self.manifest_dir.canonicalize(),
+            self.gate_dir.canonicalize(),
+        ) else {
+            return Ok(());
+        };
+        check_not_inside(&g, &m, "gate directory (resolved)")
+    }
+
+    #[cfg(test)]
+    fn with_hook(mut self, hook: Hook) -> Self {
+        self.ops = Ops { hook };
+        self
+    }
+
+    /// Always copy (the cross-filesystem path), even within one filesystem. For tests.
+    pub fn with_forced_copy(mut self, yes: bool) -> Self {
+        self.force_copy = yes;
+        self
+    }
+
+    pub fn journal_path(&self) -> &Path {
+        &self.journal
+    }
+
+    pub fn manifest_dir(&self) -> &Path {
+        &self.manifest_dir
+    }
+
+    pub fn gate_dir(&self) -> &Path {
+        &self.gate_dir
+    }
+
+    fn lock(&self) -> Result<nix::fcntl::Flock<std::fs::File>> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.state_dir)
+            .with_context(|| format!("creating {}", self.state_dir.display()))?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&self.lock)
+            .with_context(|| format!("opening {}", self.lock.display()))?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .with_context(|| format!("locking {}", self.lock.display()))
+    }
+
+    fn journal_append(&self, record: &Record) -> Result<()> {
+        self.ops
+            .journal_write(|| journal::append(&self.journal, record))
+    }
+
+    fn open(&self, place: Place) -> Result<DirHandle> {
+        match place {
+            Place::Manifests => DirHandle::open(&self.manifest_dir, place)
+                .context("the kubelet's static pod manifest directory"),
+            Place::Gate => {
+                let g = DirHandle::open(&self.gate_dir, place).context("the gate directory")?;
+                // Whatever sits in the gate directory is restored into staticPodPath: a
+                // directory others can write to would let them plant a pod.
+                let st = nix::sys::stat::fstat(&g.fd)
+                    .with_context(|| format!("stat {}", self.gate_dir.display()))?;
+                if st.st_uid != nix::unistd::geteuid().as_raw() || st.st_mode & 0o022 != 0 {
+                    bail!(
+                        "gate directory {} must be owned by uid {} and not writable by group or others (owner {}, mode {:o}); refused",
+                        self.gate_dir.display(),
+                        nix::unistd::geteuid(),
+                        st.st_uid,
+                        st.st_mode & 0o7777
+                    );
+                }
+                Ok(g)
+            }
+        }
+    }
+
+    /// The gate directory, created 0700 when missing.
+    fn open_gate_creating(&self) -> Result<DirHandle> {
+        match std::fs::symlink_metadata(&self.gate_dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.ops.mkdir(&self.gate_dir)?;
+                if let Some(parent) = self.gate_dir.parent() {
+                    crate::fsutil::fsync_dir(parent)?;
+                }
+            }
+            _ => {}
+        }
+        let g = self.open(Place::Gate)?;
+        self.check_resolved_layout()?;
+        Ok(g)
+    }
+
+    /// Everything in one directory, parsed. A missing gate directory holds nothing.
+    pub fn scan(&self, place: Place) -> Result<Scan> {
+        let dir = match self.open(place) {
+            Ok(d) => d,
+            Err(_)
+                if place == Place::Gate && std::fs::symlink_metadata(&self.gate_dir).is_err() =>
+            {
+                return Ok(Scan::default())
+            }
+            Err(e) => return Err(e),
+        };
+        let mut scan = Scan::default();
+        for name in dir.names()? {
+            if temp_owner(&name).is_some() {
+                scan.temporaries.push(name);
+                continue;
+            }
+            if name.starts_with('.') {
+                continue; // the kubelet ignores dot-files, and so do we
+            }
+            match dir.entry(&name)? {
+                Entry::Absent => {}
+                Entry::Other("directory") => {}
+                Entry::Other(kind) => scan.refused.push(Problem {
+                    file_name: name,
+                    reason: format!("is a {kind}, not a regular file"),
+                }),
+                Entry::Regular(data) => match parse_manifest(&data.bytes) {
+                    Ok(p) => scan.manifests.push(StaticManifest {
+                        file_name: name,
+                        namespace: p.namespace,
+                        pod_name: p.name,
+                        priority: p.priority,
+                        labels: p.labels,
+                    }),
+                    Err(why) => scan.unparseable.push(Problem {
+                        file_name: name,
+                        reason: why,
+                    }),
+                },
+            }
+        }
+        for p in &scan.unparseable {
+            tracing::warn!(dir = %dir.path.display(), file = %p.file_name, reason = %p.reason,
+                "static pod manifest does not parse; left in place");
+        }
+        for p in &scan.refused {
+            tracing::warn!(dir = %dir.path.display(), file = %p.file_name, reason = %p.reason,
+                "not a regular file; left in place");
+        }
+        Ok(scan)
+    }
+
+    /// Every active manifest whose mirror pod is `pod_namespace/pod_name` on `node_name`.
+    pub fn find_manifests_for_mirror(
+        &self,
+        pod_namespace: &str,
+        pod_name: &str,
+        node_name: &str,
+    ) -> Result<Vec<StaticManifest>> {
+        Ok(self
+            .scan(Place::Manifests)?
+            .manifests
+            .into_iter()
+            .filter(|m| m.is_mirrored_by(pod_namespace, pod_name, node_name))
+            .collect())
+    }
+
+    /// Restores every gated manifest it can; the report says what happened to each.
+    pub fn restore_report(&self) -> Result<RestoreReport> {
+        let _lock = self.lock()?;
+        let mut report = RestoreReport::default();
+        if std::fs::symlink_metadata(&self.gate_dir).is_err() {
+            return Ok(report);
+        }
+        let g = self.open(Place::Gate)?;
+        let names: Vec<String> = g
+            .names()?
+            .into_iter()
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        let m = match self.open(Place::Manifests) {
+            Ok(m) => m,
+            Err(e) => {
+                for n in names {
+                    report.failed.push(Problem {
+                        file_name: n,
+                        reason: format!("{e:#}"),
+                    });
+                }
+                return Ok(report);
+            }
+        };
+        for name in names {
+            if let Ok(Entry::Other("directory")) = g.entry(&name) {
+                continue;
+            }
+            match self.move_file(Op::Restore, &g, &m, &name) {
+                Ok(Moved::Yes) => {
+                    tracing::info!(file = %name, "restored static pod manifest");
+                    report.restored.push(name);
+                }
+                Ok(Moved::DestinationExists) => {
+                    tracing::warn!(
+                        file = %name,
+                        manifest_dir = %m.path.display(),
+                        gate_dir = %g.path.display(),
+                        "a different file of the same name is in the manifest directory; \
+                         the gated one stays in the gate directory for the operator to decide"
+                    );
+                    report.kept_aside.push(name);
+                }
+                Err(e) => {
+                    tracing::error!(file = %name, error = %format!("{e:#}"), "restoring failed; the manifest stays gated");
+                    report.failed.push(Problem {
+                        file_name: name,
+                        reason: format!("{e:#}"),
+                    });
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Settles the journal; see `RecoveryReport`.
+    pub fn recover_report(&self) -> Result<RecoveryReport> {
+        let _lock = self.lock()?;
+        let records = journal::read(&self.journal)?;
+        let pending = journal::pending(&records);
+        let mut report = RecoveryReport::default();
+        let m = self.open(Place::Manifests);
+        let g = self.open(Place::Gate);
+        let mut unsettled: Vec<Intent> = Vec::new();
+        for intent in pending {
+            let handle = |p: Place| match p {
+                Place::Manifests => m.as_ref(),
+                Place::Gate => g.as_ref(),
+            };
+            let outcome = match (handle(intent.from), handle(intent.to)) {
+                (Ok(src), Ok(dst)) => self.settle(&intent, src, dst),
+                (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+            };
+            match outcome {
+                Ok(s) => {
+                    tracing::info!(file = %intent.file, outcome = ?s, "settled an interrupted static pod manifest move");
+                    report.settled.push((intent.file.clone(), s));
+                }
+                Err(e) => {
+                    tracing::error!(file = %intent.file, error = %format!("{e:#}"), "cannot settle an interrupted move; kept in the journal");
+                    report.unsettled.push(Problem {
+                        file_name: intent.file.clone(),
+                        reason: format!("{e:#}"),
+                    });
+                    unsettled.push(intent);
+                }
+            }
+        }
+        for dir in [&m, &g].into_iter().flatten() {
+            self.sweep_temporaries(dir, &m, &g, &unsettled, &mut report)?;
+        }
+        if !records.is_empty() {
+            self.ops
+                .journal_write(|| journal::rewrite(&self.journal, &unsettled))?;
+        }
+        Ok(report)
+    }
+
+    /// Removes temporaries of ours whose content is complete elsewhere.
+    fn sweep_temporaries(
+        &self,
+        dir: &DirHandle,
+        m: &Result<DirHandle>,
+        g: &Result<DirHandle>,
+        unsettled: &[Intent],
+        report: &mut RecoveryReport,
+    ) -> Result<()> {
+        for name in dir.names()? {
+            let Some(owner) = temp_owner(&name) else {
+                continue;
+            };
+            if unsettled.iter().any(|i| i.file == owner) {
+                continue;
+            }
+            let Entry::Regular(tmp) = dir.entry(&name)? else {
+                report.leftover_temporaries.push(dir.display(&name));
+                continue;
+            };
+            let mut elsewhere = false;
+            for d in [m, g].into_iter().flatten() {
+                if let Entry::Regular(f) = d.entry(owner)? {
+                    elsewhere |= f.sha256 == tmp.sha256;
+                }
+            }
+            if elsewhere {
+                self.ops
+                    .unlink(dir, &name)
+                    .with_context(|| format!("removing {}", dir.display(&name)))?;
+                self.ops
+                    .fsync_dir(dir)
+                    .with_context(|| format!("syncing {}", dir.path.display()))?;
+            } else {
+                tracing::warn!(file = %dir.display(&name), "temporary copy with no complete copy elsewhere; left in place");
+                report.leftover_temporaries.push(dir.display(&name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves `name` from `src` to `dst`, journaled. On failure the move is settled at once
+    /// (so nothing waits for the next start) and the error returned.
+    fn move_file(&self, op: Op, src: &DirHandle, dst: &DirHandle, name: &str) -> Result<Moved> {
+        check_name(name)?;
+        let data = match src.entry(name)? {
+            Entry::Absent => bail!("{} does not exist", src.display(name)),
+            Entry::Other(kind) => bail!(
+                "refused {}: it is a {kind}, not a regular file; left in place",
+                src.display(name)
+            ),
+            Entry::Regular(d) => d,
+        };
+        if let Err(why) = parse_manifest(&data.bytes) {
+            bail!(
+                "refused {}: not a static pod manifest ({why}); left in place",
+                src.display(name)
+            );
+        }
+        if dst.stat(name)?.is_some() {
+            return Ok(Moved::DestinationExists);
+        }
+        let intent = Intent {
+            id: rand::random(),
+            op,
+            file: name.to_string(),
+            from: src.place,
+            to: dst.place,
+            size: data.bytes.len() as u64,
+            sha256: data.sha256.clone(),
+            mode: data.mode,
+            uid: data.uid,
+            gid: data.gid,
+            copy: self.force_copy || src.dev != dst.dev,
+        };
+        self.journal_append(&Record::Intent(intent.clone()))
+            .with_context(|| format!("not moving {}", src.display(name)))?;
+        match self.carry(&intent, src, dst, &data) {
+            Ok(moved) => {
+                if let Err(e) = self.journal_append(&Record::Done { id: intent.id }) {
+                    tracing::warn!(file = %name, error = %format!("{e:#}"), "moved, but could not journal it; recovery will confirm");
+                }
+                Ok(moved)
+            }
+            Err(e) => {
+                match self.settle(&intent, src, dst) {
+                    Ok(s) => {
+                        tracing::warn!(file = %name, outcome = ?s, "settled a failed move");
+                        let _ = self.journal_append(&Record::Done { id: intent.id });
+                    }
+                    Err(e2) => {
+                        tracing::error!(file = %name, error = %format!("{e2:#}"), "failed move left for recovery")
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn carry(
+        &self,
+        intent: &Intent,
+        src: &DirHandle,
+        dst: &DirHandle,
+        data: &FileData,
+    ) -> Result<Moved> {
+        let name = intent.file.as_str();
+        let what = || format!("moving {} to {}", src.display(name), dst.path.display());
+        if !intent.copy {
+            match self.ops.rename_noreplace(src, name, dst, name) {
+                Ok(()) => {
+                    self.sync_both(src, dst)?;
+                    return Ok(Moved::Yes);
+                }
+                Err(Errno::EEXIST) => return Ok(Moved::DestinationExists),
+                Err(Errno::EXDEV) => {}
+                Err(Errno::EINVAL) => match self.ops.link(src, name, dst, name) {
+                    Ok(()) => {
+                        self.ops.fsync_dir(dst).with_context(what)?;
+                        self.ops.unlink(src, name).with_context(what)?;
+                        self.ops.fsync_dir(src).with_context(what)?;
+                        return Ok(Moved::Yes);
+                    }
+                    Err(Errno::EEXIST) => return Ok(Moved::DestinationExists),
+                    Err(Errno::EXDEV) => {}
+                    Err(e) => return Err(e).with_context(what),
+                },
+                Err(e) => return Err(e).with_context(what),
+            }
+        }
+        let tmp = temp_name(name);
+        if dst.stat(&tmp)?.is_some() {
+            self.ops.unlink(dst, &tmp).with_context(what)?;
+        }
+        self.ops.write_copy(dst, &tmp, data).with_context(what)?;
+        match self.place_temp(dst, &tmp, name) {
+            Ok(()) => {}
+            Err(Errno::EEXIST) => {
+                self.ops.unlink(dst, &tmp).with_context(what)?;
+                self.ops.fsync_dir(dst).with_context(what)?;
+                return Ok(Moved::DestinationExists);
+            }
+            Err(e) => return Err(e).with_context(what),
+        }
+        self.ops.fsync_dir(dst).with_context(what)?;
+        match src.entry(name)? {
+            Entry::Regular(now) if now.sha256 == intent.sha256 => {}
+            Entry::Absent => return Ok(Moved::Yes),
+            _ => bail!(
+                "{} changed while it was copied to {}; both kept, decide by hand",
+                src.display(name),
+                dst.path.display()
+            ),
+        }
+        self.ops.unlink(src, name).with_context(what)?;
+        self.ops.fsync_dir(src).with_context(what)?;
+        Ok(Moved::Yes)
+    }
+
+    /// Renames the temporary into place without replacing anything.
+    fn place_temp(&self, dst: &DirHandle, tmp: &str, name: &str) -> nix::Result<()> {
+        match self.ops.rename_noreplace(dst, tmp, dst, name) {
+            Err(Errno::EINVAL) => {
+                self.ops.link(dst, tmp, dst, name)?;
+                self.ops.unlink(dst, tmp)
+            }
+            r => r,
+        }
+    }
+
+    fn sync_both(&self, src: &DirHandle, dst: &DirHandle) -> Result<()> {
+        self.ops
+            .fsync_dir(dst)
+            .with_context(|| format!("syncing {}", dst.path.display()))?;
+        self.ops
+            .fsync_dir(src)
+            .with_context(|| format!("syncing {}", src.path.display()))
+    }
+
+    fn remove_temp(&self, dst: &DirHandle, tmp: &str, t: &Entry) -> Result<()> {
+        if matches!(t, Entry::Absent) {
+            return Ok(());
+        }
+        self.ops
+            .unlink(dst, tmp)
+            .with_context(|| format!("removing {}", dst.display(tmp)))?;
+        self.ops
+            .fsync_dir(dst)
+            .with_context(|| format!("syncing {}", dst.path.display()))
+    }
+
+    /// Decides from the files on disk where an interrupted move's file is, and finishes or
+    /// undoes it so that it is in exactly one place. Idempotent: a crash inside it is
+    /// settled by running it again. Never removes the only copy of the journaled content.
+    fn settle(&self, intent: &Intent, src: &DirHandle, dst: &DirHandle) -> Result<Settled> {
+        let name = intent.file.as_str();
+        check_name(name)?;
+        let tmp = temp_name(name);
+        let s = src.entry(name)?;
+        let d = dst.entry(name)?;
+        let t = dst.entry(&tmp)?;
+        let is_ours = |e: &Entry| matches!(e, Entry::Regular(f) if f.sha256 == intent.sha256);
+        let present = |e: &Entry| !matches!(e, Entry::Absent);
+
+        if is_ours(&d) {
+            if let (Entry::Regular(sf), Entry::Regular(df)) = (&s, &d) {
+                if sf.sha256 == intent.sha256 {
+                    if let Err(e) = self.ops.unlink(src, name) {
+                        // Source cannot be removed (read-only?): undo our copy instead.
+                        if sf.ino != df.ino || src.dev != dst.dev {
+                            tracing::warn!(file = %src.display(name), error = %e, "cannot remove the source; removing the copy instead");
+                            self.ops
+                                .unlink(dst, name)
+                                .with_context(|| format!("removing {}", dst.display(name)))?;
+                            self.ops
+                                .fsync_dir(dst)
+                                .with_context(|| format!("syncing {}", dst.path.display()))?;
+                            self.remove_temp(dst, &tmp, &t)?;
+                            return Ok(Settled::AtSource);
+                        }
+                        return Err(e).with_context(|| format!("removing {}", src.display(name)));
+                    }
+                    self.ops
+                        .fsync_dir(src)
+                        .with_context(|| format!("syncing {}", src.path.display()))?;
+                    self.remove_temp(dst, &tmp, &t)?;
+                    return Ok(Settled::AtDestination);
+                }
+            }
+            self.remove_temp(dst, &tmp, &t)?;
+            return Ok(if present(&s) {
+                Settled::BothKept(format!(
+                    "{} differs from the moved copy {}",
+                    src.display(name),
+                    dst.display(name)
+                ))
+            } else {
+                Settled::AtDestination
+            });
+        }
+        if is_ours(&s) {
+            self.remove_temp(dst, &tmp, &t)?;
+            return Ok(if present(&d) {
+                Settled::BothKept(format!(
+                    "{} is a different file; {} stays where it is",
+                    dst.display(name),
+                    src.display(name)
+                ))
+            } else {
+                Settled::AtSource
+            });
+        }
+        if is_ours(&t) {
+            if present(&d) {
+                bail!(
+                    "the only complete copy of {name} is {} and {} is taken; left in place",
+                    dst.display(&tmp),
+                    dst.display(name)
+                );
+            }
+            self.place_temp(dst, &tmp, name)
+                .with_context(|| format!("renaming {} into place", dst.display(&tmp)))?;
+            self.ops
+                .fsync_dir(dst)
+                .with_context(|| format!("syncing {}", dst.path.display()))?;
+            return Ok(if present(&s) {
+                Settled::BothKept(format!("{} was changed meanwhile", src.display(name)))
+            } else {
+                Settled::AtDestination
+            });
+        }
+        if !present(&s) && !present(&d) {
+            bail!(
+                "{name} (sha256 {}) is in neither {} nor {}; nothing touched",
+                intent.sha256,
+                src.path.display(),
+                dst.path.display()
+            );
+        }
+        // Someone else replaced the file: what is there is theirs, our partial copy is not.
+        self.remove_temp(dst, &tmp, &t)?;
+        Ok(Settled::BothKept(format!(
+            "{name} was replaced by another file during the move"
+        )))
+    }
+}
+
+impl StaticPodGate for FsGate {
+    fn recover(&self) -> Result<()> {
+        let r = self.recover_report()?;
+        if r.unsettled.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = r
+            .unsettled
+            .iter()
+            .map(|p| format!("{}: {}", p.file_name, p.reason))
+            .collect();
+        bail!(
+            "static pod journal {}: {} move(s) could not be settled (nothing deleted): {}",
+            self.journal.display(),
+            list.len(),
+            list.join("; ")
+        )
+    }
+
+    fn active(&self) -> Result<Vec<StaticManifest>> {
+        Ok(self.scan(Place::Manifests)?.manifests)
+    }
+
+    fn gated(&self) -> Result<Vec<StaticManifest>> {
+        Ok(self.scan(Place::Gate)?.manifests)
+    }
+
+    fn gate(&self, file_name: &str) -> Result<()> {
+        let _lock = self.lock()?;
+        check_name(file_name)?;
+        let m = self.open(Place::Manifests)?;
+        let g = self.open_gate_creating()?;
+        match self.move_file(Op::Gate, &m, &g, file_name)? {
+            Moved::Yes => {
+                tracing::info!(file = %file_name, "gated static pod manifest");
+                Ok(())
+            }
+            Moved::DestinationExists => bail!(
+                "cannot gate {}: {} already exists (an earlier restore kept it aside?); \
+                 both left in place, decide by hand",
+                m.display(file_name),
+                g.display(file_name)
+            ),
+        }
+    }
+
+    fn restore_all(&self) -> Result<Vec<String>> {
+        let r = self.restore_report()?;
+        if r.failed.is_empty() {
+            return Ok(r.kept_aside);
+        }
+        let list: Vec<String> = r
+            .failed
+            .iter()
+            .map(|p| format!("{}: {}", p.file_name, p.reason))
+            .collect();
+        bail!(
+            "{} gated manifest(s) could not be restored and stay in {} ({} restored, {} kept aside: {:?}): {}",
+            list.len(),
+            self.gate_dir.display(),
+            r.restored.len(),
+            r.kept_aside.len(),
+            r.kept_aside,
+            list.join("; ")
+        )
+    }
+}
