@@ -151,16 +151,21 @@ fn from_ms(v: u128) -> Duration {
 
 /// `floor(total * part / whole)`, 0 when `whole` is 0.
 fn scale(total: u128, part: u128, whole: u128) -> u128 {
-    if whole == 0 {
-        0
-    } else {
-        total * part / whole
-    }
+    (total * part).checked_div(whole).unwrap_or(0)
 }
 
 /// Splits `budget` over `steps` (see the module documentation for the rule).
-pub fn split_budget(budget: Duration, steps: &[PlanStep], reserves: &BudgetReserves) -> Vec<StepSchedule> {
-    const CLASSES: [StepClass; 4] = [StepClass::Regular, StepClass::Critical, StepClass::DaemonSet, StepClass::Static];
+pub fn split_budget(
+    budget: Duration,
+    steps: &[PlanStep],
+    reserves: &BudgetReserves,
+) -> Vec<StepSchedule> {
+    const CLASSES: [StepClass; 4] = [
+        StepClass::Regular,
+        StepClass::Critical,
+        StepClass::DaemonSet,
+        StepClass::Static,
+    ];
     let b = ms(budget);
     let classes: Vec<StepClass> = steps
         .iter()
@@ -168,7 +173,12 @@ pub fn split_budget(budget: Duration, steps: &[PlanStep], reserves: &BudgetReser
         .collect();
     let active: Vec<StepClass> = CLASSES
         .into_iter()
-        .filter(|c| steps.iter().zip(&classes).any(|(s, sc)| sc == c && !s.pods.is_empty()))
+        .filter(|c| {
+            steps
+                .iter()
+                .zip(&classes)
+                .any(|(s, sc)| sc == c && !s.pods.is_empty())
+        })
         .collect();
     let reserve_sum: u128 = active.iter().map(|c| ms(c.reserve(reserves))).sum();
     let scaled = b < reserve_sum;
@@ -187,24 +197,50 @@ pub fn split_budget(budget: Duration, steps: &[PlanStep], reserves: &BudgetReser
         windows.push((*c, start, end));
     }
 
-    let grace_ms = |s: &PlanStep| s.pods.iter().map(|p| ms(p.grace_period())).max().unwrap_or(0);
+    let grace_ms = |s: &PlanStep| {
+        s.pods
+            .iter()
+            .map(|p| ms(p.grace_period()))
+            .max()
+            .unwrap_or(0)
+    };
     let mut out = Vec::with_capacity(steps.len());
     for (class, w_start, w_end) in &windows {
         let members: Vec<usize> = (0..steps.len()).filter(|&i| classes[i] == *class).collect();
-        let weight = |i: usize| if steps[i].pods.is_empty() { 0 } else { grace_ms(&steps[i]).max(1000) };
+        let weight = |i: usize| {
+            if steps[i].pods.is_empty() {
+                0
+            } else {
+                grace_ms(&steps[i]).max(1000)
+            }
+        };
         let total: u128 = members.iter().map(|&i| weight(i)).sum();
         let (mut acc, mut start) = (0u128, *w_start);
         for &i in &members {
             acc += weight(i);
             let end = w_start + scale(w_end - w_start, acc, total);
-            out.push(schedule(&steps[i], classes[i], start, end, grace_ms(&steps[i]), b, reserve_sum, scaled));
+            out.push(schedule(
+                &steps[i],
+                classes[i],
+                start,
+                end,
+                grace_ms(&steps[i]),
+                b,
+                reserve_sum,
+                scaled,
+            ));
             start = end;
         }
     }
     // Steps of classes without pods reserve nothing; place them where they fall in plan order.
     for (step, class) in steps.iter().zip(&classes) {
         if !active.contains(class) {
-            let at = out.iter().filter(|s| s.index < step.index).map(|s| ms(s.end)).max().unwrap_or(0);
+            let at = out
+                .iter()
+                .filter(|s| s.index < step.index)
+                .map(|s| ms(s.end))
+                .max()
+                .unwrap_or(0);
             out.push(schedule(step, *class, at, at, 0, b, reserve_sum, scaled));
         }
     }
@@ -305,13 +341,20 @@ mod tests {
         gone.terminal = true;
         pods.push(gone);
         let s = steps(&[entry(PodType::Default, 50)], &pods);
-        let names: Vec<Vec<String>> = s.iter().map(|s| s.pods.iter().map(|p| p.name.clone()).collect()).collect();
+        let names: Vec<Vec<String>> = s
+            .iter()
+            .map(|s| s.pods.iter().map(|p| p.name.clone()).collect())
+            .collect();
         assert_eq!(names[0], ["web"]);
         assert_eq!(names[1], ["db"]);
         assert_eq!(names[2], ["dns"]);
         assert_eq!(names[7], ["proxy"]);
         assert_eq!(names[11], ["etcd"]);
-        assert_eq!(names.iter().map(Vec::len).sum::<usize>(), 5, "terminal pods are not scheduled");
+        assert_eq!(
+            names.iter().map(Vec::len).sum::<usize>(),
+            5,
+            "terminal pods are not scheduled"
+        );
     }
 
     #[test]
@@ -329,30 +372,50 @@ mod tests {
         assert_eq!(by_index(2).escalate_at, secs(230));
         assert_eq!((by_index(2).start, by_index(2).end), (secs(210), secs(250)));
         assert_eq!((by_index(7).start, by_index(7).end), (secs(250), secs(280)));
-        assert_eq!((by_index(11).start, by_index(11).end), (secs(280), secs(300)));
+        assert_eq!(
+            (by_index(11).start, by_index(11).end),
+            (secs(280), secs(300))
+        );
         // Empty steps reserve nothing.
         for i in [3, 4, 5, 6, 8, 9, 10, 12] {
             assert_eq!(by_index(i).start, by_index(i).end, "step {i}");
-            assert!(by_index(i).explanation.contains("no pods, reserves nothing"));
+            assert!(by_index(i)
+                .explanation
+                .contains("no pods, reserves nothing"));
         }
-        assert!(by_index(1).explanation.contains("1 regular pod(s), longest grace 2m"), "{}", by_index(1).explanation);
+        assert!(
+            by_index(1)
+                .explanation
+                .contains("1 regular pod(s), longest grace 2m"),
+            "{}",
+            by_index(1).explanation
+        );
     }
 
     #[test]
     fn short_share_halves_between_cooperation_and_grace() {
         let s = steps(&[], &[pod("web", PodType::Default, 0)]);
         let plan = split_budget(secs(20), &s, &reserves());
-        assert_eq!((plan[0].start, plan[0].escalate_at, plan[0].end), (secs(0), secs(10), secs(20)));
+        assert_eq!(
+            (plan[0].start, plan[0].escalate_at, plan[0].end),
+            (secs(0), secs(10), secs(20))
+        );
         assert_eq!(escalation_grace(secs(30), secs(10), plan[0].end), secs(10));
         assert_eq!(escalation_grace(secs(5), secs(10), plan[0].end), secs(5));
-        assert_eq!(escalation_grace(secs(5), secs(25), plan[0].end), Duration::ZERO);
+        assert_eq!(
+            escalation_grace(secs(5), secs(25), plan[0].end),
+            Duration::ZERO
+        );
     }
 
     #[test]
     fn small_budget_scales_reserves_and_leaves_regular_nothing() {
         let s = steps(&[], &node_pods());
         let plan = split_budget(secs(9), &s, &reserves());
-        let regular: Vec<_> = plan.iter().filter(|p| p.class == StepClass::Regular && !p.pods.is_empty()).collect();
+        let regular: Vec<_> = plan
+            .iter()
+            .filter(|p| p.class == StepClass::Regular && !p.pods.is_empty())
+            .collect();
         assert!(regular.iter().all(|p| p.end == Duration::ZERO));
         let crit = plan.iter().find(|p| p.pods == ["ns/dns"]).unwrap();
         let ds = plan.iter().find(|p| p.pods == ["ns/proxy"]).unwrap();
@@ -365,7 +428,10 @@ mod tests {
 
     #[test]
     fn surplus_goes_to_the_first_class_with_pods() {
-        let pods = vec![pod("proxy", PodType::DaemonSet, 0), pod("etcd", PodType::Static, 0)];
+        let pods = vec![
+            pod("proxy", PodType::DaemonSet, 0),
+            pod("etcd", PodType::Static, 0),
+        ];
         let plan = split_budget(secs(100), &steps(&[], &pods), &reserves());
         let ds = plan.iter().find(|p| p.pods == ["ns/proxy"]).unwrap();
         let st = plan.iter().find(|p| p.pods == ["ns/etcd"]).unwrap();
@@ -374,8 +440,18 @@ mod tests {
     }
 
     fn arb_pods() -> impl Strategy<Value = Vec<PodInfo>> {
-        let types = prop_oneof![Just(PodType::Default), Just(PodType::DaemonSet), Just(PodType::Static)];
-        let prios = prop_oneof![-10i32..3000, Just(1_000_000_000), Just(2_000_000_000), Just(2_000_001_000), Just(i32::MAX)];
+        let types = prop_oneof![
+            Just(PodType::Default),
+            Just(PodType::DaemonSet),
+            Just(PodType::Static)
+        ];
+        let prios = prop_oneof![
+            -10i32..3000,
+            Just(1_000_000_000),
+            Just(2_000_000_000),
+            Just(2_000_001_000),
+            Just(i32::MAX)
+        ];
         proptest::collection::vec((types, prios, 0i64..400), 0..12).prop_map(|v| {
             v.into_iter()
                 .enumerate()
@@ -389,14 +465,18 @@ mod tests {
     }
 
     fn arb_reserves() -> impl Strategy<Value = BudgetReserves> {
-        (0u64..100_000, 0u64..100_000, 0u64..100_000, prop_oneof![Just(2_000_000_000), 0i32..3000]).prop_map(
-            |(d, s, c, cp)| BudgetReserves {
+        (
+            0u64..100_000,
+            0u64..100_000,
+            0u64..100_000,
+            prop_oneof![Just(2_000_000_000), 0i32..3000],
+        )
+            .prop_map(|(d, s, c, cp)| BudgetReserves {
                 daemonset: Duration::from_millis(d),
                 static_pods: Duration::from_millis(s),
                 critical: Duration::from_millis(c),
                 critical_priority: cp,
-            },
-        )
+            })
     }
 
     proptest! {

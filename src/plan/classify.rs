@@ -187,7 +187,12 @@ mod tests {
         assert_eq!(info.grace_period().as_secs(), 120);
         assert!(info.terminating && info.is_active());
         assert_eq!(info.labels.get("app").map(String::as_str), Some("db"));
-        for (phase, terminal) in [("Succeeded", true), ("Failed", true), ("Running", false), ("Pending", false)] {
+        for (phase, terminal) in [
+            ("Succeeded", true),
+            ("Failed", true),
+            ("Running", false),
+            ("Pending", false),
+        ] {
             p.status = Some(PodStatus {
                 phase: Some(phase.into()),
                 ..Default::default()
@@ -206,6 +211,9 @@ mod tests {
             termination_grace_period_seconds: Some(-1),
             ..Default::default()
         });
-        assert!(matches!(PodInfo::from_pod(&q), Err(ClassifyError::NegativeGracePeriod { .. })));
+        assert!(matches!(
+            PodInfo::from_pod(&q),
+            Err(ClassifyError::NegativeGracePeriod { .. })
+        ));
     }
 }

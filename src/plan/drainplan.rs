@@ -4,16 +4,23 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::config::{DrainPlanEntrySetting, DrainSettings};
+
 use super::selector::{Selector, SelectorError};
 use super::{DrainPlanEntry, PodType};
 
 /// The priorities of the entries injected for each pod type: the highest user priority class,
 /// `system-cluster-critical`, `system-node-critical` and the int32 maximum.
-pub const DEFAULT_PLAN_PRIORITIES: [i32; 4] = [1_000_000_000, 2_000_000_000, 2_000_001_000, i32::MAX];
+pub const DEFAULT_PLAN_PRIORITIES: [i32; 4] =
+    [1_000_000_000, 2_000_000_000, 2_000_001_000, i32::MAX];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    #[error("drainPlan[{index}] ({pod_type:?}, podPriority {priority}): invalid podSelector: {source}")]
+    #[error(
+        "drainPlan[{index}] ({pod_type:?}, podPriority {priority}): invalid podSelector: {source}"
+    )]
     InvalidSelector {
         index: usize,
         pod_type: PodType,
@@ -84,7 +91,11 @@ impl CompiledEntry {
 
 impl fmt::Display for CompiledEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} pods with priority <= {}", self.pod_type, self.priority)?;
+        write!(
+            f,
+            "{:?} pods with priority <= {}",
+            self.pod_type, self.priority
+        )?;
         if let Some(s) = &self.selector {
             write!(f, " matching {s}")?;
         }
@@ -103,6 +114,25 @@ impl fmt::Display for DrainPlanEntry {
             ),
         }
     }
+}
+
+impl From<&DrainPlanEntrySetting> for DrainPlanEntry {
+    fn from(s: &DrainPlanEntrySetting) -> Self {
+        DrainPlanEntry {
+            pod_selector: (!s.pod_selector.is_empty()).then(|| LabelSelector {
+                match_labels: Some(s.pod_selector.clone()),
+                match_expressions: None,
+            }),
+            pod_priority: s.pod_priority,
+            pod_type: s.pod_type,
+        }
+    }
+}
+
+/// The normalized drain plan of the shutdown maintenance, from `[drain] plan` in the config.
+pub fn shutdown_drain_plan(settings: &DrainSettings) -> Result<Vec<DrainPlanEntry>, PlanError> {
+    let entries: Vec<DrainPlanEntry> = settings.plan.iter().map(DrainPlanEntry::from).collect();
+    normalize_drain_plan(&entries)
 }
 
 /// The 12 entries injected into every plan, in plan order.
@@ -148,7 +178,9 @@ pub fn normalize_drain_plan(entries: &[DrainPlanEntry]) -> Result<Vec<DrainPlanE
         .collect())
 }
 
-pub(crate) fn normalize_compiled(entries: &[DrainPlanEntry]) -> Result<Vec<CompiledEntry>, PlanError> {
+pub(crate) fn normalize_compiled(
+    entries: &[DrainPlanEntry],
+) -> Result<Vec<CompiledEntry>, PlanError> {
     let mut plan = compile_plan(entries)?;
     for default in default_plan_entries() {
         let default = CompiledEntry::compile(0, &default)?;
@@ -166,9 +198,12 @@ pub fn validate_drain_plan(entries: &[DrainPlanEntry]) -> Result<(), PlanError> 
     let given = compile_plan(entries)?;
     let normalized = normalize_compiled(entries)?;
     if let Some(missing) = normalized.iter().find(|e| !given.contains(e)) {
-        return Err(PlanError::NotNormalized(format!("missing default entry: {missing}")));
+        return Err(PlanError::NotNormalized(format!(
+            "missing default entry: {missing}"
+        )));
     }
-    if let Some(i) = (1..given.len()).find(|&i| given[i - 1].plan_cmp(&given[i]) != Ordering::Less) {
+    if let Some(i) = (1..given.len()).find(|&i| given[i - 1].plan_cmp(&given[i]) != Ordering::Less)
+    {
         return Err(PlanError::NotNormalized(format!(
             "drainPlan[{}] ({}) must come before drainPlan[{}] ({})",
             i,
@@ -192,7 +227,7 @@ pub fn drain_plan_changed(old: &[DrainPlanEntry], new: &[DrainPlanEntry]) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     pub(crate) fn entry(pod_type: PodType, prio: i32) -> DrainPlanEntry {
         DrainPlanEntry {
@@ -217,13 +252,25 @@ mod tests {
     fn empty_plan_becomes_the_twelve_defaults_in_order() {
         let plan = normalize_drain_plan(&[]).unwrap();
         assert_eq!(plan, default_plan_entries());
-        let text: Vec<String> = plan.iter().map(|e| format!("{:?}/{}", e.pod_type, e.pod_priority)).collect();
+        let text: Vec<String> = plan
+            .iter()
+            .map(|e| format!("{:?}/{}", e.pod_type, e.pod_priority))
+            .collect();
         assert_eq!(
             text,
             [
-                "Default/1000000000", "Default/2000000000", "Default/2000001000", "Default/2147483647",
-                "DaemonSet/1000000000", "DaemonSet/2000000000", "DaemonSet/2000001000", "DaemonSet/2147483647",
-                "Static/1000000000", "Static/2000000000", "Static/2000001000", "Static/2147483647",
+                "Default/1000000000",
+                "Default/2000000000",
+                "Default/2000001000",
+                "Default/2147483647",
+                "DaemonSet/1000000000",
+                "DaemonSet/2000000000",
+                "DaemonSet/2000001000",
+                "DaemonSet/2147483647",
+                "Static/1000000000",
+                "Static/2000000000",
+                "Static/2000001000",
+                "Static/2147483647",
             ]
         );
     }
@@ -239,12 +286,20 @@ mod tests {
         ];
         let plan = normalize_drain_plan(&user).unwrap();
         assert_eq!(plan.len(), 12 + 4);
-        assert_eq!(plan[0], entry(PodType::Default, 2000).with_selector_of(&user[4]));
+        assert_eq!(
+            plan[0],
+            entry(PodType::Default, 2000).with_selector_of(&user[4])
+        );
         assert_eq!(plan[1], entry(PodType::Default, 2000));
         assert_eq!(plan[2], entry(PodType::Default, 1_000_000_000));
         assert_eq!(plan[6], entry(PodType::DaemonSet, 3000));
         assert_eq!(plan[11], entry(PodType::Static, 5));
-        assert_eq!(plan.iter().filter(|e| **e == entry(PodType::Default, 1_000_000_000)).count(), 1);
+        assert_eq!(
+            plan.iter()
+                .filter(|e| **e == entry(PodType::Default, 1_000_000_000))
+                .count(),
+            1
+        );
     }
 
     impl DrainPlanEntry {
@@ -283,8 +338,16 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("drainPlan[0] and drainPlan[2]"));
-        let err = normalize_drain_plan(&[entry(PodType::Static, 1), entry(PodType::Static, 1)]).unwrap_err();
-        assert!(matches!(err, PlanError::Duplicate { first: 0, second: 1, .. }));
+        let err = normalize_drain_plan(&[entry(PodType::Static, 1), entry(PodType::Static, 1)])
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            PlanError::Duplicate {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -293,9 +356,11 @@ mod tests {
             pod_selector: Some(LabelSelector::default()),
             ..entry(PodType::Default, 1_000_000_000)
         };
-        let plan = normalize_drain_plan(&[with_empty.clone()]).unwrap();
+        let plan = normalize_drain_plan(std::slice::from_ref(&with_empty)).unwrap();
         assert_eq!(plan, default_plan_entries());
-        assert!(normalize_drain_plan(&[with_empty, entry(PodType::Default, 1_000_000_000)]).is_err());
+        assert!(
+            normalize_drain_plan(&[with_empty, entry(PodType::Default, 1_000_000_000)]).is_err()
+        );
     }
 
     #[test]
@@ -312,7 +377,10 @@ mod tests {
             ..entry(PodType::Default, 5)
         };
         let err = normalize_drain_plan(&[entry(PodType::Default, 1), bad]).unwrap_err();
-        assert!(matches!(err, PlanError::InvalidSelector { index: 1, .. }), "{err}");
+        assert!(
+            matches!(err, PlanError::InvalidSelector { index: 1, .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -328,12 +396,38 @@ mod tests {
     }
 
     #[test]
+    fn shutdown_plan_comes_from_config() {
+        let mut settings = crate::config::Settings::default().drain;
+        settings.plan = vec![DrainPlanEntrySetting {
+            pod_type: PodType::Default,
+            pod_priority: 100,
+            pod_selector: [("app".to_string(), "db".to_string())].into(),
+        }];
+        let plan = shutdown_drain_plan(&settings).unwrap();
+        assert_eq!(plan.len(), 13);
+        assert_eq!(plan[0], sel_entry(PodType::Default, 100, "app", "db"));
+        settings.plan[0]
+            .pod_selector
+            .insert("bad key!".into(), "x".into());
+        assert!(matches!(
+            shutdown_drain_plan(&settings),
+            Err(PlanError::InvalidSelector { index: 0, .. })
+        ));
+    }
+
+    #[test]
     fn plan_change_ignores_spelling_but_not_content() {
         let a = vec![sel_entry(PodType::Default, 5, "app", "db")];
         let normalized = normalize_drain_plan(&a).unwrap();
         assert!(!drain_plan_changed(&a, &normalized));
-        assert!(drain_plan_changed(&a, &[sel_entry(PodType::Default, 6, "app", "db")]));
-        assert!(drain_plan_changed(&a, &[sel_entry(PodType::Default, 5, "app", "web")]));
+        assert!(drain_plan_changed(
+            &a,
+            &[sel_entry(PodType::Default, 6, "app", "db")]
+        ));
+        assert!(drain_plan_changed(
+            &a,
+            &[sel_entry(PodType::Default, 5, "app", "web")]
+        ));
         assert!(drain_plan_changed(&a, &[]));
     }
 }

@@ -97,7 +97,10 @@ impl GnsBands {
     /// The kubelet's conversion of `shutdownGracePeriod` + `shutdownGracePeriodCriticalPods`:
     /// priority 0 gets the difference, `system-cluster-critical` the critical time. A zero
     /// total means GNS is off (no bands).
-    pub fn from_simple(total: Duration, critical: Duration) -> Result<Vec<PriorityGracePeriod>, GnsError> {
+    pub fn from_simple(
+        total: Duration,
+        critical: Duration,
+    ) -> Result<Vec<PriorityGracePeriod>, GnsError> {
         if total.is_zero() {
             return Ok(Vec::new());
         }
@@ -141,7 +144,10 @@ impl GnsBands {
 
     /// Every band in ascending priority with its pods. Skip the empty ones (`GnsGroup::members`
     /// empty) without waiting, as the kubelet does.
-    pub fn group<T>(&self, candidates: impl IntoIterator<Item = GnsCandidate<T>>) -> Vec<GnsGroup<T>> {
+    pub fn group<T>(
+        &self,
+        candidates: impl IntoIterator<Item = GnsCandidate<T>>,
+    ) -> Vec<GnsGroup<T>> {
         let mut groups: Vec<GnsGroup<T>> = self
             .bands
             .iter()
@@ -152,9 +158,14 @@ impl GnsBands {
             })
             .collect();
         for c in candidates {
-            let band = c.priority.map_or(self.band_for_unknown(), |p| self.band_for(p));
+            let band = c
+                .priority
+                .map_or(self.band_for_unknown(), |p| self.band_for(p));
             let grace = self.pod_grace(band, c.grace);
-            groups[band].members.push(GnsMember { item: c.item, grace });
+            groups[band].members.push(GnsMember {
+                item: c.item,
+                grace,
+            });
         }
         groups
     }
@@ -185,7 +196,13 @@ mod tests {
 
     fn kubelet_docs_bands() -> GnsBands {
         // The example of the kubelet documentation.
-        GnsBands::new(&[band(100000, 10), band(10000, 180), band(1000, 120), band(0, 60)]).unwrap()
+        GnsBands::new(&[
+            band(100000, 10),
+            band(10000, 180),
+            band(1000, 120),
+            band(0, 60),
+        ])
+        .unwrap()
     }
 
     #[test]
@@ -216,31 +233,57 @@ mod tests {
             GnsCandidate::known("short", &short),
             GnsCandidate::unknown("mystery"),
         ]);
-        assert_eq!(groups.iter().map(|g| g.priority).collect::<Vec<_>>(), [0, 1000, 10000, 100000]);
+        assert_eq!(
+            groups.iter().map(|g| g.priority).collect::<Vec<_>>(),
+            [0, 1000, 10000, 100000]
+        );
         assert_eq!(
             groups[2].members,
             [
-                GnsMember { item: "long", grace: Duration::from_secs(180) },
-                GnsMember { item: "short", grace: Duration::from_secs(30) },
+                GnsMember {
+                    item: "long",
+                    grace: Duration::from_secs(180)
+                },
+                GnsMember {
+                    item: "short",
+                    grace: Duration::from_secs(30)
+                },
             ]
         );
-        assert_eq!(groups[0].members, [GnsMember { item: "mystery", grace: Duration::from_secs(60) }]);
+        assert_eq!(
+            groups[0].members,
+            [GnsMember {
+                item: "mystery",
+                grace: Duration::from_secs(60)
+            }]
+        );
         assert!(groups[1].members.is_empty() && groups[3].members.is_empty());
-        assert_eq!(GnsBands::max_duration(&groups), Duration::from_secs(240), "empty bands cost nothing");
+        assert_eq!(
+            GnsBands::max_duration(&groups),
+            Duration::from_secs(240),
+            "empty bands cost nothing"
+        );
     }
 
     #[test]
     fn simple_form_converts_like_the_kubelet() {
-        let bands = GnsBands::from_simple(Duration::from_secs(30), Duration::from_secs(10)).unwrap();
+        let bands =
+            GnsBands::from_simple(Duration::from_secs(30), Duration::from_secs(10)).unwrap();
         assert_eq!(bands, [band(0, 20), band(SYSTEM_CRITICAL_PRIORITY, 10)]);
-        assert_eq!(GnsBands::from_simple(Duration::ZERO, Duration::ZERO).unwrap(), []);
+        assert_eq!(
+            GnsBands::from_simple(Duration::ZERO, Duration::ZERO).unwrap(),
+            []
+        );
         assert!(GnsBands::from_simple(Duration::from_secs(5), Duration::from_secs(10)).is_err());
     }
 
     #[test]
     fn invalid_bands_are_rejected() {
         assert_eq!(GnsBands::new(&[]), Err(GnsError::NoBands));
-        assert_eq!(GnsBands::new(&[band(1, 1), band(1, 2)]), Err(GnsError::DuplicatePriority(1)));
+        assert_eq!(
+            GnsBands::new(&[band(1, 1), band(1, 2)]),
+            Err(GnsError::DuplicatePriority(1))
+        );
     }
 
     proptest! {

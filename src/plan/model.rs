@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::drainplan::{normalize_drain_plan, PlanError};
+use super::drainplan::{normalize_compiled, CompiledEntry, PlanError};
 use super::targets::{
     maintenance_blockers, maintenance_message, node_message, node_targets, plan_position,
     reached_drain_targets, Blockers, DrainTargets, NodeProgress, NodeReport, NodeTargets,
@@ -15,7 +15,7 @@ use super::{DrainPlanEntry, PodInfo};
 #[derive(Debug, Clone)]
 struct Maintenance {
     name: String,
-    plan: Vec<DrainPlanEntry>,
+    plan: Vec<CompiledEntry>,
     nodes: Vec<String>,
 }
 
@@ -37,6 +37,12 @@ pub struct NodeView {
     pub message: String,
 }
 
+/// Every maintenance's and every node's view, by name.
+pub type ClusterViews = (
+    BTreeMap<String, MaintenanceView>,
+    BTreeMap<String, NodeView>,
+);
+
 #[derive(Debug, Clone, Default)]
 pub struct ClusterModel {
     /// Oldest first.
@@ -52,10 +58,15 @@ impl ClusterModel {
     }
 
     /// Adds a maintenance (newer than every one added before) selecting `nodes`.
-    pub fn add_maintenance(&mut self, name: &str, plan: &[DrainPlanEntry], nodes: &[&str]) -> Result<(), PlanError> {
+    pub fn add_maintenance(
+        &mut self,
+        name: &str,
+        plan: &[DrainPlanEntry],
+        nodes: &[&str],
+    ) -> Result<(), PlanError> {
         self.maintenances.push(Maintenance {
             name: name.into(),
-            plan: normalize_drain_plan(plan)?,
+            plan: normalize_compiled(plan)?,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
         });
         Ok(())
@@ -80,7 +91,11 @@ impl ClusterModel {
 
     /// Finishes every pod the node currently targets.
     pub fn drain_node(&mut self, node: &str) {
-        let targets = self.nodes.get(node).map(|n| n.targets.clone()).unwrap_or_default();
+        let targets = self
+            .nodes
+            .get(node)
+            .map(|n| n.targets.clone())
+            .unwrap_or_default();
         self.finish_pods(node, |p| targets.targets(p));
     }
 
@@ -100,12 +115,17 @@ impl ClusterModel {
     fn maintenance_targets(&self) -> Result<Vec<DrainTargets>, PlanError> {
         self.maintenances
             .iter()
-            .map(|m| DrainTargets::for_plan(&m.plan, self.position(m).index))
+            .map(|m| {
+                Ok(DrainTargets::for_compiled_plan(
+                    &m.plan,
+                    self.position(m).index,
+                ))
+            })
             .collect()
     }
 
     /// Runs every engine until nothing changes and returns what the statuses then say.
-    pub fn settle(&mut self) -> Result<(BTreeMap<String, MaintenanceView>, BTreeMap<String, NodeView>), PlanError> {
+    pub fn settle(&mut self) -> Result<ClusterViews, PlanError> {
         for _ in 0..10_000 {
             let targets = self.maintenance_targets()?;
             let mut changed = false;
@@ -147,20 +167,22 @@ impl ClusterModel {
                 return self.views(&targets);
             }
         }
-        Err(PlanError::NotNormalized("cluster model did not settle".into()))
+        Err(PlanError::NotNormalized(
+            "cluster model did not settle".into(),
+        ))
     }
 
-    fn views(
-        &self,
-        targets: &[DrainTargets],
-    ) -> Result<(BTreeMap<String, MaintenanceView>, BTreeMap<String, NodeView>), PlanError> {
+    fn views(&self, targets: &[DrainTargets]) -> Result<ClusterViews, PlanError> {
         let empty = NodeTargets {
             targets: DrainTargets::none(),
             holders: Vec::new(),
         };
         let draining = |node: &str| {
             let n = self.nodes.get(node).unwrap_or(&empty);
-            n.targets.active_targeted(self.pods_of(node)).next().is_some()
+            n.targets
+                .active_targeted(self.pods_of(node))
+                .next()
+                .is_some()
         };
         let mut blockers: BTreeMap<String, Blockers> = BTreeMap::new();
         let mut maintenances = BTreeMap::new();
@@ -183,7 +205,10 @@ impl ClusterModel {
                 })
                 .collect();
             let b = maintenance_blockers(t, pos.index + 1 >= m.plan.len(), &progress);
-            let older: Vec<&str> = self.maintenances[..age].iter().map(|o| o.name.as_str()).collect();
+            let older: Vec<&str> = self.maintenances[..age]
+                .iter()
+                .map(|o| o.name.as_str())
+                .collect();
             maintenances.insert(
                 m.name.clone(),
                 MaintenanceView {
@@ -233,18 +258,31 @@ mod tests {
     }
 
     fn check(
-        views: &(BTreeMap<String, MaintenanceView>, BTreeMap<String, NodeView>),
+        views: &(
+            BTreeMap<String, MaintenanceView>,
+            BTreeMap<String, NodeView>,
+        ),
         maint: &[(&str, i32, &str)],
         nodes: &[(&str, i32, &str)],
     ) {
         for (name, reached, message) in maint {
             let m = &views.0[*name];
-            assert_eq!(m.reached, default_at(*reached), "{name} reachedDrainTargets: {:?}", m.reached.to_entries());
+            assert_eq!(
+                m.reached,
+                default_at(*reached),
+                "{name} reachedDrainTargets: {:?}",
+                m.reached.to_entries()
+            );
             assert_eq!(m.message, *message, "{name} drainMessage");
         }
         for (name, target, message) in nodes {
             let n = &views.1[*name];
-            assert_eq!(n.targets, default_at(*target), "node {name} drainTargets: {:?}", n.targets.to_entries());
+            assert_eq!(
+                n.targets,
+                default_at(*target),
+                "node {name} drainTargets: {:?}",
+                n.targets.to_entries()
+            );
             assert_eq!(n.message, *message, "node {name} drainMessage");
         }
     }
@@ -257,18 +295,63 @@ mod tests {
     #[test]
     fn kep_worked_example() {
         let mut c = ClusterModel::new();
-        c.set_pods("one", pods(&[("one-1000", Default, 1000), ("one-7000", Default, 7000), ("one-12000", Default, 12000), ("one-ds", DaemonSet, 1000)]));
-        c.set_pods("two", pods(&[("two-3000", Default, 3000), ("two-12000", Default, 12000)]));
-        c.set_pods("three", pods(&[("three-8000", Default, 8000), ("three-12000", Default, 12000)]));
-        c.set_pods("four", pods(&[("four-1000", Default, 1000), ("four-12000", Default, 12000)]));
-        c.add_maintenance("maintenance-a", &[entry(Default, 5000), entry(Default, 15000), entry(DaemonSet, 3000)], &["one", "two"]).unwrap();
-        c.add_maintenance("maintenance-b", &[entry(Default, 10000), entry(Default, 15000), entry(DaemonSet, 4000)], &["one", "three"]).unwrap();
+        c.set_pods(
+            "one",
+            pods(&[
+                ("one-1000", Default, 1000),
+                ("one-7000", Default, 7000),
+                ("one-12000", Default, 12000),
+                ("one-ds", DaemonSet, 1000),
+            ]),
+        );
+        c.set_pods(
+            "two",
+            pods(&[("two-3000", Default, 3000), ("two-12000", Default, 12000)]),
+        );
+        c.set_pods(
+            "three",
+            pods(&[
+                ("three-8000", Default, 8000),
+                ("three-12000", Default, 12000),
+            ]),
+        );
+        c.set_pods(
+            "four",
+            pods(&[("four-1000", Default, 1000), ("four-12000", Default, 12000)]),
+        );
+        c.add_maintenance(
+            "maintenance-a",
+            &[
+                entry(Default, 5000),
+                entry(Default, 15000),
+                entry(DaemonSet, 3000),
+            ],
+            &["one", "two"],
+        )
+        .unwrap();
+        c.add_maintenance(
+            "maintenance-b",
+            &[
+                entry(Default, 10000),
+                entry(Default, 15000),
+                entry(DaemonSet, 4000),
+            ],
+            &["one", "three"],
+        )
+        .unwrap();
 
         let v = c.settle().unwrap();
         check(
             &v,
-            &[("maintenance-a", 5000, "Draining"), ("maintenance-b", 5000, "Draining (limited by maintenance-a)")],
-            &[("one", 5000, "Draining"), ("two", 5000, "Draining"), ("three", 10000, "Draining")],
+            &[
+                ("maintenance-a", 5000, "Draining"),
+                ("maintenance-b", 5000, "Draining (limited by maintenance-a)"),
+            ],
+            &[
+                ("one", 5000, "Draining"),
+                ("two", 5000, "Draining"),
+                ("three", 10000, "Draining"),
+            ],
         );
 
         // Node three is drained: it has to wait for node one, which maintenance-a holds.
@@ -285,7 +368,10 @@ mod tests {
         let v = c.settle().unwrap();
         check(
             &v,
-            &[("maintenance-a", 5000, "Draining"), ("maintenance-b", 5000, "Waiting for maintenance-a.")],
+            &[
+                ("maintenance-a", 5000, "Draining"),
+                ("maintenance-b", 5000, "Waiting for maintenance-a."),
+            ],
             &[
                 ("one", 5000, "Waiting for maintenance-a."),
                 ("two", 5000, "Draining"),
@@ -298,7 +384,10 @@ mod tests {
         let v = c.settle().unwrap();
         check(
             &v,
-            &[("maintenance-a", 10000, "Draining"), ("maintenance-b", 10000, "Draining")],
+            &[
+                ("maintenance-a", 10000, "Draining"),
+                ("maintenance-b", 10000, "Draining"),
+            ],
             &[
                 ("one", 10000, "Draining (limited by maintenance-b)"),
                 ("two", 15000, "Draining"),
@@ -309,13 +398,22 @@ mod tests {
         assert_eq!(v.0["maintenance-b"].targets, default_at(10000));
 
         // maintenance-c selects one and four: node one does not backtrack.
-        c.add_maintenance("maintenance-c", &[entry(Default, 2000), entry(Default, 15000)], &["one", "four"]).unwrap();
+        c.add_maintenance(
+            "maintenance-c",
+            &[entry(Default, 2000), entry(Default, 15000)],
+            &["one", "four"],
+        )
+        .unwrap();
         let v = c.settle().unwrap();
         check(
             &v,
             &[("maintenance-c", 2000, "Draining")],
             &[
-                ("one", 10000, "Draining (limited by maintenance-b, maintenance-c)"),
+                (
+                    "one",
+                    10000,
+                    "Draining (limited by maintenance-b, maintenance-c)",
+                ),
                 ("four", 2000, "Draining"),
             ],
         );
@@ -339,12 +437,51 @@ mod tests {
     }
 
     #[test]
+    fn incomparable_selector_targets_do_not_deadlock() {
+        // db-first wants app=db pods up to 100 gone first; low-first every pod up to 50. The
+        // exact intersection (app=db up to 50) targets neither pod and both would wait forever.
+        use crate::plan::testutil::{pod_l, sel_entry};
+        let mut c = ClusterModel::new();
+        c.set_pods(
+            "n",
+            vec![
+                pod_l("db", Default, 80, "app", "db"),
+                pod("other", Default, 30),
+            ],
+        );
+        c.add_maintenance("db-first", &[sel_entry(Default, 100, "app", "db")], &["n"])
+            .unwrap();
+        c.add_maintenance("low-first", &[entry(Default, 50)], &["n"])
+            .unwrap();
+        let (_, nodes) = c.settle().unwrap();
+        // db-first targets no plain Default pods yet, so it is the least powerful.
+        assert_eq!(nodes["n"].holders, ["db-first"]);
+        assert!(nodes["n"]
+            .targets
+            .targets(&pod_l("db", Default, 80, "app", "db")));
+        assert!(!nodes["n"].targets.targets(&pod("other", Default, 30)));
+        assert_eq!(nodes["n"].message, "Draining");
+        for _ in 0..20 {
+            c.drain_node("n");
+            c.settle().unwrap();
+        }
+        let (maint, nodes) = c.settle().unwrap();
+        assert!(maint.values().all(|m| m.drained), "{maint:?}");
+        assert_eq!(nodes["n"].message, "Drained");
+    }
+
+    #[test]
     fn daemonset_pods_wait_for_every_default_pod() {
         let mut c = ClusterModel::new();
-        c.set_pods("n", pods(&[("web", Default, 2_000_000_000), ("ds", DaemonSet, 0)]));
+        c.set_pods(
+            "n",
+            pods(&[("web", Default, 2_000_000_000), ("ds", DaemonSet, 0)]),
+        );
         c.add_maintenance("m", &[], &["n"]).unwrap();
         let v = c.settle().unwrap();
-        assert!(v.1["n"].targets.targets(&pod("web", Default, 2_000_000_000)));
+        assert!(v.1["n"]
+            .targets
+            .targets(&pod("web", Default, 2_000_000_000)));
         assert!(!v.1["n"].targets.targets(&pod("ds", DaemonSet, 0)));
         c.drain_node("n");
         let v = c.settle().unwrap();

@@ -298,7 +298,11 @@ mod tests {
 
     fn sel(ml: &[(&str, &str)], exprs: Vec<LabelSelectorRequirement>) -> LabelSelector {
         LabelSelector {
-            match_labels: if ml.is_empty() { None } else { Some(labels(ml)) },
+            match_labels: if ml.is_empty() {
+                None
+            } else {
+                Some(labels(ml))
+            },
             match_expressions: if exprs.is_empty() { None } else { Some(exprs) },
         }
     }
@@ -306,7 +310,11 @@ mod tests {
     #[test]
     fn match_labels_need_every_pair() {
         let s = sel(&[("app", "db"), ("tier", "backend")], vec![]);
-        assert!(selector_matches(&s, &labels(&[("app", "db"), ("tier", "backend"), ("x", "y")])).unwrap());
+        assert!(selector_matches(
+            &s,
+            &labels(&[("app", "db"), ("tier", "backend"), ("x", "y")])
+        )
+        .unwrap());
         assert!(!selector_matches(&s, &labels(&[("app", "db")])).unwrap());
         assert!(!selector_matches(&s, &labels(&[("app", "web"), ("tier", "backend")])).unwrap());
     }
@@ -320,7 +328,10 @@ mod tests {
         assert!(!selector_matches(&s_in, &none).unwrap());
         let s_notin = sel(&[], vec![expr("app", "NotIn", Some(&["db"]))]);
         assert!(!selector_matches(&s_notin, &l).unwrap());
-        assert!(selector_matches(&s_notin, &none).unwrap(), "NotIn matches a missing label");
+        assert!(
+            selector_matches(&s_notin, &none).unwrap(),
+            "NotIn matches a missing label"
+        );
         let s_exists = sel(&[], vec![expr("app", "Exists", None)]);
         assert!(selector_matches(&s_exists, &l).unwrap());
         assert!(!selector_matches(&s_exists, &none).unwrap());
@@ -362,7 +373,14 @@ mod tests {
         let b = Selector::compile(&sel(&[], vec![expr("app", "In", Some(&["db", "db"]))])).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.to_string(), "app=db");
-        let c = Selector::compile(&sel(&[], vec![expr("app", "In", Some(&["b", "a"])), expr("x", "DoesNotExist", None)])).unwrap();
+        let c = Selector::compile(&sel(
+            &[],
+            vec![
+                expr("app", "In", Some(&["b", "a"])),
+                expr("x", "DoesNotExist", None),
+            ],
+        ))
+        .unwrap();
         assert_eq!(c.to_string(), "app in (a,b),!x");
     }
 }
