@@ -37,8 +37,17 @@ fn crds_command_output_is_a_stream_of_both_crds() {
     let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&stream)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
         .collect();
-    let names: Vec<_> = docs.iter().map(|c| c.metadata.name.clone().unwrap()).collect();
-    assert_eq!(names, [api::NODE_MAINTENANCE_CRD_NAME, api::EVICTION_REQUEST_CRD_NAME]);
+    let names: Vec<_> = docs
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            api::NODE_MAINTENANCE_CRD_NAME,
+            api::EVICTION_REQUEST_CRD_NAME
+        ]
+    );
 }
 
 fn crd_json(crd: CustomResourceDefinition) -> Value {
@@ -70,13 +79,20 @@ fn node<'a>(schema: &'a Value, path: &str) -> &'a Value {
 }
 
 fn number(schema: &Value, key: &str) -> f64 {
-    schema[key].as_f64().unwrap_or_else(|| panic!("no numeric {key} in {schema}"))
+    schema[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no numeric {key} in {schema}"))
 }
 
 fn rules_at(schema: &Value, path: &str) -> Vec<String> {
     node(schema, path)["x-kubernetes-validations"]
         .as_array()
-        .map(|rules| rules.iter().map(|r| r["rule"].as_str().unwrap().to_owned()).collect())
+        .map(|rules| {
+            rules
+                .iter()
+                .map(|r| r["rule"].as_str().unwrap().to_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -85,7 +101,10 @@ fn assert_map_list(schema: &Value, path: &str, key: &str) {
     assert_eq!(list["x-kubernetes-list-type"], "map", "{path}");
     assert_eq!(list["x-kubernetes-list-map-keys"], json!([key]), "{path}");
     let item = &list["items"];
-    assert_eq!(item["properties"][key]["type"], "string", "{path}: key must be a scalar");
+    assert_eq!(
+        item["properties"][key]["type"], "string",
+        "{path}: key must be a scalar"
+    );
     assert!(
         item["required"].as_array().unwrap().contains(&json!(key)),
         "{path}: map-list key {key} must be required"
@@ -116,7 +135,10 @@ fn node_maintenance_crd_structure() {
         columns,
         [
             ("Stage", ".spec.stage"),
-            ("Drained", ".status.conditions[?(@.type==\"Drained\")].status"),
+            (
+                "Drained",
+                ".status.conditions[?(@.type==\"Drained\")].status"
+            ),
             ("Reason", ".spec.reason"),
             ("Age", ".metadata.creationTimestamp"),
         ]
@@ -135,8 +157,16 @@ fn node_maintenance_crd_structure() {
         "status.drainStatus.reachedDrainTargets[].podPriority",
         "status.nodeStatuses[].drainTargets[].podPriority",
     ] {
-        assert_eq!(number(node(&schema, path), "minimum"), f64::from(i32::MIN), "{path}");
-        assert_eq!(number(node(&schema, path), "maximum"), f64::from(i32::MAX), "{path}");
+        assert_eq!(
+            number(node(&schema, path), "minimum"),
+            f64::from(i32::MIN),
+            "{path}"
+        );
+        assert_eq!(
+            number(node(&schema, path), "maximum"),
+            f64::from(i32::MAX),
+            "{path}"
+        );
     }
     assert_eq!(
         node(&schema, "spec.drainPlan[].podType")["enum"],
@@ -146,7 +176,9 @@ fn node_maintenance_crd_structure() {
     assert_map_list(&schema, "status.nodeStatuses", "nodeName");
     assert_map_list(&schema, "status.conditions", "type");
 
-    assert!(rules_at(&schema, "spec.stage").iter().any(|r| r.contains("oldSelf")));
+    assert!(rules_at(&schema, "spec.stage")
+        .iter()
+        .any(|r| r.contains("oldSelf")));
     let plan_rules = rules_at(&schema, "spec.drainPlan");
     assert!(plan_rules.contains(&"self == oldSelf".to_owned()));
     assert!(plan_rules.iter().any(|r| r.contains("exists_one")));
@@ -200,7 +232,10 @@ fn eviction_request_crd_structure() {
         .iter()
         .any(|r| r.contains("self.metadata.name == self.spec.target.podRef.uid")));
     for immutable in ["spec.type", "spec.target", "spec.heartbeatDeadlineSeconds"] {
-        assert!(rules_at(&schema, immutable).contains(&"self == oldSelf".to_owned()), "{immutable}");
+        assert!(
+            rules_at(&schema, immutable).contains(&"self == oldSelf".to_owned()),
+            "{immutable}"
+        );
     }
     assert_eq!(
         rules_at(&schema, "status.podEvictionStatus.failedAPIEvictionCounter"),
@@ -225,7 +260,10 @@ fn all_rules(schema: &Value, path: String, out: &mut Vec<(String, Value)>) {
 
 #[test]
 fn every_cel_rule_compiles_and_uses_only_crd_variables() {
-    for crd in [api::node_maintenance_crd().unwrap(), api::eviction_request_crd().unwrap()] {
+    for crd in [
+        api::node_maintenance_crd().unwrap(),
+        api::eviction_request_crd().unwrap(),
+    ] {
         let schema = schema_of(&crd_json(crd));
         let mut rules = Vec::new();
         all_rules(&schema, String::new(), &mut rules);
@@ -251,12 +289,79 @@ fn every_cel_rule_compiles_and_uses_only_crd_variables() {
     }
 }
 
+/// The apiserver's structural-schema rules that can be checked without one: every node
+/// has a type, no `additionalProperties` beside `properties`, map-list keys are required
+/// scalars, and transition rules (`oldSelf`) never sit below an atomic or set list, where
+/// old and new items cannot be correlated.
+fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
+    let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true
+        || schema["x-kubernetes-int-or-string"] == true;
+    assert!(schema["type"].is_string() || preserve, "{path}: no type");
+    assert!(
+        !(schema["properties"].is_object() && schema["additionalProperties"].is_object()),
+        "{path}: properties and additionalProperties"
+    );
+    for forbidden in ["$ref", "anyOf", "oneOf", "allOf"] {
+        assert!(
+            schema[forbidden].is_null(),
+            "{path}: {forbidden} in a structural schema"
+        );
+    }
+    if let Some(rules) = schema["x-kubernetes-validations"].as_array() {
+        for rule in rules {
+            let text = rule["rule"].as_str().unwrap();
+            if text.contains("oldSelf") {
+                assert!(
+                    !under_uncorrelated_list,
+                    "{path}: transition rule {text:?} cannot be correlated"
+                );
+            }
+        }
+    }
+    if let Some(props) = schema["properties"].as_object() {
+        for (name, prop) in props {
+            check_structural(prop, &format!("{path}.{name}"), under_uncorrelated_list);
+        }
+    }
+    if let Some(additional) = schema["additionalProperties"].as_object() {
+        check_structural(
+            &Value::Object(additional.clone()),
+            &format!("{path}.*"),
+            under_uncorrelated_list,
+        );
+    }
+    if schema["items"].is_object() {
+        let correlated = schema["x-kubernetes-list-type"] == "map";
+        check_structural(
+            &schema["items"],
+            &format!("{path}[]"),
+            under_uncorrelated_list || !correlated,
+        );
+    }
+}
+
+#[test]
+fn both_schemas_are_structural() {
+    for crd in [
+        api::node_maintenance_crd().unwrap(),
+        api::eviction_request_crd().unwrap(),
+    ] {
+        let schema = schema_of(&crd_json(crd));
+        assert_eq!(schema["type"], "object");
+        check_structural(&schema, "", false);
+    }
+}
+
 // --- CEL evaluation on sample objects ------------------------------------------------
 
 fn validate(schema: &Value, new: &Value, old: Option<&Value>) -> Vec<String> {
     match kube_cel::Validator::new().validate(schema, new, old) {
         Ok(()) => Vec::new(),
-        Err(errors) => errors.as_slice().iter().map(|e| e.message.clone()).collect(),
+        Err(errors) => errors
+            .as_slice()
+            .iter()
+            .map(|e| e.message.clone())
+            .collect(),
     }
 }
 
@@ -320,7 +425,11 @@ fn stage_moves_only_forward_with_skips() {
     // The defaulted stage (absent = Idle) may jump straight to Complete.
     let mut created = maintenance("Idle", Value::Null);
     created["spec"].as_object_mut().unwrap().remove("stage");
-    assert_accepted(&schema, &maintenance("Complete", Value::Null), Some(&created));
+    assert_accepted(
+        &schema,
+        &maintenance("Complete", Value::Null),
+        Some(&created),
+    );
     assert_rejected(
         &schema,
         &maintenance("Cordon", Value::Null),
@@ -335,8 +444,16 @@ fn drain_plan_is_unique_and_immutable_once_set() {
     assert_accepted(&schema, &maintenance("Drain", plan()), None);
 
     let mut duplicated = plan();
-    duplicated.as_array_mut().unwrap().push(json!({"podPriority": 3000, "podType": "DaemonSet"}));
-    assert_rejected(&schema, &maintenance("Drain", duplicated), None, "must be unique");
+    duplicated
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"podPriority": 3000, "podType": "DaemonSet"}));
+    assert_rejected(
+        &schema,
+        &maintenance("Drain", duplicated),
+        None,
+        "must be unique",
+    );
 
     let mut changed = plan();
     changed[0]["podPriority"] = json!(6000);
@@ -423,7 +540,12 @@ fn eviction_request_spec_fields_are_immutable() {
     assert_rejected(&schema, &new, Some(&old), "target is immutable");
     let mut new = old.clone();
     new["spec"]["heartbeatDeadlineSeconds"] = json!(3600);
-    assert_rejected(&schema, &new, Some(&old), "heartbeatDeadlineSeconds is immutable");
+    assert_rejected(
+        &schema,
+        &new,
+        Some(&old),
+        "heartbeatDeadlineSeconds is immutable",
+    );
     let mut new = old.clone();
     new["spec"]["interceptors"] = json!([]);
     assert_rejected(&schema, &new, Some(&old), "interceptors are immutable");
@@ -486,11 +608,17 @@ fn an_eviction_request_is_created_with_a_requester() {
     use std::sync::Arc;
 
     let schema = er_schema();
-    let rules = node(&schema, "spec")["x-kubernetes-validations"].as_array().unwrap().clone();
-    let create_rules: Vec<&Value> =
-        rules.iter().filter(|r| r["optionalOldSelf"] == true).collect();
+    let rules = node(&schema, "spec")["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let create_rules: Vec<&Value> = rules
+        .iter()
+        .filter(|r| r["optionalOldSelf"] == true)
+        .collect();
     assert_eq!(create_rules.len(), 1);
-    let program = kube_cel::cel::Program::compile(create_rules[0]["rule"].as_str().unwrap()).unwrap();
+    let program =
+        kube_cel::cel::Program::compile(create_rules[0]["rule"].as_str().unwrap()).unwrap();
 
     let eval = |spec: &Value, old: Option<&Value>| -> bool {
         let mut ctx = kube_cel::cel::Context::default();
@@ -514,7 +642,10 @@ fn an_eviction_request_is_created_with_a_requester() {
     assert!(eval(&requested, None));
     assert!(!eval(&unrequested, None));
     assert!(!eval(&absent, None));
-    assert!(eval(&unrequested, Some(&requested)), "withdrawing the last requester cancels");
+    assert!(
+        eval(&unrequested, Some(&requested)),
+        "withdrawing the last requester cancels"
+    );
 }
 
 // --- RBAC and the node-restriction admission policies -------------------------------
@@ -528,7 +659,9 @@ mod rbac {
     use serde_json::{json, Value};
 
     fn rbac_file(name: &str) -> String {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/rbac").join(name);
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("packaging/rbac")
+            .join(name);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
@@ -549,7 +682,10 @@ mod rbac {
             .map(|rule| {
                 let list = |key: &str| -> String {
                     rule[key].as_array().map_or(String::new(), |v| {
-                        v.iter().map(|s| s.as_str().unwrap()).collect::<Vec<_>>().join(",")
+                        v.iter()
+                            .map(|s| s.as_str().unwrap())
+                            .collect::<Vec<_>>()
+                            .join(",")
                     })
                 };
                 let names = list("resourceNames");
@@ -557,7 +693,11 @@ mod rbac {
                     "{}/{}{}: {}",
                     list("apiGroups"),
                     list("resources"),
-                    if names.is_empty() { String::new() } else { format!("[{names}]") },
+                    if names.is_empty() {
+                        String::new()
+                    } else {
+                        format!("[{names}]")
+                    },
                     list("verbs")
                 )
             })
@@ -580,7 +720,10 @@ mod rbac {
                 "storage.k8s.io/volumeattachments: list,watch",
             ]
         );
-        let binding = docs.iter().find(|d| d["kind"] == "ClusterRoleBinding").unwrap();
+        let binding = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRoleBinding")
+            .unwrap();
         assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
         assert_eq!(
             binding["subjects"],
@@ -626,7 +769,11 @@ mod rbac {
             .map(|d| {
                 let spec = &d["spec"];
                 assert_eq!(spec["failurePolicy"], "Fail");
-                assert!(bound.contains(&&d["metadata"]["name"]), "{} is not bound", d["metadata"]["name"]);
+                assert!(
+                    bound.contains(&&d["metadata"]["name"]),
+                    "{} is not bound",
+                    d["metadata"]["name"]
+                );
                 Policy {
                     name: d["metadata"]["name"].as_str().unwrap().to_owned(),
                     match_conditions: spec["matchConditions"]
@@ -639,7 +786,12 @@ mod rbac {
                         .as_array()
                         .unwrap()
                         .iter()
-                        .map(|v| (v["name"].as_str().unwrap().to_owned(), compile(&v["expression"])))
+                        .map(|v| {
+                            (
+                                v["name"].as_str().unwrap().to_owned(),
+                                compile(&v["expression"]),
+                            )
+                        })
                         .collect(),
                     validations: spec["validations"]
                         .as_array()
@@ -702,7 +854,10 @@ mod rbac {
         ctx.add_variable("object", object).unwrap();
         ctx.add_variable("oldObject", old_object).unwrap();
         for condition in &policy.match_conditions {
-            assert_eq!(eval_bool(&Program::compile(condition).unwrap(), &ctx), Ok(true));
+            assert_eq!(
+                eval_bool(&Program::compile(condition).unwrap(), &ctx),
+                Ok(true)
+            );
         }
         let mut variables: HashMap<String, CelValue> = HashMap::new();
         for (var, program) in &policy.variables {
@@ -726,7 +881,10 @@ mod rbac {
     /// A denial by a validation that evaluated to false, not by an evaluation error.
     fn denied(result: Result<(), String>) -> String {
         let message = result.expect_err("expected a denial");
-        assert!(!message.contains("evaluation error") && !message.starts_with("variable "), "{message}");
+        assert!(
+            !message.contains("evaluation error") && !message.starts_with("variable "),
+            "{message}"
+        );
         message
     }
 
@@ -746,11 +904,17 @@ mod rbac {
     fn the_match_condition_selects_only_nodegrace_identities() {
         let mut ctx = Context::default();
         ctx.register_all();
-        ctx.add_variable("request", json!({"userInfo": {"username": "admin", "groups": ["system:masters"]}}))
-            .unwrap();
+        ctx.add_variable(
+            "request",
+            json!({"userInfo": {"username": "admin", "groups": ["system:masters"]}}),
+        )
+        .unwrap();
         for policy in policies() {
             for condition in &policy.match_conditions {
-                assert_eq!(eval_bool(&Program::compile(condition).unwrap(), &ctx), Ok(false));
+                assert_eq!(
+                    eval_bool(&Program::compile(condition).unwrap(), &ctx),
+                    Ok(false)
+                );
             }
         }
     }
@@ -761,26 +925,34 @@ mod rbac {
         let old = node("one");
         let mut cordoned = old.clone();
         cordoned["spec"]["unschedulable"] = json!(true);
-        cordoned["spec"]["taints"].as_array_mut().unwrap().push(
-            json!({"key": "nodegrace.dev/maintenance", "effect": "NoSchedule"}),
-        );
+        cordoned["spec"]["taints"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"key": "nodegrace.dev/maintenance", "effect": "NoSchedule"}));
         cordoned["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"] =
             json!("true");
         cordoned["metadata"]["annotations"]["nodegrace.dev/cordoned"] = json!("false");
-        assert_eq!(admit(&p, ME, "UPDATE", "", cordoned.clone(), old.clone()), Ok(()));
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "", cordoned.clone(), old.clone()),
+            Ok(())
+        );
 
         let mut flagged = old.clone();
         flagged["status"]["conditions"]
             .as_array_mut()
             .unwrap()
             .push(json!({"type": "GracefulNodeShutdownInProgress", "status": "True"}));
-        assert_eq!(admit(&p, ME, "UPDATE", "status", flagged, old.clone()), Ok(()));
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "status", flagged, old.clone()),
+            Ok(())
+        );
 
         // Someone else's node, even with the same change.
         let other = node("two");
         let mut other_cordoned = other.clone();
         other_cordoned["spec"]["unschedulable"] = json!(true);
-        assert!(denied(admit(&p, ME, "UPDATE", "", other_cordoned, other)).contains("only update its own Node"));
+        assert!(denied(admit(&p, ME, "UPDATE", "", other_cordoned, other))
+            .contains("only update its own Node"));
 
         let mut untainted = old.clone();
         untainted["spec"]["taints"] = json!([]);
@@ -791,15 +963,23 @@ mod rbac {
         assert!(denied(admit(&p, ME, "UPDATE", "", relabelled, old.clone())).contains("label"));
 
         let mut annotated = old.clone();
-        annotated["metadata"]["annotations"].as_object_mut().unwrap().remove("node.alpha.kubernetes.io/ttl");
+        annotated["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove("node.alpha.kubernetes.io/ttl");
         assert!(denied(admit(&p, ME, "UPDATE", "", annotated, old.clone())).contains("annotations"));
 
         let mut not_ready = old.clone();
         not_ready["status"]["conditions"][0]["status"] = json!("False");
-        assert!(denied(admit(&p, ME, "UPDATE", "status", not_ready, old.clone())).contains("condition"));
+        assert!(
+            denied(admit(&p, ME, "UPDATE", "status", not_ready, old.clone())).contains("condition")
+        );
 
         denied(admit(&p, ME, "DELETE", "", Value::Null, old.clone()));
-        assert!(denied(admit(&p, "nodegrace:intruder", "UPDATE", "", cordoned, old)).contains("must be named"));
+        assert!(
+            denied(admit(&p, "nodegrace:intruder", "UPDATE", "", cordoned, old))
+                .contains("must be named")
+        );
     }
 
     #[test]
@@ -833,13 +1013,47 @@ mod rbac {
     #[test]
     fn a_node_creates_and_drives_only_maintenances_of_itself() {
         let p = policy("nodemaintenances");
-        assert_eq!(admit(&p, ME, "CREATE", "", maintenance(pinned("one")), Value::Null), Ok(()));
-        denied(admit(&p, ME, "CREATE", "", maintenance(pinned("two")), Value::Null));
-        denied(admit(&p, ME, "CREATE", "", maintenance(by_label()), Value::Null));
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "CREATE",
+                "",
+                maintenance(pinned("one")),
+                Value::Null
+            ),
+            Ok(())
+        );
+        denied(admit(
+            &p,
+            ME,
+            "CREATE",
+            "",
+            maintenance(pinned("two")),
+            Value::Null,
+        ));
+        denied(admit(
+            &p,
+            ME,
+            "CREATE",
+            "",
+            maintenance(by_label()),
+            Value::Null,
+        ));
         // A second term without the pin would widen the selection.
         let mut widened = pinned("one");
-        widened["nodeSelectorTerms"].as_array_mut().unwrap().push(by_label()["nodeSelectorTerms"][0].clone());
-        denied(admit(&p, ME, "CREATE", "", maintenance(widened), Value::Null));
+        widened["nodeSelectorTerms"]
+            .as_array_mut()
+            .unwrap()
+            .push(by_label()["nodeSelectorTerms"][0].clone());
+        denied(admit(
+            &p,
+            ME,
+            "CREATE",
+            "",
+            maintenance(widened),
+            Value::Null,
+        ));
 
         // Completing its own maintenance; not an admin's shared one.
         let own = maintenance(pinned("one"));
@@ -857,8 +1071,14 @@ mod rbac {
             .as_array_mut()
             .unwrap()
             .push(json!(nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION));
-        assert_eq!(admit(&p, ME, "UPDATE", "", finalized.clone(), shared.clone()), Ok(()));
-        assert_eq!(admit(&p, ME, "UPDATE", "", shared.clone(), finalized), Ok(()));
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "", finalized.clone(), shared.clone()),
+            Ok(())
+        );
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "", shared.clone(), finalized),
+            Ok(())
+        );
         let mut stripped = shared.clone();
         stripped["metadata"]["finalizers"] = json!([]);
         denied(admit(&p, ME, "UPDATE", "", stripped, shared.clone()));
@@ -867,13 +1087,21 @@ mod rbac {
         let mut progressed = shared.clone();
         progressed["status"]["nodeStatuses"][0]["podsRemaining"] = json!(0);
         progressed["status"]["drainStatus"] = json!({"drainMessage": "Draining"});
-        assert_eq!(admit(&p, ME, "UPDATE", "status", progressed, shared.clone()), Ok(()));
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "status", progressed, shared.clone()),
+            Ok(())
+        );
         let mut meddled = shared.clone();
         meddled["status"]["nodeStatuses"][1]["podsRemaining"] = json!(0);
-        assert!(denied(admit(&p, ME, "UPDATE", "status", meddled, shared.clone()))
-            .contains("own status.nodeStatuses entry"));
+        assert!(
+            denied(admit(&p, ME, "UPDATE", "status", meddled, shared.clone()))
+                .contains("own status.nodeStatuses entry")
+        );
         let mut dropped = shared.clone();
-        dropped["status"]["nodeStatuses"].as_array_mut().unwrap().remove(1);
+        dropped["status"]["nodeStatuses"]
+            .as_array_mut()
+            .unwrap()
+            .remove(1);
         denied(admit(&p, ME, "UPDATE", "status", dropped, shared.clone()));
 
         denied(admit(&p, ME, "DELETE", "", Value::Null, shared));
@@ -893,20 +1121,64 @@ mod rbac {
         let p = policy("evictionrequests");
         let ours = nodegrace::api::REQUESTER_NODE_MAINTENANCE;
         let other = "descheduler.example.com";
-        assert_eq!(admit(&p, ME, "CREATE", "", eviction_request(&[ours]), Value::Null), Ok(()));
-        denied(admit(&p, ME, "CREATE", "", eviction_request(&[ours, other]), Value::Null));
+        assert_eq!(
+            admit(&p, ME, "CREATE", "", eviction_request(&[ours]), Value::Null),
+            Ok(())
+        );
+        denied(admit(
+            &p,
+            ME,
+            "CREATE",
+            "",
+            eviction_request(&[ours, other]),
+            Value::Null,
+        ));
         // Join and withdraw beside another requester.
         assert_eq!(
-            admit(&p, ME, "UPDATE", "", eviction_request(&[other, ours]), eviction_request(&[other])),
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "",
+                eviction_request(&[other, ours]),
+                eviction_request(&[other])
+            ),
             Ok(())
         );
         assert_eq!(
-            admit(&p, ME, "UPDATE", "", eviction_request(&[other]), eviction_request(&[other, ours])),
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "",
+                eviction_request(&[other]),
+                eviction_request(&[other, ours])
+            ),
             Ok(())
         );
-        denied(admit(&p, ME, "UPDATE", "", eviction_request(&[ours]), eviction_request(&[other, ours])));
-        assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours])), Ok(()));
-        assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[])), Ok(()));
-        denied(admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours, other])));
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "",
+            eviction_request(&[ours]),
+            eviction_request(&[other, ours]),
+        ));
+        assert_eq!(
+            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours])),
+            Ok(())
+        );
+        assert_eq!(
+            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[])),
+            Ok(())
+        );
+        denied(admit(
+            &p,
+            ME,
+            "DELETE",
+            "",
+            Value::Null,
+            eviction_request(&[ours, other]),
+        ));
     }
 }

@@ -15,6 +15,8 @@ pub const HEARTBEAT_DEADLINE_DEFAULT_SECONDS: i32 = 1_800;
 pub const MAX_INTERCEPTORS: usize = 100;
 
 /// Request to evict one pod, named after the pod's UID (KEP-4563 EvictionRequestSpec).
+// Repeated `type_ = "string"` inside the printcolumns reads as a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "nodegrace.dev",
@@ -39,7 +41,11 @@ pub const MAX_INTERCEPTORS: usize = 100;
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Complete\")].status"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EvictionRequestSpec {

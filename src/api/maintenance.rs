@@ -64,7 +64,9 @@ impl fmt::Display for Stage {
 }
 
 /// Intent to cordon and drain the nodes matching `nodeSelector` (KEP-4212 NodeMaintenanceSpec).
-#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+// Repeated `type_ = "string"` inside the printcolumns reads as a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "nodegrace.dev",
     version = "v1alpha1",
@@ -83,7 +85,11 @@ impl fmt::Display for Stage {
         json_path = ".status.conditions[?(@.type==\"Drained\")].status"
     ),
     printcolumn(name = "Reason", type_ = "string", json_path = ".spec.reason"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeMaintenanceSpec {

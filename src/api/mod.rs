@@ -56,7 +56,10 @@ pub fn eviction_request_crd() -> Result<CustomResourceDefinition> {
         .context("building the EvictionRequest CRD")
 }
 
-fn finish(crd: CustomResourceDefinition, patches: &[schema::Patch]) -> Result<CustomResourceDefinition> {
+fn finish(
+    crd: CustomResourceDefinition,
+    patches: &[schema::Patch],
+) -> Result<CustomResourceDefinition> {
     let mut crd = serde_json::to_value(crd)?;
     let versions = crd
         .pointer_mut("/spec/versions")
@@ -126,6 +129,27 @@ pub fn field_manager_for_node(node: &str) -> String {
         keep -= 1;
     }
     format!("{FIELD_MANAGER_PREFIX}{}-{hash}", &node[..keep])
+}
+
+/// Longest name of a cluster-scoped object (DNS subdomain).
+const MAX_OBJECT_NAME_LEN: usize = 253;
+
+/// Name of the NodeMaintenance nodegrace creates for a shutdown of `node`:
+/// `shutdown-<node>`, or for a node name too long for that, a truncated prefix plus a hash
+/// of the full name (still a valid DNS subdomain, still stable and unique per node).
+pub fn shutdown_maintenance_name(node: &str) -> String {
+    const PREFIX: &str = "shutdown-";
+    let plain = format!("{PREFIX}{node}");
+    if plain.len() <= MAX_OBJECT_NAME_LEN {
+        return plain;
+    }
+    let hash = format!("{:016x}", fnv1a64(node.as_bytes()));
+    let mut keep = MAX_OBJECT_NAME_LEN - PREFIX.len() - 1 - hash.len();
+    while !node.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    let stem = node[..keep].trim_end_matches(['.', '-']);
+    format!("{PREFIX}{stem}-{hash}")
 }
 
 fn fnv1a64(bytes: &[u8]) -> u64 {

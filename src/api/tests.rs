@@ -76,9 +76,18 @@ status:
 
     let back = serde_json::to_value(&nm).unwrap();
     let original: serde_json::Value = serde_yaml::from_str(yaml).unwrap();
-    assert_eq!(back, original, "serialization must reproduce the KEP field names");
-    assert_eq!(back["spec"]["drainPlan"][1]["podSelector"]["matchLabels"]["app"], "muffin");
-    assert_eq!(back["status"]["drainStatus"]["reachedDrainTargets"][0]["podPriority"], 5000);
+    assert_eq!(
+        back, original,
+        "serialization must reproduce the KEP field names"
+    );
+    assert_eq!(
+        back["spec"]["drainPlan"][1]["podSelector"]["matchLabels"]["app"],
+        "muffin"
+    );
+    assert_eq!(
+        back["status"]["drainStatus"]["reachedDrainTargets"][0]["podPriority"],
+        5000
+    );
 }
 
 #[test]
@@ -126,7 +135,10 @@ fn eviction_request_round_trips_in_kep_shape() {
     assert_eq!(er.pod_ref().unwrap().name, "muffin-orders-6b59d9cb88-ks7wb");
     assert!(er.has_requester(REQUESTER_NODE_MAINTENANCE));
     assert!(!er.is_complete());
-    assert_eq!(er.cancellation_policy(), EvictionRequestCancellationPolicy::Forbid);
+    assert_eq!(
+        er.cancellation_policy(),
+        EvictionRequestCancellationPolicy::Forbid
+    );
     assert_eq!(er.failed_api_evictions(), 3);
     assert_eq!(serde_json::to_value(&er).unwrap(), value);
 }
@@ -149,7 +161,10 @@ fn eviction_request_for_pod_is_named_after_the_uid_with_kep_defaults() {
             }
         })
     );
-    assert_eq!(er.cancellation_policy(), EvictionRequestCancellationPolicy::Allow);
+    assert_eq!(
+        er.cancellation_policy(),
+        EvictionRequestCancellationPolicy::Allow
+    );
     let minimal: EvictionRequestSpec =
         serde_json::from_value(json!({"target": {"podRef": {"name": "a", "uid": "b"}}})).unwrap();
     assert_eq!(minimal.heartbeat_deadline_seconds, 1800);
@@ -214,5 +229,20 @@ fn node_selector_for_pins_the_node_by_name() {
     assert_eq!(
         selector,
         json!({"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["one"]}]}]})
+    );
+}
+
+#[test]
+fn shutdown_maintenance_name_is_a_valid_object_name_for_any_node() {
+    assert_eq!(shutdown_maintenance_name("one"), "shutdown-one");
+    // The cut after 227 characters lands on the dot, which must not end a label.
+    let long = format!("{}.{}", "a".repeat(226), "b".repeat(26));
+    let name = shutdown_maintenance_name(&long);
+    assert!(name.len() <= 253, "{}", name.len());
+    assert!(name.starts_with("shutdown-aaaa"));
+    assert!(!name.contains(".-") && !name.contains("--"), "{name}");
+    assert_ne!(
+        name,
+        shutdown_maintenance_name(&format!("{}.{}", "a".repeat(226), "c".repeat(26)))
     );
 }
