@@ -20,9 +20,6 @@ fn kubelet(finish_ms: u64) -> KubeletConfig {
     }
 }
 
-fn index_of(v: &[String], name: &str) -> usize {
-    v.iter().position(|x| x == name).unwrap_or_else(|| panic!("{name} not in {v:?}"))
-}
 
 #[tokio::test]
 async fn shutdown_drains_in_plan_order_and_returns_when_empty() {

@@ -46,9 +46,10 @@ use crate::config::{CompletionPolicy, Settings};
 use crate::daemon::{ShutdownKind, ShutdownRequest};
 use crate::metrics::{Metrics, TerminationMethod};
 use crate::plan::budget::{escalation_grace, plan_steps, split_budget, BudgetReserves, StepSchedule};
+use crate::plan::targets::{evaluate_node, MaintenanceInput};
 use crate::plan::{
-    fast_forward, node_targets, normalize_drain_plan, plan_position, reached_drain_targets,
-    DrainPlanEntry, DrainTargets, NodeReport, PodInfo, PodType,
+    normalize_drain_plan, reached_drain_targets, DrainPlanEntry, DrainTargets, NodeReport,
+    PodInfo, PodType,
 };
 use crate::state::PodCache;
 use crate::staticpods::StaticPodGate;
@@ -67,10 +68,7 @@ const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 const CONCURRENT_REQUESTS: usize = 32;
 
-/// The name of the shutdown maintenance of `node`.
-pub fn shutdown_maintenance_name(node: &str) -> String {
-    format!("shutdown-{node}")
-}
+pub use crate::api::shutdown_maintenance_name;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -284,21 +282,7 @@ fn tolerates_everything(pod: &Pod) -> bool {
 
 /// The shutdown drain plan from the configuration, normalized (defaults injected).
 pub fn shutdown_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>> {
-    let entries: Vec<DrainPlanEntry> = settings
-        .drain
-        .plan
-        .iter()
-        .map(|e| DrainPlanEntry {
-            pod_selector: (!e.pod_selector.is_empty()).then(|| {
-                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
-                    match_labels: Some(e.pod_selector.clone()),
-                    match_expressions: None,
-                }
-            }),
-            pod_priority: e.pod_priority,
-            pod_type: e.pod_type,
-        })
-        .collect();
+    let entries: Vec<DrainPlanEntry> = settings.drain.plan.iter().map(DrainPlanEntry::from).collect();
     normalize_drain_plan(&entries).context("normalizing drain.plan")
 }
 
@@ -1157,68 +1141,81 @@ impl Shared {
             }
         }
         let prev = previous.clone().unwrap_or_default();
-        let mut views = Vec::new();
+        let mut plans = Vec::new();
         for m in draining {
             let name = m.name_any();
-            let plan = match normalize_drain_plan(&m.spec.drain_plan) {
-                Ok(p) => p,
+            match normalize_drain_plan(&m.spec.drain_plan) {
+                Ok(p) => plans.push((m.clone(), name, p)),
                 Err(err) => {
                     if st.announced.insert(format!("badplan/{name}")) {
                         tracing::warn!(node = %self.node, maintenance = %name, error = %err, "ignoring a maintenance with an invalid drain plan");
                     }
-                    continue;
+                }
+            }
+        }
+        let mut inputs = Vec::new();
+        for (m, name, plan) in &plans {
+            let steps = (0..plan.len())
+                .map(|i| DrainTargets::for_plan(plan, i))
+                .collect::<Result<Vec<_>, _>>()?;
+            let entry_report = |e: &NodeMaintenanceNodeStatus| {
+                let t = DrainTargets::from_entries(&e.drain_targets).unwrap_or_default();
+                let index = steps.iter().rposition(|s| t.covers(s)).unwrap_or(0);
+                NodeReport {
+                    index,
+                    finished: e.pods_remaining == 0 && t.covers(&steps[index]),
                 }
             };
-            let steps = (0..plan.len())
-                .map(|i| DrainTargets::for_plan(&plan, i))
-                .collect::<Result<Vec<_>, _>>()?;
-            let my_index = steps.iter().rposition(|t| prev.covers(t)).unwrap_or(0);
-            let exact = nodesel::exact_nodes(&m.spec.node_selector);
-            let only_me = exact.as_deref().is_some_and(|n| n.len() == 1 && n[0] == self.node);
-            let pos = if only_me {
-                fast_forward(&plan, my_index, pods)?
-            } else {
-                let mine = NodeReport {
-                    index: my_index,
-                    finished: prev.covers(&steps[my_index]) && steps[my_index].is_finished(pods),
-                };
-                let entry_report = |e: &NodeMaintenanceNodeStatus| {
-                    let t = DrainTargets::from_entries(&e.drain_targets).unwrap_or_default();
-                    let index = steps.iter().rposition(|s| t.covers(s)).unwrap_or(0);
-                    NodeReport {
-                        index,
-                        finished: e.pods_remaining == 0 && t.covers(&steps[index]),
-                    }
-                };
-                let entries = m.status.as_ref().map(|s| s.node_statuses.as_slice()).unwrap_or_default();
-                let reports: Vec<Option<NodeReport>> = match &exact {
-                    Some(names) => names
+            let mine = m.node_status(&self.node).map(entry_report).or_else(|| {
+                Some(NodeReport {
+                    index: steps.iter().rposition(|s| prev.covers(s)).unwrap_or(0),
+                    finished: false,
+                })
+            });
+            let entries = m.status.as_ref().map(|s| s.node_statuses.as_slice()).unwrap_or_default();
+            let (reports, own) = match nodesel::exact_nodes(&m.spec.node_selector) {
+                Some(names) if names.contains(&self.node) => {
+                    let own = names.iter().position(|n| *n == self.node).unwrap_or(0);
+                    let reports = names
                         .iter()
                         .map(|n| {
                             if *n == self.node {
-                                Some(mine)
+                                mine
                             } else {
                                 entries.iter().find(|e| e.node_name == *n).map(entry_report)
                             }
                         })
-                        .collect(),
-                    None => std::iter::once(Some(mine))
+                        .collect();
+                    (reports, own)
+                }
+                _ => (
+                    std::iter::once(mine)
                         .chain(entries.iter().filter(|e| e.node_name != self.node).map(|e| Some(entry_report(e))))
                         .collect(),
-                };
-                plan_position(plan.len(), &reports)
+                    0,
+                ),
             };
-            views.push(MaintView {
-                m: m.clone(),
-                name,
-                plan_len: plan.len(),
-                index: pos.index,
-                drained: pos.drained,
-                targets: steps[pos.index].clone(),
+            inputs.push(MaintenanceInput {
+                name: name.as_str(),
+                plan: plan.as_slice(),
+                reports,
+                own,
             });
         }
-        let pairs: Vec<(&str, &DrainTargets)> = views.iter().map(|v| (v.name.as_str(), &v.targets)).collect();
-        let nt = node_targets(previous.as_ref(), &pairs);
+        let eval = evaluate_node(previous.as_ref(), &inputs, pods)?;
+        let views: Vec<MaintView> = plans
+            .iter()
+            .enumerate()
+            .map(|(i, (m, name, plan))| MaintView {
+                m: m.clone(),
+                name: name.clone(),
+                plan_len: plan.len(),
+                index: eval.positions[i].index,
+                drained: eval.positions[i].drained,
+                targets: eval.maintenance_targets[i].clone(),
+            })
+            .collect();
+        let nt = eval.node;
         if !views.is_empty() && (st.targets_since.is_none() || nt.targets != st.targets) {
             if let Some(since) = st.targets_since {
                 self.metrics.band_finished(&describe_targets(&st.targets), since.elapsed());

@@ -49,7 +49,19 @@ impl Env {
     pub async fn new(kubelet: KubeletConfig) -> Env {
         let cluster = FakeCluster::start().await.unwrap();
         cluster.install_crd(&node_maintenance_crd().unwrap()).unwrap();
-        cluster.add_node(NODE).unwrap();
+        cluster
+            .insert(&json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+                "spec": {},
+            }))
+            .unwrap();
+        cluster
+            .store
+            .update_in_process("", "nodes", "", NODE, |n| {
+                n["status"] = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
+            })
+            .unwrap();
         let kubelet = cluster.kubelet(kubelet);
         let gate = Arc::new(FakeGate::new(cluster.store.clone()));
         Env {
