@@ -258,6 +258,7 @@ struct Inner {
     /// Watches and continues from a resourceVersion below this get 410 Gone.
     oldest_rv: u64,
     counter: u64,
+    compactions: u64,
 }
 
 /// Wall-clock timestamps derived from tokio's clock, so paused time moves them consistently.
@@ -434,6 +435,7 @@ impl Store {
                 history_limit: 2000,
                 oldest_rv: 1,
                 counter: 0,
+                compactions: 0,
             }),
             notify,
             clock: Clock {
@@ -473,11 +475,20 @@ impl Store {
         self.lock().history_limit = limit.max(1);
     }
 
-    /// Forgets all watch history: every watch or continue token from before now gets 410.
+    /// Forgets all watch history, like an etcd compaction that the watch cache fell behind:
+    /// every open watch ends with a 410 ERROR event, and any watch or continue token from an
+    /// older resourceVersion gets 410 too.
     pub fn compact(&self) {
         let mut g = self.lock();
         g.history.clear();
         g.oldest_rv = g.rv;
+        g.compactions += 1;
+        self.notify.send_replace(g.rv);
+    }
+
+    /// How many times [`compact`](Self::compact) ran; open watches end when it changes.
+    pub fn compactions(&self) -> u64 {
+        self.lock().compactions
     }
 
     pub fn resources(&self) -> Vec<Arc<ResourceInfo>> {
