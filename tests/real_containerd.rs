@@ -36,6 +36,7 @@ fn options(band_spec: &[(i32, f64)], stop_kubelet: bool) -> FallbackOptions {
         kubelet_timeout: Duration::from_secs(5),
         band_slack: Duration::from_secs(1),
         list_retry: Duration::from_millis(500),
+        sandbox_wait: Duration::from_secs(5),
     }
 }
 
@@ -107,16 +108,44 @@ fn bands_stop_in_priority_order_with_sigterm_then_sigkill_after_the_grace() {
     let _serial = serial();
     rt().block_on(async {
         let ctd = Containerd::start();
-        eprintln!("containerd at {} ({} snapshotter)", ctd.endpoint, ctd.snapshotter);
+        eprintln!(
+            "containerd at {} ({} snapshotter)",
+            ctd.endpoint, ctd.snapshotter
+        );
         let pods = vec![
-            Pod { ns: "default", name: "low-a", cached: Some((0, 30)), containers: vec![("app", OnTerm::ExitAfter(0.0))] },
+            Pod {
+                ns: "default",
+                name: "low-a",
+                cached: Some((0, 30)),
+                containers: vec![("app", OnTerm::ExitAfter(0.0))],
+            },
             // Its own 1 s grace is shorter than the band's 2 s: SIGKILL after 1 s.
-            Pod { ns: "default", name: "low-b", cached: Some((0, 1)), containers: vec![("app", OnTerm::Ignore)] },
+            Pod {
+                ns: "default",
+                name: "low-b",
+                cached: Some((0, 1)),
+                containers: vec![("app", OnTerm::Ignore)],
+            },
             // Not in the cache: lowest band, band grace.
-            Pod { ns: "default", name: "stranger", cached: None, containers: vec![("app", OnTerm::ExitAfter(0.2))] },
+            Pod {
+                ns: "default",
+                name: "stranger",
+                cached: None,
+                containers: vec![("app", OnTerm::ExitAfter(0.2))],
+            },
             // The band's 3 s grace is shorter than its own 30 s: SIGKILL after 3 s.
-            Pod { ns: "default", name: "mid", cached: Some((1500, 30)), containers: vec![("app", OnTerm::Ignore), ("side", OnTerm::ExitAfter(0.0))] },
-            Pod { ns: "kube-system", name: "high", cached: Some((2_000_000_000, 30)), containers: vec![("app", OnTerm::ExitAfter(0.5))] },
+            Pod {
+                ns: "default",
+                name: "mid",
+                cached: Some((1500, 30)),
+                containers: vec![("app", OnTerm::Ignore), ("side", OnTerm::ExitAfter(0.0))],
+            },
+            Pod {
+                ns: "kube-system",
+                name: "high",
+                cached: Some((2_000_000_000, 30)),
+                containers: vec![("app", OnTerm::ExitAfter(0.5))],
+            },
         ];
         let (cache, running) = start_pods(&ctd, &pods).await;
         let kubelet = Arc::new(RecordingKubelet::default());
@@ -135,47 +164,105 @@ fn bands_stop_in_priority_order_with_sigterm_then_sigkill_after_the_grace() {
             ctd.uptime_mark(&format!("{}.term", mark(pod, c)))
                 .unwrap_or_else(|| panic!("{pod}/{c} never got SIGTERM; report: {report:#?}"))
         };
-        let band0 = [term("low-a", "app"), term("low-b", "app"), term("stranger", "app")];
+        let band0 = [
+            term("low-a", "app"),
+            term("low-b", "app"),
+            term("stranger", "app"),
+        ];
         let band1 = [term("mid", "app"), term("mid", "side")];
         let band2 = term("high", "app");
         let kubelet_stop = kubelet.stopped_at.lock().unwrap().expect("kubelet stopped");
-        assert!(band0.iter().all(|&t| t >= kubelet_stop), "the kubelet is stopped first");
+        assert!(
+            band0.iter().all(|&t| t >= kubelet_stop),
+            "the kubelet is stopped first"
+        );
 
         // Band order; each band waited for its slowest pod (low-b killed at 1 s, mid/app at 3 s).
         let max = |ts: &[f64]| ts.iter().cloned().fold(f64::MIN, f64::max);
         let min = |ts: &[f64]| ts.iter().cloned().fold(f64::MAX, f64::min);
-        assert!(min(&band1) - max(&band0) >= 0.9, "band 1000 started {:.2} s after band 0", min(&band1) - max(&band0));
-        assert!(band2 - max(&band1) >= 2.9, "band 2e9 started {:.2} s after band 1000", band2 - max(&band1));
+        assert!(
+            min(&band1) - max(&band0) >= 0.9,
+            "band 1000 started {:.2} s after band 0",
+            min(&band1) - max(&band0)
+        );
+        assert!(
+            band2 - max(&band1) >= 2.9,
+            "band 2e9 started {:.2} s after band 1000",
+            band2 - max(&band1)
+        );
         // Concurrency within a band.
-        assert!(max(&band0) - min(&band0) < 0.5, "band 0 SIGTERMs spread over {:.2} s", max(&band0) - min(&band0));
+        assert!(
+            max(&band0) - min(&band0) < 0.5,
+            "band 0 SIGTERMs spread over {:.2} s",
+            max(&band0) - min(&band0)
+        );
 
-        // Those ignoring SIGTERM were killed only after their grace, the rest exited by themselves.
+        // Those ignoring SIGTERM were killed only after their grace, the rest exited by
+        // themselves. The upper bound tells low-b's own 1 s grace from its band's 2 s.
         for (pod_idx, pod, grace) in [(1, "low-b", 1.0), (3, "mid", 3.0)] {
             let (_, id) = &running[pod_idx].containers[0];
             let (code, finished_ns) = ctd.exit_of(id).await;
             assert_eq!(code, 137, "{pod} was SIGKILLed");
             let stop_started = report.pod("default", pod).unwrap().stop_started_at.unwrap();
             let lived = (finished_ns - stop_started.timestamp_nanos_opt().unwrap()) as f64 / 1e9;
-            assert!(lived >= grace - 0.05 && lived < grace + 1.5, "{pod} lived {lived:.2} s after StopContainer, grace {grace} s");
+            eprintln!("{pod} lived {lived:.3} s after StopContainer (grace {grace} s)");
+            assert!(
+                lived >= grace - 0.05 && lived < grace + 0.9,
+                "{pod} lived {lived:.2} s after StopContainer, grace {grace} s"
+            );
         }
         for (pod_idx, c) in [(0, 0), (2, 0), (3, 1), (4, 0)] {
             let (name, id) = &running[pod_idx].containers[c];
-            assert_eq!(ctd.exit_of(id).await.0, 0, "{}/{name} exited on its own", pods[pod_idx].name);
+            assert_eq!(
+                ctd.exit_of(id).await.0,
+                0,
+                "{}/{name} exited on its own",
+                pods[pod_idx].name
+            );
         }
 
         assert!(report.errors.is_empty(), "{report:#?}");
-        assert!(report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped), "{report:#?}");
+        assert!(
+            report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped),
+            "{report:#?}"
+        );
         let stranger = report.pod("default", "stranger").unwrap();
         assert_eq!((stranger.band, stranger.priority), (0, None));
         assert!(report.bands.iter().all(|b| !b.timed_out));
         let sandboxes = ctd.client().list_pod_sandboxes().await.unwrap();
         assert_eq!(sandboxes.len(), 5);
-        assert!(sandboxes.iter().all(|s| s.state == SandboxState::NotReady), "{sandboxes:#?}");
+        assert!(
+            sandboxes.iter().all(|s| s.state == SandboxState::NotReady),
+            "{sandboxes:#?}"
+        );
 
+        for b in &report.bands {
+            eprintln!(
+                "band {:>10}: {:?} .. {:?}",
+                b.priority,
+                b.started_after,
+                b.ended_after.unwrap()
+            );
+        }
+        for p in &report.pods {
+            eprintln!(
+                "{:>8}: stop at {:?}, containers gone {:?}, sandbox gone {:?}",
+                p.name,
+                p.stop_started_after.unwrap(),
+                p.containers_stopped_after.unwrap(),
+                p.stopped_after.unwrap()
+            );
+        }
         // Ideal: 1 s (low-b) + 3 s (mid/app) + 0.5 s (high).
         let ideal = Duration::from_millis(4500);
-        eprintln!("total {total:?}, ideal {ideal:?}, overhead {:?}", total.saturating_sub(ideal));
-        assert!(total >= ideal && total < ideal + Duration::from_millis(1500), "total {total:?}");
+        eprintln!(
+            "total {total:?}, ideal {ideal:?}, overhead {:?}",
+            total.saturating_sub(ideal)
+        );
+        assert!(
+            total >= ideal && total < ideal + Duration::from_millis(2500),
+            "total {total:?}"
+        );
 
         assert!(fallback.restart_kubelet().await.unwrap());
         assert!(kubelet.started_at.lock().unwrap().is_some());
@@ -192,8 +279,18 @@ fn a_runtime_that_dies_mid_band_is_reported_and_the_run_does_not_hang() {
     rt().block_on(async {
         let mut ctd = Containerd::start();
         let pods = vec![
-            Pod { ns: "default", name: "stubborn", cached: Some((0, 30)), containers: vec![("app", OnTerm::Ignore)] },
-            Pod { ns: "default", name: "later", cached: Some((1000, 30)), containers: vec![("app", OnTerm::ExitAfter(0.0))] },
+            Pod {
+                ns: "default",
+                name: "stubborn",
+                cached: Some((0, 30)),
+                containers: vec![("app", OnTerm::Ignore)],
+            },
+            Pod {
+                ns: "default",
+                name: "later",
+                cached: Some((1000, 30)),
+                containers: vec![("app", OnTerm::ExitAfter(0.0))],
+            },
         ];
         let (cache, running) = start_pods(&ctd, &pods).await;
         let endpoint = ctd.endpoint.clone();
@@ -215,18 +312,33 @@ fn a_runtime_that_dies_mid_band_is_reported_and_the_run_does_not_hang() {
         let (report, ()) = tokio::join!(fallback.run(&cache), killer);
         let elapsed = started.elapsed();
         eprintln!("run ended {elapsed:?} after start; report: {report:#?}");
-        assert!(elapsed < Duration::from_secs(4), "the run waited {elapsed:?} on a dead runtime");
+        assert!(
+            elapsed < Duration::from_secs(4),
+            "the run waited {elapsed:?} on a dead runtime"
+        );
 
         let stubborn = report.pod("default", "stubborn").unwrap();
         assert_eq!(stubborn.outcome, PodOutcome::Failed);
         let (_, stubborn_id) = &running[0].containers[0];
-        assert!(stubborn.errors.iter().any(|e| e.contains(stubborn_id.as_str()) && e.contains(&endpoint)), "{stubborn:#?}");
+        assert!(
+            stubborn
+                .errors
+                .iter()
+                .any(|e| e.contains(stubborn_id.as_str()) && e.contains(&endpoint)),
+            "{stubborn:#?}"
+        );
         // The next band was still attempted, and its failure reported.
         let later = report.pod("default", "later").unwrap();
         assert_eq!(later.outcome, PodOutcome::Failed);
         let (_, later_id) = &running[1].containers[0];
-        assert!(later.errors.iter().any(|e| e.contains(later_id.as_str())), "{later:#?}");
-        assert!(ctd.uptime_mark("later-app.term").is_none(), "nothing reached the dead runtime");
+        assert!(
+            later.errors.iter().any(|e| e.contains(later_id.as_str())),
+            "{later:#?}"
+        );
+        assert!(
+            ctd.uptime_mark("later-app.term").is_none(),
+            "nothing reached the dead runtime"
+        );
         assert_eq!(report.bands.len(), 2);
         // Drop restarts containerd and removes the pods.
     });
@@ -242,7 +354,11 @@ fn an_absent_socket_is_one_clear_error_and_no_hang() {
         let fallback = Fallback::new(Arc::new(client), None, None, options(&[(0, 30.0)], false));
         let started = Instant::now();
         let report = fallback.run(&PodCache::default()).await;
-        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
         assert_eq!(report.errors.len(), 1, "{report:#?}");
         assert!(report.errors[0].contains(&endpoint), "{}", report.errors[0]);
         assert!(report.pods.is_empty());

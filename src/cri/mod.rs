@@ -191,13 +191,15 @@ pub fn channel(endpoint: &str, connect_timeout: Duration) -> Result<Channel, Cri
     let ep = Endpoint::from_static("http://cri.invalid")
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true);
-    Ok(ep.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-        let path = path.clone();
-        async move {
-            let stream = tokio::net::UnixStream::connect(&path).await?;
-            Ok::<_, std::io::Error>(TokioIo::new(stream))
-        }
-    })))
+    Ok(
+        ep.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(&path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        })),
+    )
 }
 
 impl CriClient {
@@ -309,7 +311,12 @@ impl Runtime for CriClient {
         let mut c = self.client.clone();
         let req = proto::ListPodSandboxRequest { filter: None };
         let resp = self
-            .call("ListPodSandbox", None, self.timeouts.call, c.list_pod_sandbox(req))
+            .call(
+                "ListPodSandbox",
+                None,
+                self.timeouts.call,
+                c.list_pod_sandbox(req),
+            )
             .await?;
         Ok(resp.items.into_iter().map(sandbox_from_proto).collect())
     }
@@ -343,7 +350,8 @@ impl Runtime for CriClient {
             container_id: id.to_string(),
             timeout: grace_seconds(grace),
         };
-        let after = Duration::from_secs(grace_seconds(grace).max(0) as u64) + self.timeouts.stop_slack;
+        let after =
+            Duration::from_secs(grace_seconds(grace).max(0) as u64) + self.timeouts.stop_slack;
         self.call("StopContainer", Some(id), after, c.stop_container(req))
             .await
             .map(|_| ())
@@ -354,9 +362,14 @@ impl Runtime for CriClient {
         let req = proto::StopPodSandboxRequest {
             pod_sandbox_id: id.to_string(),
         };
-        self.call("StopPodSandbox", Some(id), self.timeouts.call, c.stop_pod_sandbox(req))
-            .await
-            .map(|_| ())
+        self.call(
+            "StopPodSandbox",
+            Some(id),
+            self.timeouts.call,
+            c.stop_pod_sandbox(req),
+        )
+        .await
+        .map(|_| ())
     }
 }
 

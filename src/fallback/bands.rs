@@ -26,10 +26,7 @@ pub(crate) fn sorted_bands(bands: &[PriorityGracePeriod]) -> Vec<PriorityGracePe
 /// (and pods of unknown priority, passed as None) go to the lowest one.
 pub(crate) fn band_index(sorted: &[PriorityGracePeriod], priority: Option<i32>) -> usize {
     let Some(p) = priority else { return 0 };
-    sorted
-        .iter()
-        .rposition(|b| b.priority <= p)
-        .unwrap_or(0)
+    sorted.iter().rposition(|b| b.priority <= p).unwrap_or(0)
 }
 
 /// The grace a pod gets in its band: the band's, or the pod's own if shorter.
@@ -66,8 +63,14 @@ mod tests {
     #[test]
     fn grace_is_the_shorter_of_band_and_pod() {
         let b = band(0, 30);
-        assert_eq!(pod_grace(&b, Some(Duration::from_secs(5))), Duration::from_secs(5));
-        assert_eq!(pod_grace(&b, Some(Duration::from_secs(90))), Duration::from_secs(30));
+        assert_eq!(
+            pod_grace(&b, Some(Duration::from_secs(5))),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            pod_grace(&b, Some(Duration::from_secs(90))),
+            Duration::from_secs(30)
+        );
         assert_eq!(pod_grace(&b, None), Duration::from_secs(30));
     }
 

@@ -6,13 +6,18 @@
 //! band whose priority is at most its own (unknown pods to the lowest); bands run in ascending
 //! priority; a pod's grace is min(band grace, its terminationGracePeriodSeconds).
 //!
-//! When a band's time is up: every container of a band is stopped with
+//! When a band ends: when the containers of all its pods have stopped (the workload is
+//! gone; the sandboxes, i.e. pause containers and network, are torn down while the next band
+//! already runs), or when its time is up. Every container is stopped with
 //! `StopContainer(timeout = grace)`, so the runtime itself sends SIGKILL once the grace ends
-//! and a container can never outlive the band's grace because of its own (longer) grace.
-//! The band therefore waits for its pods until `band grace + band_slack` after it started;
-//! the slack covers the kill, its reaping and `StopPodSandbox`. A pod still not stopped then
-//! means the runtime is stuck: it is reported as timed out and the next band starts, while
-//! the stuck calls keep running beside it (as the kubelet's do) until the whole run ends.
+//! and a container can never outlive the band's grace because of its own, longer one. The
+//! band's time is therefore `band grace + band_slack` from its start, the slack covering the
+//! kill and its reaping. A pod whose containers are still not confirmed stopped then means
+//! the runtime is stuck: it is reported as timed out and the next band starts, while the
+//! stuck calls keep running beside it (as the kubelet's do) until the whole run ends.
+//!
+//! Grace periods are used as configured: unlike the kubelet's killContainer, no 2 s floor
+//! is applied, so a band or pod grace of 0 means SIGKILL at once.
 //!
 //! Cancel safety: everything runs inside the future returned by [`Fallback::run`]; dropping
 //! it drops every outstanding call. Progress is kept in a shared report so that
@@ -33,7 +38,7 @@ use chrono::{DateTime, Utc};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use crate::config::{PriorityGracePeriod, Settings};
 use crate::cri::{Container, ContainerState, PodSandbox, Runtime, SandboxState};
@@ -63,6 +68,8 @@ pub struct FallbackOptions {
     pub band_slack: Duration,
     /// Listing pods is retried this long while the runtime is unreachable.
     pub list_retry: Duration,
+    /// After the last band, how long sandboxes still being torn down are waited for.
+    pub sandbox_wait: Duration,
 }
 
 impl FallbackOptions {
@@ -76,6 +83,7 @@ impl FallbackOptions {
             kubelet_timeout: Duration::from_secs(20),
             band_slack: Duration::from_secs(2),
             list_retry: Duration::from_secs(2),
+            sandbox_wait: Duration::from_secs(5),
         }
     }
 }
@@ -127,6 +135,9 @@ pub struct PodReport {
     pub stopped_at: Option<DateTime<Utc>>,
     /// Offsets from the start of the run on tokio's clock (what tests and benchmarks read).
     pub stop_started_after: Option<Duration>,
+    /// Every container stopped: the pod's workload is gone and its band may end.
+    pub containers_stopped_after: Option<Duration>,
+    /// The sandbox stopped too.
     pub stopped_after: Option<Duration>,
     pub errors: Vec<String>,
 }
@@ -148,6 +159,8 @@ pub struct BandReport {
 #[serde(rename_all = "camelCase")]
 pub struct FallbackReport {
     pub endpoint: String,
+    /// Runtime name and version, when it answered.
+    pub runtime: Option<String>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
     /// The kubelet unit was (asked to be) stopped and not started again yet.
@@ -190,13 +203,26 @@ pub struct Fallback {
     report: Arc<Mutex<FallbackReport>>,
 }
 
-type PodFuture = Pin<Box<dyn Future<Output = (usize, PodResult)> + Send>>;
+type StepFuture = Pin<Box<dyn Future<Output = Step> + Send>>;
 
-struct PodResult {
+/// A pod's termination goes Waiting -> Containers -> Sandbox -> Done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Waiting,
+    Containers,
+    Sandbox,
+    Done,
+}
+
+enum Step {
+    Containers(usize, ContainersDone),
+    Sandbox(usize, Result<(), String>),
+}
+
+struct ContainersDone {
     errors: Vec<String>,
     /// The manifest file, when it was gated.
     gated: Option<String>,
-    sandbox_stopped: bool,
 }
 
 impl Fallback {
@@ -260,6 +286,11 @@ impl Fallback {
     /// Drains the node locally. Never fails as a whole: every failure is in the report and
     /// the rest goes on.
     pub async fn run(&self, cache: &PodCache) -> FallbackReport {
+        let span = tracing::info_span!("offline_fallback", node = %self.opts.node);
+        self.run_bands(cache).instrument(span).await
+    }
+
+    async fn run_bands(&self, cache: &PodCache) -> FallbackReport {
         let t0 = Instant::now();
         self.lock().started_at = Some(Utc::now());
         info!(endpoint = %self.runtime.endpoint(), "offline fallback: draining through the CRI runtime");
@@ -272,14 +303,11 @@ impl Fallback {
         let sorted = bands::sorted_bands(&self.opts.bands);
         {
             let mut r = self.lock();
-            r.pods = targets
-                .iter()
-                .map(|t| pod_report(t, &sorted))
-                .collect();
+            r.pods = targets.iter().map(|t| pod_report(t, &sorted)).collect();
         }
 
-        let mut running: FuturesUnordered<PodFuture> = FuturesUnordered::new();
-        let mut unfinished = vec![true; targets.len()];
+        let mut running: FuturesUnordered<StepFuture> = FuturesUnordered::new();
+        let mut progress = vec![Progress::Waiting; targets.len()];
         for (band_idx, band) in sorted.iter().enumerate() {
             let members: Vec<usize> = (0..targets.len())
                 .filter(|&i| targets[i].band == band_idx)
@@ -303,17 +331,15 @@ impl Fallback {
             info!(band = band.priority, pods = members.len(), grace = ?band.shutdown_grace_period, "band starts");
             for &i in &members {
                 self.mark_stopping(i, t0);
-                running.push(self.terminate(i, targets[i].clone()));
+                progress[i] = Progress::Containers;
+                running.push(self.stop_containers(i, &targets[i]));
             }
             let deadline = band_start + band.shutdown_grace_period + self.opts.band_slack;
             let mut timed_out = false;
-            while members.iter().any(|&i| unfinished[i]) {
+            while members.iter().any(|&i| progress[i] == Progress::Containers) {
                 tokio::select! {
-                    done = running.next() => match done {
-                        Some((i, res)) => {
-                            unfinished[i] = false;
-                            self.record(i, res, t0);
-                        }
+                    step = running.next() => match step {
+                        Some(step) => self.advance(step, &targets, &mut progress, &mut running, t0),
                         None => break,
                     },
                     _ = tokio::time::sleep_until(deadline) => {
@@ -324,7 +350,10 @@ impl Fallback {
             }
             if timed_out {
                 let mut r = self.lock();
-                for &i in members.iter().filter(|&&i| unfinished[i]) {
+                for &i in members
+                    .iter()
+                    .filter(|&&i| progress[i] == Progress::Containers)
+                {
                     let p = &mut r.pods[i];
                     warn!(pod = %format!("{}/{}", p.namespace, p.name), band = band.priority, "band time is up before the pod stopped");
                     p.outcome = PodOutcome::TimedOut;
@@ -339,6 +368,29 @@ impl Fallback {
             r.bands[report_idx].ended_after = Some(ended);
             r.bands[report_idx].timed_out = timed_out;
             info!(band = band.priority, elapsed = ?ended, timed_out, "band ends");
+        }
+
+        // Sandboxes still being torn down; containers a stuck runtime never stopped are not
+        // waited for again.
+        let final_deadline = Instant::now() + self.opts.sandbox_wait;
+        while progress.contains(&Progress::Sandbox) {
+            tokio::select! {
+                step = running.next() => match step {
+                    Some(step) => self.advance(step, &targets, &mut progress, &mut running, t0),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(final_deadline) => {
+                    let mut r = self.lock();
+                    for (i, _) in progress.iter().enumerate().filter(|(_, p)| **p == Progress::Sandbox) {
+                        r.pods[i].errors.push(format!(
+                            "sandbox not stopped within {:?} after the last band",
+                            self.opts.sandbox_wait
+                        ));
+                        r.pods[i].outcome = PodOutcome::Failed;
+                    }
+                    break;
+                }
+            }
         }
 
         let mut r = self.lock();
@@ -406,7 +458,15 @@ impl Fallback {
     }
 
     async fn collect_targets(&self, cache: &PodCache) -> Vec<Target> {
-        let (listed, manifests) = tokio::join!(self.list_runtime(), self.active_manifests());
+        let (listed, manifests, version) = tokio::join!(
+            self.list_runtime(),
+            self.active_manifests(),
+            self.runtime.version()
+        );
+        if let Ok(v) = version {
+            info!(runtime = %v.runtime_name, version = %v.runtime_version, "CRI runtime");
+            self.lock().runtime = Some(format!("{} {}", v.runtime_name, v.runtime_version));
+        }
         let (sandboxes, containers) = listed.unwrap_or_default();
         let sorted = bands::sorted_bands(&self.opts.bands);
         let node = &self.opts.node;
@@ -484,22 +544,60 @@ impl Fallback {
         p.stop_started_after = Some(Instant::now() - t0);
     }
 
-    fn record(&self, i: usize, res: PodResult, t0: Instant) {
+    fn advance(
+        &self,
+        step: Step,
+        targets: &[Target],
+        progress: &mut [Progress],
+        running: &mut FuturesUnordered<StepFuture>,
+        t0: Instant,
+    ) {
+        match step {
+            Step::Containers(i, done) => {
+                {
+                    let mut r = self.lock();
+                    let p = &mut r.pods[i];
+                    p.containers_stopped_after = Some(Instant::now() - t0);
+                    p.gated_manifest = done.gated;
+                    p.errors.extend(done.errors);
+                }
+                match &targets[i].sandbox {
+                    Some(s) => {
+                        progress[i] = Progress::Sandbox;
+                        running.push(self.stop_sandbox(i, s.id.clone()));
+                    }
+                    None => {
+                        progress[i] = Progress::Done;
+                        self.finish(i, false, t0);
+                    }
+                }
+            }
+            Step::Sandbox(i, result) => {
+                progress[i] = Progress::Done;
+                let stopped = match result {
+                    Ok(()) => true,
+                    Err(e) => {
+                        self.lock().pods[i].errors.push(e);
+                        false
+                    }
+                };
+                self.finish(i, stopped, t0);
+            }
+        }
+    }
+
+    fn finish(&self, i: usize, sandbox_stopped: bool, t0: Instant) {
         let mut r = self.lock();
         let p = &mut r.pods[i];
-        let late = p.outcome == PodOutcome::TimedOut;
         p.stopped_at = Some(Utc::now());
         p.stopped_after = Some(Instant::now() - t0);
-        let gated = res.gated.is_some();
-        p.gated_manifest = res.gated;
-        p.errors.extend(res.errors);
-        p.outcome = if late {
+        p.outcome = if p.outcome == PodOutcome::TimedOut {
             PodOutcome::TimedOut
         } else if !p.errors.is_empty() {
             PodOutcome::Failed
-        } else if res.sandbox_stopped {
+        } else if sandbox_stopped {
             PodOutcome::Stopped
-        } else if gated {
+        } else if p.gated_manifest.is_some() {
             PodOutcome::Gated
         } else {
             PodOutcome::Failed
@@ -507,30 +605,31 @@ impl Fallback {
         info!(pod = %format!("{}/{}", p.namespace, p.name), band = p.band, outcome = ?p.outcome, "pod done");
     }
 
-    /// Gates the pod's manifest (static pods), stops its containers concurrently with its
-    /// grace, then stops its sandbox.
-    fn terminate(&self, i: usize, t: Target) -> PodFuture {
+    /// Gates the pod's manifest (static pods) and stops its containers concurrently, each
+    /// with the pod's grace.
+    fn stop_containers(&self, i: usize, t: &Target) -> StepFuture {
         let runtime = self.runtime.clone();
         let gate = self.gate.clone();
         let pod = format!("{}/{}", t.namespace, t.name);
+        let manifest = t.manifest.clone();
+        let containers = t.containers.clone();
+        let grace = t.grace;
         Box::pin(async move {
-            let mut errors = Vec::new();
             let gating = async {
-                match (&gate, &t.manifest) {
+                match (gate, manifest) {
                     (Some(gate), Some(file)) => {
-                        let (gate, file) = (gate.clone(), file.clone());
-                        match tokio::task::spawn_blocking(move || gate.gate(&file)).await {
-                            Ok(Ok(())) => Ok(Some(file_name_of(&t))),
-                            Ok(Err(e)) => Err(format!("gating manifest: {e:#}")),
-                            Err(e) => Err(format!("gating manifest: {e}")),
+                        let name = file.clone();
+                        match tokio::task::spawn_blocking(move || gate.gate(&name)).await {
+                            Ok(Ok(())) => Ok(Some(file)),
+                            Ok(Err(e)) => Err(format!("gating manifest {file}: {e:#}")),
+                            Err(e) => Err(format!("gating manifest {file}: {e}")),
                         }
                     }
                     _ => Ok(None),
                 }
             };
-            let stops = futures::future::join_all(t.containers.iter().map(|c| {
-                let runtime = runtime.clone();
-                let (pod, grace) = (&pod, t.grace);
+            let stops = futures::future::join_all(containers.iter().map(|c| {
+                let (runtime, pod) = (&runtime, &pod);
                 async move {
                     match runtime.stop_container(&c.id, grace).await {
                         Ok(()) => Ok(()),
@@ -543,31 +642,29 @@ impl Fallback {
                 }
             }));
             let (gated, stopped) = tokio::join!(gating, stops);
+            let mut errors = Vec::new();
             let gated = gated.unwrap_or_else(|e| {
                 warn!(pod = %pod, error = %e, "static pod manifest stays in place");
                 errors.push(e);
                 None
             });
             errors.extend(stopped.into_iter().filter_map(Result::err));
-            let mut sandbox_stopped = false;
-            if let Some(s) = &t.sandbox {
-                match runtime.stop_pod_sandbox(&s.id).await {
-                    Ok(()) => sandbox_stopped = true,
-                    Err(e) if e.is_not_found() => sandbox_stopped = true,
-                    Err(e) => {
-                        warn!(pod = %pod, error = %e, "stopping sandbox failed");
-                        errors.push(e.to_string());
-                    }
+            Step::Containers(i, ContainersDone { errors, gated })
+        })
+    }
+
+    fn stop_sandbox(&self, i: usize, id: String) -> StepFuture {
+        let runtime = self.runtime.clone();
+        Box::pin(async move {
+            let result = match runtime.stop_pod_sandbox(&id).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => {
+                    warn!(sandbox = %id, error = %e, "stopping sandbox failed");
+                    Err(e.to_string())
                 }
-            }
-            (
-                i,
-                PodResult {
-                    errors,
-                    gated,
-                    sandbox_stopped,
-                },
-            )
+            };
+            Step::Sandbox(i, result)
         })
     }
 }
@@ -579,20 +676,15 @@ fn mirror_name(m: &StaticManifest, node: &str) -> String {
 /// The cached pod for a sandbox: by UID (a static pod's UID is its config hash), else by
 /// namespace/name.
 fn cached_pod<'a>(cache: &'a PodCache, s: &PodSandbox) -> Option<&'a PodInfo> {
-    let by_uid = cache
-        .pods
-        .iter()
-        .find(|p| !s.uid.is_empty() && (p.uid == s.uid || p.static_hash.as_deref() == Some(&s.uid)));
+    let by_uid = cache.pods.iter().find(|p| {
+        !s.uid.is_empty() && (p.uid == s.uid || p.static_hash.as_deref() == Some(&s.uid))
+    });
     by_uid.or_else(|| {
         cache
             .pods
             .iter()
             .find(|p| p.namespace == s.namespace && p.name == s.name)
     })
-}
-
-fn file_name_of(t: &Target) -> String {
-    t.manifest.clone().unwrap_or_default()
 }
 
 fn pod_report(t: &Target, sorted: &[PriorityGracePeriod]) -> PodReport {
@@ -612,6 +704,7 @@ fn pod_report(t: &Target, sorted: &[PriorityGracePeriod]) -> PodReport {
         stop_started_at: None,
         stopped_at: None,
         stop_started_after: None,
+        containers_stopped_after: None,
         stopped_after: None,
         errors: Vec::new(),
     }

@@ -43,7 +43,10 @@ struct Clock {
 
 impl Clock {
     fn push(&self, ev: Ev) {
-        self.log.lock().unwrap().push((Instant::now() - self.t0, ev));
+        self.log
+            .lock()
+            .unwrap()
+            .push((Instant::now() - self.t0, ev));
     }
 }
 
@@ -52,6 +55,7 @@ struct FakeRuntime {
     sandboxes: Vec<PodSandbox>,
     containers: Vec<(Container, Behaviour)>,
     unreachable: bool,
+    sandbox_delay: Duration,
 }
 
 fn unavailable(op: &'static str) -> CriError {
@@ -122,6 +126,7 @@ impl Runtime for FakeRuntime {
         Ok(())
     }
     async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        tokio::time::sleep(self.sandbox_delay).await;
         self.clock.push(Ev::SandboxStopped(id.into()));
         Ok(())
     }
@@ -178,6 +183,7 @@ struct Node {
     containers: Vec<(Container, Behaviour)>,
     cache: PodCache,
     manifests: Vec<StaticManifest>,
+    sandbox_delay: Duration,
 }
 
 impl Node {
@@ -191,6 +197,7 @@ impl Node {
             containers: Vec::new(),
             cache: PodCache::default(),
             manifests: Vec::new(),
+            sandbox_delay: Duration::ZERO,
         }
     }
 
@@ -247,6 +254,7 @@ impl Node {
             sandboxes: self.sandboxes.clone(),
             containers: self.containers.clone(),
             unreachable,
+            sandbox_delay: self.sandbox_delay,
         };
         let opts = FallbackOptions {
             node: "node1".into(),
@@ -262,6 +270,7 @@ impl Node {
             kubelet_timeout: S(5),
             band_slack: S(1),
             list_retry: S(1),
+            sandbox_wait: S(5),
         };
         let gate = FakeGate {
             clock: self.clock.clone(),
@@ -291,7 +300,10 @@ impl Node {
         self.events()
             .into_iter()
             .find_map(|(t, e)| match e {
-                Ev::StopRequested { container: c, grace } if c == container => Some((t, grace)),
+                Ev::StopRequested {
+                    container: c,
+                    grace,
+                } if c == container => Some((t, grace)),
                 _ => None,
             })
             .unwrap_or_else(|| panic!("{container} was never stopped: {:#?}", self.events()))
@@ -303,10 +315,20 @@ const BANDS: &[(i32, u64)] = &[(0, 10), (1000, 5), (2_000_000_000, 3)];
 #[tokio::test(start_paused = true)]
 async fn bands_run_in_ascending_priority_each_waiting_for_its_slowest_pod() {
     let mut n = Node::new();
-    n.pod("ns", "critical", Some((2_000_000_000, 30)), &[Behaviour::ExitsAfter(S(1))])
-        .pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(2))])
-        .pod("ns", "batch", Some((5, 30)), &[Behaviour::ExitsAfter(S(4)), Behaviour::ExitsAfter(S(1))])
-        .pod("ns", "mid", Some((1500, 30)), &[Behaviour::IgnoresTerm]);
+    n.pod(
+        "ns",
+        "critical",
+        Some((2_000_000_000, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    )
+    .pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(2))])
+    .pod(
+        "ns",
+        "batch",
+        Some((5, 30)),
+        &[Behaviour::ExitsAfter(S(4)), Behaviour::ExitsAfter(S(1))],
+    )
+    .pod("ns", "mid", Some((1500, 30)), &[Behaviour::IgnoresTerm]);
     let report = n.fallback(BANDS, false, false).run(&n.cache).await;
 
     // Band 0: web and batch, all three containers at once; it ends with batch-c0 at 4 s.
@@ -330,12 +352,22 @@ async fn bands_run_in_ascending_priority_each_waiting_for_its_slowest_pod() {
         .collect();
     assert_eq!(
         bands,
-        vec![(0, S(0), false), (1000, S(4), false), (2_000_000_000, S(9), false)]
+        vec![
+            (0, S(0), false),
+            (1000, S(4), false),
+            (2_000_000_000, S(9), false)
+        ]
     );
-    assert!(report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped), "{report:#?}");
+    assert!(
+        report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped),
+        "{report:#?}"
+    );
     assert!(report.errors.is_empty());
     let mid = report.pod("ns", "mid").unwrap();
-    assert_eq!((mid.band, mid.priority, mid.method), (1000, Some(1500), Method::Cri));
+    assert_eq!(
+        (mid.band, mid.priority, mid.method),
+        (1000, Some(1500), Method::Cri)
+    );
     assert_eq!(mid.stopped_after, Some(S(9)));
 }
 
@@ -355,9 +387,19 @@ async fn a_pod_gets_the_shorter_of_band_and_own_grace() {
 #[tokio::test(start_paused = true)]
 async fn pods_the_cache_does_not_know_go_to_the_lowest_band_with_its_grace() {
     let mut n = Node::new();
-    n.pod("ns", "known-low", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
-        .pod("ns", "stranger", None, &[Behaviour::IgnoresTerm])
-        .pod("ns", "known-high", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    n.pod(
+        "ns",
+        "known-low",
+        Some((0, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    )
+    .pod("ns", "stranger", None, &[Behaviour::IgnoresTerm])
+    .pod(
+        "ns",
+        "known-high",
+        Some((1000, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    );
     let report = n.fallback(BANDS, false, false).run(&n.cache).await;
     let stranger = report.pod("ns", "stranger").unwrap();
     assert_eq!((stranger.band, stranger.priority), (0, None));
@@ -368,20 +410,40 @@ async fn pods_the_cache_does_not_know_go_to_the_lowest_band_with_its_grace() {
 #[tokio::test(start_paused = true)]
 async fn an_erroring_container_is_reported_and_the_rest_goes_on() {
     let mut n = Node::new();
-    n.pod("ns", "flaky", Some((0, 30)), &[Behaviour::Errors, Behaviour::ExitsAfter(S(2))])
-        .pod("ns", "fine", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
-        .pod("ns", "later", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    n.pod(
+        "ns",
+        "flaky",
+        Some((0, 30)),
+        &[Behaviour::Errors, Behaviour::ExitsAfter(S(2))],
+    )
+    .pod("ns", "fine", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+    .pod(
+        "ns",
+        "later",
+        Some((1000, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    );
     let report = n.fallback(BANDS, false, false).run(&n.cache).await;
     let flaky = report.pod("ns", "flaky").unwrap();
     assert_eq!(flaky.outcome, PodOutcome::Failed);
     assert_eq!(flaky.errors.len(), 1, "{flaky:#?}");
     assert!(flaky.errors[0].contains("flaky-c0"), "{}", flaky.errors[0]);
-    assert!(flaky.errors[0].contains("unix:///fake.sock"), "{}", flaky.errors[0]);
+    assert!(
+        flaky.errors[0].contains("unix:///fake.sock"),
+        "{}",
+        flaky.errors[0]
+    );
     // Its other container and its sandbox are still stopped, and so is everything else.
     assert_eq!(n.when(&Ev::ContainerStopped("flaky-c1".into())), S(2));
     n.when(&Ev::SandboxStopped("sb-flaky".into()));
-    assert_eq!(report.pod("ns", "fine").unwrap().outcome, PodOutcome::Stopped);
-    assert_eq!(report.pod("ns", "later").unwrap().outcome, PodOutcome::Stopped);
+    assert_eq!(
+        report.pod("ns", "fine").unwrap().outcome,
+        PodOutcome::Stopped
+    );
+    assert_eq!(
+        report.pod("ns", "later").unwrap().outcome,
+        PodOutcome::Stopped
+    );
     assert_eq!(n.stop_requested("later-c0").0, S(2));
 }
 
@@ -389,7 +451,12 @@ async fn an_erroring_container_is_reported_and_the_rest_goes_on() {
 async fn a_stuck_runtime_ends_the_band_at_its_time_and_the_next_band_runs() {
     let mut n = Node::new();
     n.pod("ns", "stuck", Some((0, 30)), &[Behaviour::Hangs])
-        .pod("ns", "next", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+        .pod(
+            "ns",
+            "next",
+            Some((1000, 30)),
+            &[Behaviour::ExitsAfter(S(1))],
+        );
     let report = n.fallback(BANDS, false, false).run(&n.cache).await;
     // Band 0: 10 s grace + 1 s slack.
     assert_eq!(n.stop_requested("next-c0").0, S(11));
@@ -398,7 +465,10 @@ async fn a_stuck_runtime_ends_the_band_at_its_time_and_the_next_band_runs() {
     let stuck = report.pod("ns", "stuck").unwrap();
     assert_eq!(stuck.outcome, PodOutcome::TimedOut);
     assert!(!stuck.errors.is_empty());
-    assert_eq!(report.pod("ns", "next").unwrap().outcome, PodOutcome::Stopped);
+    assert_eq!(
+        report.pod("ns", "next").unwrap().outcome,
+        PodOutcome::Stopped
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -416,8 +486,14 @@ async fn the_kubelet_is_stopped_first_and_started_again_on_cancel() {
 
     let partial = fallback.report();
     assert!(partial.kubelet_stopped);
-    assert_eq!(partial.pod("ns", "web").unwrap().outcome, PodOutcome::Stopping);
-    assert_eq!(partial.pod("ns", "db").unwrap().outcome, PodOutcome::Pending);
+    assert_eq!(
+        partial.pod("ns", "web").unwrap().outcome,
+        PodOutcome::Stopping
+    );
+    assert_eq!(
+        partial.pod("ns", "db").unwrap().outcome,
+        PodOutcome::Pending
+    );
 
     assert!(fallback.restart_kubelet().await.unwrap());
     assert_eq!(n.events().last().unwrap().1, Ev::KubeletStart);
@@ -430,7 +506,12 @@ async fn the_kubelet_is_stopped_first_and_started_again_on_cancel() {
 async fn static_pods_are_gated_in_their_band_and_manifests_without_a_pod_too() {
     let mut n = Node::new();
     n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
-        .pod("kube-system", "etcd-node1", None, &[Behaviour::ExitsAfter(S(2))]);
+        .pod(
+            "kube-system",
+            "etcd-node1",
+            None,
+            &[Behaviour::ExitsAfter(S(2))],
+        );
     let manifest = |file: &str, name: &str, priority| StaticManifest {
         file_name: file.into(),
         namespace: "kube-system".into(),
@@ -447,7 +528,10 @@ async fn static_pods_are_gated_in_their_band_and_manifests_without_a_pod_too() {
 
     let etcd = report.pod("kube-system", "etcd-node1").unwrap();
     assert_eq!(etcd.pod_type, Some(PodType::Static));
-    assert_eq!((etcd.band, etcd.priority), (2_000_000_000, Some(2_000_001_000)));
+    assert_eq!(
+        (etcd.band, etcd.priority),
+        (2_000_000_000, Some(2_000_001_000))
+    );
     assert_eq!(etcd.gated_manifest.as_deref(), Some("etcd.yaml"));
     assert_eq!(etcd.outcome, PodOutcome::Stopped);
     // Gated when its band starts, after the lower band finished.
@@ -479,7 +563,39 @@ async fn an_unreachable_runtime_is_reported_and_static_manifests_are_still_gated
     let report = n.fallback(BANDS, false, true).run(&n.cache).await;
     assert!(Instant::now() - started < S(3), "retried too long");
     assert_eq!(report.errors.len(), 1, "{report:#?}");
-    assert!(report.errors[0].contains("unix:///fake.sock"), "{}", report.errors[0]);
+    assert!(
+        report.errors[0].contains("unix:///fake.sock"),
+        "{}",
+        report.errors[0]
+    );
     assert_eq!(report.pods.len(), 1);
     assert_eq!(report.pods[0].outcome, PodOutcome::Gated);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sandbox_teardown_overlaps_the_next_band_and_is_waited_for_at_the_end() {
+    let mut n = Node::new();
+    n.sandbox_delay = S(2);
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod("ns", "db", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    let started = Instant::now();
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    assert_eq!(
+        n.stop_requested("db-c0").0,
+        S(1),
+        "db's band waits for web's containers only"
+    );
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-web".into())), S(3));
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-db".into())), S(4));
+    assert_eq!(
+        Instant::now() - started,
+        S(4),
+        "the run waits for the last sandbox"
+    );
+    let web = report.pod("ns", "web").unwrap();
+    assert_eq!(
+        (web.containers_stopped_after, web.stopped_after),
+        (Some(S(1)), Some(S(3)))
+    );
+    assert!(report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped));
 }

@@ -9,6 +9,17 @@
 //! the source, fsync its directory; then append `done`. After a crash, `recover` decides
 //! where each journaled file is by comparing content hashes, removes the redundant copy
 //! and temporaries, and never deletes the only copy of anything.
+//!
+//! Hostile paths: names are single components without a leading dot (what the kubelet
+//! reads); every file is reached through a directory fd with `O_NOFOLLOW` /
+//! `AT_SYMLINK_NOFOLLOW`; symlinks, FIFOs, devices, sockets and directories are reported and
+//! never moved. The two directories are opened with `O_NOFOLLOW` (their last component must
+//! not be a symlink; parent components are resolved once, at open). The gate directory must
+//! not be inside the manifest directory (checked lexically and once resolved), and must be
+//! owned by us and not group/other-writable, since its contents get restored into
+//! `staticPodPath`. A `staticPodPath` that names a single file is not supported.
+//!
+//! Manifests that do not parse as one `v1` Pod are reported and left where they are.
 
 mod fsio;
 mod journal;
@@ -63,7 +74,8 @@ pub trait StaticPodGate: Send + Sync {
     fn active(&self) -> Result<Vec<StaticManifest>>;
     /// Manifests currently gated.
     fn gated(&self) -> Result<Vec<StaticManifest>>;
-    /// Moves one manifest from the manifest directory to the gate directory.
+    /// Moves one manifest from the manifest directory to the gate directory. Gating a
+    /// manifest that is already gated (and gone from the manifest directory) succeeds.
     fn gate(&self, file_name: &str) -> Result<()>;
     /// Moves every gated manifest back, never overwriting; returns the names kept aside.
     fn restore_all(&self) -> Result<Vec<String>>;
@@ -322,7 +334,17 @@ impl FsGate {
             if name.starts_with('.') {
                 continue; // the kubelet ignores dot-files, and so do we
             }
-            match dir.entry(&name)? {
+            let entry = match dir.entry(&name) {
+                Ok(e) => e,
+                Err(e) => {
+                    scan.refused.push(Problem {
+                        file_name: name,
+                        reason: format!("cannot be read: {e:#}"),
+                    });
+                    continue;
+                }
+            };
+            match entry {
                 Entry::Absent => {}
                 Entry::Other("directory") => {}
                 Entry::Other(kind) => scan.refused.push(Problem {
@@ -788,6 +810,12 @@ impl StaticPodGate for FsGate {
         check_name(file_name)?;
         let m = self.open(Place::Manifests)?;
         let g = self.open_gate_creating()?;
+        if m.stat(file_name)?.is_none() {
+            if let Entry::Regular(_) = g.entry(file_name)? {
+                tracing::debug!(file = %file_name, "already gated");
+                return Ok(());
+            }
+        }
         match self.move_file(Op::Gate, &m, &g, file_name)? {
             Moved::Yes => {
                 tracing::info!(file = %file_name, "gated static pod manifest");

@@ -850,3 +850,35 @@ fn a_gate_dir_others_can_write_is_refused() {
     assert!(gate.restore_all().is_err());
     assert_eq!(f.contents(), before);
 }
+
+#[test]
+fn a_torn_temporary_copy_is_cleaned_up_and_the_source_kept() {
+    let f = Fixture::new();
+    let body = pod("a", None, "a fairly long comment to tear in half");
+    f.write(&f.m, "a.yaml", &body, 0o600);
+    fs::create_dir(&f.g).unwrap();
+    fs::set_permissions(&f.g, fs::Permissions::from_mode(0o700)).unwrap();
+    // Steps: journal intent, copy, fsync of the copy (crash here), ...
+    let _ = f
+        .gate_with(TestHook::crash_after(2, false), true)
+        .gate("a.yaml");
+    let tmp = f.g.join(format!(".a.yaml{TEMP_SUFFIX}"));
+    assert!(tmp.exists(), "setup: the crash left the temporary");
+    // The page cache never reached the disk: only half of the copy survived.
+    fs::write(&tmp, &body[..body.len() / 2]).unwrap();
+    f.gate().recover().unwrap();
+    assert_eq!(fs::read(f.m.join("a.yaml")).unwrap(), body);
+    assert!(!tmp.exists());
+    assert!(!f.g.join("a.yaml").exists());
+}
+
+#[test]
+fn gating_twice_is_harmless() {
+    let f = Fixture::new();
+    f.write(&f.m, "a.yaml", &pod("a", None, ""), 0o600);
+    let gate = f.gate();
+    gate.gate("a.yaml").unwrap();
+    gate.gate("a.yaml").unwrap();
+    assert!(f.g.join("a.yaml").exists());
+    assert!(gate.gate("never-existed.yaml").is_err());
+}

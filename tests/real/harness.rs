@@ -27,11 +27,25 @@ pub fn enabled() -> bool {
         eprintln!("NODEGRACE_REAL_TESTS is not 1: skipping the real containerd tier");
         return false;
     }
+    require();
+    true
+}
+
+/// Panics unless root and every tool the private containerd needs is installed.
+pub fn require() {
     assert!(
         nix::unistd::geteuid().is_root(),
         "NODEGRACE_REAL_TESTS=1 but not root: the real containerd tests need root"
     );
-    for tool in ["containerd", "containerd-shim-runc-v2", "runc", "ctr", "tar", "sha256sum", "mount"] {
+    for tool in [
+        "containerd",
+        "containerd-shim-runc-v2",
+        "runc",
+        "ctr",
+        "tar",
+        "sha256sum",
+        "mount",
+    ] {
         assert!(
             which(tool).is_some(),
             "NODEGRACE_REAL_TESTS=1 but `{tool}` is not installed (apt-get install containerd runc busybox-static)"
@@ -41,7 +55,6 @@ pub fn enabled() -> bool {
         Path::new("/bin/busybox").exists(),
         "NODEGRACE_REAL_TESTS=1 but /bin/busybox is missing (apt-get install busybox-static)"
     );
-    true
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -167,8 +180,15 @@ impl Containerd {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.socket.exists() || !self.answers() {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("containerd exited at start ({status}):\n{}", self.log_tail());
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "containerd exited at start ({status}):\n{}",
+                    self.log_tail()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -381,7 +401,9 @@ async fn remove_all_pods(endpoint: &str) {
             })
             .await;
         let _ = rt
-            .remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: s.id })
+            .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: s.id,
+            })
             .await;
     }
 }
@@ -482,7 +504,13 @@ pub fn bands(spec: &[(i32, f64)]) -> Vec<nodegrace::config::PriorityGracePeriod>
 }
 
 /// A cached pod entry, as the online daemon would have written it.
-pub fn cached(ns: &str, name: &str, uid: &str, priority: i32, grace: i64) -> nodegrace::plan::PodInfo {
+pub fn cached(
+    ns: &str,
+    name: &str,
+    uid: &str,
+    priority: i32,
+    grace: i64,
+) -> nodegrace::plan::PodInfo {
     nodegrace::plan::PodInfo {
         namespace: ns.into(),
         name: name.into(),
