@@ -26,7 +26,7 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     let env = Env::new(kubelet(150)).await;
     env.pod("low", Kind::Default, 0, 30, json!({}));
     env.pod("mid", Kind::Default, 1_500_000_000, 30, json!({}));
-    env.pod("crit", Kind::Default, 2_000_000_000, 30, json!({}));
+    env.pod("crit", Kind::Default, 2_000_001_000, 30, json!({}));
     env.pod("ds", Kind::DaemonSet, 2_000_001_000, 30, json!({}));
     let mirror = env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
     let engine = env.engine(env.settings());
@@ -331,6 +331,7 @@ async fn a_statefulset_pod_recreated_under_the_same_name_is_not_evicted() {
     assert_eq!(env.evictions(), ["db-0"]);
     let eviction = env.requests().into_iter().find(|r| r.path.ends_with("/eviction")).unwrap();
     assert_eq!(eviction.body_json().unwrap()["deleteOptions"]["preconditions"]["uid"], old_uid);
+    assert!(env.pod_exists("db-0"), "the replacement keeps running");
 }
 
 #[tokio::test]

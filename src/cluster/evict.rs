@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use serde_json::json;
 use kube::core::Status;
 use kube::Api;
 
@@ -32,23 +33,29 @@ fn preconditions(uid: &str) -> Preconditions {
     }
 }
 
-/// POSTs an Eviction for the pod `namespace/name` with UID `uid`.
+/// POSTs an Eviction for the pod `namespace/name` with UID `uid`. The body is written here
+/// rather than through `Api::evict`, whose `EvictParams` serializes `delete_options` in
+/// snake case: the apiserver ignores that field, and the UID precondition with it.
 pub async fn evict(
     api: &Api<Pod>,
     name: &str,
     uid: &str,
     grace_seconds: Option<i64>,
 ) -> Result<Outcome> {
-    let params = EvictParams {
-        delete_options: Some(DeleteParams {
-            grace_period_seconds: grace_seconds.map(|g| g.max(0) as u32),
-            preconditions: Some(preconditions(uid)),
-            ..DeleteParams::default()
-        }),
-        post_options: PostParams::default(),
-    };
-    classify(api.evict(name, &params).await.map(|_| ()))
-        .with_context(|| format!("evicting pod {name}"))
+    let mut delete_options = json!({"preconditions": {"uid": uid}});
+    if let Some(g) = grace_seconds {
+        delete_options["gracePeriodSeconds"] = json!(g.max(0));
+    }
+    let body = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name},
+        "deleteOptions": delete_options,
+    });
+    let result: kube::Result<serde_json::Value> = api
+        .create_subresource("eviction", name, &PostParams::default(), &body)
+        .await;
+    classify(result.map(|_| ())).with_context(|| format!("evicting pod {name}"))
 }
 
 /// DELETEs the pod with a bounded grace period, bypassing disruption budgets.
