@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use engine_support::*;
 use nodegrace::api::Stage;
-use nodegrace::cluster::{shutdown_maintenance_name, EngineError};
+use nodegrace::cluster::{shutdown_maintenance_name, AfterBoot, EngineError};
 use nodegrace::config::CompletionPolicy;
 use nodegrace::daemon::ShutdownKind;
 use nodegrace::testing::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
@@ -390,4 +390,105 @@ async fn an_unreachable_apiserver_is_reported_for_the_fallback() {
         .unwrap_err();
     assert!(matches!(err, EngineError::ApiserverUnreachable(_)), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn after_boot_completes_or_keeps_a_maintenance_of_an_earlier_boot() {
+    for policy in [CompletionPolicy::Complete, CompletionPolicy::Keep] {
+        let env = Env::new(kubelet(50)).await;
+        env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+        let engine = env.engine(env.settings());
+        engine
+            .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
+        assert_eq!(engine.after_boot("boot-1", policy).await.unwrap(), AfterBoot::SameBoot);
+        drop(engine);
+
+        // The next boot.
+        let engine = env.engine(env.settings());
+        let name = shutdown_maintenance_name(NODE);
+        let outcome = engine.after_boot("boot-2", policy).await.unwrap();
+        let node = env.node();
+        assert!(node["metadata"]["labels"].get("node.kubernetes.io/exclude-from-external-load-balancers").is_none());
+        match policy {
+            CompletionPolicy::Complete => {
+                assert_eq!(outcome, AfterBoot::Completed);
+                eventually(10, "completed, uncordoned, static pods restored", || {
+                    let m = env.maintenance(&name).unwrap();
+                    m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+                        && env.node()["spec"].get("unschedulable").is_none_or(|u| u == false)
+                        && env.gate.gated_files().is_empty()
+                })
+                .await;
+                assert!(env.gate.log.lock().unwrap().contains(&"restore".to_string()));
+                assert!(!env.events("Completed").is_empty());
+            }
+            CompletionPolicy::Keep => {
+                assert_eq!(outcome, AfterBoot::Kept);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
+                assert_eq!(env.gate.gated_files(), ["etcd.yaml"], "static pods stay gated");
+                assert_eq!(env.node()["spec"]["unschedulable"], true);
+                // `nodegrace complete` by hand.
+                assert!(engine.complete_shutdown_maintenance().await.unwrap());
+                eventually(10, "completed by hand", || env.gate.gated_files().is_empty()).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_drain_resumes_through_the_maintenance_after_the_fallback() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.cluster.api.set_reachable(false).await.unwrap();
+    let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
+    let err = engine.shutdown_drain(&req).await.unwrap_err();
+    assert!(matches!(err, EngineError::ApiserverUnreachable(_)));
+
+    // The daemon ran the CRI fallback meanwhile; the apiserver comes back.
+    let report = nodegrace::fallback::FallbackReport {
+        kubelet_stopped: true,
+        ..Default::default()
+    };
+    engine.record_fallback(&report);
+    env.cluster.api.set_reachable(true).await.unwrap();
+    engine.resume(&req).await.unwrap();
+    assert!(!env.pod_exists("app"));
+    let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
+    assert!(m.spec.reason.as_deref().unwrap().contains("poweroff"));
+    eventually(5, "fallback recorded", || {
+        env.maintenance(&shutdown_maintenance_name(NODE))
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("nodegrace.dev/fallback-report")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_offline_pod_cache_follows_the_node() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 7, 45, json!({}));
+    let _engine = env.engine(env.settings());
+    let dir = env.dir.path().to_path_buf();
+    eventually(5, "pod cache written", || {
+        nodegrace::state::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 1)
+    })
+    .await;
+    let cache = nodegrace::state::PodCache::load(&dir).unwrap();
+    assert_eq!(cache.node, NODE);
+    assert_eq!(cache.pods[0].priority, 7);
+    assert_eq!(cache.pods[0].termination_grace_period_seconds, 45);
+    env.pod("second", Kind::Default, 0, 30, json!({}));
+    eventually(5, "pod cache updated", || {
+        nodegrace::state::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 2)
+    })
+    .await;
 }

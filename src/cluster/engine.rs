@@ -424,20 +424,18 @@ impl Engine {
 
         let plan = shutdown_plan(&sh.settings)?;
         let name = shutdown_maintenance_name(&sh.node);
-        let (marks, adopted) = tokio::join!(
-            async {
-                let r = sh.mark_node_for_shutdown(req).await;
-                lock(&sh.timings).cordoned = Some(t0.elapsed());
-                r
-            },
-            async {
-                let r = sh.ensure_shutdown_maintenance(req, &plan).await;
-                lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
-                r
-            }
-        );
+        // Cordon first: nothing new lands on the node while the maintenance is set up.
+        sh.cordon_for_shutdown().await?;
+        lock(&sh.timings).cordoned = Some(t0.elapsed());
+        let (condition, adopted) = tokio::join!(sh.set_condition_for_shutdown(req), async {
+            let r = sh.ensure_shutdown_maintenance(req, &plan).await;
+            lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
+            r
+        });
         let maintenance = adopted?;
-        marks?;
+        if let Err(e) = condition {
+            tracing::warn!(node = %sh.node, error = format!("{e:#}"), "setting the shutdown condition failed");
+        }
 
         let plan = normalize_drain_plan(&maintenance.spec.drain_plan).unwrap_or(plan);
         let pods = sh.pod_infos();
@@ -642,7 +640,10 @@ async fn run_loop(shared: Arc<Shared>) {
             r.node && r.pods && r.maintenances
         };
         let next = if ready {
-            match shared.reconcile(&mut st).await {
+            let pass = Instant::now();
+            let result = shared.reconcile(&mut st).await;
+            tracing::trace!(node = %shared.node, took = ?pass.elapsed(), "reconcile pass");
+            match result {
                 Ok(next) => next,
                 Err(err) => {
                     if anyhow_is_transport(&err) {
@@ -821,9 +822,8 @@ impl Shared {
         r
     }
 
-    /// Cordon, the load-balancer exclusion label and the shutdown condition: one patch of
-    /// the Node object and one of its status.
-    async fn mark_node_for_shutdown(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
+    /// Cordon and the load-balancer exclusion label in one patch of the Node.
+    async fn cordon_for_shutdown(&self) -> Result<(), EngineError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let started = Instant::now();
         loop {
@@ -833,20 +833,19 @@ impl Shared {
             .await;
             self.note(&r);
             match r {
-                Ok(_) => break,
-                Err(e) if anyhow_is_transport(&e) => {
-                    self.retry_or_unreachable(started).await?;
-                }
+                Ok(_) => return Ok(()),
+                Err(e) if anyhow_is_transport(&e) => self.retry_or_unreachable(started).await?,
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    async fn set_condition_for_shutdown(&self, req: &ShutdownRequest) -> Result<()> {
+        let api: Api<Node> = Api::all(self.client.clone());
         let message = format!("nodegrace drains the node for {:?}", req.kind).to_lowercase();
         let r = set_shutdown_condition(&api, &self.node, true, &message).await;
         self.note(&r);
-        if let Err(e) = r {
-            tracing::warn!(node = %self.node, error = format!("{e:#}"), "setting the shutdown condition failed");
-        }
-        Ok(())
+        r
     }
 
     async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
