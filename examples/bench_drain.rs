@@ -34,7 +34,11 @@ impl StaticPodGate for Gate {
         Ok(())
     }
     fn active(&self) -> Result<Vec<StaticManifest>> {
-        Ok(self.active.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        Ok(self
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone())
     }
     fn gated(&self) -> Result<Vec<StaticManifest>> {
         Ok(self.gated.lock().unwrap_or_else(|p| p.into_inner()).clone())
@@ -75,7 +79,12 @@ fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name.
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
@@ -126,13 +135,16 @@ async fn main() -> Result<()> {
                     meta["name"] = json!(format!("{base}-{NODE}"));
                     meta["annotations"] = json!({"kubernetes.io/config.mirror": format!("h{i}"),
                         "kubernetes.io/config.source": "file"});
-                    gate.active.lock().unwrap_or_else(|p| p.into_inner()).push(StaticManifest {
-                        file_name: format!("{base}.yaml"),
-                        namespace: "work".into(),
-                        pod_name: base,
-                        priority,
-                        labels: Default::default(),
-                    });
+                    gate.active
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(StaticManifest {
+                            file_name: format!("{base}.yaml"),
+                            namespace: "work".into(),
+                            pod_name: base,
+                            priority,
+                            labels: Default::default(),
+                        });
                 }
                 _ => {}
             }
@@ -196,13 +208,23 @@ async fn main() -> Result<()> {
     let node = count(&|r| r.path.starts_with("/api/v1/nodes"));
     let watches = count(&|r| r.is_watch());
 
-    let ms = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.1} ms", d.as_secs_f64() * 1000.0));
+    let ms = |d: Option<Duration>| {
+        d.map_or("-".to_string(), |d| {
+            format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+        })
+    };
     println!("pods: 250 in 4 bands (200 regular, 25 critical, 20 DaemonSet, 5 static)");
     println!("signal -> maintenance created: {}", ms(t.maintenance_ready));
     println!("signal -> cordoned:            {}", ms(t.cordoned));
     println!("signal -> node empty:          {}", ms(t.node_empty));
-    println!("total shutdown delay:          {:.1} ms", total.as_secs_f64() * 1000.0);
-    println!("ideal (sum of slowest/band):   {:.1} ms", ideal.as_secs_f64() * 1000.0);
+    println!(
+        "total shutdown delay:          {:.1} ms",
+        total.as_secs_f64() * 1000.0
+    );
+    println!(
+        "ideal (sum of slowest/band):   {:.1} ms",
+        ideal.as_secs_f64() * 1000.0
+    );
     println!(
         "delay minus ideal:             {:.1} ms",
         (total.as_secs_f64() - ideal.as_secs_f64()) * 1000.0
@@ -216,6 +238,9 @@ async fn main() -> Result<()> {
         "peak RSS (whole process):      {} KiB",
         proc_status("VmHWM:").unwrap_or(0)
     );
-    println!("CPU time during the drain:     {} ms (whole process)", cpu.as_millis());
+    println!(
+        "CPU time during the drain:     {} ms (whole process)",
+        cpu.as_millis()
+    );
     Ok(())
 }

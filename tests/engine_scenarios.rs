@@ -20,7 +20,6 @@ fn kubelet(finish_ms: u64) -> KubeletConfig {
     }
 }
 
-
 #[tokio::test]
 async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     let env = Env::new(kubelet(150)).await;
@@ -39,13 +38,24 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     let took = started.elapsed();
 
     // Every band waits for the one before: 4 bands of ~150 ms.
-    assert!(took >= Duration::from_millis(550), "returned too early: {took:?}");
+    assert!(
+        took >= Duration::from_millis(550),
+        "returned too early: {took:?}"
+    );
     assert!(took < Duration::from_secs(5), "returned too late: {took:?}");
     for p in ["low", "mid", "crit", "ds", mirror.as_str()] {
         assert!(!env.pod_exists(p), "{p} still exists");
     }
-    assert_eq!(env.evictions(), ["low", "mid", "crit"], "Default pods evicted by priority");
-    assert_eq!(env.deletes(), ["ds"], "the DaemonSet pod is deleted, the static pod gated");
+    assert_eq!(
+        env.evictions(),
+        ["low", "mid", "crit"],
+        "Default pods evicted by priority"
+    );
+    assert_eq!(
+        env.deletes(),
+        ["ds"],
+        "the DaemonSet pod is deleted, the static pod gated"
+    );
     assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
 
     // The taint precedes the DaemonSet pod's deletion; the cordon precedes everything.
@@ -56,36 +66,57 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     let taint = pos(&|r| {
         r.method == "PATCH"
             && r.path == format!("/api/v1/nodes/{NODE}")
-            && r.body_json().is_some_and(|b| b.to_string().contains("nodegrace.dev/maintenance"))
+            && r.body_json()
+                .is_some_and(|b| b.to_string().contains("nodegrace.dev/maintenance"))
     });
     let ds_delete = pos(&|r| r.method == "DELETE" && r.path.ends_with("/pods/ds"));
     let cordon = pos(&|r| {
         r.method == "PATCH"
             && r.path == format!("/api/v1/nodes/{NODE}")
-            && r.body_json().is_some_and(|b| b["spec"]["unschedulable"] == true)
+            && r.body_json()
+                .is_some_and(|b| b["spec"]["unschedulable"] == true)
     });
     let first_eviction = pos(&|r| r.path.ends_with("/eviction"));
-    assert!(taint < ds_delete, "taint must come before the DaemonSet deletion");
+    assert!(
+        taint < ds_delete,
+        "taint must come before the DaemonSet deletion"
+    );
     assert!(cordon < first_eviction);
     let delete_body = reqs[ds_delete].body_json().unwrap();
-    assert_eq!(delete_body["gracePeriodSeconds"], 30, "deleted with its own grace");
+    assert_eq!(
+        delete_body["gracePeriodSeconds"], 30,
+        "deleted with its own grace"
+    );
     assert!(delete_body["preconditions"]["uid"].is_string());
 
     // The shutdown maintenance, the node marks and the node's status entry.
     let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
     assert_eq!(m.spec.stage, Stage::Drain);
     assert!(m.spec.reason.as_deref().unwrap().contains("reboot"));
-    assert_eq!(m.metadata.annotations.as_ref().unwrap()["nodegrace.dev/boot-id"], "boot-1");
-    assert!(m.metadata.finalizers.as_ref().unwrap().contains(&"nodegrace.dev/maintenance-completion".to_string()));
+    assert_eq!(
+        m.metadata.annotations.as_ref().unwrap()["nodegrace.dev/boot-id"],
+        "boot-1"
+    );
+    assert!(m
+        .metadata
+        .finalizers
+        .as_ref()
+        .unwrap()
+        .contains(&"nodegrace.dev/maintenance-completion".to_string()));
     let entry = m.node_status(NODE).unwrap();
     assert_eq!(entry.pods_remaining, 0);
     assert_eq!(entry.drain_message, "Drained");
     assert_eq!(m.drained(), Some("True"));
     let node = env.node();
     assert_eq!(node["spec"]["unschedulable"], true);
-    assert_eq!(node["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"], "");
+    assert_eq!(
+        node["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"],
+        ""
+    );
     let conditions = node["status"]["conditions"].as_array().unwrap();
-    assert!(conditions.iter().any(|c| c["type"] == "GracefulNodeShutdownInProgress" && c["status"] == "True"));
+    assert!(conditions
+        .iter()
+        .any(|c| c["type"] == "GracefulNodeShutdownInProgress" && c["status"] == "True"));
     assert!(!env.events("Drained").is_empty());
     let timings = engine.timings();
     assert!(timings.maintenance_ready.unwrap() < Duration::from_millis(500));
@@ -107,19 +138,33 @@ async fn pdb_blocked_pod_is_escalated_at_the_shutdown_deadline() {
     let took = started.elapsed();
     // One Regular step owns the whole 4 s budget: cooperative until 2 s, then DELETE with
     // what is left (2 s).
-    assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(4), "took {took:?}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "took {took:?}"
+    );
     let evictions = env.evictions();
-    assert!(evictions.len() >= 2, "evictions retried with back-off: {evictions:?}");
+    assert!(
+        evictions.len() >= 2,
+        "evictions retried with back-off: {evictions:?}"
+    );
     assert_eq!(env.deletes(), ["db"]);
     let delete = env
         .requests()
         .into_iter()
         .find(|r| r.method == "DELETE" && r.path.ends_with("/pods/db"))
         .unwrap();
-    let grace = delete.body_json().unwrap()["gracePeriodSeconds"].as_i64().unwrap();
-    assert!((1..=2).contains(&grace), "grace bounded by what is left: {grace}");
+    let grace = delete.body_json().unwrap()["gracePeriodSeconds"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        (1..=2).contains(&grace),
+        "grace bounded by what is left: {grace}"
+    );
     assert!(!env.events("EvictionBlocked").is_empty());
-    assert!(env.events("EvictionBlocked")[0]["note"].as_str().unwrap().contains("db-pdb"));
+    assert!(env.events("EvictionBlocked")[0]["note"]
+        .as_str()
+        .unwrap()
+        .contains("db-pdb"));
     assert!(!env.events("Escalated").is_empty());
     assert!(env.metrics.render().unwrap().contains("escalat"));
 }
@@ -134,11 +179,20 @@ async fn admin_maintenance_never_escalates_and_names_the_pdb() {
 
     eventually(10, "two eviction attempts", || env.evictions().len() >= 2).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(env.deletes().is_empty(), "an admin maintenance never escalates");
+    assert!(
+        env.deletes().is_empty(),
+        "an admin maintenance never escalates"
+    );
     assert!(env.pod_exists("db"));
     let m = env.maintenance("upgrade").unwrap();
     let entry = m.node_status(NODE).unwrap();
-    assert!(entry.drain_message.contains("PodDisruptionBudget work/db-pdb"), "{}", entry.drain_message);
+    assert!(
+        entry
+            .drain_message
+            .contains("PodDisruptionBudget work/db-pdb"),
+        "{}",
+        entry.drain_message
+    );
     assert_eq!(entry.pods_remaining, 1);
     assert_eq!(m.drained(), Some("False"));
     assert!(env.node()["spec"]["unschedulable"] == true);
@@ -150,11 +204,22 @@ async fn two_maintenances_take_the_least_powerful_target_and_never_backtrack() {
     env.pod("p5000", Kind::Default, 5000, 30, json!({}));
     env.pod("p12000", Kind::Default, 12000, 30, json!({}));
     env.pod("p20000", Kind::Default, 20000, 30, json!({}));
-    env.admin_maintenance("maintenance-a", "Drain", json!([{"podType": "Default", "podPriority": 15000}]));
-    env.admin_maintenance("maintenance-b", "Drain", json!([{"podType": "Default", "podPriority": 10000}]));
+    env.admin_maintenance(
+        "maintenance-a",
+        "Drain",
+        json!([{"podType": "Default", "podPriority": 15000}]),
+    );
+    env.admin_maintenance(
+        "maintenance-b",
+        "Drain",
+        json!([{"podType": "Default", "podPriority": 10000}]),
+    );
     let _engine = env.engine(env.settings());
 
-    eventually(10, "p5000 evicted", || env.evictions().contains(&"p5000".to_string())).await;
+    eventually(10, "p5000 evicted", || {
+        env.evictions().contains(&"p5000".to_string())
+    })
+    .await;
     // While p5000 terminates only it is targeted (b's 10000 is the least powerful).
     assert_eq!(env.evictions(), ["p5000"]);
     let a = env.maintenance("maintenance-a").unwrap();
@@ -162,16 +227,32 @@ async fn two_maintenances_take_the_least_powerful_target_and_never_backtrack() {
     assert_eq!(targets.len(), 1);
     assert_eq!(targets[0].pod_priority, 10000);
 
-    eventually(10, "p12000 evicted", || env.evictions().contains(&"p12000".to_string())).await;
+    eventually(10, "p12000 evicted", || {
+        env.evictions().contains(&"p12000".to_string())
+    })
+    .await;
     assert_eq!(&env.evictions()[..2], ["p5000", "p12000"]);
     // A new, less powerful maintenance does not pull the node back.
-    env.admin_maintenance("maintenance-c", "Drain", json!([{"podType": "Default", "podPriority": 2000}]));
+    env.admin_maintenance(
+        "maintenance-c",
+        "Drain",
+        json!([{"podType": "Default", "podPriority": 2000}]),
+    );
     eventually(10, "entry in maintenance-c", || {
-        env.maintenance("maintenance-c").and_then(|m| m.node_status(NODE).cloned()).is_some()
+        env.maintenance("maintenance-c")
+            .and_then(|m| m.node_status(NODE).cloned())
+            .is_some()
     })
     .await;
     let c = env.maintenance("maintenance-c").unwrap();
-    let prio = c.node_status(NODE).unwrap().drain_targets.iter().map(|t| t.pod_priority).max().unwrap();
+    let prio = c
+        .node_status(NODE)
+        .unwrap()
+        .drain_targets
+        .iter()
+        .map(|t| t.pod_priority)
+        .max()
+        .unwrap();
     assert!(prio >= 15000, "targets went back to {prio}");
     eventually(15, "every pod evicted", || env.evictions().len() == 3).await;
     assert_eq!(env.evictions(), ["p5000", "p12000", "p20000"]);
@@ -200,7 +281,9 @@ async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
             .cloned()
             .unwrap();
         assert_eq!(cond["status"], "False");
-        assert!(node["metadata"]["labels"].get("node.kubernetes.io/exclude-from-external-load-balancers").is_none());
+        assert!(node["metadata"]["labels"]
+            .get("node.kubernetes.io/exclude-from-external-load-balancers")
+            .is_none());
         match policy {
             CompletionPolicy::Keep => {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -212,12 +295,17 @@ async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
                     let m = env.maintenance(&name).unwrap();
                     m.spec.stage == Stage::Complete
                         && m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
-                        && env.node()["spec"].get("unschedulable").is_none_or(|u| u == false)
+                        && env.node()["spec"]
+                            .get("unschedulable")
+                            .is_none_or(|u| u == false)
                 })
                 .await;
             }
         }
-        assert!(env.deletes().is_empty(), "a cancelled shutdown escalates nothing");
+        assert!(
+            env.deletes().is_empty(),
+            "a cancelled shutdown escalates nothing"
+        );
     }
 }
 
@@ -233,7 +321,13 @@ async fn restart_mid_drain_resumes_without_duplicate_requests() {
     let _ = tokio::time::timeout(Duration::from_millis(700), drain).await;
     assert_eq!(env.evictions().len(), 2, "first band requested");
     let name = shutdown_maintenance_name(NODE);
-    let before = env.maintenance(&name).unwrap().node_status(NODE).unwrap().drain_targets.clone();
+    let before = env
+        .maintenance(&name)
+        .unwrap()
+        .node_status(NODE)
+        .unwrap()
+        .drain_targets
+        .clone();
     drop(first); // the daemon is killed mid-drain
 
     let second = env.engine(env.settings());
@@ -249,8 +343,16 @@ async fn restart_mid_drain_resumes_without_duplicate_requests() {
         .filter(|r| r.method == "POST" && r.path.ends_with("/nodemaintenances"))
         .count();
     assert!(creates <= 2, "the maintenance is adopted");
-    let after = env.maintenance(&name).unwrap().node_status(NODE).unwrap().drain_targets.clone();
-    let max = |t: &[nodegrace::plan::DrainPlanEntry]| t.iter().map(|e| e.pod_priority).max().unwrap_or(i32::MIN);
+    let after = env
+        .maintenance(&name)
+        .unwrap()
+        .node_status(NODE)
+        .unwrap()
+        .drain_targets
+        .clone();
+    let max = |t: &[nodegrace::plan::DrainPlanEntry]| {
+        t.iter().map(|e| e.pod_priority).max().unwrap_or(i32::MIN)
+    };
     assert!(max(&after) >= max(&before), "targets never go back");
 }
 
@@ -260,27 +362,48 @@ async fn uncordon_respects_someone_elses_cordon_and_other_maintenances() {
     env.admin_maintenance("one", "Cordon", json!([]));
     env.admin_maintenance("two", "Cordon", json!([]));
     let _engine = env.engine(env.settings());
-    eventually(10, "cordoned", || env.node()["spec"]["unschedulable"] == true).await;
+    eventually(10, "cordoned", || {
+        env.node()["spec"]["unschedulable"] == true
+    })
+    .await;
 
     let patch_stage = |name: &str| {
         env.cluster
             .store
-            .update_in_process("nodegrace.dev", "nodemaintenances", "", name, |m| m["spec"]["stage"] = json!("Complete"))
+            .update_in_process("nodegrace.dev", "nodemaintenances", "", name, |m| {
+                m["spec"]["stage"] = json!("Complete")
+            })
             .unwrap();
     };
     patch_stage("one");
     eventually(10, "one completed", || {
-        env.maintenance("one").unwrap().metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+        env.maintenance("one")
+            .unwrap()
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_none_or(|f| f.is_empty())
     })
     .await;
-    assert_eq!(env.node()["spec"]["unschedulable"], true, "two still holds the node");
+    assert_eq!(
+        env.node()["spec"]["unschedulable"],
+        true,
+        "two still holds the node"
+    );
     patch_stage("two");
-    eventually(10, "uncordoned", || env.node()["spec"].get("unschedulable").is_none_or(|u| u == false)).await;
+    eventually(10, "uncordoned", || {
+        env.node()["spec"]
+            .get("unschedulable")
+            .is_none_or(|u| u == false)
+    })
+    .await;
 
     // A node someone else cordoned stays cordoned after nodegrace's maintenance.
     env.cluster
         .store
-        .update_in_process("", "nodes", "", NODE, |n| n["spec"]["unschedulable"] = json!(true))
+        .update_in_process("", "nodes", "", NODE, |n| {
+            n["spec"]["unschedulable"] = json!(true)
+        })
         .unwrap();
     env.admin_maintenance("three", "Cordon", json!([]));
     eventually(10, "three holds the node", || {
@@ -291,7 +414,12 @@ async fn uncordon_respects_someone_elses_cordon_and_other_maintenances() {
     .await;
     patch_stage("three");
     eventually(10, "three completed", || {
-        env.maintenance("three").unwrap().metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+        env.maintenance("three")
+            .unwrap()
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_none_or(|f| f.is_empty())
     })
     .await;
     assert_eq!(env.node()["spec"]["unschedulable"], true);
@@ -317,20 +445,35 @@ async fn a_statefulset_pod_recreated_under_the_same_name_is_not_evicted() {
             "status": nodegrace::testing::fake_apiserver::running_status(&now),
         }))
         .unwrap();
-    let old_uid = env.cluster.store.get_obj("", "pods", "work", "db-0").unwrap()["metadata"]["uid"].clone();
+    let old_uid = env
+        .cluster
+        .store
+        .get_obj("", "pods", "work", "db-0")
+        .unwrap()["metadata"]["uid"]
+        .clone();
     let engine = env.engine(env.settings());
     engine
         .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
         .await
         .unwrap();
     eventually(5, "the replacement exists", || {
-        env.cluster.store.get_obj("", "pods", "work", "db-0").is_some_and(|p| p["metadata"]["uid"] != old_uid)
+        env.cluster
+            .store
+            .get_obj("", "pods", "work", "db-0")
+            .is_some_and(|p| p["metadata"]["uid"] != old_uid)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(env.evictions(), ["db-0"]);
-    let eviction = env.requests().into_iter().find(|r| r.path.ends_with("/eviction")).unwrap();
-    assert_eq!(eviction.body_json().unwrap()["deleteOptions"]["preconditions"]["uid"], old_uid);
+    let eviction = env
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/eviction"))
+        .unwrap();
+    assert_eq!(
+        eviction.body_json().unwrap()["deleteOptions"]["preconditions"]["uid"],
+        old_uid
+    );
     assert!(env.pod_exists("db-0"), "the replacement keeps running");
 }
 
@@ -353,7 +496,10 @@ async fn volume_attachments_are_awaited_but_bounded() {
         .await
         .unwrap();
     let took = started.elapsed();
-    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(3), "bounded wait: {took:?}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "bounded wait: {took:?}"
+    );
 
     // Detached quickly: released as soon as it is gone.
     let env = Env::new(kubelet(50)).await;
@@ -365,7 +511,9 @@ async fn volume_attachments_are_awaited_but_bounded() {
     let store = env.cluster.store.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let ri = store.find_resource("storage.k8s.io", "v1", "volumeattachments").unwrap();
+        let ri = store
+            .find_resource("storage.k8s.io", "v1", "volumeattachments")
+            .unwrap();
         store.delete(&ri, "", "va-1", &Default::default()).unwrap();
     });
     let started = std::time::Instant::now();
@@ -373,7 +521,11 @@ async fn volume_attachments_are_awaited_but_bounded() {
         .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
         .await
         .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -403,7 +555,10 @@ async fn after_boot_completes_or_keeps_a_maintenance_of_an_earlier_boot() {
             .await
             .unwrap();
         assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
-        assert_eq!(engine.after_boot("boot-1", policy).await.unwrap(), AfterBoot::SameBoot);
+        assert_eq!(
+            engine.after_boot("boot-1", policy).await.unwrap(),
+            AfterBoot::SameBoot
+        );
         drop(engine);
 
         // The next boot.
@@ -411,29 +566,45 @@ async fn after_boot_completes_or_keeps_a_maintenance_of_an_earlier_boot() {
         let name = shutdown_maintenance_name(NODE);
         let outcome = engine.after_boot("boot-2", policy).await.unwrap();
         let node = env.node();
-        assert!(node["metadata"]["labels"].get("node.kubernetes.io/exclude-from-external-load-balancers").is_none());
+        assert!(node["metadata"]["labels"]
+            .get("node.kubernetes.io/exclude-from-external-load-balancers")
+            .is_none());
         match policy {
             CompletionPolicy::Complete => {
                 assert_eq!(outcome, AfterBoot::Completed);
                 eventually(10, "completed, uncordoned, static pods restored", || {
                     let m = env.maintenance(&name).unwrap();
                     m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
-                        && env.node()["spec"].get("unschedulable").is_none_or(|u| u == false)
+                        && env.node()["spec"]
+                            .get("unschedulable")
+                            .is_none_or(|u| u == false)
                         && env.gate.gated_files().is_empty()
                 })
                 .await;
-                assert!(env.gate.log.lock().unwrap().contains(&"restore".to_string()));
+                assert!(env
+                    .gate
+                    .log
+                    .lock()
+                    .unwrap()
+                    .contains(&"restore".to_string()));
                 assert!(!env.events("Completed").is_empty());
             }
             CompletionPolicy::Keep => {
                 assert_eq!(outcome, AfterBoot::Kept);
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
-                assert_eq!(env.gate.gated_files(), ["etcd.yaml"], "static pods stay gated");
+                assert_eq!(
+                    env.gate.gated_files(),
+                    ["etcd.yaml"],
+                    "static pods stay gated"
+                );
                 assert_eq!(env.node()["spec"]["unschedulable"], true);
                 // `nodegrace complete` by hand.
                 assert!(engine.complete_shutdown_maintenance().await.unwrap());
-                eventually(10, "completed by hand", || env.gate.gated_files().is_empty()).await;
+                eventually(10, "completed by hand", || {
+                    env.gate.gated_files().is_empty()
+                })
+                .await;
             }
         }
     }

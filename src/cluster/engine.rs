@@ -45,11 +45,13 @@ use crate::api::{
 use crate::config::{CompletionPolicy, Settings};
 use crate::daemon::{ShutdownKind, ShutdownRequest};
 use crate::metrics::{Metrics, TerminationMethod};
-use crate::plan::budget::{escalation_grace, plan_steps, split_budget, BudgetReserves, StepSchedule};
+use crate::plan::budget::{
+    escalation_grace, plan_steps, split_budget, BudgetReserves, StepSchedule,
+};
 use crate::plan::targets::{evaluate_node, MaintenanceInput};
 use crate::plan::{
-    normalize_drain_plan, reached_drain_targets, DrainPlanEntry, DrainTargets, NodeReport,
-    PodInfo, PodType,
+    normalize_drain_plan, reached_drain_targets, DrainPlanEntry, DrainTargets, NodeReport, PodInfo,
+    PodType,
 };
 use crate::state::PodCache;
 use crate::staticpods::StaticPodGate;
@@ -282,7 +284,12 @@ fn tolerates_everything(pod: &Pod) -> bool {
 
 /// The shutdown drain plan from the configuration, normalized (defaults injected).
 pub fn shutdown_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>> {
-    let entries: Vec<DrainPlanEntry> = settings.drain.plan.iter().map(DrainPlanEntry::from).collect();
+    let entries: Vec<DrainPlanEntry> = settings
+        .drain
+        .plan
+        .iter()
+        .map(DrainPlanEntry::from)
+        .collect();
     normalize_drain_plan(&entries).context("normalizing drain.plan")
 }
 
@@ -420,7 +427,8 @@ impl Engine {
         let sh = &self.shared;
         let t0 = Instant::now();
         *lock(&sh.timings) = ShutdownTimings::default();
-        sh.wait_ready(|r| r.node && r.pods && r.maintenances).await?;
+        sh.wait_ready(|r| r.node && r.pods && r.maintenances)
+            .await?;
 
         let plan = shutdown_plan(&sh.settings)?;
         let name = shutdown_maintenance_name(&sh.node);
@@ -765,11 +773,21 @@ impl Shared {
         out
     }
 
-    fn event(&self, reference: k8s_openapi::api::core::v1::ObjectReference, warning: bool, reason: &str, note: String) {
+    fn event(
+        &self,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
         let recorder = self.recorder.clone();
         let metrics = self.metrics.clone();
         let ev = KubeEvent {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: reason.into(),
             note: Some(note),
             action: reason.into(),
@@ -783,7 +801,14 @@ impl Shared {
         });
     }
 
-    fn event_both(&self, node: &Node, m: Option<&NodeMaintenance>, warning: bool, reason: &str, note: String) {
+    fn event_both(
+        &self,
+        node: &Node,
+        m: Option<&NodeMaintenance>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
         if let Some(m) = m {
             self.event(m.object_ref(&()), warning, reason, note.clone());
         }
@@ -869,11 +894,15 @@ impl Shared {
             .iter()
             .any(|c| c.type_ == SHUTDOWN_CONDITION && c.status == "True");
         if has_condition {
-            set_shutdown_condition(&api, &self.node, false, "shutdown cancelled or finished").await?;
+            set_shutdown_condition(&api, &self.node, false, "shutdown cancelled or finished")
+                .await?;
         }
-        patch_node_with(&api, &self.node, "remove the load-balancer exclusion", |n| {
-            lb_exclusion_patch(n, false)
-        })
+        patch_node_with(
+            &api,
+            &self.node,
+            "remove the load-balancer exclusion",
+            |n| lb_exclusion_patch(n, false),
+        )
         .await?;
         self.bump();
         Ok(())
@@ -912,7 +941,13 @@ impl Shared {
         let started = Instant::now();
         loop {
             let r = api
-                .create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &desired)
+                .create(
+                    &PostParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &desired,
+                )
                 .await;
             match r {
                 Ok(m) => {
@@ -922,7 +957,8 @@ impl Shared {
                 }
                 Err(e) if api_error_code(&e) == Some(409) => {
                     self.mark_reachable();
-                    let Some(existing) = api.get_opt(&name).await.map_err(anyhow::Error::from)? else {
+                    let Some(existing) = api.get_opt(&name).await.map_err(anyhow::Error::from)?
+                    else {
                         continue;
                     };
                     if is_deleting(&existing) || existing.spec.stage == Stage::Complete {
@@ -941,7 +977,11 @@ impl Shared {
                         patch["spec"] = json!({"stage": "Drain"});
                     }
                     let same = existing.annotations().get(BOOT_ID_ANNOTATION) == Some(&req.boot_id)
-                        && existing.annotations().get(SHUTDOWN_KIND_ANNOTATION).map(String::as_str) == Some(kind)
+                        && existing
+                            .annotations()
+                            .get(SHUTDOWN_KIND_ANNOTATION)
+                            .map(String::as_str)
+                            == Some(kind)
                         && existing.spec.stage == Stage::Drain;
                     if same {
                         tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
@@ -972,7 +1012,12 @@ impl Shared {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             rx.borrow_and_update();
-            if !self.maintenances.state().iter().any(|m| m.name_any() == name) {
+            if !self
+                .maintenances
+                .state()
+                .iter()
+                .any(|m| m.name_any() == name)
+            {
                 return Ok(());
             }
             tokio::select! {
@@ -1049,7 +1094,9 @@ impl Shared {
             .pods
             .state()
             .into_iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str()))
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
+            })
             .collect();
         let pods = self.pod_infos();
         self.maybe_write_cache(st, &pods, &mut wake);
@@ -1059,13 +1106,20 @@ impl Shared {
             .into_iter()
             .filter(|m| nodesel::selects(&m.spec.node_selector, &node))
             .collect();
-        let active: Vec<Arc<NodeMaintenance>> = selecting.iter().filter(|m| is_active(m)).cloned().collect();
+        let active: Vec<Arc<NodeMaintenance>> =
+            selecting.iter().filter(|m| is_active(m)).cloned().collect();
 
         // Cordon and finalizer first: a maintenance that selects the node holds it.
         if !active.is_empty() && cordon_patch(&node).is_some() {
             self.patch_node(st, "cordon", cordon_patch).await?;
             let names: Vec<String> = active.iter().map(|m| m.name_any()).collect();
-            self.event_both(&node, active.first().map(|m| m.as_ref()), false, "Cordoned", format!("node {} cordoned for {}", self.node, names.join(", ")));
+            self.event_both(
+                &node,
+                active.first().map(|m| m.as_ref()),
+                false,
+                "Cordoned",
+                format!("node {} cordoned for {}", self.node, names.join(", ")),
+            );
         }
         for m in &active {
             if !has_finalizer(m) {
@@ -1077,15 +1131,25 @@ impl Shared {
         let ctx = lock(&self.shutdown).clone();
         let ctx = ctx.filter(|c| views.iter().any(|v| v.name == c.name));
 
-        self.terminate_targeted(st, &node, &raw_pods, &pods, &views, ctx.as_deref(), &mut wake)
-            .await?;
+        self.terminate_targeted(
+            st,
+            &node,
+            &raw_pods,
+            &pods,
+            &views,
+            ctx.as_deref(),
+            &mut wake,
+        )
+        .await?;
 
         let node_empty = ctx.as_ref().is_some_and(|c| c.node_empty(&pods));
         let mut all_written = true;
         for m in &active {
             let view = views.iter().find(|v| v.name == m.name_any());
             let force = node_empty && ctx.as_ref().is_some_and(|c| c.name == m.name_any());
-            let written = self.write_status(st, &node, m, view, &pods, force, &mut wake).await?;
+            let written = self
+                .write_status(st, &node, m, view, &pods, force, &mut wake)
+                .await?;
             if force && !written {
                 all_written = false;
             }
@@ -1096,7 +1160,8 @@ impl Shared {
             .filter(|m| {
                 (m.spec.stage == Stage::Complete || is_deleting(m))
                     && (has_finalizer(m)
-                        || m.node_status(&self.node).is_some_and(|e| e.drain_message != COMPLETED_MESSAGE))
+                        || m.node_status(&self.node)
+                            .is_some_and(|e| e.drain_message != COMPLETED_MESSAGE))
             })
             .cloned()
             .collect();
@@ -1113,7 +1178,9 @@ impl Shared {
 
         if node_empty && all_written {
             if !self.progress.borrow().shutdown_done {
-                self.progress.send_replace(Progress { shutdown_done: true });
+                self.progress.send_replace(Progress {
+                    shutdown_done: true,
+                });
             }
         }
         Ok(wake)
@@ -1126,8 +1193,10 @@ impl Shared {
         active: &[Arc<NodeMaintenance>],
         pods: &[PodInfo],
     ) -> Result<Vec<MaintView>> {
-        let draining: Vec<&Arc<NodeMaintenance>> = active.iter().filter(|m| is_draining(m)).collect();
-        let mut previous: Option<DrainTargets> = (!st.targets.is_empty()).then(|| st.targets.clone());
+        let draining: Vec<&Arc<NodeMaintenance>> =
+            active.iter().filter(|m| is_draining(m)).collect();
+        let mut previous: Option<DrainTargets> =
+            (!st.targets.is_empty()).then(|| st.targets.clone());
         for m in &draining {
             if let Some(t) = m
                 .node_status(&self.node)
@@ -1171,7 +1240,11 @@ impl Shared {
                     finished: false,
                 })
             });
-            let entries = m.status.as_ref().map(|s| s.node_statuses.as_slice()).unwrap_or_default();
+            let entries = m
+                .status
+                .as_ref()
+                .map(|s| s.node_statuses.as_slice())
+                .unwrap_or_default();
             let (reports, own) = match nodesel::exact_nodes(&m.spec.node_selector) {
                 Some(names) if names.contains(&self.node) => {
                     let own = names.iter().position(|n| *n == self.node).unwrap_or(0);
@@ -1189,7 +1262,12 @@ impl Shared {
                 }
                 _ => (
                     std::iter::once(mine)
-                        .chain(entries.iter().filter(|e| e.node_name != self.node).map(|e| Some(entry_report(e))))
+                        .chain(
+                            entries
+                                .iter()
+                                .filter(|e| e.node_name != self.node)
+                                .map(|e| Some(entry_report(e))),
+                        )
                         .collect(),
                     0,
                 ),
@@ -1217,7 +1295,8 @@ impl Shared {
         let nt = eval.node;
         if !views.is_empty() && (st.targets_since.is_none() || nt.targets != st.targets) {
             if let Some(since) = st.targets_since {
-                self.metrics.band_finished(&describe_targets(&st.targets), since.elapsed());
+                self.metrics
+                    .band_finished(&describe_targets(&st.targets), since.elapsed());
             }
             st.targets_since = Some(Instant::now());
             tracing::info!(node = %self.node, targets = %describe_targets(&nt.targets), holders = ?nt.holders, "drain targets");
@@ -1262,24 +1341,39 @@ impl Shared {
         let mut jobs = Vec::new();
         let mut statics = Vec::new();
         let mut daemonsets = Vec::new();
-        for pod in pods.iter().filter(|p| p.is_active() && st.targets.targets(p)) {
+        for pod in pods
+            .iter()
+            .filter(|p| p.is_active() && st.targets.targets(p))
+        {
             let track = st.tracks.entry(pod.uid.clone()).or_default();
             if let (Some(c), true) = (ctx, pod.pod_type != PodType::Static) {
-                if let Some(step) = c.step_of(pod).and_then(|i| c.schedule.iter().find(|s| s.index == i)) {
+                if let Some(step) = c
+                    .step_of(pod)
+                    .and_then(|i| c.schedule.iter().find(|s| s.index == i))
+                {
                     let escalate_at = c.start + step.escalate_at;
                     if c.escalate && !track.escalated {
                         if now >= escalate_at {
                             let end = c.start + step.end;
                             let outlasts = |p: &Pod| {
-                                let deadline = p.metadata.deletion_timestamp.as_ref().map(|t| t.0.as_millisecond());
+                                let deadline = p
+                                    .metadata
+                                    .deletion_timestamp
+                                    .as_ref()
+                                    .map(|t| t.0.as_millisecond());
                                 let left = end.saturating_duration_since(now).as_millis() as i64;
-                                deadline.is_none_or(|d| d > chrono::Utc::now().timestamp_millis() + left)
+                                deadline.is_none_or(|d| {
+                                    d > chrono::Utc::now().timestamp_millis() + left
+                                })
                             };
                             if raw.get(pod.uid.as_str()).is_some_and(|p| outlasts(p)) {
-                                let grace = escalation_grace(pod.grace_period(), now - c.start, step.end);
+                                let grace =
+                                    escalation_grace(pod.grace_period(), now - c.start, step.end);
                                 jobs.push(Job::Terminate(
                                     pod.clone(),
-                                    Request::Delete { grace_seconds: grace.as_secs() as i64 },
+                                    Request::Delete {
+                                        grace_seconds: grace.as_secs() as i64,
+                                    },
                                     c.name.clone(),
                                     true,
                                 ));
@@ -1301,7 +1395,12 @@ impl Shared {
                 }
             }
             match pod.pod_type {
-                PodType::Default => jobs.push(Job::Terminate(pod.clone(), Request::Cooperative, first_holder(pod), false)),
+                PodType::Default => jobs.push(Job::Terminate(
+                    pod.clone(),
+                    Request::Cooperative,
+                    first_holder(pod),
+                    false,
+                )),
                 PodType::DaemonSet => daemonsets.push(pod.clone()),
                 PodType::Static => statics.push(pod.clone()),
             }
@@ -1309,11 +1408,16 @@ impl Shared {
 
         if !daemonsets.is_empty() {
             if maintenance_taint_patch(node, true).is_some() {
-                self.patch_node(st, "taint for DaemonSet pods", |n| maintenance_taint_patch(n, true))
-                    .await?;
+                self.patch_node(st, "taint for DaemonSet pods", |n| {
+                    maintenance_taint_patch(n, true)
+                })
+                .await?;
                 let tolerant: Vec<String> = daemonsets
                     .iter()
-                    .filter(|p| raw.get(p.uid.as_str()).is_some_and(|r| tolerates_everything(r)))
+                    .filter(|p| {
+                        raw.get(p.uid.as_str())
+                            .is_some_and(|r| tolerates_everything(r))
+                    })
                     .map(PodInfo::key)
                     .collect();
                 let first = views.first().map(|v| v.m.as_ref());
@@ -1326,22 +1430,30 @@ impl Shared {
             for pod in daemonsets {
                 let m = first_holder(&pod);
                 let grace = pod.termination_grace_period_seconds;
-                jobs.push(Job::Terminate(pod, Request::Delete { grace_seconds: grace }, m, false));
+                jobs.push(Job::Terminate(
+                    pod,
+                    Request::Delete {
+                        grace_seconds: grace,
+                    },
+                    m,
+                    false,
+                ));
             }
         }
 
         let terminator = self.terminator.clone();
-        let results: Vec<(PodInfo, Request, String, bool, Result<Outcome>)> = futures::stream::iter(jobs)
-            .map(|Job::Terminate(pod, req, m, esc)| {
-                let terminator = terminator.clone();
-                async move {
-                    let r = terminator.terminate(&pod, req, &m).await;
-                    (pod, req, m, esc, r)
-                }
-            })
-            .buffer_unordered(CONCURRENT_REQUESTS)
-            .collect()
-            .await;
+        let results: Vec<(PodInfo, Request, String, bool, Result<Outcome>)> =
+            futures::stream::iter(jobs)
+                .map(|Job::Terminate(pod, req, m, esc)| {
+                    let terminator = terminator.clone();
+                    async move {
+                        let r = terminator.terminate(&pod, req, &m).await;
+                        (pod, req, m, esc, r)
+                    }
+                })
+                .buffer_unordered(CONCURRENT_REQUESTS)
+                .collect()
+                .await;
         for (pod, req, m, escalated, result) in results {
             let track = st.tracks.entry(pod.uid.clone()).or_default();
             let mobj = views.iter().find(|v| v.name == m).map(|v| v.m.clone());
@@ -1355,7 +1467,16 @@ impl Shared {
                         track.escalated = true;
                         self.metrics.escalated();
                         tracing::warn!(node = %self.node, pod = %pod.key(), ?req, "escalated to DELETE at the shutdown deadline");
-                        self.event_both(node, mobj.as_deref(), true, "Escalated", format!("pod {} still running at its shutdown deadline: deleted ({req:?})", pod.key()));
+                        self.event_both(
+                            node,
+                            mobj.as_deref(),
+                            true,
+                            "Escalated",
+                            format!(
+                                "pod {} still running at its shutdown deadline: deleted ({req:?})",
+                                pod.key()
+                            ),
+                        );
                     }
                 }
                 Ok(Outcome::Gone) => {
@@ -1374,7 +1495,16 @@ impl Shared {
                         .unwrap_or(message);
                     if track.blocked_by.as_deref() != Some(by.as_str()) {
                         tracing::info!(node = %self.node, pod = %pod.key(), blocked_by = %by, "eviction blocked");
-                        self.event_both(node, mobj.as_deref(), true, "EvictionBlocked", format!("eviction of pod {} blocked by {by}; retrying with back-off", pod.key()));
+                        self.event_both(
+                            node,
+                            mobj.as_deref(),
+                            true,
+                            "EvictionBlocked",
+                            format!(
+                                "eviction of pod {} blocked by {by}; retrying with back-off",
+                                pod.key()
+                            ),
+                        );
                     }
                     track.blocked_by = Some(by);
                 }
@@ -1393,25 +1523,31 @@ impl Shared {
         if !statics.is_empty() {
             let gate = self.gate.clone();
             let node_name = self.node.clone();
-            let wanted: Vec<(String, String)> = statics.iter().map(|p| (p.namespace.clone(), p.name.clone())).collect();
-            let outcome = tokio::task::spawn_blocking(move || -> Result<Vec<(usize, Result<String>)>> {
-                let manifests = gate.active()?;
-                Ok(wanted
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (ns, name))| {
-                        let r = manifests
-                            .iter()
-                            .find(|m| m.is_mirrored_by(ns, name, &node_name))
-                            .map(|m| m.file_name.clone())
-                            .with_context(|| format!("no static pod manifest mirrors pod {ns}/{name}"))
-                            .and_then(|file| gate.gate(&file).map(|()| file));
-                        (i, r)
-                    })
-                    .collect())
-            })
-            .await
-            .context("the static pod gate task failed")??;
+            let wanted: Vec<(String, String)> = statics
+                .iter()
+                .map(|p| (p.namespace.clone(), p.name.clone()))
+                .collect();
+            let outcome =
+                tokio::task::spawn_blocking(move || -> Result<Vec<(usize, Result<String>)>> {
+                    let manifests = gate.active()?;
+                    Ok(wanted
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (ns, name))| {
+                            let r = manifests
+                                .iter()
+                                .find(|m| m.is_mirrored_by(ns, name, &node_name))
+                                .map(|m| m.file_name.clone())
+                                .with_context(|| {
+                                    format!("no static pod manifest mirrors pod {ns}/{name}")
+                                })
+                                .and_then(|file| gate.gate(&file).map(|()| file));
+                            (i, r)
+                        })
+                        .collect())
+                })
+                .await
+                .context("the static pod gate task failed")??;
             for (i, r) in outcome {
                 let pod = &statics[i];
                 let track = st.tracks.entry(pod.uid.clone()).or_default();
@@ -1424,7 +1560,13 @@ impl Shared {
                     Err(err) => {
                         track.accepted = true;
                         tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "cannot gate a static pod");
-                        self.event_both(node, views.first().map(|v| v.m.as_ref()), true, "StaticPodNotGated", format!("{err:#}"));
+                        self.event_both(
+                            node,
+                            views.first().map(|v| v.m.as_ref()),
+                            true,
+                            "StaticPodNotGated",
+                            format!("{err:#}"),
+                        );
                     }
                 }
             }
@@ -1467,7 +1609,10 @@ impl Shared {
             entry.pods_remaining = targeted.len() as i32;
             entry.active_eviction_requests = requested as i32;
             entry.pods_pending_eviction_request = (targeted.len() - requested) as i32;
-            entry.pods_not_targeted = pods.iter().filter(|p| p.is_active() && !st.targets.targets(p)).count() as i32;
+            entry.pods_not_targeted = pods
+                .iter()
+                .filter(|p| p.is_active() && !st.targets.targets(p))
+                .count() as i32;
             let limited = !st.targets.covers(&v.targets);
             entry.drain_message = if !targeted.is_empty() {
                 if !blocked.is_empty() {
@@ -1506,9 +1651,10 @@ impl Shared {
                 Some(due) if counts_only && !force && Instant::now() < due => min_wake(wake, due),
                 _ => {
                     let mut e = entry.clone();
-                    e.last_update_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::now(),
-                    ));
+                    e.last_update_time =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            k8s_openapi::jiff::Timestamp::now(),
+                        ));
                     latest = Arc::new(self.apply_entry(&name, &e).await?);
                     st.nm_overlay.insert(name.clone(), latest.clone());
                     st.last_entry_write.insert(name.clone(), Instant::now());
@@ -1518,25 +1664,58 @@ impl Shared {
         }
 
         if let Some(v) = view {
-            if v.drained && st.announced.insert(format!("drained/{}", m.uid().unwrap_or_default())) {
-                self.event_both(node, Some(m), false, "Drained", format!("node {} drained for {name}", self.node));
+            if v.drained
+                && st
+                    .announced
+                    .insert(format!("drained/{}", m.uid().unwrap_or_default()))
+            {
+                self.event_both(
+                    node,
+                    Some(m),
+                    false,
+                    "Drained",
+                    format!("node {} drained for {name}", self.node),
+                );
             }
             let key = format!("targets/{name}/{}", describe_targets(&st.targets));
             if st.announced.insert(key) {
-                self.event_both(node, Some(m), false, "DrainTargets", format!("node {} drains {}", self.node, describe_targets(&st.targets)));
+                self.event_both(
+                    node,
+                    Some(m),
+                    false,
+                    "DrainTargets",
+                    format!(
+                        "node {} drains {}",
+                        self.node,
+                        describe_targets(&st.targets)
+                    ),
+                );
             }
         }
         self.write_aggregate(st, &latest, view).await?;
         Ok(up_to_date)
     }
 
-    async fn apply_entry(&self, name: &str, entry: &NodeMaintenanceNodeStatus) -> Result<NodeMaintenance> {
+    async fn apply_entry(
+        &self,
+        name: &str,
+        entry: &NodeMaintenanceNodeStatus,
+    ) -> Result<NodeMaintenance> {
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let body = node_status_apply_patch(name, entry)?;
         let r = api
-            .patch_status(name, &node_status_patch_params(&self.node), &Patch::Apply(&body))
+            .patch_status(
+                name,
+                &node_status_patch_params(&self.node),
+                &Patch::Apply(&body),
+            )
             .await
-            .with_context(|| format!("writing node {}'s status to NodeMaintenance {name}", self.node));
+            .with_context(|| {
+                format!(
+                    "writing node {}'s status to NodeMaintenance {name}",
+                    self.node
+                )
+            });
         self.note(&r);
         if r.is_err() {
             self.metrics.api_error("maintenance_status");
@@ -1544,7 +1723,12 @@ impl Shared {
         r
     }
 
-    async fn write_aggregate(&self, st: &mut DrainState, m: &Arc<NodeMaintenance>, view: Option<&MaintView>) -> Result<()> {
+    async fn write_aggregate(
+        &self,
+        st: &mut DrainState,
+        m: &Arc<NodeMaintenance>,
+        view: Option<&MaintView>,
+    ) -> Result<()> {
         let name = m.name_any();
         let status = m.status.clone().unwrap_or_default();
         let now = now_rfc3339();
@@ -1591,7 +1775,10 @@ impl Shared {
                 patch.insert("drainStatus".into(), drain_status);
             }
             let want = if v.drained { "True" } else { "False" };
-            let existing = status.conditions.iter().find(|c| c.type_ == CONDITION_DRAINED);
+            let existing = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == CONDITION_DRAINED);
             if existing.is_none_or(|c| c.status != want) {
                 let mut conds: Vec<Value> = status
                     .conditions
@@ -1615,7 +1802,11 @@ impl Shared {
         }
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let r = api
-            .patch_status(&name, &merge_params(), &Patch::Merge(json!({"status": patch})))
+            .patch_status(
+                &name,
+                &merge_params(),
+                &Patch::Merge(json!({"status": patch})),
+            )
             .await
             .with_context(|| format!("writing the status of NodeMaintenance {name}"));
         self.note(&r);
@@ -1624,7 +1815,12 @@ impl Shared {
         Ok(())
     }
 
-    async fn update_finalizer(&self, st: &mut DrainState, m: &NodeMaintenance, present: bool) -> Result<()> {
+    async fn update_finalizer(
+        &self,
+        st: &mut DrainState,
+        m: &NodeMaintenance,
+        present: bool,
+    ) -> Result<()> {
         let name = m.name_any();
         let mut list: Vec<String> = m.finalizers().to_vec();
         list.retain(|f| f != FINALIZER_MAINTENANCE_COMPLETION);
@@ -1636,7 +1832,10 @@ impl Shared {
             "finalizers": list,
             "resourceVersion": m.metadata.resource_version,
         }});
-        match api.patch(&name, &merge_params(), &Patch::Merge(&patch)).await {
+        match api
+            .patch(&name, &merge_params(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(updated) => {
                 self.mark_reachable();
                 st.nm_overlay.insert(name, Arc::new(updated));
@@ -1646,7 +1845,8 @@ impl Shared {
             Err(e) if api_error_code(&e) == Some(409) => Ok(()),
             Err(e) if api_error_code(&e) == Some(404) => Ok(()),
             Err(e) => {
-                let e = anyhow::Error::from(e).context(format!("updating the finalizer of NodeMaintenance {name}"));
+                let e = anyhow::Error::from(e)
+                    .context(format!("updating the finalizer of NodeMaintenance {name}"));
                 self.note::<()>(&Err(anyhow::anyhow!("{e:#}")));
                 Err(e)
             }
@@ -1654,7 +1854,13 @@ impl Shared {
     }
 
     /// The Complete stage (or deletion) of `m` on this node.
-    async fn complete(&self, st: &mut DrainState, node: &Node, m: &Arc<NodeMaintenance>, active: &[Arc<NodeMaintenance>]) -> Result<()> {
+    async fn complete(
+        &self,
+        st: &mut DrainState,
+        node: &Node,
+        m: &Arc<NodeMaintenance>,
+        active: &[Arc<NodeMaintenance>],
+    ) -> Result<()> {
         let name = m.name_any();
         let others = active.iter().any(|o| o.name_any() != name);
         if !others {
@@ -1662,12 +1868,16 @@ impl Shared {
                 self.patch_node(st, "uncordon", uncordon_patch).await?;
             }
             if maintenance_taint_patch(node, false).is_some() {
-                self.patch_node(st, "remove the maintenance taint", |n| maintenance_taint_patch(n, false))
-                    .await?;
+                self.patch_node(st, "remove the maintenance taint", |n| {
+                    maintenance_taint_patch(n, false)
+                })
+                .await?;
             }
             if lb_exclusion_patch(node, false).is_some() {
-                self.patch_node(st, "remove the load-balancer exclusion", |n| lb_exclusion_patch(n, false))
-                    .await?;
+                self.patch_node(st, "remove the load-balancer exclusion", |n| {
+                    lb_exclusion_patch(n, false)
+                })
+                .await?;
             }
             let gate = self.gate.clone();
             let kept = tokio::task::spawn_blocking(move || -> Result<Vec<String>> {
@@ -1680,7 +1890,16 @@ impl Shared {
             .await
             .context("the static pod restore task failed")??;
             if !kept.is_empty() {
-                self.event_both(node, Some(m), true, "StaticPodsKeptAside", format!("gated manifests not restored (a file of that name exists): {}", kept.join(", ")));
+                self.event_both(
+                    node,
+                    Some(m),
+                    true,
+                    "StaticPodsKeptAside",
+                    format!(
+                        "gated manifests not restored (a file of that name exists): {}",
+                        kept.join(", ")
+                    ),
+                );
             }
         }
         if let Err(err) = self.terminator.withdraw(&name).await {
@@ -1701,14 +1920,24 @@ impl Shared {
         let everyone_done = latest
             .status
             .as_ref()
-            .map(|s| s.node_statuses.iter().all(|e| e.drain_message == COMPLETED_MESSAGE))
+            .map(|s| {
+                s.node_statuses
+                    .iter()
+                    .all(|e| e.drain_message == COMPLETED_MESSAGE)
+            })
             .unwrap_or(true);
         if has_finalizer(&latest) && everyone_done {
             self.update_finalizer(st, &latest, false).await?;
         }
-        if st.announced.insert(format!("completed/{}", m.uid().unwrap_or_default())) {
+        if st
+            .announced
+            .insert(format!("completed/{}", m.uid().unwrap_or_default()))
+        {
             let note = if others {
-                format!("{name} completed on node {}; it stays cordoned for another maintenance", self.node)
+                format!(
+                    "{name} completed on node {}; it stays cordoned for another maintenance",
+                    self.node
+                )
             } else {
                 format!("{name} completed on node {}", self.node)
             };
@@ -1731,7 +1960,10 @@ impl Shared {
         };
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let patch = json!({"metadata": {"annotations": {FALLBACK_ANNOTATION: text}}});
-        match api.patch(&name, &merge_params(), &Patch::Merge(&patch)).await {
+        match api
+            .patch(&name, &merge_params(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(updated) => {
                 st.nm_overlay.insert(name.clone(), Arc::new(updated));
                 *lock(&self.fallback) = None;
@@ -1739,7 +1971,9 @@ impl Shared {
                     self.event_both(&node, Some(m), true, "FallbackUsed", format!("the apiserver was unreachable: the local fallback stopped {} pod(s) ({} not stopped); continuing through {name}", summary.pods_stopped, summary.pods_not_stopped));
                 }
             }
-            Err(err) => tracing::debug!(error = %err, "recording the fallback report failed; will retry"),
+            Err(err) => {
+                tracing::debug!(error = %err, "recording the fallback report failed; will retry")
+            }
         }
     }
 }
@@ -1776,7 +2010,11 @@ fn strip_empty(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
             m.iter()
-                .filter(|(_, v)| !matches!(v, Value::Null) && v.as_array().is_none_or(|a| !a.is_empty()) && v.as_str().is_none_or(|s| !s.is_empty()))
+                .filter(|(_, v)| {
+                    !matches!(v, Value::Null)
+                        && v.as_array().is_none_or(|a| !a.is_empty())
+                        && v.as_str().is_none_or(|s| !s.is_empty())
+                })
                 .map(|(k, v)| (k.clone(), strip_empty(v)))
                 .collect(),
         ),
@@ -1789,7 +2027,11 @@ fn describe_targets(t: &DrainTargets) -> String {
         .to_entries()
         .iter()
         .map(|e| {
-            let sel = if e.pod_selector.is_some() { " (selector)" } else { "" };
+            let sel = if e.pod_selector.is_some() {
+                " (selector)"
+            } else {
+                ""
+            };
             format!("{:?}<={}{sel}", e.pod_type, e.pod_priority)
         })
         .collect();
@@ -1821,7 +2063,10 @@ impl EngineDrainer {
 #[async_trait::async_trait]
 impl crate::daemon::Drainer for EngineDrainer {
     async fn drain(&self, req: &ShutdownRequest) -> Result<()> {
-        self.engine.shutdown_drain(req).await.map_err(anyhow::Error::from)
+        self.engine
+            .shutdown_drain(req)
+            .await
+            .map_err(anyhow::Error::from)
     }
 
     async fn cancel(&self, _req: &ShutdownRequest) -> Result<()> {

@@ -8,9 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use serde_json::json;
 use kube::core::Status;
 use kube::Api;
+use serde_json::json;
 
 /// What became of a request to terminate a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

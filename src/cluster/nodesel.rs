@@ -67,7 +67,11 @@ fn requirement_holds(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
 pub fn exact_nodes(selector: &NodeSelector) -> Option<Vec<String>> {
     let mut names = Vec::new();
     for term in &selector.node_selector_terms {
-        if term.match_expressions.as_ref().is_some_and(|e| !e.is_empty()) {
+        if term
+            .match_expressions
+            .as_ref()
+            .is_some_and(|e| !e.is_empty())
+        {
             return None;
         }
         let fields = term.match_fields.as_deref().unwrap_or_default();
@@ -108,7 +112,9 @@ mod tests {
         }
     }
 
-    fn sel(terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>) -> NodeSelector {
+    fn sel(
+        terms: Vec<(Vec<NodeSelectorRequirement>, Vec<NodeSelectorRequirement>)>,
+    ) -> NodeSelector {
         NodeSelector {
             node_selector_terms: terms
                 .into_iter()
@@ -125,24 +131,51 @@ mod tests {
         let n = node("one", &[("zone", "a"), ("gen", "5")]);
         let s = sel(vec![
             (vec![req("zone", "In", &["b"])], vec![]),
-            (vec![req("zone", "In", &["a"]), req("gen", "Gt", &["4"])], vec![]),
+            (
+                vec![req("zone", "In", &["a"]), req("gen", "Gt", &["4"])],
+                vec![],
+            ),
         ]);
         assert!(selects(&s, &n));
-        let s = sel(vec![(vec![req("zone", "In", &["a"]), req("gen", "Lt", &["4"])], vec![])]);
+        let s = sel(vec![(
+            vec![req("zone", "In", &["a"]), req("gen", "Lt", &["4"])],
+            vec![],
+        )]);
         assert!(!selects(&s, &n));
-        assert!(!selects(&sel(vec![(vec![], vec![])]), &n), "an empty term selects nothing");
+        assert!(
+            !selects(&sel(vec![(vec![], vec![])]), &n),
+            "an empty term selects nothing"
+        );
         assert!(!selects(&sel(vec![]), &n));
     }
 
     #[test]
     fn operators() {
         let n = node("one", &[("zone", "a")]);
-        assert!(selects(&sel(vec![(vec![req("zone", "Exists", &[])], vec![])]), &n));
-        assert!(selects(&sel(vec![(vec![req("rack", "DoesNotExist", &[])], vec![])]), &n));
-        assert!(selects(&sel(vec![(vec![req("rack", "NotIn", &["x"])], vec![])]), &n));
-        assert!(!selects(&sel(vec![(vec![req("zone", "NotIn", &["a"])], vec![])]), &n));
-        assert!(!selects(&sel(vec![(vec![req("zone", "Gt", &["x"])], vec![])]), &n));
-        assert!(!selects(&sel(vec![(vec![req("zone", "Bogus", &["a"])], vec![])]), &n));
+        assert!(selects(
+            &sel(vec![(vec![req("zone", "Exists", &[])], vec![])]),
+            &n
+        ));
+        assert!(selects(
+            &sel(vec![(vec![req("rack", "DoesNotExist", &[])], vec![])]),
+            &n
+        ));
+        assert!(selects(
+            &sel(vec![(vec![req("rack", "NotIn", &["x"])], vec![])]),
+            &n
+        ));
+        assert!(!selects(
+            &sel(vec![(vec![req("zone", "NotIn", &["a"])], vec![])]),
+            &n
+        ));
+        assert!(!selects(
+            &sel(vec![(vec![req("zone", "Gt", &["x"])], vec![])]),
+            &n
+        ));
+        assert!(!selects(
+            &sel(vec![(vec![req("zone", "Bogus", &["a"])], vec![])]),
+            &n
+        ));
     }
 
     #[test]
@@ -154,7 +187,10 @@ mod tests {
         assert_eq!(exact_nodes(&pinned), Some(vec!["one".to_string()]));
         let labelled = sel(vec![(vec![req("zone", "In", &["a"])], vec![])]);
         assert_eq!(exact_nodes(&labelled), None);
-        let other_field = sel(vec![(vec![], vec![req("spec.unschedulable", "In", &["true"])])]);
+        let other_field = sel(vec![(
+            vec![],
+            vec![req("spec.unschedulable", "In", &["true"])],
+        )]);
         assert!(!selects(&other_field, &n));
     }
 }

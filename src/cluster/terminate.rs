@@ -26,7 +26,12 @@ pub enum Request {
 pub trait PodTerminator: Send + Sync + 'static {
     /// Asks `pod` (by UID: a pod recreated under the same name is never hit) to terminate
     /// on behalf of the NodeMaintenance `maintenance`.
-    async fn terminate(&self, pod: &PodInfo, request: Request, maintenance: &str) -> Result<Outcome>;
+    async fn terminate(
+        &self,
+        pod: &PodInfo,
+        request: Request,
+        maintenance: &str,
+    ) -> Result<Outcome>;
 
     /// The maintenance completed: withdraw what was requested on its behalf and is still
     /// pending (EvictionRequests). Nothing to withdraw for a plain eviction.
@@ -57,7 +62,12 @@ impl EvictionApi {
 
 #[async_trait]
 impl PodTerminator for EvictionApi {
-    async fn terminate(&self, pod: &PodInfo, request: Request, _maintenance: &str) -> Result<Outcome> {
+    async fn terminate(
+        &self,
+        pod: &PodInfo,
+        request: Request,
+        _maintenance: &str,
+    ) -> Result<Outcome> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         match request {
             Request::Cooperative => evict::evict(&api, &pod.name, &pod.uid, None).await,

@@ -48,7 +48,9 @@ pub fn settings(dir: &Path) -> Settings {
 impl Env {
     pub async fn new(kubelet: KubeletConfig) -> Env {
         let cluster = FakeCluster::start().await.unwrap();
-        cluster.install_crd(&node_maintenance_crd().unwrap()).unwrap();
+        cluster
+            .install_crd(&node_maintenance_crd().unwrap())
+            .unwrap();
         cluster
             .insert(&json!({
                 "apiVersion": "v1", "kind": "Node",
@@ -93,7 +95,15 @@ impl Env {
         self.pod_on(NODE, name, kind, priority, grace, labels)
     }
 
-    pub fn pod_on(&self, node: &str, name: &str, kind: Kind, priority: i32, grace: i64, labels: Value) -> String {
+    pub fn pod_on(
+        &self,
+        node: &str,
+        name: &str,
+        kind: Kind,
+        priority: i32,
+        grace: i64,
+        labels: Value,
+    ) -> String {
         let ns = "work";
         self.cluster.ensure_namespace(ns).unwrap();
         let mut meta = json!({"name": name, "namespace": ns, "labels": labels});
@@ -177,7 +187,10 @@ impl Env {
     }
 
     pub fn pod_exists(&self, name: &str) -> bool {
-        self.cluster.store.get_obj("", "pods", "work", name).is_some()
+        self.cluster
+            .store
+            .get_obj("", "pods", "work", name)
+            .is_some()
     }
 
     pub fn requests(&self) -> Vec<RecordedRequest> {
@@ -195,8 +208,17 @@ impl Env {
     }
 
     pub fn events(&self, reason: &str) -> Vec<Value> {
-        let ri = self.cluster.store.find_resource("events.k8s.io", "v1", "events").unwrap();
-        let (all, _) = self.cluster.store.list(&nodegrace::testing::fake_apiserver::Filter::all(&ri.group, &ri.plural));
+        let ri = self
+            .cluster
+            .store
+            .find_resource("events.k8s.io", "v1", "events")
+            .unwrap();
+        let (all, _) = self
+            .cluster
+            .store
+            .list(&nodegrace::testing::fake_apiserver::Filter::all(
+                &ri.group, &ri.plural,
+            ));
         all.into_iter().filter(|e| e["reason"] == reason).collect()
     }
 }
@@ -204,7 +226,13 @@ impl Env {
 pub fn pod_requests(reqs: &[RecordedRequest], method: &str, suffix: &str) -> Vec<String> {
     reqs.iter()
         .filter(|r| r.method == method && r.path.contains("/pods/"))
-        .filter(|r| if suffix.is_empty() { !r.path.ends_with("/eviction") } else { r.path.ends_with(suffix) })
+        .filter(|r| {
+            if suffix.is_empty() {
+                !r.path.ends_with("/eviction")
+            } else {
+                r.path.ends_with(suffix)
+            }
+        })
         .map(|r| {
             let rest = r.path.split("/pods/").nth(1).unwrap_or_default();
             rest.split('/').next().unwrap_or_default().to_string()
@@ -226,7 +254,10 @@ pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
 pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     while !f() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -254,7 +285,12 @@ impl FakeGate {
     }
 
     pub fn gated_files(&self) -> Vec<String> {
-        self.gated.lock().unwrap().iter().map(|m| m.file_name.clone()).collect()
+        self.gated
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.file_name.clone())
+            .collect()
     }
 }
 
@@ -278,7 +314,9 @@ impl StaticPodGate for FakeGate {
         self.log.lock().unwrap().push(format!("gate {file_name}"));
         let pods = self.store.find_resource("", "v1", "pods").unwrap();
         let mirror = format!("{}-{NODE}", m.pod_name);
-        let _ = self.store.delete(&pods, &m.namespace, &mirror, &DeleteOpts::default());
+        let _ = self
+            .store
+            .delete(&pods, &m.namespace, &mirror, &DeleteOpts::default());
         self.gated.lock().unwrap().push(m);
         Ok(())
     }
