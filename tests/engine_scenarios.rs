@@ -222,6 +222,12 @@ async fn two_maintenances_take_the_least_powerful_target_and_never_backtrack() {
     .await;
     // While p5000 terminates only it is targeted (b's 10000 is the least powerful).
     assert_eq!(env.evictions(), ["p5000"]);
+    eventually(5, "entry in maintenance-a", || {
+        env.maintenance("maintenance-a")
+            .and_then(|m| m.node_status(NODE).cloned())
+            .is_some()
+    })
+    .await;
     let a = env.maintenance("maintenance-a").unwrap();
     let targets = &a.node_status(NODE).unwrap().drain_targets;
     assert_eq!(targets.len(), 1);
@@ -662,4 +668,28 @@ async fn the_offline_pod_cache_follows_the_node() {
         nodegrace::state::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 2)
     })
     .await;
+}
+
+#[tokio::test]
+async fn losing_the_apiserver_mid_drain_hands_over_to_the_fallback() {
+    let env = Env::new(kubelet(5000)).await;
+    env.pod("slow", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    let api = env.cluster.api.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        api.set_reachable(false).await.unwrap();
+    });
+    let started = std::time::Instant::now();
+    let err = engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ApiserverUnreachable(_)), "{err}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+        "took {took:?}"
+    );
+    assert_eq!(env.evictions(), ["slow"]);
 }

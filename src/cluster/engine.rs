@@ -475,15 +475,19 @@ impl Engine {
         tracing::info!(node = %sh.node, maintenance = %name, kind = ?req.kind, resumed = req.resumed, "shutdown drain started");
 
         let mut progress = sh.progress.subscribe();
+        let mut events = sh.wake.subscribe();
         loop {
             if progress.borrow_and_update().shutdown_done {
                 break;
             }
+            events.borrow_and_update();
             let deadline = sh.unreachable_deadline();
             tokio::select! {
                 r = progress.changed() => if r.is_err() {
                     return Err(anyhow::anyhow!("the engine stopped").into());
                 },
+                // A watch event may have changed the apiserver's reachability.
+                _ = events.changed() => {},
                 _ = sleep_until_opt(deadline) => {
                     if sh.unreachable_for() >= sh.settings.fallback.apiserver_timeout {
                         return Err(EngineError::ApiserverUnreachable(sh.settings.fallback.apiserver_timeout));
@@ -1128,8 +1132,17 @@ impl Shared {
         }
 
         let views = self.drain_views(st, &active, &pods)?;
-        let ctx = lock(&self.shutdown).clone();
-        let ctx = ctx.filter(|c| views.iter().any(|v| v.name == c.name));
+        let ctx_any = lock(&self.shutdown).clone();
+        let ctx = ctx_any
+            .clone()
+            .filter(|c| views.iter().any(|v| v.name == c.name));
+        // The shutdown maintenance was completed or deleted under the drain: nothing is
+        // left to wait for.
+        let shutdown_ended = ctx_any.as_ref().is_some_and(|c| {
+            selecting.iter().any(|m| {
+                m.name_any() == c.name && (m.spec.stage == Stage::Complete || is_deleting(m))
+            })
+        });
 
         self.terminate_targeted(
             st,
@@ -1176,12 +1189,11 @@ impl Shared {
 
         self.publish_fallback(st, &selecting).await;
 
-        if node_empty && all_written {
-            if !self.progress.borrow().shutdown_done {
-                self.progress.send_replace(Progress {
-                    shutdown_done: true,
-                });
-            }
+        if ((node_empty && all_written) || shutdown_ended) && !self.progress.borrow().shutdown_done
+        {
+            self.progress.send_replace(Progress {
+                shutdown_done: true,
+            });
         }
         Ok(wake)
     }
