@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::Api;
-use serde_json::json;
 
 /// What became of a request to terminate a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,27 +32,27 @@ fn preconditions(uid: &str) -> Preconditions {
     }
 }
 
-/// POSTs an Eviction for the pod `namespace/name` with UID `uid`. The body is written here
-/// rather than through `Api::evict`, whose `EvictParams` serializes `delete_options` in
-/// snake case: the apiserver ignores that field, and the UID precondition with it.
+/// POSTs a `policy/v1` Eviction for the pod `name` with UID `uid`. Built by hand rather than
+/// with `Api::evict`, whose body spells the field `delete_options`: the apiserver ignores it,
+/// and with it the UID precondition.
 pub async fn evict(
     api: &Api<Pod>,
     name: &str,
     uid: &str,
     grace_seconds: Option<i64>,
 ) -> Result<Outcome> {
-    let mut delete_options = json!({"preconditions": {"uid": uid}});
-    if let Some(g) = grace_seconds {
-        delete_options["gracePeriodSeconds"] = json!(g.max(0));
+    let mut delete_options = serde_json::json!({"preconditions": {"uid": uid}});
+    if let Some(grace) = grace_seconds {
+        delete_options["gracePeriodSeconds"] = grace.max(0).into();
     }
-    let body = json!({
+    let body = serde_json::json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "namespace": api.namespace()},
         "deleteOptions": delete_options,
     });
-    let result: kube::Result<serde_json::Value> = api
-        .create_subresource("eviction", name, &PostParams::default(), &body)
+    let result = api
+        .create_subresource::<_, Status>("eviction", name, &PostParams::default(), &body)
         .await;
     classify(result.map(|_| ())).with_context(|| format!("evicting pod {name}"))
 }

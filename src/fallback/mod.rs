@@ -23,7 +23,6 @@
 //! it drops every outstanding call. Progress is kept in a shared report so that
 //! [`Fallback::report`] shows what was done even after the future was dropped.
 
-mod bands;
 #[cfg(test)]
 mod tests;
 
@@ -42,7 +41,7 @@ use tracing::{info, warn, Instrument};
 
 use crate::config::{PriorityGracePeriod, Settings};
 use crate::cri::{Container, ContainerState, PodSandbox, Runtime, SandboxState};
-use crate::plan::{PodInfo, PodType};
+use crate::plan::{GnsBands, PodInfo, PodType};
 use crate::state::PodCache;
 use crate::staticpods::{StaticManifest, StaticPodGate};
 
@@ -200,6 +199,7 @@ pub struct Fallback {
     kubelet: Option<Arc<dyn KubeletControl>>,
     gate: Option<Arc<dyn StaticPodGate>>,
     opts: FallbackOptions,
+    gns: GnsBands,
     report: Arc<Mutex<FallbackReport>>,
 }
 
@@ -236,11 +236,16 @@ impl Fallback {
             endpoint: runtime.endpoint().to_string(),
             ..Default::default()
         };
+        let gns = GnsBands::new(&opts.bands).unwrap_or_else(|err| {
+            tracing::error!(error = %err, "invalid fallback bands; every pod will be stopped at once");
+            GnsBands::immediate()
+        });
         Fallback {
             runtime,
             kubelet,
             gate,
             opts,
+            gns,
             report: Arc::new(Mutex::new(report)),
         }
     }
@@ -300,10 +305,10 @@ impl Fallback {
         }
 
         let targets = self.collect_targets(cache).await;
-        let sorted = bands::sorted_bands(&self.opts.bands);
+        let sorted = self.gns.bands();
         {
             let mut r = self.lock();
-            r.pods = targets.iter().map(|t| pod_report(t, &sorted)).collect();
+            r.pods = targets.iter().map(|t| pod_report(t, sorted)).collect();
         }
 
         let mut running: FuturesUnordered<StepFuture> = FuturesUnordered::new();
@@ -468,7 +473,7 @@ impl Fallback {
             self.lock().runtime = Some(format!("{} {}", v.runtime_name, v.runtime_version));
         }
         let (sandboxes, containers) = listed.unwrap_or_default();
-        let sorted = bands::sorted_bands(&self.opts.bands);
+        let gns = &self.gns;
         let node = &self.opts.node;
 
         let mut by_sandbox: HashMap<&str, Vec<Container>> = HashMap::new();
@@ -501,8 +506,8 @@ impl Fallback {
             let pod_type = pod
                 .map(|p| p.pod_type)
                 .or((manifest.is_some() || static_by_annotation).then_some(PodType::Static));
-            let band = bands::band_index(&sorted, priority);
-            let grace = bands::pod_grace(&sorted[band], pod.map(PodInfo::grace_period));
+            let band = priority.map_or(gns.band_for_unknown(), |p| gns.band_for(p));
+            let grace = gns.pod_grace(band, pod.map(PodInfo::grace_period));
             targets.push(Target {
                 namespace: s.namespace.clone(),
                 name: s.name.clone(),
@@ -518,7 +523,7 @@ impl Fallback {
         }
         for (m, used) in manifests.iter().zip(used_manifests) {
             if !used {
-                let band = bands::band_index(&sorted, Some(m.priority));
+                let band = gns.band_for(m.priority);
                 targets.push(Target {
                     namespace: m.namespace.clone(),
                     name: mirror_name(m, node),
@@ -670,7 +675,7 @@ impl Fallback {
 }
 
 fn mirror_name(m: &StaticManifest, node: &str) -> String {
-    format!("{}-{}", m.pod_name, node)
+    crate::staticpods::mirror_pod_name(&m.pod_name, node)
 }
 
 /// The cached pod for a sandbox: by UID (a static pod's UID is its config hash), else by

@@ -94,6 +94,16 @@ impl GnsBands {
         Ok(GnsBands { bands })
     }
 
+    /// One band that stops every pod at once: what is left when no valid bands are configured.
+    pub fn immediate() -> GnsBands {
+        GnsBands {
+            bands: vec![PriorityGracePeriod {
+                priority: 0,
+                shutdown_grace_period: Duration::ZERO,
+            }],
+        }
+    }
+
     /// The kubelet's conversion of `shutdownGracePeriod` + `shutdownGracePeriodCriticalPods`:
     /// priority 0 gets the difference, `system-cluster-critical` the critical time. A zero
     /// total means GNS is off (no bands).
