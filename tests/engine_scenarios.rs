@@ -693,3 +693,52 @@ async fn losing_the_apiserver_mid_drain_hands_over_to_the_fallback() {
     );
     assert_eq!(env.evictions(), ["slow"]);
 }
+
+#[tokio::test]
+async fn an_admin_drain_taints_before_the_daemonset_band_and_reports_tolerate_all_pods() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    env.pod("agent", Kind::DaemonSet, 0, 30, json!({}));
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "agent", |p| {
+            p["spec"]["tolerations"] = json!([{"operator": "Exists"}])
+        })
+        .unwrap();
+    env.admin_maintenance("drain-all", "Drain", json!([]));
+    let _engine = env.engine(env.settings());
+    eventually(10, "both pods gone", || {
+        !env.pod_exists("web") && !env.pod_exists("agent")
+    })
+    .await;
+    let reqs = env.requests();
+    let taint = reqs
+        .iter()
+        .position(|r| {
+            r.method == "PATCH"
+                && r.path == format!("/api/v1/nodes/{NODE}")
+                && r.body_json()
+                    .is_some_and(|b| b.to_string().contains("nodegrace.dev/maintenance"))
+        })
+        .expect("no taint patch");
+    let delete = reqs
+        .iter()
+        .position(|r| r.method == "DELETE" && r.path.ends_with("/pods/agent"))
+        .expect("no DaemonSet delete");
+    let web = reqs
+        .iter()
+        .position(|r| r.path.ends_with("/pods/web/eviction"))
+        .unwrap();
+    assert!(
+        web < taint && taint < delete,
+        "web evicted, then taint, then DaemonSet deleted"
+    );
+    eventually(5, "tolerate-all reported", || {
+        !env.events("TolerateEverything").is_empty()
+    })
+    .await;
+    eventually(5, "drained", || {
+        env.maintenance("drain-all").unwrap().drained() == Some("True")
+    })
+    .await;
+}

@@ -851,13 +851,16 @@ impl Shared {
         r
     }
 
-    /// Cordon and the load-balancer exclusion label in one patch of the Node.
+    /// Cordon, the load-balancer exclusion label and the maintenance taint in one patch of
+    /// the Node. The taint goes on now rather than before the DaemonSet band: in a shutdown
+    /// nothing new should start on the node, and the band then starts without a round trip.
     async fn cordon_for_shutdown(&self) -> Result<(), EngineError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let started = Instant::now();
         loop {
             let r = patch_node_with(&api, &self.node, "cordon for shutdown", |n| {
-                merge_values(cordon_patch(n), lb_exclusion_patch(n, true))
+                let marks = merge_values(cordon_patch(n), lb_exclusion_patch(n, true));
+                merge_values(marks, maintenance_taint_patch(n, true))
             })
             .await;
             self.note(&r);
@@ -1419,25 +1422,41 @@ impl Shared {
         }
 
         if !daemonsets.is_empty() {
+            let first = views.first().map(|v| v.m.as_ref());
             if maintenance_taint_patch(node, true).is_some() {
                 self.patch_node(st, "taint for DaemonSet pods", |n| {
                     maintenance_taint_patch(n, true)
                 })
                 .await?;
-                let tolerant: Vec<String> = daemonsets
-                    .iter()
-                    .filter(|p| {
-                        raw.get(p.uid.as_str())
-                            .is_some_and(|r| tolerates_everything(r))
-                    })
-                    .map(PodInfo::key)
-                    .collect();
-                let first = views.first().map(|v| v.m.as_ref());
-                self.event_both(node, first, false, "Tainted", "node tainted nodegrace.dev/maintenance:NoSchedule before deleting DaemonSet pods".into());
-                if !tolerant.is_empty() {
-                    tracing::warn!(node = %self.node, pods = ?tolerant, "DaemonSet pods tolerate every taint and may be recreated");
-                    self.event_both(node, first, true, "TolerateEverything", format!("DaemonSet pods tolerating every taint may be recreated on the node: {}", tolerant.join(", ")));
-                }
+                self.event_both(
+                    node,
+                    first,
+                    false,
+                    "Tainted",
+                    "node tainted nodegrace.dev/maintenance:NoSchedule before deleting DaemonSet pods".into(),
+                );
+            }
+            let tolerant: Vec<String> = daemonsets
+                .iter()
+                .filter(|p| {
+                    raw.get(p.uid.as_str())
+                        .is_some_and(|r| tolerates_everything(r))
+                })
+                .filter(|p| st.announced.insert(format!("tolerant/{}", p.uid)))
+                .map(PodInfo::key)
+                .collect();
+            if !tolerant.is_empty() {
+                tracing::warn!(node = %self.node, pods = ?tolerant, "DaemonSet pods tolerate every taint and may be recreated");
+                self.event_both(
+                    node,
+                    first,
+                    true,
+                    "TolerateEverything",
+                    format!(
+                        "DaemonSet pods tolerating every taint may be recreated on the node: {}",
+                        tolerant.join(", ")
+                    ),
+                );
             }
             for pod in daemonsets {
                 let m = first_holder(&pod);
