@@ -946,58 +946,77 @@ impl Shared {
         ]));
         desired.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
         let started = Instant::now();
+        let mut known = self
+            .maintenances
+            .state()
+            .into_iter()
+            .find(|m| m.name_any() == name)
+            .map(|m| (*m).clone());
         loop {
-            let r = api
-                .create(
-                    &PostParams {
+            let existing = match known.take() {
+                Some(m) => m,
+                None => {
+                    let params = PostParams {
                         field_manager: Some(FIELD_MANAGER.into()),
                         ..Default::default()
-                    },
-                    &desired,
-                )
-                .await;
-            match r {
-                Ok(m) => {
-                    self.mark_reachable();
-                    tracing::info!(node = %self.node, maintenance = %name, "created the shutdown maintenance");
-                    return Ok(m);
-                }
-                Err(e) if api_error_code(&e) == Some(409) => {
-                    self.mark_reachable();
-                    let Some(existing) = api.get_opt(&name).await.map_err(anyhow::Error::from)?
-                    else {
-                        continue;
                     };
-                    if is_deleting(&existing) || existing.spec.stage == Stage::Complete {
-                        // A finished maintenance cannot go back to Drain: replace it.
-                        if !is_deleting(&existing) {
-                            let _ = api.delete(&name, &Default::default()).await;
+                    match api.create(&params, &desired).await {
+                        Ok(m) => {
+                            self.mark_reachable();
+                            tracing::info!(node = %self.node, maintenance = %name, "created the shutdown maintenance");
+                            return Ok(m);
                         }
-                        self.wait_maintenance_gone(&name).await?;
-                        continue;
+                        Err(e) if api_error_code(&e) == Some(409) => {
+                            self.mark_reachable();
+                            match api.get_opt(&name).await.map_err(anyhow::Error::from)? {
+                                Some(m) => m,
+                                None => continue,
+                            }
+                        }
+                        Err(e) if is_transport(&e) => {
+                            self.mark_unreachable();
+                            self.retry_or_unreachable(started).await?;
+                            continue;
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::from(e)
+                                .context(format!("creating NodeMaintenance {name}"))
+                                .into())
+                        }
                     }
-                    let mut patch = json!({"metadata": {"annotations": {
-                        BOOT_ID_ANNOTATION: req.boot_id,
-                        SHUTDOWN_KIND_ANNOTATION: kind,
-                    }}});
-                    if existing.spec.stage != Stage::Drain {
-                        patch["spec"] = json!({"stage": "Drain"});
-                    }
-                    let same = existing.annotations().get(BOOT_ID_ANNOTATION) == Some(&req.boot_id)
-                        && existing
-                            .annotations()
-                            .get(SHUTDOWN_KIND_ANNOTATION)
-                            .map(String::as_str)
-                            == Some(kind)
-                        && existing.spec.stage == Stage::Drain;
-                    if same {
-                        tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
-                        return Ok(existing);
-                    }
-                    let m = api
-                        .patch(&name, &merge_params(), &Patch::Merge(&patch))
-                        .await
-                        .with_context(|| format!("adopting NodeMaintenance {name}"))?;
+                }
+            };
+            if is_deleting(&existing) || existing.spec.stage == Stage::Complete {
+                // A finished maintenance cannot go back to Drain: replace it.
+                if !is_deleting(&existing) {
+                    let _ = api.delete(&name, &Default::default()).await;
+                }
+                self.wait_maintenance_gone(&name).await?;
+                continue;
+            }
+            let same = existing.annotations().get(BOOT_ID_ANNOTATION) == Some(&req.boot_id)
+                && existing
+                    .annotations()
+                    .get(SHUTDOWN_KIND_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(kind)
+                && existing.spec.stage == Stage::Drain;
+            if same {
+                tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
+                return Ok(existing);
+            }
+            let mut patch = json!({"metadata": {"annotations": {
+                BOOT_ID_ANNOTATION: req.boot_id,
+                SHUTDOWN_KIND_ANNOTATION: kind,
+            }}});
+            if existing.spec.stage != Stage::Drain {
+                patch["spec"] = json!({"stage": "Drain"});
+            }
+            match api
+                .patch(&name, &merge_params(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(m) => {
                     tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
                     return Ok(m);
                 }
@@ -1005,9 +1024,10 @@ impl Shared {
                     self.mark_unreachable();
                     self.retry_or_unreachable(started).await?;
                 }
+                Err(e) if api_error_code(&e) == Some(404) => continue,
                 Err(e) => {
                     return Err(anyhow::Error::from(e)
-                        .context(format!("creating NodeMaintenance {name}"))
+                        .context(format!("adopting NodeMaintenance {name}"))
                         .into())
                 }
             }
