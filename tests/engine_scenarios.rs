@@ -742,3 +742,68 @@ async fn an_admin_drain_taints_before_the_daemonset_band_and_reports_tolerate_al
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
+    use nodegrace::api::{node_status_apply_patch, node_status_patch_params};
+    use nodegrace::api::{NodeMaintenance, NodeMaintenanceNodeStatus};
+
+    let env = Env::new(kubelet(50)).await;
+    env.pod("p50", Kind::Default, 50, 30, json!({}));
+    env.pod("p500", Kind::Default, 500, 30, json!({}));
+    let term = |n: &str| json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]});
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "pair"},
+            "spec": {
+                "nodeSelector": {"nodeSelectorTerms": [term(NODE), term("node-b")]},
+                "stage": "Drain",
+                "drainPlan": [{"podType": "Default", "podPriority": 100}],
+            },
+        }))
+        .unwrap();
+    let _engine = env.engine(env.settings());
+    eventually(10, "p50 gone", || !env.pod_exists("p50")).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        env.evictions(),
+        ["p50"],
+        "node-b has not reported: no advance"
+    );
+
+    // node-b's daemon reports its first entry finished.
+    let api: kube::Api<NodeMaintenance> = kube::Api::all(env.cluster.client().unwrap());
+    let mut entry = NodeMaintenanceNodeStatus::for_node("node-b");
+    entry.drain_targets = vec![nodegrace::plan::DrainPlanEntry {
+        pod_selector: None,
+        pod_priority: 100,
+        pod_type: nodegrace::plan::PodType::Default,
+    }];
+    entry.drain_message = "Draining".into();
+    entry.pods_remaining = 1;
+    let apply = |e: &NodeMaintenanceNodeStatus| {
+        let body = node_status_apply_patch("pair", e).unwrap();
+        let api = api.clone();
+        async move {
+            api.patch_status(
+                "pair",
+                &node_status_patch_params("node-b"),
+                &kube::api::Patch::Apply(&body),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    apply(&entry).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.evictions(), ["p50"], "node-b still drains entry 0");
+    entry.pods_remaining = 0;
+    entry.drain_message = "Waiting for pair.".into();
+    apply(&entry).await;
+    eventually(10, "p500 evicted", || env.evictions().len() == 2).await;
+    // node-b's entry survived node-a's writes (one field manager per node).
+    let m = env.maintenance("pair").unwrap();
+    assert!(m.node_status("node-b").is_some());
+    assert!(m.node_status(NODE).is_some());
+}
