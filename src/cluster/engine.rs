@@ -1439,10 +1439,13 @@ impl Shared {
         let mut jobs = Vec::new();
         let mut statics = Vec::new();
         let mut daemonsets = Vec::new();
-        for pod in pods
+        // In plan order (type, then ascending priority), so requests go out in that order.
+        let mut targeted: Vec<&PodInfo> = pods
             .iter()
             .filter(|p| p.is_active() && st.targets.targets(p))
-        {
+            .collect();
+        targeted.sort_by_key(|p| (p.pod_type, p.priority));
+        for pod in targeted {
             let track = st.tracks.entry(pod.uid.clone()).or_default();
             if let (Some(c), true) = (ctx, pod.pod_type != PodType::Static) {
                 if let Some(step) = c
