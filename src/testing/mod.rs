@@ -1,1 +1,4 @@
 //! Fakes shared by the tests and by `nodegrace simulate`.
+
+pub mod fake_apiserver;
+pub mod fake_kubelet;
