@@ -3,6 +3,7 @@
 //! optimistic concurrency on resourceVersion, UID preconditions, 429 back-off.
 
 pub mod evict;
+pub mod eviction_request;
 pub mod node;
 
 /// Field manager for writes that are not per-node server-side applies.
