@@ -3,7 +3,7 @@
 //! pods (Running + Ready), and can stand in for the StatefulSet controller by recreating a
 //! finished StatefulSet pod under the same name with a new UID. All timing is tokio time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::fake_apiserver::{running_status, Filter, Store};
+use super::fake_apiserver::{running_status, EventType, Filter, Store, WatchBatch};
 
 /// Where and when a finished StatefulSet pod comes back.
 #[derive(Debug, Clone, Default)]
@@ -79,6 +79,8 @@ struct State {
     config: KubeletConfig,
     pending: HashMap<String, Pending>,
     finished: Vec<FinishedPod>,
+    /// UIDs already finished (a pod held by finalizers stays visible afterwards).
+    done: HashSet<String>,
 }
 
 pub struct FakeKubelet {
@@ -104,6 +106,7 @@ impl FakeKubelet {
             config,
             pending: HashMap::new(),
             finished: Vec::new(),
+            done: HashSet::new(),
         }));
         let wake = Arc::new(Notify::new());
         let task = tokio::spawn(run(store.clone(), state.clone(), wake.clone()));
@@ -161,9 +164,32 @@ impl FakeKubelet {
 async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
     let mut changes = store.subscribe();
     let all_pods = Filter::all("", "pods");
+    // Follows the store's event history (cheap per change); re-lists only when it expired.
+    let mut last_rv: Option<u64> = None;
     loop {
         let now = Instant::now();
-        let (pods, _) = store.list(&all_pods);
+        let (changed, gone, full): (Vec<Value>, Vec<String>, bool) = match last_rv
+            .map(|rv| store.events_after(rv, &all_pods))
+        {
+            Some(WatchBatch::Events(events, rv)) => {
+                last_rv = Some(rv);
+                let mut changed = Vec::new();
+                let mut gone = Vec::new();
+                for (kind, obj) in events {
+                    if kind == EventType::Deleted {
+                        gone.push(s(&obj, "/metadata/uid").to_string());
+                    } else {
+                        changed.push(obj);
+                    }
+                }
+                (changed, gone, false)
+            }
+            _ => {
+                let (items, rv) = store.list(&all_pods);
+                last_rv = Some(rv);
+                (items, Vec::new(), true)
+            }
+        };
         let mut to_start = Vec::new();
         let mut due = Vec::new();
         let next_deadline;
@@ -174,15 +200,17 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
                 let node = s(p, "/spec/nodeName");
                 !node.is_empty() && my_node.as_deref().is_none_or(|n| n == node)
             };
-            let mut live_uids = Vec::new();
-            for p in pods.iter().filter(|p| mine(p)) {
+            let mut deleting_uids = Vec::new();
+            for p in changed.iter().filter(|p| mine(p)) {
                 let uid = s(p, "/metadata/uid").to_string();
                 let ns = s(p, "/metadata/namespace").to_string();
                 let name = s(p, "/metadata/name").to_string();
                 let phase = s(p, "/status/phase");
-                let deleting = p.pointer("/metadata/deletionTimestamp").is_some();
-                if deleting {
-                    live_uids.push(uid.clone());
+                if st.done.contains(&uid) {
+                    continue;
+                }
+                if p.pointer("/metadata/deletionTimestamp").is_some() {
+                    deleting_uids.push(uid.clone());
                     let grace = p
                         .pointer("/metadata/deletionGracePeriodSeconds")
                         .and_then(Value::as_i64)
@@ -210,7 +238,12 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
                     to_start.push((ns, name));
                 }
             }
-            st.pending.retain(|uid, _| live_uids.contains(uid));
+            if full {
+                st.pending.retain(|uid, _| deleting_uids.contains(uid));
+            }
+            for uid in &gone {
+                st.pending.remove(uid);
+            }
             for (uid, p) in &st.pending {
                 if p.deadline <= now {
                     due.push((uid.clone(), p.namespace.clone(), p.name.clone(), p.seen));
@@ -223,38 +256,7 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
             store.update_in_process("", "pods", &ns, &name, |p| p["status"] = running_status(&now_str));
         }
         for (uid, ns, name, seen) in due {
-            let before = store.get_obj("", "pods", &ns, &name);
-            store.update_in_process("", "pods", &ns, &name, |p| {
-                if s(p, "/metadata/uid") == uid {
-                    p["status"]["phase"] = "Succeeded".into();
-                    if let Some(conds) = p.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
-                        for c in conds.iter_mut() {
-                            if matches!(s(c, "/type"), "Ready" | "ContainersReady") {
-                                c["status"] = "False".into();
-                                c["reason"] = "PodCompleted".into();
-                            }
-                        }
-                    }
-                }
-            });
-            if !store.finish_deletion("", "pods", &ns, &name, Some(&uid)) {
-                continue;
-            }
-            let recreate = {
-                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-                st.pending.remove(&uid);
-                st.finished.push(FinishedPod {
-                    namespace: ns.clone(),
-                    name: name.clone(),
-                    uid: uid.clone(),
-                    deleted_at: seen,
-                    finished_at: Instant::now(),
-                });
-                st.config.recreate_statefulset.clone()
-            };
-            if let (Some(rc), Some(old)) = (recreate, before) {
-                recreate_statefulset_pod(&store, &old, &rc);
-            }
+            finish(&store, &state, &uid, &ns, &name, seen);
         }
         let sleep = async {
             match next_deadline {
@@ -267,6 +269,45 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
             _ = sleep => {}
             _ = wake.notified() => {}
         }
+    }
+}
+
+/// What the real kubelet does once the containers exited: terminal status, then the
+/// final delete (UID precondition), then the StatefulSet controller may bring it back.
+fn finish(store: &Store, state: &Mutex<State>, uid: &str, ns: &str, name: &str, seen: Instant) {
+    let before = store.get_obj("", "pods", ns, name);
+    store.update_in_process("", "pods", ns, name, |p| {
+        if s(p, "/metadata/uid") == uid {
+            p["status"]["phase"] = "Succeeded".into();
+            if let Some(conds) = p.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
+                for c in conds.iter_mut() {
+                    if matches!(s(c, "/type"), "Ready" | "ContainersReady") {
+                        c["status"] = "False".into();
+                        c["reason"] = "PodCompleted".into();
+                    }
+                }
+            }
+        }
+    });
+    let removed = store.finish_deletion("", "pods", ns, name, Some(uid));
+    let recreate = {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.pending.remove(uid);
+        st.done.insert(uid.to_string());
+        if !removed {
+            return;
+        }
+        st.finished.push(FinishedPod {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+            deleted_at: seen,
+            finished_at: Instant::now(),
+        });
+        st.config.recreate_statefulset.clone()
+    };
+    if let (Some(rc), Some(old)) = (recreate, before) {
+        recreate_statefulset_pod(store, &old, &rc);
     }
 }
 

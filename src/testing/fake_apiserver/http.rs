@@ -121,9 +121,18 @@ fn full(status: StatusCode, v: &Value) -> Response<Body> {
 fn error(e: &ApiError) -> Response<Body> {
     let status = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = full(status, &e.to_status());
-    if e.code == 429 {
-        r.headers_mut()
-            .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    // Like the real server: Retry-After only when the Status carries retryAfterSeconds
+    // (throttling does; the PDB 429 of the eviction subresource does not).
+    let retry_after = e
+        .details
+        .as_ref()
+        .and_then(|d| d.get("retryAfterSeconds"))
+        .and_then(Value::as_u64)
+        .filter(|s| *s > 0);
+    if let Some(secs) = retry_after {
+        if let Ok(v) = http::HeaderValue::from_str(&secs.to_string()) {
+            r.headers_mut().insert(http::header::RETRY_AFTER, v);
+        }
     }
     r
 }
@@ -140,7 +149,11 @@ fn injected(status: u16) -> ApiError {
         504 => "Timeout",
         _ => "InternalError",
     };
-    ApiError::new(status, reason, format!("injected fault ({status})"))
+    let mut e = ApiError::new(status, reason, format!("injected fault ({status})"));
+    if status == 429 {
+        e.details = Some(json!({"retryAfterSeconds": 1}));
+    }
+    e
 }
 
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
@@ -590,6 +603,7 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     let mut changes = store.subscribe();
+    let epoch = store.compactions();
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last = match start_rv {
@@ -612,7 +626,12 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
             Duration::from_secs(60),
         );
         loop {
-            match store.events_after(last, &filter) {
+            let batch = if store.compactions() != epoch {
+                WatchBatch::Expired(store.oldest_rv())
+            } else {
+                store.events_after(last, &filter)
+            };
+            match batch {
                 WatchBatch::Expired(oldest) => {
                     let status = ApiError::expired(format!("too old resource version: {last} ({oldest})")).to_status();
                     let _ = tx.send(line(&json!({"type": "ERROR", "object": status}))).await;

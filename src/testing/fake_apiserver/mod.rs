@@ -147,9 +147,15 @@ impl FakeApiServer {
     }
 
     /// A kube config pointing at this server (no TLS, no auth).
+    ///
+    /// `default_retry` is off: kube 5 otherwise retries 429/503/504 inside the client (up to
+    /// 15 times, backing off to 1000 s), which hides eviction 429s from the caller. nodegrace's
+    /// production client must make the same choice.
     pub fn kube_config(&self) -> Result<kube::Config> {
         let uri: ::http::Uri = self.url().parse().context("parsing the fake apiserver URL")?;
-        Ok(kube::Config::new(uri))
+        let mut config = kube::Config::new(uri);
+        config.default_retry = false;
+        Ok(config)
     }
 
     /// A `kube::Client` for this server.

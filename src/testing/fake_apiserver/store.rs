@@ -258,6 +258,7 @@ struct Inner {
     /// Watches and continues from a resourceVersion below this get 410 Gone.
     oldest_rv: u64,
     counter: u64,
+    compactions: u64,
 }
 
 /// Wall-clock timestamps derived from tokio's clock, so paused time moves them consistently.
@@ -434,6 +435,7 @@ impl Store {
                 history_limit: 2000,
                 oldest_rv: 1,
                 counter: 0,
+                compactions: 0,
             }),
             notify,
             clock: Clock {
@@ -473,11 +475,20 @@ impl Store {
         self.lock().history_limit = limit.max(1);
     }
 
-    /// Forgets all watch history: every watch or continue token from before now gets 410.
+    /// Forgets all watch history, like an etcd compaction that the watch cache fell behind:
+    /// every open watch ends with a 410 ERROR event, and any watch or continue token from an
+    /// older resourceVersion gets 410 too.
     pub fn compact(&self) {
         let mut g = self.lock();
         g.history.clear();
         g.oldest_rv = g.rv;
+        g.compactions += 1;
+        self.notify.send_replace(g.rv);
+    }
+
+    /// How many times [`compact`](Self::compact) ran; open watches end when it changes.
+    pub fn compactions(&self) -> u64 {
+        self.lock().compactions
     }
 
     pub fn resources(&self) -> Vec<Arc<ResourceInfo>> {
@@ -559,7 +570,8 @@ impl Store {
             return WatchBatch::Expired(g.oldest_rv);
         }
         let mut out = Vec::new();
-        for e in g.history.iter().filter(|e| e.rv > rv && filter.matches_key(&e.key)) {
+        let first = g.history.partition_point(|e| e.rv <= rv);
+        for e in g.history.range(first..).filter(|e| filter.matches_key(&e.key)) {
             let now = e.kind != EventType::Deleted && filter.matches(&e.object);
             let before = match (&e.kind, &e.old) {
                 (EventType::Deleted, _) => filter.matches(&e.object),
@@ -858,6 +870,10 @@ impl Store {
         if g.objects.contains_key(&key) {
             return Err(ApiError::already_exists(ri, &name));
         }
+        if meta(&obj, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+            // What etcd3 storage answers when a fetched object is re-created as-is.
+            return Err(ApiError::new(500, "InternalError", "resourceVersion should not be set on objects to be created"));
+        }
         let now = self.now_str();
         let id = Self::next_id(&mut g);
         {
@@ -885,24 +901,34 @@ impl Store {
         Ok(with_type(ri, &out.unwrap_or_default()))
     }
 
-    /// Inserts an object as-is (status included), for fixtures and `simulate`.
-    pub fn insert_fixture(&self, obj: Value) -> Result<Value, ApiError> {
+    /// Inserts an object as-is (status and a given metadata.uid kept; resourceVersion
+    /// ignored), for fixtures and `simulate`.
+    pub fn insert_fixture(&self, mut obj: Value) -> Result<Value, ApiError> {
         let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
         let ri = self
             .resource_for(&api_version, &kind)
             .ok_or_else(|| ApiError::bad_request(format!("no resource serves {api_version} {kind}")))?;
         let ns = meta(&obj, "namespace").unwrap_or("default").to_string();
-        let status = obj.get("status").cloned();
+        let status = obj.get("status").cloned().filter(|_| ri.has_status);
+        let uid = meta(&obj, "uid").map(String::from);
+        meta_mut(&mut obj).remove("resourceVersion");
         let created = self.create(&ri, &ns, obj, "fixture")?;
-        match status {
-            Some(st) if ri.has_status => {
-                let name = meta(&created, "name").unwrap_or_default().to_string();
-                self.update_in_process(&ri.group, &ri.plural, &ns, &name, |o| o["status"] = st.clone())
-                    .ok_or_else(|| ApiError::not_found(&ri, &name))
-            }
-            _ => Ok(created),
+        if status.is_none() && uid.is_none() {
+            return Ok(created);
         }
+        let name = meta(&created, "name").unwrap_or_default().to_string();
+        let store_ns = if ri.namespaced { ns.as_str() } else { "" };
+        self.update_in_process(&ri.group, &ri.plural, store_ns, &name, |o| {
+            if let Some(st) = status {
+                o["status"] = st;
+            }
+            if let Some(uid) = uid {
+                meta_mut(o).insert("uid".into(), uid.into());
+            }
+        })
+        .map(|o| with_type(&ri, &o))
+        .ok_or_else(|| ApiError::not_found(&ri, &name))
     }
 
     /// In-process read-modify-write that bypasses subresource rules (the kubelet's and
@@ -954,7 +980,9 @@ impl Store {
             let m = meta_mut(&mut obj);
             m.entry("deletionTimestamp").or_insert(now.into());
             m.insert("deletionGracePeriodSeconds".into(), 0.into());
-            self.commit(&mut g, key, Some(obj), managed);
+            if obj != stored.obj {
+                self.commit(&mut g, key, Some(obj), managed);
+            }
         }
         true
     }
