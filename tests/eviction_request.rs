@@ -454,9 +454,10 @@ async fn interceptors_run_highest_priority_first_and_hand_over_on_a_missed_heart
         .heartbeat_time
         .clone()
         .unwrap();
+    // The controller's clock runs a moment ahead of the fake's (anchored later).
     let age = cluster.store.now().timestamp() - hb.0.as_second();
     assert!(
-        (0..=2).contains(&age),
+        (-1..=2).contains(&age),
         "hand-over restarts the heartbeat clock ({age}s old)"
     );
 
