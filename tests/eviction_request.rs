@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
@@ -584,6 +585,30 @@ async fn a_blocking_budget_is_counted_named_and_backed_off_until_it_allows() {
     let r = get(&client, &pod).await;
     assert_eq!(r.failed_api_evictions(), 6);
     assert!(complete_reason(&r).is_none());
+
+    // Each refusal is also an event on the request, naming the budget.
+    let events = Api::<K8sEvent>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let blocked: Vec<&K8sEvent> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("EvictionBlocked"))
+        .collect();
+    assert!(!blocked.is_empty(), "events: {:#?}", events.items);
+    let e = blocked[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        e.regarding.as_ref().unwrap().name.as_deref(),
+        Some(pod.uid.as_str())
+    );
+    assert_eq!(e.related.as_ref().unwrap().name.as_deref(), Some("db-pdb"));
+    assert!(e
+        .note
+        .as_deref()
+        .unwrap()
+        .contains("PodDisruptionBudget db-pdb"));
 
     // A second replica makes room in the budget: the next attempt goes through.
     add_pod(&cluster, "db-1", "n2", &[]);

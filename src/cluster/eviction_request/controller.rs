@@ -9,16 +9,17 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     DeleteOptions, ObjectMeta, Preconditions as MetaPreconditions,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -67,6 +68,7 @@ impl ControllerConfig {
 pub struct Reconciler {
     client: Client,
     clock: WallClock,
+    recorder: Recorder,
     backoff_max: Mutex<Duration>,
     /// Per request (`namespace/name`): no eviction attempt before this.
     not_before: Mutex<HashMap<String, Timestamp>>,
@@ -97,10 +99,19 @@ fn until(now: Timestamp, then: Timestamp) -> Duration {
 }
 
 impl Reconciler {
-    pub fn new(client: Client, backoff_max: Duration, clock: WallClock) -> Self {
+    pub fn new(client: Client, config: &ControllerConfig) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "nodegrace".to_owned(),
+                instance: Some(config.node.clone()),
+            },
+        );
+        let (backoff_max, clock) = (config.backoff_max, config.clock);
         Self {
             client,
             clock,
+            recorder,
             backoff_max: Mutex::new(backoff_max),
             not_before: Mutex::new(HashMap::new()),
         }
@@ -173,46 +184,71 @@ impl Reconciler {
         let pod_key = format!("{namespace}/{}", pod_ref.name);
         let mut current = request.clone();
         let mut written = None;
+        // An eviction answer whose status write lost a race: recorded again on the fresh
+        // request, never by evicting twice.
+        let mut unrecorded: Option<(Option<(String, Release)>, EvictionResult)> = None;
         for _ in 0..MAX_ROUNDS {
             let now = self.clock.now();
-            let inputs = Inputs {
-                pod: state,
-                now,
-                eviction_not_before: self.not_before(&key),
-            };
-            let status = match decide::decide(&current, &inputs) {
-                Action::Wait { recheck_at } => {
-                    return Ok(Reconciled {
-                        written,
-                        recheck_after: recheck_at.map(|t| until(now, t)),
-                    });
-                }
-                Action::WriteStatus { status, transition } => {
-                    log_transition(&pod_key, &transition);
-                    if matches!(transition, Transition::Completed(_)) {
-                        self.set_not_before(&key, None);
+            let mut event = None;
+            let status = if let Some((released, result)) = unrecorded.take() {
+                let (status, retry) = decide::after_eviction(
+                    &current,
+                    released.as_ref(),
+                    &result,
+                    now,
+                    self.backoff_max(),
+                );
+                self.set_not_before(&key, retry.map(|d| now + d));
+                match status {
+                    Some(status) => {
+                        unrecorded = Some((released, result));
+                        status
                     }
-                    *status
+                    None => continue,
                 }
-                Action::Evict { released } => {
-                    let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
-                    log_eviction(&pod_key, released.as_ref(), &result, &current);
-                    state = match result {
-                        EvictionResult::Accepted => PodState::Terminating,
-                        EvictionResult::Gone => PodState::Absent,
-                        _ => state,
-                    };
-                    let (status, retry) = decide::after_eviction(
-                        &current,
-                        released.as_ref(),
-                        &result,
-                        now,
-                        self.backoff_max(),
-                    );
-                    self.set_not_before(&key, retry.map(|d| now + d));
-                    match status {
-                        Some(status) => status,
-                        None => continue,
+            } else {
+                let inputs = Inputs {
+                    pod: state,
+                    now,
+                    eviction_not_before: self.not_before(&key),
+                };
+                match decide::decide(&current, &inputs) {
+                    Action::Wait { recheck_at } => {
+                        return Ok(Reconciled {
+                            written,
+                            recheck_after: recheck_at.map(|t| until(now, t)),
+                        });
+                    }
+                    Action::WriteStatus { status, transition } => {
+                        log_transition(&pod_key, &transition);
+                        if matches!(transition, Transition::Completed(_)) {
+                            self.set_not_before(&key, None);
+                        }
+                        event = transition_event(&transition, &status.message);
+                        *status
+                    }
+                    Action::Evict { released } => {
+                        let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
+                        log_eviction(&pod_key, released.as_ref(), &result, &current);
+                        state = match result {
+                            EvictionResult::Accepted => PodState::Terminating,
+                            EvictionResult::Gone => PodState::Absent,
+                            _ => state,
+                        };
+                        let (status, retry) = decide::after_eviction(
+                            &current,
+                            released.as_ref(),
+                            &result,
+                            now,
+                            self.backoff_max(),
+                        );
+                        self.set_not_before(&key, retry.map(|d| now + d));
+                        let Some(status) = status else {
+                            continue;
+                        };
+                        event = eviction_event(&result, &status.message, &namespace);
+                        unrecorded = Some((released, result));
+                        status
                     }
                 }
             };
@@ -220,6 +256,10 @@ impl Reconciler {
             next.status = Some(status);
             match self.write_status(&next).await? {
                 Some(stored) => {
+                    unrecorded = None;
+                    if let Some(event) = event {
+                        self.publish(&stored, &event).await;
+                    }
                     written = Some(stored.clone());
                     current = stored;
                 }
@@ -316,6 +356,57 @@ impl Reconciler {
             }),
         }
     }
+}
+
+impl Reconciler {
+    /// Best effort: an event that cannot be written is logged, never fatal.
+    async fn publish(&self, request: &EvictionRequest, event: &Event) {
+        let reference = request.object_ref(&());
+        if let Err(err) = self.recorder.publish(event, &reference).await {
+            warn!(request = %key_of(request), reason = %event.reason, error = %err, "could not record an event");
+        }
+    }
+}
+
+fn transition_event(transition: &Transition, message: &str) -> Option<Event> {
+    let (type_, reason, action) = match transition {
+        Transition::HandedOver { .. } => (EventType::Normal, "InterceptorHandedOver", "HandOver"),
+        Transition::NotEvictable => (EventType::Warning, "EvictionNotSupported", "Evict"),
+        Transition::Selected { .. } | Transition::Completed(_) => return None,
+    };
+    Some(Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(message.to_owned()),
+        action: action.to_owned(),
+        secondary: None,
+    })
+}
+
+fn eviction_event(result: &EvictionResult, message: &str, namespace: &str) -> Option<Event> {
+    let (type_, reason, secondary) = match result {
+        EvictionResult::Accepted => (EventType::Normal, "Evicted", None),
+        EvictionResult::Blocked { budget, .. } => (
+            EventType::Warning,
+            "EvictionBlocked",
+            budget.as_ref().map(|name| ObjectReference {
+                api_version: Some("policy/v1".to_owned()),
+                kind: Some("PodDisruptionBudget".to_owned()),
+                name: Some(name.clone()),
+                namespace: Some(namespace.to_owned()),
+                ..ObjectReference::default()
+            }),
+        ),
+        EvictionResult::Refused { .. } => (EventType::Warning, "EvictionFailed", None),
+        EvictionResult::Gone => return None,
+    };
+    Some(Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(message.chars().take(1024).collect()),
+        action: "Evict".to_owned(),
+        secondary,
+    })
 }
 
 fn log_transition(pod: &str, transition: &Transition) {
@@ -457,7 +548,7 @@ impl Controller {
         config: ControllerConfig,
     ) -> (Self, ControllerHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let reconciler = Reconciler::new(client.clone(), config.backoff_max, config.clock);
+        let reconciler = Reconciler::new(client.clone(), &config);
         (
             Self {
                 client,
