@@ -606,8 +606,9 @@ impl Controller {
             .default_backoff()
             .boxed();
         let mut queue = Queue::default();
-        // Our own writes, until the cache has caught up with them: (cached rv, written).
-        let mut written: HashMap<Key, (Option<String>, EvictionRequest)> = HashMap::new();
+        // Our own latest write per request, until the watch delivers it (events come in
+        // resourceVersion order, so anything cached before that is older than the write).
+        let mut written: HashMap<Key, EvictionRequest> = HashMap::new();
         info!(node = %this.node, "eviction-request controller started");
         loop {
             while let Some(key) = queue.pop() {
@@ -618,11 +619,8 @@ impl Controller {
                     continue;
                 };
                 let request = match written.get(&key) {
-                    Some((rv, ours)) if *rv == cached.metadata.resource_version => ours.clone(),
-                    _ => {
-                        written.remove(&key);
-                        (*cached).clone()
-                    }
+                    Some(ours) => ours.clone(),
+                    None => (*cached).clone(),
                 };
                 if !this.is_ours(&request) {
                     continue;
@@ -631,10 +629,7 @@ impl Controller {
                 match reconciler.reconcile(&request, pod.as_deref()).await {
                     Ok(done) => {
                         if let Some(stored) = done.written {
-                            written.insert(
-                                key.clone(),
-                                (cached.metadata.resource_version.clone(), stored),
-                            );
+                            written.insert(key.clone(), stored);
                         }
                         queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
                     }
@@ -652,7 +647,11 @@ impl Controller {
                 }
                 event = events.next() => match event {
                     Some(Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r))) => {
-                        queue.push(key_pair(&r));
+                        let key = key_pair(&r);
+                        if written.get(&key).is_some_and(|w| w.metadata.resource_version == r.metadata.resource_version) {
+                            written.remove(&key);
+                        }
+                        queue.push(key);
                     }
                     Some(Ok(watcher::Event::Delete(r))) => {
                         let key = key_pair(&r);
@@ -666,7 +665,8 @@ impl Controller {
                             queue.push(key_pair(&r));
                         }
                     }
-                    Some(Ok(watcher::Event::Init)) => {}
+                    // A re-list shows the latest state, our writes included.
+                    Some(Ok(watcher::Event::Init)) => written.clear(),
                     Some(Err(err)) => warn!(error = %err, "EvictionRequest watch failed; retrying"),
                     None => anyhow::bail!("the EvictionRequest watch ended"),
                 },

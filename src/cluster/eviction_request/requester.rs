@@ -100,19 +100,45 @@ impl Requester {
     }
 
     /// Asks for `pod`'s eviction: creates its EvictionRequest (named after the pod UID,
-    /// interceptors resolved from the pod's annotations) or joins the existing one.
+    /// interceptors resolved from the pod's annotations) or joins the existing one. Reads
+    /// the pod first; see [`Requester::request_pod`] to pass it from a cache.
     pub async fn request(&self, pod: &PodKey) -> Result<Requested> {
+        self.request_with(pod, None).await
+    }
+
+    /// [`Requester::request`] for a pod as the caller's pod cache has it: a fresh request
+    /// then costs a single create.
+    pub async fn request_pod(&self, pod: &Pod) -> Result<Requested> {
+        let key = PodKey::new(
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            pod.metadata.uid.as_deref().unwrap_or_default(),
+        );
+        if key.namespace.is_empty() || key.name.is_empty() || key.uid.is_empty() {
+            bail!("pod {key} has no namespace, name or UID");
+        }
+        self.request_with(&key, Some(pod)).await
+    }
+
+    async fn request_with(&self, pod: &PodKey, cached: Option<&Pod>) -> Result<Requested> {
         let api = self.requests(&pod.namespace);
+        // Creating first: a drain mostly asks for pods nobody asked for yet.
+        let mut try_create = true;
+        let mut cached = cached;
         for _ in 0..MAX_CONFLICTS {
+            if try_create {
+                match self.create(&api, pod, cached).await? {
+                    Some(done) => return Ok(done),
+                    None => try_create = false,
+                }
+            }
             let existing = api
                 .get_opt(&pod.uid)
                 .await
                 .with_context(|| format!("reading the EvictionRequest of pod {pod}"))?;
             let Some(request) = existing else {
-                match self.create(&api, pod).await? {
-                    Some(done) => return Ok(done),
-                    None => continue,
-                }
+                try_create = true;
+                continue;
             };
             if request.is_complete() {
                 // Complete while the pod lives means cancelled; its requesters are frozen,
@@ -121,6 +147,9 @@ impl Requester {
                     PodState::Absent | PodState::Terminal => return Ok(Requested::PodGone),
                     PodState::Terminating | PodState::Present { .. } => {
                         self.delete_exact(&api, &request, pod).await?;
+                        // The cached pod may predate the cancellation; read it again.
+                        cached = None;
+                        try_create = true;
                         continue;
                     }
                 }
@@ -153,13 +182,25 @@ impl Requester {
     }
 
     /// Creates the request; `None` when another requester created it first.
-    async fn create(&self, api: &Api<EvictionRequest>, pod: &PodKey) -> Result<Option<Requested>> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let live = pods
-            .get_opt(&pod.name)
-            .await
-            .with_context(|| format!("reading pod {pod}"))?;
-        match PodState::of(live.as_ref(), &pod.uid) {
+    async fn create(
+        &self,
+        api: &Api<EvictionRequest>,
+        pod: &PodKey,
+        cached: Option<&Pod>,
+    ) -> Result<Option<Requested>> {
+        let read;
+        let live = match cached {
+            Some(live) => Some(live),
+            None => {
+                let pods: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+                read = pods
+                    .get_opt(&pod.name)
+                    .await
+                    .with_context(|| format!("reading pod {pod}"))?;
+                read.as_ref()
+            }
+        };
+        match PodState::of(live, &pod.uid) {
             PodState::Absent | PodState::Terminal => return Ok(Some(Requested::PodGone)),
             PodState::Terminating | PodState::Present { .. } => {}
         }
