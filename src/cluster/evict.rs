@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::Api;
 
@@ -32,23 +32,29 @@ fn preconditions(uid: &str) -> Preconditions {
     }
 }
 
-/// POSTs an Eviction for the pod `namespace/name` with UID `uid`.
+/// POSTs a `policy/v1` Eviction for the pod `name` with UID `uid`. Built by hand rather than
+/// with `Api::evict`, whose body spells the field `delete_options`: the apiserver ignores it,
+/// and with it the UID precondition.
 pub async fn evict(
     api: &Api<Pod>,
     name: &str,
     uid: &str,
     grace_seconds: Option<i64>,
 ) -> Result<Outcome> {
-    let params = EvictParams {
-        delete_options: Some(DeleteParams {
-            grace_period_seconds: grace_seconds.map(|g| g.max(0) as u32),
-            preconditions: Some(preconditions(uid)),
-            ..DeleteParams::default()
-        }),
-        post_options: PostParams::default(),
-    };
-    classify(api.evict(name, &params).await.map(|_| ()))
-        .with_context(|| format!("evicting pod {name}"))
+    let mut delete_options = serde_json::json!({"preconditions": {"uid": uid}});
+    if let Some(grace) = grace_seconds {
+        delete_options["gracePeriodSeconds"] = grace.max(0).into();
+    }
+    let body = serde_json::json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": api.namespace()},
+        "deleteOptions": delete_options,
+    });
+    let result = api
+        .create_subresource::<_, Status>("eviction", name, &PostParams::default(), &body)
+        .await;
+    classify(result.map(|_| ())).with_context(|| format!("evicting pod {name}"))
 }
 
 /// DELETEs the pod with a bounded grace period, bypassing disruption budgets.

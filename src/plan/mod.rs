@@ -1,5 +1,15 @@
 //! Pure decision logic: no I/O, no clocks, no async. Everything here is a function of its
 //! inputs so it can be unit- and property-tested exhaustively.
+//!
+//! - [`PodInfo::from_pod`]: Default / DaemonSet / Static classification of a live pod.
+//! - [`normalize_drain_plan`] (the KEP-4212 admission step), [`validate_drain_plan`],
+//!   [`drain_plan_changed`], [`shutdown_drain_plan`].
+//! - [`targets`]: drain targets. The node engine calls [`evaluate_node`] for its node, writes
+//!   the returned reports, targets and holders into each maintenance's status, and renders
+//!   messages with [`maintenance_blockers`], [`node_message`] and [`maintenance_message`].
+//!   [`model::ClusterModel`] runs all nodes together (tests, simulations).
+//! - [`gns`]: the kubelet's priority bands for the offline fallback.
+//! - [`budget`]: the shutdown deadline split over plan steps (`nodegrace plan` prints it).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -7,6 +17,34 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+pub mod budget;
+pub mod classify;
+pub mod drainplan;
+pub mod gns;
+pub mod model;
+#[cfg(test)]
+mod proptests;
+pub mod selector;
+pub mod targets;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub use budget::{
+    escalation_grace, plan_steps, split_budget, BudgetReserves, PlanStep, StepSchedule,
+};
+pub use classify::ClassifyError;
+pub use drainplan::{
+    default_plan_entries, drain_plan_changed, normalize_drain_plan, shutdown_drain_plan,
+    validate_drain_plan, PlanError, DEFAULT_PLAN_PRIORITIES,
+};
+pub use gns::{GnsBands, GnsCandidate, GnsGroup};
+pub use selector::{selector_matches, Selector, SelectorError};
+pub use targets::{
+    evaluate_node, fast_forward, least_powerful, maintenance_blockers, maintenance_message,
+    node_message, node_targets, plan_position, reached_drain_targets, Blockers, DrainTargets,
+    MaintenanceInput, NodeEvaluation, NodeProgress, NodeReport, NodeTargets, PlanPosition,
+};
 
 /// KEP-4212 `podType`: which kind of pod a drain plan entry targets. The declaration order
 /// is the drain order.

@@ -125,7 +125,9 @@ impl FakeKubelet {
     /// Sets how long `namespace/name` takes to exit once deleted (also if already deleting).
     pub fn set_finish_after(&self, namespace: &str, name: &str, after: Duration) {
         let mut st = self.state();
-        st.config.finish_after.insert(format!("{namespace}/{name}"), after);
+        st.config
+            .finish_after
+            .insert(format!("{namespace}/{name}"), after);
         for p in st.pending.values_mut() {
             if p.namespace == namespace && p.name == name {
                 p.deadline = p.seen + after.min(Duration::from_secs(p.grace.max(0) as u64));
@@ -139,7 +141,9 @@ impl FakeKubelet {
     pub fn mark_running(&self, namespace: &str, name: &str) -> bool {
         let now = self.store.now_str();
         self.store
-            .update_in_process("", "pods", namespace, name, |p| p["status"] = running_status(&now))
+            .update_in_process("", "pods", namespace, name, |p| {
+                p["status"] = running_status(&now)
+            })
             .is_some()
     }
 
@@ -168,28 +172,27 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
     let mut last_rv: Option<u64> = None;
     loop {
         let now = Instant::now();
-        let (changed, gone, full): (Vec<Value>, Vec<String>, bool) = match last_rv
-            .map(|rv| store.events_after(rv, &all_pods))
-        {
-            Some(WatchBatch::Events(events, rv)) => {
-                last_rv = Some(rv);
-                let mut changed = Vec::new();
-                let mut gone = Vec::new();
-                for (kind, obj) in events {
-                    if kind == EventType::Deleted {
-                        gone.push(s(&obj, "/metadata/uid").to_string());
-                    } else {
-                        changed.push(obj);
+        let (changed, gone, full): (Vec<Value>, Vec<String>, bool) =
+            match last_rv.map(|rv| store.events_after(rv, &all_pods)) {
+                Some(WatchBatch::Events(events, rv)) => {
+                    last_rv = Some(rv);
+                    let mut changed = Vec::new();
+                    let mut gone = Vec::new();
+                    for (kind, obj) in events {
+                        if kind == EventType::Deleted {
+                            gone.push(s(&obj, "/metadata/uid").to_string());
+                        } else {
+                            changed.push(obj);
+                        }
                     }
+                    (changed, gone, false)
                 }
-                (changed, gone, false)
-            }
-            _ => {
-                let (items, rv) = store.list(&all_pods);
-                last_rv = Some(rv);
-                (items, Vec::new(), true)
-            }
-        };
+                _ => {
+                    let (items, rv) = store.list(&all_pods);
+                    last_rv = Some(rv);
+                    (items, Vec::new(), true)
+                }
+            };
         let mut to_start = Vec::new();
         let mut due = Vec::new();
         let next_deadline;
@@ -231,7 +234,8 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
                     });
                     if grace < entry.grace {
                         // A second delete shortened the grace period: kill sooner.
-                        entry.deadline = entry.deadline.min(now + Duration::from_secs(grace as u64));
+                        entry.deadline =
+                            entry.deadline.min(now + Duration::from_secs(grace as u64));
                         entry.grace = grace;
                     }
                 } else if st.config.auto_run && phase == "Pending" {
@@ -249,11 +253,18 @@ async fn run(store: Arc<Store>, state: Arc<Mutex<State>>, wake: Arc<Notify>) {
                     due.push((uid.clone(), p.namespace.clone(), p.name.clone(), p.seen));
                 }
             }
-            next_deadline = st.pending.values().map(|p| p.deadline).filter(|d| *d > now).min();
+            next_deadline = st
+                .pending
+                .values()
+                .map(|p| p.deadline)
+                .filter(|d| *d > now)
+                .min();
         }
         let now_str = store.now_str();
         for (ns, name) in to_start {
-            store.update_in_process("", "pods", &ns, &name, |p| p["status"] = running_status(&now_str));
+            store.update_in_process("", "pods", &ns, &name, |p| {
+                p["status"] = running_status(&now_str)
+            });
         }
         for (uid, ns, name, seen) in due {
             finish(&store, &state, &uid, &ns, &name, seen);
@@ -279,7 +290,10 @@ fn finish(store: &Store, state: &Mutex<State>, uid: &str, ns: &str, name: &str, 
     store.update_in_process("", "pods", ns, name, |p| {
         if s(p, "/metadata/uid") == uid {
             p["status"]["phase"] = "Succeeded".into();
-            if let Some(conds) = p.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
+            if let Some(conds) = p
+                .pointer_mut("/status/conditions")
+                .and_then(Value::as_array_mut)
+            {
                 for c in conds.iter_mut() {
                     if matches!(s(c, "/type"), "Ready" | "ContainersReady") {
                         c["status"] = "False".into();
@@ -317,7 +331,8 @@ fn recreate_statefulset_pod(store: &Store, old: &Value, rc: &StatefulSetRecreate
         .and_then(Value::as_array)
         .is_some_and(|refs| {
             refs.iter().any(|r| {
-                s(r, "/kind") == "StatefulSet" && r.get("controller").and_then(Value::as_bool) == Some(true)
+                s(r, "/kind") == "StatefulSet"
+                    && r.get("controller").and_then(Value::as_bool) == Some(true)
             })
         });
     if !owned_by_sts {

@@ -113,8 +113,10 @@ pub fn parse_query(q: &str) -> HashMap<String, String> {
 fn full(status: StatusCode, v: &Value) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(v.to_string())).boxed());
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -156,7 +158,10 @@ fn injected(status: u16) -> ApiError {
     e
 }
 
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(c) => c.to_bytes(),
@@ -191,7 +196,9 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Respo
     let fault = shared.faults.lock().ok().and_then(|mut faults| {
         let f = faults.iter_mut().find(|f| {
             f.remaining > 0
-                && f.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(parts.method.as_str()))
+                && f.method
+                    .as_deref()
+                    .is_none_or(|m| m.eq_ignore_ascii_case(parts.method.as_str()))
                 && glob_match(&f.path_glob, &path)
         })?;
         f.remaining -= 1;
@@ -229,8 +236,9 @@ impl Ctx<'_> {
         if self.body.is_empty() {
             return Ok(json!({}));
         }
-        serde_json::from_slice(&self.body)
-            .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded: {e}")))
+        serde_json::from_slice(&self.body).map_err(|e| {
+            ApiError::bad_request(format!("the body of the request could not be decoded: {e}"))
+        })
     }
     fn param(&self, k: &str) -> Option<&str> {
         self.query.get(k).map(String::as_str)
@@ -238,16 +246,34 @@ impl Ctx<'_> {
     fn manager(&self) -> String {
         match self.param("fieldManager") {
             Some(m) if !m.is_empty() => m.to_string(),
-            _ => self.user_agent.split('/').next().unwrap_or("unknown").to_string(),
+            _ => self
+                .user_agent
+                .split('/')
+                .next()
+                .unwrap_or("unknown")
+                .to_string(),
         }
     }
 }
 
 fn not_served() -> ApiError {
-    ApiError::new(404, "NotFound", "the server could not find the requested resource")
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
 }
 
-const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value> {
     let rs: Vec<_> = store
@@ -267,16 +293,26 @@ fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value> {
         }
         entries.push(e);
         if r.has_status {
-            entries.push(json!({"name": format!("{}/status", r.plural), "singularName": "",
-                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}));
+            entries.push(
+                json!({"name": format!("{}/status", r.plural), "singularName": "",
+                "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}),
+            );
         }
         if group.is_empty() && r.plural == "pods" {
-            entries.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
-                "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
+            entries.push(
+                json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
+                "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}),
+            );
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": entries}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": entries}),
+    )
 }
 
 fn api_group(store: &Store, group: &str) -> Option<Value> {
@@ -297,7 +333,11 @@ fn api_group(store: &Store, group: &str) -> Option<Value> {
 
 async fn route(ctx: &Ctx<'_>, path: &str) -> Result<Response<Body>, ApiError> {
     let store = &ctx.shared.store;
-    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
     let get = ctx.method == Method::GET;
     match segs.as_slice() {
         ["version"] if get => Ok(full(
@@ -323,7 +363,10 @@ async fn route(ctx: &Ctx<'_>, path: &str) -> Result<Response<Body>, ApiError> {
             groups.sort();
             groups.dedup();
             let list: Vec<Value> = groups.iter().filter_map(|g| api_group(store, g)).collect();
-            Ok(full(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": list})))
+            Ok(full(
+                StatusCode::OK,
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": list}),
+            ))
         }
         ["apis", g] if get => api_group(store, g)
             .map(|v| full(StatusCode::OK, &v))
@@ -337,20 +380,32 @@ async fn route(ctx: &Ctx<'_>, path: &str) -> Result<Response<Body>, ApiError> {
     }
 }
 
-async fn resource(ctx: &Ctx<'_>, group: &str, version: &str, rest: &[&str]) -> Result<Response<Body>, ApiError> {
+async fn resource(
+    ctx: &Ctx<'_>,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<Response<Body>, ApiError> {
     let store = &ctx.shared.store;
     let namespaced_path = rest[0] == "namespaces"
         && rest.len() >= 3
         && !(rest.len() == 3 && matches!(rest[2], "status" | "finalize"));
     let (ns, plural, name, sub) = if namespaced_path {
-        (Some(rest[1]), rest[2], rest.get(3).copied(), rest.get(4).copied())
+        (
+            Some(rest[1]),
+            rest[2],
+            rest.get(3).copied(),
+            rest.get(4).copied(),
+        )
     } else {
         (None, rest[0], rest.get(1).copied(), rest.get(2).copied())
     };
     if rest.len() > if namespaced_path { 5 } else { 3 } {
         return Err(not_served());
     }
-    let ri = store.find_resource(group, version, plural).ok_or_else(not_served)?;
+    let ri = store
+        .find_resource(group, version, plural)
+        .ok_or_else(not_served)?;
     if ns.is_some() && !ri.namespaced {
         return Err(not_served());
     }
@@ -374,7 +429,11 @@ async fn resource(ctx: &Ctx<'_>, group: &str, version: &str, rest: &[&str]) -> R
                 plural: ri.plural.clone(),
                 namespace: (!ns.is_empty()).then(|| ns.to_string()),
                 labels: LabelSelector::parse(ctx.param("labelSelector").unwrap_or_default())?,
-                fields: FieldSelector::parse(ctx.param("fieldSelector").unwrap_or_default(), &ri.group, &ri.plural)?,
+                fields: FieldSelector::parse(
+                    ctx.param("fieldSelector").unwrap_or_default(),
+                    &ri.group,
+                    &ri.plural,
+                )?,
             };
             if matches!(ctx.param("watch"), Some("true" | "1")) {
                 watch(ctx, &ri, filter)
@@ -402,7 +461,10 @@ async fn resource(ctx: &Ctx<'_>, group: &str, version: &str, rest: &[&str]) -> R
             check_dry_run(ctx)?;
             let body = ctx.json_body()?;
             check_kind(&ri, &body)?;
-            Ok(full(StatusCode::OK, &store.replace(&ri, ns, name, sub, body, &ctx.manager())?))
+            Ok(full(
+                StatusCode::OK,
+                &store.replace(&ri, ns, name, sub, body, &ctx.manager())?,
+            ))
         }
         (Method::PATCH, Some(name)) => {
             check_dry_run(ctx)?;
@@ -436,7 +498,10 @@ async fn resource(ctx: &Ctx<'_>, group: &str, version: &str, rest: &[&str]) -> R
                 (_, Some(m)) => Some(m),
                 (_, None) => Some(ctx.manager()),
             };
-            Ok(full(StatusCode::OK, &store.patch(&ri, ns, name, sub, kind, &body, manager.as_deref())?))
+            Ok(full(
+                StatusCode::OK,
+                &store.patch(&ri, ns, name, sub, kind, &body, manager.as_deref())?,
+            ))
         }
         (Method::DELETE, Some(name)) => {
             check_dry_run(ctx)?;
@@ -463,7 +528,11 @@ async fn resource(ctx: &Ctx<'_>, group: &str, version: &str, rest: &[&str]) -> R
                 plural: ri.plural.clone(),
                 namespace: (!ns.is_empty()).then(|| ns.to_string()),
                 labels: LabelSelector::parse(ctx.param("labelSelector").unwrap_or_default())?,
-                fields: FieldSelector::parse(ctx.param("fieldSelector").unwrap_or_default(), &ri.group, &ri.plural)?,
+                fields: FieldSelector::parse(
+                    ctx.param("fieldSelector").unwrap_or_default(),
+                    &ri.group,
+                    &ri.plural,
+                )?,
             };
             let items = store.delete_collection(&ri, &filter, &opts)?;
             Ok(full(
@@ -472,13 +541,19 @@ async fn resource(ctx: &Ctx<'_>, group: &str, version: &str, rest: &[&str]) -> R
                     "metadata": {"resourceVersion": store.resource_version().to_string()}, "items": items}),
             ))
         }
-        _ => Err(ApiError::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")),
+        _ => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )),
     }
 }
 
 fn check_dry_run(ctx: &Ctx<'_>) -> Result<(), ApiError> {
     if ctx.param("dryRun").is_some_and(|d| !d.is_empty()) {
-        return Err(ApiError::bad_request("dryRun is not supported by the nodegrace fake apiserver"));
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the nodegrace fake apiserver",
+        ));
     }
     Ok(())
 }
@@ -500,7 +575,10 @@ fn delete_opts(ctx: &Ctx<'_>) -> Result<DeleteOpts, ApiError> {
     let body = ctx.json_body()?;
     let mut opts = DeleteOpts::from_body(&body);
     if let Some(g) = ctx.param("gracePeriodSeconds") {
-        opts.grace_period_seconds = Some(g.parse().map_err(|_| ApiError::bad_request("invalid gracePeriodSeconds"))?);
+        opts.grace_period_seconds = Some(
+            g.parse()
+                .map_err(|_| ApiError::bad_request("invalid gracePeriodSeconds"))?,
+        );
     }
     Ok(opts)
 }
@@ -535,7 +613,9 @@ fn list(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: &Filter) -> Result<Response<Bo
         let (Some(trv), Some(tns), Some(tname)) = (parts.next(), parts.next(), parts.next()) else {
             return Err(ApiError::bad_request("continue key is not valid"));
         };
-        let trv: u64 = trv.parse().map_err(|_| ApiError::bad_request("continue key is not valid"))?;
+        let trv: u64 = trv
+            .parse()
+            .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
         if trv < store.oldest_rv() {
             return Err(ApiError::expired(
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
@@ -545,23 +625,43 @@ fn list(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: &Filter) -> Result<Response<Bo
         start = items
             .iter()
             .position(|i| {
-                let ns = i.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-                let name = i.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                let ns = i
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let name = i
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
                 (ns, name) > (tns, tname)
             })
             .unwrap_or(items.len());
     }
-    let limit: usize = ctx.param("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let limit: usize = ctx
+        .param("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
     let end = start.saturating_add(limit).min(items.len());
     let mut meta = json!({"resourceVersion": list_rv.to_string()});
     if end < items.len() {
         let last = &items[end - 1];
-        let ns = last.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-        let name = last.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let ns = last
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let name = last
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         meta["continue"] = format!("{list_rv}|{ns}|{name}").into();
         meta["remainingItemCount"] = (items.len() - end).into();
     }
-    let page: Vec<Value> = items[start..end].iter().cloned().map(|i| strip_type(ri, i)).collect();
+    let page: Vec<Value> = items[start..end]
+        .iter()
+        .cloned()
+        .map(|i| strip_type(ri, i))
+        .collect();
     Ok(full(
         StatusCode::OK,
         &json!({"kind": format!("{}List", ri.kind), "apiVersion": ri.api_version(), "metadata": meta, "items": page}),
@@ -584,22 +684,23 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
         .and_then(|t| t.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(1800));
-    let start_rv: Option<u64> = if rv_param.is_empty() || rv_param == "0" || send_initial {
-        None
-    } else {
-        Some(
-            rv_param
-                .parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv_param}")))?,
-        )
-    };
+    let start_rv: Option<u64> =
+        if rv_param.is_empty() || rv_param == "0" || send_initial {
+            None
+        } else {
+            Some(rv_param.parse().map_err(|_| {
+                ApiError::bad_request(format!("invalid resource version: {rv_param}"))
+            })?)
+        };
     let (kind, api_version) = (ri.kind.clone(), ri.api_version());
     let bookmark = move |rv: u64, initial_end: bool| {
         let mut m = json!({"resourceVersion": rv.to_string()});
         if initial_end {
             m["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        line(&json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version, "metadata": m}}))
+        line(
+            &json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version, "metadata": m}}),
+        )
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     let mut changes = store.subscribe();
@@ -611,7 +712,11 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
             None => {
                 let (items, rv) = store.snapshot(&filter);
                 for obj in items {
-                    if tx.send(line(&json!({"type": "ADDED", "object": obj}))).await.is_err() {
+                    if tx
+                        .send(line(&json!({"type": "ADDED", "object": obj})))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -633,13 +738,21 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
             };
             match batch {
                 WatchBatch::Expired(oldest) => {
-                    let status = ApiError::expired(format!("too old resource version: {last} ({oldest})")).to_status();
-                    let _ = tx.send(line(&json!({"type": "ERROR", "object": status}))).await;
+                    let status =
+                        ApiError::expired(format!("too old resource version: {last} ({oldest})"))
+                            .to_status();
+                    let _ = tx
+                        .send(line(&json!({"type": "ERROR", "object": status})))
+                        .await;
                     return;
                 }
                 WatchBatch::Events(events, rv) => {
                     for (kind, obj) in events {
-                        if tx.send(line(&json!({"type": kind.as_str(), "object": obj}))).await.is_err() {
+                        if tx
+                            .send(line(&json!({"type": kind.as_str(), "object": obj})))
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -659,11 +772,15 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
         }
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    r.headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
     Ok(r)
 }
 
@@ -673,7 +790,10 @@ mod tests {
 
     #[test]
     fn globs_and_queries() {
-        assert!(glob_match("/api/v1/namespaces/*/pods/*/eviction", "/api/v1/namespaces/a/pods/b/eviction"));
+        assert!(glob_match(
+            "/api/v1/namespaces/*/pods/*/eviction",
+            "/api/v1/namespaces/a/pods/b/eviction"
+        ));
         assert!(!glob_match("/api/v1/nodes", "/api/v1/nodes/x"));
         assert!(glob_match("*", "/anything"));
         let q = parse_query("fieldSelector=spec.nodeName%3Dn1&watch=true&labelSelector=a+in+(b)");

@@ -9,6 +9,20 @@
 //! subresource; graceful pod deletion and finalizers; the eviction subresource with
 //! PodDisruptionBudget arithmetic (429); CRD-driven discovery.
 //!
+//! Usage (tests and `nodegrace simulate`):
+//! ```ignore
+//! let cluster = FakeCluster::start().await?;           // 127.0.0.1:<free port>, ~60 ms
+//! let client = cluster.client()?;                      // kube::Client, default_retry off
+//! cluster.add_node("n1")?;
+//! cluster.add_running_pod("default", "web-0", "n1", json!({"app": "web"}))?;
+//! cluster.install_crd(&NodeMaintenance::crd())?;        // served at once; uninstall_crd(name)
+//! let kubelet = cluster.kubelet(KubeletConfig::node("n1")); // finishes deleted pods
+//! cluster.api.inject_errors(Some("POST"), "/api/v1/namespaces/*/pods/*/eviction", 429, 3);
+//! cluster.api.set_reachable(false).await?;             // connection refused, watches cut
+//! cluster.store.compact();                             // open watches get ERROR 410
+//! let sent = cluster.api.writes();                     // what the apiserver received
+//! ```
+//!
 //! Deliberate simplifications (each chosen so that client bugs stay visible):
 //! - No authn/authz/admission webhooks, no CEL (`x-kubernetes-validations`) evaluation;
 //!   CRD schemas are used for defaulting, pruning, types, `required`, `enum`, min/max and
@@ -52,8 +66,8 @@ pub use schema::{ListKind, Shape};
 pub use select::{FieldSelector, LabelSelector};
 pub use ssa::ManagerEntry;
 pub use store::{
-    fmt_time, pod_is_healthy, ApiError, DeleteOpts, EventType, Filter, ObjKey, PatchKind, ResourceInfo, Store,
-    StoreEvent, WatchBatch,
+    fmt_time, pod_is_healthy, ApiError, DeleteOpts, EventType, Filter, ObjKey, PatchKind,
+    ResourceInfo, Store, StoreEvent, WatchBatch,
 };
 
 use super::fake_kubelet::{FakeKubelet, KubeletConfig};
@@ -82,7 +96,11 @@ pub struct FakeApiServer {
     inner: Arc<ServerInner>,
 }
 
-fn spawn_accept(shared: Arc<http::Shared>, listener: TcpListener, token: CancellationToken) -> JoinHandle<()> {
+fn spawn_accept(
+    shared: Arc<http::Shared>,
+    listener: TcpListener,
+    token: CancellationToken,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let stream = tokio::select! {
@@ -97,7 +115,8 @@ fn spawn_accept(shared: Arc<http::Shared>, listener: TcpListener, token: Cancell
             let token = token.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req| http::handle(shared.clone(), req));
-                let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc);
                 tokio::select! {
                     _ = conn => {}
                     _ = token.cancelled() => {}
@@ -113,7 +132,9 @@ impl FakeApiServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding the fake apiserver on 127.0.0.1")?;
-        let addr = listener.local_addr().context("reading the fake apiserver address")?;
+        let addr = listener
+            .local_addr()
+            .context("reading the fake apiserver address")?;
         let shared = Arc::new(http::Shared {
             store,
             faults: Mutex::new(Vec::new()),
@@ -152,7 +173,10 @@ impl FakeApiServer {
     /// 15 times, backing off to 1000 s), which hides eviction 429s from the caller. nodegrace's
     /// production client must make the same choice.
     pub fn kube_config(&self) -> Result<kube::Config> {
-        let uri: ::http::Uri = self.url().parse().context("parsing the fake apiserver URL")?;
+        let uri: ::http::Uri = self
+            .url()
+            .parse()
+            .context("parsing the fake apiserver URL")?;
         let mut config = kube::Config::new(uri);
         config.default_retry = false;
         Ok(config)
@@ -160,7 +184,8 @@ impl FakeApiServer {
 
     /// A `kube::Client` for this server.
     pub fn client(&self) -> Result<kube::Client> {
-        kube::Client::try_from(self.kube_config()?).context("building a kube client for the fake apiserver")
+        kube::Client::try_from(self.kube_config()?)
+            .context("building a kube client for the fake apiserver")
     }
 
     /// Unreachable: the port is closed (connection refused) and every open connection,
@@ -173,9 +198,9 @@ impl FakeApiServer {
                 let _ = a.task.await;
             }
             (true, None) => {
-                let listener = TcpListener::bind(self.inner.addr)
-                    .await
-                    .with_context(|| format!("re-binding the fake apiserver on {}", self.inner.addr))?;
+                let listener = TcpListener::bind(self.inner.addr).await.with_context(|| {
+                    format!("re-binding the fake apiserver on {}", self.inner.addr)
+                })?;
                 let token = self.inner.root.child_token();
                 let task = spawn_accept(self.inner.shared.clone(), listener, token.clone());
                 *accepting = Some(Accepting { token, task });
@@ -213,7 +238,12 @@ impl FakeApiServer {
 
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
-        self.inner.shared.log.lock().map(|l| l.clone()).unwrap_or_default()
+        self.inner
+            .shared
+            .log
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default()
     }
 
     pub fn clear_requests(&self) {
@@ -224,7 +254,10 @@ impl FakeApiServer {
 
     /// Requests that change state (everything but GET), in order.
     pub fn writes(&self) -> Vec<RecordedRequest> {
-        self.requests().into_iter().filter(|r| r.method != "GET").collect()
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method != "GET")
+            .collect()
     }
 }
 
@@ -278,8 +311,9 @@ impl FakeCluster {
 
     pub fn ensure_namespace(&self, name: &str) -> Result<()> {
         if self.store.get_obj("", "namespaces", "", name).is_none() {
-            self.store
-                .insert_fixture(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))?;
+            self.store.insert_fixture(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+            )?;
         }
         Ok(())
     }
@@ -295,7 +329,13 @@ impl FakeCluster {
     }
 
     /// A Running, Ready pod bound to `node` (namespace created if missing).
-    pub fn add_running_pod(&self, namespace: &str, name: &str, node: &str, labels: Value) -> Result<Value> {
+    pub fn add_running_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        labels: Value,
+    ) -> Result<Value> {
         self.ensure_namespace(namespace)?;
         self.insert(&json!({
             "apiVersion": "v1", "kind": "Pod",

@@ -20,7 +20,10 @@ pub enum Shape {
 }
 
 fn map(keys: &[&str], smp: &str) -> ListKind {
-    ListKind::Map(keys.iter().map(|k| k.to_string()).collect(), smp.to_string())
+    ListKind::Map(
+        keys.iter().map(|k| k.to_string()).collect(),
+        smp.to_string(),
+    )
 }
 
 fn builtin_list(group: &str, plural: &str, path: &str) -> ListKind {
@@ -109,6 +112,7 @@ pub fn default_and_prune(obj: &mut Value, schema: &Value) {
         if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
             continue;
         }
+        drop_null_unless_nullable(o, k, s);
         if !o.contains_key(k) {
             if let Some(d) = s.get("default") {
                 o.insert(k.clone(), d.clone());
@@ -123,7 +127,18 @@ pub fn default_and_prune(obj: &mut Value, schema: &Value) {
         .and_then(Value::as_bool)
         == Some(true);
     if !preserve {
-        o.retain(|k, _| matches!(k.as_str(), "apiVersion" | "kind" | "metadata") || props.contains_key(k));
+        o.retain(|k, _| {
+            matches!(k.as_str(), "apiVersion" | "kind" | "metadata") || props.contains_key(k)
+        });
+    }
+}
+
+/// The real apiserver prunes `null` for fields not marked `nullable`, before defaulting.
+fn drop_null_unless_nullable(o: &mut Map<String, Value>, k: &str, s: &Value) {
+    if o.get(k).is_some_and(Value::is_null)
+        && s.get("nullable").and_then(Value::as_bool) != Some(true)
+    {
+        o.remove(k);
     }
 }
 
@@ -136,6 +151,7 @@ fn walk(v: &mut Value, s: &Value) {
         Value::Object(o) => {
             if let Some(props) = s.get("properties").and_then(Value::as_object) {
                 for (k, ps) in props {
+                    drop_null_unless_nullable(o, k, ps);
                     if !o.contains_key(k) {
                         if let Some(d) = ps.get("default") {
                             o.insert(k.clone(), d.clone());
@@ -208,7 +224,10 @@ fn check(v: &Value, s: &Value, path: &str, errs: &mut Vec<String>) {
     };
     let int_or_string = s.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
     if !ok && !(int_or_string && (v.is_string() || v.is_i64())) {
-        errs.push(format!("{path}: Invalid value: must be of type {}", ty.unwrap_or("?")));
+        errs.push(format!(
+            "{path}: Invalid value: must be of type {}",
+            ty.unwrap_or("?")
+        ));
         return;
     }
     if let Some(en) = s.get("enum").and_then(Value::as_array) {
@@ -218,12 +237,16 @@ fn check(v: &Value, s: &Value, path: &str, errs: &mut Vec<String>) {
     }
     if let (Some(min), Some(n)) = (s.get("minimum").and_then(Value::as_f64), v.as_f64()) {
         if n < min {
-            errs.push(format!("{path}: Invalid value: {v}: should be greater than or equal to {min}"));
+            errs.push(format!(
+                "{path}: Invalid value: {v}: should be greater than or equal to {min}"
+            ));
         }
     }
     if let (Some(max), Some(n)) = (s.get("maximum").and_then(Value::as_f64), v.as_f64()) {
         if n > max {
-            errs.push(format!("{path}: Invalid value: {v}: should be less than or equal to {max}"));
+            errs.push(format!(
+                "{path}: Invalid value: {v}: should be less than or equal to {max}"
+            ));
         }
     }
     match v {
@@ -299,7 +322,9 @@ pub fn strategic_merge(target: &mut Value, patch: &Value, shape: &Shape, path: &
             }
             continue;
         }
-        let Some(t) = target.as_object_mut() else { return };
+        let Some(t) = target.as_object_mut() else {
+            return;
+        };
         if v.is_null() {
             t.remove(k);
             continue;
@@ -386,14 +411,17 @@ mod tests {
         assert_eq!(node["status"]["conditions"].as_array().unwrap().len(), 2);
         let del = json!({"spec": {"taints": [{"key": "a", "$patch": "delete"}]}});
         strategic_merge(&mut node, &del, &shape, &mut Vec::new());
-        assert_eq!(node["spec"]["taints"], json!([{"key": "b", "effect": "NoSchedule"}]));
+        assert_eq!(
+            node["spec"]["taints"],
+            json!([{"key": "b", "effect": "NoSchedule"}])
+        );
     }
 
     #[test]
     fn prune_and_default_follow_schema() {
         let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
             "stage": {"type": "string", "default": "Idle"}}}}});
-        let mut obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {}, "spec": {"typo": 1}, "junk": 2});
+        let mut obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {}, "spec": {"typo": 1, "stage": null}, "junk": 2});
         default_and_prune(&mut obj, &schema);
         assert_eq!(obj["spec"], json!({"stage": "Idle"}));
         assert!(obj.get("junk").is_none());

@@ -255,7 +255,11 @@ mod tests {
             ("!missing", true),
             ("!app", false),
         ] {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&pod), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&pod),
+                want,
+                "{sel}"
+            );
         }
     }
 

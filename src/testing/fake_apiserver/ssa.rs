@@ -165,7 +165,9 @@ fn value_at_mut<'a>(v: &'a mut Value, path: &[String]) -> Option<&'a mut Value> 
         cur = if let Some(f) = seg.strip_prefix("f:") {
             cur.get_mut(f)?
         } else if let Some(k) = seg.strip_prefix("k:") {
-            cur.as_array_mut()?.iter_mut().find(|i| item_matches(i, k))?
+            cur.as_array_mut()?
+                .iter_mut()
+                .find(|i| item_matches(i, k))?
         } else {
             cur
         };
@@ -277,8 +279,9 @@ pub fn apply(
 ) -> Result<Value, ApiError> {
     let config = strip_for(applied, req.subresource, req.has_status);
     let new_set = field_set(&config, shape);
-    let is_me =
-        |e: &ManagerEntry| e.manager == req.manager && e.operation == "Apply" && e.subresource == req.subresource;
+    let is_me = |e: &ManagerEntry| {
+        e.manager == req.manager && e.operation == "Apply" && e.subresource == req.subresource
+    };
 
     let mut conflicts: Vec<(String, FieldPath)> = Vec::new();
     for e in managers.iter().filter(|e| !is_me(e)) {
@@ -295,7 +298,10 @@ pub fn apply(
         return Err(ApiError::apply_conflict(&conflicts, req.api_version));
     }
     for (mgr, p) in &conflicts {
-        for e in managers.iter_mut().filter(|e| &e.manager == mgr && !is_me(e)) {
+        for e in managers
+            .iter_mut()
+            .filter(|e| &e.manager == mgr && !is_me(e))
+        {
             e.fields.remove(p);
         }
     }
@@ -354,7 +360,9 @@ pub fn track_update(
     let stripped_old = old.map(|o| strip_for(o, subresource, has_status));
     let changed: FieldSet = field_set(&stripped_new, shape)
         .into_iter()
-        .filter(|p| stripped_old.as_ref().and_then(|o| value_at(o, p)) != value_at(&stripped_new, p))
+        .filter(|p| {
+            stripped_old.as_ref().and_then(|o| value_at(o, p)) != value_at(&stripped_new, p)
+        })
         .collect();
     if !changed.is_empty() {
         for e in managers.iter_mut() {

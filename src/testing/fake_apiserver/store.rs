@@ -51,18 +51,29 @@ impl ApiError {
         self
     }
     pub fn not_found(ri: &ResourceInfo, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", ri.qualified()))
-            .with_details(ri, name)
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", ri.qualified()),
+        )
+        .with_details(ri, name)
     }
     pub fn already_exists(ri: &ResourceInfo, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", ri.qualified()))
-            .with_details(ri, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", ri.qualified()),
+        )
+        .with_details(ri, name)
     }
     pub fn conflict(ri: &ResourceInfo, name: &str, why: &str) -> Self {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} \"{name}\": {why}", ri.qualified()),
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                ri.qualified()
+            ),
         )
         .with_details(ri, name)
     }
@@ -77,7 +88,12 @@ impl ApiError {
         let mut e = Self::new(
             422,
             "Invalid",
-            format!("{}.{} \"{name}\" is invalid: {}", ri.kind, ri.group, errs.join(", ")),
+            format!(
+                "{}.{} \"{name}\" is invalid: {}",
+                ri.kind,
+                ri.group,
+                errs.join(", ")
+            ),
         )
         .with_details(ri, name);
         if let Some(d) = e.details.as_mut() {
@@ -94,7 +110,12 @@ impl ApiError {
     pub fn apply_conflict(conflicts: &[(String, ssa::FieldPath)], api_version: &str) -> Self {
         let lines: Vec<String> = conflicts
             .iter()
-            .map(|(m, p)| format!("conflict with \"{m}\" using {api_version}: {}", ssa::render_path(p)))
+            .map(|(m, p)| {
+                format!(
+                    "conflict with \"{m}\" using {api_version}: {}",
+                    ssa::render_path(p)
+                )
+            })
             .collect();
         let causes: Vec<Value> = conflicts
             .iter()
@@ -147,7 +168,14 @@ pub struct ResourceInfo {
 }
 
 impl ResourceInfo {
-    fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool, has_status: bool) -> Self {
+    fn builtin(
+        group: &str,
+        version: &str,
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        has_status: bool,
+    ) -> Self {
         Self {
             group: group.into(),
             version: version.into(),
@@ -195,8 +223,22 @@ fn builtin_resources() -> Vec<ResourceInfo> {
         ResourceInfo::builtin("", "v1", "nodes", "Node", false, true),
         ResourceInfo::builtin("", "v1", "pods", "Pod", true, true),
         ResourceInfo::builtin("", "v1", "events", "Event", true, false),
-        ResourceInfo::builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, true),
-        ResourceInfo::builtin("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", false, true),
+        ResourceInfo::builtin(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            true,
+        ),
+        ResourceInfo::builtin(
+            "storage.k8s.io",
+            "v1",
+            "volumeattachments",
+            "VolumeAttachment",
+            false,
+            true,
+        ),
         ResourceInfo::builtin("events.k8s.io", "v1", "events", "Event", true, false),
         ResourceInfo::builtin("coordination.k8s.io", "v1", "leases", "Lease", true, false),
         ResourceInfo::builtin(
@@ -259,6 +301,26 @@ struct Inner {
     oldest_rv: u64,
     counter: u64,
     compactions: u64,
+}
+
+impl Inner {
+    /// Objects of one resource (optionally one namespace), by key range instead of a full scan.
+    fn scan<'a>(
+        &'a self,
+        group: &'a str,
+        plural: &'a str,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjKey, &'a Stored)> + 'a {
+        let start = ObjKey {
+            group: group.to_string(),
+            plural: plural.to_string(),
+            namespace: ns.unwrap_or_default().to_string(),
+            name: String::new(),
+        };
+        self.objects.range(start..).take_while(move |(k, _)| {
+            k.group == group && k.plural == plural && ns.is_none_or(|n| k.namespace == n)
+        })
+    }
 }
 
 /// Wall-clock timestamps derived from tokio's clock, so paused time moves them consistently.
@@ -353,7 +415,9 @@ pub struct Store {
 }
 
 fn meta<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
-    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str)
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
 }
 
 fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
@@ -369,12 +433,19 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn pod_phase(pod: &Value) -> &str {
-    pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("")
+    pod.pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 fn is_terminal(pod: &Value) -> bool {
@@ -389,7 +460,10 @@ pub fn pod_is_healthy(pod: &Value) -> bool {
     let ready = pod
         .pointer("/status/conditions")
         .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| c.get("type").and_then(Value::as_str) == Some("Ready")));
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+        });
     ready.is_none_or(|c| c.get("status").and_then(Value::as_str) == Some("True"))
 }
 
@@ -444,7 +518,9 @@ impl Store {
             },
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-            let _ = store.insert_fixture(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+            let _ = store.insert_fixture(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            );
         }
         store
     }
@@ -495,7 +571,12 @@ impl Store {
         self.lock().resources.clone()
     }
 
-    pub fn find_resource(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceInfo>> {
+    pub fn find_resource(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Option<Arc<ResourceInfo>> {
         self.lock()
             .resources
             .iter()
@@ -516,7 +597,11 @@ impl Store {
         ObjKey {
             group: ri.group.clone(),
             plural: ri.plural.clone(),
-            namespace: if ri.namespaced { ns.to_string() } else { String::new() },
+            namespace: if ri.namespaced {
+                ns.to_string()
+            } else {
+                String::new()
+            },
             name: name.to_string(),
         }
     }
@@ -546,8 +631,7 @@ impl Store {
     pub fn list(&self, filter: &Filter) -> (Vec<Value>, u64) {
         let g = self.lock();
         let items = g
-            .objects
-            .iter()
+            .scan(&filter.group, &filter.plural, filter.namespace.as_deref())
             .filter(|(k, s)| filter.matches_key(k) && filter.matches(&s.obj))
             .map(|(_, s)| s.obj.clone())
             .collect();
@@ -571,7 +655,11 @@ impl Store {
         }
         let mut out = Vec::new();
         let first = g.history.partition_point(|e| e.rv <= rv);
-        for e in g.history.range(first..).filter(|e| filter.matches_key(&e.key)) {
+        for e in g
+            .history
+            .range(first..)
+            .filter(|e| filter.matches_key(&e.key))
+        {
             let now = e.kind != EventType::Deleted && filter.matches(&e.object);
             let before = match (&e.kind, &e.old) {
                 (EventType::Deleted, _) => filter.matches(&e.object),
@@ -591,7 +679,13 @@ impl Store {
 
     // ---------------------------------------------------------------- writes
 
-    fn commit(&self, g: &mut Inner, key: ObjKey, new: Option<Value>, managed: Vec<ManagerEntry>) -> Option<Value> {
+    fn commit(
+        &self,
+        g: &mut Inner,
+        key: ObjKey,
+        new: Option<Value>,
+        managed: Vec<ManagerEntry>,
+    ) -> Option<Value> {
         g.rv += 1;
         let rv = g.rv;
         let old = g.objects.remove(&key).map(|s| s.obj);
@@ -610,7 +704,14 @@ impl Store {
                         managed,
                     },
                 );
-                (if old.is_some() { EventType::Modified } else { EventType::Added }, obj)
+                (
+                    if old.is_some() {
+                        EventType::Modified
+                    } else {
+                        EventType::Added
+                    },
+                    obj,
+                )
             }
             None => {
                 let mut obj = old.clone().unwrap_or_else(|| json!({}));
@@ -640,7 +741,15 @@ impl Store {
             }
         }
         if key.group == "apiextensions.k8s.io" && key.plural == "customresourcedefinitions" {
-            self.crd_changed(g, &key.name, if kind == EventType::Deleted { None } else { Some(&object) });
+            self.crd_changed(
+                g,
+                &key.name,
+                if kind == EventType::Deleted {
+                    None
+                } else {
+                    Some(&object)
+                },
+            );
         }
         let pdb_relevant = (key.group.is_empty() && key.plural == "pods")
             || (key.group == "policy" && key.plural == "poddisruptionbudgets");
@@ -658,7 +767,9 @@ impl Store {
     fn crd_changed(&self, g: &mut Inner, crd_name: &str, crd: Option<&Value>) {
         g.resources.retain(|r| r.crd.as_deref() != Some(crd_name));
         let Some(crd) = crd else {
-            let group_plural = crd_name.split_once('.').map(|(p, g)| (g.to_string(), p.to_string()));
+            let group_plural = crd_name
+                .split_once('.')
+                .map(|(p, g)| (g.to_string(), p.to_string()));
             if let Some((group, plural)) = group_plural {
                 let keys: Vec<ObjKey> = g
                     .objects
@@ -676,19 +787,38 @@ impl Store {
             return;
         }
         let spec = &crd["spec"];
-        let s = |p: &str| spec.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+        let s = |p: &str| {
+            spec.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
         let short_names: Vec<String> = spec
             .pointer("/names/shortNames")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect()
+            })
             .unwrap_or_default();
-        for v in spec.get("versions").and_then(Value::as_array).into_iter().flatten() {
+        for v in spec
+            .get("versions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if v.get("served").and_then(Value::as_bool) == Some(false) {
                 continue;
             }
             g.resources.push(Arc::new(ResourceInfo {
                 group: s("/group"),
-                version: v.get("name").and_then(Value::as_str).unwrap_or_default().into(),
+                version: v
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .into(),
                 plural: s("/names/plural"),
                 singular: {
                     let sg = s("/names/singular");
@@ -711,18 +841,16 @@ impl Store {
     /// The disruption controller, run synchronously after every pod or PDB write.
     fn recompute_pdbs(&self, g: &mut Inner, ns: &str) {
         let pdb_keys: Vec<ObjKey> = g
-            .objects
-            .keys()
-            .filter(|k| k.group == "policy" && k.plural == "poddisruptionbudgets" && k.namespace == ns)
-            .cloned()
+            .scan("policy", "poddisruptionbudgets", Some(ns))
+            .map(|(k, _)| k.clone())
             .collect();
         for key in pdb_keys {
-            let Some(stored) = g.objects.get(&key) else { continue };
+            let Some(stored) = g.objects.get(&key) else {
+                continue;
+            };
             let pdb = stored.obj.clone();
             let pods: Vec<&Value> = g
-                .objects
-                .iter()
-                .filter(|(k, _)| k.group.is_empty() && k.plural == "pods" && k.namespace == ns)
+                .scan("", "pods", Some(ns))
                 .map(|(_, s)| &s.obj)
                 .filter(|p| label_selector_object_matches(pdb.pointer("/spec/selector"), p))
                 .collect();
@@ -733,7 +861,8 @@ impl Store {
                 .unwrap_or_default();
             disrupted.retain(|name, _| {
                 pods.iter().any(|p| {
-                    meta(p, "name") == Some(name.as_str()) && p.pointer("/metadata/deletionTimestamp").is_none()
+                    meta(p, "name") == Some(name.as_str())
+                        && p.pointer("/metadata/deletionTimestamp").is_none()
                 })
             });
             let healthy = pods
@@ -773,7 +902,11 @@ impl Store {
             if status != old_status {
                 let mut new = pdb.clone();
                 new["status"] = status;
-                let managed = g.objects.get(&key).map(|s| s.managed.clone()).unwrap_or_default();
+                let managed = g
+                    .objects
+                    .get(&key)
+                    .map(|s| s.managed.clone())
+                    .unwrap_or_default();
                 self.commit_raw(g, key, new, managed);
             }
         }
@@ -784,8 +917,21 @@ impl Store {
         g.rv += 1;
         let rv = g.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), rv.to_string().into());
-        let old = g.objects.insert(key.clone(), Stored { obj: obj.clone(), managed }).map(|s| s.obj);
-        let typed = match g.resources.iter().find(|r| r.group == key.group && r.plural == key.plural) {
+        let old = g
+            .objects
+            .insert(
+                key.clone(),
+                Stored {
+                    obj: obj.clone(),
+                    managed,
+                },
+            )
+            .map(|s| s.obj);
+        let typed = match g
+            .resources
+            .iter()
+            .find(|r| r.group == key.group && r.plural == key.plural)
+        {
             Some(ri) => with_type(ri, &obj),
             None => obj,
         };
@@ -820,9 +966,17 @@ impl Store {
     }
 
     /// POST: create with the registry's create-time rules.
-    pub fn create(&self, ri: &ResourceInfo, ns: &str, mut obj: Value, manager: &str) -> Result<Value, ApiError> {
+    pub fn create(
+        &self,
+        ri: &ResourceInfo,
+        ns: &str,
+        mut obj: Value,
+        manager: &str,
+    ) -> Result<Value, ApiError> {
         if !obj.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be an object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be an object",
+            ));
         }
         let mut g = self.lock();
         if ri.namespaced {
@@ -862,7 +1016,14 @@ impl Store {
                     format!("{prefix}{}", suffix(id))
                 }
                 None => {
-                    return Err(ApiError::invalid(ri, "", &["metadata.name: Required value: name or generateName is required".into()]))
+                    return Err(ApiError::invalid(
+                        ri,
+                        "",
+                        &[
+                            "metadata.name: Required value: name or generateName is required"
+                                .into(),
+                        ],
+                    ))
                 }
             },
         };
@@ -872,7 +1033,11 @@ impl Store {
         }
         if meta(&obj, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
             // What etcd3 storage answers when a fetched object is re-created as-is.
-            return Err(ApiError::new(500, "InternalError", "resourceVersion should not be set on objects to be created"));
+            return Err(ApiError::new(
+                500,
+                "InternalError",
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
         let now = self.now_str();
         let id = Self::next_id(&mut g);
@@ -887,7 +1052,12 @@ impl Store {
             m.insert("uid".into(), uid(id).into());
             m.insert("creationTimestamp".into(), now.clone().into());
             m.insert("generation".into(), 1.into());
-            for f in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"] {
+            for f in [
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "resourceVersion",
+                "managedFields",
+            ] {
                 m.remove(f);
             }
         }
@@ -896,7 +1066,17 @@ impl Store {
         prepare_create(ri, &mut obj);
         Self::validate_cr(ri, &name, &mut obj)?;
         let mut managed = Vec::new();
-        ssa::track_update(None, &obj, &mut managed, manager, "", &ri.api_version(), ri.has_status, &now, &ri.shape());
+        ssa::track_update(
+            None,
+            &obj,
+            &mut managed,
+            manager,
+            "",
+            &ri.api_version(),
+            ri.has_status,
+            &now,
+            &ri.shape(),
+        );
         let out = self.commit(&mut g, key, Some(obj), managed);
         Ok(with_type(ri, &out.unwrap_or_default()))
     }
@@ -904,11 +1084,19 @@ impl Store {
     /// Inserts an object as-is (status and a given metadata.uid kept; resourceVersion
     /// ignored), for fixtures and `simulate`.
     pub fn insert_fixture(&self, mut obj: Value) -> Result<Value, ApiError> {
-        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
-        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
-        let ri = self
-            .resource_for(&api_version, &kind)
-            .ok_or_else(|| ApiError::bad_request(format!("no resource serves {api_version} {kind}")))?;
+        let api_version = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let kind = obj
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let ri = self.resource_for(&api_version, &kind).ok_or_else(|| {
+            ApiError::bad_request(format!("no resource serves {api_version} {kind}"))
+        })?;
         let ns = meta(&obj, "namespace").unwrap_or("default").to_string();
         let status = obj.get("status").cloned().filter(|_| ri.has_status);
         let uid = meta(&obj, "uid").map(String::from);
@@ -959,7 +1147,14 @@ impl Store {
     }
 
     /// Removes an object at once (the kubelet's final delete with grace 0), honouring finalizers.
-    pub fn finish_deletion(&self, group: &str, plural: &str, ns: &str, name: &str, uid_pre: Option<&str>) -> bool {
+    pub fn finish_deletion(
+        &self,
+        group: &str,
+        plural: &str,
+        ns: &str,
+        name: &str,
+        uid_pre: Option<&str>,
+    ) -> bool {
         let mut g = self.lock();
         let key = ObjKey {
             group: group.into(),
@@ -967,7 +1162,9 @@ impl Store {
             namespace: ns.into(),
             name: name.into(),
         };
-        let Some(stored) = g.objects.get(&key) else { return false };
+        let Some(stored) = g.objects.get(&key) else {
+            return false;
+        };
         if uid_pre.is_some_and(|u| meta(&stored.obj, "uid") != Some(u)) {
             return false;
         }
@@ -1004,17 +1201,23 @@ impl Store {
         }
         let mut g = self.lock();
         let key = Self::key(ri, ns, name);
-        let stored = g.objects.get(&key).ok_or_else(|| ApiError::not_found(ri, name))?;
-        let current_rv = meta(&stored.obj, "resourceVersion").unwrap_or_default().to_string();
+        let stored = g
+            .objects
+            .get(&key)
+            .ok_or_else(|| ApiError::not_found(ri, name))?;
+        let current_rv = meta(&stored.obj, "resourceVersion")
+            .unwrap_or_default()
+            .to_string();
         match meta(&body, "resourceVersion").filter(|r| !r.is_empty()) {
             Some(rv) if rv != current_rv => return Err(ApiError::stale(ri, name)),
-            None if ri.crd.is_some() => {
-                return Err(ApiError::invalid(
-                    ri,
-                    name,
-                    &["metadata.resourceVersion: Invalid value: 0x0: must be specified for an update".into()],
-                ))
-            }
+            None if ri.crd.is_some() => return Err(ApiError::invalid(
+                ri,
+                name,
+                &[
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+                        .into(),
+                ],
+            )),
             _ => {}
         }
         let old = stored.obj.clone();
@@ -1036,7 +1239,10 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let mut g = self.lock();
         let key = Self::key(ri, ns, name);
-        let existing = g.objects.get(&key).map(|s| (s.obj.clone(), s.managed.clone()));
+        let existing = g
+            .objects
+            .get(&key)
+            .map(|s| (s.obj.clone(), s.managed.clone()));
         if let PatchKind::Apply { force } = kind {
             let Some(manager) = manager.filter(|m| !m.is_empty()) else {
                 return Err(ApiError::new(
@@ -1046,7 +1252,9 @@ impl Store {
                 ));
             };
             if meta(body, "name").is_some_and(|n| n != name) {
-                return Err(ApiError::bad_request("the name of the object does not match the name on the URL"));
+                return Err(ApiError::bad_request(
+                    "the name of the object does not match the name on the URL",
+                ));
             }
             let (live, mut managed) = match &existing {
                 Some((o, m)) => (o.clone(), m.clone()),
@@ -1079,7 +1287,8 @@ impl Store {
                         let mut m = managed;
                         ssa::prune(&mut m, &s.obj);
                         s.managed = m;
-                        meta_mut(&mut s.obj).insert("managedFields".into(), ssa::render(&s.managed));
+                        meta_mut(&mut s.obj)
+                            .insert("managedFields".into(), ssa::render(&s.managed));
                         return Ok(with_type(ri, &s.obj));
                     }
                     Ok(created)
@@ -1100,8 +1309,15 @@ impl Store {
             PatchKind::Json => {
                 let p: json_patch::Patch = serde_json::from_value(body.clone())
                     .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-                json_patch::patch(&mut patched, &p)
-                    .map_err(|e| ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}")))?;
+                json_patch::patch(&mut patched, &p).map_err(|e| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "the server rejected our request due to an error in our request: {e}"
+                        ),
+                    )
+                })?;
             }
             PatchKind::Merge => json_patch::merge(&mut patched, body),
             PatchKind::Strategic => {
@@ -1119,7 +1335,16 @@ impl Store {
         if meta(&patched, "resourceVersion") != meta(&old, "resourceVersion") {
             return Err(ApiError::stale(ri, name));
         }
-        self.finish_update(&mut g, ri, key, &old, patched, sub, managed, manager.or(Some("unknown")))
+        self.finish_update(
+            &mut g,
+            ri,
+            key,
+            &old,
+            patched,
+            sub,
+            managed,
+            manager.or(Some("unknown")),
+        )
     }
 
     /// The shared tail of PUT and PATCH: immutable metadata, subresource rules, finalizer
@@ -1138,7 +1363,9 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let name = key.name.clone();
         if !new.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be an object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be an object",
+            ));
         }
         if ri.has_status {
             if sub == "status" {
@@ -1166,7 +1393,16 @@ impl Store {
         {
             let old_meta = old.get("metadata").cloned().unwrap_or_default();
             let m = meta_mut(&mut new);
-            for f in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+            for f in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "resourceVersion",
+            ] {
                 match old_meta.get(f) {
                     Some(v) => m.insert(f.into(), v.clone()),
                     None => m.remove(f),
@@ -1186,13 +1422,33 @@ impl Store {
             }
         }
         Self::validate_cr(ri, &name, &mut new)?;
+        if ri.is_pod() && sub.is_empty() && mutable_pod_spec(old) != mutable_pod_spec(&new) {
+            return Err(ApiError::invalid(
+                ri,
+                &name,
+                &["spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds`".into()],
+            ));
+        }
         if content(&new, !ri.has_status) != content(old, !ri.has_status) {
-            let gen = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(1);
+            let gen = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
             meta_mut(&mut new).insert("generation".into(), (gen + 1).into());
         }
         let now = self.now_str();
         if let Some(m) = update_manager {
-            ssa::track_update(Some(old), &new, &mut managed, m, sub, &ri.api_version(), ri.has_status, &now, &ri.shape());
+            ssa::track_update(
+                Some(old),
+                &new,
+                &mut managed,
+                m,
+                sub,
+                &ri.api_version(),
+                ri.has_status,
+                &now,
+                &ri.shape(),
+            );
         } else {
             ssa::prune(&mut managed, &new);
         }
@@ -1204,17 +1460,27 @@ impl Store {
             }
             v
         };
-        let old_managed = g.objects.get(&key).map(|s| s.managed.clone()).unwrap_or_default();
+        let old_managed = g
+            .objects
+            .get(&key)
+            .map(|s| s.managed.clone())
+            .unwrap_or_default();
         let unchanged_fields = old_managed
             .iter()
             .map(|e| (&e.manager, e.operation, &e.subresource, &e.fields))
-            .eq(managed.iter().map(|e| (&e.manager, e.operation, &e.subresource, &e.fields)));
+            .eq(managed
+                .iter()
+                .map(|e| (&e.manager, e.operation, &e.subresource, &e.fields)));
         if strip(&new) == strip(old) && unchanged_fields {
             return Ok(with_type(ri, old));
         }
         let deleting = new.pointer("/metadata/deletionTimestamp").is_some()
             && finalizers(&new).is_empty()
-            && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) == 0;
+            && new
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+                == 0;
         if deleting {
             let out = self.commit(g, key, None, Vec::new());
             return Ok(with_type(ri, &out.unwrap_or_default()));
@@ -1224,7 +1490,13 @@ impl Store {
     }
 
     /// DELETE. Returns the object (still present while graceful/finalizers) and whether it is gone.
-    pub fn delete(&self, ri: &ResourceInfo, ns: &str, name: &str, opts: &DeleteOpts) -> Result<(Value, bool), ApiError> {
+    pub fn delete(
+        &self,
+        ri: &ResourceInfo,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> Result<(Value, bool), ApiError> {
         let mut g = self.lock();
         self.delete_locked(&mut g, ri, ns, name, opts)
     }
@@ -1238,7 +1510,10 @@ impl Store {
         opts: &DeleteOpts,
     ) -> Result<(Value, bool), ApiError> {
         let key = Self::key(ri, ns, name);
-        let stored = g.objects.get(&key).ok_or_else(|| ApiError::not_found(ri, name))?;
+        let stored = g
+            .objects
+            .get(&key)
+            .ok_or_else(|| ApiError::not_found(ri, name))?;
         let obj = stored.obj.clone();
         let managed = stored.managed.clone();
         if let Some(u) = &opts.uid {
@@ -1265,14 +1540,24 @@ impl Store {
         if ri.is_pod() {
             grace = opts
                 .grace_period_seconds
-                .or_else(|| obj.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64))
+                .or_else(|| {
+                    obj.pointer("/spec/terminationGracePeriodSeconds")
+                        .and_then(Value::as_i64)
+                })
                 .unwrap_or(30)
                 .max(0);
-            let unscheduled = obj.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or_default().is_empty();
+            let unscheduled = obj
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .is_empty();
             if unscheduled || is_terminal(&obj) {
                 grace = 0;
             }
-            if let Some(existing) = obj.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64) {
+            if let Some(existing) = obj
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+            {
                 if grace >= existing && existing > 0 {
                     // A repeated delete may only shorten the grace period.
                     return Ok((with_type(ri, &obj), false));
@@ -1289,7 +1574,10 @@ impl Store {
         {
             let m = meta_mut(&mut new);
             if grace > 0 {
-                m.insert("deletionTimestamp".into(), fmt_time(now + chrono::Duration::seconds(grace)).into());
+                m.insert(
+                    "deletionTimestamp".into(),
+                    fmt_time(now + chrono::Duration::seconds(grace)).into(),
+                );
             } else {
                 m.entry("deletionTimestamp").or_insert(fmt_time(now).into());
             }
@@ -1303,7 +1591,12 @@ impl Store {
     }
 
     /// DELETE on a collection.
-    pub fn delete_collection(&self, ri: &ResourceInfo, filter: &Filter, opts: &DeleteOpts) -> Result<Vec<Value>, ApiError> {
+    pub fn delete_collection(
+        &self,
+        ri: &ResourceInfo,
+        filter: &Filter,
+        opts: &DeleteOpts,
+    ) -> Result<Vec<Value>, ApiError> {
         let (items, _) = self.list(filter);
         let mut g = self.lock();
         let mut out = Vec::new();
@@ -1325,7 +1618,9 @@ impl Store {
             .find_resource("", "v1", "pods")
             .ok_or_else(|| ApiError::new(500, "InternalError", "pods not served"))?;
         if meta(eviction, "name").is_some_and(|n| n != name) {
-            return Err(ApiError::bad_request("name in URL does not match name in Eviction object"));
+            return Err(ApiError::bad_request(
+                "name in URL does not match name in Eviction object",
+            ));
         }
         let opts = eviction
             .get("deleteOptions")
@@ -1333,7 +1628,11 @@ impl Store {
             .unwrap_or_default();
         let mut g = self.lock();
         let key = Self::key(&pods, ns, name);
-        let pod = g.objects.get(&key).map(|s| s.obj.clone()).ok_or_else(|| ApiError::not_found(&pods, name))?;
+        let pod = g
+            .objects
+            .get(&key)
+            .map(|s| s.obj.clone())
+            .ok_or_else(|| ApiError::not_found(&pods, name))?;
         if let Some(u) = &opts.uid {
             let actual = meta(&pod, "uid").unwrap_or_default();
             if u != actual {
@@ -1349,10 +1648,10 @@ impl Store {
             || pod.pointer("/metadata/deletionTimestamp").is_some();
         if !can_ignore_pdb {
             let pdbs: Vec<(ObjKey, Value)> = g
-                .objects
-                .iter()
-                .filter(|(k, _)| k.group == "policy" && k.plural == "poddisruptionbudgets" && k.namespace == ns)
-                .filter(|(_, s)| label_selector_object_matches(s.obj.pointer("/spec/selector"), &pod))
+                .scan("policy", "poddisruptionbudgets", Some(ns))
+                .filter(|(_, s)| {
+                    label_selector_object_matches(s.obj.pointer("/spec/selector"), &pod)
+                })
                 .map(|(k, s)| (k.clone(), s.obj.clone()))
                 .collect();
             if pdbs.len() > 1 {
@@ -1363,15 +1662,27 @@ impl Store {
                 ));
             }
             if let Some((pdb_key, pdb)) = pdbs.into_iter().next() {
-                let st = |f: &str| pdb.pointer(&format!("/status/{f}")).and_then(Value::as_i64).unwrap_or(0);
+                let st = |f: &str| {
+                    pdb.pointer(&format!("/status/{f}"))
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0)
+                };
                 let pdb_name = meta(&pdb, "name").unwrap_or_default().to_string();
                 let unhealthy_ok = !pod_is_healthy(&pod)
-                    && (pdb.pointer("/spec/unhealthyPodEvictionPolicy").and_then(Value::as_str) == Some("AlwaysAllow")
-                        || (st("currentHealthy") >= st("desiredHealthy") && st("desiredHealthy") > 0));
+                    && (pdb
+                        .pointer("/spec/unhealthyPodEvictionPolicy")
+                        .and_then(Value::as_str)
+                        == Some("AlwaysAllow")
+                        || (st("currentHealthy") >= st("desiredHealthy")
+                            && st("desiredHealthy") > 0));
                 if !unhealthy_ok {
                     let allowed = st("disruptionsAllowed");
                     if allowed < 0 {
-                        return Err(ApiError::new(403, "Forbidden", "pdb disruptions allowed is negative"));
+                        return Err(ApiError::new(
+                            403,
+                            "Forbidden",
+                            "pdb disruptions allowed is negative",
+                        ));
                     }
                     if allowed == 0 {
                         let mut e = ApiError::new(
@@ -1392,17 +1703,41 @@ impl Store {
                         new_pdb["status"]["disruptedPods"] = json!({});
                     }
                     new_pdb["status"]["disruptedPods"][name] = fmt_time(self.now()).into();
-                    let managed = g.objects.get(&pdb_key).map(|s| s.managed.clone()).unwrap_or_default();
+                    let managed = g
+                        .objects
+                        .get(&pdb_key)
+                        .map(|s| s.managed.clone())
+                        .unwrap_or_default();
                     self.commit_raw(&mut g, pdb_key, new_pdb, managed);
                 }
             }
         }
-        let del = DeleteOpts {
-            uid: None,
-            ..opts
-        };
-        self.delete_locked(&mut g, &pods, ns, name, &del).map(|_| ())
+        let del = DeleteOpts { uid: None, ..opts };
+        self.delete_locked(&mut g, &pods, ns, name, &del)
+            .map(|_| ())
     }
+}
+
+/// A pod spec without the fields an update may change, for the immutability check.
+fn mutable_pod_spec(pod: &Value) -> Value {
+    let mut spec = pod.get("spec").cloned().unwrap_or_else(|| json!({}));
+    if let Some(o) = spec.as_object_mut() {
+        for f in [
+            "activeDeadlineSeconds",
+            "tolerations",
+            "terminationGracePeriodSeconds",
+        ] {
+            o.remove(f);
+        }
+        for list in ["containers", "initContainers"] {
+            if let Some(cs) = o.get_mut(list).and_then(Value::as_array_mut) {
+                for c in cs.iter_mut().filter_map(Value::as_object_mut) {
+                    c.remove("image");
+                }
+            }
+        }
+    }
+    spec
 }
 
 /// Type metadata on every object the server returns (the store keeps it too).
@@ -1442,7 +1777,11 @@ fn prepare_create(ri: &ResourceInfo, obj: &mut Value) {
             o.insert("status".into(), json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}));
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
-            let names = o.get("spec").and_then(|s| s.get("names")).cloned().unwrap_or(json!({}));
+            let names = o
+                .get("spec")
+                .and_then(|s| s.get("names"))
+                .cloned()
+                .unwrap_or(json!({}));
             o.insert(
                 "status".into(),
                 json!({"acceptedNames": names, "storedVersions": [], "conditions": [

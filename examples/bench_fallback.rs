@@ -1,0 +1,243 @@
+//! The offline fallback on a real containerd: 100 containers in 3 bands with short graces.
+//!
+//!     cargo run --example bench_fallback          (as root; containerd, runc, busybox-static)
+//!
+//! Prints the time from the fallback decision to the first StopContainer and the total time
+//! minus the ideal (the sum over bands of the slowest container's own exit time), and splits
+//! that overhead into what the runtime spent reporting exits and what is left for nodegrace.
+
+#[path = "../tests/real/harness.rs"]
+mod harness;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use harness::{bands, cached, script, Containerd, OnTerm, PodSpec};
+use nodegrace::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
+use nodegrace::fallback::{Fallback, FallbackOptions, PodOutcome};
+use nodegrace::state::PodCache;
+
+/// The real client, noting when the first StopContainer went out.
+struct Timed<R> {
+    inner: R,
+    first_stop: Mutex<Option<Instant>>,
+}
+
+#[async_trait]
+impl<R: Runtime> Runtime for Timed<R> {
+    fn endpoint(&self) -> &str {
+        self.inner.endpoint()
+    }
+    async fn version(&self) -> Result<RuntimeVersion, CriError> {
+        self.inner.version().await
+    }
+    async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandbox>, CriError> {
+        self.inner.list_pod_sandboxes().await
+    }
+    async fn list_containers(&self, sandbox_id: Option<&str>) -> Result<Vec<Container>, CriError> {
+        self.inner.list_containers(sandbox_id).await
+    }
+    async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
+        self.first_stop
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Instant::now);
+        self.inner.stop_container(id, grace).await
+    }
+    async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        self.inner.stop_pod_sandbox(id).await
+    }
+}
+
+/// (priority, band grace s) and, per band, pods of 4 containers.
+const BANDS: [(i32, f64, usize); 3] = [(0, 2.0, 9), (10_000, 2.0, 8), (2_000_000_000, 2.0, 8)];
+/// What the 4 containers of a pod do on SIGTERM.
+const EXIT_DELAYS: [f64; 4] = [0.0, 0.2, 0.4, 0.6];
+/// One pod per band ignores SIGTERM with a 1 s grace of its own: killed after 1 s.
+const KILLED_AFTER: f64 = 1.0;
+
+fn main() {
+    harness::require();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(bench());
+}
+
+async fn bench() {
+    let ctd = Containerd::start();
+    let setup = Instant::now();
+    let mut cache = PodCache::default();
+    let mut marks = Vec::new();
+    let mut pod_no = 0;
+    for (band_no, &(priority, _, pods)) in BANDS.iter().enumerate() {
+        for k in 0..pods {
+            pod_no += 1;
+            let name = format!("b{band_no}-p{k}");
+            let uid = format!("uid-{name}");
+            let stubborn = k == 0;
+            let grace = if stubborn { KILLED_AFTER as i64 } else { 30 };
+            cache
+                .pods
+                .push(cached("bench", &name, &uid, priority, grace));
+            let containers = EXIT_DELAYS
+                .iter()
+                .enumerate()
+                .map(|(c, &d)| {
+                    let mark = format!("{name}-c{c}");
+                    let on_term = if stubborn && c == 0 {
+                        OnTerm::Ignore
+                    } else {
+                        OnTerm::ExitAfter(d)
+                    };
+                    marks.push(mark.clone());
+                    (format!("c{c}"), script(&mark, on_term))
+                })
+                .collect();
+            ctd.run_pod(&PodSpec {
+                namespace: "bench".into(),
+                name,
+                uid,
+                containers,
+            })
+            .await;
+        }
+    }
+    ctd.wait_started(&marks).await;
+    println!(
+        "setup: {} pods, {} containers started in {:.1?} ({} snapshotter)",
+        pod_no,
+        marks.len(),
+        setup.elapsed(),
+        ctd.snapshotter
+    );
+
+    let runtime = Arc::new(Timed {
+        inner: ctd.client(),
+        first_stop: Mutex::new(None),
+    });
+    let fallback = Fallback::new(
+        runtime.clone(),
+        None,
+        None,
+        FallbackOptions {
+            node: "bench".into(),
+            bands: bands(&BANDS.map(|(p, g, _)| (p, g))),
+            stop_kubelet: false,
+            kubelet_unit: String::new(),
+            kubelet_timeout: Duration::from_secs(5),
+            band_slack: Duration::from_secs(2),
+            list_retry: Duration::from_secs(1),
+            sandbox_wait: Duration::from_secs(10),
+        },
+    );
+    let decision_uptime = harness::host_uptime();
+    let decision_wall = chrono::Utc::now();
+    let decision = Instant::now();
+    let report = fallback.run(&cache).await;
+    let total = decision.elapsed();
+    let first_stop = runtime
+        .first_stop
+        .lock()
+        .unwrap()
+        .expect("no StopContainer was sent")
+        - decision;
+
+    // A loaded machine can push a band past its time (grace + slack): such pods are
+    // reported, and the figures below are then not clean.
+    for p in report
+        .pods
+        .iter()
+        .filter(|p| p.outcome != PodOutcome::Stopped)
+    {
+        println!("NOT CLEAN: {} {:?} {:?}", p.name, p.outcome, p.errors);
+    }
+    for e in &report.errors {
+        println!("NOT CLEAN: {e}");
+    }
+    for m in marks
+        .iter()
+        .filter(|m| ctd.uptime_mark(&format!("{m}.term")).is_none())
+    {
+        println!("NOT CLEAN: {m} got no SIGTERM");
+    }
+
+    // Per band: when the runtime had delivered every SIGTERM, when the slowest container
+    // exited (its own time would be the ideal), and how long the runtime then took to answer
+    // StopContainer. What is left of total - ideal is nodegrace's (and the final sandbox wait).
+    let slowest_own = KILLED_AFTER.max(EXIT_DELAYS.iter().cloned().fold(0.0, f64::max));
+    let ideal = Duration::from_secs_f64(slowest_own * BANDS.len() as f64);
+    let (mut exit_late, mut reply_lag) = (Duration::ZERO, Duration::ZERO);
+    let mut client = ctd.client().raw();
+    for b in &report.bands {
+        let pods: Vec<_> = report
+            .pods
+            .iter()
+            .filter(|p| p.band == b.priority)
+            .collect();
+        let band_start_uptime = decision_uptime + b.started_after.as_secs_f64();
+        let band_start_ns =
+            decision_wall.timestamp_nanos_opt().unwrap() + b.started_after.as_nanos() as i64;
+        let last_term = pods
+            .iter()
+            .flat_map(|p| (0..EXIT_DELAYS.len()).map(move |c| format!("{}-c{c}.term", p.name)))
+            .filter_map(|m| ctd.uptime_mark(&m))
+            .fold(f64::MIN, f64::max);
+        let mut last_exit_ns = 0;
+        for id in pods.iter().flat_map(|p| p.containers.iter()) {
+            let st = client
+                .container_status(k8s_cri::v1::ContainerStatusRequest {
+                    container_id: id.clone(),
+                    verbose: false,
+                })
+                .await
+                .expect("ContainerStatus")
+                .into_inner()
+                .status
+                .expect("status");
+            last_exit_ns = last_exit_ns.max(st.finished_at);
+        }
+        let last_exit = Duration::from_nanos((last_exit_ns - band_start_ns).max(0) as u64);
+        let length = b.ended_after.unwrap() - b.started_after;
+        exit_late += last_exit.saturating_sub(Duration::from_secs_f64(slowest_own));
+        reply_lag += length.saturating_sub(last_exit);
+        println!(
+            "band {:>10}: {:>2} pods, {:>3} containers; every SIGTERM delivered after {:.2} s; last exit after {:.3?} (own {:.1} s); band ended after {:.3?}",
+            b.priority,
+            b.pods,
+            pods.iter().map(|p| p.containers.len()).sum::<usize>(),
+            last_term - band_start_uptime,
+            last_exit,
+            slowest_own,
+            length,
+        );
+    }
+    let overhead = total.saturating_sub(ideal);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average: {}", load.trim());
+    println!("decision -> first StopContainer: {first_stop:.3?}");
+    println!(
+        "total: {total:.3?}, ideal: {ideal:.3?}, total - ideal: {overhead:.3?} (target < 300 ms)"
+    );
+    println!(
+        "  runtime, signal delivery and kills (last exit - own time, summed): {exit_late:.3?}"
+    );
+    println!("  runtime, exit -> StopContainer reply (summed): {reply_lag:.3?}");
+    let last_band_end = report
+        .bands
+        .last()
+        .and_then(|b| b.ended_after)
+        .unwrap_or_default();
+    println!(
+        "  final wait for sandbox teardown after the last band: {:.3?}",
+        total.saturating_sub(last_band_end)
+    );
+    println!(
+        "  the rest (nodegrace: listing, between bands): {:.3?}",
+        overhead.saturating_sub(exit_late + reply_lag + total.saturating_sub(last_band_end))
+    );
+    ctd.remove_all_pods().await;
+}

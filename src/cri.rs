@@ -1,1 +1,0 @@
-//! TODO: see the issue that owns this module.

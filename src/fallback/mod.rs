@@ -1,0 +1,716 @@
+//! Offline fallback: drain the node locally through the CRI runtime with the kubelet's
+//! Graceful Node Shutdown semantics (`shutdownGracePeriodByPodPriority`), for when the
+//! apiserver cannot be reached.
+//!
+//! Pods are the runtime's sandboxes joined with the cached pod list; a pod goes to the highest
+//! band whose priority is at most its own (unknown pods to the lowest); bands run in ascending
+//! priority; a pod's grace is min(band grace, its terminationGracePeriodSeconds).
+//!
+//! When a band ends: when the containers of all its pods have stopped (the workload is
+//! gone; the sandboxes, i.e. pause containers and network, are torn down while the next band
+//! already runs), or when its time is up. Every container is stopped with
+//! `StopContainer(timeout = grace)`, so the runtime itself sends SIGKILL once the grace ends
+//! and a container can never outlive the band's grace because of its own, longer one. The
+//! band's time is therefore `band grace + band_slack` from its start, the slack covering the
+//! kill and its reaping. A pod whose containers are still not confirmed stopped then means
+//! the runtime is stuck: it is reported as timed out and the next band starts, while the
+//! stuck calls keep running beside it (as the kubelet's do) until the whole run ends.
+//!
+//! Grace periods are used as configured: unlike the kubelet's killContainer, no 2 s floor
+//! is applied, so a band or pod grace of 0 means SIGKILL at once.
+//!
+//! Cancel safety: everything runs inside the future returned by [`Fallback::run`]; dropping
+//! it drops every outstanding call. Progress is kept in a shared report so that
+//! [`Fallback::report`] shows what was done even after the future was dropped.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use futures::stream::{FuturesUnordered, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tracing::{info, warn, Instrument};
+
+use crate::config::{PriorityGracePeriod, Settings};
+use crate::cri::{Container, ContainerState, PodSandbox, Runtime, SandboxState};
+use crate::plan::{GnsBands, PodInfo, PodType};
+use crate::state::PodCache;
+use crate::staticpods::{StaticManifest, StaticPodGate};
+
+/// Stops and starts the kubelet's systemd unit; the systemd adapter implements it.
+#[async_trait]
+pub trait KubeletControl: Send + Sync + 'static {
+    /// Stops `unit` and returns once it is stopped.
+    async fn stop(&self, unit: &str) -> anyhow::Result<()>;
+    async fn start(&self, unit: &str) -> anyhow::Result<()>;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FallbackOptions {
+    /// The node's name: static pods' mirror names are `<manifest name>-<node>`.
+    pub node: String,
+    /// `shutdown_grace_period_by_pod_priority`; any order.
+    pub bands: Vec<PriorityGracePeriod>,
+    pub stop_kubelet: bool,
+    pub kubelet_unit: String,
+    /// Longest wait for the kubelet unit to stop or start.
+    pub kubelet_timeout: Duration,
+    /// Time after a band's grace for kills and sandbox teardown before the next band starts.
+    pub band_slack: Duration,
+    /// Listing pods is retried this long while the runtime is unreachable.
+    pub list_retry: Duration,
+    /// After the last band, how long sandboxes still being torn down are waited for.
+    pub sandbox_wait: Duration,
+}
+
+impl FallbackOptions {
+    pub fn from_settings(settings: &Settings, node: &str) -> Self {
+        let f = &settings.fallback;
+        FallbackOptions {
+            node: node.to_string(),
+            bands: f.shutdown_grace_period_by_pod_priority.clone(),
+            stop_kubelet: f.stop_kubelet,
+            kubelet_unit: f.kubelet_unit.clone(),
+            kubelet_timeout: Duration::from_secs(20),
+            band_slack: Duration::from_secs(2),
+            list_retry: Duration::from_secs(2),
+            sandbox_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How a pod was terminated. Only the CRI today; kept explicit for the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    Cri,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PodOutcome {
+    /// Its band has not started (or the run was dropped before it did).
+    Pending,
+    /// Its band started; stop calls are outstanding.
+    Stopping,
+    /// Every container and the sandbox stopped.
+    Stopped,
+    /// A static pod with nothing running: only its manifest was gated.
+    Gated,
+    /// Finished, but some call failed (see `errors`).
+    Failed,
+    /// Its band's time ran out before the runtime confirmed the stop.
+    TimedOut,
+}
+
+/// What the fallback did to one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodReport {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// None when the pod cache did not know the pod.
+    pub priority: Option<i32>,
+    pub pod_type: Option<PodType>,
+    /// The band's `priority` value.
+    pub band: i32,
+    pub grace: Duration,
+    pub method: Method,
+    pub sandbox_id: Option<String>,
+    pub containers: Vec<String>,
+    /// Manifest file gated for a static pod.
+    pub gated_manifest: Option<String>,
+    pub outcome: PodOutcome,
+    pub stop_started_at: Option<DateTime<Utc>>,
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// Offsets from the start of the run on tokio's clock (what tests and benchmarks read).
+    pub stop_started_after: Option<Duration>,
+    /// Every container stopped: the pod's workload is gone and its band may end.
+    pub containers_stopped_after: Option<Duration>,
+    /// The sandbox stopped too.
+    pub stopped_after: Option<Duration>,
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BandReport {
+    pub priority: i32,
+    pub grace: Duration,
+    pub pods: usize,
+    pub started_after: Duration,
+    pub ended_after: Option<Duration>,
+    /// The band ended because its time was up, not because its pods were gone.
+    pub timed_out: bool,
+}
+
+/// The record of a fallback run, for the NodeMaintenance once the apiserver is back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FallbackReport {
+    pub endpoint: String,
+    /// Runtime name and version, when it answered.
+    pub runtime: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The kubelet unit was (asked to be) stopped and not started again yet.
+    pub kubelet_stopped: bool,
+    pub bands: Vec<BandReport>,
+    pub pods: Vec<PodReport>,
+    /// Failures not tied to one pod (kubelet unit, listing, manifests).
+    pub errors: Vec<String>,
+}
+
+impl FallbackReport {
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodReport> {
+        self.pods
+            .iter()
+            .find(|p| p.namespace == namespace && p.name == name)
+    }
+}
+
+/// One thing to terminate: a running sandbox, or a static manifest with no sandbox.
+#[derive(Debug, Clone)]
+struct Target {
+    namespace: String,
+    name: String,
+    uid: String,
+    priority: Option<i32>,
+    pod_type: Option<PodType>,
+    sandbox: Option<PodSandbox>,
+    containers: Vec<Container>,
+    manifest: Option<String>,
+    band: usize,
+    grace: Duration,
+}
+
+/// The local drain. Build one per shutdown; `run` it once.
+pub struct Fallback {
+    runtime: Arc<dyn Runtime>,
+    kubelet: Option<Arc<dyn KubeletControl>>,
+    gate: Option<Arc<dyn StaticPodGate>>,
+    opts: FallbackOptions,
+    gns: GnsBands,
+    report: Arc<Mutex<FallbackReport>>,
+}
+
+type StepFuture = Pin<Box<dyn Future<Output = Step> + Send>>;
+
+/// A pod's termination goes Waiting -> Containers -> Sandbox -> Done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Waiting,
+    Containers,
+    Sandbox,
+    Done,
+}
+
+enum Step {
+    Containers(usize, ContainersDone),
+    Sandbox(usize, Result<(), String>),
+}
+
+struct ContainersDone {
+    errors: Vec<String>,
+    /// The manifest file, when it was gated.
+    gated: Option<String>,
+}
+
+impl Fallback {
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        kubelet: Option<Arc<dyn KubeletControl>>,
+        gate: Option<Arc<dyn StaticPodGate>>,
+        opts: FallbackOptions,
+    ) -> Self {
+        let report = FallbackReport {
+            endpoint: runtime.endpoint().to_string(),
+            ..Default::default()
+        };
+        let gns = GnsBands::new(&opts.bands).unwrap_or_else(|err| {
+            tracing::error!(error = %err, "invalid fallback bands; every pod will be stopped at once");
+            GnsBands::immediate()
+        });
+        Fallback {
+            runtime,
+            kubelet,
+            gate,
+            opts,
+            gns,
+            report: Arc::new(Mutex::new(report)),
+        }
+    }
+
+    /// What has been done so far; complete once `run` returned, partial if it was dropped.
+    pub fn report(&self) -> FallbackReport {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FallbackReport> {
+        self.report.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn global_error(&self, msg: String) {
+        warn!(error = %msg, "offline fallback");
+        self.lock().errors.push(msg);
+    }
+
+    /// Starts the kubelet again if the fallback stopped it (shutdown cancelled, or the
+    /// apiserver is back and the cluster path takes over). Returns whether it did.
+    pub async fn restart_kubelet(&self) -> anyhow::Result<bool> {
+        let Some(kubelet) = &self.kubelet else {
+            return Ok(false);
+        };
+        if !self.lock().kubelet_stopped {
+            return Ok(false);
+        }
+        let unit = &self.opts.kubelet_unit;
+        match tokio::time::timeout(self.opts.kubelet_timeout, kubelet.start(unit)).await {
+            Ok(Ok(())) => {
+                info!(unit = %unit, "kubelet started again");
+                self.lock().kubelet_stopped = false;
+                Ok(true)
+            }
+            Ok(Err(e)) => Err(e.context(format!("starting {unit}"))),
+            Err(_) => anyhow::bail!(
+                "starting {unit}: no answer within {:?}",
+                self.opts.kubelet_timeout
+            ),
+        }
+    }
+
+    /// Drains the node locally. Never fails as a whole: every failure is in the report and
+    /// the rest goes on.
+    pub async fn run(&self, cache: &PodCache) -> FallbackReport {
+        let span = tracing::info_span!("offline_fallback", node = %self.opts.node);
+        self.run_bands(cache).instrument(span).await
+    }
+
+    async fn run_bands(&self, cache: &PodCache) -> FallbackReport {
+        let t0 = Instant::now();
+        self.lock().started_at = Some(Utc::now());
+        info!(endpoint = %self.runtime.endpoint(), "offline fallback: draining through the CRI runtime");
+
+        if self.opts.stop_kubelet {
+            self.stop_kubelet().await;
+        }
+
+        let targets = self.collect_targets(cache).await;
+        let sorted = self.gns.bands();
+        {
+            let mut r = self.lock();
+            r.pods = targets.iter().map(|t| pod_report(t, sorted)).collect();
+        }
+
+        let mut running: FuturesUnordered<StepFuture> = FuturesUnordered::new();
+        let mut progress = vec![Progress::Waiting; targets.len()];
+        for (band_idx, band) in sorted.iter().enumerate() {
+            let members: Vec<usize> = (0..targets.len())
+                .filter(|&i| targets[i].band == band_idx)
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            let band_start = Instant::now();
+            let report_idx = {
+                let mut r = self.lock();
+                r.bands.push(BandReport {
+                    priority: band.priority,
+                    grace: band.shutdown_grace_period,
+                    pods: members.len(),
+                    started_after: band_start - t0,
+                    ended_after: None,
+                    timed_out: false,
+                });
+                r.bands.len() - 1
+            };
+            info!(band = band.priority, pods = members.len(), grace = ?band.shutdown_grace_period, "band starts");
+            for &i in &members {
+                self.mark_stopping(i, t0);
+                progress[i] = Progress::Containers;
+                running.push(self.stop_containers(i, &targets[i]));
+            }
+            let deadline = band_start + band.shutdown_grace_period + self.opts.band_slack;
+            let mut timed_out = false;
+            while members.iter().any(|&i| progress[i] == Progress::Containers) {
+                tokio::select! {
+                    step = running.next() => match step {
+                        Some(step) => self.advance(step, &targets, &mut progress, &mut running, t0),
+                        None => break,
+                    },
+                    _ = tokio::time::sleep_until(deadline) => {
+                        timed_out = true;
+                        break;
+                    }
+                }
+            }
+            if timed_out {
+                let mut r = self.lock();
+                for &i in members
+                    .iter()
+                    .filter(|&&i| progress[i] == Progress::Containers)
+                {
+                    let p = &mut r.pods[i];
+                    warn!(pod = %format!("{}/{}", p.namespace, p.name), band = band.priority, "band time is up before the pod stopped");
+                    p.outcome = PodOutcome::TimedOut;
+                    p.errors.push(format!(
+                        "not stopped when band {} ended ({:?} grace + {:?} slack)",
+                        band.priority, band.shutdown_grace_period, self.opts.band_slack
+                    ));
+                }
+            }
+            let ended = Instant::now() - t0;
+            let mut r = self.lock();
+            r.bands[report_idx].ended_after = Some(ended);
+            r.bands[report_idx].timed_out = timed_out;
+            info!(band = band.priority, elapsed = ?ended, timed_out, "band ends");
+        }
+
+        // Sandboxes still being torn down; containers a stuck runtime never stopped are not
+        // waited for again.
+        let final_deadline = Instant::now() + self.opts.sandbox_wait;
+        while progress.contains(&Progress::Sandbox) {
+            tokio::select! {
+                step = running.next() => match step {
+                    Some(step) => self.advance(step, &targets, &mut progress, &mut running, t0),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(final_deadline) => {
+                    let mut r = self.lock();
+                    for (i, _) in progress.iter().enumerate().filter(|(_, p)| **p == Progress::Sandbox) {
+                        r.pods[i].errors.push(format!(
+                            "sandbox not stopped within {:?} after the last band",
+                            self.opts.sandbox_wait
+                        ));
+                        r.pods[i].outcome = PodOutcome::Failed;
+                    }
+                    break;
+                }
+            }
+        }
+
+        let mut r = self.lock();
+        r.finished_at = Some(Utc::now());
+        info!(pods = r.pods.len(), elapsed = ?(Instant::now() - t0), "offline fallback done");
+        r.clone()
+    }
+
+    async fn stop_kubelet(&self) {
+        let Some(kubelet) = &self.kubelet else {
+            self.global_error("stop_kubelet is set but no kubelet control was given".into());
+            return;
+        };
+        let unit = &self.opts.kubelet_unit;
+        // Recorded before the call: if this future is dropped mid-stop, a cancel still
+        // starts the unit again (starting a running unit is harmless).
+        self.lock().kubelet_stopped = true;
+        match tokio::time::timeout(self.opts.kubelet_timeout, kubelet.stop(unit)).await {
+            Ok(Ok(())) => info!(unit = %unit, "kubelet stopped"),
+            Ok(Err(e)) => self.global_error(format!("stopping {unit}: {e:#}")),
+            Err(_) => self.global_error(format!(
+                "stopping {unit}: no answer within {:?}; going on",
+                self.opts.kubelet_timeout
+            )),
+        }
+    }
+
+    /// Sandboxes and containers, retried briefly while the runtime is unreachable.
+    async fn list_runtime(&self) -> Option<(Vec<PodSandbox>, Vec<Container>)> {
+        let give_up = Instant::now() + self.opts.list_retry;
+        loop {
+            let (sandboxes, containers) = tokio::join!(
+                self.runtime.list_pod_sandboxes(),
+                self.runtime.list_containers(None)
+            );
+            match (sandboxes, containers) {
+                (Ok(s), Ok(c)) => return Some((s, c)),
+                (Err(e), _) | (_, Err(e)) => {
+                    if e.is_unreachable() && Instant::now() < give_up {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue;
+                    }
+                    self.global_error(format!("listing pods: {e}"));
+                    return None;
+                }
+            }
+        }
+    }
+
+    async fn active_manifests(&self) -> Vec<StaticManifest> {
+        let Some(gate) = self.gate.clone() else {
+            return Vec::new();
+        };
+        match tokio::task::spawn_blocking(move || gate.active()).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                self.global_error(format!("reading static pod manifests: {e:#}"));
+                Vec::new()
+            }
+            Err(e) => {
+                self.global_error(format!("reading static pod manifests: {e}"));
+                Vec::new()
+            }
+        }
+    }
+
+    async fn collect_targets(&self, cache: &PodCache) -> Vec<Target> {
+        let (listed, manifests, version) = tokio::join!(
+            self.list_runtime(),
+            self.active_manifests(),
+            self.runtime.version()
+        );
+        if let Ok(v) = version {
+            info!(runtime = %v.runtime_name, version = %v.runtime_version, "CRI runtime");
+            self.lock().runtime = Some(format!("{} {}", v.runtime_name, v.runtime_version));
+        }
+        let (sandboxes, containers) = listed.unwrap_or_default();
+        let gns = &self.gns;
+        let node = &self.opts.node;
+
+        let mut by_sandbox: HashMap<&str, Vec<Container>> = HashMap::new();
+        for c in &containers {
+            if c.state != ContainerState::Exited {
+                by_sandbox.entry(&c.sandbox_id).or_default().push(c.clone());
+            }
+        }
+        let mut used_manifests = vec![false; manifests.len()];
+        let mut targets = Vec::new();
+        for s in sandboxes {
+            let live = by_sandbox.remove(s.id.as_str()).unwrap_or_default();
+            if s.state == SandboxState::NotReady && live.is_empty() {
+                continue;
+            }
+            let pod = cached_pod(cache, &s);
+            let manifest = manifests
+                .iter()
+                .position(|m| m.namespace == s.namespace && mirror_name(m, node) == s.name);
+            if let Some(m) = manifest {
+                used_manifests[m] = true;
+            }
+            let priority = pod
+                .map(|p| p.priority)
+                .or_else(|| manifest.map(|m| manifests[m].priority));
+            let static_by_annotation = s
+                .annotations
+                .get(crate::cri::ANNOTATION_CONFIG_SOURCE)
+                .is_some_and(|v| v == "file");
+            let pod_type = pod
+                .map(|p| p.pod_type)
+                .or((manifest.is_some() || static_by_annotation).then_some(PodType::Static));
+            let band = priority.map_or(gns.band_for_unknown(), |p| gns.band_for(p));
+            let grace = gns.pod_grace(band, pod.map(PodInfo::grace_period));
+            targets.push(Target {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+                uid: s.uid.clone(),
+                priority,
+                pod_type,
+                manifest: manifest.map(|m| manifests[m].file_name.clone()),
+                sandbox: Some(s),
+                containers: live,
+                band,
+                grace,
+            });
+        }
+        for (m, used) in manifests.iter().zip(used_manifests) {
+            if !used {
+                let band = gns.band_for(m.priority);
+                targets.push(Target {
+                    namespace: m.namespace.clone(),
+                    name: mirror_name(m, node),
+                    uid: String::new(),
+                    priority: Some(m.priority),
+                    pod_type: Some(PodType::Static),
+                    sandbox: None,
+                    containers: Vec::new(),
+                    manifest: Some(m.file_name.clone()),
+                    band,
+                    grace: Duration::ZERO,
+                });
+            }
+        }
+        targets
+    }
+
+    fn mark_stopping(&self, i: usize, t0: Instant) {
+        let mut r = self.lock();
+        let p = &mut r.pods[i];
+        p.outcome = PodOutcome::Stopping;
+        p.stop_started_at = Some(Utc::now());
+        p.stop_started_after = Some(Instant::now() - t0);
+    }
+
+    fn advance(
+        &self,
+        step: Step,
+        targets: &[Target],
+        progress: &mut [Progress],
+        running: &mut FuturesUnordered<StepFuture>,
+        t0: Instant,
+    ) {
+        match step {
+            Step::Containers(i, done) => {
+                {
+                    let mut r = self.lock();
+                    let p = &mut r.pods[i];
+                    p.containers_stopped_after = Some(Instant::now() - t0);
+                    p.gated_manifest = done.gated;
+                    p.errors.extend(done.errors);
+                }
+                match &targets[i].sandbox {
+                    Some(s) => {
+                        progress[i] = Progress::Sandbox;
+                        running.push(self.stop_sandbox(i, s.id.clone()));
+                    }
+                    None => {
+                        progress[i] = Progress::Done;
+                        self.finish(i, false, t0);
+                    }
+                }
+            }
+            Step::Sandbox(i, result) => {
+                progress[i] = Progress::Done;
+                let stopped = match result {
+                    Ok(()) => true,
+                    Err(e) => {
+                        self.lock().pods[i].errors.push(e);
+                        false
+                    }
+                };
+                self.finish(i, stopped, t0);
+            }
+        }
+    }
+
+    fn finish(&self, i: usize, sandbox_stopped: bool, t0: Instant) {
+        let mut r = self.lock();
+        let p = &mut r.pods[i];
+        p.stopped_at = Some(Utc::now());
+        p.stopped_after = Some(Instant::now() - t0);
+        p.outcome = if p.outcome == PodOutcome::TimedOut {
+            PodOutcome::TimedOut
+        } else if !p.errors.is_empty() {
+            PodOutcome::Failed
+        } else if sandbox_stopped {
+            PodOutcome::Stopped
+        } else if p.gated_manifest.is_some() {
+            PodOutcome::Gated
+        } else {
+            PodOutcome::Failed
+        };
+        info!(pod = %format!("{}/{}", p.namespace, p.name), band = p.band, outcome = ?p.outcome, "pod done");
+    }
+
+    /// Gates the pod's manifest (static pods) and stops its containers concurrently, each
+    /// with the pod's grace.
+    fn stop_containers(&self, i: usize, t: &Target) -> StepFuture {
+        let runtime = self.runtime.clone();
+        let gate = self.gate.clone();
+        let pod = format!("{}/{}", t.namespace, t.name);
+        let manifest = t.manifest.clone();
+        let containers = t.containers.clone();
+        let grace = t.grace;
+        Box::pin(async move {
+            let gating = async {
+                match (gate, manifest) {
+                    (Some(gate), Some(file)) => {
+                        let name = file.clone();
+                        match tokio::task::spawn_blocking(move || gate.gate(&name)).await {
+                            Ok(Ok(())) => Ok(Some(file)),
+                            Ok(Err(e)) => Err(format!("gating manifest {file}: {e:#}")),
+                            Err(e) => Err(format!("gating manifest {file}: {e}")),
+                        }
+                    }
+                    _ => Ok(None),
+                }
+            };
+            let stops = futures::future::join_all(containers.iter().map(|c| {
+                let (runtime, pod) = (&runtime, &pod);
+                async move {
+                    match runtime.stop_container(&c.id, grace).await {
+                        Ok(()) => Ok(()),
+                        Err(e) if e.is_not_found() => Ok(()),
+                        Err(e) => {
+                            warn!(pod = %pod, container = %c.name, error = %e, "stopping container failed");
+                            Err(e.to_string())
+                        }
+                    }
+                }
+            }));
+            let (gated, stopped) = tokio::join!(gating, stops);
+            let mut errors = Vec::new();
+            let gated = gated.unwrap_or_else(|e| {
+                warn!(pod = %pod, error = %e, "static pod manifest stays in place");
+                errors.push(e);
+                None
+            });
+            errors.extend(stopped.into_iter().filter_map(Result::err));
+            Step::Containers(i, ContainersDone { errors, gated })
+        })
+    }
+
+    fn stop_sandbox(&self, i: usize, id: String) -> StepFuture {
+        let runtime = self.runtime.clone();
+        Box::pin(async move {
+            let result = match runtime.stop_pod_sandbox(&id).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => {
+                    warn!(sandbox = %id, error = %e, "stopping sandbox failed");
+                    Err(e.to_string())
+                }
+            };
+            Step::Sandbox(i, result)
+        })
+    }
+}
+
+fn mirror_name(m: &StaticManifest, node: &str) -> String {
+    crate::staticpods::mirror_pod_name(&m.pod_name, node)
+}
+
+/// The cached pod for a sandbox: by UID (a static pod's UID is its config hash), else by
+/// namespace/name.
+fn cached_pod<'a>(cache: &'a PodCache, s: &PodSandbox) -> Option<&'a PodInfo> {
+    let by_uid = cache.pods.iter().find(|p| {
+        !s.uid.is_empty() && (p.uid == s.uid || p.static_hash.as_deref() == Some(&s.uid))
+    });
+    by_uid.or_else(|| {
+        cache
+            .pods
+            .iter()
+            .find(|p| p.namespace == s.namespace && p.name == s.name)
+    })
+}
+
+fn pod_report(t: &Target, sorted: &[PriorityGracePeriod]) -> PodReport {
+    PodReport {
+        namespace: t.namespace.clone(),
+        name: t.name.clone(),
+        uid: t.uid.clone(),
+        priority: t.priority,
+        pod_type: t.pod_type,
+        band: sorted[t.band].priority,
+        grace: t.grace,
+        method: Method::Cri,
+        sandbox_id: t.sandbox.as_ref().map(|s| s.id.clone()),
+        containers: t.containers.iter().map(|c| c.id.clone()).collect(),
+        gated_manifest: None,
+        outcome: PodOutcome::Pending,
+        stop_started_at: None,
+        stopped_at: None,
+        stop_started_after: None,
+        containers_stopped_after: None,
+        stopped_after: None,
+        errors: Vec::new(),
+    }
+}

@@ -1,0 +1,601 @@
+//! The fallback against an in-memory runtime on tokio's paused clock.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::*;
+use crate::cri::{CriError, RuntimeVersion};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+#[derive(Debug, Clone, Copy)]
+enum Behaviour {
+    /// Traps SIGTERM and exits this long after it.
+    ExitsAfter(Duration),
+    /// Only SIGKILL ends it, at the end of its grace.
+    IgnoresTerm,
+    /// The runtime answers StopContainer with an error at once.
+    Errors,
+    /// The runtime never answers.
+    Hangs,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ev {
+    KubeletStop,
+    KubeletStart,
+    Gate(String),
+    StopRequested { container: String, grace: Duration },
+    ContainerStopped(String),
+    SandboxStopped(String),
+}
+
+type Log = Arc<Mutex<Vec<(Duration, Ev)>>>;
+
+struct Clock {
+    t0: Instant,
+    log: Log,
+}
+
+impl Clock {
+    fn push(&self, ev: Ev) {
+        self.log
+            .lock()
+            .unwrap()
+            .push((Instant::now() - self.t0, ev));
+    }
+}
+
+struct FakeRuntime {
+    clock: Arc<Clock>,
+    sandboxes: Vec<PodSandbox>,
+    containers: Vec<(Container, Behaviour)>,
+    unreachable: bool,
+    sandbox_delay: Duration,
+}
+
+fn unavailable(op: &'static str) -> CriError {
+    CriError::Call {
+        endpoint: "unix:///fake.sock".into(),
+        op,
+        id: None,
+        status_code: tonic::Code::Unavailable,
+        message: "connection refused".into(),
+    }
+}
+
+#[async_trait]
+impl Runtime for FakeRuntime {
+    fn endpoint(&self) -> &str {
+        "unix:///fake.sock"
+    }
+    async fn version(&self) -> Result<RuntimeVersion, CriError> {
+        Ok(RuntimeVersion {
+            runtime_name: "fake".into(),
+            runtime_version: "0".into(),
+            runtime_api_version: "v1".into(),
+        })
+    }
+    async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandbox>, CriError> {
+        if self.unreachable {
+            return Err(unavailable("ListPodSandbox"));
+        }
+        Ok(self.sandboxes.clone())
+    }
+    async fn list_containers(&self, sandbox_id: Option<&str>) -> Result<Vec<Container>, CriError> {
+        if self.unreachable {
+            return Err(unavailable("ListContainers"));
+        }
+        Ok(self
+            .containers
+            .iter()
+            .map(|(c, _)| c.clone())
+            .filter(|c| sandbox_id.is_none_or(|s| c.sandbox_id == s))
+            .collect())
+    }
+    async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
+        self.clock.push(Ev::StopRequested {
+            container: id.into(),
+            grace,
+        });
+        let behaviour = self
+            .containers
+            .iter()
+            .find(|(c, _)| c.id == id)
+            .map(|(_, b)| *b)
+            .unwrap();
+        match behaviour {
+            Behaviour::ExitsAfter(d) => tokio::time::sleep(d.min(grace)).await,
+            Behaviour::IgnoresTerm => tokio::time::sleep(grace).await,
+            Behaviour::Errors => {
+                return Err(CriError::Call {
+                    endpoint: "unix:///fake.sock".into(),
+                    op: "StopContainer",
+                    id: Some(id.into()),
+                    status_code: tonic::Code::Internal,
+                    message: "runc did not terminate successfully".into(),
+                })
+            }
+            Behaviour::Hangs => futures::future::pending::<()>().await,
+        }
+        self.clock.push(Ev::ContainerStopped(id.into()));
+        Ok(())
+    }
+    async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        tokio::time::sleep(self.sandbox_delay).await;
+        self.clock.push(Ev::SandboxStopped(id.into()));
+        Ok(())
+    }
+}
+
+struct FakeKubelet(Arc<Clock>);
+
+#[async_trait]
+impl KubeletControl for FakeKubelet {
+    async fn stop(&self, unit: &str) -> anyhow::Result<()> {
+        assert_eq!(unit, "kubelet.service");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.0.push(Ev::KubeletStop);
+        Ok(())
+    }
+    async fn start(&self, unit: &str) -> anyhow::Result<()> {
+        assert_eq!(unit, "kubelet.service");
+        self.0.push(Ev::KubeletStart);
+        Ok(())
+    }
+}
+
+struct FakeGate {
+    clock: Arc<Clock>,
+    active: Vec<StaticManifest>,
+}
+
+impl StaticPodGate for FakeGate {
+    fn recover(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn active(&self) -> anyhow::Result<Vec<StaticManifest>> {
+        Ok(self.active.clone())
+    }
+    fn gated(&self) -> anyhow::Result<Vec<StaticManifest>> {
+        Ok(Vec::new())
+    }
+    fn gate(&self, file_name: &str) -> anyhow::Result<()> {
+        if file_name == "broken.yaml" {
+            anyhow::bail!("read-only file system");
+        }
+        self.clock.push(Ev::Gate(file_name.into()));
+        Ok(())
+    }
+    fn restore_all(&self) -> anyhow::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+}
+
+/// A node: pods with their sandbox, containers and cache entry.
+struct Node {
+    clock: Arc<Clock>,
+    sandboxes: Vec<PodSandbox>,
+    containers: Vec<(Container, Behaviour)>,
+    cache: PodCache,
+    manifests: Vec<StaticManifest>,
+    sandbox_delay: Duration,
+}
+
+impl Node {
+    fn new() -> Self {
+        Node {
+            clock: Arc::new(Clock {
+                t0: Instant::now(),
+                log: Arc::default(),
+            }),
+            sandboxes: Vec::new(),
+            containers: Vec::new(),
+            cache: PodCache::default(),
+            manifests: Vec::new(),
+            sandbox_delay: Duration::ZERO,
+        }
+    }
+
+    /// A running pod `name` in namespace `ns`; `cached` = Some((priority, grace)) puts it in
+    /// the pod cache. Containers are `<name>-c<i>`.
+    fn pod(
+        &mut self,
+        ns: &str,
+        name: &str,
+        cached: Option<(i32, i64)>,
+        containers: &[Behaviour],
+    ) -> &mut Self {
+        let uid = format!("uid-{name}");
+        self.sandboxes.push(PodSandbox {
+            id: format!("sb-{name}"),
+            name: name.into(),
+            namespace: ns.into(),
+            uid: uid.clone(),
+            state: SandboxState::Ready,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+        });
+        for (i, b) in containers.iter().enumerate() {
+            self.containers.push((
+                Container {
+                    id: format!("{name}-c{i}"),
+                    sandbox_id: format!("sb-{name}"),
+                    name: format!("c{i}"),
+                    state: ContainerState::Running,
+                },
+                *b,
+            ));
+        }
+        if let Some((priority, grace)) = cached {
+            self.cache.pods.push(PodInfo {
+                namespace: ns.into(),
+                name: name.into(),
+                uid,
+                priority,
+                pod_type: PodType::Default,
+                termination_grace_period_seconds: grace,
+                labels: BTreeMap::new(),
+                terminating: false,
+                terminal: false,
+                static_hash: None,
+            });
+        }
+        self
+    }
+
+    fn fallback(&self, bands: &[(i32, u64)], kubelet: bool, unreachable: bool) -> Fallback {
+        let runtime = FakeRuntime {
+            clock: self.clock.clone(),
+            sandboxes: self.sandboxes.clone(),
+            containers: self.containers.clone(),
+            unreachable,
+            sandbox_delay: self.sandbox_delay,
+        };
+        let opts = FallbackOptions {
+            node: "node1".into(),
+            bands: bands
+                .iter()
+                .map(|&(priority, secs)| PriorityGracePeriod {
+                    priority,
+                    shutdown_grace_period: S(secs),
+                })
+                .collect(),
+            stop_kubelet: kubelet,
+            kubelet_unit: "kubelet.service".into(),
+            kubelet_timeout: S(5),
+            band_slack: S(1),
+            list_retry: S(1),
+            sandbox_wait: S(5),
+        };
+        let gate = FakeGate {
+            clock: self.clock.clone(),
+            active: self.manifests.clone(),
+        };
+        Fallback::new(
+            Arc::new(runtime),
+            kubelet.then(|| Arc::new(FakeKubelet(self.clock.clone())) as Arc<dyn KubeletControl>),
+            Some(Arc::new(gate)),
+            opts,
+        )
+    }
+
+    fn events(&self) -> Vec<(Duration, Ev)> {
+        self.clock.log.lock().unwrap().clone()
+    }
+
+    fn when(&self, ev: &Ev) -> Duration {
+        self.events()
+            .into_iter()
+            .find(|(_, e)| e == ev)
+            .unwrap_or_else(|| panic!("{ev:?} never happened: {:#?}", self.events()))
+            .0
+    }
+
+    fn stop_requested(&self, container: &str) -> (Duration, Duration) {
+        self.events()
+            .into_iter()
+            .find_map(|(t, e)| match e {
+                Ev::StopRequested {
+                    container: c,
+                    grace,
+                } if c == container => Some((t, grace)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{container} was never stopped: {:#?}", self.events()))
+    }
+}
+
+const BANDS: &[(i32, u64)] = &[(0, 10), (1000, 5), (2_000_000_000, 3)];
+
+#[tokio::test(start_paused = true)]
+async fn bands_run_in_ascending_priority_each_waiting_for_its_slowest_pod() {
+    let mut n = Node::new();
+    n.pod(
+        "ns",
+        "critical",
+        Some((2_000_000_000, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    )
+    .pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(2))])
+    .pod(
+        "ns",
+        "batch",
+        Some((5, 30)),
+        &[Behaviour::ExitsAfter(S(4)), Behaviour::ExitsAfter(S(1))],
+    )
+    .pod("ns", "mid", Some((1500, 30)), &[Behaviour::IgnoresTerm]);
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+
+    // Band 0: web and batch, all three containers at once; it ends with batch-c0 at 4 s.
+    for c in ["web-c0", "batch-c0", "batch-c1"] {
+        assert_eq!(n.stop_requested(c).0, S(0), "{c}");
+    }
+    assert_eq!(n.when(&Ev::ContainerStopped("batch-c0".into())), S(4));
+    // Sandboxes go only after their containers.
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-web".into())), S(2));
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-batch".into())), S(4));
+    // Band 1000: mid ignores SIGTERM and is killed at the end of its 5 s grace.
+    assert_eq!(n.stop_requested("mid-c0"), (S(4), S(5)));
+    assert_eq!(n.when(&Ev::ContainerStopped("mid-c0".into())), S(9));
+    // Band 2e9 after that.
+    assert_eq!(n.stop_requested("critical-c0"), (S(9), S(3)));
+
+    let bands: Vec<(i32, Duration, bool)> = report
+        .bands
+        .iter()
+        .map(|b| (b.priority, b.started_after, b.timed_out))
+        .collect();
+    assert_eq!(
+        bands,
+        vec![
+            (0, S(0), false),
+            (1000, S(4), false),
+            (2_000_000_000, S(9), false)
+        ]
+    );
+    assert!(
+        report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped),
+        "{report:#?}"
+    );
+    assert!(report.errors.is_empty());
+    let mid = report.pod("ns", "mid").unwrap();
+    assert_eq!(
+        (mid.band, mid.priority, mid.method),
+        (1000, Some(1500), Method::Cri)
+    );
+    assert_eq!(mid.stopped_after, Some(S(9)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_gets_the_shorter_of_band_and_own_grace() {
+    let mut n = Node::new();
+    n.pod("ns", "quick", Some((0, 3)), &[Behaviour::IgnoresTerm])
+        .pod("ns", "slow", Some((0, 600)), &[Behaviour::IgnoresTerm]);
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    assert_eq!(n.stop_requested("quick-c0").1, S(3));
+    assert_eq!(n.stop_requested("slow-c0").1, S(10));
+    assert_eq!(report.pod("ns", "quick").unwrap().stopped_after, Some(S(3)));
+    assert_eq!(report.pod("ns", "slow").unwrap().stopped_after, Some(S(10)));
+    assert!(!report.bands[0].timed_out);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pods_the_cache_does_not_know_go_to_the_lowest_band_with_its_grace() {
+    let mut n = Node::new();
+    n.pod(
+        "ns",
+        "known-low",
+        Some((0, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    )
+    .pod("ns", "stranger", None, &[Behaviour::IgnoresTerm])
+    .pod(
+        "ns",
+        "known-high",
+        Some((1000, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    );
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    let stranger = report.pod("ns", "stranger").unwrap();
+    assert_eq!((stranger.band, stranger.priority), (0, None));
+    assert_eq!(n.stop_requested("stranger-c0"), (S(0), S(10)));
+    assert_eq!(n.stop_requested("known-high-c0").0, S(10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_erroring_container_is_reported_and_the_rest_goes_on() {
+    let mut n = Node::new();
+    n.pod(
+        "ns",
+        "flaky",
+        Some((0, 30)),
+        &[Behaviour::Errors, Behaviour::ExitsAfter(S(2))],
+    )
+    .pod("ns", "fine", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+    .pod(
+        "ns",
+        "later",
+        Some((1000, 30)),
+        &[Behaviour::ExitsAfter(S(1))],
+    );
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    let flaky = report.pod("ns", "flaky").unwrap();
+    assert_eq!(flaky.outcome, PodOutcome::Failed);
+    assert_eq!(flaky.errors.len(), 1, "{flaky:#?}");
+    assert!(flaky.errors[0].contains("flaky-c0"), "{}", flaky.errors[0]);
+    assert!(
+        flaky.errors[0].contains("unix:///fake.sock"),
+        "{}",
+        flaky.errors[0]
+    );
+    // Its other container and its sandbox are still stopped, and so is everything else.
+    assert_eq!(n.when(&Ev::ContainerStopped("flaky-c1".into())), S(2));
+    n.when(&Ev::SandboxStopped("sb-flaky".into()));
+    assert_eq!(
+        report.pod("ns", "fine").unwrap().outcome,
+        PodOutcome::Stopped
+    );
+    assert_eq!(
+        report.pod("ns", "later").unwrap().outcome,
+        PodOutcome::Stopped
+    );
+    assert_eq!(n.stop_requested("later-c0").0, S(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stuck_runtime_ends_the_band_at_its_time_and_the_next_band_runs() {
+    let mut n = Node::new();
+    n.pod("ns", "stuck", Some((0, 30)), &[Behaviour::Hangs])
+        .pod(
+            "ns",
+            "next",
+            Some((1000, 30)),
+            &[Behaviour::ExitsAfter(S(1))],
+        );
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    // Band 0: 10 s grace + 1 s slack.
+    assert_eq!(n.stop_requested("next-c0").0, S(11));
+    assert!(report.bands[0].timed_out);
+    assert!(!report.bands[1].timed_out);
+    let stuck = report.pod("ns", "stuck").unwrap();
+    assert_eq!(stuck.outcome, PodOutcome::TimedOut);
+    assert!(!stuck.errors.is_empty());
+    assert_eq!(
+        report.pod("ns", "next").unwrap().outcome,
+        PodOutcome::Stopped
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_kubelet_is_stopped_first_and_started_again_on_cancel() {
+    let mut n = Node::new();
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::IgnoresTerm])
+        .pod("ns", "db", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    let fallback = n.fallback(BANDS, true, false);
+    // The daemon drops the drain future (budget end or cancel) in the middle of band 0.
+    let dropped = tokio::time::timeout(S(4), fallback.run(&n.cache)).await;
+    assert!(dropped.is_err());
+    let ev = n.events();
+    assert_eq!(ev[0].1, Ev::KubeletStop, "{ev:#?}");
+    assert!(n.stop_requested("web-c0").0 >= Duration::from_millis(100));
+
+    let partial = fallback.report();
+    assert!(partial.kubelet_stopped);
+    assert_eq!(
+        partial.pod("ns", "web").unwrap().outcome,
+        PodOutcome::Stopping
+    );
+    assert_eq!(
+        partial.pod("ns", "db").unwrap().outcome,
+        PodOutcome::Pending
+    );
+
+    assert!(fallback.restart_kubelet().await.unwrap());
+    assert_eq!(n.events().last().unwrap().1, Ev::KubeletStart);
+    assert!(!fallback.report().kubelet_stopped);
+    // A second cancel does not start it twice.
+    assert!(!fallback.restart_kubelet().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn static_pods_are_gated_in_their_band_and_manifests_without_a_pod_too() {
+    let mut n = Node::new();
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod(
+            "kube-system",
+            "etcd-node1",
+            None,
+            &[Behaviour::ExitsAfter(S(2))],
+        );
+    let manifest = |file: &str, name: &str, priority| StaticManifest {
+        file_name: file.into(),
+        namespace: "kube-system".into(),
+        pod_name: name.into(),
+        priority,
+        labels: BTreeMap::new(),
+    };
+    n.manifests = vec![
+        manifest("etcd.yaml", "etcd", 2_000_001_000),
+        manifest("scheduler.yaml", "kube-scheduler", 2_000_000_000),
+        manifest("broken.yaml", "kube-proxy", 0),
+    ];
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+
+    let etcd = report.pod("kube-system", "etcd-node1").unwrap();
+    assert_eq!(etcd.pod_type, Some(PodType::Static));
+    assert_eq!(
+        (etcd.band, etcd.priority),
+        (2_000_000_000, Some(2_000_001_000))
+    );
+    assert_eq!(etcd.gated_manifest.as_deref(), Some("etcd.yaml"));
+    assert_eq!(etcd.outcome, PodOutcome::Stopped);
+    // Gated when its band starts, after the lower band finished.
+    assert_eq!(n.when(&Ev::Gate("etcd.yaml".into())), S(1));
+    assert_eq!(n.stop_requested("etcd-node1-c0").0, S(1));
+
+    let sched = report.pod("kube-system", "kube-scheduler-node1").unwrap();
+    assert_eq!(sched.outcome, PodOutcome::Gated);
+    assert_eq!(sched.gated_manifest.as_deref(), Some("scheduler.yaml"));
+    n.when(&Ev::Gate("scheduler.yaml".into()));
+
+    let proxy = report.pod("kube-system", "kube-proxy-node1").unwrap();
+    assert_eq!(proxy.outcome, PodOutcome::Failed);
+    assert!(proxy.errors[0].contains("read-only"), "{proxy:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_runtime_is_reported_and_static_manifests_are_still_gated() {
+    let mut n = Node::new();
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    n.manifests = vec![StaticManifest {
+        file_name: "etcd.yaml".into(),
+        namespace: "kube-system".into(),
+        pod_name: "etcd".into(),
+        priority: 2_000_001_000,
+        labels: BTreeMap::new(),
+    }];
+    let started = Instant::now();
+    let report = n.fallback(BANDS, false, true).run(&n.cache).await;
+    assert!(Instant::now() - started < S(3), "retried too long");
+    assert_eq!(report.errors.len(), 1, "{report:#?}");
+    assert!(
+        report.errors[0].contains("unix:///fake.sock"),
+        "{}",
+        report.errors[0]
+    );
+    assert_eq!(report.pods.len(), 1);
+    assert_eq!(report.pods[0].outcome, PodOutcome::Gated);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sandbox_teardown_overlaps_the_next_band_and_is_waited_for_at_the_end() {
+    let mut n = Node::new();
+    n.sandbox_delay = S(2);
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod("ns", "db", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    let started = Instant::now();
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    assert_eq!(
+        n.stop_requested("db-c0").0,
+        S(1),
+        "db's band waits for web's containers only"
+    );
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-web".into())), S(3));
+    assert_eq!(n.when(&Ev::SandboxStopped("sb-db".into())), S(4));
+    assert_eq!(
+        Instant::now() - started,
+        S(4),
+        "the run waits for the last sandbox"
+    );
+    let web = report.pod("ns", "web").unwrap();
+    assert_eq!(
+        (web.containers_stopped_after, web.stopped_after),
+        (Some(S(1)), Some(S(3)))
+    );
+    assert!(report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped));
+}
