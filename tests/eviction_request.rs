@@ -810,3 +810,35 @@ async fn requests_are_proportional_to_pods_and_none_are_sent_when_idle() {
     assert!(idle.is_empty(), "requests while idle: {idle:#?}");
     stop.cancel();
 }
+
+#[tokio::test(start_paused = true)]
+async fn other_eviction_refusals_count_as_failed_attempts() {
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    let pod = add_pod(&cluster, "db-0", NODE, &[]);
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), NS);
+    for name in ["pdb-a", "pdb-b"] {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+        }))
+        .unwrap();
+        pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    }
+    Requester::new(client.clone(), NODE)
+        .request(&pod)
+        .await
+        .unwrap();
+    let stop = start_controller(&cluster, Duration::from_secs(60));
+    let r = until(&client, &pod, Duration::from_secs(4), "two failures", |r| {
+        r.failed_api_evictions() == 2
+    })
+    .await;
+    assert!(
+        message(&r).contains("more than one PodDisruptionBudget"),
+        "{}",
+        message(&r)
+    );
+    assert!(complete_reason(&r).is_none());
+    stop.cancel();
+}

@@ -10,10 +10,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::api::policy::v1::Eviction;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    DeleteOptions, ObjectMeta, Preconditions as MetaPreconditions,
-};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -290,47 +286,17 @@ impl Reconciler {
         })
     }
 
-    /// POSTs a `policy/v1` Eviction with the pod's UID as precondition.
-    ///
-    /// Built here rather than through `Api::evict`: kube 5 serializes `EvictParams` under
-    /// `delete_options`, a key the apiserver ignores, which would silently drop the UID
-    /// precondition.
+    /// The Eviction API with the pod's UID as precondition; an apiserver refusal other
+    /// than a 429 (e.g. two budgets select the pod) is a failed attempt, not an error.
     async fn evict(&self, pods: &Api<Pod>, name: &str, uid: &str) -> Result<EvictionResult> {
-        let namespace = pods.namespace().unwrap_or_default().to_owned();
-        let eviction = Eviction {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                namespace: Some(namespace),
-                ..ObjectMeta::default()
-            },
-            delete_options: Some(DeleteOptions {
-                preconditions: Some(MetaPreconditions {
-                    uid: Some(uid.to_owned()),
-                    resource_version: None,
+        match evict::evict(pods, name, uid, None).await {
+            Ok(outcome) => Ok(outcome.into()),
+            Err(err) => match err.downcast_ref::<kube::Error>() {
+                Some(kube::Error::Api(status)) => Ok(EvictionResult::Refused {
+                    message: format!("{} ({})", status.message, status.code),
                 }),
-                ..DeleteOptions::default()
-            }),
-        };
-        let mut body = serde_json::to_value(&eviction).context("serializing an Eviction")?;
-        body["apiVersion"] = "policy/v1".into();
-        body["kind"] = "Eviction".into();
-        let result: kube::Result<kube::core::Status> = pods
-            .create_subresource("eviction", name, &PostParams::default(), &body)
-            .await;
-        match result {
-            Ok(_) => Ok(EvictionResult::Accepted),
-            Err(kube::Error::Api(status)) => Ok(match status.code {
-                404 => EvictionResult::Gone,
-                409 if status.message.contains("Precondition failed") => EvictionResult::Gone,
-                429 => EvictionResult::Blocked {
-                    budget: evict::blocking_budget(&status),
-                    message: status.message.clone(),
-                },
-                code => EvictionResult::Refused {
-                    message: format!("{} ({code})", status.message),
-                },
-            }),
-            Err(err) => Err(err).with_context(|| format!("evicting pod {name}")),
+                _ => Err(err),
+            },
         }
     }
 
