@@ -646,7 +646,18 @@ async fn a_pod_that_goes_away_by_itself_completes_the_request() {
         .request(&pod)
         .await
         .unwrap();
-    let stop = start_controller(&cluster, Duration::from_secs(60));
+    // This time the controller watches the node's pods itself.
+    let stop = CancellationToken::new();
+    let config = ControllerConfig {
+        node: NODE.into(),
+        backoff_max: Duration::from_secs(60),
+        clock: clock_of(&cluster),
+    };
+    tokio::spawn(Controller::run_with_own_pod_watch(
+        client.clone(),
+        config,
+        stop.clone(),
+    ));
     until(&client, &pod, Duration::from_secs(5), "selected", |r| {
         active(r).is_some()
     })

@@ -555,6 +555,49 @@ impl Owned {
 }
 
 impl Controller {
+    /// Runs a controller that watches this node's pods itself (field selector
+    /// `spec.nodeName`), for a caller with no pod cache to share.
+    pub async fn run_with_own_pod_watch(
+        client: Client,
+        config: ControllerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<()> {
+        let (pods, writer) = reflector::store::<Pod>();
+        let selector = format!("spec.nodeName={}", config.node);
+        let (controller, handle) = Controller::new(client.clone(), Arc::new(pods), config);
+        let pod_events = reflector::reflector(
+            writer,
+            watcher(
+                Api::<Pod>::all(client),
+                watcher::Config::default().fields(&selector),
+            ),
+        )
+        .default_backoff();
+        let feed = async move {
+            let mut pod_events = std::pin::pin!(pod_events);
+            while let Some(event) = pod_events.next().await {
+                match event {
+                    Ok(
+                        watcher::Event::Apply(p)
+                        | watcher::Event::InitApply(p)
+                        | watcher::Event::Delete(p),
+                    ) => handle.pod_changed(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.uid.as_deref().unwrap_or_default(),
+                    ),
+                    Ok(_) => {}
+                    Err(err) => warn!(error = %err, "pod watch failed; retrying"),
+                }
+            }
+        };
+        tokio::select! {
+            result = controller.run(shutdown) => result,
+            () = feed => anyhow::bail!("the pod watch ended"),
+        }
+    }
+}
+
+impl Controller {
     /// Watches every EvictionRequest and reconciles this node's until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let Controller {
