@@ -2,9 +2,18 @@
 //! EvictionRequests, through kube. Every request follows the real apiserver's semantics:
 //! optimistic concurrency on resourceVersion, UID preconditions, 429 back-off.
 
+pub mod engine;
 pub mod evict;
 pub mod eviction_request;
 pub mod node;
+pub mod nodesel;
+pub mod terminate;
+
+pub use engine::{
+    shutdown_maintenance_name, AfterBoot, Engine, EngineDrainer, EngineError, EngineOptions,
+    FallbackSummary, ShutdownTimings,
+};
+pub use terminate::{EvictionApi, PodTerminator, Request};
 
 /// Field manager for writes that are not per-node server-side applies.
 pub const FIELD_MANAGER: &str = "nodegrace";

@@ -1,0 +1,2160 @@
+//! The drain engine for the daemon's own node.
+//!
+//! Four reflectors (the Node, its pods, every NodeMaintenance, VolumeAttachments) feed one
+//! reconcile loop that wakes on a watch event or on a timer it set itself (eviction
+//! back-off, escalation deadline, debounced status): there is no polling. Each pass computes
+//! everything from the reflected state (plus the objects our own writes returned, so a write
+//! is never repeated before its watch event arrives) and issues only the requests that
+//! change something.
+//!
+//! Restart safety comes from that statelessness: the node's drain targets are read back from
+//! its entry in each maintenance's `status.nodeStatuses` (never backtracking), pods already
+//! terminating are not asked again, and the shutdown maintenance is adopted by name.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::evict::{backoff, Outcome};
+use super::node::{
+    cordon_patch, lb_exclusion_patch, maintenance_taint_patch, patch_node_with,
+    set_shutdown_condition, uncordon_patch, SHUTDOWN_CONDITION,
+};
+use super::nodesel;
+use super::terminate::{EvictionApi, PodTerminator, Request};
+use super::{api_error_code, FIELD_MANAGER};
+use crate::api::{
+    node_selector_for, node_status_apply_patch, node_status_patch_params, NodeMaintenance,
+    NodeMaintenanceNodeStatus, NodeMaintenanceSpec, Stage, CONDITION_DRAINED,
+    FINALIZER_MAINTENANCE_COMPLETION,
+};
+use crate::config::{CompletionPolicy, Settings};
+use crate::daemon::{ShutdownKind, ShutdownRequest};
+use crate::metrics::{Metrics, TerminationMethod};
+use crate::plan::budget::{
+    escalation_grace, plan_steps, split_budget, BudgetReserves, StepSchedule,
+};
+use crate::plan::targets::{evaluate_node, MaintenanceInput};
+use crate::plan::{
+    normalize_drain_plan, reached_drain_targets, DrainPlanEntry, DrainTargets, NodeReport, PodInfo,
+    PodType,
+};
+use crate::state::PodCache;
+use crate::staticpods::StaticPodGate;
+
+/// The boot that created the shutdown maintenance (`/proc/sys/kernel/random/boot_id`).
+pub const BOOT_ID_ANNOTATION: &str = "nodegrace.dev/boot-id";
+/// poweroff | reboot | bypass | unknown.
+pub const SHUTDOWN_KIND_ANNOTATION: &str = "nodegrace.dev/shutdown-kind";
+/// A summary of the offline (CRI) drain, written once the apiserver is back.
+pub const FALLBACK_ANNOTATION: &str = "nodegrace.dev/fallback-report";
+/// `drainMessage` of a node that carried out a maintenance's Complete stage.
+pub const COMPLETED_MESSAGE: &str = "Completed";
+
+const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
+const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+const CONCURRENT_REQUESTS: usize = 32;
+
+pub use crate::api::shutdown_maintenance_name;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The apiserver could not be reached for longer than `fallback.apiserver_timeout`:
+    /// switch to the local (CRI) fallback.
+    #[error("the apiserver has been unreachable for more than {0:?}")]
+    ApiserverUnreachable(Duration),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// What the offline fallback did, as the engine records it on the maintenance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FallbackSummary {
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub pods_stopped: usize,
+    pub pods_not_stopped: usize,
+    pub kubelet_stopped: bool,
+}
+
+impl From<&crate::fallback::FallbackReport> for FallbackSummary {
+    fn from(r: &crate::fallback::FallbackReport) -> Self {
+        use crate::fallback::PodOutcome;
+        let stopped = r
+            .pods
+            .iter()
+            .filter(|p| matches!(p.outcome, PodOutcome::Stopped | PodOutcome::Gated))
+            .count();
+        FallbackSummary {
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            pods_stopped: stopped,
+            pods_not_stopped: r.pods.len() - stopped,
+            kubelet_stopped: r.kubelet_stopped,
+        }
+    }
+}
+
+/// How long the steps of the last `shutdown_drain` took, from its call (for benchmarks and
+/// logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ShutdownTimings {
+    pub maintenance_ready: Option<Duration>,
+    pub cordoned: Option<Duration>,
+    pub node_empty: Option<Duration>,
+    pub volumes_detached: Option<Duration>,
+}
+
+/// What `after_boot` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterBoot {
+    NoMaintenance,
+    /// The maintenance was created in this boot (a restart of the daemon, not a reboot).
+    SameBoot,
+    AlreadyComplete,
+    Completed,
+    Kept,
+}
+
+pub struct EngineOptions {
+    pub client: Client,
+    pub settings: Settings,
+    pub node: String,
+    pub gate: Arc<dyn StaticPodGate>,
+    pub metrics: Metrics,
+    /// None: the Eviction API.
+    pub terminator: Option<Arc<dyn PodTerminator>>,
+}
+
+struct ShutdownCtx {
+    name: String,
+    step_targets: Vec<DrainTargets>,
+    schedule: Vec<StepSchedule>,
+    /// Tokio instant of `ShutdownRequest::started_at`.
+    start: Instant,
+    escalate: bool,
+}
+
+impl ShutdownCtx {
+    fn step_of(&self, pod: &PodInfo) -> Option<usize> {
+        self.step_targets.iter().position(|t| t.targets(pod))
+    }
+
+    fn node_empty(&self, pods: &[PodInfo]) -> bool {
+        self.step_targets.last().is_none_or(|t| t.is_finished(pods))
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// Set once the node is empty under the shutdown maintenance and its status is written.
+    shutdown_done: bool,
+}
+
+#[derive(Default)]
+struct Ready {
+    node: bool,
+    pods: bool,
+    maintenances: bool,
+    volumes: bool,
+}
+
+struct Shared {
+    client: Client,
+    node: String,
+    settings: Settings,
+    gate: Arc<dyn StaticPodGate>,
+    metrics: Metrics,
+    terminator: Arc<dyn PodTerminator>,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    maintenances: Store<NodeMaintenance>,
+    volumes: Store<VolumeAttachment>,
+    ready: Mutex<Ready>,
+    wake: watch::Sender<u64>,
+    /// Since when every request to the apiserver has failed at the transport level.
+    failing_since: Mutex<Option<Instant>>,
+    shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
+    progress: watch::Sender<Progress>,
+    recorder: Recorder,
+    fallback: Mutex<Option<FallbackSummary>>,
+    timings: Mutex<ShutdownTimings>,
+}
+
+/// The node's drain engine. Dropping it stops its watches and its loop.
+pub struct Engine {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether a kube error means the apiserver was not reached (as opposed to an answer).
+fn is_transport(err: &kube::Error) -> bool {
+    !matches!(
+        err,
+        kube::Error::Api(_) | kube::Error::SerdeError(_) | kube::Error::BuildRequest(_)
+    )
+}
+
+fn anyhow_is_transport(err: &anyhow::Error) -> bool {
+    err.chain()
+        .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_transport))
+}
+
+fn rv_number<K: Resource>(k: &K) -> u64 {
+    k.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn fresher<K: Resource>(a: Arc<K>, b: Option<&Arc<K>>) -> Arc<K> {
+    match b {
+        Some(b) if rv_number(b.as_ref()) > rv_number(a.as_ref()) => b.clone(),
+        _ => a,
+    }
+}
+
+fn has_finalizer(m: &NodeMaintenance) -> bool {
+    m.finalizers()
+        .iter()
+        .any(|f| f == FINALIZER_MAINTENANCE_COMPLETION)
+}
+
+fn is_deleting(m: &NodeMaintenance) -> bool {
+    m.metadata.deletion_timestamp.is_some()
+}
+
+fn is_active(m: &NodeMaintenance) -> bool {
+    !is_deleting(m) && matches!(m.spec.stage, Stage::Cordon | Stage::Drain)
+}
+
+fn is_draining(m: &NodeMaintenance) -> bool {
+    !is_deleting(m) && m.spec.stage == Stage::Drain
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn min_wake(wake: &mut Option<Instant>, at: Instant) {
+    *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
+fn tolerates_everything(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.operator.as_deref() == Some("Exists")
+                    && t.key.as_deref().unwrap_or_default().is_empty()
+                    && t.effect.as_deref().unwrap_or_default().is_empty()
+            })
+        })
+}
+
+/// The shutdown drain plan from the configuration, normalized (defaults injected).
+pub fn shutdown_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>> {
+    let entries: Vec<DrainPlanEntry> = settings
+        .drain
+        .plan
+        .iter()
+        .map(DrainPlanEntry::from)
+        .collect();
+    normalize_drain_plan(&entries).context("normalizing drain.plan")
+}
+
+/// Per-pod bookkeeping of the drain, keyed by pod UID.
+#[derive(Debug, Default, Clone)]
+struct PodTrack {
+    /// A request was accepted (or the pod turned out gone): wait for the watch.
+    accepted: bool,
+    attempts: u32,
+    next_try: Option<Instant>,
+    /// `namespace/pdb` (or the apiserver's message) of the last 429.
+    blocked_by: Option<String>,
+    escalated: bool,
+}
+
+#[derive(Default)]
+struct DrainState {
+    targets: DrainTargets,
+    targets_since: Option<Instant>,
+    tracks: HashMap<String, PodTrack>,
+    node_overlay: Option<Arc<Node>>,
+    nm_overlay: HashMap<String, Arc<NodeMaintenance>>,
+    last_entry_write: HashMap<String, Instant>,
+    announced: HashSet<String>,
+    cache_written: Option<Vec<PodInfo>>,
+    cache_due: Option<Instant>,
+}
+
+struct MaintView {
+    m: Arc<NodeMaintenance>,
+    name: String,
+    plan_len: usize,
+    index: usize,
+    drained: bool,
+    targets: DrainTargets,
+}
+
+enum Job {
+    Terminate(PodInfo, Request, String, bool),
+}
+
+impl Engine {
+    /// Starts the watches and the reconcile loop. Returns at once; the loop acts as soon as
+    /// the first lists arrive.
+    pub fn start(opts: EngineOptions) -> Engine {
+        let (nodes_r, nodes_w) = reflector::store::<Node>();
+        let (pods_r, pods_w) = reflector::store::<Pod>();
+        let (nms_r, nms_w) = reflector::store::<NodeMaintenance>();
+        let (vas_r, vas_w) = reflector::store::<VolumeAttachment>();
+        let (wake, _) = watch::channel(0u64);
+        let (progress, _) = watch::channel(Progress::default());
+        let terminator = opts
+            .terminator
+            .unwrap_or_else(|| Arc::new(EvictionApi::new(opts.client.clone())));
+        let recorder = Recorder::new(
+            opts.client.clone(),
+            Reporter {
+                controller: "nodegrace".into(),
+                instance: Some(opts.node.clone()),
+            },
+        );
+        let shared = Arc::new(Shared {
+            client: opts.client.clone(),
+            node: opts.node.clone(),
+            settings: opts.settings,
+            gate: opts.gate,
+            metrics: opts.metrics,
+            terminator,
+            nodes: nodes_r,
+            pods: pods_r,
+            maintenances: nms_r,
+            volumes: vas_r,
+            ready: Mutex::new(Ready::default()),
+            wake,
+            failing_since: Mutex::new(None),
+            shutdown: Mutex::new(None),
+            progress,
+            recorder,
+            fallback: Mutex::new(None),
+            timings: Mutex::new(ShutdownTimings::default()),
+        });
+        let c = &opts.client;
+        let node = &opts.node;
+        let tasks = vec![
+            spawn_reflector(
+                shared.clone(),
+                Api::<Node>::all(c.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={node}")),
+                nodes_w,
+                |r| &mut r.node,
+            ),
+            spawn_reflector(
+                shared.clone(),
+                Api::<Pod>::all(c.clone()),
+                watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+                pods_w,
+                |r| &mut r.pods,
+            ),
+            spawn_reflector(
+                shared.clone(),
+                Api::<NodeMaintenance>::all(c.clone()),
+                watcher::Config::default(),
+                nms_w,
+                |r| &mut r.maintenances,
+            ),
+            spawn_reflector(
+                shared.clone(),
+                Api::<VolumeAttachment>::all(c.clone()),
+                watcher::Config::default(),
+                vas_w,
+                |r| &mut r.volumes,
+            ),
+            tokio::spawn(run_loop(shared.clone())),
+        ];
+        Engine { shared, tasks }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.shared.node
+    }
+
+    pub fn timings(&self) -> ShutdownTimings {
+        *lock(&self.shared.timings)
+    }
+
+    /// The node's current pods as the engine sees them (for the pod cache and `status`).
+    pub fn pods(&self) -> Vec<PodInfo> {
+        self.shared.pod_infos()
+    }
+
+    /// Drains the node for a shutdown through `shutdown-<node>` and returns once the node is
+    /// empty, its VolumeAttachments are gone (bounded) and the last status update reached
+    /// the apiserver. Cancel-safe: dropping the future leaves the maintenance in place.
+    pub async fn shutdown_drain(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
+        let sh = &self.shared;
+        let t0 = Instant::now();
+        *lock(&sh.timings) = ShutdownTimings::default();
+        sh.wait_ready(|r| r.node && r.pods && r.maintenances)
+            .await?;
+
+        let plan = shutdown_plan(&sh.settings)?;
+        let name = shutdown_maintenance_name(&sh.node);
+        // Cordon first: nothing new lands on the node while the maintenance is set up.
+        sh.cordon_for_shutdown().await?;
+        lock(&sh.timings).cordoned = Some(t0.elapsed());
+        let (condition, adopted) = tokio::join!(sh.set_condition_for_shutdown(req), async {
+            let r = sh.ensure_shutdown_maintenance(req, &plan).await;
+            lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
+            r
+        });
+        let maintenance = adopted?;
+        if let Err(e) = condition {
+            tracing::warn!(node = %sh.node, error = format!("{e:#}"), "setting the shutdown condition failed");
+        }
+
+        let plan = normalize_drain_plan(&maintenance.spec.drain_plan).unwrap_or(plan);
+        let pods = sh.pod_infos();
+        let steps = plan_steps(&plan, &pods).context("splitting the pods over the drain plan")?;
+        let schedule = split_budget(
+            req.budget,
+            &steps,
+            &BudgetReserves::from(&sh.settings.drain),
+        );
+        let step_targets = (0..plan.len())
+            .map(|i| DrainTargets::for_plan(&plan, i))
+            .collect::<Result<Vec<_>, _>>()
+            .context("computing the shutdown drain targets")?;
+        let elapsed = (chrono::Utc::now() - req.started_at)
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        let start = Instant::now()
+            .checked_sub(elapsed)
+            .unwrap_or_else(Instant::now);
+        *lock(&sh.shutdown) = Some(Arc::new(ShutdownCtx {
+            name: name.clone(),
+            step_targets,
+            schedule,
+            start,
+            escalate: true,
+        }));
+        sh.progress.send_replace(Progress::default());
+        sh.bump();
+        tracing::info!(node = %sh.node, maintenance = %name, kind = ?req.kind, resumed = req.resumed, "shutdown drain started");
+
+        let mut progress = sh.progress.subscribe();
+        let mut events = sh.wake.subscribe();
+        loop {
+            if progress.borrow_and_update().shutdown_done {
+                break;
+            }
+            events.borrow_and_update();
+            let deadline = sh.unreachable_deadline();
+            tokio::select! {
+                r = progress.changed() => if r.is_err() {
+                    return Err(anyhow::anyhow!("the engine stopped").into());
+                },
+                // A watch event may have changed the apiserver's reachability.
+                _ = events.changed() => {},
+                _ = sleep_until_opt(deadline) => {
+                    if sh.unreachable_for() >= sh.settings.fallback.apiserver_timeout {
+                        return Err(EngineError::ApiserverUnreachable(sh.settings.fallback.apiserver_timeout));
+                    }
+                }
+            }
+        }
+        lock(&sh.timings).node_empty = Some(t0.elapsed());
+        sh.wait_volumes_detached().await;
+        lock(&sh.timings).volumes_detached = Some(t0.elapsed());
+        tracing::info!(node = %sh.node, maintenance = %name, took = ?t0.elapsed(), "node drained for shutdown");
+        Ok(())
+    }
+
+    /// Continues the drain through the maintenance after the apiserver came back (the
+    /// fallback ran meanwhile): the same as `shutdown_drain`, adopting the maintenance.
+    pub async fn resume(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
+        let mut req = req.clone();
+        req.resumed = true;
+        self.shutdown_drain(&req).await
+    }
+
+    /// Records what the offline fallback did; written to the shutdown maintenance (an
+    /// annotation and an Event) once the apiserver answers again.
+    pub fn record_fallback(&self, report: &crate::fallback::FallbackReport) {
+        *lock(&self.shared.fallback) = Some(FallbackSummary::from(report));
+        self.shared.metrics.fallback_used();
+        self.shared.bump();
+    }
+
+    /// The shutdown was cancelled: stop escalating, clear the shutdown marks, and complete
+    /// or keep the maintenance as `policy` says.
+    pub async fn cancel_shutdown(&self, policy: CompletionPolicy) -> Result<()> {
+        let sh = &self.shared;
+        *lock(&sh.shutdown) = None;
+        sh.bump();
+        sh.clear_shutdown_marks().await?;
+        if policy == CompletionPolicy::Complete {
+            sh.set_stage(&shutdown_maintenance_name(&sh.node), Stage::Complete)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// After a boot: a shutdown maintenance left by an earlier boot is completed or kept as
+    /// `policy` says; the shutdown marks on the Node are cleared.
+    pub async fn after_boot(&self, boot_id: &str, policy: CompletionPolicy) -> Result<AfterBoot> {
+        let sh = &self.shared;
+        sh.wait_ready(|r| r.node && r.maintenances)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let name = shutdown_maintenance_name(&sh.node);
+        let api: Api<NodeMaintenance> = Api::all(sh.client.clone());
+        let Some(m) = api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading NodeMaintenance {name}"))?
+        else {
+            return Ok(AfterBoot::NoMaintenance);
+        };
+        if m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str) == Some(boot_id) {
+            return Ok(AfterBoot::SameBoot);
+        }
+        sh.clear_shutdown_marks().await?;
+        if m.spec.stage == Stage::Complete || is_deleting(&m) {
+            return Ok(AfterBoot::AlreadyComplete);
+        }
+        match policy {
+            CompletionPolicy::Complete => {
+                sh.set_stage(&name, Stage::Complete).await?;
+                Ok(AfterBoot::Completed)
+            }
+            CompletionPolicy::Keep => {
+                tracing::info!(node = %sh.node, maintenance = %name, "keeping the shutdown maintenance of an earlier boot; `nodegrace complete` ends it");
+                Ok(AfterBoot::Kept)
+            }
+        }
+    }
+
+    /// `nodegrace complete`: moves `shutdown-<node>` to stage Complete. False when there is
+    /// none.
+    pub async fn complete_shutdown_maintenance(&self) -> Result<bool> {
+        let sh = &self.shared;
+        let name = shutdown_maintenance_name(&sh.node);
+        let api: Api<NodeMaintenance> = Api::all(sh.client.clone());
+        if api.get_opt(&name).await?.is_none() {
+            return Ok(false);
+        }
+        *lock(&sh.shutdown) = None;
+        sh.set_stage(&name, Stage::Complete).await?;
+        Ok(true)
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn spawn_reflector<K>(
+    shared: Arc<Shared>,
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    flag: fn(&mut Ready) -> &mut bool,
+) -> JoinHandle<()>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    tokio::spawn(async move {
+        let kind = K::kind(&()).to_string();
+        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(watcher::Event::InitDone) => {
+                    *flag(&mut lock(&shared.ready)) = true;
+                    shared.mark_reachable();
+                }
+                Ok(_) => shared.mark_reachable(),
+                Err(err) => {
+                    let inner = match &err {
+                        watcher::Error::InitialListFailed(e)
+                        | watcher::Error::WatchStartFailed(e)
+                        | watcher::Error::WatchFailed(e) => Some(e),
+                        _ => None,
+                    };
+                    match inner {
+                        Some(e) if is_transport(e) => shared.mark_unreachable(),
+                        _ => shared.mark_reachable(),
+                    }
+                    if inner.and_then(api_error_code) == Some(403)
+                        || inner.and_then(api_error_code) == Some(404)
+                    {
+                        // Not allowed or not served (e.g. no VolumeAttachment access):
+                        // nothing to wait for.
+                        *flag(&mut lock(&shared.ready)) = true;
+                    }
+                    tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
+                }
+            }
+            shared.bump();
+        }
+    })
+}
+
+async fn run_loop(shared: Arc<Shared>) {
+    let mut rx = shared.wake.subscribe();
+    let mut st = DrainState::default();
+    loop {
+        rx.borrow_and_update();
+        let ready = {
+            let r = lock(&shared.ready);
+            r.node && r.pods && r.maintenances
+        };
+        let next = if ready {
+            let pass = Instant::now();
+            let result = shared.reconcile(&mut st).await;
+            tracing::trace!(node = %shared.node, took = ?pass.elapsed(), "reconcile pass");
+            match result {
+                Ok(next) => next,
+                Err(err) => {
+                    if anyhow_is_transport(&err) {
+                        shared.mark_unreachable();
+                    }
+                    tracing::warn!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                    Some(Instant::now() + RETRY_AFTER_ERROR)
+                }
+            }
+        } else {
+            None
+        };
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return },
+            _ = sleep_until_opt(next) => {}
+        }
+    }
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.wake.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    fn mark_reachable(&self) {
+        *lock(&self.failing_since) = None;
+    }
+
+    fn mark_unreachable(&self) {
+        lock(&self.failing_since).get_or_insert_with(Instant::now);
+    }
+
+    fn unreachable_for(&self) -> Duration {
+        lock(&self.failing_since).map_or(Duration::ZERO, |s| s.elapsed())
+    }
+
+    fn unreachable_deadline(&self) -> Option<Instant> {
+        lock(&self.failing_since).map(|s| s + self.settings.fallback.apiserver_timeout)
+    }
+
+    fn note<T>(&self, r: &Result<T>) {
+        match r {
+            Ok(_) => self.mark_reachable(),
+            Err(e) if anyhow_is_transport(e) => self.mark_unreachable(),
+            Err(_) => self.mark_reachable(),
+        }
+    }
+
+    /// Waits until the watches named by `which` have listed, or the apiserver has been
+    /// unreachable for `fallback.apiserver_timeout`.
+    async fn wait_ready(&self, which: fn(&Ready) -> bool) -> Result<(), EngineError> {
+        let mut rx = self.wake.subscribe();
+        let started = Instant::now();
+        let timeout = self.settings.fallback.apiserver_timeout;
+        loop {
+            rx.borrow_and_update();
+            if which(&lock(&self.ready)) {
+                return Ok(());
+            }
+            let deadline = started + timeout;
+            if Instant::now() >= deadline {
+                return Err(EngineError::ApiserverUnreachable(timeout));
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() {
+                    return Err(anyhow::anyhow!("the engine stopped").into());
+                },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    fn pod_infos(&self) -> Vec<PodInfo> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
+            })
+            .filter_map(|p| match PodInfo::from_pod(p) {
+                Ok(info) => Some(info),
+                Err(err) => {
+                    tracing::warn!(node = %self.node, error = %err, "ignoring a pod that cannot be classified");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    fn node_obj(&self, st: &mut DrainState) -> Option<Arc<Node>> {
+        let stored = self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))?;
+        let n = fresher(stored, st.node_overlay.as_ref());
+        st.node_overlay = Some(n.clone());
+        Some(n)
+    }
+
+    fn maintenance_objs(&self, st: &mut DrainState) -> Vec<Arc<NodeMaintenance>> {
+        let stored = self.maintenances.state();
+        let names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
+        st.nm_overlay.retain(|n, _| names.contains(n));
+        let mut out: Vec<Arc<NodeMaintenance>> = stored
+            .into_iter()
+            .map(|m| {
+                let name = m.name_any();
+                let m = fresher(m, st.nm_overlay.get(&name));
+                st.nm_overlay.insert(name, m.clone());
+                m
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            let ca = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let cb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            ca.cmp(&cb).then_with(|| a.name_any().cmp(&b.name_any()))
+        });
+        out
+    }
+
+    fn event(
+        &self,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let recorder = self.recorder.clone();
+        let metrics = self.metrics.clone();
+        let ev = KubeEvent {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&ev, &reference).await {
+                metrics.api_error("event");
+                tracing::debug!(error = %err, "publishing an event failed");
+            }
+        });
+    }
+
+    fn event_both(
+        &self,
+        node: &Node,
+        m: Option<&NodeMaintenance>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        if let Some(m) = m {
+            self.event(m.object_ref(&()), warning, reason, note.clone());
+        }
+        self.event(node.object_ref(&()), warning, reason, note);
+    }
+
+    async fn patch_node(
+        &self,
+        st: &mut DrainState,
+        what: &str,
+        compute: impl Fn(&Node) -> Option<Value>,
+    ) -> Result<bool> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let r = patch_node_with(&api, &self.node, what, compute).await;
+        self.note(&r);
+        if r.is_err() {
+            self.metrics.api_error("node");
+        }
+        st.node_overlay = None;
+        r
+    }
+
+    async fn set_stage(&self, name: &str, stage: Stage) -> Result<()> {
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let r = api
+            .patch(
+                name,
+                &merge_params(),
+                &Patch::Merge(json!({"spec": {"stage": stage.as_str()}})),
+            )
+            .await
+            .with_context(|| format!("moving NodeMaintenance {name} to stage {stage}"));
+        let r = r.map(|_| ());
+        self.note(&r);
+        self.bump();
+        r
+    }
+
+    /// Cordon, the load-balancer exclusion label and the maintenance taint in one patch of
+    /// the Node. The taint goes on now rather than before the DaemonSet band: in a shutdown
+    /// nothing new should start on the node, and the band then starts without a round trip.
+    async fn cordon_for_shutdown(&self) -> Result<(), EngineError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let started = Instant::now();
+        loop {
+            let r = patch_node_with(&api, &self.node, "cordon for shutdown", |n| {
+                let marks = merge_values(cordon_patch(n), lb_exclusion_patch(n, true));
+                merge_values(marks, maintenance_taint_patch(n, true))
+            })
+            .await;
+            self.note(&r);
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if anyhow_is_transport(&e) => self.retry_or_unreachable(started).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn set_condition_for_shutdown(&self, req: &ShutdownRequest) -> Result<()> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let message = format!("nodegrace drains the node for {:?}", req.kind).to_lowercase();
+        let r = set_shutdown_condition(&api, &self.node, true, &message).await;
+        self.note(&r);
+        r
+    }
+
+    async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
+        let timeout = self.settings.fallback.apiserver_timeout;
+        if started.elapsed() >= timeout {
+            return Err(EngineError::ApiserverUnreachable(timeout));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(())
+    }
+
+    async fn clear_shutdown_marks(&self) -> Result<()> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let has_condition = api
+            .get_status(&self.node)
+            .await
+            .with_context(|| format!("reading node {}", self.node))?
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == SHUTDOWN_CONDITION && c.status == "True");
+        if has_condition {
+            set_shutdown_condition(&api, &self.node, false, "shutdown cancelled or finished")
+                .await?;
+        }
+        patch_node_with(
+            &api,
+            &self.node,
+            "remove the load-balancer exclusion",
+            |n| lb_exclusion_patch(n, false),
+        )
+        .await?;
+        self.bump();
+        Ok(())
+    }
+
+    async fn ensure_shutdown_maintenance(
+        &self,
+        req: &ShutdownRequest,
+        plan: &[DrainPlanEntry],
+    ) -> Result<NodeMaintenance, EngineError> {
+        let name = shutdown_maintenance_name(&self.node);
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let kind = match req.kind {
+            ShutdownKind::Poweroff => "poweroff",
+            ShutdownKind::Reboot => "reboot",
+            ShutdownKind::Bypass => "bypass",
+            ShutdownKind::Unknown => "unknown",
+        };
+        let mut desired = NodeMaintenance::new(
+            &name,
+            NodeMaintenanceSpec {
+                node_selector: node_selector_for(&self.node),
+                stage: Stage::Drain,
+                drain_plan: plan.to_vec(),
+                reason: Some(format!(
+                    "Node {kind}: graceful shutdown by nodegrace (boot id {})",
+                    req.boot_id
+                )),
+            },
+        );
+        desired.metadata.annotations = Some(BTreeMap::from([
+            (BOOT_ID_ANNOTATION.to_string(), req.boot_id.clone()),
+            (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
+        ]));
+        desired.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
+        let started = Instant::now();
+        let mut known = self
+            .maintenances
+            .state()
+            .into_iter()
+            .find(|m| m.name_any() == name)
+            .map(|m| (*m).clone());
+        loop {
+            let existing = match known.take() {
+                Some(m) => m,
+                None => {
+                    let params = PostParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    };
+                    match api.create(&params, &desired).await {
+                        Ok(m) => {
+                            self.mark_reachable();
+                            tracing::info!(node = %self.node, maintenance = %name, "created the shutdown maintenance");
+                            return Ok(m);
+                        }
+                        Err(e) if api_error_code(&e) == Some(409) => {
+                            self.mark_reachable();
+                            match api.get_opt(&name).await.map_err(anyhow::Error::from)? {
+                                Some(m) => m,
+                                None => continue,
+                            }
+                        }
+                        Err(e) if is_transport(&e) => {
+                            self.mark_unreachable();
+                            self.retry_or_unreachable(started).await?;
+                            continue;
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::from(e)
+                                .context(format!("creating NodeMaintenance {name}"))
+                                .into())
+                        }
+                    }
+                }
+            };
+            if is_deleting(&existing) || existing.spec.stage == Stage::Complete {
+                // A finished maintenance cannot go back to Drain: replace it.
+                if !is_deleting(&existing) {
+                    let _ = api.delete(&name, &Default::default()).await;
+                }
+                self.wait_maintenance_gone(&name).await?;
+                continue;
+            }
+            let same = existing.annotations().get(BOOT_ID_ANNOTATION) == Some(&req.boot_id)
+                && existing
+                    .annotations()
+                    .get(SHUTDOWN_KIND_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(kind)
+                && existing.spec.stage == Stage::Drain;
+            if same {
+                tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
+                return Ok(existing);
+            }
+            let mut patch = json!({"metadata": {"annotations": {
+                BOOT_ID_ANNOTATION: req.boot_id,
+                SHUTDOWN_KIND_ANNOTATION: kind,
+            }}});
+            if existing.spec.stage != Stage::Drain {
+                patch["spec"] = json!({"stage": "Drain"});
+            }
+            match api
+                .patch(&name, &merge_params(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(m) => {
+                    tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
+                    return Ok(m);
+                }
+                Err(e) if is_transport(&e) => {
+                    self.mark_unreachable();
+                    self.retry_or_unreachable(started).await?;
+                }
+                Err(e) if api_error_code(&e) == Some(404) => continue,
+                Err(e) => {
+                    return Err(anyhow::Error::from(e)
+                        .context(format!("adopting NodeMaintenance {name}"))
+                        .into())
+                }
+            }
+        }
+    }
+
+    async fn wait_maintenance_gone(&self, name: &str) -> Result<(), EngineError> {
+        let mut rx = self.wake.subscribe();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            rx.borrow_and_update();
+            if !self
+                .maintenances
+                .state()
+                .iter()
+                .any(|m| m.name_any() == name)
+            {
+                return Ok(());
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return Err(anyhow::anyhow!("the engine stopped").into()) },
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(anyhow::anyhow!("NodeMaintenance {name} is still being deleted").into());
+                }
+            }
+        }
+    }
+
+    async fn wait_volumes_detached(&self) {
+        let timeout = self.settings.drain.volume_detach_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut rx = self.wake.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let ready = lock(&self.ready).volumes;
+            let left: Vec<String> = self
+                .volumes
+                .state()
+                .iter()
+                .filter(|va| va.spec.node_name == self.node)
+                .map(|va| va.name_any())
+                .collect();
+            if ready && left.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(node = %self.node, attachments = ?left, "VolumeAttachments still present after {timeout:?}; releasing anyway");
+                return;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    fn maybe_write_cache(&self, st: &mut DrainState, pods: &[PodInfo], wake: &mut Option<Instant>) {
+        if st.cache_written.as_deref() == Some(pods) {
+            st.cache_due = None;
+            return;
+        }
+        let now = Instant::now();
+        let due = *st.cache_due.get_or_insert(now + POD_CACHE_DEBOUNCE);
+        if now < due {
+            min_wake(wake, due);
+            return;
+        }
+        st.cache_due = None;
+        st.cache_written = Some(pods.to_vec());
+        let cache = PodCache {
+            node: self.node.clone(),
+            written_at: Some(chrono::Utc::now()),
+            pods: pods.to_vec(),
+        };
+        let dir = self.settings.state_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(err) = cache.store(&dir) {
+                tracing::warn!(error = format!("{err:#}"), "writing the pod cache failed");
+            }
+        });
+    }
+
+    /// One pass over the reflected state. Returns when the loop must run again without a
+    /// watch event (a back-off or deadline).
+    async fn reconcile(&self, st: &mut DrainState) -> Result<Option<Instant>> {
+        let mut wake = None;
+        let Some(node) = self.node_obj(st) else {
+            return Ok(None);
+        };
+        let raw_pods: Vec<Arc<Pod>> = self
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
+            })
+            .collect();
+        let pods = self.pod_infos();
+        self.maybe_write_cache(st, &pods, &mut wake);
+
+        let selecting: Vec<Arc<NodeMaintenance>> = self
+            .maintenance_objs(st)
+            .into_iter()
+            .filter(|m| nodesel::selects(&m.spec.node_selector, &node))
+            .collect();
+        let active: Vec<Arc<NodeMaintenance>> =
+            selecting.iter().filter(|m| is_active(m)).cloned().collect();
+
+        // Cordon and finalizer first: a maintenance that selects the node holds it.
+        if !active.is_empty() && cordon_patch(&node).is_some() {
+            self.patch_node(st, "cordon", cordon_patch).await?;
+            let names: Vec<String> = active.iter().map(|m| m.name_any()).collect();
+            self.event_both(
+                &node,
+                active.first().map(|m| m.as_ref()),
+                false,
+                "Cordoned",
+                format!("node {} cordoned for {}", self.node, names.join(", ")),
+            );
+        }
+        for m in &active {
+            if !has_finalizer(m) {
+                self.update_finalizer(st, m, true).await?;
+            }
+        }
+
+        let views = self.drain_views(st, &active, &pods)?;
+        let ctx_any = lock(&self.shutdown).clone();
+        let ctx = ctx_any
+            .clone()
+            .filter(|c| views.iter().any(|v| v.name == c.name));
+        // The shutdown maintenance was completed or deleted under the drain: nothing is
+        // left to wait for.
+        let shutdown_ended = ctx_any.as_ref().is_some_and(|c| {
+            selecting.iter().any(|m| {
+                m.name_any() == c.name && (m.spec.stage == Stage::Complete || is_deleting(m))
+            })
+        });
+
+        self.terminate_targeted(
+            st,
+            &node,
+            &raw_pods,
+            &pods,
+            &views,
+            ctx.as_deref(),
+            &mut wake,
+        )
+        .await?;
+
+        let node_empty = ctx.as_ref().is_some_and(|c| c.node_empty(&pods));
+        let mut all_written = true;
+        for m in &active {
+            let view = views.iter().find(|v| v.name == m.name_any());
+            let force = node_empty && ctx.as_ref().is_some_and(|c| c.name == m.name_any());
+            let written = self
+                .write_status(st, &node, m, view, &pods, force, &mut wake)
+                .await?;
+            if force && !written {
+                all_written = false;
+            }
+        }
+
+        let completing: Vec<Arc<NodeMaintenance>> = selecting
+            .iter()
+            .filter(|m| {
+                (m.spec.stage == Stage::Complete || is_deleting(m))
+                    && (has_finalizer(m)
+                        || m.node_status(&self.node)
+                            .is_some_and(|e| e.drain_message != COMPLETED_MESSAGE))
+            })
+            .cloned()
+            .collect();
+        for m in &completing {
+            self.complete(st, &node, m, &active).await?;
+        }
+        if views.is_empty() {
+            st.targets = DrainTargets::none();
+            st.targets_since = None;
+            st.tracks.clear();
+        }
+
+        self.publish_fallback(st, &selecting).await;
+
+        if ((node_empty && all_written) || shutdown_ended) && !self.progress.borrow().shutdown_done
+        {
+            self.progress.send_replace(Progress {
+                shutdown_done: true,
+            });
+        }
+        Ok(wake)
+    }
+
+    /// Each draining maintenance's position in its plan, and the node's effective targets.
+    fn drain_views(
+        &self,
+        st: &mut DrainState,
+        active: &[Arc<NodeMaintenance>],
+        pods: &[PodInfo],
+    ) -> Result<Vec<MaintView>> {
+        let draining: Vec<&Arc<NodeMaintenance>> =
+            active.iter().filter(|m| is_draining(m)).collect();
+        let mut previous: Option<DrainTargets> =
+            (!st.targets.is_empty()).then(|| st.targets.clone());
+        for m in &draining {
+            if let Some(t) = m
+                .node_status(&self.node)
+                .and_then(|e| DrainTargets::from_entries(&e.drain_targets).ok())
+            {
+                previous = Some(match previous {
+                    Some(p) => p.join(&t),
+                    None => t,
+                });
+            }
+        }
+        let prev = previous.clone().unwrap_or_default();
+        let mut plans = Vec::new();
+        for m in draining {
+            let name = m.name_any();
+            match normalize_drain_plan(&m.spec.drain_plan) {
+                Ok(p) => plans.push((m.clone(), name, p)),
+                Err(err) => {
+                    if st.announced.insert(format!("badplan/{name}")) {
+                        tracing::warn!(node = %self.node, maintenance = %name, error = %err, "ignoring a maintenance with an invalid drain plan");
+                    }
+                }
+            }
+        }
+        let mut inputs = Vec::new();
+        for (m, name, plan) in &plans {
+            let steps = (0..plan.len())
+                .map(|i| DrainTargets::for_plan(plan, i))
+                .collect::<Result<Vec<_>, _>>()?;
+            let entry_report = |e: &NodeMaintenanceNodeStatus| {
+                let t = DrainTargets::from_entries(&e.drain_targets).unwrap_or_default();
+                let index = steps.iter().rposition(|s| t.covers(s)).unwrap_or(0);
+                NodeReport {
+                    index,
+                    finished: e.pods_remaining == 0 && t.covers(&steps[index]),
+                }
+            };
+            let mine = m.node_status(&self.node).map(entry_report).or_else(|| {
+                Some(NodeReport {
+                    index: steps.iter().rposition(|s| prev.covers(s)).unwrap_or(0),
+                    finished: false,
+                })
+            });
+            let entries = m
+                .status
+                .as_ref()
+                .map(|s| s.node_statuses.as_slice())
+                .unwrap_or_default();
+            let (reports, own) = match nodesel::exact_nodes(&m.spec.node_selector) {
+                Some(names) if names.contains(&self.node) => {
+                    let own = names.iter().position(|n| *n == self.node).unwrap_or(0);
+                    let reports = names
+                        .iter()
+                        .map(|n| {
+                            if *n == self.node {
+                                mine
+                            } else {
+                                entries.iter().find(|e| e.node_name == *n).map(entry_report)
+                            }
+                        })
+                        .collect();
+                    (reports, own)
+                }
+                _ => (
+                    std::iter::once(mine)
+                        .chain(
+                            entries
+                                .iter()
+                                .filter(|e| e.node_name != self.node)
+                                .map(|e| Some(entry_report(e))),
+                        )
+                        .collect(),
+                    0,
+                ),
+            };
+            inputs.push(MaintenanceInput {
+                name: name.as_str(),
+                plan: plan.as_slice(),
+                reports,
+                own,
+            });
+        }
+        let eval = evaluate_node(previous.as_ref(), &inputs, pods)?;
+        let views: Vec<MaintView> = plans
+            .iter()
+            .enumerate()
+            .map(|(i, (m, name, plan))| MaintView {
+                m: m.clone(),
+                name: name.clone(),
+                plan_len: plan.len(),
+                index: eval.positions[i].index,
+                drained: eval.positions[i].drained,
+                targets: eval.maintenance_targets[i].clone(),
+            })
+            .collect();
+        let nt = eval.node;
+        if !views.is_empty() && (st.targets_since.is_none() || nt.targets != st.targets) {
+            if let Some(since) = st.targets_since {
+                self.metrics
+                    .band_finished(&describe_targets(&st.targets), since.elapsed());
+            }
+            st.targets_since = Some(Instant::now());
+            tracing::info!(node = %self.node, targets = %describe_targets(&nt.targets), holders = ?nt.holders, "drain targets");
+            st.targets = nt.targets;
+        }
+        Ok(views)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn terminate_targeted(
+        &self,
+        st: &mut DrainState,
+        node: &Node,
+        raw_pods: &[Arc<Pod>],
+        pods: &[PodInfo],
+        views: &[MaintView],
+        ctx: Option<&ShutdownCtx>,
+        wake: &mut Option<Instant>,
+    ) -> Result<()> {
+        let now = Instant::now();
+        let present: HashSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
+        st.tracks.retain(|uid, _| present.contains(uid.as_str()));
+        if views.is_empty() {
+            return Ok(());
+        }
+        let cap = if ctx.is_some() {
+            self.settings.drain.eviction_backoff_max_shutdown
+        } else {
+            self.settings.drain.eviction_backoff_max
+        };
+        let raw: HashMap<&str, &Arc<Pod>> = raw_pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p)))
+            .collect();
+        let first_holder = |pod: &PodInfo| {
+            views
+                .iter()
+                .find(|v| v.targets.targets(pod))
+                .map(|v| v.name.clone())
+                .unwrap_or_else(|| views[0].name.clone())
+        };
+        let mut jobs = Vec::new();
+        let mut statics = Vec::new();
+        let mut daemonsets = Vec::new();
+        for pod in pods
+            .iter()
+            .filter(|p| p.is_active() && st.targets.targets(p))
+        {
+            let track = st.tracks.entry(pod.uid.clone()).or_default();
+            if let (Some(c), true) = (ctx, pod.pod_type != PodType::Static) {
+                if let Some(step) = c
+                    .step_of(pod)
+                    .and_then(|i| c.schedule.iter().find(|s| s.index == i))
+                {
+                    let escalate_at = c.start + step.escalate_at;
+                    if c.escalate && !track.escalated {
+                        if now >= escalate_at {
+                            let end = c.start + step.end;
+                            let outlasts = |p: &Pod| {
+                                let deadline = p
+                                    .metadata
+                                    .deletion_timestamp
+                                    .as_ref()
+                                    .map(|t| t.0.as_millisecond());
+                                let left = end.saturating_duration_since(now).as_millis() as i64;
+                                deadline.is_none_or(|d| {
+                                    d > chrono::Utc::now().timestamp_millis() + left
+                                })
+                            };
+                            if raw.get(pod.uid.as_str()).is_some_and(|p| outlasts(p)) {
+                                let grace =
+                                    escalation_grace(pod.grace_period(), now - c.start, step.end);
+                                jobs.push(Job::Terminate(
+                                    pod.clone(),
+                                    Request::Delete {
+                                        grace_seconds: grace.as_secs() as i64,
+                                    },
+                                    c.name.clone(),
+                                    true,
+                                ));
+                                continue;
+                            }
+                        } else {
+                            min_wake(wake, escalate_at);
+                        }
+                    }
+                }
+            }
+            if pod.terminating || track.accepted {
+                continue;
+            }
+            if let Some(t) = track.next_try {
+                if t > now {
+                    min_wake(wake, t);
+                    continue;
+                }
+            }
+            match pod.pod_type {
+                PodType::Default => jobs.push(Job::Terminate(
+                    pod.clone(),
+                    Request::Cooperative,
+                    first_holder(pod),
+                    false,
+                )),
+                PodType::DaemonSet => daemonsets.push(pod.clone()),
+                PodType::Static => statics.push(pod.clone()),
+            }
+        }
+
+        if !daemonsets.is_empty() {
+            let first = views.first().map(|v| v.m.as_ref());
+            if maintenance_taint_patch(node, true).is_some() {
+                self.patch_node(st, "taint for DaemonSet pods", |n| {
+                    maintenance_taint_patch(n, true)
+                })
+                .await?;
+                self.event_both(
+                    node,
+                    first,
+                    false,
+                    "Tainted",
+                    "node tainted nodegrace.dev/maintenance:NoSchedule before deleting DaemonSet pods".into(),
+                );
+            }
+            let tolerant: Vec<String> = daemonsets
+                .iter()
+                .filter(|p| {
+                    raw.get(p.uid.as_str())
+                        .is_some_and(|r| tolerates_everything(r))
+                })
+                .filter(|p| st.announced.insert(format!("tolerant/{}", p.uid)))
+                .map(PodInfo::key)
+                .collect();
+            if !tolerant.is_empty() {
+                tracing::warn!(node = %self.node, pods = ?tolerant, "DaemonSet pods tolerate every taint and may be recreated");
+                self.event_both(
+                    node,
+                    first,
+                    true,
+                    "TolerateEverything",
+                    format!(
+                        "DaemonSet pods tolerating every taint may be recreated on the node: {}",
+                        tolerant.join(", ")
+                    ),
+                );
+            }
+            for pod in daemonsets {
+                let m = first_holder(&pod);
+                let grace = pod.termination_grace_period_seconds;
+                jobs.push(Job::Terminate(
+                    pod,
+                    Request::Delete {
+                        grace_seconds: grace,
+                    },
+                    m,
+                    false,
+                ));
+            }
+        }
+
+        let terminator = self.terminator.clone();
+        let results: Vec<(PodInfo, Request, String, bool, Result<Outcome>)> =
+            futures::stream::iter(jobs)
+                .map(|Job::Terminate(pod, req, m, esc)| {
+                    let terminator = terminator.clone();
+                    async move {
+                        let r = terminator.terminate(&pod, req, &m).await;
+                        (pod, req, m, esc, r)
+                    }
+                })
+                .buffer_unordered(CONCURRENT_REQUESTS)
+                .collect()
+                .await;
+        for (pod, req, m, escalated, result) in results {
+            let track = st.tracks.entry(pod.uid.clone()).or_default();
+            let mobj = views.iter().find(|v| v.name == m).map(|v| v.m.clone());
+            match result {
+                Ok(Outcome::Accepted) => {
+                    self.mark_reachable();
+                    track.accepted = true;
+                    track.blocked_by = None;
+                    self.metrics.pod_terminated(self.terminator.method(req));
+                    if escalated {
+                        track.escalated = true;
+                        self.metrics.escalated();
+                        tracing::warn!(node = %self.node, pod = %pod.key(), ?req, "escalated to DELETE at the shutdown deadline");
+                        self.event_both(
+                            node,
+                            mobj.as_deref(),
+                            true,
+                            "Escalated",
+                            format!(
+                                "pod {} still running at its shutdown deadline: deleted ({req:?})",
+                                pod.key()
+                            ),
+                        );
+                    }
+                }
+                Ok(Outcome::Gone) => {
+                    self.mark_reachable();
+                    track.accepted = true;
+                    track.escalated |= escalated;
+                }
+                Ok(Outcome::Blocked { budget, message }) => {
+                    self.mark_reachable();
+                    let delay = backoff(track.attempts, cap);
+                    track.attempts += 1;
+                    track.next_try = Some(now + delay);
+                    min_wake(wake, now + delay);
+                    let by = budget
+                        .map(|b| format!("PodDisruptionBudget {}/{b}", pod.namespace))
+                        .unwrap_or(message);
+                    if track.blocked_by.as_deref() != Some(by.as_str()) {
+                        tracing::info!(node = %self.node, pod = %pod.key(), blocked_by = %by, "eviction blocked");
+                        self.event_both(
+                            node,
+                            mobj.as_deref(),
+                            true,
+                            "EvictionBlocked",
+                            format!(
+                                "eviction of pod {} blocked by {by}; retrying with back-off",
+                                pod.key()
+                            ),
+                        );
+                    }
+                    track.blocked_by = Some(by);
+                }
+                Err(err) => {
+                    if anyhow_is_transport(&err) {
+                        self.mark_unreachable();
+                    }
+                    self.metrics.api_error("terminate");
+                    tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "terminating a pod failed");
+                    track.next_try = Some(now + RETRY_AFTER_ERROR);
+                    min_wake(wake, now + RETRY_AFTER_ERROR);
+                }
+            }
+        }
+
+        if !statics.is_empty() {
+            let gate = self.gate.clone();
+            let node_name = self.node.clone();
+            let wanted: Vec<(String, String)> = statics
+                .iter()
+                .map(|p| (p.namespace.clone(), p.name.clone()))
+                .collect();
+            let outcome =
+                tokio::task::spawn_blocking(move || -> Result<Vec<(usize, Result<String>)>> {
+                    let manifests = gate.active()?;
+                    Ok(wanted
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (ns, name))| {
+                            let r = manifests
+                                .iter()
+                                .find(|m| m.is_mirrored_by(ns, name, &node_name))
+                                .map(|m| m.file_name.clone())
+                                .with_context(|| {
+                                    format!("no static pod manifest mirrors pod {ns}/{name}")
+                                })
+                                .and_then(|file| gate.gate(&file).map(|()| file));
+                            (i, r)
+                        })
+                        .collect())
+                })
+                .await
+                .context("the static pod gate task failed")??;
+            for (i, r) in outcome {
+                let pod = &statics[i];
+                let track = st.tracks.entry(pod.uid.clone()).or_default();
+                match r {
+                    Ok(file) => {
+                        track.accepted = true;
+                        self.metrics.pod_terminated(TerminationMethod::StaticGate);
+                        tracing::info!(node = %self.node, pod = %pod.key(), manifest = %file, "static pod manifest gated");
+                    }
+                    Err(err) => {
+                        track.accepted = true;
+                        tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "cannot gate a static pod");
+                        self.event_both(
+                            node,
+                            views.first().map(|v| v.m.as_ref()),
+                            true,
+                            "StaticPodNotGated",
+                            format!("{err:#}"),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This node's entry in `m`'s status and the aggregate fields. Returns whether the
+    /// entry on the apiserver is up to date.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_status(
+        &self,
+        st: &mut DrainState,
+        node: &Node,
+        m: &Arc<NodeMaintenance>,
+        view: Option<&MaintView>,
+        pods: &[PodInfo],
+        force: bool,
+        wake: &mut Option<Instant>,
+    ) -> Result<bool> {
+        let name = m.name_any();
+        let mut entry = NodeMaintenanceNodeStatus::for_node(&self.node);
+        if let Some(v) = view {
+            let targeted: Vec<&PodInfo> = st.targets.active_targeted(pods).collect();
+            let requested = targeted
+                .iter()
+                .filter(|p| p.terminating || st.tracks.get(&p.uid).is_some_and(|t| t.accepted))
+                .count();
+            let blocked: Vec<String> = targeted
+                .iter()
+                .filter_map(|p| {
+                    st.tracks
+                        .get(&p.uid)
+                        .filter(|t| !t.accepted && !p.terminating)
+                        .and_then(|t| t.blocked_by.as_ref())
+                        .map(|b| format!("{} by {b}", p.key()))
+                })
+                .collect();
+            entry.drain_targets = st.targets.to_entries();
+            entry.pods_remaining = targeted.len() as i32;
+            entry.active_eviction_requests = requested as i32;
+            entry.pods_pending_eviction_request = (targeted.len() - requested) as i32;
+            entry.pods_not_targeted = pods
+                .iter()
+                .filter(|p| p.is_active() && !st.targets.targets(p))
+                .count() as i32;
+            let limited = !st.targets.covers(&v.targets);
+            entry.drain_message = if !targeted.is_empty() {
+                if !blocked.is_empty() {
+                    format!("Draining: eviction blocked for {}", blocked.join("; "))
+                } else if limited {
+                    "Draining (limited by another maintenance)".into()
+                } else {
+                    "Draining".into()
+                }
+            } else if v.drained {
+                "Drained".into()
+            } else if limited {
+                "Waiting for another maintenance.".into()
+            } else {
+                format!("Waiting for {name}.")
+            };
+        } else {
+            entry.drain_message = "Cordoned".into();
+            entry.pods_not_targeted = pods.iter().filter(|p| p.is_active()).count() as i32;
+        }
+
+        let mut current = m.node_status(&self.node).cloned();
+        if let Some(c) = current.as_mut() {
+            c.last_update_time = None;
+        }
+        let mut up_to_date = current.as_ref() == Some(&entry);
+        let mut latest = m.clone();
+        if !up_to_date {
+            let counts_only = current.as_ref().is_some_and(|c| {
+                c.drain_targets == entry.drain_targets
+                    && c.drain_message == entry.drain_message
+                    && (c.pods_remaining == 0) == (entry.pods_remaining == 0)
+            });
+            let due = st.last_entry_write.get(&name).map(|t| *t + STATUS_DEBOUNCE);
+            match due {
+                Some(due) if counts_only && !force && Instant::now() < due => min_wake(wake, due),
+                _ => {
+                    let mut e = entry.clone();
+                    e.last_update_time =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            k8s_openapi::jiff::Timestamp::now(),
+                        ));
+                    latest = Arc::new(self.apply_entry(&name, &e).await?);
+                    st.nm_overlay.insert(name.clone(), latest.clone());
+                    st.last_entry_write.insert(name.clone(), Instant::now());
+                    up_to_date = true;
+                }
+            }
+        }
+
+        if let Some(v) = view {
+            if v.drained
+                && st
+                    .announced
+                    .insert(format!("drained/{}", m.uid().unwrap_or_default()))
+            {
+                self.event_both(
+                    node,
+                    Some(m),
+                    false,
+                    "Drained",
+                    format!("node {} drained for {name}", self.node),
+                );
+            }
+            let key = format!("targets/{name}/{}", describe_targets(&st.targets));
+            if st.announced.insert(key) {
+                self.event_both(
+                    node,
+                    Some(m),
+                    false,
+                    "DrainTargets",
+                    format!(
+                        "node {} drains {}",
+                        self.node,
+                        describe_targets(&st.targets)
+                    ),
+                );
+            }
+        }
+        self.write_aggregate(st, &latest, view).await?;
+        Ok(up_to_date)
+    }
+
+    async fn apply_entry(
+        &self,
+        name: &str,
+        entry: &NodeMaintenanceNodeStatus,
+    ) -> Result<NodeMaintenance> {
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let body = node_status_apply_patch(name, entry)?;
+        let r = api
+            .patch_status(
+                name,
+                &node_status_patch_params(&self.node),
+                &Patch::Apply(&body),
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "writing node {}'s status to NodeMaintenance {name}",
+                    self.node
+                )
+            });
+        self.note(&r);
+        if r.is_err() {
+            self.metrics.api_error("maintenance_status");
+        }
+        r
+    }
+
+    async fn write_aggregate(
+        &self,
+        st: &mut DrainState,
+        m: &Arc<NodeMaintenance>,
+        view: Option<&MaintView>,
+    ) -> Result<()> {
+        let name = m.name_any();
+        let status = m.status.clone().unwrap_or_default();
+        let now = now_rfc3339();
+        let mut stages = serde_json::to_value(&status.stage_statuses)?;
+        let mut wanted = vec![m.spec.stage];
+        if m.spec.stage == Stage::Drain {
+            wanted.insert(0, Stage::Cordon);
+        }
+        if let Some(list) = stages.as_array_mut() {
+            for s in wanted {
+                if !status.stage_statuses.iter().any(|x| x.name == s) {
+                    list.push(json!({"name": s.as_str(), "startTimestamp": now}));
+                }
+            }
+        }
+        let mut patch = serde_json::Map::new();
+        if stages != serde_json::to_value(&status.stage_statuses)? {
+            patch.insert("stageStatuses".into(), stages);
+        }
+        if let Some(v) = view {
+            let entries = &status.node_statuses;
+            let reached = reached_drain_targets(
+                entries
+                    .iter()
+                    .filter_map(|e| DrainTargets::from_entries(&e.drain_targets).ok())
+                    .collect::<Vec<_>>()
+                    .iter(),
+            );
+            let message = if v.drained {
+                "Drained".to_string()
+            } else if entries.iter().any(|e| e.pods_remaining > 0) {
+                "Draining".to_string()
+            } else {
+                format!("Waiting for {name}.")
+            };
+            let drain_status = json!({
+                "reachedDrainTargets": serde_json::to_value(reached.to_entries())?,
+                "podsPendingEvictionRequest": entries.iter().map(|e| e.pods_pending_eviction_request).sum::<i32>(),
+                "activeEvictionRequests": entries.iter().map(|e| e.active_eviction_requests).sum::<i32>(),
+                "drainMessage": message,
+            });
+            let current_ds = serde_json::to_value(status.drain_status.clone().unwrap_or_default())?;
+            if strip_empty(&current_ds) != strip_empty(&drain_status) {
+                patch.insert("drainStatus".into(), drain_status);
+            }
+            let want = if v.drained { "True" } else { "False" };
+            let existing = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == CONDITION_DRAINED);
+            if existing.is_none_or(|c| c.status != want) {
+                let mut conds: Vec<Value> = status
+                    .conditions
+                    .iter()
+                    .filter(|c| c.type_ != CONDITION_DRAINED)
+                    .filter_map(|c| serde_json::to_value(c).ok())
+                    .collect();
+                conds.push(json!({
+                    "type": CONDITION_DRAINED,
+                    "status": want,
+                    "reason": if v.drained { "Drained" } else { "Draining" },
+                    "message": if v.drained { "every targeted pod terminated on every selected node".to_string() } else { format!("at drain plan entry {} of {}", v.index + 1, v.plan_len) },
+                    "lastTransitionTime": now,
+                    "observedGeneration": m.metadata.generation.unwrap_or(0),
+                }));
+                patch.insert("conditions".into(), Value::Array(conds));
+            }
+        }
+        if patch.is_empty() {
+            return Ok(());
+        }
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let r = api
+            .patch_status(
+                &name,
+                &merge_params(),
+                &Patch::Merge(json!({"status": patch})),
+            )
+            .await
+            .with_context(|| format!("writing the status of NodeMaintenance {name}"));
+        self.note(&r);
+        let updated = r?;
+        st.nm_overlay.insert(name, Arc::new(updated));
+        Ok(())
+    }
+
+    async fn update_finalizer(
+        &self,
+        st: &mut DrainState,
+        m: &NodeMaintenance,
+        present: bool,
+    ) -> Result<()> {
+        let name = m.name_any();
+        let mut list: Vec<String> = m.finalizers().to_vec();
+        list.retain(|f| f != FINALIZER_MAINTENANCE_COMPLETION);
+        if present {
+            list.push(FINALIZER_MAINTENANCE_COMPLETION.into());
+        }
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {
+            "finalizers": list,
+            "resourceVersion": m.metadata.resource_version,
+        }});
+        match api
+            .patch(&name, &merge_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => {
+                self.mark_reachable();
+                st.nm_overlay.insert(name, Arc::new(updated));
+                Ok(())
+            }
+            // Someone changed it meanwhile: the watch brings the new version and a new pass.
+            Err(e) if api_error_code(&e) == Some(409) => Ok(()),
+            Err(e) if api_error_code(&e) == Some(404) => Ok(()),
+            Err(e) => {
+                let e = anyhow::Error::from(e)
+                    .context(format!("updating the finalizer of NodeMaintenance {name}"));
+                self.note::<()>(&Err(anyhow::anyhow!("{e:#}")));
+                Err(e)
+            }
+        }
+    }
+
+    /// The Complete stage (or deletion) of `m` on this node.
+    async fn complete(
+        &self,
+        st: &mut DrainState,
+        node: &Node,
+        m: &Arc<NodeMaintenance>,
+        active: &[Arc<NodeMaintenance>],
+    ) -> Result<()> {
+        let name = m.name_any();
+        let others = active.iter().any(|o| o.name_any() != name);
+        if !others {
+            if uncordon_patch(node).is_some() {
+                self.patch_node(st, "uncordon", uncordon_patch).await?;
+            }
+            if maintenance_taint_patch(node, false).is_some() {
+                self.patch_node(st, "remove the maintenance taint", |n| {
+                    maintenance_taint_patch(n, false)
+                })
+                .await?;
+            }
+            if lb_exclusion_patch(node, false).is_some() {
+                self.patch_node(st, "remove the load-balancer exclusion", |n| {
+                    lb_exclusion_patch(n, false)
+                })
+                .await?;
+            }
+            let gate = self.gate.clone();
+            let kept = tokio::task::spawn_blocking(move || -> Result<Vec<String>> {
+                if gate.gated()?.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    gate.restore_all()
+                }
+            })
+            .await
+            .context("the static pod restore task failed")??;
+            if !kept.is_empty() {
+                self.event_both(
+                    node,
+                    Some(m),
+                    true,
+                    "StaticPodsKeptAside",
+                    format!(
+                        "gated manifests not restored (a file of that name exists): {}",
+                        kept.join(", ")
+                    ),
+                );
+            }
+        }
+        if let Err(err) = self.terminator.withdraw(&name).await {
+            tracing::warn!(node = %self.node, maintenance = %name, error = format!("{err:#}"), "withdrawing eviction requests failed");
+        }
+        let mut entry = NodeMaintenanceNodeStatus::for_node(&self.node);
+        entry.drain_message = COMPLETED_MESSAGE.into();
+        let mut latest = m.clone();
+        let current_msg = m.node_status(&self.node).map(|e| e.drain_message.as_str());
+        if current_msg != Some(COMPLETED_MESSAGE) {
+            entry.last_update_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+            latest = Arc::new(self.apply_entry(&name, &entry).await?);
+            st.nm_overlay.insert(name.clone(), latest.clone());
+        }
+        self.write_aggregate(st, &latest, None).await?;
+        let everyone_done = latest
+            .status
+            .as_ref()
+            .map(|s| {
+                s.node_statuses
+                    .iter()
+                    .all(|e| e.drain_message == COMPLETED_MESSAGE)
+            })
+            .unwrap_or(true);
+        if has_finalizer(&latest) && everyone_done {
+            self.update_finalizer(st, &latest, false).await?;
+        }
+        if st
+            .announced
+            .insert(format!("completed/{}", m.uid().unwrap_or_default()))
+        {
+            let note = if others {
+                format!(
+                    "{name} completed on node {}; it stays cordoned for another maintenance",
+                    self.node
+                )
+            } else {
+                format!("{name} completed on node {}", self.node)
+            };
+            self.event_both(node, Some(m), false, "Completed", note);
+            tracing::info!(node = %self.node, maintenance = %name, others, "maintenance completed");
+        }
+        Ok(())
+    }
+
+    async fn publish_fallback(&self, st: &mut DrainState, selecting: &[Arc<NodeMaintenance>]) {
+        let Some(summary) = lock(&self.fallback).clone() else {
+            return;
+        };
+        let name = shutdown_maintenance_name(&self.node);
+        let Some(m) = selecting.iter().find(|m| m.name_any() == name) else {
+            return;
+        };
+        let Ok(text) = serde_json::to_string(&summary) else {
+            return;
+        };
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {FALLBACK_ANNOTATION: text}}});
+        match api
+            .patch(&name, &merge_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => {
+                st.nm_overlay.insert(name.clone(), Arc::new(updated));
+                *lock(&self.fallback) = None;
+                if let Some(node) = st.node_overlay.clone() {
+                    self.event_both(&node, Some(m), true, "FallbackUsed", format!("the apiserver was unreachable: the local fallback stopped {} pod(s) ({} not stopped); continuing through {name}", summary.pods_stopped, summary.pods_not_stopped));
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "recording the fallback report failed; will retry")
+            }
+        }
+    }
+}
+
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+/// Deep-merges two optional JSON merge patches.
+fn merge_values(a: Option<Value>, b: Option<Value>) -> Option<Value> {
+    fn merge(into: &mut Value, from: Value) {
+        match (into, from) {
+            (Value::Object(i), Value::Object(f)) => {
+                for (k, v) in f {
+                    merge(i.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            merge(&mut a, b);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    }
+}
+
+fn strip_empty(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| {
+                    !matches!(v, Value::Null)
+                        && v.as_array().is_none_or(|a| !a.is_empty())
+                        && v.as_str().is_none_or(|s| !s.is_empty())
+                })
+                .map(|(k, v)| (k.clone(), strip_empty(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn describe_targets(t: &DrainTargets) -> String {
+    let parts: Vec<String> = t
+        .to_entries()
+        .iter()
+        .map(|e| {
+            let sel = if e.pod_selector.is_some() {
+                " (selector)"
+            } else {
+                ""
+            };
+            format!("{:?}<={}{sel}", e.pod_type, e.pod_priority)
+        })
+        .collect();
+    if parts.is_empty() {
+        "nothing".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// [`crate::daemon::Drainer`] over the engine alone (no fallback): `drain` is
+/// `shutdown_drain`; `cancel` and `after_boot` apply `shutdown.on_cancel` /
+/// `shutdown.after_boot`. The daemon composes it with the CRI fallback on
+/// [`EngineError::ApiserverUnreachable`].
+pub struct EngineDrainer {
+    pub engine: Arc<Engine>,
+    pub boot_id_path: std::path::PathBuf,
+}
+
+impl EngineDrainer {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self {
+            engine,
+            boot_id_path: "/proc/sys/kernel/random/boot_id".into(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::daemon::Drainer for EngineDrainer {
+    async fn drain(&self, req: &ShutdownRequest) -> Result<()> {
+        self.engine
+            .shutdown_drain(req)
+            .await
+            .map_err(anyhow::Error::from)
+    }
+
+    async fn cancel(&self, _req: &ShutdownRequest) -> Result<()> {
+        let policy = self.engine.shared.settings.shutdown.on_cancel;
+        self.engine.cancel_shutdown(policy).await
+    }
+
+    async fn after_boot(&self) -> Result<()> {
+        let boot_id = std::fs::read_to_string(&self.boot_id_path)
+            .with_context(|| format!("reading {}", self.boot_id_path.display()))?;
+        let policy = self.engine.shared.settings.shutdown.after_boot;
+        let outcome = self.engine.after_boot(boot_id.trim(), policy).await?;
+        tracing::info!(node = %self.engine.node(), ?outcome, "after-boot reconcile");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_patches_keep_both() {
+        let a = json!({"metadata": {"annotations": {"a": "1"}}, "spec": {"unschedulable": true}});
+        let b = json!({"metadata": {"labels": {"l": ""}, "annotations": {"b": "2"}}});
+        let m = merge_values(Some(a), Some(b)).unwrap();
+        assert_eq!(m["metadata"]["annotations"]["a"], "1");
+        assert_eq!(m["metadata"]["annotations"]["b"], "2");
+        assert_eq!(m["metadata"]["labels"]["l"], "");
+        assert_eq!(m["spec"]["unschedulable"], true);
+        assert_eq!(merge_values(None, None), None);
+    }
+
+    #[test]
+    fn shutdown_plan_injects_defaults() {
+        let plan = shutdown_plan(&Settings::default()).unwrap();
+        assert_eq!(plan.len(), 12);
+        assert_eq!(plan.last().unwrap().pod_type, PodType::Static);
+    }
+}

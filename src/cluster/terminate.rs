@@ -1,0 +1,79 @@
+//! How the drain asks a pod to go. The drain loop decides *when* and *which*; a
+//! [`PodTerminator`] decides *how*: today the Eviction API (PodDisruptionBudgets honoured)
+//! and DELETE; an EvictionRequest path (create or join the pod's EvictionRequest when that
+//! CRD is installed) plugs in as another implementation without touching the loop.
+
+use anyhow::Result;
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+
+use super::evict::{self, Outcome};
+use crate::metrics::TerminationMethod;
+use crate::plan::PodInfo;
+
+/// What the drain wants done to one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// Cooperative: respects disruption budgets (Eviction API or EvictionRequest); may be
+    /// answered with [`Outcome::Blocked`].
+    Cooperative,
+    /// DELETE with this grace period (DaemonSet pods, escalation at a shutdown deadline).
+    Delete { grace_seconds: i64 },
+}
+
+#[async_trait]
+pub trait PodTerminator: Send + Sync + 'static {
+    /// Asks `pod` (by UID: a pod recreated under the same name is never hit) to terminate
+    /// on behalf of the NodeMaintenance `maintenance`.
+    async fn terminate(
+        &self,
+        pod: &PodInfo,
+        request: Request,
+        maintenance: &str,
+    ) -> Result<Outcome>;
+
+    /// The maintenance completed: withdraw what was requested on its behalf and is still
+    /// pending (EvictionRequests). Nothing to withdraw for a plain eviction.
+    async fn withdraw(&self, _maintenance: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// The method counted in metrics for an accepted `request`.
+    fn method(&self, request: Request) -> TerminationMethod {
+        match request {
+            Request::Cooperative => TerminationMethod::Eviction,
+            Request::Delete { .. } => TerminationMethod::Delete,
+        }
+    }
+}
+
+/// The Eviction API and DELETE, both with a UID precondition.
+#[derive(Clone)]
+pub struct EvictionApi {
+    client: Client,
+}
+
+impl EvictionApi {
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl PodTerminator for EvictionApi {
+    async fn terminate(
+        &self,
+        pod: &PodInfo,
+        request: Request,
+        _maintenance: &str,
+    ) -> Result<Outcome> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        match request {
+            Request::Cooperative => evict::evict(&api, &pod.name, &pod.uid, None).await,
+            Request::Delete { grace_seconds } => {
+                evict::delete(&api, &pod.name, &pod.uid, grace_seconds).await
+            }
+        }
+    }
+}

@@ -1,0 +1,809 @@
+//! The engine against the fake apiserver and fake kubelet: what the apiserver received, and
+//! in which order pods were terminated.
+
+mod engine_support;
+
+use std::time::Duration;
+
+use engine_support::*;
+use nodegrace::api::Stage;
+use nodegrace::cluster::{shutdown_maintenance_name, AfterBoot, EngineError};
+use nodegrace::config::CompletionPolicy;
+use nodegrace::daemon::ShutdownKind;
+use nodegrace::testing::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
+use serde_json::json;
+
+fn kubelet(finish_ms: u64) -> KubeletConfig {
+    KubeletConfig {
+        default_finish: Duration::from_millis(finish_ms),
+        ..KubeletConfig::node(NODE)
+    }
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
+    let env = Env::new(kubelet(150)).await;
+    env.pod("low", Kind::Default, 0, 30, json!({}));
+    env.pod("mid", Kind::Default, 1_500_000_000, 30, json!({}));
+    env.pod("crit", Kind::Default, 2_000_001_000, 30, json!({}));
+    env.pod("ds", Kind::DaemonSet, 2_000_001_000, 30, json!({}));
+    let mirror = env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+    let engine = env.engine(env.settings());
+
+    let started = std::time::Instant::now();
+    engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+
+    // Every band waits for the one before: 4 bands of ~150 ms.
+    assert!(
+        took >= Duration::from_millis(550),
+        "returned too early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "returned too late: {took:?}");
+    for p in ["low", "mid", "crit", "ds", mirror.as_str()] {
+        assert!(!env.pod_exists(p), "{p} still exists");
+    }
+    assert_eq!(
+        env.evictions(),
+        ["low", "mid", "crit"],
+        "Default pods evicted by priority"
+    );
+    assert_eq!(
+        env.deletes(),
+        ["ds"],
+        "the DaemonSet pod is deleted, the static pod gated"
+    );
+    assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
+
+    // The taint precedes the DaemonSet pod's deletion; the cordon precedes everything.
+    let reqs = env.requests();
+    let pos = |f: &dyn Fn(&nodegrace::testing::fake_apiserver::RecordedRequest) -> bool| {
+        reqs.iter().position(f).expect("request not found")
+    };
+    let taint = pos(&|r| {
+        r.method == "PATCH"
+            && r.path == format!("/api/v1/nodes/{NODE}")
+            && r.body_json()
+                .is_some_and(|b| b.to_string().contains("nodegrace.dev/maintenance"))
+    });
+    let ds_delete = pos(&|r| r.method == "DELETE" && r.path.ends_with("/pods/ds"));
+    let cordon = pos(&|r| {
+        r.method == "PATCH"
+            && r.path == format!("/api/v1/nodes/{NODE}")
+            && r.body_json()
+                .is_some_and(|b| b["spec"]["unschedulable"] == true)
+    });
+    let first_eviction = pos(&|r| r.path.ends_with("/eviction"));
+    assert!(
+        taint < ds_delete,
+        "taint must come before the DaemonSet deletion"
+    );
+    assert!(cordon < first_eviction);
+    let delete_body = reqs[ds_delete].body_json().unwrap();
+    assert_eq!(
+        delete_body["gracePeriodSeconds"], 30,
+        "deleted with its own grace"
+    );
+    assert!(delete_body["preconditions"]["uid"].is_string());
+
+    // The shutdown maintenance, the node marks and the node's status entry.
+    let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
+    assert_eq!(m.spec.stage, Stage::Drain);
+    assert!(m.spec.reason.as_deref().unwrap().contains("reboot"));
+    assert_eq!(
+        m.metadata.annotations.as_ref().unwrap()["nodegrace.dev/boot-id"],
+        "boot-1"
+    );
+    assert!(m
+        .metadata
+        .finalizers
+        .as_ref()
+        .unwrap()
+        .contains(&"nodegrace.dev/maintenance-completion".to_string()));
+    let entry = m.node_status(NODE).unwrap();
+    assert_eq!(entry.pods_remaining, 0);
+    assert_eq!(entry.drain_message, "Drained");
+    assert_eq!(m.drained(), Some("True"));
+    let node = env.node();
+    assert_eq!(node["spec"]["unschedulable"], true);
+    assert_eq!(
+        node["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"],
+        ""
+    );
+    let conditions = node["status"]["conditions"].as_array().unwrap();
+    assert!(conditions
+        .iter()
+        .any(|c| c["type"] == "GracefulNodeShutdownInProgress" && c["status"] == "True"));
+    assert!(!env.events("Drained").is_empty());
+    let timings = engine.timings();
+    assert!(timings.maintenance_ready.unwrap() < Duration::from_millis(500));
+    assert!(timings.cordoned.unwrap() < Duration::from_millis(500));
+}
+
+#[tokio::test]
+async fn pdb_blocked_pod_is_escalated_at_the_shutdown_deadline() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pdb("db-pdb", "db", 1);
+    let engine = env.engine(env.settings());
+
+    let started = std::time::Instant::now();
+    engine
+        .shutdown_drain(&request(ShutdownKind::Poweroff, Duration::from_secs(4)))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    // One Regular step owns the whole 4 s budget: cooperative until 2 s, then DELETE with
+    // what is left (2 s).
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "took {took:?}"
+    );
+    let evictions = env.evictions();
+    assert!(
+        evictions.len() >= 2,
+        "evictions retried with back-off: {evictions:?}"
+    );
+    assert_eq!(env.deletes(), ["db"]);
+    let delete = env
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "DELETE" && r.path.ends_with("/pods/db"))
+        .unwrap();
+    let grace = delete.body_json().unwrap()["gracePeriodSeconds"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        (1..=2).contains(&grace),
+        "grace bounded by what is left: {grace}"
+    );
+    assert!(!env.events("EvictionBlocked").is_empty());
+    assert!(env.events("EvictionBlocked")[0]["note"]
+        .as_str()
+        .unwrap()
+        .contains("db-pdb"));
+    assert!(!env.events("Escalated").is_empty());
+    assert!(env.metrics.render().unwrap().contains("escalat"));
+}
+
+#[tokio::test]
+async fn admin_maintenance_never_escalates_and_names_the_pdb() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pdb("db-pdb", "db", 1);
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    let _engine = env.engine(env.settings());
+
+    eventually(10, "two eviction attempts", || env.evictions().len() >= 2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        env.deletes().is_empty(),
+        "an admin maintenance never escalates"
+    );
+    assert!(env.pod_exists("db"));
+    let m = env.maintenance("upgrade").unwrap();
+    let entry = m.node_status(NODE).unwrap();
+    assert!(
+        entry
+            .drain_message
+            .contains("PodDisruptionBudget work/db-pdb"),
+        "{}",
+        entry.drain_message
+    );
+    assert_eq!(entry.pods_remaining, 1);
+    assert_eq!(m.drained(), Some("False"));
+    assert!(env.node()["spec"]["unschedulable"] == true);
+}
+
+#[tokio::test]
+async fn two_maintenances_take_the_least_powerful_target_and_never_backtrack() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("p5000", Kind::Default, 5000, 30, json!({}));
+    env.pod("p12000", Kind::Default, 12000, 30, json!({}));
+    env.pod("p20000", Kind::Default, 20000, 30, json!({}));
+    env.admin_maintenance(
+        "maintenance-a",
+        "Drain",
+        json!([{"podType": "Default", "podPriority": 15000}]),
+    );
+    env.admin_maintenance(
+        "maintenance-b",
+        "Drain",
+        json!([{"podType": "Default", "podPriority": 10000}]),
+    );
+    let _engine = env.engine(env.settings());
+
+    eventually(10, "p5000 evicted", || {
+        env.evictions().contains(&"p5000".to_string())
+    })
+    .await;
+    // While p5000 terminates only it is targeted (b's 10000 is the least powerful).
+    assert_eq!(env.evictions(), ["p5000"]);
+    eventually(5, "entry in maintenance-a", || {
+        env.maintenance("maintenance-a")
+            .and_then(|m| m.node_status(NODE).cloned())
+            .is_some()
+    })
+    .await;
+    let a = env.maintenance("maintenance-a").unwrap();
+    let targets = &a.node_status(NODE).unwrap().drain_targets;
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0].pod_priority, 10000);
+
+    eventually(10, "p12000 evicted", || {
+        env.evictions().contains(&"p12000".to_string())
+    })
+    .await;
+    assert_eq!(&env.evictions()[..2], ["p5000", "p12000"]);
+    // A new, less powerful maintenance does not pull the node back.
+    env.admin_maintenance(
+        "maintenance-c",
+        "Drain",
+        json!([{"podType": "Default", "podPriority": 2000}]),
+    );
+    eventually(10, "entry in maintenance-c", || {
+        env.maintenance("maintenance-c")
+            .and_then(|m| m.node_status(NODE).cloned())
+            .is_some()
+    })
+    .await;
+    let c = env.maintenance("maintenance-c").unwrap();
+    let prio = c
+        .node_status(NODE)
+        .unwrap()
+        .drain_targets
+        .iter()
+        .map(|t| t.pod_priority)
+        .max()
+        .unwrap();
+    assert!(prio >= 15000, "targets went back to {prio}");
+    eventually(15, "every pod evicted", || env.evictions().len() == 3).await;
+    assert_eq!(env.evictions(), ["p5000", "p12000", "p20000"]);
+}
+
+#[tokio::test]
+async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
+    for policy in [CompletionPolicy::Keep, CompletionPolicy::Complete] {
+        let env = Env::new(kubelet(100)).await;
+        env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+        env.pdb("db-pdb", "db", 1);
+        let engine = env.engine(env.settings());
+        let req = request(ShutdownKind::Reboot, Duration::from_secs(600));
+        let drain = engine.shutdown_drain(&req);
+        let _ = tokio::time::timeout(Duration::from_millis(800), drain).await;
+        let name = shutdown_maintenance_name(NODE);
+        assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
+
+        engine.cancel_shutdown(policy).await.unwrap();
+        let node = env.node();
+        let cond = node["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "GracefulNodeShutdownInProgress")
+            .cloned()
+            .unwrap();
+        assert_eq!(cond["status"], "False");
+        assert!(node["metadata"]["labels"]
+            .get("node.kubernetes.io/exclude-from-external-load-balancers")
+            .is_none());
+        match policy {
+            CompletionPolicy::Keep => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
+                assert_eq!(env.node()["spec"]["unschedulable"], true);
+            }
+            CompletionPolicy::Complete => {
+                eventually(10, "finalizer dropped and node uncordoned", || {
+                    let m = env.maintenance(&name).unwrap();
+                    m.spec.stage == Stage::Complete
+                        && m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+                        && env.node()["spec"]
+                            .get("unschedulable")
+                            .is_none_or(|u| u == false)
+                })
+                .await;
+            }
+        }
+        assert!(
+            env.deletes().is_empty(),
+            "a cancelled shutdown escalates nothing"
+        );
+    }
+}
+
+#[tokio::test]
+async fn restart_mid_drain_resumes_without_duplicate_requests() {
+    let env = Env::new(kubelet(1500)).await;
+    env.pod("a", Kind::Default, 0, 30, json!({}));
+    env.pod("b", Kind::Default, 0, 30, json!({}));
+    env.pod("c", Kind::Default, 1_500_000_000, 30, json!({}));
+    let req = request(ShutdownKind::Reboot, Duration::from_secs(120));
+    let first = env.engine(env.settings());
+    let drain = first.shutdown_drain(&req);
+    let _ = tokio::time::timeout(Duration::from_millis(700), drain).await;
+    assert_eq!(env.evictions().len(), 2, "first band requested");
+    let name = shutdown_maintenance_name(NODE);
+    let before = env
+        .maintenance(&name)
+        .unwrap()
+        .node_status(NODE)
+        .unwrap()
+        .drain_targets
+        .clone();
+    drop(first); // the daemon is killed mid-drain
+
+    let second = env.engine(env.settings());
+    let mut resumed = req.clone();
+    resumed.resumed = true;
+    second.shutdown_drain(&resumed).await.unwrap();
+    let evictions = env.evictions();
+    assert_eq!(evictions.len(), 3, "no duplicate evictions: {evictions:?}");
+    assert_eq!(evictions[2], "c");
+    let creates = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/nodemaintenances"))
+        .count();
+    assert_eq!(creates, 1, "the maintenance is adopted, not created again");
+    let after = env
+        .maintenance(&name)
+        .unwrap()
+        .node_status(NODE)
+        .unwrap()
+        .drain_targets
+        .clone();
+    let max = |t: &[nodegrace::plan::DrainPlanEntry]| {
+        t.iter().map(|e| e.pod_priority).max().unwrap_or(i32::MIN)
+    };
+    assert!(max(&after) >= max(&before), "targets never go back");
+}
+
+#[tokio::test]
+async fn uncordon_respects_someone_elses_cordon_and_other_maintenances() {
+    let env = Env::new(kubelet(50)).await;
+    env.admin_maintenance("one", "Cordon", json!([]));
+    env.admin_maintenance("two", "Cordon", json!([]));
+    let _engine = env.engine(env.settings());
+    eventually(10, "cordoned", || {
+        env.node()["spec"]["unschedulable"] == true
+    })
+    .await;
+
+    let patch_stage = |name: &str| {
+        env.cluster
+            .store
+            .update_in_process("nodegrace.dev", "nodemaintenances", "", name, |m| {
+                m["spec"]["stage"] = json!("Complete")
+            })
+            .unwrap();
+    };
+    patch_stage("one");
+    eventually(10, "one completed", || {
+        env.maintenance("one")
+            .unwrap()
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_none_or(|f| f.is_empty())
+    })
+    .await;
+    assert_eq!(
+        env.node()["spec"]["unschedulable"],
+        true,
+        "two still holds the node"
+    );
+    patch_stage("two");
+    eventually(10, "uncordoned", || {
+        env.node()["spec"]
+            .get("unschedulable")
+            .is_none_or(|u| u == false)
+    })
+    .await;
+
+    // A node someone else cordoned stays cordoned after nodegrace's maintenance.
+    env.cluster
+        .store
+        .update_in_process("", "nodes", "", NODE, |n| {
+            n["spec"]["unschedulable"] = json!(true)
+        })
+        .unwrap();
+    env.admin_maintenance("three", "Cordon", json!([]));
+    eventually(10, "three holds the node", || {
+        env.node()["metadata"]["annotations"]
+            .get("nodegrace.dev/previous-unschedulable")
+            .is_some()
+    })
+    .await;
+    patch_stage("three");
+    eventually(10, "three completed", || {
+        env.maintenance("three")
+            .unwrap()
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_none_or(|f| f.is_empty())
+    })
+    .await;
+    assert_eq!(env.node()["spec"]["unschedulable"], true);
+}
+
+#[tokio::test]
+async fn a_statefulset_pod_recreated_under_the_same_name_is_not_evicted() {
+    let env = Env::new(KubeletConfig {
+        default_finish: Duration::from_millis(100),
+        recreate_statefulset: Some(StatefulSetRecreate { node: None }),
+        ..KubeletConfig::node(NODE)
+    })
+    .await;
+    env.cluster.ensure_namespace("work").unwrap();
+    let now = env.cluster.store.now_str();
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "db-0", "namespace": "work", "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "sts-uid", "controller": true
+            }]},
+            "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]},
+            "status": nodegrace::testing::fake_apiserver::running_status(&now),
+        }))
+        .unwrap();
+    let old_uid = env
+        .cluster
+        .store
+        .get_obj("", "pods", "work", "db-0")
+        .unwrap()["metadata"]["uid"]
+        .clone();
+    let engine = env.engine(env.settings());
+    engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    eventually(5, "the replacement exists", || {
+        env.cluster
+            .store
+            .get_obj("", "pods", "work", "db-0")
+            .is_some_and(|p| p["metadata"]["uid"] != old_uid)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.evictions(), ["db-0"]);
+    let eviction = env
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/eviction"))
+        .unwrap();
+    assert_eq!(
+        eviction.body_json().unwrap()["deleteOptions"]["preconditions"]["uid"],
+        old_uid
+    );
+    assert!(env.pod_exists("db-0"), "the replacement keeps running");
+}
+
+#[tokio::test]
+async fn volume_attachments_are_awaited_but_bounded() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 0, 30, json!({}));
+    let va = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": "va-1"},
+        "spec": {"attacher": "csi.example.com", "nodeName": NODE, "source": {"persistentVolumeName": "pv-1"}},
+    });
+    env.cluster.insert(&va).unwrap();
+    let mut settings = env.settings();
+    settings.drain.volume_detach_timeout = Duration::from_secs(1);
+    let engine = env.engine(settings);
+    let started = std::time::Instant::now();
+    engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        "bounded wait: {took:?}"
+    );
+
+    // Detached quickly: released as soon as it is gone.
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 0, 30, json!({}));
+    env.cluster.insert(&va).unwrap();
+    let mut settings = env.settings();
+    settings.drain.volume_detach_timeout = Duration::from_secs(10);
+    let engine = env.engine(settings);
+    let store = env.cluster.store.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let ri = store
+            .find_resource("storage.k8s.io", "v1", "volumeattachments")
+            .unwrap();
+        store.delete(&ri, "", "va-1", &Default::default()).unwrap();
+    });
+    let started = std::time::Instant::now();
+    engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_apiserver_is_reported_for_the_fallback() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.cluster.api.set_reachable(false).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ApiserverUnreachable(_)), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn after_boot_completes_or_keeps_a_maintenance_of_an_earlier_boot() {
+    for policy in [CompletionPolicy::Complete, CompletionPolicy::Keep] {
+        let env = Env::new(kubelet(50)).await;
+        env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+        let engine = env.engine(env.settings());
+        engine
+            .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
+        assert_eq!(
+            engine.after_boot("boot-1", policy).await.unwrap(),
+            AfterBoot::SameBoot
+        );
+        drop(engine);
+
+        // The next boot.
+        let engine = env.engine(env.settings());
+        let name = shutdown_maintenance_name(NODE);
+        let outcome = engine.after_boot("boot-2", policy).await.unwrap();
+        let node = env.node();
+        assert!(node["metadata"]["labels"]
+            .get("node.kubernetes.io/exclude-from-external-load-balancers")
+            .is_none());
+        match policy {
+            CompletionPolicy::Complete => {
+                assert_eq!(outcome, AfterBoot::Completed);
+                eventually(10, "completed, uncordoned, static pods restored", || {
+                    let m = env.maintenance(&name).unwrap();
+                    m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+                        && env.node()["spec"]
+                            .get("unschedulable")
+                            .is_none_or(|u| u == false)
+                        && env.gate.gated_files().is_empty()
+                })
+                .await;
+                assert!(env
+                    .gate
+                    .log
+                    .lock()
+                    .unwrap()
+                    .contains(&"restore".to_string()));
+                assert!(!env.events("Completed").is_empty());
+            }
+            CompletionPolicy::Keep => {
+                assert_eq!(outcome, AfterBoot::Kept);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
+                assert_eq!(
+                    env.gate.gated_files(),
+                    ["etcd.yaml"],
+                    "static pods stay gated"
+                );
+                assert_eq!(env.node()["spec"]["unschedulable"], true);
+                // `nodegrace complete` by hand.
+                assert!(engine.complete_shutdown_maintenance().await.unwrap());
+                eventually(10, "completed by hand", || {
+                    env.gate.gated_files().is_empty()
+                })
+                .await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_drain_resumes_through_the_maintenance_after_the_fallback() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.cluster.api.set_reachable(false).await.unwrap();
+    let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
+    let err = engine.shutdown_drain(&req).await.unwrap_err();
+    assert!(matches!(err, EngineError::ApiserverUnreachable(_)));
+
+    // The daemon ran the CRI fallback meanwhile; the apiserver comes back.
+    let report = nodegrace::fallback::FallbackReport {
+        kubelet_stopped: true,
+        ..Default::default()
+    };
+    engine.record_fallback(&report);
+    env.cluster.api.set_reachable(true).await.unwrap();
+    engine.resume(&req).await.unwrap();
+    assert!(!env.pod_exists("app"));
+    let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
+    assert!(m.spec.reason.as_deref().unwrap().contains("poweroff"));
+    eventually(5, "fallback recorded", || {
+        env.maintenance(&shutdown_maintenance_name(NODE))
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("nodegrace.dev/fallback-report")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_offline_pod_cache_follows_the_node() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 7, 45, json!({}));
+    let _engine = env.engine(env.settings());
+    let dir = env.dir.path().to_path_buf();
+    eventually(5, "pod cache written", || {
+        nodegrace::state::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 1)
+    })
+    .await;
+    let cache = nodegrace::state::PodCache::load(&dir).unwrap();
+    assert_eq!(cache.node, NODE);
+    assert_eq!(cache.pods[0].priority, 7);
+    assert_eq!(cache.pods[0].termination_grace_period_seconds, 45);
+    env.pod("second", Kind::Default, 0, 30, json!({}));
+    eventually(5, "pod cache updated", || {
+        nodegrace::state::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 2)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn losing_the_apiserver_mid_drain_hands_over_to_the_fallback() {
+    let env = Env::new(kubelet(5000)).await;
+    env.pod("slow", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    let api = env.cluster.api.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        api.set_reachable(false).await.unwrap();
+    });
+    let started = std::time::Instant::now();
+    let err = engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ApiserverUnreachable(_)), "{err}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+        "took {took:?}"
+    );
+    assert_eq!(env.evictions(), ["slow"]);
+}
+
+#[tokio::test]
+async fn an_admin_drain_taints_before_the_daemonset_band_and_reports_tolerate_all_pods() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    env.pod("agent", Kind::DaemonSet, 0, 30, json!({}));
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "agent", |p| {
+            p["spec"]["tolerations"] = json!([{"operator": "Exists"}])
+        })
+        .unwrap();
+    env.admin_maintenance("drain-all", "Drain", json!([]));
+    let _engine = env.engine(env.settings());
+    eventually(10, "both pods gone", || {
+        !env.pod_exists("web") && !env.pod_exists("agent")
+    })
+    .await;
+    let reqs = env.requests();
+    let taint = reqs
+        .iter()
+        .position(|r| {
+            r.method == "PATCH"
+                && r.path == format!("/api/v1/nodes/{NODE}")
+                && r.body_json()
+                    .is_some_and(|b| b.to_string().contains("nodegrace.dev/maintenance"))
+        })
+        .expect("no taint patch");
+    let delete = reqs
+        .iter()
+        .position(|r| r.method == "DELETE" && r.path.ends_with("/pods/agent"))
+        .expect("no DaemonSet delete");
+    let web = reqs
+        .iter()
+        .position(|r| r.path.ends_with("/pods/web/eviction"))
+        .unwrap();
+    assert!(
+        web < taint && taint < delete,
+        "web evicted, then taint, then DaemonSet deleted"
+    );
+    eventually(5, "tolerate-all reported", || {
+        !env.events("TolerateEverything").is_empty()
+    })
+    .await;
+    eventually(5, "drained", || {
+        env.maintenance("drain-all").unwrap().drained() == Some("True")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
+    use nodegrace::api::{node_status_apply_patch, node_status_patch_params};
+    use nodegrace::api::{NodeMaintenance, NodeMaintenanceNodeStatus};
+
+    let env = Env::new(kubelet(50)).await;
+    env.pod("p50", Kind::Default, 50, 30, json!({}));
+    env.pod("p500", Kind::Default, 500, 30, json!({}));
+    let term = |n: &str| json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]});
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "pair"},
+            "spec": {
+                "nodeSelector": {"nodeSelectorTerms": [term(NODE), term("node-b")]},
+                "stage": "Drain",
+                "drainPlan": [{"podType": "Default", "podPriority": 100}],
+            },
+        }))
+        .unwrap();
+    let _engine = env.engine(env.settings());
+    eventually(10, "p50 gone", || !env.pod_exists("p50")).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        env.evictions(),
+        ["p50"],
+        "node-b has not reported: no advance"
+    );
+
+    // node-b's daemon reports its first entry finished.
+    let api: kube::Api<NodeMaintenance> = kube::Api::all(env.cluster.client().unwrap());
+    let mut entry = NodeMaintenanceNodeStatus::for_node("node-b");
+    entry.drain_targets = vec![nodegrace::plan::DrainPlanEntry {
+        pod_selector: None,
+        pod_priority: 100,
+        pod_type: nodegrace::plan::PodType::Default,
+    }];
+    entry.drain_message = "Draining".into();
+    entry.pods_remaining = 1;
+    let apply = |e: &NodeMaintenanceNodeStatus| {
+        let body = node_status_apply_patch("pair", e).unwrap();
+        let api = api.clone();
+        async move {
+            api.patch_status(
+                "pair",
+                &node_status_patch_params("node-b"),
+                &kube::api::Patch::Apply(&body),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    apply(&entry).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.evictions(), ["p50"], "node-b still drains entry 0");
+    entry.pods_remaining = 0;
+    entry.drain_message = "Waiting for pair.".into();
+    apply(&entry).await;
+    eventually(10, "p500 evicted", || env.evictions().len() == 2).await;
+    // node-b's entry survived node-a's writes (one field manager per node).
+    let m = env.maintenance("pair").unwrap();
+    assert!(m.node_status("node-b").is_some());
+    assert!(m.node_status(NODE).is_some());
+}

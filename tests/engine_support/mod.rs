@@ -1,0 +1,329 @@
+//! Fixtures for the engine scenarios: a fake cluster with one node, pods of every kind, a
+//! static-pod gate double, and readers of what the apiserver received.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nodegrace::api::{node_maintenance_crd, NodeMaintenance};
+use nodegrace::cluster::{Engine, EngineOptions};
+use nodegrace::config::Settings;
+use nodegrace::daemon::{ShutdownKind, ShutdownRequest};
+use nodegrace::metrics::Metrics;
+use nodegrace::staticpods::{StaticManifest, StaticPodGate};
+use nodegrace::testing::fake_apiserver::{DeleteOpts, FakeCluster, RecordedRequest, Store};
+use nodegrace::testing::fake_kubelet::{FakeKubelet, KubeletConfig};
+use serde_json::{json, Value};
+
+pub const NODE: &str = "node-a";
+
+pub enum Kind {
+    Default,
+    DaemonSet,
+    Static,
+}
+
+pub struct Env {
+    pub cluster: FakeCluster,
+    pub kubelet: FakeKubelet,
+    pub gate: Arc<FakeGate>,
+    pub dir: tempfile::TempDir,
+    pub metrics: Metrics,
+}
+
+pub fn settings(dir: &Path) -> Settings {
+    let mut s = Settings::default();
+    s.node.name = NODE.into();
+    s.state_dir = dir.to_path_buf();
+    s.drain.reserve_daemonset = Duration::from_secs(1);
+    s.drain.reserve_static = Duration::from_secs(1);
+    s.drain.reserve_critical = Duration::from_secs(1);
+    s.drain.eviction_backoff_max_shutdown = Duration::from_secs(1);
+    s.drain.volume_detach_timeout = Duration::from_secs(1);
+    s.fallback.apiserver_timeout = Duration::from_secs(2);
+    s
+}
+
+impl Env {
+    pub async fn new(kubelet: KubeletConfig) -> Env {
+        let cluster = FakeCluster::start().await.unwrap();
+        cluster
+            .install_crd(&node_maintenance_crd().unwrap())
+            .unwrap();
+        cluster
+            .insert(&json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+                "spec": {},
+            }))
+            .unwrap();
+        cluster
+            .store
+            .update_in_process("", "nodes", "", NODE, |n| {
+                n["status"] = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
+            })
+            .unwrap();
+        let kubelet = cluster.kubelet(kubelet);
+        let gate = Arc::new(FakeGate::new(cluster.store.clone()));
+        Env {
+            cluster,
+            kubelet,
+            gate,
+            dir: tempfile::tempdir().unwrap(),
+            metrics: Metrics::new(),
+        }
+    }
+
+    pub fn engine(&self, settings: Settings) -> Engine {
+        Engine::start(EngineOptions {
+            client: self.cluster.client().unwrap(),
+            settings,
+            node: NODE.into(),
+            gate: self.gate.clone(),
+            metrics: self.metrics.clone(),
+            terminator: None,
+        })
+    }
+
+    pub fn settings(&self) -> Settings {
+        settings(self.dir.path())
+    }
+
+    /// A running pod on the node.
+    pub fn pod(&self, name: &str, kind: Kind, priority: i32, grace: i64, labels: Value) -> String {
+        self.pod_on(NODE, name, kind, priority, grace, labels)
+    }
+
+    pub fn pod_on(
+        &self,
+        node: &str,
+        name: &str,
+        kind: Kind,
+        priority: i32,
+        grace: i64,
+        labels: Value,
+    ) -> String {
+        let ns = "work";
+        self.cluster.ensure_namespace(ns).unwrap();
+        let mut meta = json!({"name": name, "namespace": ns, "labels": labels});
+        let name = match kind {
+            Kind::Default => name.to_string(),
+            Kind::DaemonSet => {
+                meta["ownerReferences"] = json!([{
+                    "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds-uid", "controller": true
+                }]);
+                name.to_string()
+            }
+            Kind::Static => {
+                let mirror = format!("{name}-{node}");
+                meta["name"] = json!(mirror);
+                meta["annotations"] = json!({
+                    "kubernetes.io/config.mirror": format!("hash-{name}"),
+                    "kubernetes.io/config.source": "file",
+                });
+                self.gate.add(StaticManifest {
+                    file_name: format!("{name}.yaml"),
+                    namespace: ns.into(),
+                    pod_name: name.into(),
+                    priority,
+                    labels: Default::default(),
+                });
+                mirror
+            }
+        };
+        let now = self.cluster.store.now_str();
+        self.cluster
+            .insert(&json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": meta,
+                "spec": {
+                    "nodeName": node, "priority": priority, "terminationGracePeriodSeconds": grace,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                },
+                "status": nodegrace::testing::fake_apiserver::running_status(&now),
+            }))
+            .unwrap();
+        name
+    }
+
+    pub fn pdb(&self, name: &str, app: &str, min_available: i32) {
+        self.cluster
+            .insert(&json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "namespace": "work"},
+                "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+            }))
+            .unwrap();
+    }
+
+    /// An admin-created maintenance selecting the node by label.
+    pub fn admin_maintenance(&self, name: &str, stage: &str, plan: Value) {
+        self.cluster
+            .insert(&json!({
+                "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}
+                    ]}]},
+                    "stage": stage,
+                    "drainPlan": plan,
+                    "reason": "admin maintenance",
+                },
+            }))
+            .unwrap();
+    }
+
+    pub fn maintenance(&self, name: &str) -> Option<NodeMaintenance> {
+        self.cluster
+            .store
+            .get_obj("nodegrace.dev", "nodemaintenances", "", name)
+            .map(|v| serde_json::from_value(v).unwrap())
+    }
+
+    pub fn node(&self) -> Value {
+        self.cluster.store.get_obj("", "nodes", "", NODE).unwrap()
+    }
+
+    pub fn pod_exists(&self, name: &str) -> bool {
+        self.cluster
+            .store
+            .get_obj("", "pods", "work", name)
+            .is_some()
+    }
+
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.cluster.api.requests()
+    }
+
+    /// Pod names, in order, of the evictions POSTed.
+    pub fn evictions(&self) -> Vec<String> {
+        pod_requests(&self.requests(), "POST", "/eviction")
+    }
+
+    /// Pod names, in order, of the DELETEs of pods.
+    pub fn deletes(&self) -> Vec<String> {
+        pod_requests(&self.requests(), "DELETE", "")
+    }
+
+    pub fn events(&self, reason: &str) -> Vec<Value> {
+        let ri = self
+            .cluster
+            .store
+            .find_resource("events.k8s.io", "v1", "events")
+            .unwrap();
+        let (all, _) = self
+            .cluster
+            .store
+            .list(&nodegrace::testing::fake_apiserver::Filter::all(
+                &ri.group, &ri.plural,
+            ));
+        all.into_iter().filter(|e| e["reason"] == reason).collect()
+    }
+}
+
+pub fn pod_requests(reqs: &[RecordedRequest], method: &str, suffix: &str) -> Vec<String> {
+    reqs.iter()
+        .filter(|r| r.method == method && r.path.contains("/pods/"))
+        .filter(|r| {
+            if suffix.is_empty() {
+                !r.path.ends_with("/eviction")
+            } else {
+                r.path.ends_with(suffix)
+            }
+        })
+        .map(|r| {
+            let rest = r.path.split("/pods/").nth(1).unwrap_or_default();
+            rest.split('/').next().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
+    ShutdownRequest {
+        kind,
+        started_at: chrono::Utc::now(),
+        budget,
+        resumed: false,
+        boot_id: "boot-1".into(),
+    }
+}
+
+/// Waits (real time) until `f` holds, failing after `secs`.
+pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A static-pod gate double: gating a manifest makes the kubelet stop the mirror pod.
+pub struct FakeGate {
+    store: Arc<Store>,
+    active: Mutex<Vec<StaticManifest>>,
+    gated: Mutex<Vec<StaticManifest>>,
+    pub log: Mutex<Vec<String>>,
+}
+
+impl FakeGate {
+    fn new(store: Arc<Store>) -> Self {
+        Self {
+            store,
+            active: Mutex::new(Vec::new()),
+            gated: Mutex::new(Vec::new()),
+            log: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn add(&self, m: StaticManifest) {
+        self.active.lock().unwrap().push(m);
+    }
+
+    pub fn gated_files(&self) -> Vec<String> {
+        self.gated
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.file_name.clone())
+            .collect()
+    }
+}
+
+impl StaticPodGate for FakeGate {
+    fn recover(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn active(&self) -> anyhow::Result<Vec<StaticManifest>> {
+        Ok(self.active.lock().unwrap().clone())
+    }
+    fn gated(&self) -> anyhow::Result<Vec<StaticManifest>> {
+        Ok(self.gated.lock().unwrap().clone())
+    }
+    fn gate(&self, file_name: &str) -> anyhow::Result<()> {
+        let mut active = self.active.lock().unwrap();
+        let i = active
+            .iter()
+            .position(|m| m.file_name == file_name)
+            .ok_or_else(|| anyhow::anyhow!("{file_name} is not active"))?;
+        let m = active.remove(i);
+        self.log.lock().unwrap().push(format!("gate {file_name}"));
+        let pods = self.store.find_resource("", "v1", "pods").unwrap();
+        let mirror = format!("{}-{NODE}", m.pod_name);
+        let _ = self
+            .store
+            .delete(&pods, &m.namespace, &mirror, &DeleteOpts::default());
+        self.gated.lock().unwrap().push(m);
+        Ok(())
+    }
+    fn restore_all(&self) -> anyhow::Result<Vec<String>> {
+        let mut gated = self.gated.lock().unwrap();
+        self.log.lock().unwrap().push("restore".into());
+        self.active.lock().unwrap().extend(gated.drain(..));
+        Ok(Vec::new())
+    }
+}
