@@ -853,3 +853,79 @@ async fn other_eviction_refusals_count_as_failed_attempts() {
     assert!(complete_reason(&r).is_none());
     stop.cancel();
 }
+
+fn pod_info(key: &PodKey) -> nodegrace::plan::PodInfo {
+    serde_json::from_value(json!({
+        "namespace": key.namespace, "name": key.name, "uid": key.uid, "priority": 0,
+        "podType": "Default", "terminationGracePeriodSeconds": 30,
+    }))
+    .unwrap()
+}
+
+/// The engine's terminator: a maintenance's withdrawal leaves pods another maintenance
+/// still wants, and a restarted daemon still withdraws what it requested before.
+#[tokio::test]
+async fn the_terminator_withdraws_per_maintenance_and_after_a_restart() {
+    use nodegrace::cluster::evict::Outcome;
+    use nodegrace::cluster::eviction_request::EvictionRequestTerminator;
+    use nodegrace::cluster::terminate::{PodTerminator, Request};
+    use nodegrace::metrics::TerminationMethod;
+
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    let interceptor = [("db-operator.example.com", "1")];
+    let shared = add_pod(&cluster, "shared", NODE, &interceptor);
+    let only_a = add_pod(&cluster, "only-a", NODE, &interceptor);
+    let later = add_pod(&cluster, "later", NODE, &interceptor);
+    let terminator =
+        EvictionRequestTerminator::new(client.clone(), Requester::new(client.clone(), NODE));
+    assert_eq!(
+        terminator.method(Request::Cooperative),
+        TerminationMethod::EvictionRequest
+    );
+    for (pod, m) in [(&shared, "m-a"), (&shared, "m-b"), (&only_a, "m-a")] {
+        let outcome = terminator
+            .terminate(&pod_info(pod), Request::Cooperative, m)
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Accepted);
+    }
+    let holders = |r: EvictionRequest| requester_names(&r).len();
+    terminator.withdraw("m-a").await.unwrap();
+    assert_eq!(
+        holders(get(&client, &only_a).await),
+        0,
+        "only m-a wanted it"
+    );
+    assert_eq!(
+        holders(get(&client, &shared).await),
+        1,
+        "m-b still wants it"
+    );
+    terminator.withdraw("m-b").await.unwrap();
+    assert_eq!(holders(get(&client, &shared).await), 0);
+
+    // Requested by a daemon that then restarted: the new one withdraws it too.
+    terminator
+        .terminate(&pod_info(&later), Request::Cooperative, "m-c")
+        .await
+        .unwrap();
+    let restarted =
+        EvictionRequestTerminator::new(client.clone(), Requester::new(client.clone(), NODE));
+    restarted.withdraw("m-c").await.unwrap();
+    assert_eq!(holders(get(&client, &later).await), 0);
+
+    // DELETE stays a DELETE, with the pod's grace period.
+    let outcome = restarted
+        .terminate(
+            &pod_info(&later),
+            Request::Delete { grace_seconds: 5 },
+            "m-d",
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Accepted);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let deleting = pods.get("later").await.unwrap();
+    assert_eq!(deleting.metadata.deletion_grace_period_seconds, Some(5));
+}

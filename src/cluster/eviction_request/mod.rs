@@ -22,6 +22,7 @@
 mod controller;
 pub mod decide;
 mod requester;
+mod terminator;
 
 use std::collections::BTreeMap;
 
@@ -36,6 +37,7 @@ pub use controller::{
     Controller, ControllerConfig, ControllerHandle, NodePods, Reconciled, Reconciler,
 };
 pub use requester::{Requested, Requester, Withdrawn};
+pub use terminator::EvictionRequestTerminator;
 
 /// Label on the EvictionRequests nodegrace creates or joins: the node whose daemon acts
 /// as their controller. It lets a restarted daemon recognise its requests after the pod

@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
 use serde_json::json;
 use tracing::{debug, info};
@@ -308,6 +308,31 @@ impl Requester {
             }
         }
         bail!("the EvictionRequest of pod {pod} kept changing; gave up after {MAX_CONFLICTS} attempts")
+    }
+
+    /// The pods of the requests this requester holds on this node (labelled
+    /// [`NODE_LABEL`]), complete ones included: what a restarted daemon may still have to
+    /// withdraw.
+    pub async fn own_requests(&self) -> Result<Vec<PodKey>> {
+        let api: Api<EvictionRequest> = Api::all(self.client.clone());
+        let params = ListParams::default().labels(&format!("{NODE_LABEL}={}", self.node));
+        let list = api
+            .list(&params)
+            .await
+            .context("listing this node's EvictionRequests")?;
+        Ok(list
+            .items
+            .iter()
+            .filter(|r| r.has_requester(&self.name))
+            .filter_map(|r| {
+                let pod = r.pod_ref()?;
+                Some(PodKey::new(
+                    r.metadata.namespace.as_deref()?,
+                    &pod.name,
+                    &pod.uid,
+                ))
+            })
+            .collect())
     }
 
     /// Sets `spec.requesters` only if the request is still at the version it was read at
