@@ -15,8 +15,8 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use nodegrace::api::{EvictionRequest, INTERCEPTOR_ANNOTATION_PREFIX, REQUESTER_NODE_MAINTENANCE};
 use nodegrace::cluster::eviction_request::{
-    is_crd_installed, Controller, ControllerConfig, PodKey, Requested, Requester, WallClock,
-    Withdrawn, NODE_LABEL,
+    is_crd_installed, Controller, ControllerConfig, ControllerHandle, PodKey, Requested, Requester,
+    WallClock, Withdrawn, NODE_LABEL,
 };
 use nodegrace::testing::fake_apiserver::{running_status, FakeCluster, RecordedRequest};
 use nodegrace::testing::fake_kubelet::KubeletConfig;
@@ -104,6 +104,13 @@ fn clock_of(cluster: &FakeCluster) -> WallClock {
 /// Starts the controller for `NODE` the way the engine runs it: a reflector of the node's
 /// pods (field selector) that reports every pod event to the controller.
 fn start_controller(cluster: &FakeCluster, backoff_max: Duration) -> CancellationToken {
+    start_controller_with_handle(cluster, backoff_max).0
+}
+
+fn start_controller_with_handle(
+    cluster: &FakeCluster,
+    backoff_max: Duration,
+) -> (CancellationToken, ControllerHandle) {
     let client = cluster.client().unwrap();
     let stop = CancellationToken::new();
     let (pods, writer) = reflector::store::<Pod>();
@@ -126,6 +133,7 @@ fn start_controller(cluster: &FakeCluster, backoff_max: Duration) -> Cancellatio
     )
     .default_backoff();
     let pod_stop = stop.clone();
+    let returned = handle.clone();
     tokio::spawn(async move {
         let mut pod_events = std::pin::pin!(pod_events);
         loop {
@@ -144,7 +152,7 @@ fn start_controller(cluster: &FakeCluster, backoff_max: Duration) -> Cancellatio
     });
     let run_stop = stop.clone();
     tokio::spawn(async move { controller.run(run_stop).await.unwrap() });
-    stop
+    (stop, returned)
 }
 
 /// Waits (in paused tokio time, up to `limit`) until `check` holds for the request.
@@ -928,4 +936,39 @@ async fn the_terminator_withdraws_per_maintenance_and_after_a_restart() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let deleting = pods.get("later").await.unwrap();
     assert_eq!(deleting.metadata.deletion_grace_period_seconds, Some(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_shortens_a_running_back_off() {
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    let pod = add_pod(&cluster, "db-0", NODE, &[]);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "db-pdb"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+    }))
+    .unwrap();
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .unwrap();
+    Requester::new(client.clone(), NODE)
+        .request(&pod)
+        .await
+        .unwrap();
+    let (stop, handle) = start_controller_with_handle(&cluster, Duration::from_secs(900));
+    let start = tokio::time::Instant::now();
+    // Attempts at 0, 1, 3, 7, 15; the next would be at 31.
+    tokio::time::sleep_until(start + Duration::from_secs(16)).await;
+    assert_eq!(evictions_of(&cluster.api.requests(), "db-0"), 5);
+    handle.set_backoff_max(Duration::from_secs(2));
+    tokio::time::sleep_until(start + Duration::from_millis(18_500)).await;
+    assert_eq!(
+        evictions_of(&cluster.api.requests(), "db-0"),
+        6,
+        "cut to the new cap"
+    );
+    tokio::time::sleep_until(start + Duration::from_millis(20_500)).await;
+    assert_eq!(evictions_of(&cluster.api.requests(), "db-0"), 7);
+    stop.cancel();
 }
