@@ -682,4 +682,99 @@ mod tests {
         );
         assert_eq!(gone.unwrap().conditions[0].reason, "PodDeleted");
     }
+
+    /// The CRD's CEL rules (what a real apiserver enforces, the fake does not) accept
+    /// every status the controller writes, in order.
+    #[test]
+    fn every_status_write_passes_the_crds_validation_rules() {
+        let crd = serde_json::to_value(crate::api::eviction_request_crd().unwrap()).unwrap();
+        let mut schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+        // kube-cel binds `oldSelf` of optionalOldSelf (create-only) rules as a plain value.
+        schema["properties"]["spec"]["x-kubernetes-validations"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|r| r["optionalOldSelf"] != true);
+        let validate = |old: &EvictionRequest, new: &EvictionRequest| {
+            let (old, new) = (
+                serde_json::to_value(old).unwrap(),
+                serde_json::to_value(new).unwrap(),
+            );
+            if let Err(errors) = kube_cel::Validator::new().validate(&schema, &new, Some(&old)) {
+                let messages: Vec<String> = errors
+                    .as_slice()
+                    .iter()
+                    .map(|e| e.message.clone())
+                    .collect();
+                panic!("rejected: {messages:?}\nold: {old:#}\nnew: {new:#}");
+            }
+        };
+        let mut r = request(&["a.example.com", "b.example.com"]);
+        let step = |r: &mut EvictionRequest, status: EvictionRequestStatus| {
+            let mut next = r.clone();
+            next.status = Some(status);
+            validate(r, &next);
+            *r = next;
+        };
+        let (s, _) = written(decide(&r, &running(0)));
+        step(&mut r, s);
+        let (s, _) = written(decide(&r, &running(1800)));
+        step(&mut r, s);
+        let mut done = r.clone();
+        done.status.as_mut().unwrap().active_interceptor_completed = true;
+        r = done;
+        let released = match decide(&r, &running(1801)) {
+            Action::Evict { released } => released,
+            other => panic!("expected an eviction, got {other:?}"),
+        };
+        let blocked = EvictionResult::Blocked {
+            budget: Some("db-pdb".into()),
+            message: "Cannot evict pod".into(),
+        };
+        for t in 0..3 {
+            let (s, _) = after_eviction(
+                &r,
+                released.as_ref(),
+                &blocked,
+                at(1802 + t),
+                Duration::from_secs(60),
+            );
+            step(&mut r, s.unwrap());
+        }
+        let (s, _) = after_eviction(
+            &r,
+            released.as_ref(),
+            &EvictionResult::Accepted,
+            at(1900),
+            Duration::from_secs(60),
+        );
+        step(&mut r, s.unwrap());
+        let gone = Inputs {
+            pod: PodState::Absent,
+            ..running(1901)
+        };
+        let (s, _) = written(decide(&r, &gone));
+        step(&mut r, s);
+        assert!(r.is_complete());
+
+        // The rules do bite: an interceptor the request does not list is refused.
+        let mut bogus = r.clone();
+        bogus.status.as_mut().unwrap().active_interceptor_name = Some("x.example.com".into());
+        let refused = kube_cel::Validator::new().validate(
+            &schema,
+            &serde_json::to_value(&bogus).unwrap(),
+            Some(&serde_json::to_value(&r).unwrap()),
+        );
+        assert!(refused.is_err());
+
+        // Cancellation: the last requester leaves, then the controller completes it.
+        let mut c = request(&["a.example.com"]);
+        let (s, _) = written(decide(&c, &running(0)));
+        step(&mut c, s);
+        let mut withdrawn = c.clone();
+        withdrawn.spec.requesters.clear();
+        validate(&c, &withdrawn);
+        let (s, transition) = written(decide(&withdrawn, &running(1)));
+        assert_eq!(transition, Transition::Completed(Completion::Cancelled));
+        step(&mut withdrawn, s);
+    }
 }
