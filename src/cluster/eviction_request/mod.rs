@@ -11,6 +11,16 @@
 //!
 //! The decisions are pure ([`decide`]); the adapters around them only read and write.
 //!
+//! Wiring in the daemon:
+//! - [`is_crd_installed`] picks the path. With the CRD, the drain engine terminates pods
+//!   through [`EvictionRequestTerminator`] (its `PodTerminator`), without it through the
+//!   Eviction API directly.
+//! - Unless `drain.external_eviction_request_controller` is set, run [`Controller`]: either
+//!   [`Controller::new`] with the engine's pod cache ([`NodePods`]) and a call to
+//!   [`ControllerHandle::pod_changed`] for every pod event, or
+//!   [`Controller::run_with_own_pod_watch`]. Under a shutdown deadline,
+//!   [`ControllerHandle::set_backoff_max`] shortens the eviction back-off.
+//!
 //! Where this deviates from the KEP because the API is a CRD without an admission plugin:
 //! `spec.interceptors` is resolved by the requester on creation from the pod's
 //! `interceptor.evictionrequest.coordination.k8s.io/priority_<name>` annotations (the
