@@ -633,7 +633,11 @@ async fn the_drain_resumes_through_the_maintenance_after_the_fallback() {
         ..Default::default()
     };
     engine.record_fallback(&report);
+    assert!(!engine.reachable());
     env.cluster.api.set_reachable(true).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), engine.wait_reachable())
+        .await
+        .expect("the engine sees the apiserver again");
     engine.resume(&req).await.unwrap();
     assert!(!env.pod_exists("app"));
     let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
@@ -806,4 +810,23 @@ async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
     let m = env.maintenance("pair").unwrap();
     assert!(m.node_status("node-b").is_some());
     assert!(m.node_status(NODE).is_some());
+}
+
+#[tokio::test]
+async fn a_short_apiserver_blip_does_not_end_the_drain() {
+    let env = Env::new(kubelet(3000)).await;
+    env.pod("slow", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    let api = env.cluster.api.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        api.set_reachable(false).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api.set_reachable(true).await.unwrap();
+    });
+    engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .expect("a blip shorter than fallback.apiserver_timeout is ridden out");
+    assert!(!env.pod_exists("slow"));
 }

@@ -69,6 +69,7 @@ const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
 const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 const CONCURRENT_REQUESTS: usize = 32;
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 pub use crate::api::shutdown_maintenance_name;
 
@@ -482,7 +483,10 @@ impl Engine {
             }
             events.borrow_and_update();
             let deadline = sh.unreachable_deadline();
+            // A watch that reconnected quietly says nothing: while failing, ask directly.
+            let probe_at = deadline.map(|_| Instant::now() + PROBE_INTERVAL);
             tokio::select! {
+                _ = sleep_until_opt(probe_at) => sh.probe().await,
                 r = progress.changed() => if r.is_err() {
                     return Err(anyhow::anyhow!("the engine stopped").into());
                 },
@@ -571,15 +575,61 @@ impl Engine {
     /// none.
     pub async fn complete_shutdown_maintenance(&self) -> Result<bool> {
         let sh = &self.shared;
-        let name = shutdown_maintenance_name(&sh.node);
-        let api: Api<NodeMaintenance> = Api::all(sh.client.clone());
-        if api.get_opt(&name).await?.is_none() {
-            return Ok(false);
-        }
         *lock(&sh.shutdown) = None;
-        sh.set_stage(&name, Stage::Complete).await?;
-        Ok(true)
+        let done = complete_shutdown_maintenance(&sh.client, &sh.node).await?;
+        sh.bump();
+        Ok(done)
     }
+
+    /// Whether the apiserver answers (the last request or watch event succeeded).
+    pub fn reachable(&self) -> bool {
+        self.shared.unreachable_for() == Duration::ZERO
+    }
+
+    /// Waits until the apiserver answers again and the watches have listed (after
+    /// [`EngineError::ApiserverUnreachable`], before [`Engine::resume`]).
+    pub async fn wait_reachable(&self) {
+        let sh = &self.shared;
+        let mut rx = sh.wake.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let ready = {
+                let r = lock(&sh.ready);
+                r.node && r.pods && r.maintenances
+            };
+            if ready && sh.unreachable_for() == Duration::ZERO {
+                return;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep(PROBE_INTERVAL) => sh.probe().await,
+            }
+        }
+    }
+}
+
+/// `nodegrace complete` without a running engine: moves `shutdown-<node>` to stage
+/// Complete; the daemon's engine then carries the stage out. False when there is none.
+pub async fn complete_shutdown_maintenance(client: &Client, node: &str) -> Result<bool> {
+    let name = shutdown_maintenance_name(node);
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let Some(m) = api
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading NodeMaintenance {name}"))?
+    else {
+        return Ok(false);
+    };
+    if m.spec.stage != Stage::Complete {
+        api.patch(
+            &name,
+            &merge_params(),
+            &Patch::Merge(json!({"spec": {"stage": "Complete"}})),
+        )
+        .await
+        .with_context(|| format!("moving NodeMaintenance {name} to stage Complete"))?;
+    }
+    Ok(true)
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
@@ -694,6 +744,19 @@ impl Shared {
 
     fn unreachable_deadline(&self) -> Option<Instant> {
         lock(&self.failing_since).map(|s| s + self.settings.fallback.apiserver_timeout)
+    }
+
+    /// One cheap request to learn whether the apiserver answers.
+    async fn probe(&self) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let r = api
+            .get_metadata_opt(&self.node)
+            .await
+            .map_err(anyhow::Error::from);
+        self.note(&r);
+        if r.is_ok() {
+            self.bump();
+        }
     }
 
     fn note<T>(&self, r: &Result<T>) {
@@ -1376,10 +1439,13 @@ impl Shared {
         let mut jobs = Vec::new();
         let mut statics = Vec::new();
         let mut daemonsets = Vec::new();
-        for pod in pods
+        // In plan order (type, then ascending priority), so requests go out in that order.
+        let mut targeted: Vec<&PodInfo> = pods
             .iter()
             .filter(|p| p.is_active() && st.targets.targets(p))
-        {
+            .collect();
+        targeted.sort_by_key(|p| (p.pod_type, p.priority));
+        for pod in targeted {
             let track = st.tracks.entry(pod.uid.clone()).or_default();
             if let (Some(c), true) = (ctx, pod.pod_type != PodType::Static) {
                 if let Some(step) = c
