@@ -4,6 +4,7 @@
 
 pub mod engine;
 pub mod evict;
+pub mod eviction_request;
 pub mod node;
 pub mod nodesel;
 pub mod terminate;

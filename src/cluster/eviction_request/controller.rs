@@ -1,0 +1,723 @@
+//! The eviction-request controller for this node's pods: [`Reconciler`] carries out
+//! [`decide`](super::decide::decide) for one request, [`Controller`] drives it from a
+//! watch of every EvictionRequest, pod changes reported by the drain engine, and tokio
+//! timers for heartbeat deadlines and eviction back-off. Nothing polls.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::decide::{self, Action, EvictionResult, Inputs, Release, Transition};
+use super::{PodState, WallClock, NODE_LABEL};
+use crate::api::EvictionRequest;
+use crate::cluster::{api_error_code, evict, FIELD_MANAGER};
+use crate::config::Settings;
+
+/// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
+const MAX_ROUNDS: usize = 8;
+
+/// The pods bound to this node, as the drain engine sees them (its pod cache).
+pub trait NodePods: Send + Sync + 'static {
+    fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>>;
+}
+
+impl NodePods for Store<Pod> {
+    fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.get(&ObjectRef::new(name).within(namespace))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// This node: requests labelled for it, or whose pod is in its pod cache, are its own.
+    pub node: String,
+    /// Cap of the exponential back-off after failed evictions.
+    pub backoff_max: Duration,
+    pub clock: WallClock,
+}
+
+impl ControllerConfig {
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            node: settings.node.name.clone(),
+            backoff_max: settings.drain.eviction_backoff_max,
+            clock: WallClock::System,
+        }
+    }
+}
+
+/// Carries out the decisions for one EvictionRequest at a time.
+pub struct Reconciler {
+    client: Client,
+    clock: WallClock,
+    recorder: Recorder,
+    backoff_max: Mutex<Duration>,
+    /// Per request (`namespace/name`): no eviction attempt before this.
+    not_before: Mutex<HashMap<String, Timestamp>>,
+}
+
+/// What one reconcile left behind.
+#[derive(Debug, Clone, Default)]
+pub struct Reconciled {
+    /// The request as last written, when a status write happened.
+    pub written: Option<EvictionRequest>,
+    /// Reconcile again after this long (a heartbeat deadline, the end of a back-off),
+    /// even if nothing changes.
+    pub recheck_after: Option<Duration>,
+}
+
+fn key_of(request: &EvictionRequest) -> String {
+    format!(
+        "{}/{}",
+        request.metadata.namespace.as_deref().unwrap_or_default(),
+        request.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn until(now: Timestamp, then: Timestamp) -> Duration {
+    then.duration_since(now)
+        .max(k8s_openapi::jiff::SignedDuration::ZERO)
+        .unsigned_abs()
+}
+
+impl Reconciler {
+    pub fn new(client: Client, config: &ControllerConfig) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "nodegrace".to_owned(),
+                instance: Some(config.node.clone()),
+            },
+        );
+        let (backoff_max, clock) = (config.backoff_max, config.clock);
+        Self {
+            client,
+            clock,
+            recorder,
+            backoff_max: Mutex::new(backoff_max),
+            not_before: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A shorter cap under a shutdown deadline, the configured one otherwise.
+    pub fn set_backoff_max(&self, cap: Duration) {
+        *self.backoff_max.lock().unwrap_or_else(|p| p.into_inner()) = cap;
+        // Pending back-offs longer than the new cap are cut short.
+        let now = self.clock.now();
+        let mut nb = self.not_before.lock().unwrap_or_else(|p| p.into_inner());
+        for t in nb.values_mut() {
+            let limit = now + cap;
+            if *t > limit {
+                *t = limit;
+            }
+        }
+    }
+
+    fn backoff_max(&self) -> Duration {
+        *self.backoff_max.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn not_before(&self, key: &str) -> Option<Timestamp> {
+        self.not_before
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+    }
+
+    fn set_not_before(&self, key: &str, at: Option<Timestamp>) {
+        let mut nb = self.not_before.lock().unwrap_or_else(|p| p.into_inner());
+        match at {
+            Some(at) => nb.insert(key.to_owned(), at),
+            None => nb.remove(key),
+        };
+    }
+
+    /// Forgets a deleted request.
+    pub fn forget(&self, request: &EvictionRequest) {
+        self.set_not_before(&key_of(request), None);
+    }
+
+    /// Brings `request` one step further given its pod (`None` when the pod is not in the
+    /// node's cache; it is then read from the apiserver before being declared gone).
+    pub async fn reconcile(
+        &self,
+        request: &EvictionRequest,
+        pod: Option<&Pod>,
+    ) -> Result<Reconciled> {
+        let key = key_of(request);
+        let Some(pod_ref) = request.pod_ref().cloned() else {
+            return Ok(Reconciled::default());
+        };
+        if request.is_complete() {
+            self.set_not_before(&key, None);
+            return Ok(Reconciled::default());
+        }
+        let namespace = request.metadata.namespace.clone().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let mut state = PodState::of(pod, &pod_ref.uid);
+        if state == PodState::Absent {
+            let live = pods
+                .get_opt(&pod_ref.name)
+                .await
+                .with_context(|| format!("reading pod {namespace}/{}", pod_ref.name))?;
+            state = PodState::of(live.as_ref(), &pod_ref.uid);
+        }
+        let pod_key = format!("{namespace}/{}", pod_ref.name);
+        let mut current = request.clone();
+        let mut written = None;
+        // An eviction answer whose status write lost a race: recorded again on the fresh
+        // request, never by evicting twice.
+        let mut unrecorded: Option<(Option<(String, Release)>, EvictionResult)> = None;
+        for _ in 0..MAX_ROUNDS {
+            let now = self.clock.now();
+            let mut event = None;
+            let status = if let Some((released, result)) = unrecorded.take() {
+                let (status, retry) = decide::after_eviction(
+                    &current,
+                    released.as_ref(),
+                    &result,
+                    now,
+                    self.backoff_max(),
+                );
+                self.set_not_before(&key, retry.map(|d| now + d));
+                match status {
+                    Some(status) => {
+                        unrecorded = Some((released, result));
+                        status
+                    }
+                    None => continue,
+                }
+            } else {
+                let inputs = Inputs {
+                    pod: state,
+                    now,
+                    eviction_not_before: self.not_before(&key),
+                };
+                match decide::decide(&current, &inputs) {
+                    Action::Wait { recheck_at } => {
+                        return Ok(Reconciled {
+                            written,
+                            recheck_after: recheck_at.map(|t| until(now, t)),
+                        });
+                    }
+                    Action::WriteStatus { status, transition } => {
+                        log_transition(&pod_key, &transition);
+                        if matches!(transition, Transition::Completed(_)) {
+                            self.set_not_before(&key, None);
+                        }
+                        event = transition_event(&transition, &status.message);
+                        *status
+                    }
+                    Action::Evict { released } => {
+                        let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
+                        log_eviction(&pod_key, released.as_ref(), &result, &current);
+                        state = match result {
+                            EvictionResult::Accepted => PodState::Terminating,
+                            EvictionResult::Gone => PodState::Absent,
+                            _ => state,
+                        };
+                        let (status, retry) = decide::after_eviction(
+                            &current,
+                            released.as_ref(),
+                            &result,
+                            now,
+                            self.backoff_max(),
+                        );
+                        self.set_not_before(&key, retry.map(|d| now + d));
+                        let Some(status) = status else {
+                            continue;
+                        };
+                        event = eviction_event(&result, &status.message, &namespace);
+                        unrecorded = Some((released, result));
+                        status
+                    }
+                }
+            };
+            let mut next = current.clone();
+            next.status = Some(status);
+            match self.write_status(&next).await? {
+                Some(stored) => {
+                    unrecorded = None;
+                    if let Some(event) = event {
+                        self.publish(&stored, &event).await;
+                    }
+                    written = Some(stored.clone());
+                    current = stored;
+                }
+                None => {
+                    // Changed or deleted meanwhile: decide again on what is there now.
+                    let api: Api<EvictionRequest> =
+                        Api::namespaced(self.client.clone(), &namespace);
+                    let name = current.metadata.name.clone().unwrap_or_default();
+                    match api
+                        .get_opt(&name)
+                        .await
+                        .with_context(|| format!("reading EvictionRequest {key}"))?
+                    {
+                        Some(fresh) => current = fresh,
+                        None => {
+                            return Ok(Reconciled {
+                                written,
+                                recheck_after: None,
+                            })
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Reconciled {
+            written,
+            recheck_after: Some(Duration::from_secs(1)),
+        })
+    }
+
+    /// The Eviction API with the pod's UID as precondition; an apiserver refusal other
+    /// than a 429 (e.g. two budgets select the pod) is a failed attempt, not an error.
+    async fn evict(&self, pods: &Api<Pod>, name: &str, uid: &str) -> Result<EvictionResult> {
+        match evict::evict(pods, name, uid, None).await {
+            Ok(outcome) => Ok(outcome.into()),
+            Err(err) => match err.downcast_ref::<kube::Error>() {
+                Some(kube::Error::Api(status)) => Ok(EvictionResult::Refused {
+                    message: format!("{} ({})", status.message, status.code),
+                }),
+                _ => Err(err),
+            },
+        }
+    }
+
+    /// PUT /status guarded by the resourceVersion; `None` on 409 or 404.
+    async fn write_status(&self, request: &EvictionRequest) -> Result<Option<EvictionRequest>> {
+        let api: Api<EvictionRequest> = Api::namespaced(
+            self.client.clone(),
+            request.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let name = request.metadata.name.as_deref().unwrap_or_default();
+        match api.replace_status(name, &params, request).await {
+            Ok(stored) => Ok(Some(stored)),
+            Err(err) if matches!(api_error_code(&err), Some(409 | 404)) => {
+                debug!(request = %key_of(request), "EvictionRequest changed before its status write");
+                Ok(None)
+            }
+            Err(err) => Err(err).with_context(|| {
+                format!("writing the status of EvictionRequest {}", key_of(request))
+            }),
+        }
+    }
+}
+
+impl Reconciler {
+    /// Best effort: an event that cannot be written is logged, never fatal.
+    async fn publish(&self, request: &EvictionRequest, event: &Event) {
+        let reference = request.object_ref(&());
+        if let Err(err) = self.recorder.publish(event, &reference).await {
+            warn!(request = %key_of(request), reason = %event.reason, error = %err, "could not record an event");
+        }
+    }
+}
+
+fn transition_event(transition: &Transition, message: &str) -> Option<Event> {
+    let (type_, reason, action) = match transition {
+        Transition::HandedOver { .. } => (EventType::Normal, "InterceptorHandedOver", "HandOver"),
+        Transition::NotEvictable => (EventType::Warning, "EvictionNotSupported", "Evict"),
+        Transition::Selected { .. } | Transition::Completed(_) => return None,
+    };
+    Some(Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(message.to_owned()),
+        action: action.to_owned(),
+        secondary: None,
+    })
+}
+
+fn eviction_event(result: &EvictionResult, message: &str, namespace: &str) -> Option<Event> {
+    let (type_, reason, secondary) = match result {
+        EvictionResult::Accepted => (EventType::Normal, "Evicted", None),
+        EvictionResult::Blocked { budget, .. } => (
+            EventType::Warning,
+            "EvictionBlocked",
+            budget.as_ref().map(|name| ObjectReference {
+                api_version: Some("policy/v1".to_owned()),
+                kind: Some("PodDisruptionBudget".to_owned()),
+                name: Some(name.clone()),
+                namespace: Some(namespace.to_owned()),
+                ..ObjectReference::default()
+            }),
+        ),
+        EvictionResult::Refused { .. } => (EventType::Warning, "EvictionFailed", None),
+        EvictionResult::Gone => return None,
+    };
+    Some(Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(message.chars().take(1024).collect()),
+        action: "Evict".to_owned(),
+        secondary,
+    })
+}
+
+fn log_transition(pod: &str, transition: &Transition) {
+    match transition {
+        Transition::Selected { interceptor } => {
+            info!(pod, interceptor = %interceptor, "interceptor selected")
+        }
+        Transition::HandedOver { from, to, why } => info!(
+            pod,
+            interceptor = %to,
+            previous = %from,
+            reason = ?why,
+            "handed over to the next interceptor"
+        ),
+        Transition::Completed(why) => info!(pod, reason = ?why, "EvictionRequest complete"),
+        Transition::NotEvictable => info!(
+            pod,
+            "no interceptor left; the Eviction API is not used for DaemonSet and mirror pods"
+        ),
+    }
+}
+
+fn log_eviction(
+    pod: &str,
+    released: Option<&(String, Release)>,
+    result: &EvictionResult,
+    request: &EvictionRequest,
+) {
+    let interceptor = released.map(|(name, _)| name.as_str()).unwrap_or("");
+    match result {
+        EvictionResult::Accepted => info!(pod, interceptor, "evicted through the Eviction API"),
+        EvictionResult::Gone => info!(pod, "pod gone before its eviction"),
+        EvictionResult::Blocked { budget, message } => warn!(
+            pod,
+            interceptor,
+            budget = budget.as_deref().unwrap_or(""),
+            failed = request.failed_api_evictions() + 1,
+            "eviction blocked: {message}"
+        ),
+        EvictionResult::Refused { message } => warn!(
+            pod,
+            interceptor,
+            failed = request.failed_api_evictions() + 1,
+            "eviction refused: {message}"
+        ),
+    }
+}
+
+enum Message {
+    PodChanged { namespace: String, uid: String },
+    BackoffMax(Duration),
+}
+
+/// Lets the drain engine feed the controller.
+#[derive(Clone)]
+pub struct ControllerHandle {
+    tx: mpsc::UnboundedSender<Message>,
+}
+
+impl ControllerHandle {
+    /// A pod of this node changed or was deleted (call from the pod watch).
+    pub fn pod_changed(&self, namespace: &str, uid: &str) {
+        let _ = self.tx.send(Message::PodChanged {
+            namespace: namespace.to_owned(),
+            uid: uid.to_owned(),
+        });
+    }
+
+    /// Changes the eviction back-off cap (shorter under a shutdown deadline).
+    pub fn set_backoff_max(&self, cap: Duration) {
+        let _ = self.tx.send(Message::BackoffMax(cap));
+    }
+}
+
+type Key = (String, String);
+
+/// Runs the eviction-request controller for this node's pods.
+pub struct Controller {
+    client: Client,
+    node: String,
+    pods: Arc<dyn NodePods>,
+    reconciler: Reconciler,
+    rx: mpsc::UnboundedReceiver<Message>,
+}
+
+#[derive(Default)]
+struct Queue {
+    ready: VecDeque<Key>,
+    queued: HashSet<Key>,
+    timers: BTreeSet<(Instant, Key)>,
+    timer_of: HashMap<Key, Instant>,
+}
+
+impl Queue {
+    fn push(&mut self, key: Key) {
+        if self.queued.insert(key.clone()) {
+            self.ready.push_back(key);
+        }
+    }
+
+    fn pop(&mut self) -> Option<Key> {
+        let key = self.ready.pop_front()?;
+        self.queued.remove(&key);
+        Some(key)
+    }
+
+    fn set_timer(&mut self, key: &Key, at: Option<Instant>) {
+        if let Some(old) = self.timer_of.remove(key) {
+            self.timers.remove(&(old, key.clone()));
+        }
+        if let Some(at) = at {
+            self.timers.insert((at, key.clone()));
+            self.timer_of.insert(key.clone(), at);
+        }
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        self.timers.first().map(|(at, _)| *at)
+    }
+
+    fn fire_due(&mut self, now: Instant) {
+        while let Some((at, key)) = self.timers.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.timers.remove(&(at, key.clone()));
+            self.timer_of.remove(&key);
+            self.push(key);
+        }
+    }
+}
+
+impl Controller {
+    /// A controller for `config.node`'s pods; `pods` is the node's pod cache. Feed pod
+    /// changes through the returned handle.
+    pub fn new(
+        client: Client,
+        pods: Arc<dyn NodePods>,
+        config: ControllerConfig,
+    ) -> (Self, ControllerHandle) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let reconciler = Reconciler::new(client.clone(), &config);
+        (
+            Self {
+                client,
+                node: config.node,
+                pods,
+                reconciler,
+                rx,
+            },
+            ControllerHandle { tx },
+        )
+    }
+}
+
+/// What decides which requests are this node's.
+struct Owned {
+    node: String,
+    pods: Arc<dyn NodePods>,
+}
+
+impl Owned {
+    fn is_ours(&self, request: &EvictionRequest) -> bool {
+        let labelled = request
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(NODE_LABEL))
+            .is_some_and(|n| *n == self.node);
+        labelled || self.cached_pod(request).is_some()
+    }
+
+    fn cached_pod(&self, request: &EvictionRequest) -> Option<Arc<Pod>> {
+        let pod_ref = request.pod_ref()?;
+        let namespace = request.metadata.namespace.as_deref()?;
+        self.pods
+            .pod(namespace, &pod_ref.name)
+            .filter(|p| p.metadata.uid.as_deref() == Some(pod_ref.uid.as_str()))
+    }
+}
+
+impl Controller {
+    /// Runs a controller that watches this node's pods itself (field selector
+    /// `spec.nodeName`), for a caller with no pod cache to share.
+    pub async fn run_with_own_pod_watch(
+        client: Client,
+        config: ControllerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<()> {
+        let (pods, writer) = reflector::store::<Pod>();
+        let selector = format!("spec.nodeName={}", config.node);
+        let (controller, handle) = Controller::new(client.clone(), Arc::new(pods), config);
+        let pod_events = reflector::reflector(
+            writer,
+            watcher(
+                Api::<Pod>::all(client),
+                watcher::Config::default().fields(&selector),
+            ),
+        )
+        .default_backoff();
+        let feed = async move {
+            let mut pod_events = std::pin::pin!(pod_events);
+            while let Some(event) = pod_events.next().await {
+                match event {
+                    Ok(
+                        watcher::Event::Apply(p)
+                        | watcher::Event::InitApply(p)
+                        | watcher::Event::Delete(p),
+                    ) => handle.pod_changed(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.uid.as_deref().unwrap_or_default(),
+                    ),
+                    Ok(_) => {}
+                    Err(err) => warn!(error = %err, "pod watch failed; retrying"),
+                }
+            }
+        };
+        tokio::select! {
+            result = controller.run(shutdown) => result,
+            () = feed => anyhow::bail!("the pod watch ended"),
+        }
+    }
+}
+
+impl Controller {
+    /// Watches every EvictionRequest and reconciles this node's until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        let Controller {
+            client,
+            node,
+            pods,
+            reconciler,
+            rx,
+        } = self;
+        let this = Owned { node, pods };
+        let mut rx = Some(rx);
+        let api: Api<EvictionRequest> = Api::all(client);
+        let (cache, writer) = reflector::store();
+        let mut events = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .boxed();
+        let mut queue = Queue::default();
+        // Our own latest write per request, until the watch delivers it (events come in
+        // resourceVersion order, so anything cached before that is older than the write).
+        let mut written: HashMap<Key, EvictionRequest> = HashMap::new();
+        info!(node = %this.node, "eviction-request controller started");
+        loop {
+            while let Some(key) = queue.pop() {
+                let cached = cache.get(&ObjectRef::new(&key.1).within(&key.0));
+                let Some(cached) = cached else {
+                    written.remove(&key);
+                    queue.set_timer(&key, None);
+                    continue;
+                };
+                let request = match written.get(&key) {
+                    Some(ours) => ours.clone(),
+                    None => (*cached).clone(),
+                };
+                if !this.is_ours(&request) {
+                    continue;
+                }
+                let pod = this.cached_pod(&request);
+                match reconciler.reconcile(&request, pod.as_deref()).await {
+                    Ok(done) => {
+                        if let Some(stored) = done.written {
+                            written.insert(key.clone(), stored);
+                        }
+                        queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
+                    }
+                    Err(err) => {
+                        warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), "reconciling EvictionRequest failed; retrying");
+                        queue.set_timer(&key, Some(Instant::now() + Duration::from_secs(5)));
+                    }
+                }
+            }
+            let next_timer = queue.next_timer();
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    info!("eviction-request controller stopped");
+                    return Ok(());
+                }
+                event = events.next() => match event {
+                    Some(Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r))) => {
+                        let key = key_pair(&r);
+                        if written.get(&key).is_some_and(|w| w.metadata.resource_version == r.metadata.resource_version) {
+                            written.remove(&key);
+                        }
+                        queue.push(key);
+                    }
+                    Some(Ok(watcher::Event::Delete(r))) => {
+                        let key = key_pair(&r);
+                        reconciler.forget(&r);
+                        written.remove(&key);
+                        queue.set_timer(&key, None);
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        // A re-list may have replaced what was cached; look at everything.
+                        for r in cache.state() {
+                            queue.push(key_pair(&r));
+                        }
+                    }
+                    // A re-list shows the latest state, our writes included.
+                    Some(Ok(watcher::Event::Init)) => written.clear(),
+                    Some(Err(err)) => warn!(error = %err, "EvictionRequest watch failed; retrying"),
+                    None => anyhow::bail!("the EvictionRequest watch ended"),
+                },
+                message = recv_opt(&mut rx) => match message {
+                    Some(Message::PodChanged { namespace, uid }) => {
+                        let key = (namespace, uid);
+                        if cache.get(&ObjectRef::new(&key.1).within(&key.0)).is_some() {
+                            queue.push(key);
+                        }
+                    }
+                    Some(Message::BackoffMax(cap)) => {
+                        reconciler.set_backoff_max(cap);
+                        for r in cache.state() {
+                            queue.push(key_pair(&r));
+                        }
+                    }
+                    // Every handle dropped: no more pod changes, keep watching requests.
+                    None => rx = None,
+                },
+                () = sleep_until_opt(next_timer) => queue.fire_due(Instant::now()),
+            }
+        }
+    }
+}
+
+fn key_pair(request: &EvictionRequest) -> Key {
+    (
+        request.metadata.namespace.clone().unwrap_or_default(),
+        request.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+async fn recv_opt(rx: &mut Option<mpsc::UnboundedReceiver<Message>>) -> Option<Message> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

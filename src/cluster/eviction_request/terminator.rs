@@ -1,0 +1,138 @@
+//! The drain engine's [`PodTerminator`] when the EvictionRequest CRD is installed: a
+//! cooperative termination creates or joins the pod's EvictionRequest (the controller then
+//! takes it through interceptors and the Eviction API); DELETE stays a DELETE.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use anyhow::Result;
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use tracing::warn;
+
+use super::{PodKey, Requested, Requester};
+use crate::cluster::evict::{self, Outcome};
+use crate::cluster::terminate::{PodTerminator, Request};
+use crate::metrics::TerminationMethod;
+use crate::plan::PodInfo;
+
+/// Terminates pods through EvictionRequests, remembering which maintenance asked for
+/// which pod so that a completed maintenance withdraws only what no other one still wants.
+pub struct EvictionRequestTerminator {
+    client: Client,
+    requester: Requester,
+    /// Pod UID -> (pod, maintenances that requested it).
+    wanted: Mutex<HashMap<String, (PodKey, BTreeSet<String>)>>,
+    /// Maintenances seen asking since this daemon started.
+    seen: Mutex<BTreeSet<String>>,
+}
+
+impl EvictionRequestTerminator {
+    pub fn new(client: Client, requester: Requester) -> Self {
+        Self {
+            client,
+            requester,
+            wanted: Mutex::new(HashMap::new()),
+            seen: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn record(&self, pod: PodKey, maintenance: &str) {
+        let mut wanted = self.wanted.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = wanted
+            .entry(pod.uid.clone())
+            .or_insert_with(|| (pod, BTreeSet::new()));
+        entry.1.insert(maintenance.to_owned());
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(maintenance.to_owned());
+    }
+
+    /// Pods `maintenance` asked for that no other maintenance wants; forgets them.
+    fn release(&self, maintenance: &str) -> Vec<PodKey> {
+        let mut wanted = self.wanted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut released = Vec::new();
+        wanted.retain(|_, (pod, by)| {
+            if by.remove(maintenance) && by.is_empty() {
+                released.push(pod.clone());
+                return false;
+            }
+            true
+        });
+        released
+    }
+}
+
+#[async_trait]
+impl PodTerminator for EvictionRequestTerminator {
+    async fn terminate(
+        &self,
+        pod: &PodInfo,
+        request: Request,
+        maintenance: &str,
+    ) -> Result<Outcome> {
+        match request {
+            Request::Delete { grace_seconds } => {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+                evict::delete(&api, &pod.name, &pod.uid, grace_seconds).await
+            }
+            Request::Cooperative => {
+                let key = PodKey::from(pod);
+                match self.requester.request(&key).await? {
+                    Requested::PodGone => Ok(Outcome::Gone),
+                    Requested::Created
+                    | Requested::Joined
+                    | Requested::AlreadyRequested
+                    | Requested::Uncancellable => {
+                        self.record(key, maintenance);
+                        Ok(Outcome::Accepted)
+                    }
+                }
+            }
+        }
+    }
+
+    async fn withdraw(&self, maintenance: &str) -> Result<()> {
+        let mut pods = self.release(maintenance);
+        let known = self
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(maintenance);
+        if !known {
+            // Requested before this daemon (re)started: withdraw every request of this
+            // node that no maintenance has asked for since.
+            let wanted: BTreeSet<String> = self
+                .wanted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .keys()
+                .cloned()
+                .collect();
+            pods.extend(
+                self.requester
+                    .own_requests()
+                    .await?
+                    .into_iter()
+                    .filter(|p| !wanted.contains(&p.uid)),
+            );
+        }
+        let mut first_error = None;
+        for pod in pods {
+            if let Err(err) = self.requester.withdraw(&pod).await {
+                warn!(pod = %pod, maintenance, error = format!("{err:#}"), "withdrawing an eviction request failed");
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn method(&self, request: Request) -> TerminationMethod {
+        match request {
+            Request::Cooperative => TerminationMethod::EvictionRequest,
+            Request::Delete { .. } => TerminationMethod::Delete,
+        }
+    }
+}
