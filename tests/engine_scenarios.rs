@@ -830,3 +830,23 @@ async fn a_short_apiserver_blip_does_not_end_the_drain() {
         .expect("a blip shorter than fallback.apiserver_timeout is ridden out");
     assert!(!env.pod_exists("slow"));
 }
+
+#[tokio::test]
+async fn a_shutdown_cuts_a_long_eviction_back_off_to_its_own_cap() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pdb("db-pdb", "db", 1);
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    let engine = env.engine(env.settings());
+    // Attempts at about 0 s, 1 s and 3 s; the next one would wait 4 s more.
+    eventually(10, "three attempts", || env.evictions().len() >= 3).await;
+    let before = env.evictions().len();
+    let req = request(ShutdownKind::Reboot, Duration::from_secs(600));
+    let drain = engine.shutdown_drain(&req);
+    let _ = tokio::time::timeout(Duration::from_millis(1800), drain).await;
+    assert!(
+        env.evictions().len() > before,
+        "under the shutdown cap (1 s) the next attempt comes within 1.8 s"
+    );
+    assert!(env.deletes().is_empty());
+}

@@ -300,7 +300,8 @@ struct PodTrack {
     /// A request was accepted (or the pod turned out gone): wait for the watch.
     accepted: bool,
     attempts: u32,
-    next_try: Option<Instant>,
+    /// When the last failed attempt was made and the back-off it earned.
+    last_try: Option<(Instant, Duration)>,
     /// `namespace/pdb` (or the apiserver's message) of the last 429.
     blocked_by: Option<String>,
     escalated: bool,
@@ -1489,7 +1490,9 @@ impl Shared {
             if pod.terminating || track.accepted {
                 continue;
             }
-            if let Some(t) = track.next_try {
+            if let Some((at, delay)) = track.last_try {
+                // The cap in force now: a shutdown starting mid back-off shortens it.
+                let t = at + delay.min(cap);
                 if t > now {
                     min_wake(wake, t);
                     continue;
@@ -1605,7 +1608,7 @@ impl Shared {
                     self.mark_reachable();
                     let delay = backoff(track.attempts, cap);
                     track.attempts += 1;
-                    track.next_try = Some(now + delay);
+                    track.last_try = Some((now, delay));
                     min_wake(wake, now + delay);
                     let by = budget
                         .map(|b| format!("PodDisruptionBudget {}/{b}", pod.namespace))
@@ -1631,7 +1634,7 @@ impl Shared {
                     }
                     self.metrics.api_error("terminate");
                     tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "terminating a pod failed");
-                    track.next_try = Some(now + RETRY_AFTER_ERROR);
+                    track.last_try = Some((now, RETRY_AFTER_ERROR));
                     min_wake(wake, now + RETRY_AFTER_ERROR);
                 }
             }
