@@ -39,10 +39,9 @@ fn skip(test: &str) -> bool {
 /// The container every nodegrace test boots: the built binary where the package puts it, the
 /// repository's unit, a test config, a low logind drop-in and a marker unit.
 fn nodegrace_spec(drain_secs: u32) -> Spec {
-    assert!(
-        cfg!(feature = "test-hooks"),
-        "the real-logind tier needs a test-hooks build: cargo test --features test-hooks"
-    );
+    if !cfg!(feature = "test-hooks") {
+        panic!("the real-logind tier needs a test-hooks build: cargo test --features test-hooks");
+    }
     let mut spec = Spec::default();
     spec.bind("/usr/bin/nodegrace", real::nodegrace_binary())
         .bind(
@@ -58,7 +57,10 @@ fn nodegrace_spec(drain_secs: u32) -> Spec {
             "/etc/systemd/logind.conf.d/50-unattended-upgrades.conf",
             LOW_LOGIND_DROPIN,
         )
-        .file("/etc/systemd/system/marker.service", real::marker_unit("marker"))
+        .file(
+            "/etc/systemd/system/marker.service",
+            real::marker_unit("marker"),
+        )
         .want("nodegrace.service")
         .want("marker.service");
     spec
@@ -83,9 +85,8 @@ fn inhibit_delay_max_usec(c: &Container) -> u64 {
 fn assert_holds_delay_inhibitor(c: &Container) {
     let list = c.run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
     assert!(
-        list.lines().any(|l| l.contains("nodegrace")
-            && l.contains("shutdown")
-            && l.contains("delay")),
+        list.lines()
+            .any(|l| l.contains("nodegrace") && l.contains("shutdown") && l.contains("delay")),
         "nodegrace holds no shutdown delay inhibitor:\n{list}"
     );
 }
@@ -215,9 +216,8 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
         c.journal_text()
     );
     let ng = c.journal_of("nodegrace");
-    let released = first_with(&ng, "releas").unwrap_or_else(|| {
-        panic!("nodegrace logged no release:\n{}", c.journal_text())
-    });
+    let released = first_with(&ng, "releas")
+        .unwrap_or_else(|| panic!("nodegrace logged no release:\n{}", c.journal_text()));
     assert!(
         released.time <= marker + EARLY_SLACK && released.time >= signal + DRAIN - EARLY_SLACK,
         "release logged at {:.3}, signal {signal:.3}, units stopping {marker:.3}",
@@ -244,7 +244,11 @@ fn bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops() {
     c.wait_active("kubelet.service", Duration::from_secs(10));
 
     let before = real::now_unix();
-    poweroff_and_wait(&mut c, &["systemctl", "poweroff", "-i"], Duration::from_secs(150));
+    poweroff_and_wait(
+        &mut c,
+        &["systemctl", "poweroff", "-i"],
+        Duration::from_secs(150),
+    );
 
     let journal = c.journal();
     assert!(
@@ -304,10 +308,14 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
 
     let _ = c.exec(&["systemctl", "poweroff"]);
     // Kill it once it is draining.
-    real::wait_until("nodegrace to start draining", Duration::from_secs(10), || {
-        let ng = c.journal_of("nodegrace");
-        ng.iter().any(|l| l.contains("drain")).then_some(())
-    });
+    real::wait_until(
+        "nodegrace to start draining",
+        Duration::from_secs(10),
+        || {
+            let ng = c.journal_of("nodegrace");
+            ng.iter().any(|l| l.contains("drain")).then_some(())
+        },
+    );
     std::thread::sleep(Duration::from_millis(500));
     let killed_at = real::now_unix();
     c.run(&["systemctl", "kill", "-s", "SIGKILL", "nodegrace.service"]);
@@ -324,11 +332,21 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
     let resumed = ng
         .iter()
         .find(|l| l.time > killed_at && l.contains("resum"))
-        .unwrap_or_else(|| panic!("the restarted nodegrace did not resume:\n{}", c.journal_text()));
+        .unwrap_or_else(|| {
+            panic!(
+                "the restarted nodegrace did not resume:\n{}",
+                c.journal_text()
+            )
+        });
     let released = ng
         .iter()
         .find(|l| l.time > resumed.time && l.contains("releas"))
-        .unwrap_or_else(|| panic!("the restarted nodegrace did not release:\n{}", c.journal_text()));
+        .unwrap_or_else(|| {
+            panic!(
+                "the restarted nodegrace did not release:\n{}",
+                c.journal_text()
+            )
+        });
     eprintln!(
         "restart mid-drain (first pid {}): killed {:.3} s after the signal, resumed {:.3} s, released {:.3} s, units stopping {waited:.3} s",
         first_pid.trim(),

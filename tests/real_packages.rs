@@ -82,21 +82,41 @@ fn deb_contents_and_maintainer_scripts() {
         .lines()
         .filter_map(|l| {
             let mode = l.split_whitespace().next()?.to_string();
-            let path = l.split_whitespace().last()?.trim_start_matches('.').to_string();
+            let path = l
+                .split_whitespace()
+                .last()?
+                .trim_start_matches('.')
+                .to_string();
             Some((path, mode))
         })
         .collect();
-    let mode_of = |path: &str| entries.iter().find(|(p, _)| p == path).map(|(_, m)| m.clone());
+    let mode_of = |path: &str| {
+        entries
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, m)| m.clone())
+    };
     for file in expected_files("/lib/systemd/system") {
-        let mode = mode_of(&file)
-            .unwrap_or_else(|| panic!("{} lacks {file}:\n{listing}", deb.display()));
-        let want = if file == "/usr/bin/nodegrace" { "-rwxr-xr-x" } else { "-rw-r--r--" };
+        let mode =
+            mode_of(&file).unwrap_or_else(|| panic!("{} lacks {file}:\n{listing}", deb.display()));
+        let want = if file == "/usr/bin/nodegrace" {
+            "-rwxr-xr-x"
+        } else {
+            "-rw-r--r--"
+        };
         assert_eq!(mode, want, "mode of {file}");
     }
 
-    let conffiles = output(Command::new("dpkg-deb").arg("-I").arg(&deb).arg("conffiles"));
+    let conffiles = output(
+        Command::new("dpkg-deb")
+            .arg("-I")
+            .arg(&deb)
+            .arg("conffiles"),
+    );
     assert!(
-        conffiles.lines().any(|l| l.trim() == "/etc/nodegrace/config.toml"),
+        conffiles
+            .lines()
+            .any(|l| l.trim() == "/etc/nodegrace/config.toml"),
         "config.toml is not a conffile: {conffiles:?}"
     );
     let packaged_config = output(
@@ -107,13 +127,20 @@ fn deb_contents_and_maintainer_scripts() {
             .arg(&deb),
     );
     let source_config = std::fs::read_to_string(real::repo_file("config/nodegrace.toml")).unwrap();
-    assert_eq!(packaged_config, source_config, "packaged config differs from config/nodegrace.toml");
+    assert_eq!(
+        packaged_config, source_config,
+        "packaged config differs from config/nodegrace.toml"
+    );
 
     for script in ["postinst", "prerm", "postrm"] {
         let packaged = output(Command::new("dpkg-deb").arg("-I").arg(&deb).arg(script));
         let source =
             std::fs::read_to_string(real::repo_file(&format!("packaging/deb/{script}"))).unwrap();
-        assert_eq!(packaged.trim(), source.trim(), "packaged {script} differs from packaging/deb/{script}");
+        assert_eq!(
+            packaged.trim(),
+            source.trim(),
+            "packaged {script} differs from packaging/deb/{script}"
+        );
     }
 }
 
@@ -122,12 +149,19 @@ fn rpm_contents_and_scriptlets() {
     if skip("rpm_contents_and_scriptlets") {
         return;
     }
-    assert!(real::which("rpm").is_some(), "the package tier needs `rpm` (apt-get install rpm)");
+    assert!(
+        real::which("rpm").is_some(),
+        "the package tier needs `rpm` (apt-get install rpm)"
+    );
     let rpm = package("NODEGRACE_TEST_RPM");
     // FILEFLAGS: "c" config, "n" noreplace.
     let listing = output(
         Command::new("rpm")
-            .args(["-qp", "--qf", "[%{FILEMODES:perms} %{FILEFLAGS:fflags} %{FILENAMES}\\n]"])
+            .args([
+                "-qp",
+                "--qf",
+                "[%{FILEMODES:perms} %{FILEFLAGS:fflags} %{FILENAMES}\\n]",
+            ])
             .arg(&rpm),
     );
     let files = output(Command::new("rpm").arg("-qlp").arg(&rpm));
@@ -143,7 +177,11 @@ fn rpm_contents_and_scriptlets() {
             .unwrap_or_else(|| panic!("no attributes for {file}:\n{listing}"));
         let mut fields = line.split_whitespace();
         let perms = fields.next().unwrap();
-        let want = if file == "/usr/bin/nodegrace" { "-rwxr-xr-x" } else { "-rw-r--r--" };
+        let want = if file == "/usr/bin/nodegrace" {
+            "-rwxr-xr-x"
+        } else {
+            "-rw-r--r--"
+        };
         assert_eq!(perms, want, "mode of {file}");
         if file == "/etc/nodegrace/config.toml" {
             let flags = fields.next().unwrap();
@@ -159,8 +197,8 @@ fn rpm_contents_and_scriptlets() {
         ("preuninstall", "pre-uninstall.sh"),
         ("postuninstall", "post-uninstall.sh"),
     ] {
-        let body = std::fs::read_to_string(real::repo_file(&format!("packaging/rpm/{source}")))
-            .unwrap();
+        let body =
+            std::fs::read_to_string(real::repo_file(&format!("packaging/rpm/{source}"))).unwrap();
         assert!(
             scripts.contains(&format!("{scriptlet} scriptlet")) && scripts.contains(body.trim()),
             "the {scriptlet} scriptlet is not packaging/rpm/{source}:\n{scripts}"
@@ -180,7 +218,10 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
             "/etc/systemd/logind.conf.d/50-unattended-upgrades.conf",
             "[Login]\nInhibitDelayMaxSec=30\n",
         )
-        .file("/etc/systemd/system/marker.service", real::marker_unit("marker"))
+        .file(
+            "/etc/systemd/system/marker.service",
+            real::marker_unit("marker"),
+        )
         .want("marker.service");
     let mut c = Container::boot("deb", &spec);
     c.wait_active("marker.service", Duration::from_secs(30));
@@ -190,7 +231,8 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
     eprintln!("dpkg -i:\n{install}");
     c.wait_active("nodegrace.service", Duration::from_secs(30));
     assert_eq!(
-        c.run(&["systemctl", "is-enabled", "nodegrace.service"]).trim(),
+        c.run(&["systemctl", "is-enabled", "nodegrace.service"])
+            .trim(),
         "enabled"
     );
     c.run(&["test", "-d", "/var/lib/nodegrace"]);
@@ -209,8 +251,15 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
         "org.freedesktop.login1.Manager",
         "InhibitDelayMaxUSec",
     ]);
-    let usec: u64 = budget.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap();
-    assert!(usec > 30_000_000, "the packaged drop-in did not raise InhibitDelayMaxUSec: {usec}");
+    let usec: u64 = budget
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(
+        usec > 30_000_000,
+        "the packaged drop-in did not raise InhibitDelayMaxUSec: {usec}"
+    );
 
     let _ = c.exec(&["systemctl", "poweroff"]);
     let status = c
@@ -218,19 +267,32 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
         .unwrap_or_else(|| panic!("no poweroff within 120 s:\n{}", c.journal_text()));
     assert!(status.success(), "nspawn exited with {status}");
 
-    let signal = first_with(&c.journal_of("systemd-logind"), "The system will power off now")
-        .expect("logind announced no poweroff")
-        .time;
+    let signal = first_with(
+        &c.journal_of("systemd-logind"),
+        "The system will power off now",
+    )
+    .expect("logind announced no poweroff")
+    .time;
     let marker = c.stop_time("marker").expect("systemd stopped no units");
     let ng = c.journal_of("nodegrace");
     let handled = ng
         .iter()
         .find(|l| l.time >= signal - 0.25 && l.contains("PrepareForShutdown"))
-        .unwrap_or_else(|| panic!("nodegrace did not handle PrepareForShutdown:\n{}", c.journal_text()));
+        .unwrap_or_else(|| {
+            panic!(
+                "nodegrace did not handle PrepareForShutdown:\n{}",
+                c.journal_text()
+            )
+        });
     let released = ng
         .iter()
         .find(|l| l.time >= handled.time && l.contains("releas"))
-        .unwrap_or_else(|| panic!("nodegrace did not release its inhibitor:\n{}", c.journal_text()));
+        .unwrap_or_else(|| {
+            panic!(
+                "nodegrace did not release its inhibitor:\n{}",
+                c.journal_text()
+            )
+        });
     eprintln!(
         "installed .deb: signal -> handled {:.3} s -> released {:.3} s -> units stopping {:.3} s",
         handled.time - signal,

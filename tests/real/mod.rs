@@ -30,7 +30,9 @@ pub fn enabled(tier: &str) -> bool {
 /// Panics with a clear message when something the real tiers need is missing.
 pub fn require_prerequisites() {
     assert!(
-        nix::unistd::geteuid().is_root(), "NODEGRACE_REAL_TESTS=1 needs root (systemd-nspawn, nsenter)");
+        nix::unistd::geteuid().is_root(),
+        "NODEGRACE_REAL_TESTS=1 needs root (systemd-nspawn, nsenter)"
+    );
     for tool in [
         "systemd-nspawn",
         "nsenter",
@@ -74,7 +76,10 @@ pub fn debian_root() -> PathBuf {
             out.status
         );
         let root = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        assert!(root.join("usr/lib/systemd/systemd").exists(), "{root:?} has no systemd");
+        assert!(
+            root.join("usr/lib/systemd/systemd").exists(),
+            "{root:?} has no systemd"
+        );
         root
     })
     .clone()
@@ -94,7 +99,10 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> O
         if let Some(value) = check() {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -185,7 +193,10 @@ impl Container {
             args.push(format!("--bind-ro={}:{target}", host.display()));
         }
         for (target, host) in &spec.bind_files {
-            assert!(host.exists(), "{host:?} (to bind at {target}) does not exist");
+            assert!(
+                host.exists(),
+                "{host:?} (to bind at {target}) does not exist"
+            );
             args.push(format!("--bind-ro={}:{target}", host.display()));
         }
         args.push("--boot".into());
@@ -234,7 +245,9 @@ impl Container {
     pub fn exec(&self, argv: &[&str]) -> Output {
         let pid = self.pid1.to_string();
         Command::new("timeout")
-            .args(["60", "nsenter", "-t", &pid, "-m", "-u", "-i", "-n", "-p", "-C", "-r", "-w"])
+            .args([
+                "60", "nsenter", "-t", &pid, "-m", "-u", "-i", "-n", "-p", "-C", "-r", "-w",
+            ])
             .args(argv)
             .stdin(Stdio::null())
             .output()
@@ -264,16 +277,17 @@ impl Container {
 
     /// Waits until `unit` is active (panics early if it failed).
     pub fn wait_active(&self, unit: &str, timeout: Duration) {
-        wait_until(&format!("{unit} to become active"), timeout, || {
-            match self.is_active(unit).as_str() {
-                "active" => Some(()),
-                "failed" => panic!(
-                    "{unit} failed in container {}:\n{}",
-                    self.name,
-                    self.journal_text()
-                ),
-                _ => None,
-            }
+        wait_until(&format!("{unit} to become active"), timeout, || match self
+            .is_active(unit)
+            .as_str()
+        {
+            "active" => Some(()),
+            "failed" => panic!(
+                "{unit} failed in container {}:\n{}",
+                self.name,
+                self.journal_text()
+            ),
+            _ => None,
         })
     }
 
