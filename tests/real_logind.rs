@@ -216,7 +216,15 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
         c.journal_text()
     );
     let ng = c.journal_of("nodegrace");
-    let released = first_with(&ng, "releas")
+    let draining = first_with(&ng, "draining the node")
+        .unwrap_or_else(|| panic!("nodegrace never began draining:\n{}", c.journal_text()));
+    assert_eq!(
+        draining.field("F_KIND"),
+        Some("Poweroff"),
+        "{}",
+        c.journal_text()
+    );
+    let released = first_with(&ng, "inhibitor released")
         .unwrap_or_else(|| panic!("nodegrace logged no release:\n{}", c.journal_text()));
     assert!(
         released.time <= marker + EARLY_SLACK && released.time >= signal + DRAIN - EARLY_SLACK,
@@ -268,7 +276,11 @@ fn bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops() {
     let drain_log = c
         .journal_of("nodegrace")
         .into_iter()
-        .find(|l| l.time >= before && l.contains("drain"))
+        .find(|l| {
+            l.time >= before
+                && l.contains("draining the node")
+                && l.field("F_KIND") == Some("Bypass")
+        })
         .unwrap_or_else(|| {
             panic!(
                 "nodegrace did not say it drained from the stop path:\n{}",
@@ -313,7 +325,9 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
         Duration::from_secs(10),
         || {
             let ng = c.journal_of("nodegrace");
-            ng.iter().any(|l| l.contains("drain")).then_some(())
+            ng.iter()
+                .any(|l| l.contains("draining the node"))
+                .then_some(())
         },
     );
     std::thread::sleep(Duration::from_millis(500));
@@ -331,7 +345,11 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
     let ng = c.journal_of("nodegrace");
     let resumed = ng
         .iter()
-        .find(|l| l.time > killed_at && l.contains("resum"))
+        .find(|l| {
+            l.time > killed_at
+                && l.contains("draining the node")
+                && l.field("F_RESUMED") == Some("true")
+        })
         .unwrap_or_else(|| {
             panic!(
                 "the restarted nodegrace did not resume:\n{}",
@@ -340,7 +358,7 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
         });
     let released = ng
         .iter()
-        .find(|l| l.time > resumed.time && l.contains("releas"))
+        .find(|l| l.time > resumed.time && l.contains("inhibitor released"))
         .unwrap_or_else(|| {
             panic!(
                 "the restarted nodegrace did not release:\n{}",

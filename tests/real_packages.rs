@@ -277,7 +277,7 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
     let ng = c.journal_of("nodegrace");
     let handled = ng
         .iter()
-        .find(|l| l.time >= signal - 0.25 && l.contains("PrepareForShutdown"))
+        .find(|l| l.time >= signal - 0.25 && l.contains("draining the node"))
         .unwrap_or_else(|| {
             panic!(
                 "nodegrace did not handle PrepareForShutdown:\n{}",
@@ -286,7 +286,7 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
         });
     let released = ng
         .iter()
-        .find(|l| l.time >= handled.time && l.contains("releas"))
+        .find(|l| l.time >= handled.time && l.contains("inhibitor released"))
         .unwrap_or_else(|| {
             panic!(
                 "nodegrace did not release its inhibitor:\n{}",

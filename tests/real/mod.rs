@@ -313,13 +313,12 @@ impl Container {
         text.trim().parse().ok()
     }
 
-    /// The container's journal (persistent, bound from the results dir), one entry per line
-    /// as `UNIX_SECONDS IDENTIFIER[PID]: MESSAGE`.
+    /// The container's journal (persistent, bound from the results dir), in order.
     pub fn journal(&self) -> Vec<JournalLine> {
         let out = Command::new("journalctl")
             .arg("-D")
             .arg(self.path("journal"))
-            .args(["--no-pager", "-o", "short-unix", "-q"])
+            .args(["--no-pager", "-o", "json", "-q"])
             .output()
             .expect("run journalctl -D");
         String::from_utf8_lossy(&out.stdout)
@@ -331,7 +330,22 @@ impl Container {
     pub fn journal_text(&self) -> String {
         self.journal()
             .iter()
-            .map(|l| format!("{:.6} {}", l.time, l.text))
+            .map(|l| {
+                let extra: Vec<String> = l
+                    .fields
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("F_"))
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect();
+                format!(
+                    "{:.6} {}[{}]: {} {}",
+                    l.time,
+                    l.ident,
+                    l.pid,
+                    l.text,
+                    extra.join(" ")
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -374,30 +388,48 @@ impl Drop for Container {
 
 #[derive(Debug, Clone)]
 pub struct JournalLine {
+    /// Unix seconds.
     pub time: f64,
+    /// SYSLOG_IDENTIFIER, e.g. "systemd", "systemd-logind", "nodegrace".
     pub ident: String,
+    pub pid: String,
     pub text: String,
+    /// Every field of the entry (tracing fields appear as `F_NAME`).
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 impl JournalLine {
     fn parse(line: &str) -> Option<JournalLine> {
-        // "1795314781.965618 HOST IDENT[PID]: MESSAGE"
-        let mut parts = line.splitn(3, ' ');
-        let time = parts.next()?.parse().ok()?;
-        let _host = parts.next()?;
-        let text = parts.next()?.to_string();
-        let ident = text
-            .split([':', '['])
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        Some(JournalLine { time, ident, text })
+        let serde_json::Value::Object(fields) = serde_json::from_str(line).ok()? else {
+            return None;
+        };
+        let text_of = |key: &str| {
+            fields
+                .get(key)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let time = text_of("__REALTIME_TIMESTAMP").parse::<f64>().ok()? / 1e6;
+        Some(JournalLine {
+            time,
+            ident: text_of("SYSLOG_IDENTIFIER"),
+            pid: text_of("_PID"),
+            text: text_of("MESSAGE"),
+            fields,
+        })
     }
 
+    /// Whether the message contains `needle` (case-insensitive).
     pub fn contains(&self, needle: &str) -> bool {
         self.text
             .to_ascii_lowercase()
             .contains(&needle.to_ascii_lowercase())
+    }
+
+    /// A structured field as text (`"F_KIND"`, `"PRIORITY"`, ...).
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).and_then(|v| v.as_str())
     }
 }
 
