@@ -10,7 +10,7 @@ use std::time::Duration;
 use real::{first_with, Container, Spec};
 
 /// Budget nodegrace is configured for; the container's logind starts at 30 s.
-const MAX_DELAY_SECS: f64 = 90.0;
+const MAX_DELAY_SECS: f64 = 180.0;
 /// How late after the drain's end systemd may begin stopping units and still count as
 /// "right after the release" (measured: 0.02-0.04 s; generous for a loaded 2-core machine).
 const RELEASE_SLACK: f64 = 2.0;
@@ -22,7 +22,7 @@ const TEST_CONFIG: &str = r#"# nodegrace real-logind test configuration
 name = "nodegrace-test"
 
 [shutdown]
-max_delay = "90s"
+max_delay = "3m"
 "#;
 
 /// What many nodes have: a package's logind drop-in that silently lowers the delay budget.
@@ -188,7 +188,7 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
 
     // (b) The drop-in nodegrace wrote sorts after 50-unattended-upgrades.conf and wins.
     let usec = real::wait_until(
-        "InhibitDelayMaxUSec raised to the configured 90 s",
+        "InhibitDelayMaxUSec raised to the configured 3 min",
         Duration::from_secs(15),
         || {
             let v = inhibit_delay_max_usec(&c);
@@ -218,11 +218,11 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
     let ng = c.journal_of("nodegrace");
     let draining = first_with(&ng, "draining the node")
         .unwrap_or_else(|| panic!("nodegrace never began draining:\n{}", c.journal_text()));
-    assert_eq!(
-        draining.field("F_KIND"),
-        Some("Poweroff"),
-        "{}",
-        c.journal_text()
+    // logind 252 does not say which shutdown it prepares for; KIND may be Unknown here.
+    eprintln!(
+        "drain began {:.3} s after the signal, kind {:?}",
+        draining.time - signal,
+        draining.field("F_KIND")
     );
     let released = first_with(&ng, "inhibitor released")
         .unwrap_or_else(|| panic!("nodegrace logged no release:\n{}", c.journal_text()));
@@ -233,8 +233,11 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
     );
 }
 
-/// (c) `systemctl poweroff -i` skips logind: no PrepareForShutdown. systemd stops nodegrace
-/// before the kubelet; nodegrace drains from its stop path and the kubelet stops only after.
+/// (c) A shutdown that bypasses logind sends no PrepareForShutdown: systemd stops nodegrace
+/// before the kubelet (the unit is ordered after it), nodegrace drains from its stop path, and
+/// the kubelet stops only after. SIGRTMIN+4 to PID 1 starts poweroff.target directly (as does
+/// `systemctl start poweroff.target`). Note that `systemctl poweroff -i` is NOT such a bypass on
+/// systemd 252: it goes through logind, which still honours delay inhibitors (measured).
 #[test]
 fn bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops() {
     if skip("bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops") {
@@ -252,16 +255,26 @@ fn bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops() {
     c.wait_active("kubelet.service", Duration::from_secs(10));
 
     let before = real::now_unix();
-    poweroff_and_wait(
-        &mut c,
-        &["systemctl", "poweroff", "-i"],
-        Duration::from_secs(150),
+    let pid1 = c.pid1.to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-s", "RTMIN+4", &pid1])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -s RTMIN+4 {pid1} failed");
+    let status = c
+        .wait_exit(Duration::from_secs(150))
+        .unwrap_or_else(|| panic!("no poweroff within 150 s:\n{}", c.journal_text()));
+    assert!(
+        status.success(),
+        "systemd-nspawn exited with {status}:\n{}",
+        c.console()
     );
 
     let journal = c.journal();
     assert!(
         first_with(&c.journal_of("systemd-logind"), "will power off").is_none(),
-        "logind was involved; this test needs the bypass path"
+        "logind announced the shutdown; this test needs the bypass path:\n{}",
+        c.journal_text()
     );
     let stopping = journal
         .iter()
@@ -289,14 +302,19 @@ fn bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops() {
         });
     let kubelet = c.stop_time("kubelet").expect("kubelet was never stopped");
     eprintln!(
-        "bypass: nodegrace stop took {:.3} s (drain {DRAIN} s); kubelet stop began {:.3} s after it ended; drain log: {}",
+        "bypass: stop path drain logged {:.3} s after systemd began stopping nodegrace; its stop took {:.3} s (drain {DRAIN} s); the kubelet began stopping {:.3} s after it ended",
+        drain_log.time - stopping,
         stopped - stopping,
-        kubelet - stopped,
-        drain_log.text
+        kubelet - stopped
     );
     assert!(
         stopped - stopping >= DRAIN - EARLY_SLACK,
         "nodegrace's stop took {:.3} s: it did not drain",
+        stopped - stopping
+    );
+    assert!(
+        stopped - stopping < DRAIN + RELEASE_SLACK,
+        "nodegrace's stop took {:.3} s for a {DRAIN} s drain",
         stopped - stopping
     );
     assert!(
@@ -332,7 +350,14 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
     );
     std::thread::sleep(Duration::from_millis(500));
     let killed_at = real::now_unix();
-    c.run(&["systemctl", "kill", "-s", "SIGKILL", "nodegrace.service"]);
+    c.run(&[
+        "systemctl",
+        "kill",
+        "--kill-who=main",
+        "-s",
+        "SIGKILL",
+        "nodegrace.service",
+    ]);
 
     let status = c
         .wait_exit(Duration::from_secs(MAX_DELAY_SECS as u64 + 30))
@@ -352,7 +377,10 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
         })
         .unwrap_or_else(|| {
             panic!(
-                "the restarted nodegrace did not resume:\n{}",
+                "the restarted nodegrace did not resume; systemd began stopping units {:.3} s after the kill \
+                 (+{waited:.3} s after the signal): the kill closed the delay lock and logind went on. \
+                 Keeping the inhibitor fd in systemd's fd store (FDSTORE=1) would hold it across a restart.\n{}",
+                marker - killed_at,
                 c.journal_text()
             )
         });
