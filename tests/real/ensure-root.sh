@@ -17,6 +17,8 @@ if [[ -f $root/.nodegrace-root-complete ]]; then
     echo "$root"
     exit 0
 fi
+# Leftovers of a build that was killed; nobody else builds while we hold the lock.
+rm -rf --one-file-system "$cache"/.build.*
 
 debian_mirror() {
     local files=() f url
