@@ -1,0 +1,489 @@
+//! Support for the real-systemd test tiers: a cached minimal Debian root booted with
+//! `systemd-nspawn`, commands run inside through `nsenter`, and the container's journal read
+//! from outside. Only active with `NODEGRACE_REAL_TESTS=1` (as root); see README.md.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+
+/// True when the real tiers should run. Otherwise says on stderr (past the test harness's
+/// output capture, so plain `cargo test` shows it) that `tier` was skipped.
+pub fn enabled(tier: &str) -> bool {
+    if std::env::var("NODEGRACE_REAL_TESTS").as_deref() == Ok("1") {
+        return true;
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped: {tier} (real-systemd tier; set NODEGRACE_REAL_TESTS=1 and run as root, or use scripts/test-all)"
+    );
+    false
+}
+
+/// Panics with a clear message when something the real tiers need is missing.
+pub fn require_prerequisites() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "NODEGRACE_REAL_TESTS=1 needs root (systemd-nspawn, nsenter)"
+    );
+    for tool in [
+        "systemd-nspawn",
+        "nsenter",
+        "journalctl",
+        "debootstrap",
+        "flock",
+    ] {
+        assert!(
+            which(tool).is_some(),
+            "NODEGRACE_REAL_TESTS=1 needs `{tool}`; install it (scripts/test-all does: apt-get install systemd-container debootstrap util-linux systemd)"
+        );
+    }
+}
+
+pub fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join(tool))
+        .find(|candidate| {
+            candidate
+                .metadata()
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// The cached Debian root (built by `tests/real/ensure-root.sh` on first use).
+pub fn debian_root() -> PathBuf {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let script = Path::new(MANIFEST_DIR).join("tests/real/ensure-root.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run tests/real/ensure-root.sh");
+        assert!(
+            out.status.success(),
+            "building the Debian root failed ({})",
+            out.status
+        );
+        let root = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        assert!(
+            root.join("usr/lib/systemd/systemd").exists(),
+            "{root:?} has no systemd"
+        );
+        root
+    })
+    .clone()
+}
+
+pub fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs_f64()
+}
+
+/// Polls `check` every 50 ms until it returns Some or `timeout` passes.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What to put into a container besides the cached root.
+#[derive(Default)]
+pub struct Spec {
+    /// Read-only files: container path -> host path.
+    pub bind_files: BTreeMap<String, PathBuf>,
+    /// Files written for this test and bound read-only: container path -> contents.
+    pub files: BTreeMap<String, String>,
+    /// Units started at boot (`systemd.wants=` on the kernel command line).
+    pub wants: Vec<String>,
+}
+
+impl Spec {
+    pub fn file(&mut self, container_path: &str, contents: impl Into<String>) -> &mut Self {
+        self.files.insert(container_path.into(), contents.into());
+        self
+    }
+    pub fn bind(&mut self, container_path: &str, host: impl Into<PathBuf>) -> &mut Self {
+        self.bind_files.insert(container_path.into(), host.into());
+        self
+    }
+    pub fn want(&mut self, unit: &str) -> &mut Self {
+        self.wants.push(unit.into());
+        self
+    }
+}
+
+/// A booted container. Dropping it kills `systemd-nspawn` (and with it the container), so
+/// every test tears down even when an assertion fails.
+pub struct Container {
+    pub name: String,
+    nspawn: Child,
+    exit: Option<ExitStatus>,
+    pub pid1: i32,
+    /// Host directory bound at `/results`; `journal/` inside it is the container's journal.
+    pub results: tempfile::TempDir,
+}
+
+/// A oneshot marker unit: its `ExecStop` records (in `/results/NAME-stop`) when systemd began
+/// stopping units.
+pub fn marker_unit(name: &str) -> String {
+    format!(
+        "[Unit]\nDescription=nodegrace test marker {name}\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\n\
+         ExecStart=/bin/true\nExecStop=/bin/sh -c 'date +%%s.%%N > /results/{name}-stop'\n"
+    )
+}
+
+/// A stand-in for the kubelet: runs until stopped and records (in `/results/NAME-stop`) when
+/// its stop began.
+pub fn long_running_unit(name: &str) -> String {
+    format!(
+        "[Unit]\nDescription=nodegrace test stand-in {name}\n\n[Service]\nExecStart=/bin/sleep infinity\n\
+         ExecStop=/bin/sh -c 'date +%%s.%%N > /results/{name}-stop'\n"
+    )
+}
+
+impl Container {
+    pub fn boot(name: &str, spec: &Spec) -> Container {
+        let root = debian_root();
+        let results = tempfile::Builder::new()
+            .prefix(&format!("nodegrace-real-{name}-"))
+            .tempdir()
+            .expect("results dir");
+        // The container's root and journald write here; readable afterwards from the host.
+        fs::set_permissions(results.path(), fs::Permissions::from_mode(0o777)).ok();
+        let journal = results.path().join("journal");
+        fs::create_dir_all(&journal).expect("journal dir");
+        let files_dir = results.path().join("files");
+        fs::create_dir_all(&files_dir).expect("files dir");
+
+        let mut args: Vec<String> = vec![
+            "--quiet".into(),
+            "--register=no".into(),
+            "--keep-unit".into(),
+            "--volatile=overlay".into(),
+            "--private-network".into(),
+            format!("--machine=ng-{name}"),
+            format!("--directory={}", root.display()),
+            format!("--bind={}:/results", results.path().display()),
+            format!("--bind={}:/var/log/journal", journal.display()),
+        ];
+        for (i, (target, contents)) in spec.files.iter().enumerate() {
+            let host = files_dir.join(format!("{i}"));
+            fs::write(&host, contents).expect("write test file");
+            args.push(format!("--bind-ro={}:{target}", host.display()));
+        }
+        for (target, host) in &spec.bind_files {
+            assert!(
+                host.exists(),
+                "{host:?} (to bind at {target}) does not exist"
+            );
+            args.push(format!("--bind-ro={}:{target}", host.display()));
+        }
+        args.push("--boot".into());
+        for unit in &spec.wants {
+            args.push(format!("systemd.wants={unit}"));
+        }
+
+        let console = fs::File::create(results.path().join("console.log")).expect("console log");
+        let nspawn = Command::new("systemd-nspawn")
+            .args(&args)
+            .env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
+            .stdin(Stdio::null())
+            .stdout(console.try_clone().expect("dup console log"))
+            .stderr(console)
+            .spawn()
+            .expect("spawn systemd-nspawn");
+        let mut container = Container {
+            name: name.into(),
+            pid1: 0,
+            exit: None,
+            nspawn,
+            results,
+        };
+        let nspawn_pid = container.nspawn.id() as i32;
+        container.pid1 = wait_until("the container's PID 1", Duration::from_secs(30), || {
+            if let Some(status) = container.nspawn.try_wait().expect("poll nspawn") {
+                panic!(
+                    "systemd-nspawn exited early ({status}):\n{}",
+                    container.console()
+                );
+            }
+            find_container_init(nspawn_pid)
+        });
+        container
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.results.path().join(rel)
+    }
+
+    pub fn console(&self) -> String {
+        fs::read_to_string(self.path("console.log")).unwrap_or_default()
+    }
+
+    /// Runs a command inside the container (all of PID 1's namespaces and root).
+    pub fn exec(&self, argv: &[&str]) -> Output {
+        let pid = self.pid1.to_string();
+        Command::new("timeout")
+            .args([
+                "60", "nsenter", "-t", &pid, "-m", "-u", "-i", "-n", "-p", "-C", "-r", "-w",
+            ])
+            .args(argv)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run nsenter")
+    }
+
+    /// Like [`exec`](Self::exec) but panics (with the output) when the command fails.
+    pub fn run(&self, argv: &[&str]) -> String {
+        let out = self.exec(argv);
+        assert!(
+            out.status.success(),
+            "`{}` failed in container {} ({}):\n{}{}",
+            argv.join(" "),
+            self.name,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn is_active(&self, unit: &str) -> String {
+        String::from_utf8_lossy(&self.exec(&["systemctl", "is-active", unit]).stdout)
+            .trim()
+            .to_string()
+    }
+
+    /// Waits until `unit` is active (panics early if it failed).
+    pub fn wait_active(&self, unit: &str, timeout: Duration) {
+        wait_until(&format!("{unit} to become active"), timeout, || match self
+            .is_active(unit)
+            .as_str()
+        {
+            "active" => Some(()),
+            "failed" => panic!(
+                "{unit} failed in container {}:\n{}",
+                self.name,
+                self.journal_text()
+            ),
+            _ => None,
+        })
+    }
+
+    /// Waits until systemd-nspawn exits (the container powered off); None on timeout.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if self.exit.is_some() {
+            return self.exit;
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.nspawn.try_wait().expect("poll nspawn") {
+                self.exit = Some(status);
+                return self.exit;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// The value of a results file written by a marker, as Unix seconds.
+    pub fn stop_time(&self, marker: &str) -> Option<f64> {
+        let text = fs::read_to_string(self.path(&format!("{marker}-stop"))).ok()?;
+        text.trim().parse().ok()
+    }
+
+    /// The container's journal (persistent, bound from the results dir), in order.
+    pub fn journal(&self) -> Vec<JournalLine> {
+        let out = Command::new("journalctl")
+            .arg("-D")
+            .arg(self.path("journal"))
+            .args(["--no-pager", "-o", "json", "-q"])
+            .output()
+            .expect("run journalctl -D");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(JournalLine::parse)
+            .collect()
+    }
+
+    pub fn journal_text(&self) -> String {
+        self.journal()
+            .iter()
+            .map(|l| {
+                let extra: Vec<String> = l
+                    .fields
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("F_"))
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect();
+                format!(
+                    "{:.6} {}[{}]: {} {}",
+                    l.time,
+                    l.ident,
+                    l.pid,
+                    l.text,
+                    extra.join(" ")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Journal lines of one syslog identifier (e.g. "nodegrace", "systemd").
+    pub fn journal_of(&self, ident: &str) -> Vec<JournalLine> {
+        self.journal()
+            .into_iter()
+            .filter(|l| l.ident == ident)
+            .collect()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            // Killing PID 1 ends the whole PID namespace; nspawn then exits and unmounts.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid1),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            if self.wait_exit(Duration::from_secs(10)).is_none() {
+                let _ = self.nspawn.kill();
+                let _ = self.nspawn.wait();
+            }
+        }
+        if std::thread::panicking() || std::env::var_os("NODEGRACE_KEEP_RESULTS").is_some() {
+            // Keep the evidence of a failed run.
+            let placeholder = tempfile::tempdir().expect("placeholder tempdir");
+            let kept = std::mem::replace(&mut self.results, placeholder).keep();
+            let _ = writeln!(
+                std::io::stderr(),
+                "container {}: console log, results and journal kept in {}",
+                self.name,
+                kept.display()
+            );
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct JournalLine {
+    /// Unix seconds.
+    pub time: f64,
+    /// SYSLOG_IDENTIFIER, e.g. "systemd", "systemd-logind", "nodegrace".
+    pub ident: String,
+    pub pid: String,
+    pub text: String,
+    /// Every field of the entry (tracing fields appear as `F_NAME`).
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl JournalLine {
+    fn parse(line: &str) -> Option<JournalLine> {
+        let serde_json::Value::Object(fields) = serde_json::from_str(line).ok()? else {
+            return None;
+        };
+        let text_of = |key: &str| {
+            fields
+                .get(key)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let time = text_of("__REALTIME_TIMESTAMP").parse::<f64>().ok()? / 1e6;
+        Some(JournalLine {
+            time,
+            ident: text_of("SYSLOG_IDENTIFIER"),
+            pid: text_of("_PID"),
+            text: text_of("MESSAGE"),
+            fields,
+        })
+    }
+
+    /// Whether the message contains `needle` (case-insensitive).
+    pub fn contains(&self, needle: &str) -> bool {
+        self.text
+            .to_ascii_lowercase()
+            .contains(&needle.to_ascii_lowercase())
+    }
+
+    /// A structured field as text (`"F_KIND"`, `"PRIORITY"`, ...).
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).and_then(|v| v.as_str())
+    }
+}
+
+/// First journal line (in order) containing `needle` (case-insensitive), with its time.
+pub fn first_with<'a>(lines: &'a [JournalLine], needle: &str) -> Option<&'a JournalLine> {
+    lines.iter().find(|l| l.contains(needle))
+}
+
+/// The container's init: the child of systemd-nspawn that is PID 1 in its own namespace.
+fn find_container_init(nspawn_pid: i32) -> Option<i32> {
+    for entry in fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>())
+        };
+        let ppid: Option<i32> = field("PPid:").and_then(|v| v.first()?.parse().ok());
+        let nspid = field("NSpid:").unwrap_or_default();
+        if nspid.len() >= 2 && nspid.last() == Some(&"1") {
+            // The container's init is the child (or grandchild) of our nspawn process.
+            let parent = ppid?;
+            if parent == nspawn_pid || parent_of(parent) == Some(nspawn_pid) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The nodegrace binary under test: `NODEGRACE_TEST_BINARY` or the one cargo built for this
+/// test run.
+pub fn nodegrace_binary() -> PathBuf {
+    std::env::var_os("NODEGRACE_TEST_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nodegrace")))
+}
+
+pub fn repo_file(rel: &str) -> PathBuf {
+    Path::new(MANIFEST_DIR).join(rel)
+}
