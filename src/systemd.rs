@@ -210,3 +210,47 @@ mod tests {
         assert_eq!(shutdown_kind_from_jobs(&[job("nginx.service")]), None);
     }
 }
+
+/// Stops and starts the kubelet for the offline fallback over its own system-bus
+/// connection, opened on first use: the fallback runs rarely and must not depend on the
+/// daemon's logind connection being up.
+#[derive(Default)]
+pub struct SystemdKubelet {
+    systemd: tokio::sync::OnceCell<ZbusSystemd>,
+}
+
+impl SystemdKubelet {
+    async fn systemd(&self) -> Result<&ZbusSystemd> {
+        self.systemd
+            .get_or_try_init(|| async {
+                let conn = zbus::Connection::system()
+                    .await
+                    .context("connecting to the system bus to control the kubelet")?;
+                ZbusSystemd::new(&conn).await
+            })
+            .await
+    }
+
+    /// Waits until systemd has no job left for `unit` (StopUnit/StartUnit return at once).
+    async fn settle(systemd: &ZbusSystemd, unit: &str) -> Result<()> {
+        while systemd.list_jobs().await?.iter().any(|j| j.unit == unit) {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl crate::fallback::KubeletControl for SystemdKubelet {
+    async fn stop(&self, unit: &str) -> Result<()> {
+        let systemd = self.systemd().await?;
+        systemd.stop_unit(unit).await?;
+        Self::settle(systemd, unit).await
+    }
+
+    async fn start(&self, unit: &str) -> Result<()> {
+        let systemd = self.systemd().await?;
+        systemd.start_unit(unit).await?;
+        Self::settle(systemd, unit).await
+    }
+}

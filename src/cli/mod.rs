@@ -80,32 +80,12 @@ fn secs(d: std::time::Duration) -> f64 {
     d.as_millis() as f64 / 1000.0
 }
 
-/// A kube client for the node's kubeconfig (`node.kubeconfig`, else in-cluster / `$KUBECONFIG`)
-/// whose connects and reads give up after `timeout`.
+/// A kube client for the node's kubeconfig whose connects and reads give up after `timeout`.
 async fn kube_client(
     settings: &crate::config::Settings,
     timeout: std::time::Duration,
 ) -> anyhow::Result<kube::Client> {
-    use anyhow::Context;
-    let mut config = match &settings.node.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context(
-            "no kubeconfig (node.kubeconfig is empty, no in-cluster config, no $KUBECONFIG)",
-        )?,
-    };
-    config.connect_timeout = Some(timeout);
-    config.read_timeout = Some(timeout);
-    config.write_timeout = Some(timeout);
-    kube::Client::try_from(config).context("cannot build the apiserver client")
+    crate::cluster::client::client(settings, timeout, Some(timeout)).await
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

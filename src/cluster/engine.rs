@@ -519,7 +519,6 @@ impl Engine {
     /// annotation and an Event) once the apiserver answers again.
     pub fn record_fallback(&self, report: &crate::fallback::FallbackReport) {
         *lock(&self.shared.fallback) = Some(FallbackSummary::from(report));
-        self.shared.metrics.fallback_used();
         self.shared.bump();
     }
 

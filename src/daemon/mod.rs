@@ -3,6 +3,7 @@
 
 mod bus;
 mod machine;
+pub mod node;
 pub mod status;
 
 use std::path::{Path, PathBuf};
@@ -88,18 +89,22 @@ pub fn load_settings(path: &Path) -> anyhow::Result<Settings> {
     crate::config::load(path).map_err(anyhow::Error::from)
 }
 
-/// The drainer the daemon uses. `NODEGRACE_TEST_DRAIN_SECONDS=N` (feature `test-hooks` only)
-/// makes the drain take N seconds, for tests against a real logind.
-pub fn build_drainer(_settings: &Settings) -> Arc<dyn Drainer> {
+/// The drainer the daemon uses: the cluster engine with the CRI fallback. With the
+/// `test-hooks` feature, `NODEGRACE_TEST_DRAIN_SECONDS=N` replaces it by a drain that takes
+/// N seconds, for tests against a real logind without a cluster.
+pub fn build_drainer(
+    settings: &Settings,
+    metrics: crate::metrics::Metrics,
+) -> anyhow::Result<Arc<dyn Drainer>> {
     #[cfg(feature = "test-hooks")]
     if let Some(secs) = std::env::var("NODEGRACE_TEST_DRAIN_SECONDS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
     {
         tracing::warn!(secs, "test hook: every drain takes {secs} s");
-        return Arc::new(SleepDrainer(Duration::from_secs(secs)));
+        return Ok(Arc::new(SleepDrainer(Duration::from_secs(secs))));
     }
-    Arc::new(NoopDrainer)
+    Ok(Arc::new(node::real_node_drainer(settings, metrics)?))
 }
 
 /// A drain that takes a fixed time (test hook).
@@ -142,7 +147,13 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         let target = crate::telemetry::init();
         tracing::info!(version = env!("CARGO_PKG_VERSION"), log = ?target, "nodegrace starting");
-        let drainer = build_drainer(&settings);
+        let metrics = crate::metrics::Metrics::new();
+        let stop_metrics = tokio_util::sync::CancellationToken::new();
+        if let Some(addr) = settings.metrics.listen {
+            crate::metrics::serve(addr, metrics.clone(), stop_metrics.clone()).await?;
+            tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+        }
+        let drainer = build_drainer(&settings, metrics.clone())?;
         let daemon = Daemon::new(
             settings,
             DaemonPaths::from_env(),
@@ -152,9 +163,48 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
         )
         .with_reloader(Box::new(move || load_settings(&config_path)));
         forward_signals(daemon.handle()).context("installing signal handlers")?;
-        daemon.run().await
+        tokio::spawn(mirror_status_into_metrics(daemon.handle(), metrics));
+        let result = daemon.run().await;
+        stop_metrics.cancel();
+        result
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Keeps the inhibitor, budget and shutdown-time gauges equal to the daemon's status; wakes
+/// only when the status changes.
+async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metrics::Metrics) {
+    type Key = (
+        bool,
+        Option<Duration>,
+        Option<chrono::DateTime<chrono::Utc>>,
+        Phase,
+    );
+    let key = |s: &Status| -> Key {
+        (
+            s.inhibitor_held,
+            s.budget.as_ref().map(|b| b.budget),
+            s.shutdown.as_ref().map(|d| d.started_at),
+            s.phase,
+        )
+    };
+    let mut last: Option<Key> = None;
+    while let Some(status) = handle.wait_for(|s| Some(key(s)) != last).await {
+        let now = key(&status);
+        metrics.set_inhibitor_held(status.inhibitor_held);
+        if let Some(budget) = now.1 {
+            metrics.set_effective_budget(budget);
+        }
+        if let Some(started) = now.2 {
+            if last.as_ref().and_then(|l| l.2) != Some(started) {
+                metrics.shutdown_started(started);
+            }
+        }
+        if status.phase == Phase::Released && last.as_ref().map(|l| l.3) != Some(Phase::Released) {
+            metrics.shutdown_ended(status.updated_at);
+        }
+        last = Some(now);
+    }
 }
 
 fn forward_signals(handle: DaemonHandle) -> anyhow::Result<()> {

@@ -1,0 +1,406 @@
+//! The daemon's real drain: the cluster engine while the apiserver answers, the kubelet-like
+//! CRI fallback while it does not, and back to the engine when it returns.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::eviction_request::{
+    self, Controller, ControllerConfig, EvictionRequestTerminator, Requester,
+};
+use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions, PodTerminator};
+use crate::config::{CompletionPolicy, Settings};
+use crate::cri::Runtime;
+use crate::daemon::{Drainer, ShutdownRequest};
+use crate::fallback::{Fallback, FallbackOptions, FallbackReport, KubeletControl, PodOutcome};
+use crate::metrics::{Metrics, TerminationMethod};
+use crate::state::PodCache;
+use crate::staticpods::StaticPodGate;
+
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The pieces the drainer works with; tests and the simulator pass fakes.
+pub struct NodeParts {
+    pub settings: Settings,
+    pub node: String,
+    pub runtime: Arc<dyn Runtime>,
+    pub kubelet: Option<Arc<dyn KubeletControl>>,
+    pub gate: Arc<dyn StaticPodGate>,
+    pub metrics: Metrics,
+    pub boot_id_path: PathBuf,
+}
+
+impl NodeParts {
+    pub fn boot_id(&self) -> Result<String> {
+        std::fs::read_to_string(&self.boot_id_path)
+            .map(|s| s.trim().to_string())
+            .with_context(|| format!("reading {}", self.boot_id_path.display()))
+    }
+}
+
+/// [`Drainer`] for a real node. The engine starts once the apiserver client could be built
+/// and the apiserver answered discovery; until then every drain is offline.
+pub struct NodeDrainer {
+    parts: NodeParts,
+    engine: watch::Receiver<Option<Arc<Engine>>>,
+    /// The fallback of the shutdown under way, so a cancel can restart the kubelet.
+    fallback: Mutex<Option<Arc<Fallback>>>,
+    stop: CancellationToken,
+}
+
+impl Drop for NodeDrainer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl NodeDrainer {
+    /// Starts connecting in the background with `connect` (retried with back-off) and
+    /// returns at once.
+    pub fn start<F, Fut>(parts: NodeParts, connect: F) -> NodeDrainer
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<kube::Client>> + Send,
+    {
+        let (tx, rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let settings = parts.settings.clone();
+        let node = parts.node.clone();
+        let gate = parts.gate.clone();
+        let metrics = parts.metrics.clone();
+        let task_stop = stop.clone();
+        tokio::spawn(async move {
+            let started = tokio::select! {
+                _ = task_stop.cancelled() => return,
+                engine = connect_engine(connect, settings, node, gate, metrics, task_stop.clone()) => engine,
+            };
+            tx.send_replace(Some(Arc::new(started)));
+            // Keep the engine (and its watches) alive until the drainer goes.
+            task_stop.cancelled().await;
+        });
+        NodeDrainer {
+            parts,
+            engine: rx,
+            fallback: Mutex::new(None),
+            stop,
+        }
+    }
+
+    fn engine_now(&self) -> Option<Arc<Engine>> {
+        self.engine.borrow().clone()
+    }
+
+    /// The engine, waiting at most `limit` for it to come up.
+    async fn engine_within(&self, limit: Duration) -> Option<Arc<Engine>> {
+        let mut rx = self.engine.clone();
+        let wait = async move {
+            rx.wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|e| e.clone())
+        };
+        tokio::time::timeout(limit, wait).await.ok().flatten()
+    }
+
+    /// Waits until the apiserver answers again: through the engine when there is one,
+    /// else until the engine comes up.
+    async fn apiserver_back(&self, engine: Option<Arc<Engine>>) -> Arc<Engine> {
+        if let Some(engine) = engine {
+            engine.wait_reachable().await;
+            return engine;
+        }
+        let mut rx = self.engine.clone();
+        loop {
+            let current = rx.borrow_and_update().clone();
+            if let Some(engine) = current {
+                engine.wait_reachable().await;
+                return engine;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    fn new_fallback(&self) -> Arc<Fallback> {
+        let p = &self.parts;
+        let fallback = Arc::new(Fallback::new(
+            p.runtime.clone(),
+            if p.settings.fallback.stop_kubelet {
+                p.kubelet.clone()
+            } else {
+                None
+            },
+            Some(p.gate.clone()),
+            FallbackOptions::from_settings(&p.settings, &p.node),
+        ));
+        if let Ok(mut slot) = self.fallback.lock() {
+            *slot = Some(fallback.clone());
+        }
+        fallback
+    }
+
+    fn load_cache(&self) -> PodCache {
+        PodCache::load(&self.parts.settings.state_dir).unwrap_or_else(|err| {
+            tracing::error!(
+                error = format!("{err:#}"),
+                "the pod cache is unreadable; every pod goes to the lowest band"
+            );
+            PodCache::default()
+        })
+    }
+
+    fn count_cri_terminations(&self, report: &FallbackReport) {
+        for pod in &report.pods {
+            match pod.outcome {
+                PodOutcome::Stopped => self.parts.metrics.pod_terminated(TerminationMethod::Cri),
+                PodOutcome::Gated => self
+                    .parts
+                    .metrics
+                    .pod_terminated(TerminationMethod::StaticGate),
+                _ => {}
+            }
+        }
+    }
+
+    async fn restart_kubelet_if_stopped(&self) {
+        let fallback = self.fallback.lock().ok().and_then(|mut f| f.take());
+        if let Some(fallback) = fallback {
+            match fallback.restart_kubelet().await {
+                Ok(true) => tracing::info!(node = %self.parts.node, "kubelet started again"),
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "starting the kubelet again failed")
+                }
+            }
+        }
+    }
+
+    async fn restore_static_pods(&self) {
+        let gate = self.parts.gate.clone();
+        match tokio::task::spawn_blocking(move || gate.restore_all()).await {
+            Ok(Ok(kept)) if kept.is_empty() => {}
+            Ok(Ok(kept)) => {
+                tracing::warn!(node = %self.parts.node, kept_aside = ?kept, "static pod manifests kept gated: a file of the same name is back in the manifest directory")
+            }
+            Ok(Err(err)) => {
+                tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "restoring static pods failed")
+            }
+            Err(err) => {
+                tracing::error!(node = %self.parts.node, error = %err, "restoring static pods panicked")
+            }
+        }
+    }
+
+    async fn has_gated_static_pods(&self) -> bool {
+        let gate = self.parts.gate.clone();
+        matches!(tokio::task::spawn_blocking(move || gate.gated()).await, Ok(Ok(g)) if !g.is_empty())
+    }
+}
+
+#[async_trait]
+impl Drainer for NodeDrainer {
+    async fn drain(&self, req: &ShutdownRequest) -> Result<()> {
+        let timeout = self.parts.settings.fallback.apiserver_timeout;
+        let mut engine = self.engine_within(timeout).await;
+        let mut req = req.clone();
+        loop {
+            if let Some(online) = &engine {
+                match online.shutdown_drain(&req).await {
+                    Ok(()) => return Ok(()),
+                    Err(EngineError::ApiserverUnreachable(after)) => {
+                        tracing::warn!(node = %self.parts.node, unreachable_for = ?after, "apiserver unreachable: draining locally through the CRI runtime");
+                    }
+                    // Without the CRDs or with a rejected request the cluster path cannot
+                    // drain; stopping pods locally still beats releasing at once.
+                    Err(EngineError::Other(err)) => {
+                        tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "the cluster drain failed: draining locally through the CRI runtime");
+                    }
+                }
+            } else {
+                tracing::warn!(node = %self.parts.node, "no apiserver connection: draining locally through the CRI runtime");
+            }
+            if !self.parts.settings.fallback.enabled {
+                anyhow::bail!(
+                    "the apiserver cannot be reached and the offline fallback is disabled"
+                );
+            }
+            self.parts.metrics.fallback_used();
+            let fallback = self.new_fallback();
+            let cache = self.load_cache();
+            tokio::select! {
+                report = fallback.run(&cache) => {
+                    self.count_cri_terminations(&report);
+                    if let Some(online) = &engine {
+                        online.record_fallback(&report);
+                    }
+                    tracing::info!(node = %self.parts.node, pods = report.pods.len(), errors = report.errors.len(), "offline drain finished");
+                    return Ok(());
+                }
+                back = self.apiserver_back(engine.clone()) => {
+                    let report = fallback.report();
+                    self.count_cri_terminations(&report);
+                    tracing::info!(node = %self.parts.node, "apiserver reachable again: continuing through the NodeMaintenance");
+                    self.restart_kubelet_if_stopped().await;
+                    back.record_fallback(&report);
+                    req.resumed = true;
+                    engine = Some(back);
+                }
+            }
+        }
+    }
+
+    async fn cancel(&self, _req: &ShutdownRequest) -> Result<()> {
+        self.restart_kubelet_if_stopped().await;
+        let policy = self.parts.settings.shutdown.on_cancel;
+        match self.engine_now() {
+            Some(engine) => engine.cancel_shutdown(policy).await,
+            None => {
+                if policy == CompletionPolicy::Complete {
+                    self.restore_static_pods().await;
+                }
+                tracing::warn!(node = %self.parts.node, "shutdown cancelled while the apiserver is unreachable: the node stays cordoned until the maintenance is completed");
+                Ok(())
+            }
+        }
+    }
+
+    async fn after_boot(&self) -> Result<()> {
+        let boot_id = self.parts.boot_id()?;
+        let policy = self.parts.settings.shutdown.after_boot;
+        let mut delay = RETRY_MIN;
+        let engine = self.apiserver_back(None).await;
+        loop {
+            match engine.after_boot(&boot_id, policy).await {
+                Ok(AfterBoot::NoMaintenance) if self.has_gated_static_pods().await => {
+                    // An offline shutdown gated them without a maintenance to complete.
+                    match policy {
+                        CompletionPolicy::Complete => self.restore_static_pods().await,
+                        CompletionPolicy::Keep => {
+                            tracing::warn!(node = %self.parts.node, "static pods stay gated from an offline shutdown; `nodegrace complete` restores them")
+                        }
+                    }
+                    return Ok(());
+                }
+                Ok(outcome) => {
+                    tracing::info!(node = %self.parts.node, ?outcome, "after-boot reconcile done");
+                    return Ok(());
+                }
+                Err(err) => {
+                    tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), retry_in = ?delay, "after-boot reconcile failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// Builds the client (retrying), picks the termination path the cluster offers and starts
+/// the engine, plus this node's eviction-request controller when nodegrace is to be it.
+async fn connect_engine<F, Fut>(
+    connect: F,
+    settings: Settings,
+    node: String,
+    gate: Arc<dyn StaticPodGate>,
+    metrics: Metrics,
+    stop: CancellationToken,
+) -> Engine
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<kube::Client>>,
+{
+    let mut delay = RETRY_MIN;
+    let (client, eviction_requests) = loop {
+        let attempt = async {
+            let client = connect().await?;
+            let installed = eviction_request::is_crd_installed(&client).await?;
+            anyhow::Ok((client, installed))
+        };
+        match attempt.await {
+            Ok(ready) => break ready,
+            Err(err) => {
+                metrics.api_error("connect");
+                tracing::warn!(node = %node, error = format!("{err:#}"), retry_in = ?delay, "cannot reach the apiserver yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RETRY_MAX);
+            }
+        }
+    };
+    let terminator: Option<Arc<dyn PodTerminator>> = if eviction_requests {
+        tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
+        if !settings.drain.external_eviction_request_controller {
+            let config = ControllerConfig::from_settings(&settings);
+            let client = client.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                if let Err(err) = Controller::run_with_own_pod_watch(client, config, stop).await {
+                    tracing::error!(
+                        error = format!("{err:#}"),
+                        "the eviction-request controller stopped"
+                    );
+                }
+            });
+        }
+        Some(Arc::new(EvictionRequestTerminator::new(
+            client.clone(),
+            Requester::new(client.clone(), &node),
+        )))
+    } else {
+        None
+    };
+    Engine::start(EngineOptions {
+        client,
+        settings,
+        node,
+        gate,
+        metrics,
+        terminator,
+    })
+}
+
+/// The drainer `nodegrace run` uses on a real node.
+pub fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result<NodeDrainer> {
+    let node = settings.node_name().context("determining the node name")?;
+    let gate = crate::staticpods::FsGate::new(&settings.static_pods, &settings.state_dir)
+        .context("opening the static pod gate")?;
+    // Settle any move a crash interrupted before anything else touches the manifests.
+    if let Err(err) = gate.recover() {
+        tracing::error!(
+            error = format!("{err:#}"),
+            "static pod gate recovery left moves unsettled; see the journal"
+        );
+    }
+    let runtime = crate::cri::CriClient::new(
+        &settings.fallback.cri_endpoint,
+        crate::cri::CriTimeouts::default(),
+    )
+    .with_context(|| format!("CRI endpoint {}", settings.fallback.cri_endpoint))?;
+    let connect_settings = settings.clone();
+    let connect_timeout = settings
+        .fallback
+        .apiserver_timeout
+        .min(Duration::from_secs(5));
+    Ok(NodeDrainer::start(
+        NodeParts {
+            settings: settings.clone(),
+            node,
+            runtime: Arc::new(runtime),
+            kubelet: Some(Arc::new(crate::systemd::SystemdKubelet::default())),
+            gate: Arc::new(gate),
+            metrics,
+            boot_id_path: PathBuf::from(BOOT_ID_PATH),
+        },
+        move || {
+            let settings = connect_settings.clone();
+            async move { crate::cluster::client::client(&settings, connect_timeout, None).await }
+        },
+    ))
+}
