@@ -5,6 +5,7 @@
 pub mod bus;
 pub mod drainer;
 pub mod fake_apiserver;
+pub mod fake_cri;
 pub mod fake_kubelet;
 pub mod fake_logind;
 pub mod harness;
