@@ -89,7 +89,7 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
     let boot_id = env.dir.path().join("boot_id");
     std::fs::write(&boot_id, "boot-1\n").unwrap();
 
-    env.cluster.api.set_reachable(false).await;
+    env.cluster.api.set_reachable(false).await.unwrap();
     let client_source = env.cluster.api.kube_config().unwrap();
     let drainer = NodeDrainer::start(
         NodeParts {
@@ -131,7 +131,7 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
         "nothing reached the apiserver yet"
     );
 
-    env.cluster.api.set_reachable(true).await;
+    env.cluster.api.set_reachable(true).await.unwrap();
     let drainer = tokio::time::timeout(Duration::from_secs(30), drain)
         .await
         .expect("the drain finishes once the cluster path takes over")
