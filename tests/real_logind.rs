@@ -226,6 +226,10 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
     );
     let released = first_with(&ng, "inhibitor released")
         .unwrap_or_else(|| panic!("nodegrace logged no release:\n{}", c.journal_text()));
+    eprintln!(
+        "inhibitor released (fd store emptied, fd closed) -> units stopping {:.3} s",
+        marker - released.time
+    );
     assert!(
         released.time <= marker + EARLY_SLACK && released.time >= signal + DRAIN - EARLY_SLACK,
         "release logged at {:.3}, signal {signal:.3}, units stopping {marker:.3}",
@@ -410,4 +414,85 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
         "poweroff took {waited:.3} s, past the {MAX_DELAY_SECS} s budget"
     );
     assert!(marker - released.time < RELEASE_SLACK);
+}
+
+fn nodegrace_delay_inhibitors(c: &Container) -> usize {
+    c.run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"])
+        .lines()
+        .filter(|l| l.contains("nodegrace") && l.contains("shutdown") && l.contains("delay"))
+        .count()
+}
+
+/// (e) Outside a shutdown: a killed nodegrace is restarted and adopts the lock systemd kept
+/// in its fd store (one lock, not two); `systemctl stop` releases it for good (systemd 252
+/// empties the fd store when the unit stops), and nothing is left to delay a poweroff.
+#[test]
+fn a_kill_adopts_the_stored_lock_and_a_stop_releases_it() {
+    if skip("a_kill_adopts_the_stored_lock_and_a_stop_releases_it") {
+        return;
+    }
+    let mut c = Container::boot("fdstore", &nodegrace_spec(30));
+    c.wait_active("nodegrace.service", Duration::from_secs(30));
+    assert_eq!(nodegrace_delay_inhibitors(&c), 1);
+    let first_pid = c.run(&["systemctl", "show", "-P", "MainPID", "nodegrace.service"]);
+
+    c.run(&[
+        "systemctl",
+        "kill",
+        "--kill-who=main",
+        "-s",
+        "SIGKILL",
+        "nodegrace.service",
+    ]);
+    // While it is down, systemd's copy holds the lock.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        nodegrace_delay_inhibitors(&c),
+        1,
+        "the kill released the lock:\n{}",
+        c.journal_text()
+    );
+    real::wait_until(
+        "systemd to restart nodegrace",
+        Duration::from_secs(30),
+        || {
+            let pid = c.run(&["systemctl", "show", "-P", "MainPID", "nodegrace.service"]);
+            (pid.trim() != first_pid.trim()
+                && pid.trim() != "0"
+                && c.is_active("nodegrace.service") == "active")
+                .then_some(())
+        },
+    );
+    assert!(
+        first_with(
+            &c.journal_of("nodegrace"),
+            "adopted from systemd's fd store"
+        )
+        .is_some(),
+        "the restarted nodegrace did not adopt the stored lock:\n{}",
+        c.journal_text()
+    );
+    assert_eq!(
+        nodegrace_delay_inhibitors(&c),
+        1,
+        "the restart took a second lock"
+    );
+
+    let stop_at = real::now_unix();
+    c.run(&["systemctl", "stop", "nodegrace.service"]);
+    let gone = real::wait_until(
+        "the lock to be released after systemctl stop",
+        Duration::from_secs(10),
+        || (nodegrace_delay_inhibitors(&c) == 0).then(real::now_unix),
+    );
+    eprintln!(
+        "kill -> restart adopted the stored lock; systemctl stop -> no lock after {:.3} s",
+        gone - stop_at
+    );
+    poweroff_and_wait(&mut c, &["systemctl", "poweroff"], Duration::from_secs(30));
+    let waited = marker_time(&c) - signal_time(&c);
+    assert!(
+        waited < RELEASE_SLACK,
+        "poweroff waited {waited:.3} s with nodegrace stopped: a stored lock outlived the unit"
+    );
 }

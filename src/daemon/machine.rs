@@ -1,6 +1,7 @@
 //! The daemon's state machine: one task, fed by the logind signal stream, the drain task,
 //! the budget deadline, control messages (signals) and the watchdog timer.
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use crate::config::Settings;
 use crate::logind::budget::{self, BudgetReport};
 use crate::logind::{InhibitorLock, LogindError, LogindEvent};
 use crate::state::{current_boot_id, ShutdownPhase, ShutdownState};
-use crate::systemd::{self, Notifier, Notify};
+use crate::systemd::{self, Notifier, Notify, INHIBITOR_FDNAME};
 
 const INHIBITOR_WHO: &str = "nodegrace";
 const INHIBITOR_WHY: &str = "Draining Kubernetes workloads from this node before shutdown";
@@ -67,6 +68,7 @@ pub struct Daemon {
     drainer: Arc<dyn Drainer>,
     notifier: Arc<dyn Notifier>,
     reloader: Option<Reloader>,
+    adopted: Option<OwnedFd>,
     control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
     status_tx: watch::Sender<Status>,
@@ -117,6 +119,7 @@ impl Daemon {
             drainer,
             notifier,
             reloader: None,
+            adopted: None,
             control_tx,
             control_rx,
             status_tx,
@@ -126,6 +129,13 @@ impl Daemon {
     /// Where SIGHUP gets the new settings from.
     pub fn with_reloader(mut self, reloader: Reloader) -> Self {
         self.reloader = Some(reloader);
+        self
+    }
+
+    /// An inhibitor fd that systemd passed back from the unit's fd store: the previous
+    /// process died holding it, and it is used instead of taking a second lock.
+    pub fn with_adopted_inhibitor(mut self, fd: Option<OwnedFd>) -> Self {
+        self.adopted = fd;
         self
     }
 
@@ -150,6 +160,7 @@ impl Daemon {
             drainer: self.drainer,
             notifier: self.notifier,
             reloader: self.reloader,
+            adopted: self.adopted,
             _control_tx: self.control_tx,
             control_rx: self.control_rx,
             status_tx: self.status_tx,
@@ -205,6 +216,8 @@ struct Machine {
     drainer: Arc<dyn Drainer>,
     notifier: Arc<dyn Notifier>,
     reloader: Option<Reloader>,
+    /// The inhibitor fd systemd passed back at start, until the first connection uses it.
+    adopted: Option<OwnedFd>,
     _control_tx: mpsc::UnboundedSender<Control>,
     control_rx: mpsc::UnboundedReceiver<Control>,
     status_tx: watch::Sender<Status>,
@@ -489,13 +502,35 @@ impl Machine {
         Ok(())
     }
 
+    /// Holds a delay inhibitor: the one systemd passed back from the fd store if logind
+    /// still honours it, else a new one, kept in the fd store so that a crash does not
+    /// release it.
     async fn take_inhibitor(&mut self, bus: &Bus) -> Result<()> {
-        let lock = bus
-            .logind
-            .inhibit_shutdown_delay(INHIBITOR_WHO, INHIBITOR_WHY)
-            .await?;
-        if let Some(old) = self.lock.replace(lock) {
-            old.release("replaced by the inhibitor taken after reconnecting");
+        let adopted = self.adopted.take().and_then(|fd| {
+            InhibitorLock::adopt(fd)
+                .map_err(|e| {
+                    tracing::warn!(error = %format!("{e:#}"), "not adopting the stored inhibitor; taking a new one");
+                })
+                .ok()
+        });
+        match adopted {
+            // systemd keeps its copy: nothing to store again.
+            Some(lock) => self.lock = Some(lock),
+            None => {
+                let lock = bus
+                    .logind
+                    .inhibit_shutdown_delay(INHIBITOR_WHO, INHIBITOR_WHY)
+                    .await?;
+                // Removal goes by name, so the old copy leaves the store before the new
+                // one enters; the new lock is held by this process meanwhile.
+                self.notifier.remove_stored_fd(INHIBITOR_FDNAME);
+                if let Some(fd) = lock.as_fd() {
+                    self.notifier.store_fd(INHIBITOR_FDNAME, fd);
+                }
+                if let Some(old) = self.lock.replace(lock) {
+                    old.release("replaced by the inhibitor taken after reconnecting");
+                }
+            }
         }
         self.status.inhibitor_held = true;
         if !self.ready_sent {
@@ -646,10 +681,16 @@ impl Machine {
         self.enter(Phase::Draining, reason);
     }
 
-    fn release(&mut self, reason: &str) -> Flow {
+    /// Releases the inhibitor: systemd's copy leaves the fd store first, then ours closes.
+    fn drop_lock(&mut self, reason: &str) {
         if let Some(lock) = self.lock.take() {
+            self.notifier.remove_stored_fd(INHIBITOR_FDNAME);
             lock.release(reason);
         }
+    }
+
+    fn release(&mut self, reason: &str) -> Flow {
+        self.drop_lock(reason);
         self.status.inhibitor_held = false;
         self.deadline = None;
         if let Some(d) = self.drain.take() {
@@ -787,8 +828,10 @@ impl Machine {
         }
         self.events = None;
         self.bus = None;
-        if let Some(lock) = self.lock.take() {
-            lock.release("daemon stopping");
+        self.drop_lock("daemon stopping");
+        // A stored inhibitor that was never used must not outlive this process either.
+        if self.adopted.take().is_some() {
+            self.notifier.remove_stored_fd(INHIBITOR_FDNAME);
         }
         self.status.inhibitor_held = false;
         self.status.bus_connected = false;

@@ -128,6 +128,8 @@ impl Drainer for SleepDrainer {
 /// `nodegrace run`: runs until SIGTERM. Only a configuration that cannot be used or a
 /// service that is not logind ends it with an error; an unreachable bus is retried.
 pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
+    // Still single-threaded: the LISTEN_* variables can be read and removed safely.
+    let stored_inhibitor = crate::systemd::take_stored_fd(crate::systemd::INHIBITOR_FDNAME);
     let settings = match load_settings(config) {
         Ok(s) => s,
         Err(e) => {
@@ -161,7 +163,8 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
             drainer,
             Arc::new(crate::systemd::SdNotifier),
         )
-        .with_reloader(Box::new(move || load_settings(&config_path)));
+        .with_reloader(Box::new(move || load_settings(&config_path)))
+        .with_adopted_inhibitor(stored_inhibitor);
         forward_signals(daemon.handle()).context("installing signal handlers")?;
         tokio::spawn(mirror_status_into_metrics(daemon.handle(), metrics));
         let result = daemon.run().await;

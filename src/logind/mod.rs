@@ -4,7 +4,7 @@
 pub mod budget;
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -109,6 +109,53 @@ impl InhibitorLock {
         InhibitorLock {
             fd: Some(fd),
             taken_at: chrono::Utc::now(),
+        }
+    }
+
+    /// An inhibitor fd that systemd kept in the unit's fd store while the previous daemon
+    /// process died. It must be the write end of logind's fifo, and logind must still hold
+    /// the read end (otherwise the lock is already gone and a new one must be taken).
+    pub fn adopt(fd: OwnedFd) -> Result<Self> {
+        let stat = nix::sys::stat::fstat(&fd).context("fstat on the stored inhibitor fd")?;
+        if stat.st_mode & nix::libc::S_IFMT != nix::libc::S_IFIFO {
+            anyhow::bail!(
+                "the stored fd {} is not a fifo, so not a logind inhibitor",
+                fd.as_raw_fd()
+            );
+        }
+        nix::fcntl::fcntl(
+            &fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .context("setting FD_CLOEXEC on the stored inhibitor fd")?;
+        let lock = InhibitorLock {
+            fd: Some(fd),
+            taken_at: chrono::Utc::now(),
+        };
+        if !lock.is_alive() {
+            anyhow::bail!("logind no longer holds the stored inhibitor");
+        }
+        tracing::info!(
+            fd = lock.fd.as_ref().map(|f| f.as_raw_fd()),
+            "shutdown delay inhibitor adopted from systemd's fd store"
+        );
+        Ok(lock)
+    }
+
+    pub fn as_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// logind still holds the read end: a fifo whose reader is gone polls POLLERR.
+    pub fn is_alive(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let Some(fd) = &self.fd else { return false };
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(_) => !fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLNVAL)),
+            Err(_) => false,
         }
     }
 
