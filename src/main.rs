@@ -50,6 +50,10 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
         output: cli::OutputFormat,
     },
+    /// Complete this node's shutdown NodeMaintenance (stage Complete: the daemon then
+    /// uncordons the node if nodegrace cordoned it) and restore its gated static pods.
+    #[command(after_help = COMPLETE_HELP)]
+    Complete,
     /// This node at a glance: daemon and inhibitor, budget and logind's delay, apiserver,
     /// active NodeMaintenances, gated static pods, the last shutdown.
     #[command(after_help = STATUS_HELP)]
@@ -71,6 +75,13 @@ offline view shows what the fallback (no apiserver) would do: the kubelet's prio
 
 Exit codes: 0 plan printed, 1 the pods could not be read (bad file, apiserver unreachable:
 use --pods), 2 invalid configuration or usage.";
+
+const COMPLETE_HELP: &str = "\
+A static pod manifest whose name is back in the manifest directory is never overwritten: it
+stays in the gate directory and is listed.
+
+Exit codes: 0 done, 1 the apiserver could not be reached (nothing changed) or a manifest was
+kept aside, 2 invalid configuration or usage.";
 
 const STATUS_HELP: &str = "\
 Each section is read on its own; one that cannot be read says why and the others are still
@@ -116,6 +127,7 @@ fn main() -> ExitCode {
             },
         ),
         Command::Status { output } => cli::status(&args.config, output),
+        Command::Complete => cli::complete(&args.config),
     };
     match result {
         Ok(code) => code,

@@ -10,8 +10,11 @@ pub use crate::api::crds_command as crds;
 pub use crate::config::check_config_command as check_config;
 pub use crate::daemon::run_command as run;
 
+mod complete;
 mod plan;
 mod status;
+
+pub use complete::complete_command as complete;
 
 pub use plan::{parse_pod_list, plan_command as plan, PlanOptions};
 pub use status::status_command as status;

@@ -1,0 +1,113 @@
+//! `nodegrace complete` against the fake apiserver: what it changes in the cluster and on disk.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Output;
+
+use nodegrace::api::node_maintenance_crd;
+use nodegrace::testing::fake_apiserver::FakeCluster;
+use serde_json::json;
+
+const NODE: &str = "node-a";
+
+fn write_config(dir: &Path, server: &str) -> std::path::PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {server}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: fake\n    user: u\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    for d in ["manifests", "state"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let gate = dir.join("state/gated");
+    std::fs::create_dir_all(&gate).unwrap();
+    std::fs::set_permissions(&gate, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(
+        gate.join("etcd.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: etcd\n  namespace: kube-system\nspec:\n  containers:\n  - name: etcd\n    image: etcd\n",
+    )
+    .unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = \"{d}/state\"\n[node]\nname = \"{NODE}\"\nkubeconfig = \"{d}/kubeconfig\"\n[static_pods]\nmanifest_dir = \"{d}/manifests\"\ngate_dir = \"{d}/state/gated\"\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+async fn complete(config: &Path) -> Output {
+    let config = config.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+            .arg("--config")
+            .arg(&config)
+            .arg("complete")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn completes_the_shutdown_maintenance_and_restores_static_pods() {
+    let cluster = FakeCluster::start().await.unwrap();
+    cluster
+        .install_crd(&node_maintenance_crd().unwrap())
+        .unwrap();
+    cluster.add_node(NODE).unwrap();
+    cluster
+        .insert(&json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "shutdown-node-a"},
+            "spec": {"nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+                "stage": "Drain", "reason": "poweroff"},
+        }))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = cluster.api.kube_config().unwrap().cluster_url.to_string();
+    let config = write_config(dir.path(), server.trim_end_matches('/'));
+
+    let out = complete(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = cluster
+        .store
+        .get_obj("nodegrace.dev", "nodemaintenances", "", "shutdown-node-a")
+        .unwrap();
+    assert_eq!(m["spec"]["stage"], json!("Complete"));
+    assert!(dir.path().join("manifests/etcd.yaml").exists(), "{stdout}");
+    assert!(!dir.path().join("state/gated/etcd.yaml").exists());
+    assert!(stdout.contains("1 manifest(s) restored"), "{stdout}");
+}
+
+#[tokio::test]
+async fn an_unreachable_apiserver_changes_nothing() {
+    let cluster = FakeCluster::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = cluster.api.kube_config().unwrap().cluster_url.to_string();
+    let config = write_config(dir.path(), server.trim_end_matches('/'));
+    cluster.api.set_reachable(false).await.unwrap();
+
+    let out = complete(&config).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("nothing was changed"), "{stderr}");
+    assert!(
+        dir.path().join("state/gated/etcd.yaml").exists(),
+        "the manifest stays gated"
+    );
+    assert!(!dir.path().join("manifests/etcd.yaml").exists());
+}
