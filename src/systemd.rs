@@ -182,7 +182,7 @@ impl Notifier for SdNotifier {
             Notify::Stopping => sd_notify::NotifyState::Stopping,
         };
         if let Err(e) = sd_notify::notify(false, &[state]) {
-            tracing::warn!(error = %e, message = ?msg, "sd_notify failed");
+            tracing::warn!(error = %e, notification = ?msg, "sd_notify failed");
         }
     }
 

@@ -28,7 +28,11 @@ pub fn init() -> LogTarget {
     if target == LogTarget::Journald {
         match tracing_journald::layer() {
             Ok(layer) => {
-                let layer = layer.with_syslog_identifier("nodegrace".into());
+                // Unprefixed fields, so `journalctl -u nodegrace MAINTENANCE=shutdown-node-a`
+                // works; no field may be named like a journal field (message, priority).
+                let layer = layer
+                    .with_syslog_identifier("nodegrace".into())
+                    .with_field_prefix(None);
                 if tracing_subscriber::registry()
                     .with(layer.with_filter(filter()))
                     .try_init()

@@ -222,7 +222,7 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
     eprintln!(
         "drain began {:.3} s after the signal, kind {:?}",
         draining.time - signal,
-        draining.field("F_KIND")
+        draining.field("KIND")
     );
     let released = first_with(&ng, "inhibitor released")
         .unwrap_or_else(|| panic!("nodegrace logged no release:\n{}", c.journal_text()));
@@ -294,9 +294,7 @@ fn bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops() {
         .journal_of("nodegrace")
         .into_iter()
         .find(|l| {
-            l.time >= before
-                && l.contains("draining the node")
-                && l.field("F_KIND") == Some("Bypass")
+            l.time >= before && l.contains("draining the node") && l.field("KIND") == Some("Bypass")
         })
         .unwrap_or_else(|| {
             panic!(
@@ -377,7 +375,7 @@ fn daemon_killed_during_the_delay_resumes_and_releases() {
         .find(|l| {
             l.time > killed_at
                 && l.contains("draining the node")
-                && l.field("F_RESUMED") == Some("true")
+                && l.field("RESUMED") == Some("true")
         })
         .unwrap_or_else(|| {
             panic!(

@@ -334,7 +334,7 @@ impl Container {
                 let extra: Vec<String> = l
                     .fields
                     .iter()
-                    .filter(|(k, _)| k.starts_with("F_"))
+                    .filter(|(k, _)| is_tracing_field(k))
                     .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
                     .collect();
                 format!(
@@ -394,7 +394,7 @@ pub struct JournalLine {
     pub ident: String,
     pub pid: String,
     pub text: String,
-    /// Every field of the entry (tracing fields appear as `F_NAME`).
+    /// Every field of the entry (tracing fields appear as `NAME`, unprefixed).
     pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -427,7 +427,7 @@ impl JournalLine {
             .contains(&needle.to_ascii_lowercase())
     }
 
-    /// A structured field as text (`"F_KIND"`, `"PRIORITY"`, ...).
+    /// A structured field as text (`"KIND"`, `"PRIORITY"`, ...).
     pub fn field(&self, name: &str) -> Option<&str> {
         self.fields.get(name).and_then(|v| v.as_str())
     }
@@ -486,4 +486,29 @@ pub fn nodegrace_binary() -> PathBuf {
 
 pub fn repo_file(rel: &str) -> PathBuf {
     Path::new(MANIFEST_DIR).join(rel)
+}
+
+/// A field nodegrace's tracing added (they are unprefixed), not one journald or systemd set.
+fn is_tracing_field(name: &str) -> bool {
+    const JOURNAL_FIELDS: &[&str] = &[
+        "MESSAGE",
+        "MESSAGE_ID",
+        "PRIORITY",
+        "SYSLOG_IDENTIFIER",
+        "SYSLOG_FACILITY",
+        "SYSLOG_PID",
+        "SYSLOG_TIMESTAMP",
+        "SYSLOG_RAW",
+        "CODE_FILE",
+        "CODE_LINE",
+        "CODE_FUNC",
+        "TARGET",
+        "INVOCATION_ID",
+        "UNIT",
+        "USER_UNIT",
+        "TID",
+        "ERRNO",
+        "DOCUMENTATION",
+    ];
+    !name.starts_with('_') && !JOURNAL_FIELDS.contains(&name)
 }
