@@ -11,14 +11,7 @@ use serde_json::json;
 const NODE: &str = "node-a";
 
 fn write_config(dir: &Path, server: &str) -> std::path::PathBuf {
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {server}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: fake\n    user: u\ncurrent-context: c\n"
-        ),
-    )
-    .unwrap();
+    nodegrace::testing::write_kubeconfig(&dir.join("kubeconfig"), server).unwrap();
     for d in ["manifests", "state"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }

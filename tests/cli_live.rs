@@ -80,11 +80,9 @@ impl Env {
     fn new(port: u16) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().display().to_string();
-        std::fs::write(
-            dir.path().join("kubeconfig"),
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
-            ),
+        nodegrace::testing::write_kubeconfig(
+            &dir.path().join("kubeconfig"),
+            &format!("http://127.0.0.1:{port}"),
         )
         .unwrap();
         std::fs::write(

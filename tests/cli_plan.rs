@@ -16,11 +16,9 @@ impl Env {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().display().to_string();
         let port = refused_port();
-        std::fs::write(
-            dir.path().join("kubeconfig"),
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: t}}\n"
-            ),
+        nodegrace::testing::write_kubeconfig(
+            &dir.path().join("kubeconfig"),
+            &format!("https://127.0.0.1:{port}"),
         )
         .unwrap();
         std::fs::write(

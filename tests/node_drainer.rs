@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use engine_support::{eventually, request, Env, Kind, NODE};
-use nodegrace::config::PriorityGracePeriod;
+use nodegrace::config::{PriorityGracePeriod, Settings};
 use nodegrace::daemon::node::{NodeDrainer, NodeParts};
 use nodegrace::daemon::{Drainer, ShutdownKind};
 use nodegrace::fallback::KubeletControl;
@@ -49,6 +49,56 @@ fn cached(name: &str, priority: i32) -> PodInfo {
     }
 }
 
+fn bands(low: Duration, critical: Duration) -> Vec<PriorityGracePeriod> {
+    vec![
+        PriorityGracePeriod {
+            priority: 0,
+            shutdown_grace_period: low,
+        },
+        PriorityGracePeriod {
+            priority: 2_000_000_000,
+            shutdown_grace_period: critical,
+        },
+    ]
+}
+
+/// Settings with a short apiserver timeout, the given fallback bands, and a pod cache that
+/// knows `web` (priority 0) and `dns` (critical).
+fn offline_ready_settings(
+    env: &Env,
+    apiserver_timeout: Duration,
+    bands: Vec<PriorityGracePeriod>,
+) -> Settings {
+    let mut settings = env.settings();
+    settings.fallback.apiserver_timeout = apiserver_timeout;
+    settings.fallback.shutdown_grace_period_by_pod_priority = bands;
+    PodCache {
+        node: NODE.into(),
+        written_at: None,
+        pods: vec![cached("web", 0), cached("dns", 2_000_000_000)],
+    }
+    .store(&settings.state_dir)
+    .unwrap();
+    settings
+}
+
+fn parts(
+    env: &Env,
+    settings: Settings,
+    runtime: &FakeRuntime,
+    kubelet: &Arc<RecordingKubelet>,
+) -> NodeParts {
+    NodeParts {
+        settings,
+        node: NODE.into(),
+        runtime: Arc::new(runtime.clone()),
+        kubelet: Some(kubelet.clone()),
+        gate: env.gate.clone(),
+        metrics: env.metrics.clone(),
+        boot_id_path: env.dir.path().join("boot_id"),
+    }
+}
+
 #[tokio::test]
 async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenance() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
@@ -61,51 +111,23 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
         json!({"app": "dns"}),
     );
 
-    let mut settings = env.settings();
-    settings.fallback.apiserver_timeout = Duration::from_millis(300);
     // Band 0 lasts long enough for the apiserver to come back before the critical band.
-    settings.fallback.shutdown_grace_period_by_pod_priority = vec![
-        PriorityGracePeriod {
-            priority: 0,
-            shutdown_grace_period: Duration::from_secs(20),
-        },
-        PriorityGracePeriod {
-            priority: 2_000_000_000,
-            shutdown_grace_period: Duration::from_secs(5),
-        },
-    ];
-    PodCache {
-        node: NODE.into(),
-        written_at: None,
-        pods: vec![cached("web", 0), cached("dns", 2_000_000_000)],
-    }
-    .store(&settings.state_dir)
-    .unwrap();
-
+    let settings = offline_ready_settings(
+        &env,
+        Duration::from_millis(300),
+        bands(Duration::from_secs(20), Duration::from_secs(5)),
+    );
     let runtime = FakeRuntime::new();
     runtime.add_pod("work", "web", "uid-web", Duration::from_secs(8));
     runtime.add_pod("work", "dns", "uid-dns", Duration::from_millis(100));
     let kubelet = Arc::new(RecordingKubelet::default());
-    let boot_id = env.dir.path().join("boot_id");
-    std::fs::write(&boot_id, "boot-1\n").unwrap();
 
     env.cluster.api.set_reachable(false).await.unwrap();
     let client_source = env.cluster.api.kube_config().unwrap();
-    let drainer = NodeDrainer::start(
-        NodeParts {
-            settings,
-            node: NODE.into(),
-            runtime: Arc::new(runtime.clone()),
-            kubelet: Some(kubelet.clone()),
-            gate: env.gate.clone(),
-            metrics: env.metrics.clone(),
-            boot_id_path: boot_id,
-        },
-        move || {
-            let config = client_source.clone();
-            async move { Ok(kube::Client::try_from(config)?) }
-        },
-    );
+    let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), move || {
+        let config = client_source.clone();
+        async move { Ok(kube::Client::try_from(config)?) }
+    });
 
     let req = request(ShutdownKind::Poweroff, Duration::from_secs(120));
     let drain = tokio::spawn(async move { drainer.drain(&req).await.map(|()| drainer) });
@@ -167,42 +189,19 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
 #[tokio::test]
 async fn no_apiserver_at_all_drains_every_band_locally() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    let mut settings = env.settings();
-    settings.fallback.apiserver_timeout = Duration::from_millis(200);
-    settings.fallback.shutdown_grace_period_by_pod_priority = vec![
-        PriorityGracePeriod {
-            priority: 0,
-            shutdown_grace_period: Duration::from_secs(2),
-        },
-        PriorityGracePeriod {
-            priority: 2_000_000_000,
-            shutdown_grace_period: Duration::from_secs(2),
-        },
-    ];
-    PodCache {
-        node: NODE.into(),
-        written_at: None,
-        pods: vec![cached("web", 0), cached("dns", 2_000_000_000)],
-    }
-    .store(&settings.state_dir)
-    .unwrap();
+    let settings = offline_ready_settings(
+        &env,
+        Duration::from_millis(200),
+        bands(Duration::from_secs(2), Duration::from_secs(2)),
+    );
     let runtime = FakeRuntime::new();
     runtime.add_pod("work", "dns", "uid-dns", Duration::from_millis(50));
     runtime.add_pod("work", "web", "uid-web", Duration::from_millis(50));
     runtime.add_pod("work", "unknown", "uid-unknown", Duration::from_millis(50));
     let kubelet = Arc::new(RecordingKubelet::default());
-    let drainer = NodeDrainer::start(
-        NodeParts {
-            settings,
-            node: NODE.into(),
-            runtime: Arc::new(runtime.clone()),
-            kubelet: Some(kubelet.clone()),
-            gate: env.gate.clone(),
-            metrics: env.metrics.clone(),
-            boot_id_path: env.dir.path().join("boot_id"),
-        },
-        || async { anyhow::bail!("no kubeconfig on this node") },
-    );
+    let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), || async {
+        anyhow::bail!("no kubeconfig on this node")
+    });
     let req = request(ShutdownKind::Reboot, Duration::from_secs(60));
     tokio::time::timeout(Duration::from_secs(20), drainer.drain(&req))
         .await

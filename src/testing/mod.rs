@@ -68,3 +68,19 @@ pub fn open_fd_count() -> usize {
         .map(|d| d.count())
         .unwrap_or(0)
 }
+
+/// Writes a kubeconfig for `server` (e.g. `http://127.0.0.1:PORT`) to `path`, for tests that
+/// run the `nodegrace` binary against a fake or absent apiserver.
+pub fn write_kubeconfig(path: &std::path::Path, server: &str) -> std::io::Result<()> {
+    let tls = if server.starts_with("https://") {
+        "\n    insecure-skip-tls-verify: true"
+    } else {
+        ""
+    };
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}{tls}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: t}}\n"
+        ),
+    )
+}
