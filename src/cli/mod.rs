@@ -11,9 +11,11 @@ pub use crate::config::check_config_command as check_config;
 pub use crate::daemon::run_command as run;
 
 mod plan;
+mod simulate;
 mod status;
 
 pub use plan::{parse_pod_list, plan_command as plan, PlanOptions};
+pub use simulate::{simulate_command as simulate, SimulateOptions};
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.
