@@ -193,7 +193,7 @@ fn prepare_pods(pods: Vec<Pod>, node: &str, settings: &Settings, down: bool) -> 
         for p in &mut out {
             let b = bands.band_for(p.info.priority);
             p.order = b;
-            p.band = format!("priority >= {}", bands.bands()[b].priority);
+            p.band = format!("kubelet band priority >= {}", bands.bands()[b].priority);
         }
     } else {
         let plan = crate::plan::drainplan::shutdown_drain_plan(&settings.drain)?;
@@ -203,7 +203,7 @@ fn prepare_pods(pods: Vec<Pod>, node: &str, settings: &Settings, down: bool) -> 
                 if let Some(p) = out.iter_mut().find(|p| p.info == member) {
                     p.order = step.index;
                     p.band = format!(
-                        "{:?} priority >= {}",
+                        "{:?} up to priority {}",
                         step.entry.pod_type, step.entry.pod_priority
                     );
                 }
@@ -367,7 +367,7 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
             });
         }
     }
-    let _kubelet = cluster.kubelet(KubeletConfig {
+    let kubelet = cluster.kubelet(KubeletConfig {
         finish_after,
         ..KubeletConfig::node(&node)
     });
@@ -450,6 +450,28 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
         if now - t0 > limit {
             bail!("the inhibitor was not released within {limit:?}");
         }
+        // Pods gone first: what the drain reacted to in this interval happened before it.
+        let cri_running = runtime.running();
+        let finished = kubelet.finished();
+        for (key, done) in gone.iter_mut().filter(|(_, d)| !**d) {
+            let (ns, name) = key.split_once('/').unwrap_or(("", key));
+            let at = if opts.apiserver_down {
+                (!cri_running.contains(key)).then(Instant::now)
+            } else if cluster.store.get_obj("", "pods", ns, name).is_none() {
+                // The kubelet's own record of the moment, not when this loop noticed.
+                let exact = finished
+                    .iter()
+                    .find(|f| f.namespace == ns && f.name == name)
+                    .map(|f| f.finished_at.into_std());
+                Some(exact.unwrap_or_else(Instant::now))
+            } else {
+                None
+            };
+            if let Some(at) = at {
+                *done = true;
+                timeline.push_at(at, "pod-gone", Some(key.clone()), None);
+            }
+        }
         let requests = cluster.api.requests();
         for r in &requests[seen_requests.min(requests.len())..] {
             match classify_request(&r.method, &r.path, r.body_json().as_ref(), &node) {
@@ -469,24 +491,18 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
             }
         }
         seen_calls = calls.len();
-        let cri_running = runtime.running();
-        for (key, done) in gone.iter_mut().filter(|(_, d)| !**d) {
-            let (ns, name) = key.split_once('/').unwrap_or(("", key));
-            let is_gone = if opts.apiserver_down {
-                !cri_running.contains(key)
-                    || (lock(&gate.gated).iter().any(|m| m.namespace == ns && mirror_pod_name(&m.pod_name, &node) == name))
-            } else {
-                cluster.store.get_obj("", "pods", ns, name).is_none()
-            };
-            if is_gone {
-                *done = true;
-                timeline.push("pod-gone", Some(key.clone()), None);
-            }
-        }
         let status = handle.status();
         if !draining_seen && status.phase == Phase::Draining {
             draining_seen = true;
-            timeline.push("draining", None, status.shutdown.as_ref().map(|s| format!("deadline {}", s.deadline.to_rfc3339())));
+            let detail = if opts.apiserver_down {
+                format!(
+                    "apiserver unreachable: the offline drain starts after fallback.apiserver_timeout ({})",
+                    super::human(settings.fallback.apiserver_timeout)
+                )
+            } else {
+                format!("budget {}", super::human(opts.budget))
+            };
+            timeline.push("draining", None, Some(detail));
         }
         let state = logind.fakes().state();
         if let Some(closed) = state
@@ -584,7 +600,6 @@ fn build_report(
             }
         })
         .collect();
-    let is_start = |e: &SimEvent| matches!(e.event.as_str(), "evict" | "delete" | "gate" | "cri-stop");
     let mut bands: BTreeMap<usize, BandTotal> = BTreeMap::new();
     for e in events.iter().filter(|e| e.order.is_some()) {
         let (Some(order), Some(band)) = (e.order, &e.band) else { continue };
@@ -601,7 +616,6 @@ fn build_report(
         if e.event == "pod-gone" {
             b.pods += 1;
         }
-        let _ = is_start(e);
     }
     let bands: Vec<BandTotal> = bands
         .into_values()
