@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::OutputFormat;
 use crate::api::node_maintenance_crd;
 use crate::config::Settings;
+use crate::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
 use crate::daemon::node::{NodeDrainer, NodeParts};
 use crate::daemon::{Daemon, DaemonPaths, Phase, ShutdownKind};
 use crate::plan::gns::GnsBands;
@@ -22,7 +23,7 @@ use crate::plan::{PodInfo, PodType};
 use crate::state::PodCache;
 use crate::staticpods::{mirror_pod_name, StaticManifest, StaticPodGate};
 use crate::testing::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
-use crate::testing::fake_cri::{CriCall, FakeRuntime};
+use crate::testing::fake_cri::FakeRuntime;
 use crate::testing::fake_kubelet::KubeletConfig;
 use crate::testing::memory_logind::MemoryLogind;
 use crate::testing::{EventLog, RecordingNotifier};
@@ -257,6 +258,49 @@ impl StaticPodGate for SimGate {
     }
 }
 
+/// The CRI runtime with every StopContainer and the container's exit put on the timeline
+/// the moment they happen.
+struct TimedRuntime {
+    inner: FakeRuntime,
+    timeline: Timeline,
+}
+
+impl TimedRuntime {
+    async fn pod_of(&self, container_id: &str) -> Option<String> {
+        let containers = self.inner.list_containers(None).await.ok()?;
+        let sandbox = containers.into_iter().find(|c| c.id == container_id)?.sandbox_id;
+        let sandboxes = self.inner.list_pod_sandboxes().await.ok()?;
+        sandboxes.into_iter().find(|s| s.id == sandbox).map(|s| s.key())
+    }
+}
+
+#[async_trait::async_trait]
+impl Runtime for TimedRuntime {
+    fn endpoint(&self) -> &str {
+        self.inner.endpoint()
+    }
+    async fn version(&self) -> Result<RuntimeVersion, CriError> {
+        self.inner.version().await
+    }
+    async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandbox>, CriError> {
+        self.inner.list_pod_sandboxes().await
+    }
+    async fn list_containers(&self, sandbox_id: Option<&str>) -> Result<Vec<Container>, CriError> {
+        self.inner.list_containers(sandbox_id).await
+    }
+    async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
+        let pod = self.pod_of(id).await;
+        let detail = format!("grace {}", super::human(grace));
+        self.timeline.push("cri-stop", pod.clone(), Some(detail));
+        self.inner.stop_container(id, grace).await?;
+        self.timeline.push("pod-gone", pod, None);
+        Ok(())
+    }
+    async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        self.inner.stop_pod_sandbox(id).await
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -389,7 +433,10 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
         NodeParts {
             settings: settings.clone(),
             node: node.clone(),
-            runtime: Arc::new(runtime.clone()),
+            runtime: Arc::new(TimedRuntime {
+                inner: runtime.clone(),
+                timeline: timeline.clone(),
+            }),
             kubelet: None,
             gate: gate.clone(),
             metrics: crate::metrics::Metrics::new(),
@@ -437,7 +484,6 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
 
     let limit = opts.budget.min(Duration::from_secs(120)) + Duration::from_secs(10);
     let mut seen_requests = requests_before;
-    let mut seen_calls = 0;
     let mut gone: BTreeMap<String, bool> = pods
         .iter()
         .filter(|p| !p.info.terminal)
@@ -456,20 +502,23 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
         for (key, done) in gone.iter_mut().filter(|(_, d)| !**d) {
             let (ns, name) = key.split_once('/').unwrap_or(("", key));
             let at = if opts.apiserver_down {
-                (!cri_running.contains(key)).then(Instant::now)
+                // The timed runtime puts the exit itself on the timeline.
+                (!cri_running.contains(key)).then_some(None)
             } else if cluster.store.get_obj("", "pods", ns, name).is_none() {
                 // The kubelet's own record of the moment, not when this loop noticed.
                 let exact = finished
                     .iter()
                     .find(|f| f.namespace == ns && f.name == name)
                     .map(|f| f.finished_at.into_std());
-                Some(exact.unwrap_or_else(Instant::now))
+                Some(Some(exact.unwrap_or_else(Instant::now)))
             } else {
                 None
             };
             if let Some(at) = at {
                 *done = true;
-                timeline.push_at(at, "pod-gone", Some(key.clone()), None);
+                if let Some(at) = at {
+                    timeline.push_at(at, "pod-gone", Some(key.clone()), None);
+                }
             }
         }
         let requests = cluster.api.requests();
@@ -484,13 +533,6 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
             }
         }
         seen_requests = requests.len();
-        let calls = runtime.calls();
-        for c in &calls[seen_calls.min(calls.len())..] {
-            if let CriCall::StopContainer { pod, grace } = c {
-                timeline.push("cri-stop", Some(pod.clone()), Some(format!("grace {}", super::human(*grace))));
-            }
-        }
-        seen_calls = calls.len();
         let status = handle.status();
         if !draining_seen && status.phase == Phase::Draining {
             draining_seen = true;
