@@ -95,9 +95,17 @@ fn step_of(report: &Value, pod: &str) -> u64 {
 }
 
 fn assert_common_shape(report: &Value, pods: usize) {
-    assert_eq!(first(report, "signal"), 0, "the timeline starts at the signal");
+    assert_eq!(
+        first(report, "signal"),
+        0,
+        "the timeline starts at the signal"
+    );
     let released = first(report, "inhibitor-released");
-    assert_eq!(released, events(report).len() - 1, "release is the last event");
+    assert_eq!(
+        released,
+        events(report).len() - 1,
+        "release is the last event"
+    );
     assert!(
         last(report, "pod-gone") < released,
         "the inhibitor is released only once the node is empty"
@@ -111,7 +119,10 @@ fn assert_common_shape(report: &Value, pods: usize) {
         delay,
         "the total delay is the release's time"
     );
-    assert!(delay < 10_000, "a simulated shutdown takes seconds, not {delay} ms");
+    assert!(
+        delay < 10_000,
+        "a simulated shutdown takes seconds, not {delay} ms"
+    );
 }
 
 #[test]

@@ -141,7 +141,10 @@ fn node_of(pods: &[Pod]) -> Result<String> {
         .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
         .collect();
     if nodes.len() > 1 {
-        bail!("the pods are on {} nodes; simulate one node's pods", nodes.len());
+        bail!(
+            "the pods are on {} nodes; simulate one node's pods",
+            nodes.len()
+        );
     }
     Ok(nodes
         .into_iter()
@@ -150,7 +153,12 @@ fn node_of(pods: &[Pod]) -> Result<String> {
 }
 
 /// The pods as the fake apiserver will hold them: bound to the node, Running unless finished.
-fn prepare_pods(pods: Vec<Pod>, node: &str, settings: &Settings, down: bool) -> Result<Vec<SimPod>> {
+fn prepare_pods(
+    pods: Vec<Pod>,
+    node: &str,
+    settings: &Settings,
+    down: bool,
+) -> Result<Vec<SimPod>> {
     let now = crate::testing::fake_apiserver::fmt_time(chrono::Utc::now());
     let mut out = Vec::new();
     for (i, pod) in pods.into_iter().enumerate() {
@@ -169,7 +177,12 @@ fn prepare_pods(pods: Vec<Pod>, node: &str, settings: &Settings, down: bool) -> 
             meta["uid"] = json!(format!("sim-uid-{i}"));
         }
         if let Some(m) = meta.as_object_mut() {
-            for k in ["resourceVersion", "creationTimestamp", "deletionTimestamp", "managedFields"] {
+            for k in [
+                "resourceVersion",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "managedFields",
+            ] {
                 m.remove(k);
             }
         }
@@ -240,8 +253,13 @@ impl StaticPodGate for SimGate {
             bail!("no manifest {file_name}");
         };
         let m = active.remove(i);
-        let key = format!("{}/{}", m.namespace, mirror_pod_name(&m.pod_name, &self.node));
-        self.timeline.push("gate", Some(key), Some(file_name.to_string()));
+        let key = format!(
+            "{}/{}",
+            m.namespace,
+            mirror_pod_name(&m.pod_name, &self.node)
+        );
+        self.timeline
+            .push("gate", Some(key), Some(file_name.to_string()));
         if let Some(pods) = self.store.find_resource("", "v1", "pods") {
             let mirror = mirror_pod_name(&m.pod_name, &self.node);
             let _ = self
@@ -268,9 +286,15 @@ struct TimedRuntime {
 impl TimedRuntime {
     async fn pod_of(&self, container_id: &str) -> Option<String> {
         let containers = self.inner.list_containers(None).await.ok()?;
-        let sandbox = containers.into_iter().find(|c| c.id == container_id)?.sandbox_id;
+        let sandbox = containers
+            .into_iter()
+            .find(|c| c.id == container_id)?
+            .sandbox_id;
         let sandboxes = self.inner.list_pod_sandboxes().await.ok()?;
-        sandboxes.into_iter().find(|s| s.id == sandbox).map(|s| s.key())
+        sandboxes
+            .into_iter()
+            .find(|s| s.id == sandbox)
+            .map(|s| s.key())
     }
 }
 
@@ -305,19 +329,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Events with the moment they were seen, relative to the shutdown signal.
+/// One event as it was seen.
 #[derive(Clone)]
+struct Seen {
+    at: Instant,
+    event: String,
+    pod: Option<String>,
+    detail: Option<String>,
+}
+
+/// Events with the moment they happened, in any order.
+#[derive(Clone, Default)]
 struct Timeline {
-    start: Arc<Mutex<Option<Instant>>>,
-    events: Arc<Mutex<Vec<(Instant, String, Option<String>, Option<String>)>>>,
+    events: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl Timeline {
     fn new() -> Self {
-        Timeline {
-            start: Arc::new(Mutex::new(None)),
-            events: Arc::new(Mutex::new(Vec::new())),
-        }
+        Timeline::default()
     }
 
     fn push(&self, event: &str, pod: Option<String>, detail: Option<String>) {
@@ -325,22 +354,37 @@ impl Timeline {
     }
 
     fn push_at(&self, at: Instant, event: &str, pod: Option<String>, detail: Option<String>) {
-        lock(&self.events).push((at, event.to_string(), pod, detail));
+        lock(&self.events).push(Seen {
+            at,
+            event: event.to_string(),
+            pod,
+            detail,
+        });
     }
 }
 
 /// The events an apiserver request means for a user, if any.
-fn classify_request(method: &str, path: &str, body: Option<&Value>, node: &str) -> Option<(&'static str, Option<String>)> {
+fn classify_request(
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    node: &str,
+) -> Option<(&'static str, Option<String>)> {
     let pod_of = |p: &str| -> Option<String> {
         let ns = p.split("/namespaces/").nth(1)?.split('/').next()?;
         let name = p.split("/pods/").nth(1)?.split('/').next()?;
         Some(format!("{ns}/{name}"))
     };
-    if path.contains("/nodemaintenances") && !path.ends_with("/status") && (method == "POST" || method == "PATCH" || method == "PUT") {
+    if path.contains("/nodemaintenances")
+        && !path.ends_with("/status")
+        && (method == "POST" || method == "PATCH" || method == "PUT")
+    {
         return Some(("maintenance-write", None));
     }
     if path.ends_with(&format!("/api/v1/nodes/{node}")) && (method == "PATCH" || method == "PUT") {
-        let unschedulable = body.and_then(|b| b.pointer("/spec/unschedulable")).and_then(Value::as_bool);
+        let unschedulable = body
+            .and_then(|b| b.pointer("/spec/unschedulable"))
+            .and_then(Value::as_bool);
         return match unschedulable {
             Some(true) => Some(("cordon", None)),
             Some(false) => Some(("uncordon", None)),
@@ -391,7 +435,11 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
         cluster.ensure_namespace(ns)?;
         cluster.insert(&p.object)?;
         finish_after.insert(p.key(), p.exit_after());
-        let uid = p.info.static_hash.clone().unwrap_or_else(|| p.info.uid.clone());
+        let uid = p
+            .info
+            .static_hash
+            .clone()
+            .unwrap_or_else(|| p.info.uid.clone());
         if !p.info.terminal {
             runtime.add_pod(ns, &p.info.name, &uid, p.exit_after());
         }
@@ -465,12 +513,19 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
     )
     .await;
     if !matches!(armed, Ok(Some(_))) {
-        bail!("the daemon did not take its inhibitor: {:?}", handle.status().last_error);
+        bail!(
+            "the daemon did not take its inhibitor: {:?}",
+            handle.status().last_error
+        );
     }
     if !opts.apiserver_down {
         // Let the engine list the node's pods, as a daemon up for a while would have.
         wait_until(Duration::from_secs(10), || {
-            cluster.api.requests().iter().any(|r| r.method == "GET" && r.path.ends_with("/pods"))
+            cluster
+                .api
+                .requests()
+                .iter()
+                .any(|r| r.method == "GET" && r.path.ends_with("/pods"))
         })
         .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -478,7 +533,6 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
     let requests_before = cluster.api.requests().len();
 
     let t0 = Instant::now();
-    *lock(&timeline.start) = Some(t0);
     timeline.push_at(t0, "signal", None, Some("PrepareForShutdown(true)".into()));
     logind.prepare_for_shutdown(true, Some(ShutdownKind::Poweroff));
 
@@ -526,7 +580,11 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
             match classify_request(&r.method, &r.path, r.body_json().as_ref(), &node) {
                 Some(("maintenance-write", _)) if !maintenance_seen => {
                     maintenance_seen = true;
-                    timeline.push("maintenance-created", None, Some(format!("shutdown-{node}")));
+                    timeline.push(
+                        "maintenance-created",
+                        None,
+                        Some(format!("shutdown-{node}")),
+                    );
                 }
                 Some(("maintenance-write", _)) | None => {}
                 Some((kind, pod)) => timeline.push(kind, pod, None),
@@ -557,7 +615,12 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
         }
         tokio::time::sleep(SAMPLE_EVERY).await;
     };
-    timeline.push_at(released_at, "inhibitor-released", None, Some("the shutdown may proceed".into()));
+    timeline.push_at(
+        released_at,
+        "inhibitor-released",
+        None,
+        Some("the shutdown may proceed".into()),
+    );
     handle.terminate();
     let _ = tokio::time::timeout(Duration::from_secs(5), running).await;
 
@@ -583,10 +646,8 @@ struct ScratchDir(PathBuf);
 impl ScratchDir {
     fn create() -> Result<Self> {
         let nanos = chrono::Utc::now().timestamp_subsec_nanos();
-        let path = std::env::temp_dir().join(format!(
-            "nodegrace-simulate-{}-{nanos}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("nodegrace-simulate-{}-{nanos}", std::process::id()));
         std::fs::create_dir(&path)
             .with_context(|| format!("creating the scratch directory {}", path.display()))?;
         Ok(ScratchDir(path))
@@ -623,28 +684,39 @@ fn build_report(
     cri_calls: usize,
     released_at: Instant,
 ) -> SimReport {
-    let ms = |at: Instant| u64::try_from(at.saturating_duration_since(t0).as_millis()).unwrap_or(u64::MAX);
+    let ms = |at: Instant| {
+        u64::try_from(at.saturating_duration_since(t0).as_millis()).unwrap_or(u64::MAX)
+    };
     let mut raw = lock(&timeline.events).clone();
-    raw.sort_by_key(|e| e.0);
+    raw.sort_by_key(|e| e.at);
     let by_key: BTreeMap<String, &SimPod> = pods.iter().map(|p| (p.key(), p)).collect();
     let events: Vec<SimEvent> = raw
         .into_iter()
-        .map(|(at, event, pod, detail)| {
-            let p = pod.as_ref().and_then(|k| by_key.get(k));
-            SimEvent {
-                at_ms: ms(at),
-                event,
-                band: p.map(|p| p.band.clone()),
-                order: p.map(|p| p.order),
-                priority: p.map(|p| p.info.priority),
-                pod,
-                detail,
-            }
-        })
+        .map(
+            |Seen {
+                 at,
+                 event,
+                 pod,
+                 detail,
+             }| {
+                let p = pod.as_ref().and_then(|k| by_key.get(k));
+                SimEvent {
+                    at_ms: ms(at),
+                    event,
+                    band: p.map(|p| p.band.clone()),
+                    order: p.map(|p| p.order),
+                    priority: p.map(|p| p.info.priority),
+                    pod,
+                    detail,
+                }
+            },
+        )
         .collect();
     let mut bands: BTreeMap<usize, BandTotal> = BTreeMap::new();
     for e in events.iter().filter(|e| e.order.is_some()) {
-        let (Some(order), Some(band)) = (e.order, &e.band) else { continue };
+        let (Some(order), Some(band)) = (e.order, &e.band) else {
+            continue;
+        };
         let b = bands.entry(order).or_insert_with(|| BandTotal {
             band: band.clone(),
             order,
@@ -670,7 +742,11 @@ fn build_report(
     SimReport {
         node,
         source,
-        apiserver: if opts.apiserver_down { "unreachable: offline fallback through the CRI runtime" } else { "reachable" },
+        apiserver: if opts.apiserver_down {
+            "unreachable: offline fallback through the CRI runtime"
+        } else {
+            "reachable"
+        },
         time_scale: SCALE_NOTE,
         totals: SimTotals {
             pods: pods.iter().filter(|p| !p.info.terminal).count(),
@@ -691,7 +767,13 @@ fn render_table(r: &SimReport) -> String {
         "Simulated shutdown of {} ({}), apiserver {}\nTimes: {}.\n\n",
         r.node, r.source, r.apiserver, r.time_scale
     );
-    let mut rows = vec![vec!["TIME".to_string(), "EVENT".into(), "POD".into(), "BAND".into(), "DETAIL".into()]];
+    let mut rows = vec![vec![
+        "TIME".to_string(),
+        "EVENT".into(),
+        "POD".into(),
+        "BAND".into(),
+        "DETAIL".into(),
+    ]];
     for e in &r.events {
         rows.push(vec![
             format!("+{:.3}s", e.at_ms as f64 / 1000.0),
@@ -716,7 +798,14 @@ fn render_table(r: &SimReport) -> String {
         t.api_writes,
         t.cri_calls
     ));
-    let mut rows = vec![vec!["STEP".to_string(), "BAND".into(), "PODS".into(), "FROM".into(), "TO".into(), "DURATION".into()]];
+    let mut rows = vec![vec![
+        "STEP".to_string(),
+        "BAND".into(),
+        "PODS".into(),
+        "FROM".into(),
+        "TO".into(),
+        "DURATION".into(),
+    ]];
     for b in &t.bands {
         rows.push(vec![
             b.order.to_string(),
@@ -734,7 +823,13 @@ fn render_table(r: &SimReport) -> String {
     out
 }
 
-fn sample_pod(ns: &str, name: &str, priority: i32, grace: i64, owner: Option<(&str, &str)>) -> Value {
+fn sample_pod(
+    ns: &str,
+    name: &str,
+    priority: i32,
+    grace: i64,
+    owner: Option<(&str, &str)>,
+) -> Value {
     let mut meta = json!({"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"), "labels": {"app": name}});
     match owner {
         Some(("Static", hash)) => {
@@ -770,7 +865,13 @@ fn sample_pods() -> Result<Vec<Pod>> {
         sample_pod("kube-system", "coredns-5d78-a", 2_000_000_000, 30, rs),
         sample_pod("monitoring", "node-exporter-x7k2", 0, 30, ds),
         sample_pod("kube-system", "kube-proxy-q9z4", 2_000_001_000, 30, ds),
-        sample_pod("kube-system", &format!("etcd-{DEFAULT_NODE}"), 2_000_001_000, 30, Some(("Static", "etcd-hash"))),
+        sample_pod(
+            "kube-system",
+            &format!("etcd-{DEFAULT_NODE}"),
+            2_000_001_000,
+            30,
+            Some(("Static", "etcd-hash")),
+        ),
     ]
     .into_iter()
     .map(|v| serde_json::from_value(v).context("a sample pod"))

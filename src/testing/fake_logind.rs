@@ -159,8 +159,9 @@ impl Shared {
             });
             id
         });
-        self.log
-            .push(format!("logind: Inhibit({what}, {who}, {mode}) -> inhibitor {id}"));
+        self.log.push(format!(
+            "logind: Inhibit({what}, {who}, {mode}) -> inhibitor {id}"
+        ));
         tokio::spawn(watch_close(self.clone(), id, read_end));
         Ok(write_end)
     }

@@ -61,9 +61,10 @@ impl Connector for MemoryLogind {
 #[async_trait]
 impl Logind for MemoryLogind {
     async fn inhibit_delay_max(&self) -> Result<Duration, LogindError> {
-        self.fakes.state().delay_max.ok_or_else(|| {
-            LogindError::MissingProperty("no InhibitDelayMaxUSec here".into())
-        })
+        self.fakes
+            .state()
+            .delay_max
+            .ok_or_else(|| LogindError::MissingProperty("no InhibitDelayMaxUSec here".into()))
     }
 
     async fn preparing_for_shutdown(&self) -> Result<bool> {
