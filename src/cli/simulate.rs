@@ -550,6 +550,14 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
         if now - t0 > limit {
             bail!("the inhibitor was not released within {limit:?}");
         }
+        // Read before the scans, so that a last pass sees everything that led to the release.
+        let released = logind
+            .fakes()
+            .state()
+            .inhibitors
+            .iter()
+            .filter(|i| i.taken_at <= t0)
+            .find_map(|i| i.closed_at);
         // Pods gone first: what the drain reacted to in this interval happened before it.
         let cri_running = runtime.running();
         let finished = kubelet.finished();
@@ -604,13 +612,7 @@ async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Res
             };
             timeline.push("draining", None, Some(detail));
         }
-        let state = logind.fakes().state();
-        if let Some(closed) = state
-            .inhibitors
-            .iter()
-            .filter(|i| i.taken_at <= t0)
-            .find_map(|i| i.closed_at)
-        {
+        if let Some(closed) = released {
             break closed;
         }
         tokio::time::sleep(SAMPLE_EVERY).await;
