@@ -81,7 +81,8 @@ enum Command {
 
 const SIMULATE_HELP: &str = "\
 Nothing on the machine is touched and no root, D-Bus or cluster is needed: the daemon runs
-with the default settings against fakes in this process. Pods exit after a time scaled down
+against fakes in this process, with the drain plan, reserves and fallback bands of --config
+when that file exists (else the defaults). Pods exit after a time scaled down
 from their grace period, so a shutdown of minutes plays in a few seconds; the timestamps are
 the simulation's real time since PrepareForShutdown.
 
@@ -149,12 +150,15 @@ fn main() -> ExitCode {
             budget,
             apiserver_down,
             output,
-        } => cli::simulate(&cli::SimulateOptions {
-            pods,
-            budget,
-            apiserver_down,
-            output,
-        }),
+        } => cli::simulate(
+            &args.config,
+            &cli::SimulateOptions {
+                pods,
+                budget,
+                apiserver_down,
+                output,
+            },
+        ),
     };
     match result {
         Ok(code) => code,

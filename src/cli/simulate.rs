@@ -96,7 +96,17 @@ pub struct SimReport {
     pub totals: SimTotals,
 }
 
-pub fn simulate_command(opts: &SimulateOptions) -> Result<ExitCode> {
+/// `config` is used for the drain plan, reserves and fallback bands when it exists; the
+/// paths, node and budget always come from the simulation.
+pub fn simulate_command(config: &std::path::Path, opts: &SimulateOptions) -> Result<ExitCode> {
+    let settings = if config.exists() {
+        match super::load_settings(config) {
+            Ok(s) => s,
+            Err(code) => return Ok(code),
+        }
+    } else {
+        Settings::default()
+    };
     let (source, pods) = match &opts.pods {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -107,7 +117,7 @@ pub fn simulate_command(opts: &SimulateOptions) -> Result<ExitCode> {
         }
         None => ("built-in sample node".to_string(), sample_pods()?),
     };
-    let report = super::runtime()?.block_on(simulate(opts, source, pods))?;
+    let report = super::runtime()?.block_on(simulate(opts, settings, source, pods))?;
     let text = match opts.output {
         OutputFormat::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),
         OutputFormat::Table => render_table(&report),
@@ -402,16 +412,26 @@ fn classify_request(
     None
 }
 
-async fn simulate(opts: &SimulateOptions, source: String, pods: Vec<Pod>) -> Result<SimReport> {
+async fn simulate(
+    opts: &SimulateOptions,
+    mut settings: Settings,
+    source: String,
+    pods: Vec<Pod>,
+) -> Result<SimReport> {
     let node = node_of(&pods)?;
     let dir = ScratchDir::create()?;
-    let mut settings = Settings::default();
     settings.node.name = node.clone();
     settings.state_dir = dir.path().join("state");
     std::fs::create_dir_all(&settings.state_dir)?;
     settings.shutdown.max_delay = opts.budget;
     settings.shutdown.manage_logind_dropin = false;
-    settings.fallback.apiserver_timeout = Duration::from_secs(1);
+    settings.fallback.apiserver_timeout = settings
+        .fallback
+        .apiserver_timeout
+        .min(Duration::from_secs(1));
+    // No real kubelet to stop, no metrics listener, no drop-ins: everything stays in here.
+    settings.fallback.stop_kubelet = false;
+    settings.metrics.listen = None;
     let pods = prepare_pods(pods, &node, &settings, opts.apiserver_down)?;
     if pods.is_empty() {
         bail!("no pods on node {node} to simulate");
