@@ -144,3 +144,44 @@ impl SystemdManager for MemoryLogind {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn signals_reach_subscribers_and_closing_the_lock_is_seen() {
+        let logind = MemoryLogind::new(Duration::from_secs(90), EventLog::default());
+        let bus = logind.connect().await.unwrap();
+        assert_eq!(
+            bus.logind.inhibit_delay_max().await.unwrap(),
+            Duration::from_secs(90)
+        );
+        let mut events = bus.logind.events().await.unwrap();
+        let lock = bus
+            .logind
+            .inhibit_shutdown_delay("nodegrace", "test")
+            .await
+            .unwrap();
+        assert_eq!(bus.logind.list_inhibitors().await.unwrap().len(), 1);
+
+        logind.prepare_for_shutdown(true, Some(ShutdownKind::Reboot));
+        assert_eq!(
+            events.next().await,
+            Some(LogindEvent::PrepareForShutdown {
+                start: true,
+                kind: Some(ShutdownKind::Reboot)
+            })
+        );
+        assert!(bus.logind.preparing_for_shutdown().await.unwrap());
+
+        lock.release("test");
+        let state = tokio::time::timeout(
+            Duration::from_secs(5),
+            logind.fakes().wait_until(|s| s.held().is_empty()),
+        )
+        .await
+        .expect("the closed pipe is noticed");
+        assert!(state.inhibitors[0].closed_at.is_some());
+    }
+}
