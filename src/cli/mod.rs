@@ -12,11 +12,13 @@ pub use crate::daemon::run_command as run;
 
 mod complete;
 mod plan;
+mod simulate;
 mod status;
 
 pub use complete::complete_command as complete;
 
 pub use plan::{parse_pod_list, plan_command as plan, PlanOptions};
+pub use simulate::{simulate_command as simulate, SimulateOptions};
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.

@@ -131,6 +131,42 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Records a lock and hands out the write end of a pipe whose closing is watched.
+    fn inhibit(
+        self: &Arc<Self>,
+        what: &str,
+        who: &str,
+        why: &str,
+        mode: &str,
+        pid: u32,
+    ) -> nix::Result<OwnedFd> {
+        let (read_end, write_end) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+        let id = self.with(|s| {
+            let id = s.next_id;
+            s.next_id += 1;
+            s.inhibitors.push(FakeInhibitor {
+                id,
+                what: what.into(),
+                who: who.into(),
+                why: why.into(),
+                mode: mode.into(),
+                pid,
+                taken_at: std::time::Instant::now(),
+                closed_at: None,
+                closed_at_tokio: None,
+            });
+            id
+        });
+        self.log.push(format!(
+            "logind: Inhibit({what}, {who}, {mode}) -> inhibitor {id}"
+        ));
+        tokio::spawn(watch_close(self.clone(), id, read_end));
+        Ok(write_end)
+    }
+}
+
 /// The fake services; [`Fakes::serve`] puts them on a bus (again after a bus restart).
 pub struct Fakes {
     shared: Arc<Shared>,
@@ -222,6 +258,18 @@ impl Fakes {
         let at = std::time::Instant::now();
         FakeLogind::prepare_for_shutdown(iface.signal_emitter(), start).await?;
         Ok(at)
+    }
+
+    /// `Inhibit` without a bus, for the in-memory logind: the same recorded, watched lock.
+    pub fn inhibit(&self, what: &str, who: &str, why: &str, mode: &str) -> Result<OwnedFd> {
+        self.shared
+            .inhibit(what, who, why, mode, std::process::id())
+            .context("creating the inhibitor pipe")
+    }
+
+    /// Appends to the shared event log.
+    pub fn log(&self, entry: impl Into<String>) {
+        self.shared.log.push(entry);
     }
 
     /// Reads or changes the state (waking [`Fakes::wait_until`]).
@@ -326,29 +374,10 @@ impl FakeLogind {
                 .unwrap_or(0),
             None => 0,
         };
-        let (read_end, write_end) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
-                .map_err(failed)?;
-        let id = self.shared.with(|s| {
-            let id = s.next_id;
-            s.next_id += 1;
-            s.inhibitors.push(FakeInhibitor {
-                id,
-                what: what.clone(),
-                who: who.clone(),
-                why: why.clone(),
-                mode: mode.clone(),
-                pid,
-                taken_at: std::time::Instant::now(),
-                closed_at: None,
-                closed_at_tokio: None,
-            });
-            id
-        });
-        self.shared.log.push(format!(
-            "logind: Inhibit({what}, {who}, {mode}) -> inhibitor {id}"
-        ));
-        tokio::spawn(watch_close(self.shared.clone(), id, read_end));
+        let write_end = self
+            .shared
+            .inhibit(&what, &who, &why, &mode, pid)
+            .map_err(failed)?;
         Ok(write_end.into())
     }
 
