@@ -117,8 +117,8 @@ Each section is read on its own; one that cannot be read says why and the others
 printed. The apiserver is probed for at most 3s. The daemon's status file is
 /run/nodegrace/status.json ($NODEGRACE_STATUS_FILE overrides it); state.json and pods.json are
 read from state_dir, gated manifests from static_pods.gate_dir. Active NodeMaintenances are the
-ones not Complete that have an entry for this node, are its shutdown maintenance, or select it
-by name.
+ones not Complete that have an entry for this node, are its shutdown maintenance, or whose
+nodeSelector matches the Node (by name only, when the Node cannot be read).
 
 Exit codes: 0 status printed (even with sections unknown), 1 nothing could be determined
 (status file, state directory, static pod gate and apiserver all unreadable), 2 invalid

@@ -254,8 +254,8 @@ fn status_lists_the_active_maintenances_of_this_node_with_pods_per_band() {
     let m = &r["maintenances"];
     assert_eq!(m["known"], true);
     let active = m["active"].as_array().unwrap();
-    // Complete ones and other nodes' are left out; a label selector nobody answered for this
-    // node cannot be evaluated without the Node and is left out too.
+    // Complete ones and other nodes' are left out; this server does not serve the Node, so a
+    // label selector nobody answered for this node cannot be evaluated and is left out too.
     assert_eq!(active.len(), 1, "{m}");
     let nm = &active[0];
     assert_eq!(
@@ -333,4 +333,32 @@ fn a_silent_apiserver_is_given_up_on_after_the_probe_timeout() {
         r["apiserver"]
     );
     assert_eq!(r["maintenances"]["known"], false);
+}
+
+#[test]
+fn status_matches_label_selected_maintenances_against_the_node() {
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a", "labels": {"rack": "7", "kubernetes.io/hostname": "node-a"}}});
+    let (port, _) = serve(
+        vec![
+            ("/version", version()),
+            ("/api/v1/pods", pod_list()),
+            ("/api/v1/nodes/node-a", node),
+            (
+                "/apis/nodegrace.dev/v1alpha1/nodemaintenances",
+                maintenances(),
+            ),
+        ],
+        true,
+    );
+    let env = Env::new(port);
+    let r = env.json(&["status", "-o", "json"]);
+    let names: Vec<&str> = r["maintenances"]["active"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.contains(&"rack-7"), "{names:?}");
 }

@@ -448,9 +448,18 @@ async fn cluster_sections(
         Ok(list) => list,
         Err(e) => return (api, unknown(one_line(&e))),
     };
+    // Label selectors need the Node; without it only entries and name pins can be judged.
+    let node_obj = bounded("reading the Node", async {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+        Ok(nodes.get(node).await?)
+    })
+    .await
+    .ok();
     let active: Vec<NodeMaintenance> = maintenances
         .into_iter()
-        .filter(|m| m.stage() != crate::api::Stage::Complete && selects_node(m, node))
+        .filter(|m| {
+            m.stage() != crate::api::Stage::Complete && selects_node(m, node, node_obj.as_ref())
+        })
         .collect();
     let pods = if active.is_empty() {
         Ok(Vec::new())
@@ -483,12 +492,19 @@ async fn cluster_sections(
 }
 
 /// Whether `m` selects `node`: it has an entry for the node, it is the node's shutdown
-/// maintenance, or its selector pins the node by name. Label selectors that nobody has
-/// answered for this node yet are not evaluated (that needs the Node object).
-fn selects_node(m: &NodeMaintenance, node: &str) -> bool {
+/// maintenance, or its selector matches the Node (when the Node could be read; else only a
+/// selector pinning the node by name counts).
+fn selects_node(
+    m: &NodeMaintenance,
+    node: &str,
+    node_obj: Option<&k8s_openapi::api::core::v1::Node>,
+) -> bool {
     m.node_status(node).is_some()
         || m.metadata.name.as_deref() == Some(shutdown_maintenance_name(node).as_str())
-        || m.spec.node_selector == node_selector_for(node)
+        || match node_obj {
+            Some(n) => crate::cluster::nodesel::selects(&m.spec.node_selector, n),
+            None => m.spec.node_selector == node_selector_for(node),
+        }
 }
 
 fn maintenance_report(
