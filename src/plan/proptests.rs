@@ -190,11 +190,14 @@ proptest! {
                     prop_assert!(!prev.targets(p) || next.targets.targets(p), "{:?} no longer targeted", p);
                 }
             }
+            // With selectors, incomparable maintenances would deadlock under a strict
+            // intersection, so the node takes one maintenance's targets whole (see
+            // `node_targets`); the strict rule for selector-free plans is the next property.
             for p in &pods {
                 if next.targets.targets(p) {
-                    let by_all = refs.iter().all(|(_, t)| t.targets(p));
+                    let by_some = refs.iter().any(|(_, t)| t.targets(p));
                     let by_previous = previous.as_ref().is_some_and(|prev| prev.targets(p));
-                    prop_assert!(by_all || by_previous || refs.is_empty());
+                    prop_assert!(by_some || by_previous || refs.is_empty());
                 }
             }
             for (n, t) in &refs {
