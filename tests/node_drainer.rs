@@ -241,3 +241,42 @@ async fn no_apiserver_at_all_drains_every_band_locally() {
         "a cancel starts the kubelet again"
     );
 }
+
+#[tokio::test]
+async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    env.cluster
+        .uninstall_crd(nodegrace::api::NODE_MAINTENANCE_CRD_NAME)
+        .unwrap();
+    let settings = offline_ready_settings(
+        &env,
+        Duration::from_millis(500),
+        bands(Duration::from_secs(2), Duration::from_secs(2)),
+    );
+    let runtime = FakeRuntime::new();
+    runtime.add_pod("work", "web", "uid-web", Duration::from_millis(50));
+    runtime.add_pod("work", "dns", "uid-dns", Duration::from_millis(50));
+    let kubelet = Arc::new(RecordingKubelet::default());
+    let client_source = env.cluster.api.kube_config().unwrap();
+    let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), move || {
+        let config = client_source.clone();
+        async move { Ok(kube::Client::try_from(config)?) }
+    });
+    let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
+    tokio::time::timeout(Duration::from_secs(20), drainer.drain(&req))
+        .await
+        .expect("the local drain ends")
+        .unwrap();
+
+    let stops = runtime
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, CriCall::StopContainer { .. }))
+        .count();
+    assert_eq!(stops, 2, "each pod stopped once: {:?}", runtime.calls());
+    assert_eq!(
+        kubelet.0.lock().unwrap().as_slice(),
+        ["stop"],
+        "an apiserver that answers but cannot drain is not switched back to"
+    );
+}

@@ -212,6 +212,9 @@ impl Drainer for NodeDrainer {
         let mut engine = self.engine_within(timeout).await;
         let mut req = req.clone();
         loop {
+            // Whether the cluster path may take over again once the apiserver answers: not
+            // when it failed while answering, or it would fail again at once, in a loop.
+            let mut switch_back = true;
             if let Some(online) = &engine {
                 match online.shutdown_drain(&req).await {
                     Ok(()) => return Ok(()),
@@ -222,6 +225,7 @@ impl Drainer for NodeDrainer {
                     // drain; stopping pods locally still beats releasing at once.
                     Err(EngineError::Other(err)) => {
                         tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "the cluster drain failed: draining locally through the CRI runtime");
+                        switch_back = false;
                     }
                 }
             } else {
@@ -244,7 +248,7 @@ impl Drainer for NodeDrainer {
                     tracing::info!(node = %self.parts.node, pods = report.pods.len(), errors = report.errors.len(), "offline drain finished");
                     return Ok(());
                 }
-                back = self.apiserver_back(engine.clone()) => {
+                back = self.apiserver_back(engine.clone()), if switch_back => {
                     let report = fallback.report();
                     self.count_cri_terminations(&report);
                     tracing::info!(node = %self.parts.node, "apiserver reachable again: continuing through the NodeMaintenance");
