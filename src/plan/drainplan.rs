@@ -227,26 +227,8 @@ pub fn drain_plan_changed(old: &[DrainPlanEntry], new: &[DrainPlanEntry]) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::testutil::{entry, sel_entry};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-
-    pub(crate) fn entry(pod_type: PodType, prio: i32) -> DrainPlanEntry {
-        DrainPlanEntry {
-            pod_selector: None,
-            pod_priority: prio,
-            pod_type,
-        }
-    }
-
-    pub(crate) fn sel_entry(pod_type: PodType, prio: i32, k: &str, v: &str) -> DrainPlanEntry {
-        DrainPlanEntry {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some([(k.to_string(), v.to_string())].into()),
-                match_expressions: None,
-            }),
-            pod_priority: prio,
-            pod_type,
-        }
-    }
 
     #[test]
     fn empty_plan_becomes_the_twelve_defaults_in_order() {
