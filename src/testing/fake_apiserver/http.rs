@@ -424,17 +424,7 @@ async fn resource(
     match (method, name) {
         (Method::GET, Some(name)) => Ok(full(StatusCode::OK, &store.get(&ri, ns, name)?)),
         (Method::GET, None) => {
-            let filter = Filter {
-                group: ri.group.clone(),
-                plural: ri.plural.clone(),
-                namespace: (!ns.is_empty()).then(|| ns.to_string()),
-                labels: LabelSelector::parse(ctx.param("labelSelector").unwrap_or_default())?,
-                fields: FieldSelector::parse(
-                    ctx.param("fieldSelector").unwrap_or_default(),
-                    &ri.group,
-                    &ri.plural,
-                )?,
-            };
+            let filter = request_filter(ctx, &ri, ns)?;
             if matches!(ctx.param("watch"), Some("true" | "1")) {
                 watch(ctx, &ri, filter)
             } else {
@@ -523,17 +513,7 @@ async fn resource(
         (Method::DELETE, None) => {
             check_dry_run(ctx)?;
             let opts = delete_opts(ctx)?;
-            let filter = Filter {
-                group: ri.group.clone(),
-                plural: ri.plural.clone(),
-                namespace: (!ns.is_empty()).then(|| ns.to_string()),
-                labels: LabelSelector::parse(ctx.param("labelSelector").unwrap_or_default())?,
-                fields: FieldSelector::parse(
-                    ctx.param("fieldSelector").unwrap_or_default(),
-                    &ri.group,
-                    &ri.plural,
-                )?,
-            };
+            let filter = request_filter(ctx, &ri, ns)?;
             let items = store.delete_collection(&ri, &filter, &opts)?;
             Ok(full(
                 StatusCode::OK,
@@ -547,6 +527,21 @@ async fn resource(
             "the server does not allow this method on the requested resource",
         )),
     }
+}
+
+/// The collection a list, watch or delete-collection addresses, with its selectors.
+fn request_filter(ctx: &Ctx<'_>, ri: &ResourceInfo, ns: &str) -> Result<Filter, ApiError> {
+    Ok(Filter {
+        group: ri.group.clone(),
+        plural: ri.plural.clone(),
+        namespace: (!ns.is_empty()).then(|| ns.to_string()),
+        labels: LabelSelector::parse(ctx.param("labelSelector").unwrap_or_default())?,
+        fields: FieldSelector::parse(
+            ctx.param("fieldSelector").unwrap_or_default(),
+            &ri.group,
+            &ri.plural,
+        )?,
+    })
 }
 
 fn check_dry_run(ctx: &Ctx<'_>) -> Result<(), ApiError> {
