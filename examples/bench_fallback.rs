@@ -1,6 +1,7 @@
 //! The offline fallback on a real containerd: 100 containers in 3 bands with short graces.
 //!
-//!     cargo run --example bench_fallback          (as root; containerd, runc, busybox-static)
+//!     cargo run --release --example bench_fallback   (as root; containerd, runc, busybox-static)
+//!     BENCH_PODS_PER_BAND=1 cargo run ...              (a smaller node: 3 pods, 12 containers)
 //!
 //! Prints the time from the fallback decision to the first StopContainer and the total time
 //! minus the ideal (the sum over bands of the slowest container's own exit time), and splits
@@ -73,7 +74,11 @@ async fn bench() {
     let mut cache = PodCache::default();
     let mut marks = Vec::new();
     let mut pod_no = 0;
+    let pods_override: Option<usize> = std::env::var("BENCH_PODS_PER_BAND")
+        .ok()
+        .map(|v| v.parse().expect("BENCH_PODS_PER_BAND: a number"));
     for (band_no, &(priority, _, pods)) in BANDS.iter().enumerate() {
+        let pods = pods_override.unwrap_or(pods);
         for k in 0..pods {
             pod_no += 1;
             let name = format!("b{band_no}-p{k}");
@@ -115,6 +120,12 @@ async fn bench() {
         ctd.snapshotter
     );
 
+    let quiet = machine_busy();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!(
+        "before the run, all containers up: machine CPU {:.2} s in 2 s",
+        machine_busy() - quiet
+    );
     let runtime = Arc::new(Timed {
         inner: ctd.client(),
         first_stop: Mutex::new(None),
@@ -134,11 +145,13 @@ async fn bench() {
             sandbox_wait: Duration::from_secs(10),
         },
     );
+    let (busy_before, own_before) = (machine_busy(), own_cpu());
     let decision_uptime = harness::host_uptime();
     let decision_wall = chrono::Utc::now();
     let decision = Instant::now();
     let report = fallback.run(&cache).await;
     let total = decision.elapsed();
+    let (busy, own) = (machine_busy() - busy_before, own_cpu() - own_before);
     let first_stop = runtime
         .first_stop
         .lock()
@@ -226,6 +239,16 @@ async fn bench() {
         "  runtime, signal delivery and kills (last exit - own time, summed): {exit_late:.3?}"
     );
     println!("  runtime, exit -> StopContainer reply (summed): {reply_lag:.3?}");
+    println!(
+        "  CPU during the run: machine {busy:.2} s of {:.2} s available ({} cores), this process (nodegrace + bench) {own:.3} s",
+        total.as_secs_f64() * cores() as f64,
+        cores()
+    );
+    println!(
+        "  lower bound from the runtime's CPU work alone on {} cores: {:.3} s",
+        cores(),
+        busy / cores() as f64
+    );
     let last_band_end = report
         .bands
         .last()
@@ -240,4 +263,42 @@ async fn bench() {
         overhead.saturating_sub(exit_late + reply_lag + total.saturating_sub(last_band_end))
     );
     ctd.remove_all_pods().await;
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn clock_ticks() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64)
+}
+
+/// Seconds every CPU spent neither idle nor waiting, from /proc/stat.
+fn machine_busy() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let idle = fields.get(3).copied().unwrap_or(0.0) + fields.get(4).copied().unwrap_or(0.0);
+    (fields.iter().sum::<f64>() - idle) / clock_ticks()
+}
+
+/// User + system CPU seconds of this process.
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let f: Vec<f64> = after_comm
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // utime and stime are fields 14 and 15; after "pid (comm)" that is index 11 and 12.
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / clock_ticks()
 }
