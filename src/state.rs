@@ -120,6 +120,53 @@ impl ShutdownState {
     }
 }
 
+pub const OFFLINE_DRAIN_FILE: &str = "offline-drain.json";
+
+/// What the offline fallback did in a shutdown, kept until a NodeMaintenance records it
+/// (after the reboot when the apiserver stayed unreachable). One report per fallback run:
+/// the apiserver may come and go more than once in one shutdown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OfflineDrain {
+    /// The boot that was shut down.
+    pub boot_id: String,
+    pub kind: crate::daemon::ShutdownKind,
+    pub reports: Vec<crate::fallback::FallbackReport>,
+}
+
+impl OfflineDrain {
+    /// Reads the record; a missing file is None, a corrupt one an error.
+    pub fn load(state_dir: &Path) -> Result<Option<Self>> {
+        let path = state_dir.join(OFFLINE_DRAIN_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .with_context(|| format!("parsing offline drain record {}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => {
+                Err(e).with_context(|| format!("reading offline drain record {}", path.display()))
+            }
+        }
+    }
+
+    pub fn store(&self, state_dir: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).context("encoding offline drain record")?;
+        std::fs::create_dir_all(state_dir)
+            .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+        write_atomic(&state_dir.join(OFFLINE_DRAIN_FILE), &bytes, 0o600)
+    }
+
+    /// Removes the record; a missing one is fine.
+    pub fn remove(state_dir: &Path) -> Result<()> {
+        let path = state_dir.join(OFFLINE_DRAIN_FILE);
+        match std::fs::remove_file(&path) {
+            Ok(()) => crate::fsutil::fsync_dir(state_dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+        }
+    }
+}
+
 /// This boot's id; "unknown" where the kernel does not say.
 pub fn current_boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
@@ -147,5 +194,29 @@ mod tests {
         assert_eq!(ShutdownState::load(dir.path()).unwrap(), Some(s));
         std::fs::write(dir.path().join(SHUTDOWN_STATE_FILE), b"{").unwrap();
         assert!(ShutdownState::load(dir.path()).is_err());
+    }
+
+    #[test]
+    fn offline_drain_round_trips_and_removing_twice_is_fine() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(OfflineDrain::load(dir.path()).unwrap(), None);
+        let record = OfflineDrain {
+            boot_id: "b1".into(),
+            kind: crate::daemon::ShutdownKind::Poweroff,
+            reports: vec![crate::fallback::FallbackReport {
+                endpoint: "unix:///run/containerd/containerd.sock".into(),
+                started_at: Some(chrono::Utc::now()),
+                kubelet_stopped: true,
+                ..Default::default()
+            }],
+        };
+        record.store(dir.path()).unwrap();
+        assert_eq!(OfflineDrain::load(dir.path()).unwrap(), Some(record));
+        OfflineDrain::remove(dir.path()).unwrap();
+        OfflineDrain::remove(dir.path()).unwrap();
+        assert_eq!(OfflineDrain::load(dir.path()).unwrap(), None);
+        std::fs::write(dir.path().join(OFFLINE_DRAIN_FILE), b"[").unwrap();
+        let err = OfflineDrain::load(dir.path()).unwrap_err();
+        assert!(format!("{err:#}").contains(OFFLINE_DRAIN_FILE), "{err:#}");
     }
 }

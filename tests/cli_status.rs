@@ -139,6 +139,39 @@ gate_dir = "{root}/gate"
 fn status_json_shows_local_state_and_an_unreachable_apiserver() {
     let env = Env::new();
     env.prepare_released_reboot(std::process::id());
+    let stopped = |name: &str, outcome| nodegrace::fallback::PodReport {
+        namespace: "work".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        priority: Some(0),
+        pod_type: None,
+        band: 0,
+        grace: Duration::from_secs(30),
+        method: nodegrace::fallback::Method::Cri,
+        sandbox_id: None,
+        containers: Vec::new(),
+        gated_manifest: None,
+        outcome,
+        stop_started_at: None,
+        stopped_at: None,
+        stop_started_after: None,
+        containers_stopped_after: None,
+        stopped_after: None,
+        errors: Vec::new(),
+    };
+    nodegrace::state::OfflineDrain {
+        boot_id: "b-0".into(),
+        kind: ShutdownKind::Poweroff,
+        reports: vec![nodegrace::fallback::FallbackReport {
+            pods: vec![
+                stopped("web", nodegrace::fallback::PodOutcome::Stopped),
+                stopped("db", nodegrace::fallback::PodOutcome::TimedOut),
+            ],
+            ..Default::default()
+        }],
+    }
+    .store(&env.path("state"))
+    .unwrap();
     let began = Instant::now();
     let r = env.json();
     assert!(
@@ -188,6 +221,9 @@ fn status_json_shows_local_state_and_an_unreachable_apiserver() {
         .map(|t| t["phase"].as_str().unwrap())
         .collect();
     assert_eq!(phases, ["starting", "armed", "draining", "released"]);
+    assert_eq!(l["offlineDrain"]["bootId"], "b-0");
+    assert_eq!(l["offlineDrain"]["podsStopped"], 1);
+    assert_eq!(l["offlineDrain"]["podsNotStopped"], 1);
 
     let out = env.run(&["status"]);
     assert_eq!(out.status.code(), Some(0));
@@ -201,6 +237,7 @@ fn status_json_shows_local_state_and_an_unreachable_apiserver() {
         "kube-system/etcd (etcd.yaml)",
         "reboot started",
         "released (budget 10m",
+        "Offline drain  poweroff of boot b-0: 1 pod(s) stopped, 1 not",
         "Timeline",
     ] {
         assert!(table.contains(expected), "{expected:?} missing:\n{table}");
@@ -235,6 +272,7 @@ fn without_daemon_files_status_still_prints_and_exits_zero() {
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("not-running"), "{table}");
     assert!(table.contains("Last shutdown  none recorded"), "{table}");
+    assert!(!table.contains("Offline drain"), "{table}");
 }
 
 #[test]

@@ -562,7 +562,7 @@ async fn after_boot_completes_or_keeps_a_maintenance_of_an_earlier_boot() {
             .unwrap();
         assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
         assert_eq!(
-            engine.after_boot("boot-1", policy).await.unwrap(),
+            engine.after_boot("boot-1", policy, None).await.unwrap(),
             AfterBoot::SameBoot
         );
         drop(engine);
@@ -570,7 +570,7 @@ async fn after_boot_completes_or_keeps_a_maintenance_of_an_earlier_boot() {
         // The next boot.
         let engine = env.engine(env.settings());
         let name = shutdown_maintenance_name(NODE);
-        let outcome = engine.after_boot("boot-2", policy).await.unwrap();
+        let outcome = engine.after_boot("boot-2", policy, None).await.unwrap();
         let node = env.node();
         assert!(node["metadata"]["labels"]
             .get("node.kubernetes.io/exclude-from-external-load-balancers")

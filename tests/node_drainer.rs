@@ -9,11 +9,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use engine_support::{eventually, request, Env, Kind, NODE};
+use nodegrace::api::Stage;
+use nodegrace::config::CompletionPolicy;
 use nodegrace::config::{PriorityGracePeriod, Settings};
 use nodegrace::daemon::node::{NodeDrainer, NodeParts};
 use nodegrace::daemon::{Drainer, ShutdownKind};
 use nodegrace::fallback::KubeletControl;
+use nodegrace::fallback::{FallbackReport, PodOutcome};
 use nodegrace::plan::{PodInfo, PodType};
+use nodegrace::state::OfflineDrain;
 use nodegrace::state::PodCache;
 use nodegrace::testing::fake_cri::{CriCall, FakeRuntime};
 use nodegrace::testing::fake_kubelet::KubeletConfig;
@@ -183,6 +187,27 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
         env.evictions()
     );
     assert!(!env.pod_exists("dns"));
+    let record = OfflineDrain::load(env.dir.path()).unwrap().unwrap();
+    let outcomes: Vec<(&str, PodOutcome)> = record.reports[0]
+        .pods
+        .iter()
+        .map(|p| (p.name.as_str(), p.outcome))
+        .collect();
+    assert!(
+        outcomes.contains(&("web", PodOutcome::Stopping))
+            && outcomes.contains(&("dns", PodOutcome::Pending)),
+        "the local part is on disk until the next boot: {outcomes:?}"
+    );
+    eventually(5, "the maintenance records the local part", || {
+        env.maintenance("shutdown-node-a")
+            .and_then(|m| fallback_annotation(&m))
+            .is_some_and(|s| {
+                s["podsNotStopped"] == 1
+                    && s["notStopped"][0] == "work/web: still stopping when the fallback ended"
+                    && s["podsNotReached"] == 1
+            })
+    })
+    .await;
     drop(drainer);
 }
 
@@ -234,12 +259,236 @@ async fn no_apiserver_at_all_drains_every_band_locally() {
         "{text}"
     );
 
+    let record = OfflineDrain::load(env.dir.path())
+        .unwrap()
+        .expect("the offline drain is recorded on disk for the next boot");
+    assert_eq!(record.boot_id, "boot-1");
+    assert_eq!(record.kind, ShutdownKind::Reboot);
+    assert_eq!(record.reports.len(), 1);
+    assert!(
+        record.reports[0]
+            .pods
+            .iter()
+            .all(|p| p.outcome == PodOutcome::Stopped),
+        "{:?}",
+        record.reports[0].pods
+    );
+
     drainer.cancel(&req).await.unwrap();
     assert_eq!(
         kubelet.0.lock().unwrap().as_slice(),
         ["stop", "start"],
         "a cancel starts the kubelet again"
     );
+    assert_eq!(
+        OfflineDrain::load(env.dir.path()).unwrap(),
+        None,
+        "a cancelled shutdown leaves nothing to record"
+    );
+}
+
+/// A drainer for the boot after the shutdown, connected to the fake apiserver.
+fn next_boot(
+    env: &Env,
+    settings: Settings,
+    runtime: &FakeRuntime,
+    kubelet: &Arc<RecordingKubelet>,
+) -> NodeDrainer {
+    std::fs::write(env.dir.path().join("boot_id"), "boot-2\n").unwrap();
+    let client_source = env.cluster.api.kube_config().unwrap();
+    NodeDrainer::start(parts(env, settings, runtime, kubelet), move || {
+        let config = client_source.clone();
+        async move { Ok(kube::Client::try_from(config)?) }
+    })
+}
+
+fn fallback_annotation(m: &nodegrace::api::NodeMaintenance) -> Option<serde_json::Value> {
+    m.metadata
+        .annotations
+        .as_ref()?
+        .get("nodegrace.dev/fallback-report")
+        .map(|text| serde_json::from_str(text).unwrap())
+}
+
+#[tokio::test]
+async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenance() {
+    for policy in [CompletionPolicy::Complete, CompletionPolicy::Keep] {
+        let env = Env::new(KubeletConfig::node(NODE)).await;
+        env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+        env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+        let mut settings = offline_ready_settings(
+            &env,
+            Duration::from_millis(200),
+            bands(Duration::from_secs(2), Duration::from_secs(2)),
+        );
+        settings.shutdown.after_boot = policy;
+        let runtime = FakeRuntime::new();
+        runtime.add_pod("work", "web", "uid-web", Duration::from_millis(50));
+        runtime.add_pod(
+            "work",
+            "etcd-node-a",
+            "hash-etcd",
+            Duration::from_millis(50),
+        );
+        let kubelet = Arc::new(RecordingKubelet::default());
+
+        // The shutdown: no apiserver at all.
+        let offline = NodeDrainer::start(
+            parts(&env, settings.clone(), &runtime, &kubelet),
+            || async { anyhow::bail!("apiserver unreachable") },
+        );
+        let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
+        tokio::time::timeout(Duration::from_secs(20), offline.drain(&req))
+            .await
+            .expect("the offline drain ends")
+            .unwrap();
+        drop(offline);
+        assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
+        assert!(env.maintenance("shutdown-node-a").is_none());
+
+        // The next boot, the apiserver reachable.
+        let drainer = next_boot(&env, settings, &runtime, &kubelet);
+        tokio::time::timeout(Duration::from_secs(20), drainer.after_boot())
+            .await
+            .expect("the after-boot reconcile ends")
+            .unwrap();
+
+        let m = env
+            .maintenance("shutdown-node-a")
+            .expect("a maintenance records the offline shutdown");
+        let annotations = m.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(annotations["nodegrace.dev/boot-id"], "boot-1");
+        assert_eq!(annotations["nodegrace.dev/shutdown-kind"], "poweroff");
+        assert!(
+            m.spec.reason.as_deref().unwrap().contains("offline"),
+            "{:?}",
+            m.spec.reason
+        );
+        let summary = fallback_annotation(&m).expect("the fallback report is on it");
+        assert_eq!(summary["podsStopped"], 2, "{summary}");
+        assert_eq!(summary["podsNotStopped"], 0, "{summary}");
+        let stopped = summary["stopped"].as_array().unwrap();
+        assert!(stopped.contains(&json!("work/web")), "{summary}");
+        assert!(stopped.contains(&json!("work/etcd-node-a")), "{summary}");
+        eventually(
+            5,
+            "a FallbackUsed event on the node and the maintenance",
+            || env.events("FallbackUsed").len() == 2,
+        )
+        .await;
+        assert_eq!(
+            OfflineDrain::load(env.dir.path()).unwrap(),
+            None,
+            "the record is gone once the apiserver has it"
+        );
+
+        match policy {
+            CompletionPolicy::Complete => {
+                assert_eq!(m.spec.stage, Stage::Complete);
+                eventually(
+                    10,
+                    "the engine completes it and restores static pods",
+                    || {
+                        let m = env.maintenance("shutdown-node-a").unwrap();
+                        m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+                            && m.node_status(NODE)
+                                .is_some_and(|e| e.drain_message == "Completed")
+                            && env.gate.gated_files().is_empty()
+                    },
+                )
+                .await;
+                assert!(env.pod_exists("web"), "nothing is drained after the boot");
+                assert!(env.node()["spec"]
+                    .get("unschedulable")
+                    .is_none_or(|u| u == false));
+            }
+            CompletionPolicy::Keep => {
+                assert_eq!(m.spec.stage, Stage::Drain);
+                eventually(10, "the kept maintenance holds the node", || {
+                    env.node()["spec"]["unschedulable"] == true && !env.pod_exists("web")
+                })
+                .await;
+                assert_eq!(
+                    env.gate.gated_files(),
+                    ["etcd.yaml"],
+                    "static pods stay gated while the maintenance is kept"
+                );
+            }
+        }
+        drop(drainer);
+    }
+}
+
+#[tokio::test]
+async fn an_offline_record_goes_onto_that_shutdowns_maintenance_once_and_a_stale_one_is_dropped() {
+    // (boot id on the maintenance, fallback annotation already there, expect annotated)
+    let cases = [
+        ("boot-1", false, true),
+        ("boot-1", true, false),
+        ("boot-0", false, false),
+    ];
+    for (m_boot, annotated, expect_annotation) in cases {
+        let env = Env::new(KubeletConfig::node(NODE)).await;
+        let mut annotations = json!({"nodegrace.dev/boot-id": m_boot});
+        if annotated {
+            annotations["nodegrace.dev/fallback-report"] = json!("{\"podsStopped\":7}");
+        }
+        env.cluster
+            .insert(&json!({
+                "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+                "metadata": {"name": "shutdown-node-a", "annotations": annotations},
+                "spec": {
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+                    "stage": "Drain",
+                },
+            }))
+            .unwrap();
+        let report = FallbackReport {
+            pods: Vec::new(),
+            started_at: Some(chrono::Utc::now()),
+            ..Default::default()
+        };
+        OfflineDrain {
+            boot_id: "boot-1".into(),
+            kind: ShutdownKind::Reboot,
+            reports: vec![report],
+        }
+        .store(env.dir.path())
+        .unwrap();
+        let settings = env.settings();
+        let runtime = FakeRuntime::new();
+        let kubelet = Arc::new(RecordingKubelet::default());
+        let drainer = next_boot(&env, settings, &runtime, &kubelet);
+        tokio::time::timeout(Duration::from_secs(20), drainer.after_boot())
+            .await
+            .expect("the after-boot reconcile ends")
+            .unwrap();
+
+        let m = env.maintenance("shutdown-node-a").unwrap();
+        let case = format!("maintenance of {m_boot}, annotated {annotated}");
+        assert_eq!(m.spec.stage, Stage::Complete, "{case}");
+        if expect_annotation {
+            eventually(
+                5,
+                "a FallbackUsed event on the node and the maintenance",
+                || env.events("FallbackUsed").len() == 2,
+            )
+            .await;
+        } else {
+            // Events are sent in the background: give a wrong one the time to show.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(env.events("FallbackUsed").is_empty(), "{case}");
+        }
+        let summary = fallback_annotation(&m);
+        match (annotated, expect_annotation) {
+            (true, _) => assert_eq!(summary.unwrap()["podsStopped"], 7, "{case}: kept"),
+            (false, true) => assert_eq!(summary.unwrap()["podsStopped"], 0, "{case}"),
+            (false, false) => assert!(summary.is_none(), "{case}: not another shutdown's"),
+        }
+        assert_eq!(OfflineDrain::load(env.dir.path()).unwrap(), None, "{case}");
+        drop(drainer);
+    }
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use crate::daemon::status::{PhaseChange, ShutdownStatus};
 use crate::daemon::{DaemonPaths, Status};
 use crate::logind::budget::{DelayDropin, DROPIN_MARKER};
 use crate::plan::{normalize_drain_plan, plan_steps, DrainTargets, PodInfo};
-use crate::state::{PodCache, ShutdownState};
+use crate::state::{OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::{FsGate, StaticPodGate};
 
 /// How long the apiserver probe (and each list after it) may take.
@@ -161,6 +161,20 @@ pub struct ShutdownSection {
     pub current: Option<ShutdownStatus>,
     /// The daemon's phase changes of this run, oldest first.
     pub timeline: Vec<PhaseChange>,
+    /// `offline-drain.json`: what the offline fallback did, not yet recorded on a
+    /// NodeMaintenance (the daemon does that once the apiserver answers after the boot).
+    pub offline_drain: Option<OfflineDrainSummary>,
+    pub offline_drain_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OfflineDrainSummary {
+    pub boot_id: String,
+    pub kind: crate::daemon::ShutdownKind,
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub pods_stopped: usize,
+    pub pods_not_stopped: usize,
 }
 
 /// `nodegrace status`.
@@ -200,6 +214,10 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
         Ok(s) => (s, None),
         Err(e) => (None, Some(format!("{e:#}"))),
     };
+    let (offline_drain, offline_drain_error) = match OfflineDrain::load(&settings.state_dir) {
+        Ok(d) => (d.map(|d| offline_summary(&d)), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
     let pod_cache = match PodCache::load(&settings.state_dir) {
         Ok(c) => PodCacheSection {
             pods: Some(c.pods.len()),
@@ -226,8 +244,21 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
             persisted_error,
             current: status.as_ref().and_then(|s| s.shutdown.clone()),
             timeline: status.map(|s| s.timeline).unwrap_or_default(),
+            offline_drain,
+            offline_drain_error,
         },
     })
+}
+
+fn offline_summary(d: &OfflineDrain) -> OfflineDrainSummary {
+    let s = crate::cluster::FallbackSummary::of_runs(&d.reports);
+    OfflineDrainSummary {
+        boot_id: d.boot_id.clone(),
+        kind: d.kind,
+        started_at: s.started_at,
+        pods_stopped: s.pods_stopped,
+        pods_not_stopped: s.pods_not_stopped + s.pods_not_reached,
+    }
 }
 
 fn daemon_section(status_file: &Path) -> (DaemonSection, Option<Status>) {
@@ -792,6 +823,23 @@ pub fn render_table(r: &StatusReport) -> String {
             (None, None) => "none recorded".into(),
         },
     );
+    match (&l.offline_drain, &l.offline_drain_error) {
+        (_, Some(e)) => row("Offline drain", format!("record unreadable: {e}")),
+        (Some(d), None) => row(
+            "Offline drain",
+            format!(
+                "{} of boot {}{}: {} pod(s) stopped, {} not; recorded on shutdown-<node> once the apiserver answers",
+                serde_name(&d.kind),
+                d.boot_id,
+                d.started_at
+                    .map(|t| format!(" at {}", t.to_rfc3339()))
+                    .unwrap_or_default(),
+                d.pods_stopped,
+                d.pods_not_stopped
+            ),
+        ),
+        (None, None) => {}
+    }
 
     let mut out = String::new();
     for line in align(&rows) {

@@ -53,6 +53,7 @@ use crate::plan::{
     normalize_drain_plan, reached_drain_targets, DrainPlanEntry, DrainTargets, NodeReport, PodInfo,
     PodType,
 };
+use crate::state::OfflineDrain;
 use crate::state::PodCache;
 use crate::staticpods::StaticPodGate;
 
@@ -83,7 +84,8 @@ pub enum EngineError {
     Other(#[from] anyhow::Error),
 }
 
-/// What the offline fallback did, as the engine records it on the maintenance.
+/// What the offline fallback did, as the engine records it on the maintenance (the
+/// `nodegrace.dev/fallback-report` annotation, JSON).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FallbackSummary {
@@ -91,24 +93,67 @@ pub struct FallbackSummary {
     pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
     pub pods_stopped: usize,
     pub pods_not_stopped: usize,
+    /// Pods whose band had not started when the fallback ended (handed to the cluster
+    /// path, or the shutdown's time was up).
+    pub pods_not_reached: usize,
     pub kubelet_stopped: bool,
+    /// `namespace/name` of the pods stopped (or, static pods with nothing running, gated).
+    pub stopped: Vec<String>,
+    /// `namespace/name: what went wrong` for the others.
+    pub not_stopped: Vec<String>,
+}
+
+/// Pods listed by name in the annotation; the counts stay exact beyond it.
+const SUMMARY_MAX_NAMES: usize = 200;
+
+impl FallbackSummary {
+    /// One summary over every fallback run of a shutdown, in order.
+    pub fn of_runs(runs: &[crate::fallback::FallbackReport]) -> Self {
+        use crate::fallback::PodOutcome;
+        let mut s = FallbackSummary {
+            started_at: runs.iter().find_map(|r| r.started_at),
+            finished_at: runs.iter().rev().find_map(|r| r.finished_at),
+            kubelet_stopped: runs.last().is_some_and(|r| r.kubelet_stopped),
+            ..Default::default()
+        };
+        for pod in runs.iter().flat_map(|r| &r.pods) {
+            let key = format!("{}/{}", pod.namespace, pod.name);
+            if matches!(pod.outcome, PodOutcome::Stopped | PodOutcome::Gated) {
+                s.pods_stopped += 1;
+                if s.stopped.len() < SUMMARY_MAX_NAMES {
+                    s.stopped.push(key);
+                }
+            } else if pod.outcome == PodOutcome::Pending {
+                s.pods_not_reached += 1;
+            } else {
+                s.pods_not_stopped += 1;
+                if s.not_stopped.len() < SUMMARY_MAX_NAMES {
+                    let why = pod.errors.first().cloned().unwrap_or_else(|| {
+                        if pod.outcome == PodOutcome::Stopping {
+                            "still stopping when the fallback ended".to_string()
+                        } else {
+                            format!("{:?}", pod.outcome).to_lowercase()
+                        }
+                    });
+                    s.not_stopped.push(format!("{key}: {why}"));
+                }
+            }
+        }
+        s
+    }
+
+    /// The Event note.
+    pub fn describe(&self) -> String {
+        format!(
+            "the apiserver was unreachable: the local fallback stopped {} pod(s), {} not stopped, {} not reached",
+            self.pods_stopped, self.pods_not_stopped, self.pods_not_reached
+        )
+    }
 }
 
 impl From<&crate::fallback::FallbackReport> for FallbackSummary {
     fn from(r: &crate::fallback::FallbackReport) -> Self {
-        use crate::fallback::PodOutcome;
-        let stopped = r
-            .pods
-            .iter()
-            .filter(|p| matches!(p.outcome, PodOutcome::Stopped | PodOutcome::Gated))
-            .count();
-        FallbackSummary {
-            started_at: r.started_at,
-            finished_at: r.finished_at,
-            pods_stopped: stopped,
-            pods_not_stopped: r.pods.len() - stopped,
-            kubelet_stopped: r.kubelet_stopped,
-        }
+        Self::of_runs(std::slice::from_ref(r))
     }
 }
 
@@ -131,6 +176,9 @@ pub enum AfterBoot {
     AlreadyComplete,
     Completed,
     Kept,
+    /// An offline drain of an earlier boot could not be recorded: the NodeMaintenance API is
+    /// not installed.
+    Unrecorded,
 }
 
 pub struct EngineOptions {
@@ -260,6 +308,15 @@ fn is_active(m: &NodeMaintenance) -> bool {
 
 fn is_draining(m: &NodeMaintenance) -> bool {
     !is_deleting(m) && m.spec.stage == Stage::Drain
+}
+
+fn kind_str(kind: ShutdownKind) -> &'static str {
+    match kind {
+        ShutdownKind::Poweroff => "poweroff",
+        ShutdownKind::Reboot => "reboot",
+        ShutdownKind::Bypass => "bypass",
+        ShutdownKind::Unknown => "unknown",
+    }
 }
 
 fn now_rfc3339() -> String {
@@ -537,23 +594,47 @@ impl Engine {
     }
 
     /// After a boot: a shutdown maintenance left by an earlier boot is completed or kept as
-    /// `policy` says; the shutdown marks on the Node are cleared.
-    pub async fn after_boot(&self, boot_id: &str, policy: CompletionPolicy) -> Result<AfterBoot> {
+    /// `policy` says; the shutdown marks on the Node are cleared. `offline` is what the
+    /// local fallback recorded in an earlier boot's shutdown: it is written to that
+    /// shutdown's maintenance, which is created (Complete or Drain, as `policy` says) when
+    /// the apiserver never saw the shutdown at all.
+    pub async fn after_boot(
+        &self,
+        boot_id: &str,
+        policy: CompletionPolicy,
+        offline: Option<&OfflineDrain>,
+    ) -> Result<AfterBoot> {
         let sh = &self.shared;
         sh.wait_ready(|r| r.node && r.maintenances)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let offline = offline.filter(|o| o.boot_id != boot_id);
         let name = shutdown_maintenance_name(&sh.node);
         let api: Api<NodeMaintenance> = Api::all(sh.client.clone());
-        let Some(m) = api
+        let found = api
             .get_opt(&name)
             .await
-            .with_context(|| format!("reading NodeMaintenance {name}"))?
-        else {
-            return Ok(AfterBoot::NoMaintenance);
+            .with_context(|| format!("reading NodeMaintenance {name}"))?;
+        let m = match (found, offline) {
+            (Some(m), _) => m,
+            (None, None) => return Ok(AfterBoot::NoMaintenance),
+            (None, Some(record)) => match sh.create_offline_record(record, policy).await? {
+                Some(outcome) => return Ok(outcome),
+                // Someone created it meanwhile: go on with theirs.
+                None => api
+                    .get(&name)
+                    .await
+                    .with_context(|| format!("reading NodeMaintenance {name}"))?,
+            },
         };
-        if m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str) == Some(boot_id) {
+        let m_boot = m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str);
+        if m_boot == Some(boot_id) {
             return Ok(AfterBoot::SameBoot);
+        }
+        if let Some(record) = offline.filter(|o| m_boot == Some(o.boot_id.as_str())) {
+            if !m.annotations().contains_key(FALLBACK_ANNOTATION) {
+                sh.annotate_offline_record(&m, record).await?;
+            }
         }
         sh.clear_shutdown_marks().await?;
         if m.spec.stage == Stage::Complete || is_deleting(&m) {
@@ -978,6 +1059,104 @@ impl Shared {
         Ok(())
     }
 
+    /// Creates `shutdown-<node>` for a shutdown the apiserver never saw, recording what the
+    /// local fallback did: at stage Complete (the engine then carries the completion out:
+    /// static pods restored, node entry written) or, to keep it, at Drain. None when it
+    /// exists already.
+    async fn create_offline_record(
+        &self,
+        record: &OfflineDrain,
+        policy: CompletionPolicy,
+    ) -> Result<Option<AfterBoot>> {
+        let name = shutdown_maintenance_name(&self.node);
+        let summary = FallbackSummary::of_runs(&record.reports);
+        let kind = kind_str(record.kind);
+        let stage = match policy {
+            CompletionPolicy::Complete => Stage::Complete,
+            CompletionPolicy::Keep => Stage::Drain,
+        };
+        let mut desired = NodeMaintenance::new(
+            &name,
+            NodeMaintenanceSpec {
+                node_selector: node_selector_for(&self.node),
+                stage,
+                drain_plan: shutdown_plan(&self.settings)?,
+                reason: Some(format!(
+                    "Node {kind}: drained offline by nodegrace's local fallback, the apiserver being unreachable (boot id {})",
+                    record.boot_id
+                )),
+            },
+        );
+        desired.metadata.annotations = Some(BTreeMap::from([
+            (BOOT_ID_ANNOTATION.to_string(), record.boot_id.clone()),
+            (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
+            (
+                FALLBACK_ANNOTATION.to_string(),
+                serde_json::to_string(&summary).context("encoding the fallback summary")?,
+            ),
+        ]));
+        desired.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let created = match api.create(&params, &desired).await {
+            Ok(m) => m,
+            Err(e) if api_error_code(&e) == Some(409) => return Ok(None),
+            Err(e) if api_error_code(&e) == Some(404) => {
+                tracing::error!(node = %self.node, maintenance = %name, "the offline drain of the last shutdown cannot be recorded: the NodeMaintenance CRD is not installed (see /usr/share/nodegrace/crds)");
+                return Ok(Some(AfterBoot::Unrecorded));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::from(e).context(format!(
+                    "creating NodeMaintenance {name} for the offline drain"
+                )))
+            }
+        };
+        self.mark_reachable();
+        self.bump();
+        tracing::info!(node = %self.node, maintenance = %name, ?stage, stopped = summary.pods_stopped, not_stopped = summary.pods_not_stopped, "recorded the offline drain of the last shutdown");
+        self.event_offline_record(&created, &summary);
+        Ok(Some(match policy {
+            CompletionPolicy::Complete => AfterBoot::Completed,
+            CompletionPolicy::Keep => AfterBoot::Kept,
+        }))
+    }
+
+    /// Writes the fallback summary onto the shutdown maintenance of the earlier boot (it
+    /// went unreachable mid-drain and never came back before the poweroff).
+    async fn annotate_offline_record(
+        &self,
+        m: &NodeMaintenance,
+        record: &OfflineDrain,
+    ) -> Result<()> {
+        let name = m.name_any();
+        let summary = FallbackSummary::of_runs(&record.reports);
+        let text = serde_json::to_string(&summary).context("encoding the fallback summary")?;
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {FALLBACK_ANNOTATION: text}}});
+        let updated = api
+            .patch(&name, &merge_params(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("recording the offline drain on NodeMaintenance {name}"))?;
+        self.event_offline_record(&updated, &summary);
+        Ok(())
+    }
+
+    fn event_offline_record(&self, m: &NodeMaintenance, summary: &FallbackSummary) {
+        let note = format!("{} (shutdown of an earlier boot)", summary.describe());
+        match self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.name_any() == self.node)
+        {
+            Some(node) => self.event_both(&node, Some(m), true, "FallbackUsed", note),
+            None => self.event(m.object_ref(&()), true, "FallbackUsed", note),
+        }
+    }
+
     async fn ensure_shutdown_maintenance(
         &self,
         req: &ShutdownRequest,
@@ -985,12 +1164,7 @@ impl Shared {
     ) -> Result<NodeMaintenance, EngineError> {
         let name = shutdown_maintenance_name(&self.node);
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-        let kind = match req.kind {
-            ShutdownKind::Poweroff => "poweroff",
-            ShutdownKind::Reboot => "reboot",
-            ShutdownKind::Bypass => "bypass",
-            ShutdownKind::Unknown => "unknown",
-        };
+        let kind = kind_str(req.kind);
         let mut desired = NodeMaintenance::new(
             &name,
             NodeMaintenanceSpec {
@@ -2087,7 +2261,13 @@ impl Shared {
                 st.nm_overlay.insert(name.clone(), Arc::new(updated));
                 *lock(&self.fallback) = None;
                 if let Some(node) = st.node_overlay.clone() {
-                    self.event_both(&node, Some(m), true, "FallbackUsed", format!("the apiserver was unreachable: the local fallback stopped {} pod(s) ({} not stopped); continuing through {name}", summary.pods_stopped, summary.pods_not_stopped));
+                    self.event_both(
+                        &node,
+                        Some(m),
+                        true,
+                        "FallbackUsed",
+                        format!("{}; continuing through {name}", summary.describe()),
+                    );
                 }
             }
             Err(err) => {
@@ -2197,7 +2377,7 @@ impl crate::daemon::Drainer for EngineDrainer {
         let boot_id = std::fs::read_to_string(&self.boot_id_path)
             .with_context(|| format!("reading {}", self.boot_id_path.display()))?;
         let policy = self.engine.shared.settings.shutdown.after_boot;
-        let outcome = self.engine.after_boot(boot_id.trim(), policy).await?;
+        let outcome = self.engine.after_boot(boot_id.trim(), policy, None).await?;
         tracing::info!(node = %self.engine.node(), ?outcome, "after-boot reconcile");
         Ok(())
     }
@@ -2217,6 +2397,66 @@ mod tests {
         assert_eq!(m["metadata"]["labels"]["l"], "");
         assert_eq!(m["spec"]["unschedulable"], true);
         assert_eq!(merge_values(None, None), None);
+    }
+
+    #[test]
+    fn the_fallback_summary_spans_every_run_and_caps_the_names() {
+        use crate::fallback::{FallbackReport, PodOutcome, PodReport};
+        let pod = |name: String, outcome| PodReport {
+            namespace: "ns".into(),
+            name,
+            uid: String::new(),
+            priority: None,
+            pod_type: None,
+            band: 0,
+            grace: Duration::ZERO,
+            method: crate::fallback::Method::Cri,
+            sandbox_id: None,
+            containers: Vec::new(),
+            gated_manifest: None,
+            outcome,
+            stop_started_at: None,
+            stopped_at: None,
+            stop_started_after: None,
+            containers_stopped_after: None,
+            stopped_after: None,
+            errors: Vec::new(),
+        };
+        let t1 = chrono::Utc::now();
+        let t2 = t1 + chrono::Duration::seconds(5);
+        let first = FallbackReport {
+            started_at: Some(t1),
+            finished_at: Some(t1),
+            kubelet_stopped: false,
+            pods: (0..250)
+                .map(|i| pod(format!("p{i}"), PodOutcome::Stopped))
+                .chain([pod("stuck".into(), PodOutcome::TimedOut)])
+                .collect(),
+            ..Default::default()
+        };
+        let second = FallbackReport {
+            started_at: Some(t2),
+            finished_at: None,
+            kubelet_stopped: true,
+            pods: vec![
+                pod("gated".into(), PodOutcome::Gated),
+                pod("later".into(), PodOutcome::Pending),
+            ],
+            ..Default::default()
+        };
+        let s = FallbackSummary::of_runs(&[first, second]);
+        assert_eq!(s.started_at, Some(t1));
+        assert_eq!(s.finished_at, Some(t1));
+        assert!(s.kubelet_stopped, "as the last run left it");
+        assert_eq!(
+            (s.pods_stopped, s.pods_not_stopped, s.pods_not_reached),
+            (251, 1, 1)
+        );
+        assert_eq!(s.stopped.len(), SUMMARY_MAX_NAMES);
+        assert_eq!(s.not_stopped, ["ns/stuck: timedout"]);
+        assert!(s
+            .describe()
+            .contains("stopped 251 pod(s), 1 not stopped, 1 not reached"));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::cri::Runtime;
 use crate::daemon::{Drainer, ShutdownRequest};
 use crate::fallback::{Fallback, FallbackOptions, FallbackReport, KubeletControl, PodOutcome};
 use crate::metrics::{Metrics, TerminationMethod};
-use crate::state::PodCache;
+use crate::state::{OfflineDrain, PodCache};
 use crate::staticpods::StaticPodGate;
 
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
@@ -42,6 +42,61 @@ impl NodeParts {
         std::fs::read_to_string(&self.boot_id_path)
             .map(|s| s.trim().to_string())
             .with_context(|| format!("reading {}", self.boot_id_path.display()))
+    }
+}
+
+/// Keeps `offline-drain.json` current with the fallback run under way: written when the
+/// run starts and again when this guard goes (run finished, the cluster path took over, or
+/// the drain was dropped at the end of the budget), so that the boot after the shutdown can
+/// record what was done even when the apiserver never came back.
+struct OfflineRecorder {
+    state_dir: PathBuf,
+    record: OfflineDrain,
+    fallback: Arc<Fallback>,
+}
+
+impl OfflineRecorder {
+    fn start(state_dir: &std::path::Path, req: &ShutdownRequest, fallback: Arc<Fallback>) -> Self {
+        // Runs earlier in this same shutdown stay in the record.
+        let earlier = match OfflineDrain::load(state_dir) {
+            Ok(r) => r.filter(|r| r.boot_id == req.boot_id),
+            Err(err) => {
+                tracing::warn!(
+                    error = format!("{err:#}"),
+                    "the offline drain record is unreadable; starting a new one"
+                );
+                None
+            }
+        };
+        let mut record = earlier.unwrap_or_else(|| OfflineDrain {
+            boot_id: req.boot_id.clone(),
+            kind: req.kind,
+            reports: Vec::new(),
+        });
+        record.reports.push(fallback.report());
+        let recorder = OfflineRecorder {
+            state_dir: state_dir.to_path_buf(),
+            record,
+            fallback,
+        };
+        recorder.save();
+        recorder
+    }
+
+    fn save(&self) {
+        let mut record = self.record.clone();
+        if let Some(last) = record.reports.last_mut() {
+            *last = self.fallback.report();
+        }
+        if let Err(err) = record.store(&self.state_dir) {
+            tracing::error!(error = format!("{err:#}"), "writing the offline drain record failed; the boot after this shutdown cannot report it");
+        }
+    }
+}
+
+impl Drop for OfflineRecorder {
+    fn drop(&mut self) {
+        self.save();
     }
 }
 
@@ -239,6 +294,8 @@ impl Drainer for NodeDrainer {
             self.parts.metrics.fallback_used();
             let fallback = self.new_fallback();
             let cache = self.load_cache();
+            let _record =
+                OfflineRecorder::start(&self.parts.settings.state_dir, &req, fallback.clone());
             tokio::select! {
                 report = fallback.run(&cache) => {
                     self.count_cri_terminations(&report);
@@ -263,6 +320,10 @@ impl Drainer for NodeDrainer {
 
     async fn cancel(&self, _req: &ShutdownRequest) -> Result<()> {
         self.restart_kubelet_if_stopped().await;
+        // No shutdown happened: nothing for the next boot to record.
+        if let Err(err) = OfflineDrain::remove(&self.parts.settings.state_dir) {
+            tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), "removing the offline drain record failed");
+        }
         let policy = self.parts.settings.shutdown.on_cancel;
         match self.engine_now() {
             Some(engine) => engine.cancel_shutdown(policy).await,
@@ -279,21 +340,33 @@ impl Drainer for NodeDrainer {
     async fn after_boot(&self) -> Result<()> {
         let boot_id = self.parts.boot_id()?;
         let policy = self.parts.settings.shutdown.after_boot;
+        let state_dir = &self.parts.settings.state_dir;
+        let offline = OfflineDrain::load(state_dir).unwrap_or_else(|err| {
+            tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "the offline drain record is unreadable; it is left in place and not reported");
+            None
+        });
         let mut delay = RETRY_MIN;
         let engine = self.apiserver_back(None).await;
         loop {
-            match engine.after_boot(&boot_id, policy).await {
-                Ok(AfterBoot::NoMaintenance) if self.has_gated_static_pods().await => {
-                    // An offline shutdown gated them without a maintenance to complete.
-                    match policy {
-                        CompletionPolicy::Complete => self.restore_static_pods().await,
-                        CompletionPolicy::Keep => {
-                            tracing::warn!(node = %self.parts.node, "static pods stay gated from an offline shutdown; `nodegrace complete` restores them")
+            match engine.after_boot(&boot_id, policy, offline.as_ref()).await {
+                Ok(outcome) => {
+                    let recorded = outcome != AfterBoot::Unrecorded;
+                    if recorded && offline.as_ref().is_some_and(|o| o.boot_id != boot_id) {
+                        if let Err(err) = OfflineDrain::remove(state_dir) {
+                            tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), "removing the recorded offline drain record failed");
                         }
                     }
-                    return Ok(());
-                }
-                Ok(outcome) => {
+                    let no_maintenance =
+                        matches!(outcome, AfterBoot::NoMaintenance | AfterBoot::Unrecorded);
+                    if no_maintenance && self.has_gated_static_pods().await {
+                        // Gated offline without a record to turn into a maintenance.
+                        match policy {
+                            CompletionPolicy::Complete => self.restore_static_pods().await,
+                            CompletionPolicy::Keep => {
+                                tracing::warn!(node = %self.parts.node, "static pods stay gated from an offline shutdown; `nodegrace complete` restores them")
+                            }
+                        }
+                    }
                     tracing::info!(node = %self.parts.node, ?outcome, "after-boot reconcile done");
                     return Ok(());
                 }
