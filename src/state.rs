@@ -156,6 +156,16 @@ impl OfflineDrain {
         write_atomic(&state_dir.join(OFFLINE_DRAIN_FILE), &bytes, 0o600)
     }
 
+    /// Removes the record if it is still the one of `boot_id`.
+    pub fn remove_if_boot(state_dir: &Path, boot_id: &str) -> Result<()> {
+        match Self::load(state_dir) {
+            Ok(Some(r)) if r.boot_id == boot_id => Self::remove(state_dir),
+            Ok(_) => Ok(()),
+            // Unreadable: leave it to the operator rather than delete what cannot be read.
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes the record; a missing one is fine.
     pub fn remove(state_dir: &Path) -> Result<()> {
         let path = state_dir.join(OFFLINE_DRAIN_FILE);
@@ -212,7 +222,12 @@ mod tests {
         };
         record.store(dir.path()).unwrap();
         assert_eq!(OfflineDrain::load(dir.path()).unwrap(), Some(record));
-        OfflineDrain::remove(dir.path()).unwrap();
+        OfflineDrain::remove_if_boot(dir.path(), "b2").unwrap();
+        assert!(
+            OfflineDrain::load(dir.path()).unwrap().is_some(),
+            "another boot's record stays"
+        );
+        OfflineDrain::remove_if_boot(dir.path(), "b1").unwrap();
         OfflineDrain::remove(dir.path()).unwrap();
         assert_eq!(OfflineDrain::load(dir.path()).unwrap(), None);
         std::fs::write(dir.path().join(OFFLINE_DRAIN_FILE), b"[").unwrap();

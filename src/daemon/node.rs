@@ -351,8 +351,11 @@ impl Drainer for NodeDrainer {
             match engine.after_boot(&boot_id, policy, offline.as_ref()).await {
                 Ok(outcome) => {
                     let recorded = outcome != AfterBoot::Unrecorded;
-                    if recorded && offline.as_ref().is_some_and(|o| o.boot_id != boot_id) {
-                        if let Err(err) = OfflineDrain::remove(state_dir) {
+                    let earlier = offline.as_ref().filter(|o| o.boot_id != boot_id);
+                    if let Some(done) = earlier.filter(|_| recorded) {
+                        // Only that record: a shutdown of this boot may have written its own
+                        // while the apiserver was awaited.
+                        if let Err(err) = OfflineDrain::remove_if_boot(state_dir, &done.boot_id) {
                             tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), "removing the recorded offline drain record failed");
                         }
                     }
