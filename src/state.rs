@@ -10,6 +10,32 @@ use crate::plan::PodInfo;
 
 pub const POD_CACHE_FILE: &str = "pods.json";
 
+/// Writes `value` as JSON to `state_dir/file`: fsynced and renamed into place, the
+/// directory created if needed.
+fn store_json<T: Serialize>(state_dir: &Path, file: &str, what: &str, value: &T) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value).with_context(|| format!("encoding {what}"))?;
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+    write_atomic(&state_dir.join(file), &bytes, 0o600)
+}
+
+/// Reads `state_dir/file` as JSON; a missing file is None, a corrupt one an error naming
+/// `what` and the path.
+fn load_json<T: serde::de::DeserializeOwned>(
+    state_dir: &Path,
+    file: &str,
+    what: &str,
+) -> Result<Option<T>> {
+    let path = state_dir.join(file);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .with_context(|| format!("parsing {what} {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {what} {}", path.display())),
+    }
+}
+
 /// The node's pods as last seen online; the offline fallback's source of priorities.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -22,18 +48,11 @@ pub struct PodCache {
 impl PodCache {
     /// Reads the cache; a missing file is an empty cache, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Self> {
-        let path = state_dir.join(POD_CACHE_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .with_context(|| format!("parsing pod cache {}", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(e).with_context(|| format!("reading pod cache {}", path.display())),
-        }
+        Ok(load_json(state_dir, POD_CACHE_FILE, "pod cache")?.unwrap_or_default())
     }
 
     pub fn store(&self, state_dir: &Path) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(self).context("encoding pod cache")?;
-        write_atomic(&state_dir.join(POD_CACHE_FILE), &bytes, 0o600)
+        store_json(state_dir, POD_CACHE_FILE, "pod cache", self)
     }
 }
 
@@ -65,22 +84,12 @@ pub struct ShutdownState {
 impl ShutdownState {
     /// Reads the state; a missing file is None, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Option<Self>> {
-        let path = state_dir.join(SHUTDOWN_STATE_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .with_context(|| format!("parsing shutdown state {}", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading shutdown state {}", path.display())),
-        }
+        load_json(state_dir, SHUTDOWN_STATE_FILE, "shutdown state")
     }
 
     /// Writes, fsyncs and renames into place.
     pub fn store(&self, state_dir: &Path) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(self).context("encoding shutdown state")?;
-        std::fs::create_dir_all(state_dir)
-            .with_context(|| format!("creating state directory {}", state_dir.display()))?;
-        write_atomic(&state_dir.join(SHUTDOWN_STATE_FILE), &bytes, 0o600)
+        store_json(state_dir, SHUTDOWN_STATE_FILE, "shutdown state", self)
     }
 
     /// Writes and renames into place without waiting for the disk: at once visible to a
@@ -137,23 +146,11 @@ pub struct OfflineDrain {
 impl OfflineDrain {
     /// Reads the record; a missing file is None, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Option<Self>> {
-        let path = state_dir.join(OFFLINE_DRAIN_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .with_context(|| format!("parsing offline drain record {}", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => {
-                Err(e).with_context(|| format!("reading offline drain record {}", path.display()))
-            }
-        }
+        load_json(state_dir, OFFLINE_DRAIN_FILE, "offline drain record")
     }
 
     pub fn store(&self, state_dir: &Path) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(self).context("encoding offline drain record")?;
-        std::fs::create_dir_all(state_dir)
-            .with_context(|| format!("creating state directory {}", state_dir.display()))?;
-        write_atomic(&state_dir.join(OFFLINE_DRAIN_FILE), &bytes, 0o600)
+        store_json(state_dir, OFFLINE_DRAIN_FILE, "offline drain record", self)
     }
 
     /// Removes the record if it is still the one of `boot_id`.

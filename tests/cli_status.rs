@@ -139,26 +139,7 @@ gate_dir = "{root}/gate"
 fn status_json_shows_local_state_and_an_unreachable_apiserver() {
     let env = Env::new();
     env.prepare_released_reboot(std::process::id());
-    let stopped = |name: &str, outcome| nodegrace::fallback::PodReport {
-        namespace: "work".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        priority: Some(0),
-        pod_type: None,
-        band: 0,
-        grace: Duration::from_secs(30),
-        method: nodegrace::fallback::Method::Cri,
-        sandbox_id: None,
-        containers: Vec::new(),
-        gated_manifest: None,
-        outcome,
-        stop_started_at: None,
-        stopped_at: None,
-        stop_started_after: None,
-        containers_stopped_after: None,
-        stopped_after: None,
-        errors: Vec::new(),
-    };
+    let stopped = |name: &str, outcome| nodegrace::fallback::PodReport::new("work", name, outcome);
     nodegrace::state::OfflineDrain {
         boot_id: "b-0".into(),
         kind: ShutdownKind::Poweroff,

@@ -1059,6 +1059,33 @@ impl Shared {
         Ok(())
     }
 
+    /// `shutdown-<node>` as nodegrace creates it, for the shutdown of boot `boot_id`.
+    fn shutdown_maintenance(
+        &self,
+        stage: Stage,
+        drain_plan: Vec<DrainPlanEntry>,
+        boot_id: &str,
+        kind: ShutdownKind,
+        what: &str,
+    ) -> NodeMaintenance {
+        let kind = kind_str(kind);
+        let mut m = NodeMaintenance::new(
+            &shutdown_maintenance_name(&self.node),
+            NodeMaintenanceSpec {
+                node_selector: node_selector_for(&self.node),
+                stage,
+                drain_plan,
+                reason: Some(format!("Node {kind}: {what} (boot id {boot_id})")),
+            },
+        );
+        m.metadata.annotations = Some(BTreeMap::from([
+            (BOOT_ID_ANNOTATION.to_string(), boot_id.to_string()),
+            (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
+        ]));
+        m.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
+        m
+    }
+
     /// Creates `shutdown-<node>` for a shutdown the apiserver never saw, recording what the
     /// local fallback did: at stage Complete (the engine then carries the completion out:
     /// static pods restored, node entry written) or, to keep it, at Drain. None when it
@@ -1070,32 +1097,21 @@ impl Shared {
     ) -> Result<Option<AfterBoot>> {
         let name = shutdown_maintenance_name(&self.node);
         let summary = FallbackSummary::of_runs(&record.reports);
-        let kind = kind_str(record.kind);
         let stage = match policy {
             CompletionPolicy::Complete => Stage::Complete,
             CompletionPolicy::Keep => Stage::Drain,
         };
-        let mut desired = NodeMaintenance::new(
-            &name,
-            NodeMaintenanceSpec {
-                node_selector: node_selector_for(&self.node),
-                stage,
-                drain_plan: shutdown_plan(&self.settings)?,
-                reason: Some(format!(
-                    "Node {kind}: drained offline by nodegrace's local fallback, the apiserver being unreachable (boot id {})",
-                    record.boot_id
-                )),
-            },
+        let text = serde_json::to_string(&summary).context("encoding the fallback summary")?;
+        let mut desired = self.shutdown_maintenance(
+            stage,
+            shutdown_plan(&self.settings)?,
+            &record.boot_id,
+            record.kind,
+            "drained offline by nodegrace's local fallback, the apiserver being unreachable",
         );
-        desired.metadata.annotations = Some(BTreeMap::from([
-            (BOOT_ID_ANNOTATION.to_string(), record.boot_id.clone()),
-            (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
-            (
-                FALLBACK_ANNOTATION.to_string(),
-                serde_json::to_string(&summary).context("encoding the fallback summary")?,
-            ),
-        ]));
-        desired.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
+        desired
+            .annotations_mut()
+            .insert(FALLBACK_ANNOTATION.to_string(), text);
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -1165,23 +1181,13 @@ impl Shared {
         let name = shutdown_maintenance_name(&self.node);
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let kind = kind_str(req.kind);
-        let mut desired = NodeMaintenance::new(
-            &name,
-            NodeMaintenanceSpec {
-                node_selector: node_selector_for(&self.node),
-                stage: Stage::Drain,
-                drain_plan: plan.to_vec(),
-                reason: Some(format!(
-                    "Node {kind}: graceful shutdown by nodegrace (boot id {})",
-                    req.boot_id
-                )),
-            },
+        let desired = self.shutdown_maintenance(
+            Stage::Drain,
+            plan.to_vec(),
+            &req.boot_id,
+            req.kind,
+            "graceful shutdown by nodegrace",
         );
-        desired.metadata.annotations = Some(BTreeMap::from([
-            (BOOT_ID_ANNOTATION.to_string(), req.boot_id.clone()),
-            (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
-        ]));
-        desired.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
         let started = Instant::now();
         let mut known = self
             .maintenances
@@ -2402,26 +2408,7 @@ mod tests {
     #[test]
     fn the_fallback_summary_spans_every_run_and_caps_the_names() {
         use crate::fallback::{FallbackReport, PodOutcome, PodReport};
-        let pod = |name: String, outcome| PodReport {
-            namespace: "ns".into(),
-            name,
-            uid: String::new(),
-            priority: None,
-            pod_type: None,
-            band: 0,
-            grace: Duration::ZERO,
-            method: crate::fallback::Method::Cri,
-            sandbox_id: None,
-            containers: Vec::new(),
-            gated_manifest: None,
-            outcome,
-            stop_started_at: None,
-            stopped_at: None,
-            stop_started_after: None,
-            containers_stopped_after: None,
-            stopped_after: None,
-            errors: Vec::new(),
-        };
+        let pod = |name: String, outcome| PodReport::new("ns", &name, outcome);
         let t1 = chrono::Utc::now();
         let t2 = t1 + chrono::Duration::seconds(5);
         let first = FallbackReport {

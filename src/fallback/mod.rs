@@ -170,6 +170,32 @@ pub struct FallbackReport {
     pub errors: Vec<String>,
 }
 
+impl PodReport {
+    /// A pod the fallback has not touched yet.
+    pub fn new(namespace: &str, name: &str, outcome: PodOutcome) -> Self {
+        PodReport {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: String::new(),
+            priority: None,
+            pod_type: None,
+            band: 0,
+            grace: Duration::ZERO,
+            method: Method::Cri,
+            sandbox_id: None,
+            containers: Vec::new(),
+            gated_manifest: None,
+            outcome,
+            stop_started_at: None,
+            stopped_at: None,
+            stop_started_after: None,
+            containers_stopped_after: None,
+            stopped_after: None,
+            errors: Vec::new(),
+        }
+    }
+}
+
 impl FallbackReport {
     pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodReport> {
         self.pods
@@ -694,23 +720,13 @@ fn cached_pod<'a>(cache: &'a PodCache, s: &PodSandbox) -> Option<&'a PodInfo> {
 
 fn pod_report(t: &Target, sorted: &[PriorityGracePeriod]) -> PodReport {
     PodReport {
-        namespace: t.namespace.clone(),
-        name: t.name.clone(),
         uid: t.uid.clone(),
         priority: t.priority,
         pod_type: t.pod_type,
         band: sorted[t.band].priority,
         grace: t.grace,
-        method: Method::Cri,
         sandbox_id: t.sandbox.as_ref().map(|s| s.id.clone()),
         containers: t.containers.iter().map(|c| c.id.clone()).collect(),
-        gated_manifest: None,
-        outcome: PodOutcome::Pending,
-        stop_started_at: None,
-        stopped_at: None,
-        stop_started_after: None,
-        containers_stopped_after: None,
-        stopped_after: None,
-        errors: Vec::new(),
+        ..PodReport::new(&t.namespace, &t.name, PodOutcome::Pending)
     }
 }
