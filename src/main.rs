@@ -55,7 +55,8 @@ enum Command {
     #[command(after_help = COMPLETE_HELP)]
     Complete,
     /// This node at a glance: daemon and inhibitor, budget and logind's delay, apiserver,
-    /// active NodeMaintenances, gated static pods, the last shutdown.
+    /// active NodeMaintenances, gated static pods, the last shutdown and an offline drain not
+    /// yet recorded.
     #[command(after_help = STATUS_HELP)]
     Status {
         /// Output format.
@@ -115,8 +116,8 @@ kept aside, 2 invalid configuration or usage.";
 const STATUS_HELP: &str = "\
 Each section is read on its own; one that cannot be read says why and the others are still
 printed. The apiserver is probed for at most 3s. The daemon's status file is
-/run/nodegrace/status.json ($NODEGRACE_STATUS_FILE overrides it); state.json and pods.json are
-read from state_dir, gated manifests from static_pods.gate_dir. Active NodeMaintenances are the
+/run/nodegrace/status.json ($NODEGRACE_STATUS_FILE overrides it); state.json, pods.json and
+offline-drain.json are read from state_dir, gated manifests from static_pods.gate_dir. Active NodeMaintenances are the
 ones not Complete that have an entry for this node, are its shutdown maintenance, or whose
 nodeSelector matches the Node (by name only, when the Node cannot be read).
 

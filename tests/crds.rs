@@ -715,7 +715,7 @@ mod rbac {
                 "nodegrace.dev/evictionrequests/status: patch,update",
                 "nodegrace.dev/evictionrequests: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/nodemaintenances/status: patch,update",
-                "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update",
+                "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
                 "policy/poddisruptionbudgets: list",
                 "storage.k8s.io/volumeattachments: list,watch",
             ]
@@ -1105,6 +1105,43 @@ mod rbac {
         denied(admit(&p, ME, "UPDATE", "status", dropped, shared.clone()));
 
         denied(admit(&p, ME, "DELETE", "", Value::Null, shared));
+
+        // Its own completed shutdown maintenance, to replace it at the next shutdown; not
+        // while it is active, and not another node's.
+        let shutdown = |node: &str, stage: &str| {
+            let mut m = maintenance(pinned(node));
+            m["metadata"]["name"] = json!(nodegrace::api::shutdown_maintenance_name(node));
+            m["spec"]["stage"] = json!(stage);
+            m
+        };
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "DELETE",
+                "",
+                Value::Null,
+                shutdown("one", "Complete")
+            ),
+            Ok(())
+        );
+        assert!(denied(admit(
+            &p,
+            ME,
+            "DELETE",
+            "",
+            Value::Null,
+            shutdown("one", "Drain")
+        ))
+        .contains("once Complete"));
+        denied(admit(
+            &p,
+            ME,
+            "DELETE",
+            "",
+            Value::Null,
+            shutdown("two", "Complete"),
+        ));
     }
 
     fn eviction_request(requesters: &[&str]) -> Value {

@@ -11,7 +11,7 @@ use nodegrace::cluster::{shutdown_maintenance_name, AfterBoot, EngineError};
 use nodegrace::config::CompletionPolicy;
 use nodegrace::daemon::ShutdownKind;
 use nodegrace::testing::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn kubelet(finish_ms: u64) -> KubeletConfig {
     KubeletConfig {
@@ -594,6 +594,31 @@ async fn after_boot_completes_or_keeps_a_maintenance_of_an_earlier_boot() {
                     .unwrap()
                     .contains(&"restore".to_string()));
                 assert!(!env.events("Completed").is_empty());
+
+                // The next shutdown replaces the completed maintenance (a stage cannot go
+                // back), deleting exactly the object it read.
+                let old_uid = env.maintenance(&name).unwrap().metadata.uid.unwrap();
+                let mut next = request(ShutdownKind::Poweroff, Duration::from_secs(60));
+                next.boot_id = "boot-2".into();
+                engine.shutdown_drain(&next).await.unwrap();
+                let m = env.maintenance(&name).unwrap();
+                assert_ne!(m.metadata.uid.as_deref(), Some(old_uid.as_str()));
+                assert_eq!(m.spec.stage, Stage::Drain);
+                assert_eq!(
+                    m.metadata.annotations.unwrap()["nodegrace.dev/boot-id"],
+                    "boot-2"
+                );
+                let deletes: Vec<Value> = env
+                    .requests()
+                    .iter()
+                    .filter(|r| {
+                        r.method == "DELETE"
+                            && r.path.ends_with(&format!("/nodemaintenances/{name}"))
+                    })
+                    .map(|r| r.body_json().unwrap_or_default())
+                    .collect();
+                assert_eq!(deletes.len(), 1, "{deletes:?}");
+                assert_eq!(deletes[0]["preconditions"]["uid"], old_uid.as_str());
             }
             CompletionPolicy::Keep => {
                 assert_eq!(outcome, AfterBoot::Kept);

@@ -19,7 +19,7 @@ use anyhow::{Context as _, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -1232,7 +1232,31 @@ impl Shared {
             if is_deleting(&existing) || existing.spec.stage == Stage::Complete {
                 // A finished maintenance cannot go back to Drain: replace it.
                 if !is_deleting(&existing) {
-                    let _ = api.delete(&name, &Default::default()).await;
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: existing.uid(),
+                            resource_version: existing.resource_version(),
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(&name, &params).await {
+                        Ok(_) => self.mark_reachable(),
+                        Err(e) if api_error_code(&e) == Some(404) => {}
+                        // Changed meanwhile: read it again.
+                        Err(e) if api_error_code(&e) == Some(409) => continue,
+                        Err(e) if is_transport(&e) => {
+                            self.mark_unreachable();
+                            self.retry_or_unreachable(started).await?;
+                            continue;
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::from(e)
+                                .context(format!(
+                                    "replacing the completed NodeMaintenance {name} (delete)"
+                                ))
+                                .into())
+                        }
+                    }
                 }
                 self.wait_maintenance_gone(&name).await?;
                 continue;
