@@ -1036,7 +1036,7 @@ impl Shared {
     async fn clear_shutdown_marks(&self) -> Result<()> {
         let api: Api<Node> = Api::all(self.client.clone());
         let has_condition = api
-            .get_status(&self.node)
+            .get(&self.node)
             .await
             .with_context(|| format!("reading node {}", self.node))?
             .status
