@@ -164,7 +164,7 @@ impl OfflineDrain {
     }
 
     /// Removes the record; a missing one is fine.
-    pub fn remove(state_dir: &Path) -> Result<()> {
+    fn remove(state_dir: &Path) -> Result<()> {
         let path = state_dir.join(OFFLINE_DRAIN_FILE);
         match std::fs::remove_file(&path) {
             Ok(()) => crate::fsutil::fsync_dir(state_dir),

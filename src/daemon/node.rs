@@ -59,7 +59,12 @@ impl OfflineRecorder {
     fn start(state_dir: &std::path::Path, req: &ShutdownRequest, fallback: Arc<Fallback>) -> Self {
         // Runs earlier in this same shutdown stay in the record.
         let earlier = match OfflineDrain::load(state_dir) {
-            Ok(r) => r.filter(|r| r.boot_id == req.boot_id),
+            Ok(Some(r)) if r.boot_id != req.boot_id => {
+                // Only one shutdown is kept: the apiserver never saw that one either.
+                tracing::warn!(boot_id = %r.boot_id, "replacing the offline drain record of an earlier shutdown that no NodeMaintenance recorded yet");
+                None
+            }
+            Ok(r) => r,
             Err(err) => {
                 tracing::warn!(
                     error = format!("{err:#}"),
@@ -318,10 +323,11 @@ impl Drainer for NodeDrainer {
         }
     }
 
-    async fn cancel(&self, _req: &ShutdownRequest) -> Result<()> {
+    async fn cancel(&self, req: &ShutdownRequest) -> Result<()> {
         self.restart_kubelet_if_stopped().await;
         // No shutdown happened: nothing for the next boot to record.
-        if let Err(err) = OfflineDrain::remove(&self.parts.settings.state_dir) {
+        if let Err(err) = OfflineDrain::remove_if_boot(&self.parts.settings.state_dir, &req.boot_id)
+        {
             tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), "removing the offline drain record failed");
         }
         let policy = self.parts.settings.shutdown.on_cancel;
