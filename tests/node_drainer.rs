@@ -529,3 +529,44 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
         "an apiserver that answers but cannot drain is not switched back to"
     );
 }
+
+#[tokio::test]
+async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    env.cluster
+        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .unwrap();
+    env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+    env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
+    let settings = env.settings();
+    let runtime = FakeRuntime::new();
+    let kubelet = Arc::new(RecordingKubelet::default());
+    let client_source = env.cluster.api.kube_config().unwrap();
+    let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), move || {
+        let config = client_source.clone();
+        async move { Ok(kube::Client::try_from(config)?) }
+    });
+    let req = request(ShutdownKind::Reboot, Duration::from_secs(60));
+    tokio::time::timeout(Duration::from_secs(30), drainer.drain(&req))
+        .await
+        .expect("the drain ends")
+        .unwrap();
+
+    assert!(!env.pod_exists("web") && !env.pod_exists("ds"));
+    let posted: Vec<String> = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/evictionrequests"))
+        .map(|r| r.body_json().unwrap()["spec"]["target"]["podRef"]["name"].to_string())
+        .collect();
+    assert!(
+        posted.contains(&"\"web\"".to_string()),
+        "an EvictionRequest for web: {posted:?}"
+    );
+    assert!(
+        runtime.calls().is_empty(),
+        "the CRI is not touched while the apiserver answers"
+    );
+    // Env's teardown checks every request against the shipped ClusterRole.
+    drop(drainer);
+}
