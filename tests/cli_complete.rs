@@ -8,6 +8,9 @@ use nodegrace::api::node_maintenance_crd;
 use nodegrace::testing::fake_apiserver::FakeCluster;
 use serde_json::json;
 
+#[path = "engine_support/rbac.rs"]
+mod rbac;
+
 const NODE: &str = "node-a";
 
 fn write_config(dir: &Path, server: &str) -> std::path::PathBuf {
@@ -84,6 +87,7 @@ async fn completes_the_shutdown_maintenance_and_restores_static_pods() {
     assert!(dir.path().join("manifests/etcd.yaml").exists(), "{stdout}");
     assert!(!dir.path().join("state/gated/etcd.yaml").exists());
     assert!(stdout.contains("1 manifest(s) restored"), "{stdout}");
+    rbac::assert_cluster_role_allows(&cluster.api.requests());
 }
 
 #[tokio::test]

@@ -1,0 +1,89 @@
+//! Checks requests the daemon made against the ClusterRole shipped in packaging/rbac.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use nodegrace::testing::fake_apiserver::RecordedRequest;
+use serde_json::Value;
+
+/// The request attributes RBAC authorizes: (verb, API group, resource[/subresource]).
+fn rbac_attributes(r: &RecordedRequest) -> Option<(String, String, String)> {
+    let parts: Vec<&str> = r.path.trim_matches('/').split('/').collect();
+    // /api/v1/... or /apis/<group>/<version>/...; anything shorter is discovery.
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let (resource, named) = match rest {
+        [] => return None,
+        [resource] => (resource.to_string(), false),
+        [resource, _name] => (resource.to_string(), true),
+        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+        _ => panic!("unexpected request path {}", r.path),
+    };
+    let watch = r
+        .query
+        .split('&')
+        .any(|q| q == "watch=true" || q == "watch=1");
+    let verb = match (r.method.as_str(), named) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        (m, _) => panic!("unexpected method {m} on {}", r.path),
+    };
+    Some((verb.into(), group.into(), resource))
+}
+
+/// Fails when the ClusterRole shipped in packaging/rbac would refuse a request the daemon
+/// made (the fake apiserver authorizes everything; a real one does not).
+pub fn assert_cluster_role_allows(reqs: &[RecordedRequest]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/rbac/clusterrole.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let role: Value = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .find(|d: &Value| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole");
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default()
+    };
+    let rules: Vec<[Vec<String>; 3]> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| {
+            [
+                strings(&rule["verbs"]),
+                strings(&rule["apiGroups"]),
+                strings(&rule["resources"]),
+            ]
+        })
+        .collect();
+    for r in reqs {
+        let Some((verb, group, resource)) = rbac_attributes(r) else {
+            continue;
+        };
+        assert!(
+            rules
+                .iter()
+                .any(|[verbs, groups, resources]| verbs.contains(&verb)
+                    && groups.contains(&group)
+                    && resources.contains(&resource)),
+            "the ClusterRole does not allow {verb} {group}/{resource} ({} {}?{})",
+            r.method,
+            r.path,
+            r.query
+        );
+    }
+}
