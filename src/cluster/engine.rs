@@ -1231,32 +1231,10 @@ impl Shared {
             };
             if is_deleting(&existing) || existing.spec.stage == Stage::Complete {
                 // A finished maintenance cannot go back to Drain: replace it.
-                if !is_deleting(&existing) {
-                    let params = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: existing.uid(),
-                            resource_version: existing.resource_version(),
-                        }),
-                        ..DeleteParams::default()
-                    };
-                    match api.delete(&name, &params).await {
-                        Ok(_) => self.mark_reachable(),
-                        Err(e) if api_error_code(&e) == Some(404) => {}
-                        // Changed meanwhile: read it again.
-                        Err(e) if api_error_code(&e) == Some(409) => continue,
-                        Err(e) if is_transport(&e) => {
-                            self.mark_unreachable();
-                            self.retry_or_unreachable(started).await?;
-                            continue;
-                        }
-                        Err(e) => {
-                            return Err(anyhow::Error::from(e)
-                                .context(format!(
-                                    "replacing the completed NodeMaintenance {name} (delete)"
-                                ))
-                                .into())
-                        }
-                    }
+                if !is_deleting(&existing)
+                    && !self.delete_completed(&api, &existing, started).await?
+                {
+                    continue;
                 }
                 self.wait_maintenance_gone(&name).await?;
                 continue;
@@ -1298,6 +1276,43 @@ impl Shared {
                         .into())
                 }
             }
+        }
+    }
+
+    /// Deletes the completed maintenance `existing`, that object exactly (uid and
+    /// resourceVersion preconditions), so that it can be created anew. False when it changed
+    /// or the apiserver did not answer: read it again.
+    async fn delete_completed(
+        &self,
+        api: &Api<NodeMaintenance>,
+        existing: &NodeMaintenance,
+        started: Instant,
+    ) -> Result<bool, EngineError> {
+        let name = existing.name_any();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: existing.uid(),
+                resource_version: existing.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {
+                self.mark_reachable();
+                Ok(true)
+            }
+            Err(e) if api_error_code(&e) == Some(404) => Ok(true),
+            Err(e) if api_error_code(&e) == Some(409) => Ok(false),
+            Err(e) if is_transport(&e) => {
+                self.mark_unreachable();
+                self.retry_or_unreachable(started).await?;
+                Ok(false)
+            }
+            Err(e) => Err(anyhow::Error::from(e)
+                .context(format!(
+                    "replacing the completed NodeMaintenance {name} (delete)"
+                ))
+                .into()),
         }
     }
 
