@@ -347,6 +347,13 @@ impl FakeCluster {
 }
 
 /// The status the fake kubelet gives a started pod.
+/// The strings of a JSON array (non-strings skipped); empty when `v` is not an array.
+pub(crate) fn str_list(v: Option<&Value>) -> Vec<&str> {
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
 pub fn running_status(now: &str) -> Value {
     json!({
         "phase": "Running", "startTime": now,

@@ -1,6 +1,7 @@
 //! Shape knowledge: which lists are atomic, sets or maps (for strategic merge patch and
 //! server-side apply), and CRD structural-schema defaulting, pruning and basic validation.
 
+use super::str_list;
 use serde_json::{Map, Value};
 
 /// How a list merges, as `x-kubernetes-list-type` / `patchStrategy` describe it.
@@ -81,16 +82,10 @@ impl Shape {
                 match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
                     Some("set") => ListKind::Set,
                     Some("map") => {
-                        let keys: Vec<String> = s
-                            .get("x-kubernetes-list-map-keys")
-                            .and_then(Value::as_array)
-                            .map(|a| {
-                                a.iter()
-                                    .filter_map(Value::as_str)
-                                    .map(String::from)
-                                    .collect()
-                            })
-                            .unwrap_or_default();
+                        let keys: Vec<String> = str_list(s.get("x-kubernetes-list-map-keys"))
+                            .into_iter()
+                            .map(String::from)
+                            .collect();
                         let first = keys.first().cloned().unwrap_or_default();
                         ListKind::Map(keys, first)
                     }
@@ -273,11 +268,7 @@ fn check(v: &Value, s: &Value, path: &str, errs: &mut Vec<String>) {
                 }
             }
             if s.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map") {
-                let keys: Vec<&str> = s
-                    .get("x-kubernetes-list-map-keys")
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
+                let keys = str_list(s.get("x-kubernetes-list-map-keys"));
                 let mut seen = Vec::new();
                 for item in items {
                     let k: Vec<Option<&Value>> = keys.iter().map(|k| item.get(*k)).collect();

@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use super::store::ApiError;
+use super::str_list;
 
 #[derive(Debug, Clone, PartialEq)]
 enum LabelReq {
@@ -114,11 +115,7 @@ pub fn label_selector_object_matches(selector: Option<&Value>, obj: &Value) -> b
     if let Some(exprs) = sel.get("matchExpressions").and_then(Value::as_array) {
         for e in exprs {
             let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
-            let values: Vec<&str> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+            let values = str_list(e.get("values"));
             let ok = match e.get("operator").and_then(Value::as_str) {
                 Some("In") => get(key).is_some_and(|x| values.contains(&x)),
                 Some("NotIn") => !get(key).is_some_and(|x| values.contains(&x)),

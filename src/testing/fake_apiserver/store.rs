@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use super::schema::{self, Shape};
 use super::select::{label_selector_object_matches, FieldSelector, LabelSelector};
 use super::ssa::{self, ManagerEntry};
+use super::str_list;
 
 /// An error answered as a `metav1.Status`.
 #[derive(Debug, Clone, PartialEq)]
@@ -431,15 +432,10 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
 }
 
 fn finalizers(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default()
+    str_list(obj.pointer("/metadata/finalizers"))
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 fn pod_phase(pod: &Value) -> &str {
@@ -793,16 +789,10 @@ impl Store {
                 .unwrap_or_default()
                 .to_string()
         };
-        let short_names: Vec<String> = spec
-            .pointer("/names/shortNames")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(String::from)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let short_names: Vec<String> = str_list(spec.pointer("/names/shortNames"))
+            .into_iter()
+            .map(String::from)
+            .collect();
         for v in spec
             .get("versions")
             .and_then(Value::as_array)
@@ -1516,23 +1506,17 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(ri, name))?;
         let obj = stored.obj.clone();
         let managed = stored.managed.clone();
-        if let Some(u) = &opts.uid {
-            let actual = meta(&obj, "uid").unwrap_or_default();
-            if u != actual {
+        for (wanted, label, field) in [
+            (&opts.uid, "UID", "uid"),
+            (&opts.resource_version, "ResourceVersion", "resourceVersion"),
+        ] {
+            let Some(wanted) = wanted else { continue };
+            let actual = meta(&obj, field).unwrap_or_default();
+            if wanted != actual {
                 return Err(ApiError::conflict(
                     ri,
                     name,
-                    &format!("Precondition failed: UID in precondition: {u}, UID in object meta: {actual}"),
-                ));
-            }
-        }
-        if let Some(rv) = &opts.resource_version {
-            let actual = meta(&obj, "resourceVersion").unwrap_or_default();
-            if rv != actual {
-                return Err(ApiError::conflict(
-                    ri,
-                    name,
-                    &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {actual}"),
+                    &format!("Precondition failed: {label} in precondition: {wanted}, {label} in object meta: {actual}"),
                 ));
             }
         }
