@@ -139,6 +139,22 @@ impl Reconciler {
             .copied()
     }
 
+    /// The status to write after an eviction answer (None: nothing to write), keeping the
+    /// back-off it asks for.
+    fn status_after_eviction(
+        &self,
+        key: &str,
+        current: &EvictionRequest,
+        released: Option<&(String, Release)>,
+        result: &EvictionResult,
+        now: Timestamp,
+    ) -> Option<crate::api::EvictionRequestStatus> {
+        let (status, retry) =
+            decide::after_eviction(current, released, result, now, self.backoff_max());
+        self.set_not_before(key, retry.map(|d| now + d));
+        status
+    }
+
     fn set_not_before(&self, key: &str, at: Option<Timestamp>) {
         let mut nb = self.not_before.lock().unwrap_or_else(|p| p.into_inner());
         match at {
@@ -187,15 +203,7 @@ impl Reconciler {
             let now = self.clock.now();
             let mut event = None;
             let status = if let Some((released, result)) = unrecorded.take() {
-                let (status, retry) = decide::after_eviction(
-                    &current,
-                    released.as_ref(),
-                    &result,
-                    now,
-                    self.backoff_max(),
-                );
-                self.set_not_before(&key, retry.map(|d| now + d));
-                match status {
+                match self.status_after_eviction(&key, &current, released.as_ref(), &result, now) {
                     Some(status) => {
                         unrecorded = Some((released, result));
                         status
@@ -231,14 +239,13 @@ impl Reconciler {
                             EvictionResult::Gone => PodState::Absent,
                             _ => state,
                         };
-                        let (status, retry) = decide::after_eviction(
+                        let status = self.status_after_eviction(
+                            &key,
                             &current,
                             released.as_ref(),
                             &result,
                             now,
-                            self.backoff_max(),
                         );
-                        self.set_not_before(&key, retry.map(|d| now + d));
                         let Some(status) = status else {
                             continue;
                         };
