@@ -84,15 +84,6 @@ fn daemon(env: &TestEnv, store: &FdStore, drainer: &ScriptedDrainer) -> Daemon {
     )
 }
 
-fn held_by_us(env: &TestEnv) -> usize {
-    env.fakes
-        .state()
-        .taken_by("nodegrace")
-        .iter()
-        .filter(|i| i.held())
-        .count()
-}
-
 #[tokio::test]
 async fn the_inhibitor_is_stored_and_removed_before_the_release() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,7 +154,7 @@ async fn a_killed_daemon_leaves_the_lock_held_and_the_restart_adopts_it() {
     first.kill().await;
     // The process's fd is closed; systemd's copy keeps logind waiting.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(held_by_us(&env), 1, "the kill released the delay lock");
+    assert_eq!(env.held_by_us(), 1, "the kill released the delay lock");
     assert_eq!(store.count(INHIBITOR_FDNAME), 1);
 
     let passed = store.passed(INHIBITOR_FDNAME);
@@ -206,7 +197,7 @@ async fn a_stored_fd_logind_no_longer_holds_is_replaced() {
     within(d.handle.wait_for(|s| s.phase == Phase::Armed))
         .await
         .unwrap();
-    assert_eq!(held_by_us(&env), 1);
+    assert_eq!(env.held_by_us(), 1);
     assert_eq!(store.count(INHIBITOR_FDNAME), 1);
     d.handle.terminate();
     within(d.task).await.unwrap().unwrap();

@@ -22,24 +22,14 @@ async fn env(dir: &tempfile::TempDir, delay: Duration) -> TestEnv {
         .expect("private bus with fakes")
 }
 
-fn held_by_us(env: &TestEnv) -> usize {
-    env.fakes
-        .state()
-        .taken_by("nodegrace")
-        .iter()
-        .filter(|i| i.held())
-        .count()
-}
-
 #[tokio::test]
 async fn inhibitor_is_held_before_ready_and_status_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
-    let d = env.spawn(env.daemon(env.settings(), Arc::new(drainer.clone())));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let _daemon = env
+        .spawn_armed(env.settings(), Arc::new(drainer.clone()))
+        .await;
 
     let fake = env.fakes.state();
     let ours = fake.taken_by("nodegrace");
@@ -75,10 +65,9 @@ async fn drain_starts_on_the_signal_and_the_inhibitor_closes_when_it_is_done() {
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
     let settings = env.settings();
-    let d = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env
+        .spawn_armed(settings.clone(), Arc::new(drainer.clone()))
+        .await;
 
     env.fakes
         .prepare_for_shutdown_typed(true, "reboot")
@@ -99,7 +88,7 @@ async fn drain_starts_on_the_signal_and_the_inhibitor_closes_when_it_is_done() {
     assert_eq!(persisted.phase, ShutdownPhase::Draining);
     assert_eq!(persisted.started_at, req.started_at);
     assert_eq!(persisted.boot_id, current_boot_id());
-    assert_eq!(held_by_us(&env), 1, "the lock is held while draining");
+    assert_eq!(env.held_by_us(), 1, "the lock is held while draining");
 
     drainer.finish();
     let fake = within(env.fakes.wait_until(|s| s.held().is_empty())).await;
@@ -131,10 +120,7 @@ async fn the_inhibitor_is_released_when_the_budget_ends() {
     let drainer = ScriptedDrainer::new(DrainMode::Forever);
     let mut settings = env.settings();
     settings.shutdown.max_delay = 90 * Duration::from_secs(1);
-    let d = env.spawn(env.daemon(settings, Arc::new(drainer.clone())));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env.spawn_armed(settings, Arc::new(drainer.clone())).await;
 
     // From here on the clock only moves when every task is idle.
     tokio::time::pause();
@@ -164,10 +150,9 @@ async fn cancel_stops_the_drain_and_retakes_the_inhibitor() {
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
     let settings = env.settings();
-    let d = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env
+        .spawn_armed(settings.clone(), Arc::new(drainer.clone()))
+        .await;
 
     // Cancelled mid-drain: the drain stops, the lock we hold stays.
     env.fakes.prepare_for_shutdown(true).await.unwrap();
@@ -181,7 +166,7 @@ async fn cancel_stops_the_drain_and_retakes_the_inhibitor() {
     )
     .await
     .unwrap();
-    assert_eq!(held_by_us(&env), 1);
+    assert_eq!(env.held_by_us(), 1);
     assert_eq!(env.fakes.state().taken_by("nodegrace").len(), 1);
     assert_eq!(
         ShutdownState::load(&settings.state_dir)
@@ -218,10 +203,9 @@ async fn a_daemon_killed_mid_shutdown_resumes_with_the_persisted_start() {
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::Forever);
     let settings = env.settings();
-    let first = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
-    within(first.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let first = env
+        .spawn_armed(settings.clone(), Arc::new(drainer.clone()))
+        .await;
     env.fakes.prepare_for_shutdown(true).await.unwrap();
     let rec = within(drainer.wait_until(|r| r.drains.len() == 1)).await;
     let original = rec.drains[0].req.clone();
@@ -244,7 +228,7 @@ async fn a_daemon_killed_mid_shutdown_resumes_with_the_persisted_start() {
         .unwrap();
     assert!(st.shutdown.unwrap().resumed);
     assert!(st.inhibitor_held);
-    assert_eq!(held_by_us(&env), 1);
+    assert_eq!(env.held_by_us(), 1);
     assert_eq!(drainer.record().after_boots, 1, "only the first start");
 }
 
@@ -254,10 +238,9 @@ async fn a_shutdown_cancelled_while_down_is_cancelled_on_start() {
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::Forever);
     let settings = env.settings();
-    let first = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
-    within(first.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let first = env
+        .spawn_armed(settings.clone(), Arc::new(drainer.clone()))
+        .await;
     env.fakes.prepare_for_shutdown(true).await.unwrap();
     within(first.handle.wait_for(|s| s.phase == Phase::Draining))
         .await
@@ -265,10 +248,7 @@ async fn a_shutdown_cancelled_while_down_is_cancelled_on_start() {
     first.kill().await;
     env.fakes.with(|s| s.preparing = false);
 
-    let second = env.spawn(env.daemon(settings, Arc::new(drainer.clone())));
-    within(second.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let _second = env.spawn_armed(settings, Arc::new(drainer.clone())).await;
     let rec = within(drainer.wait_until(|r| r.cancels.len() == 1)).await;
     assert_eq!(rec.drains.len(), 1);
     assert_eq!(rec.after_boots, 1, "only the first start");
@@ -279,10 +259,9 @@ async fn a_plain_stop_exits_without_draining() {
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::Immediate);
-    let d = env.spawn(env.daemon(env.settings(), Arc::new(drainer.clone())));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env
+        .spawn_armed(env.settings(), Arc::new(drainer.clone()))
+        .await;
     d.handle.terminate();
     within(d.task).await.unwrap().unwrap();
     within(env.fakes.wait_until(|s| s.held().is_empty())).await;
@@ -297,10 +276,9 @@ async fn stop_while_the_system_goes_down(state: &str, jobs: &[(&str, &str)]) {
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
     let settings = env.settings();
-    let d = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env
+        .spawn_armed(settings.clone(), Arc::new(drainer.clone()))
+        .await;
     env.fakes.with(|s| {
         s.system_state = state.into();
         s.jobs = jobs
@@ -315,7 +293,7 @@ async fn stop_while_the_system_goes_down(state: &str, jobs: &[(&str, &str)]) {
         rec.drains[0].req.budget,
         settings.shutdown.stop_drain_timeout
     );
-    assert_eq!(held_by_us(&env), 1, "held while the bypass drain runs");
+    assert_eq!(env.held_by_us(), 1, "held while the bypass drain runs");
     assert!(!d.task.is_finished());
     drainer.finish();
     within(d.task).await.unwrap().unwrap();

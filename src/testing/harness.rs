@@ -91,6 +91,33 @@ impl TestEnv {
         }
     }
 
+    /// Spawns a daemon and waits (at most 20 s) until it holds its inhibitor and is armed.
+    pub async fn spawn_armed(
+        &self,
+        settings: Settings,
+        drainer: Arc<dyn Drainer>,
+    ) -> RunningDaemon {
+        let d = self.spawn(self.daemon(settings, drainer));
+        let armed = d
+            .handle
+            .wait_for(|s| s.phase == crate::daemon::Phase::Armed);
+        match tokio::time::timeout(std::time::Duration::from_secs(20), armed).await {
+            Ok(Some(_)) => d,
+            Ok(None) => panic!("the daemon stopped before it was armed"),
+            Err(_) => panic!("the daemon was not armed within 20 s"),
+        }
+    }
+
+    /// How many of logind's inhibitors taken by nodegrace are held now.
+    pub fn held_by_us(&self) -> usize {
+        self.fakes
+            .state()
+            .taken_by("nodegrace")
+            .iter()
+            .filter(|i| i.held())
+            .count()
+    }
+
     /// Kills the bus daemon, starts a new one on the same socket, puts the fakes back.
     pub async fn restart_bus(&mut self) -> Result<()> {
         self.fakes.disconnect();
