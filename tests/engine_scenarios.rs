@@ -30,12 +30,7 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     let mirror = env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
     let engine = env.engine(env.settings());
 
-    let started = std::time::Instant::now();
-    engine
-        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    let took = started.elapsed();
+    let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
 
     // Every band waits for the one before: 4 bands of ~150 ms.
     assert!(
@@ -130,12 +125,7 @@ async fn pdb_blocked_pod_is_escalated_at_the_shutdown_deadline() {
     env.pdb("db-pdb", "db", 1);
     let engine = env.engine(env.settings());
 
-    let started = std::time::Instant::now();
-    engine
-        .shutdown_drain(&request(ShutdownKind::Poweroff, Duration::from_secs(4)))
-        .await
-        .unwrap();
-    let took = started.elapsed();
+    let took = drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(4)).await;
     // One Regular step owns the whole 4 s budget: cooperative until 2 s, then DELETE with
     // what is left (2 s).
     assert!(
@@ -496,12 +486,7 @@ async fn volume_attachments_are_awaited_but_bounded() {
     let mut settings = env.settings();
     settings.drain.volume_detach_timeout = Duration::from_secs(1);
     let engine = env.engine(settings);
-    let started = std::time::Instant::now();
-    engine
-        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    let took = started.elapsed();
+    let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
     assert!(
         took >= Duration::from_secs(1) && took < Duration::from_secs(3),
         "bounded wait: {took:?}"
@@ -522,16 +507,8 @@ async fn volume_attachments_are_awaited_but_bounded() {
             .unwrap();
         store.delete(&ri, "", "va-1", &Default::default()).unwrap();
     });
-    let started = std::time::Instant::now();
-    engine
-        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
+    let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
+    assert!(took < Duration::from_secs(2), "took {took:?}");
 }
 
 #[tokio::test]

@@ -263,6 +263,13 @@ pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
     }
 }
 
+/// A shutdown drain that must succeed; how long it took (real time).
+pub async fn drain_timed(engine: &Engine, kind: ShutdownKind, budget: Duration) -> Duration {
+    let started = std::time::Instant::now();
+    engine.shutdown_drain(&request(kind, budget)).await.unwrap();
+    started.elapsed()
+}
+
 /// Waits (real time) until `f` holds, failing after `secs`.
 pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
