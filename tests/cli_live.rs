@@ -5,7 +5,6 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,9 @@ use nodegrace::api::{
 };
 use nodegrace::plan::{DrainPlanEntry, PodType};
 use serde_json::{json, Value};
+
+mod cli_support;
+use cli_support::CliEnv;
 
 type Requests = Arc<Mutex<Vec<String>>>;
 
@@ -72,52 +74,26 @@ fn serve(routes: Vec<(&'static str, Value)>, answer: bool) -> (u16, Requests) {
     (port, requests)
 }
 
-struct Env {
-    dir: tempfile::TempDir,
+struct Env(CliEnv);
+
+impl std::ops::Deref for Env {
+    type Target = CliEnv;
+    fn deref(&self) -> &CliEnv {
+        &self.0
+    }
 }
 
 impl Env {
     fn new(port: u16) -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().display().to_string();
-        nodegrace::testing::write_kubeconfig(
-            &dir.path().join("kubeconfig"),
+        Env(CliEnv::new(
             &format!("http://127.0.0.1:{port}"),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                r#"state_dir = "{root}/state"
-[node]
-name = "node-a"
-kubeconfig = "{root}/kubeconfig"
-[shutdown]
-max_delay = "300s"
-logind_dropin_dir = "{root}/logind.conf.d"
-[drain]
+            "300s",
+            r#"[drain]
 reserve_daemonset = "30s"
 reserve_static = "20s"
 reserve_critical = "40s"
-[static_pods]
-manifest_dir = "{root}/manifests"
-gate_dir = "{root}/gate"
-"#
-            ),
-        )
-        .unwrap();
-        Env { dir }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
-            .arg("--config")
-            .arg(self.dir.path().join("config.toml"))
-            .args(args)
-            .env("NODEGRACE_STATUS_FILE", self.dir.path().join("status.json"))
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap()
+"#,
+        ))
     }
 
     fn json(&self, args: &[&str]) -> Value {

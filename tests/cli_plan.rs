@@ -1,66 +1,43 @@
 //! `nodegrace plan` through the built binary, from the sample pod lists in `tests/data/`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
-struct Env {
-    dir: tempfile::TempDir,
+mod cli_support;
+use cli_support::{refused_port, CliEnv};
+
+struct Env(CliEnv);
+
+impl std::ops::Deref for Env {
+    type Target = CliEnv;
+    fn deref(&self) -> &CliEnv {
+        &self.0
+    }
 }
 
 impl Env {
     /// A config with a user plan entry (Default <= 50) and reserves critical 40s, DaemonSet
     /// 30s, static 20s; max_delay 300s. No daemon status file, an apiserver that refuses.
     fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().display().to_string();
-        let port = refused_port();
-        nodegrace::testing::write_kubeconfig(
-            &dir.path().join("kubeconfig"),
-            &format!("https://127.0.0.1:{port}"),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                r#"state_dir = "{root}/state"
-[node]
-name = "node-a"
-kubeconfig = "{root}/kubeconfig"
-[shutdown]
-max_delay = "300s"
-logind_dropin_dir = "{root}/logind.conf.d"
-[drain]
+        let server = format!("https://127.0.0.1:{}", refused_port());
+        Env(CliEnv::new(
+            &server,
+            "300s",
+            r#"[drain]
 reserve_daemonset = "30s"
 reserve_static = "20s"
 reserve_critical = "40s"
 [[drain.plan]]
 pod_type = "Default"
 pod_priority = 50
-[static_pods]
-manifest_dir = "{root}/manifests"
-gate_dir = "{root}/gate"
-"#
-            ),
-        )
-        .unwrap();
-        Env { dir }
+"#,
+        ))
     }
 
     fn status_file(&self) -> PathBuf {
-        self.dir.path().join("status.json")
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
-            .arg("--config")
-            .arg(self.dir.path().join("config.toml"))
-            .args(args)
-            .env("NODEGRACE_STATUS_FILE", self.status_file())
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap()
+        self.path("status.json")
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -74,12 +51,6 @@ gate_dir = "{root}/gate"
         );
         serde_json::from_slice(&out.stdout).unwrap()
     }
-}
-
-/// A local port nothing listens on.
-fn refused_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }
 
 fn data(name: &str) -> String {

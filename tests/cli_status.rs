@@ -2,8 +2,7 @@
 //! (status file via `$NODEGRACE_STATUS_FILE`, `state_dir` and the static pod dirs via the
 //! config) and an apiserver address that refuses connections.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nodegrace::daemon::status::ShutdownStatus;
@@ -12,8 +11,16 @@ use nodegrace::logind::budget::{BudgetReport, DelayDropin};
 use nodegrace::state::{ShutdownPhase, ShutdownState};
 use serde_json::Value;
 
-struct Env {
-    dir: tempfile::TempDir,
+mod cli_support;
+use cli_support::{refused_port, CliEnv};
+
+struct Env(CliEnv);
+
+impl std::ops::Deref for Env {
+    type Target = CliEnv;
+    fn deref(&self) -> &CliEnv {
+        &self.0
+    }
 }
 
 const ETCD_MANIFEST: &str = "apiVersion: v1
@@ -30,53 +37,11 @@ spec:
 
 impl Env {
     fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().display().to_string();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        nodegrace::testing::write_kubeconfig(
-            &dir.path().join("kubeconfig"),
-            &format!("https://127.0.0.1:{port}"),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("config.toml"),
-            format!(
-                r#"state_dir = "{root}/state"
-[node]
-name = "node-a"
-kubeconfig = "{root}/kubeconfig"
-[shutdown]
-max_delay = "10m"
-logind_dropin_dir = "{root}/logind.conf.d"
-[static_pods]
-manifest_dir = "{root}/manifests"
-gate_dir = "{root}/gate"
-"#
-            ),
-        )
-        .unwrap();
-        for d in ["state", "manifests", "gate", "logind.conf.d"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        Env { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
-            .arg("--config")
-            .arg(self.path("config.toml"))
-            .args(args)
-            .env("NODEGRACE_STATUS_FILE", self.path("status.json"))
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap()
+        Env(CliEnv::new(
+            &format!("https://127.0.0.1:{}", refused_port()),
+            "10m",
+            "",
+        ))
     }
 
     fn json(&self) -> Value {

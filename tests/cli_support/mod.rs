@@ -1,0 +1,65 @@
+//! The built binary against a configuration whose every path is under a temporary
+//! directory, with a kubeconfig pointing at `server`.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+pub struct CliEnv {
+    pub dir: tempfile::TempDir,
+}
+
+impl CliEnv {
+    /// `config.toml`: state, manifest, gate and logind drop-in paths under the directory,
+    /// node `node-a`, `max_delay`, then `extra` (TOML sections other than `[node]`,
+    /// `[shutdown]` and `[static_pods]`). The directories exist.
+    pub fn new(server: &str, max_delay: &str, extra: &str) -> CliEnv {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().display().to_string();
+        nodegrace::testing::write_kubeconfig(&dir.path().join("kubeconfig"), server).unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!(
+                r#"state_dir = "{root}/state"
+[node]
+name = "node-a"
+kubeconfig = "{root}/kubeconfig"
+[shutdown]
+max_delay = "{max_delay}"
+logind_dropin_dir = "{root}/logind.conf.d"
+[static_pods]
+manifest_dir = "{root}/manifests"
+gate_dir = "{root}/gate"
+{extra}"#
+            ),
+        )
+        .unwrap();
+        for d in ["state", "manifests", "gate", "logind.conf.d"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        CliEnv { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `nodegrace --config <config.toml> <args>`, the daemon status file under the
+    /// directory, `$KUBECONFIG` unset.
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+            .arg("--config")
+            .arg(self.path("config.toml"))
+            .args(args)
+            .env("NODEGRACE_STATUS_FILE", self.path("status.json"))
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap()
+    }
+}
+
+/// A local port nothing listens on.
+pub fn refused_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
