@@ -57,6 +57,27 @@ fn add_pod(cluster: &FakeCluster, name: &str, node: &str, interceptors: &[(&str,
     PodKey::new(NS, name, uid)
 }
 
+/// A PodDisruptionBudget over the `app: db` pods; `limit` is `minAvailable` or
+/// `maxUnavailable`.
+async fn add_pdb(client: &Client, name: &str, limit: Value) {
+    let mut spec = limit;
+    spec["selector"] = json!({"matchLabels": {"app": "db"}});
+    let pdb: PodDisruptionBudget =
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .unwrap();
+}
+
+/// This node asks for `pod`'s eviction with the default heartbeat deadline.
+async fn request_eviction(client: &Client, pod: &PodKey) {
+    Requester::new(client.clone(), NODE)
+        .request(pod)
+        .await
+        .unwrap();
+}
+
 fn requests_api(client: &Client) -> Api<EvictionRequest> {
     Api::namespaced(client.clone(), NS)
 }
@@ -264,10 +285,7 @@ async fn concurrent_joins_lose_no_requester() {
     let cluster = cluster().await;
     let client = cluster.client().unwrap();
     let pod = add_pod(&cluster, "db-0", NODE, &[]);
-    Requester::new(client.clone(), NODE)
-        .request(&pod)
-        .await
-        .unwrap();
+    request_eviction(&client, &pod).await;
     // Every read is answered before any write lands: all joiners write against the same
     // resourceVersion and all but one get a 409.
     cluster.api.set_latency(Duration::from_millis(20));
@@ -560,19 +578,8 @@ async fn a_blocking_budget_is_counted_named_and_backed_off_until_it_allows() {
     let client = cluster.client().unwrap();
     let _kubelet = cluster.kubelet(KubeletConfig::node(NODE));
     let pod = add_pod(&cluster, "db-0", NODE, &[]);
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "db-pdb"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
-    }))
-    .unwrap();
-    Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .unwrap();
-    Requester::new(client.clone(), NODE)
-        .request(&pod)
-        .await
-        .unwrap();
+    add_pdb(&client, "db-pdb", json!({"minAvailable": 1})).await;
+    request_eviction(&client, &pod).await;
     let stop = start_controller(&cluster, Duration::from_secs(8));
     let start = tokio::time::Instant::now();
 
@@ -650,10 +657,7 @@ async fn a_pod_that_goes_away_by_itself_completes_the_request() {
     let cluster = cluster().await;
     let client = cluster.client().unwrap();
     let pod = add_pod(&cluster, "db-0", NODE, &[("db-operator.example.com", "1")]);
-    Requester::new(client.clone(), NODE)
-        .request(&pod)
-        .await
-        .unwrap();
+    request_eviction(&client, &pod).await;
     // This time the controller watches the node's pods itself.
     let stop = CancellationToken::new();
     let config = ControllerConfig {
@@ -693,10 +697,7 @@ async fn requests_for_other_nodes_pods_are_left_alone() {
         .request(&theirs)
         .await
         .unwrap();
-    Requester::new(client.clone(), NODE)
-        .request(&ours)
-        .await
-        .unwrap();
+    request_eviction(&client, &ours).await;
     let stop = start_controller(&cluster, Duration::from_secs(60));
     until(
         &client,
@@ -835,19 +836,10 @@ async fn other_eviction_refusals_count_as_failed_attempts() {
     let cluster = cluster().await;
     let client = cluster.client().unwrap();
     let pod = add_pod(&cluster, "db-0", NODE, &[]);
-    let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), NS);
     for name in ["pdb-a", "pdb-b"] {
-        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "db"}}},
-        }))
-        .unwrap();
-        pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+        add_pdb(&client, name, json!({"maxUnavailable": 1})).await;
     }
-    Requester::new(client.clone(), NODE)
-        .request(&pod)
-        .await
-        .unwrap();
+    request_eviction(&client, &pod).await;
     let stop = start_controller(&cluster, Duration::from_secs(60));
     let r = until(&client, &pod, Duration::from_secs(4), "two failures", |r| {
         r.failed_api_evictions() == 2
@@ -943,19 +935,8 @@ async fn a_shutdown_shortens_a_running_back_off() {
     let cluster = cluster().await;
     let client = cluster.client().unwrap();
     let pod = add_pod(&cluster, "db-0", NODE, &[]);
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "db-pdb"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
-    }))
-    .unwrap();
-    Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .unwrap();
-    Requester::new(client.clone(), NODE)
-        .request(&pod)
-        .await
-        .unwrap();
+    add_pdb(&client, "db-pdb", json!({"minAvailable": 1})).await;
+    request_eviction(&client, &pod).await;
     let (stop, handle) = start_controller_with_handle(&cluster, Duration::from_secs(900));
     let start = tokio::time::Instant::now();
     // Attempts at 0, 1, 3, 7, 15; the next would be at 31.
