@@ -74,6 +74,15 @@ async fn env(dir: &tempfile::TempDir) -> TestEnv {
         .expect("private bus with fakes")
 }
 
+impl FdStore {
+    fn logging_to(env: &TestEnv) -> FdStore {
+        FdStore {
+            log: env.log.clone(),
+            ..FdStore::default()
+        }
+    }
+}
+
 fn daemon(env: &TestEnv, store: &FdStore, drainer: &ScriptedDrainer) -> Daemon {
     Daemon::new(
         env.settings(),
@@ -88,15 +97,9 @@ fn daemon(env: &TestEnv, store: &FdStore, drainer: &ScriptedDrainer) -> Daemon {
 async fn the_inhibitor_is_stored_and_removed_before_the_release() {
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir).await;
-    let store = FdStore {
-        log: env.log.clone(),
-        ..FdStore::default()
-    };
+    let store = FdStore::logging_to(&env);
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
-    let d = env.spawn(daemon(&env, &store, &drainer));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env.spawn_until_armed(daemon(&env, &store, &drainer)).await;
     assert_eq!(store.count(INHIBITOR_FDNAME), 1);
     let inhibit = env.log.position("logind: Inhibit(").unwrap();
     let stored = env
@@ -137,15 +140,9 @@ async fn the_inhibitor_is_stored_and_removed_before_the_release() {
 async fn a_killed_daemon_leaves_the_lock_held_and_the_restart_adopts_it() {
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir).await;
-    let store = FdStore {
-        log: env.log.clone(),
-        ..FdStore::default()
-    };
+    let store = FdStore::logging_to(&env);
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
-    let first = env.spawn(daemon(&env, &store, &drainer));
-    within(first.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let first = env.spawn_until_armed(daemon(&env, &store, &drainer)).await;
     env.fakes.prepare_for_shutdown(true).await.unwrap();
     within(first.handle.wait_for(|s| s.phase == Phase::Draining))
         .await
@@ -185,18 +182,14 @@ async fn a_killed_daemon_leaves_the_lock_held_and_the_restart_adopts_it() {
 async fn a_stored_fd_logind_no_longer_holds_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir).await;
-    let store = FdStore {
-        log: env.log.clone(),
-        ..FdStore::default()
-    };
+    let store = FdStore::logging_to(&env);
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
     // A fifo whose reader is gone: what a lock logind dropped looks like.
     let (r, w) = nix::unistd::pipe().unwrap();
     drop(r);
-    let d = env.spawn(daemon(&env, &store, &drainer).with_adopted_inhibitor(Some(w)));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env
+        .spawn_until_armed(daemon(&env, &store, &drainer).with_adopted_inhibitor(Some(w)))
+        .await;
     assert_eq!(env.held_by_us(), 1);
     assert_eq!(store.count(INHIBITOR_FDNAME), 1);
     d.handle.terminate();
@@ -207,15 +200,9 @@ async fn a_stored_fd_logind_no_longer_holds_is_replaced() {
 async fn a_plain_stop_empties_the_store_and_releases() {
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir).await;
-    let store = FdStore {
-        log: env.log.clone(),
-        ..FdStore::default()
-    };
+    let store = FdStore::logging_to(&env);
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
-    let d = env.spawn(daemon(&env, &store, &drainer));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env.spawn_until_armed(daemon(&env, &store, &drainer)).await;
     assert_eq!(store.count(INHIBITOR_FDNAME), 1);
     d.handle.terminate();
     within(d.task).await.unwrap().unwrap();
@@ -231,15 +218,9 @@ async fn a_plain_stop_empties_the_store_and_releases() {
 async fn a_reconnect_replaces_the_stored_inhibitor() {
     let dir = tempfile::tempdir().unwrap();
     let mut env = env(&dir).await;
-    let store = FdStore {
-        log: env.log.clone(),
-        ..FdStore::default()
-    };
+    let store = FdStore::logging_to(&env);
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
-    let d = env.spawn(daemon(&env, &store, &drainer));
-    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
-        .await
-        .unwrap();
+    let d = env.spawn_until_armed(daemon(&env, &store, &drainer)).await;
     env.restart_bus().await.unwrap();
     within(env.fakes.wait_until(|s| s.taken_by("nodegrace").len() == 2)).await;
     within(d.handle.wait_for(|s| s.bus_connected && s.inhibitor_held))

@@ -91,13 +91,18 @@ impl TestEnv {
         }
     }
 
-    /// Spawns a daemon and waits (at most 20 s) until it holds its inhibitor and is armed.
+    /// Spawns a daemon with [`TestEnv::daemon`] and waits until it is armed.
     pub async fn spawn_armed(
         &self,
         settings: Settings,
         drainer: Arc<dyn Drainer>,
     ) -> RunningDaemon {
-        let d = self.spawn(self.daemon(settings, drainer));
+        self.spawn_until_armed(self.daemon(settings, drainer)).await
+    }
+
+    /// Spawns `daemon` and waits (at most 20 s) until it holds its inhibitor and is armed.
+    pub async fn spawn_until_armed(&self, daemon: Daemon) -> RunningDaemon {
+        let d = self.spawn(daemon);
         let armed = d
             .handle
             .wait_for(|s| s.phase == crate::daemon::Phase::Armed);
