@@ -645,12 +645,7 @@ async fn the_drain_resumes_through_the_maintenance_after_the_fallback() {
     let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
     assert!(m.spec.reason.as_deref().unwrap().contains("poweroff"));
     eventually(5, "fallback recorded", || {
-        env.maintenance(&shutdown_maintenance_name(NODE))
-            .unwrap()
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .contains_key("nodegrace.dev/fallback-report")
+        fallback_annotation(&env.maintenance(&shutdown_maintenance_name(NODE)).unwrap()).is_some()
     })
     .await;
 }

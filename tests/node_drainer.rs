@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use engine_support::{eventually, request, Env, Kind, NODE};
+use engine_support::{eventually, fallback_annotation, request, Env, Kind, NODE};
 use nodegrace::api::Stage;
 use nodegrace::config::CompletionPolicy;
 use nodegrace::config::{PriorityGracePeriod, Settings};
@@ -300,14 +300,6 @@ fn next_boot(
         let config = client_source.clone();
         async move { Ok(kube::Client::try_from(config)?) }
     })
-}
-
-fn fallback_annotation(m: &nodegrace::api::NodeMaintenance) -> Option<serde_json::Value> {
-    m.metadata
-        .annotations
-        .as_ref()?
-        .get("nodegrace.dev/fallback-report")
-        .map(|text| serde_json::from_str(text).unwrap())
 }
 
 #[tokio::test]

@@ -263,6 +263,15 @@ pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
     }
 }
 
+/// The decoded `nodegrace.dev/fallback-report` annotation of a maintenance.
+pub fn fallback_annotation(m: &NodeMaintenance) -> Option<Value> {
+    m.metadata
+        .annotations
+        .as_ref()?
+        .get("nodegrace.dev/fallback-report")
+        .map(|text| serde_json::from_str(text).unwrap())
+}
+
 /// A shutdown drain that must succeed; how long it took (real time).
 pub async fn drain_timed(engine: &Engine, kind: ShutdownKind, budget: Duration) -> Duration {
     let started = std::time::Instant::now();
