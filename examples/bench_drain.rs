@@ -169,6 +169,7 @@ async fn main() -> Result<()> {
     settings.node.name = NODE.into();
     settings.state_dir = dir.path().to_path_buf();
     let engine = Engine::start(EngineOptions {
+        endpoint: "fake apiserver".into(),
         client: cluster.client()?,
         settings,
         node: NODE.into(),

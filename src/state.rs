@@ -1,6 +1,6 @@
 //! Persisted state under the state directory, always written atomically.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -174,16 +174,68 @@ impl OfflineDrain {
     }
 }
 
-/// This boot's id; "unknown" where the kernel does not say.
+/// Where the identity of the running boot comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootIdSource {
+    /// The kernel's boot id, plus the start time of PID 1 (see [`BootIdSource::read`]).
+    System,
+    /// A file holding the id (tests and the simulator play reboots with it).
+    File(PathBuf),
+}
+
+impl BootIdSource {
+    /// The id of the running boot. For [`BootIdSource::System`]: the kernel's
+    /// `/proc/sys/kernel/random/boot_id`, followed by `.` and PID 1's start time (clock ticks
+    /// since the kernel booted) when it can be read. A node that is itself a container
+    /// (systemd-nspawn, kind) shares its host kernel's boot id; its init is started anew at
+    /// every boot, so the pair tells a new boot from a restart of nodegrace everywhere.
+    pub fn read(&self) -> Result<String> {
+        match self {
+            BootIdSource::File(path) => std::fs::read_to_string(path)
+                .map(|s| s.trim().to_string())
+                .with_context(|| format!("reading {}", path.display())),
+            BootIdSource::System => {
+                let path = "/proc/sys/kernel/random/boot_id";
+                let kernel =
+                    std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+                let kernel = kernel.trim();
+                Ok(match init_start_ticks() {
+                    Some(ticks) => format!("{kernel}.{ticks}"),
+                    None => kernel.to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// Field 22 of `/proc/1/stat` (after the parenthesised command name, which may hold spaces).
+fn init_start_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/1/stat").ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// This boot's id ([`BootIdSource::System`]); "unknown" where the kernel does not say.
 pub fn current_boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
+    BootIdSource::System
+        .read()
         .unwrap_or_else(|_| "unknown".into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_system_boot_id_is_the_kernels_and_stays_the_same_within_a_boot() {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        let id = BootIdSource::System.read().unwrap();
+        let (head, ticks) = id.split_once('.').expect("kernel id and init start");
+        assert_eq!(head, kernel.trim());
+        assert!(ticks.parse::<u64>().is_ok(), "{id}");
+        assert_eq!(BootIdSource::System.read().unwrap(), id);
+        assert_eq!(current_boot_id(), id);
+    }
 
     #[test]
     fn shutdown_state_round_trips_and_missing_is_none() {

@@ -31,6 +31,51 @@ fn committed_crds_match_the_code() {
     }
 }
 
+/// The admission policy for Kubernetes 1.28 and 1.29, which serve ValidatingAdmissionPolicy
+/// only as `admissionregistration.k8s.io/v1beta1` (same fields): generated from the v1 file,
+/// never edited by hand.
+fn admission_v1beta1(v1: &str) -> String {
+    let body = v1
+        .lines()
+        .skip_while(|l| l.starts_with('#'))
+        .map(|l| {
+            if l == "apiVersion: admissionregistration.k8s.io/v1" {
+                "apiVersion: admissionregistration.k8s.io/v1beta1"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    format!(
+        "# GENERATED from ../node-restriction.yaml (read its header) for Kubernetes 1.28 and 1.29,\n\
+         # which serve ValidatingAdmissionPolicy as admissionregistration.k8s.io/v1beta1 only, behind\n\
+         # the ValidatingAdmissionPolicy feature gate and --runtime-config=\n\
+         # admissionregistration.k8s.io/v1beta1=true. Regenerate with\n\
+         # `NODEGRACE_UPDATE_CRDS=1 cargo test --test crds`.\n{body}\n"
+    )
+}
+
+#[test]
+fn the_v1beta1_admission_policy_is_generated_from_the_v1_one() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("packaging/admission");
+    let v1 = std::fs::read_to_string(dir.join("node-restriction.yaml")).unwrap();
+    let generated = admission_v1beta1(&v1);
+    let path = dir.join("v1beta1/node-restriction.yaml");
+    if std::env::var_os("NODEGRACE_UPDATE_CRDS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &generated).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{} differs from what the v1 policy generates; regenerate it with \
+         `NODEGRACE_UPDATE_CRDS=1 cargo test --test crds` and commit the result",
+        path.display()
+    );
+    assert!(!generated.contains("admissionregistration.k8s.io/v1\n"));
+}
+
 #[test]
 fn crds_command_output_is_a_stream_of_both_crds() {
     let stream = api::crds_yaml().unwrap();
@@ -492,18 +537,6 @@ fn er_schema() -> Value {
     schema_of(&crd_json(api::eviction_request_crd().unwrap()))
 }
 
-/// The EvictionRequest schema for `kube_cel::Validator`, which binds `oldSelf` of an
-/// `optionalOldSelf` rule as a plain value; that rule is evaluated on its own in
-/// `an_eviction_request_is_created_with_a_requester`.
-fn er_schema_for_validator() -> Value {
-    let mut schema = er_schema();
-    let rules = schema["properties"]["spec"]["x-kubernetes-validations"]
-        .as_array_mut()
-        .unwrap();
-    rules.retain(|r| r["optionalOldSelf"] != true);
-    schema
-}
-
 fn eviction_request() -> Value {
     let mut er = serde_json::to_value(api::EvictionRequest::for_pod(
         "shop",
@@ -521,7 +554,7 @@ fn eviction_request() -> Value {
 
 #[test]
 fn eviction_request_name_is_the_pod_uid() {
-    let schema = er_schema_for_validator();
+    let schema = er_schema();
     assert_accepted(&schema, &eviction_request(), None);
     let mut renamed = eviction_request();
     renamed["metadata"]["name"] = json!("db-0");
@@ -533,7 +566,7 @@ fn eviction_request_name_is_the_pod_uid() {
 
 #[test]
 fn eviction_request_spec_fields_are_immutable() {
-    let schema = er_schema_for_validator();
+    let schema = er_schema();
     let old = eviction_request();
     let mut new = old.clone();
     new["spec"]["target"]["podRef"]["name"] = json!("db-1");
@@ -552,8 +585,8 @@ fn eviction_request_spec_fields_are_immutable() {
 }
 
 #[test]
-fn requesters_are_required_on_create_and_frozen_when_forbidden_or_complete() {
-    let schema = er_schema_for_validator();
+fn requesters_are_frozen_when_forbidden_or_complete() {
+    let schema = er_schema();
     let mut unrequested = eviction_request();
     unrequested["spec"]["requesters"] = json!([]);
 
@@ -583,7 +616,7 @@ fn requesters_are_required_on_create_and_frozen_when_forbidden_or_complete() {
 
 #[test]
 fn eviction_request_status_rules() {
-    let schema = er_schema_for_validator();
+    let schema = er_schema();
     let mut er = eviction_request();
     er["status"]["activeInterceptorName"] = json!("statefulset.apps.k8s.io");
     assert_accepted(&schema, &er, None);
@@ -599,53 +632,23 @@ fn eviction_request_status_rules() {
     assert_rejected(&schema, &new, Some(&old), "can only increase");
 }
 
-/// The one rule with `optionalOldSelf`, evaluated directly: the validator binds a missing
-/// `oldSelf` as null, the apiserver as `optional.none()`.
+/// Kubernetes 1.28 (the oldest release nodegrace supports) refuses `optionalOldSelf`
+/// (1.29+) as an unknown field, so no rule may use it: a request created without
+/// requesters is not refused but cancelled by the eviction-request controller at once
+/// (`decide::no_requesters_cancels_unless_forbidden`).
 #[test]
-fn an_eviction_request_is_created_with_a_requester() {
-    use kube_cel::cel::objects::{OptionalValue, Value as CelValue};
-    use kube_cel::KubeCelExt;
-    use std::sync::Arc;
-
-    let schema = er_schema();
-    let rules = node(&schema, "spec")["x-kubernetes-validations"]
-        .as_array()
-        .unwrap()
-        .clone();
-    let create_rules: Vec<&Value> = rules
-        .iter()
-        .filter(|r| r["optionalOldSelf"] == true)
-        .collect();
-    assert_eq!(create_rules.len(), 1);
-    let program =
-        kube_cel::cel::Program::compile(create_rules[0]["rule"].as_str().unwrap()).unwrap();
-
-    let eval = |spec: &Value, old: Option<&Value>| -> bool {
-        let mut ctx = kube_cel::cel::Context::default();
-        ctx.register_all();
-        ctx.add_variable("self", spec.clone()).unwrap();
-        let old = match old {
-            Some(old) => OptionalValue::of(kube_cel::cel::to_value(old).unwrap()),
-            None => OptionalValue::none(),
-        };
-        ctx.add_variable_from_value("oldSelf", CelValue::Opaque(Arc::new(old)));
-        match program.execute(&ctx).unwrap() {
-            CelValue::Bool(b) => b,
-            other => panic!("rule returned {other:?}"),
-        }
-    };
-    let requested = eviction_request()["spec"].clone();
-    let mut unrequested = requested.clone();
-    unrequested["requesters"] = json!([]);
-    let mut absent = requested.clone();
-    absent.as_object_mut().unwrap().remove("requesters");
-    assert!(eval(&requested, None));
-    assert!(!eval(&unrequested, None));
-    assert!(!eval(&absent, None));
-    assert!(
-        eval(&unrequested, Some(&requested)),
-        "withdrawing the last requester cancels"
-    );
+fn no_rule_needs_a_kubernetes_newer_than_1_28() {
+    for crd in [
+        crd_json(api::eviction_request_crd().unwrap()),
+        crd_json(api::node_maintenance_crd().unwrap()),
+    ] {
+        let text = serde_json::to_string(&crd).unwrap();
+        assert!(
+            !text.contains("optionalOldSelf"),
+            "{}",
+            crd["metadata"]["name"]
+        );
+    }
 }
 
 // --- RBAC and the node-restriction admission policies -------------------------------
@@ -660,7 +663,11 @@ mod rbac {
 
     fn rbac_file(name: &str) -> String {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("packaging/rbac")
+            .join(if name == "clusterrole.yaml" {
+                "packaging/rbac"
+            } else {
+                "packaging/admission"
+            })
             .join(name);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }

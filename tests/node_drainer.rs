@@ -17,8 +17,8 @@ use nodegrace::daemon::{Drainer, ShutdownKind};
 use nodegrace::fallback::KubeletControl;
 use nodegrace::fallback::{FallbackReport, PodOutcome};
 use nodegrace::plan::{PodInfo, PodType};
-use nodegrace::state::OfflineDrain;
 use nodegrace::state::PodCache;
+use nodegrace::state::{BootIdSource, OfflineDrain};
 use nodegrace::testing::fake_cri::{CriCall, FakeRuntime};
 use nodegrace::testing::fake_kubelet::KubeletConfig;
 use serde_json::json;
@@ -99,7 +99,7 @@ fn parts(
         kubelet: Some(kubelet.clone()),
         gate: env.gate.clone(),
         metrics: env.metrics.clone(),
-        boot_id_path: env.dir.path().join("boot_id"),
+        boot_id: BootIdSource::File(env.dir.path().join("boot_id")),
     }
 }
 

@@ -60,7 +60,7 @@ fn expected_files(unit_dir: &str) -> Vec<String> {
         "/usr/lib/systemd/logind.conf.d/zz-nodegrace-logind.conf".into(),
         "/etc/nodegrace/config.toml".into(),
     ];
-    for dir in ["crds", "rbac"] {
+    for dir in ["crds", "rbac", "admission", "admission/v1beta1"] {
         files.extend(
             manifests(dir)
                 .into_iter()

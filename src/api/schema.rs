@@ -16,12 +16,6 @@ pub(crate) enum Patch {
         rule: &'static str,
         message: &'static str,
     },
-    /// A rule also evaluated on create, with `oldSelf` as an optional (`optionalOldSelf`).
-    CreateRule {
-        path: &'static str,
-        rule: &'static str,
-        message: &'static str,
-    },
     MapList {
         path: &'static str,
         keys: &'static [&'static str],
@@ -115,11 +109,6 @@ pub(crate) const EVICTION_REQUEST: &[Patch] = &[
         rule: "!has(self.status) || !has(self.status.activeInterceptorName) || (has(self.spec.interceptors) && self.spec.interceptors.exists(i, i.name == self.status.activeInterceptorName))",
         message: "status.activeInterceptorName must name one of spec.interceptors",
     },
-    Patch::CreateRule {
-        path: "spec",
-        rule: "oldSelf.hasValue() || (has(self.requesters) && size(self.requesters) > 0)",
-        message: "an EvictionRequest is created with at least one requester",
-    },
     Patch::Rule {
         path: "spec",
         rule: "(has(self.interceptors) ? self.interceptors : []) == (has(oldSelf.interceptors) ? oldSelf.interceptors : [])",
@@ -186,14 +175,6 @@ pub(crate) fn apply(schema: &mut Value, patches: &[Patch]) -> Result<()> {
             } => push_rule(
                 at(schema, path)?,
                 json!({ "rule": rule, "message": message }),
-            )?,
-            Patch::CreateRule {
-                path,
-                rule,
-                message,
-            } => push_rule(
-                at(schema, path)?,
-                json!({ "rule": rule, "message": message, "optionalOldSelf": true }),
             )?,
             Patch::MapList { path, keys } => {
                 let node = object(at(schema, path)?, path)?;

@@ -508,7 +508,7 @@ async fn simulate(
             kubelet: None,
             gate: gate.clone(),
             metrics: crate::metrics::Metrics::new(),
-            boot_id_path: boot_id,
+            boot_id: crate::state::BootIdSource::File(boot_id),
         },
         move || {
             let config = client_config.clone();

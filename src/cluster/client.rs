@@ -39,3 +39,47 @@ pub async fn client(
     }
     kube::Client::try_from(config).context("cannot build the apiserver client")
 }
+
+/// The apiserver URL the client of `settings` talks to, for logs ("in-cluster or
+/// $KUBECONFIG" when the configuration does not say).
+pub fn endpoint(settings: &Settings) -> String {
+    let from_kubeconfig = settings.node.kubeconfig.as_ref().and_then(|path| {
+        let kc = kube::config::Kubeconfig::read_from(path).ok()?;
+        let context = kc.current_context.as_ref()?;
+        let cluster = kc
+            .contexts
+            .iter()
+            .find(|c| &c.name == context)?
+            .context
+            .as_ref()?
+            .cluster
+            .clone();
+        kc.clusters
+            .iter()
+            .find(|c| c.name == cluster)?
+            .cluster
+            .as_ref()?
+            .server
+            .clone()
+    });
+    from_kubeconfig.unwrap_or_else(|| "in-cluster or $KUBECONFIG".to_string())
+}
+
+/// The user and groups the apiserver authenticates `client` as (a SelfSubjectReview,
+/// which every authenticated identity may create).
+pub async fn identity(client: &kube::Client) -> Result<(String, Vec<String>)> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
+    let review = api
+        .create(
+            &kube::api::PostParams::default(),
+            &SelfSubjectReview::default(),
+        )
+        .await
+        .context("asking the apiserver who this client is (SelfSubjectReview)")?;
+    let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+    Ok((
+        user.username.unwrap_or_default(),
+        user.groups.unwrap_or_default(),
+    ))
+}

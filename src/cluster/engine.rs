@@ -76,10 +76,11 @@ pub use crate::api::shutdown_maintenance_name;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The apiserver could not be reached for longer than `fallback.apiserver_timeout`:
-    /// switch to the local (CRI) fallback.
-    #[error("the apiserver has been unreachable for more than {0:?}")]
-    ApiserverUnreachable(Duration),
+    /// The apiserver could not be used (no answer, or answers that refuse or fail every
+    /// request: 401, 403, 429, 5xx) for longer than `fallback.apiserver_timeout` since the
+    /// last good answer: switch to the local (CRI) fallback.
+    #[error("the apiserver has not been usable for {0:?} (last error: {1})")]
+    ApiserverUnreachable(Duration, String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -183,6 +184,8 @@ pub enum AfterBoot {
 
 pub struct EngineOptions {
     pub client: Client,
+    /// The apiserver's URL and the identity the client has there, for logs.
+    pub endpoint: String,
     pub settings: Settings,
     pub node: String,
     pub gate: Arc<dyn StaticPodGate>,
@@ -237,8 +240,9 @@ struct Shared {
     volumes: Store<VolumeAttachment>,
     ready: Mutex<Ready>,
     wake: watch::Sender<u64>,
-    /// Since when every request to the apiserver has failed at the transport level.
-    failing_since: Mutex<Option<Instant>>,
+    endpoint: String,
+    /// Since when every request to the apiserver has failed (see [`is_unusable`]).
+    failing: Mutex<Option<Failing>>,
     shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
     progress: watch::Sender<Progress>,
     recorder: Recorder,
@@ -264,18 +268,34 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Whether a kube error means the apiserver was not reached (as opposed to an answer).
-fn is_transport(err: &kube::Error) -> bool {
-    !matches!(
-        err,
-        kube::Error::Api(_) | kube::Error::SerdeError(_) | kube::Error::BuildRequest(_)
-    )
+/// Whether a kube error says the apiserver cannot be used now, as opposed to an answer
+/// about the request itself (404, 409, 422, ...): no answer at all, or an answer that
+/// fails or refuses this client whatever it asks. An apiserver that is starting answers
+/// 403 to everything until its RBAC caches are loaded, and 5xx while its storage is not
+/// ready; such answers are retried, and only their persistence past
+/// `fallback.apiserver_timeout` sends a shutdown to the offline fallback.
+fn is_unusable(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => matches!(status.code, 401 | 403 | 429 | 500..=599),
+        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
+        _ => true,
+    }
 }
 
-fn anyhow_is_transport(err: &anyhow::Error) -> bool {
+fn anyhow_is_unusable(err: &anyhow::Error) -> bool {
     err.chain()
-        .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_transport))
+        .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_unusable))
 }
+
+/// Since when the apiserver cannot be used, and what it last said.
+struct Failing {
+    since: Instant,
+    last_error: String,
+    reminded: Instant,
+}
+
+/// How often a still unusable apiserver is mentioned in the log again.
+const UNUSABLE_REMINDER: Duration = Duration::from_secs(60);
 
 fn rv_number<K: Resource>(k: &K) -> u64 {
     k.meta()
@@ -340,6 +360,67 @@ fn tolerates_everything(pod: &Pod) -> bool {
         })
 }
 
+/// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
+/// the creation) among the draining maintenances that select it.
+fn drain_began(active: &[Arc<NodeMaintenance>]) -> Option<chrono::DateTime<chrono::Utc>> {
+    active
+        .iter()
+        .filter(|m| is_draining(m))
+        .filter_map(|m| {
+            let started = m
+                .status
+                .as_ref()
+                .and_then(|s| s.stage_statuses.iter().find(|s| s.name == Stage::Drain))
+                .and_then(|s| s.start_timestamp.as_ref())
+                .or(m.metadata.creation_timestamp.as_ref())?;
+            chrono::DateTime::from_timestamp(started.0.as_second(), 0)
+        })
+        .min()
+}
+
+fn daemonset_owner(pod: &Pod) -> Option<&str> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
+        .map(|o| o.uid.as_str())
+}
+
+/// DaemonSet pods that tolerate every taint are recreated by their controller at once, on a
+/// cordoned and tainted node too: each is terminated once, and another pod of that
+/// DaemonSet is its replacement, neither chased nor waited for (the kubelet stops it at
+/// poweroff). A replacement is one created after the second in which the node's drain
+/// began (which holds across restarts of the daemon), or one that is not the pod this
+/// drain terminated for its DaemonSet (`terminated`: DaemonSet UID -> pod UID).
+fn daemonset_replacements(
+    raw_pods: &[Arc<Pod>],
+    active: &[Arc<NodeMaintenance>],
+    terminated: &HashMap<String, String>,
+) -> HashSet<String> {
+    let Some(began) = drain_began(active) else {
+        return HashSet::new();
+    };
+    raw_pods
+        .iter()
+        .filter(|p| tolerates_everything(p))
+        .filter(|p| {
+            let Some(owner) = daemonset_owner(p) else {
+                return false;
+            };
+            let later = p
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .and_then(|t| chrono::DateTime::from_timestamp(t.0.as_second(), 0))
+                .is_some_and(|created| created > began);
+            let another = terminated
+                .get(owner)
+                .is_some_and(|uid| p.metadata.uid.as_ref() != Some(uid));
+            later || another
+        })
+        .filter_map(|p| p.uid())
+        .collect()
+}
+
 /// The shutdown drain plan from the configuration, normalized (defaults injected).
 pub fn shutdown_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>> {
     let entries: Vec<DrainPlanEntry> = settings
@@ -375,6 +456,8 @@ struct DrainState {
     announced: HashSet<String>,
     cache_written: Option<Vec<PodInfo>>,
     cache_due: Option<Instant>,
+    /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
+    daemonset_terminated: HashMap<String, String>,
 }
 
 struct MaintView {
@@ -423,7 +506,8 @@ impl Engine {
             volumes: vas_r,
             ready: Mutex::new(Ready::default()),
             wake,
-            failing_since: Mutex::new(None),
+            endpoint: opts.endpoint,
+            failing: Mutex::new(None),
             shutdown: Mutex::new(None),
             progress,
             recorder,
@@ -439,6 +523,7 @@ impl Engine {
                 watcher::Config::default().fields(&format!("metadata.name={node}")),
                 nodes_w,
                 |r| &mut r.node,
+                false,
             ),
             spawn_reflector(
                 shared.clone(),
@@ -446,6 +531,7 @@ impl Engine {
                 watcher::Config::default().fields(&format!("spec.nodeName={node}")),
                 pods_w,
                 |r| &mut r.pods,
+                false,
             ),
             spawn_reflector(
                 shared.clone(),
@@ -453,6 +539,7 @@ impl Engine {
                 watcher::Config::default(),
                 nms_w,
                 |r| &mut r.maintenances,
+                false,
             ),
             spawn_reflector(
                 shared.clone(),
@@ -460,6 +547,7 @@ impl Engine {
                 watcher::Config::default(),
                 vas_w,
                 |r| &mut r.volumes,
+                true,
             ),
             tokio::spawn(run_loop(shared.clone())),
         ];
@@ -552,7 +640,7 @@ impl Engine {
                 _ = events.changed() => {},
                 _ = sleep_until_opt(deadline) => {
                     if sh.unreachable_for() >= sh.settings.fallback.apiserver_timeout {
-                        return Err(EngineError::ApiserverUnreachable(sh.settings.fallback.apiserver_timeout));
+                        return Err(sh.unusable_error());
                     }
                 }
             }
@@ -726,6 +814,7 @@ fn spawn_reflector<K>(
     config: watcher::Config,
     writer: reflector::store::Writer<K>,
     flag: fn(&mut Ready) -> &mut bool,
+    optional: bool,
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()>
@@ -754,16 +843,19 @@ where
                         | watcher::Error::WatchFailed(e) => Some(e),
                         _ => None,
                     };
-                    match inner {
-                        Some(e) if is_transport(e) => shared.mark_unreachable(),
-                        _ => shared.mark_reachable(),
-                    }
-                    if inner.and_then(api_error_code) == Some(403)
-                        || inner.and_then(api_error_code) == Some(404)
-                    {
-                        // Not allowed or not served (e.g. no VolumeAttachment access):
-                        // nothing to wait for.
+                    let code = inner.and_then(api_error_code);
+                    if optional && matches!(code, Some(403 | 404)) {
+                        // Not allowed or not served: nothing to wait for.
                         *flag(&mut lock(&shared.ready)) = true;
+                        shared.mark_reachable();
+                    } else if code == Some(404) {
+                        shared.mark_unreachable(&format_args!(
+                            "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
+                        ));
+                    } else if inner.is_some_and(is_unusable) {
+                        shared.mark_unreachable(&format_args!("watching {kind}: {err}"));
+                    } else {
+                        shared.mark_reachable();
                     }
                     tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
                 }
@@ -789,10 +881,13 @@ async fn run_loop(shared: Arc<Shared>) {
             match result {
                 Ok(next) => next,
                 Err(err) => {
-                    if anyhow_is_transport(&err) {
-                        shared.mark_unreachable();
+                    if anyhow_is_unusable(&err) {
+                        // Logged once by the reachability tracking, not at every retry.
+                        shared.mark_unreachable(&format_args!("{err:#}"));
+                        tracing::debug!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                    } else {
+                        tracing::warn!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
                     }
-                    tracing::warn!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
                     Some(Instant::now() + RETRY_AFTER_ERROR)
                 }
             }
@@ -812,19 +907,52 @@ impl Shared {
     }
 
     fn mark_reachable(&self) {
-        *lock(&self.failing_since) = None;
+        if let Some(was) = lock(&self.failing).take() {
+            tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?was.since.elapsed(), "the apiserver answers again");
+        }
     }
 
-    fn mark_unreachable(&self) {
-        lock(&self.failing_since).get_or_insert_with(Instant::now);
+    /// Every request failed this way since the last good answer (see [`is_unusable`]).
+    fn mark_unreachable(&self, error: &dyn std::fmt::Display) {
+        let now = Instant::now();
+        let error = error.to_string();
+        let mut failing = lock(&self.failing);
+        match failing.as_mut() {
+            None => {
+                tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, "the apiserver cannot be used; retrying");
+                *failing = Some(Failing {
+                    since: now,
+                    last_error: error,
+                    reminded: now,
+                });
+            }
+            Some(f) => {
+                if now.duration_since(f.reminded) >= UNUSABLE_REMINDER {
+                    tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?f.since.elapsed(), "the apiserver still cannot be used");
+                    f.reminded = now;
+                }
+                f.last_error = error;
+            }
+        }
     }
 
     fn unreachable_for(&self) -> Duration {
-        lock(&self.failing_since).map_or(Duration::ZERO, |s| s.elapsed())
+        lock(&self.failing)
+            .as_ref()
+            .map_or(Duration::ZERO, |f| f.since.elapsed())
     }
 
     fn unreachable_deadline(&self) -> Option<Instant> {
-        lock(&self.failing_since).map(|s| s + self.settings.fallback.apiserver_timeout)
+        lock(&self.failing)
+            .as_ref()
+            .map(|f| f.since + self.settings.fallback.apiserver_timeout)
+    }
+
+    fn unusable_error(&self) -> EngineError {
+        let last = lock(&self.failing)
+            .as_ref()
+            .map_or_else(|| "no answer yet".to_string(), |f| f.last_error.clone());
+        EngineError::ApiserverUnreachable(self.settings.fallback.apiserver_timeout, last)
     }
 
     /// One cheap request to learn whether the apiserver answers.
@@ -843,13 +971,14 @@ impl Shared {
     fn note<T>(&self, r: &Result<T>) {
         match r {
             Ok(_) => self.mark_reachable(),
-            Err(e) if anyhow_is_transport(e) => self.mark_unreachable(),
+            Err(e) if anyhow_is_unusable(e) => self.mark_unreachable(&format_args!("{e:#}")),
             Err(_) => self.mark_reachable(),
         }
     }
 
-    /// Waits until the watches named by `which` have listed, or the apiserver has been
-    /// unreachable for `fallback.apiserver_timeout`.
+    /// Waits until the watches named by `which` have listed, or the apiserver has not been
+    /// usable for `fallback.apiserver_timeout` (counted from the last good answer, so a
+    /// node whose apiserver went away long ago does not wait the whole timeout again).
     async fn wait_ready(&self, which: fn(&Ready) -> bool) -> Result<(), EngineError> {
         let mut rx = self.wake.subscribe();
         let started = Instant::now();
@@ -859,9 +988,11 @@ impl Shared {
             if which(&lock(&self.ready)) {
                 return Ok(());
             }
-            let deadline = started + timeout;
+            let deadline = self
+                .unreachable_deadline()
+                .map_or(started + timeout, |d| d.min(started + timeout));
             if Instant::now() >= deadline {
-                return Err(EngineError::ApiserverUnreachable(timeout));
+                return Err(self.unusable_error());
             }
             tokio::select! {
                 r = rx.changed() => if r.is_err() {
@@ -1010,7 +1141,7 @@ impl Shared {
             self.note(&r);
             match r {
                 Ok(_) => return Ok(()),
-                Err(e) if anyhow_is_transport(&e) => self.retry_or_unreachable(started).await?,
+                Err(e) if anyhow_is_unusable(&e) => self.retry_or_unreachable(started).await?,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -1024,10 +1155,12 @@ impl Shared {
         r
     }
 
+    /// After an unusable answer (already noted): waits a moment to try again, or gives up
+    /// once the apiserver has not been usable for `fallback.apiserver_timeout`.
     async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
         let timeout = self.settings.fallback.apiserver_timeout;
-        if started.elapsed() >= timeout {
-            return Err(EngineError::ApiserverUnreachable(timeout));
+        if started.elapsed() >= timeout || self.unreachable_for() >= timeout {
+            return Err(self.unusable_error());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         Ok(())
@@ -1211,13 +1344,27 @@ impl Shared {
                         }
                         Err(e) if api_error_code(&e) == Some(409) => {
                             self.mark_reachable();
-                            match api.get_opt(&name).await.map_err(anyhow::Error::from)? {
-                                Some(m) => m,
-                                None => continue,
+                            match api.get_opt(&name).await {
+                                Ok(Some(m)) => m,
+                                Ok(None) => continue,
+                                Err(e) if is_unusable(&e) => {
+                                    self.mark_unreachable(&format_args!(
+                                        "reading NodeMaintenance {name}: {e}"
+                                    ));
+                                    self.retry_or_unreachable(started).await?;
+                                    continue;
+                                }
+                                Err(e) => {
+                                    return Err(anyhow::Error::from(e)
+                                        .context(format!("reading NodeMaintenance {name}"))
+                                        .into())
+                                }
                             }
                         }
-                        Err(e) if is_transport(&e) => {
-                            self.mark_unreachable();
+                        Err(e) if is_unusable(&e) => {
+                            self.mark_unreachable(&format_args!(
+                                "creating NodeMaintenance {name}: {e}"
+                            ));
                             self.retry_or_unreachable(started).await?;
                             continue;
                         }
@@ -1265,8 +1412,8 @@ impl Shared {
                     tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
                     return Ok(m);
                 }
-                Err(e) if is_transport(&e) => {
-                    self.mark_unreachable();
+                Err(e) if is_unusable(&e) => {
+                    self.mark_unreachable(&format_args!("adopting NodeMaintenance {name}: {e}"));
                     self.retry_or_unreachable(started).await?;
                 }
                 Err(e) if api_error_code(&e) == Some(404) => continue,
@@ -1303,8 +1450,10 @@ impl Shared {
             }
             Err(e) if api_error_code(&e) == Some(404) => Ok(true),
             Err(e) if api_error_code(&e) == Some(409) => Ok(false),
-            Err(e) if is_transport(&e) => {
-                self.mark_unreachable();
+            Err(e) if is_unusable(&e) => {
+                self.mark_unreachable(&format_args!(
+                    "replacing the completed NodeMaintenance {name} (delete): {e}"
+                ));
                 self.retry_or_unreachable(started).await?;
                 Ok(false)
             }
@@ -1418,6 +1567,30 @@ impl Shared {
         let active: Vec<Arc<NodeMaintenance>> =
             selecting.iter().filter(|m| is_active(m)).cloned().collect();
 
+        let replacements = daemonset_replacements(&raw_pods, &active, &st.daemonset_terminated);
+        if !replacements.is_empty() {
+            let fresh: Vec<String> = raw_pods
+                .iter()
+                .filter(|p| replacements.contains(p.uid().as_deref().unwrap_or_default()))
+                .filter(|p| {
+                    st.announced
+                        .insert(format!("replacement/{}", p.uid().unwrap_or_default()))
+                })
+                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                .collect();
+            if !fresh.is_empty() {
+                tracing::info!(node = %self.node, pods = ?fresh, "DaemonSet pods that tolerate every taint came back after their termination: left running, not waited for");
+            }
+        }
+        let raw_pods: Vec<Arc<Pod>> = raw_pods
+            .into_iter()
+            .filter(|p| !replacements.contains(p.uid().as_deref().unwrap_or_default()))
+            .collect();
+        let pods: Vec<PodInfo> = pods
+            .into_iter()
+            .filter(|p| !replacements.contains(&p.uid))
+            .collect();
+
         // Cordon and finalizer first: a maintenance that selects the node holds it.
         if !active.is_empty() && cordon_patch(&node).is_some() {
             self.patch_node(st, "cordon", cordon_patch).await?;
@@ -1490,6 +1663,7 @@ impl Shared {
             st.targets = DrainTargets::none();
             st.targets_since = None;
             st.tracks.clear();
+            st.daemonset_terminated.clear();
         }
 
         self.publish_fallback(st, &selecting).await;
@@ -1753,19 +1927,27 @@ impl Shared {
                 .map(PodInfo::key)
                 .collect();
             if !tolerant.is_empty() {
-                tracing::warn!(node = %self.node, pods = ?tolerant, "DaemonSet pods tolerate every taint and may be recreated");
+                tracing::warn!(node = %self.node, pods = ?tolerant, "DaemonSet pods tolerate every taint: terminated once; the replacements their controller creates are left running");
                 self.event_both(
                     node,
                     first,
                     true,
                     "TolerateEverything",
                     format!(
-                        "DaemonSet pods tolerating every taint may be recreated on the node: {}",
+                        "DaemonSet pods tolerating every taint are terminated once; their controller recreates them on the node and the replacements are left running: {}",
                         tolerant.join(", ")
                     ),
                 );
             }
             for pod in daemonsets {
+                if let Some(owner) = raw
+                    .get(pod.uid.as_str())
+                    .filter(|r| tolerates_everything(r))
+                    .and_then(|r| daemonset_owner(r))
+                {
+                    st.daemonset_terminated
+                        .insert(owner.to_string(), pod.uid.clone());
+                }
                 let m = first_holder(&pod);
                 let grace = pod.termination_grace_period_seconds;
                 jobs.push(Job::Terminate(
@@ -1847,8 +2029,8 @@ impl Shared {
                     track.blocked_by = Some(by);
                 }
                 Err(err) => {
-                    if anyhow_is_transport(&err) {
-                        self.mark_unreachable();
+                    if anyhow_is_unusable(&err) {
+                        self.mark_unreachable(&format_args!("{err:#}"));
                     }
                     self.metrics.api_error("terminate");
                     tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "terminating a pod failed");

@@ -19,10 +19,9 @@ use crate::cri::Runtime;
 use crate::daemon::{Drainer, ShutdownRequest};
 use crate::fallback::{Fallback, FallbackOptions, FallbackReport, KubeletControl, PodOutcome};
 use crate::metrics::{Metrics, TerminationMethod};
-use crate::state::{OfflineDrain, PodCache};
+use crate::state::{BootIdSource, OfflineDrain, PodCache};
 use crate::staticpods::StaticPodGate;
 
-const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
@@ -34,14 +33,12 @@ pub struct NodeParts {
     pub kubelet: Option<Arc<dyn KubeletControl>>,
     pub gate: Arc<dyn StaticPodGate>,
     pub metrics: Metrics,
-    pub boot_id_path: PathBuf,
+    pub boot_id: BootIdSource,
 }
 
 impl NodeParts {
     pub fn boot_id(&self) -> Result<String> {
-        std::fs::read_to_string(&self.boot_id_path)
-            .map(|s| s.trim().to_string())
-            .with_context(|| format!("reading {}", self.boot_id_path.display()))
+        self.boot_id.read()
     }
 }
 
@@ -113,6 +110,9 @@ pub struct NodeDrainer {
     /// The fallback of the shutdown under way, so a cancel can restart the kubelet.
     fallback: Mutex<Option<Arc<Fallback>>>,
     stop: CancellationToken,
+    /// When connecting began: a shutdown after the apiserver has been unreachable for
+    /// `fallback.apiserver_timeout` since then does not wait that long again.
+    connecting_since: tokio::time::Instant,
 }
 
 impl Drop for NodeDrainer {
@@ -150,6 +150,7 @@ impl NodeDrainer {
             engine: rx,
             fallback: Mutex::new(None),
             stop,
+            connecting_since: tokio::time::Instant::now(),
         }
     }
 
@@ -269,7 +270,9 @@ impl NodeDrainer {
 impl Drainer for NodeDrainer {
     async fn drain(&self, req: &ShutdownRequest) -> Result<()> {
         let timeout = self.parts.settings.fallback.apiserver_timeout;
-        let mut engine = self.engine_within(timeout).await;
+        let mut engine = self
+            .engine_within(timeout.saturating_sub(self.connecting_since.elapsed()))
+            .await;
         let mut req = req.clone();
         loop {
             // Whether the cluster path may take over again once the apiserver answers: not
@@ -278,8 +281,8 @@ impl Drainer for NodeDrainer {
             if let Some(online) = &engine {
                 match online.shutdown_drain(&req).await {
                     Ok(()) => return Ok(()),
-                    Err(EngineError::ApiserverUnreachable(after)) => {
-                        tracing::warn!(node = %self.parts.node, unreachable_for = ?after, "apiserver unreachable: draining locally through the CRI runtime");
+                    Err(EngineError::ApiserverUnreachable(after, last_error)) => {
+                        tracing::warn!(node = %self.parts.node, unusable_for = ?after, last_error = %last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
                     }
                     // Without the CRDs or with a rejected request the cluster path cannot
                     // drain; stopping pods locally still beats releasing at once.
@@ -403,7 +406,9 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<kube::Client>>,
 {
+    let endpoint = crate::cluster::client::endpoint(&settings);
     let mut delay = RETRY_MIN;
+    let mut failures = 0u32;
     let (client, eviction_requests) = loop {
         let attempt = async {
             let client = connect().await?;
@@ -414,16 +419,31 @@ where
             Ok(ready) => break ready,
             Err(err) => {
                 metrics.api_error("connect");
-                tracing::warn!(node = %node, error = format!("{err:#}"), retry_in = ?delay, "cannot reach the apiserver yet");
+                // The first failure and then about every few minutes, not every retry.
+                if failures.is_power_of_two() || failures == 0 {
+                    tracing::warn!(node = %node, apiserver = %endpoint, error = format!("{err:#}"), retry_in = ?delay, "cannot reach the apiserver yet");
+                }
+                failures += 1;
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(RETRY_MAX);
             }
         }
     };
+    let identity = match crate::cluster::client::identity(&client).await {
+        Ok((user, groups)) => {
+            tracing::info!(node = %node, apiserver = %endpoint, user = %user, groups = ?groups, "connected to the apiserver");
+            check_identity(&node, &user);
+            user
+        }
+        Err(err) => {
+            tracing::warn!(node = %node, apiserver = %endpoint, error = format!("{err:#}"), "connected to the apiserver; its identity is unknown");
+            "unknown".to_string()
+        }
+    };
     let terminator: Option<Arc<dyn PodTerminator>> = if eviction_requests {
         tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
         if !settings.drain.external_eviction_request_controller {
-            let config = ControllerConfig::from_settings(&settings);
+            let config = ControllerConfig::from_settings(&settings, &node);
             let client = client.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
@@ -444,12 +464,23 @@ where
     };
     Engine::start(EngineOptions {
         client,
+        endpoint: format!("{endpoint} as {identity}"),
         settings,
         node,
         gate,
         metrics,
         terminator,
     })
+}
+
+/// Says at once when the kubeconfig is another node's nodegrace identity: the admission
+/// policy (packaging/admission) would refuse every write it makes for this node.
+fn check_identity(node: &str, user: &str) {
+    if let Some(other) = user.strip_prefix("nodegrace:node:") {
+        if other != node {
+            tracing::error!(node = %node, user = %user, "the kubeconfig (node.kubeconfig) holds another node's identity: the admission policy refuses its writes for this node; issue one for nodegrace:node:{node}");
+        }
+    }
 }
 
 /// The drainer `nodegrace run` uses on a real node.
@@ -482,7 +513,7 @@ pub fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result<NodeDr
             kubelet: Some(Arc::new(crate::systemd::SystemdKubelet::default())),
             gate: Arc::new(gate),
             metrics,
-            boot_id_path: PathBuf::from(BOOT_ID_PATH),
+            boot_id: BootIdSource::System,
         },
         move || {
             let settings = connect_settings.clone();

@@ -90,6 +90,7 @@ impl Env {
 
     pub fn engine(&self, settings: Settings) -> Engine {
         Engine::start(EngineOptions {
+            endpoint: "fake apiserver".into(),
             client: self.cluster.client().unwrap(),
             settings,
             node: NODE.into(),

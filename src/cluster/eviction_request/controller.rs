@@ -51,9 +51,11 @@ pub struct ControllerConfig {
 }
 
 impl ControllerConfig {
-    pub fn from_settings(settings: &Settings) -> Self {
+    /// `node` is the resolved node name (`Settings::node_name`): `node.name` is empty by
+    /// default and must never be used as it is.
+    pub fn from_settings(settings: &Settings, node: &str) -> Self {
         Self {
-            node: settings.node.name.clone(),
+            node: node.to_owned(),
             backoff_max: settings.drain.eviction_backoff_max,
             clock: WallClock::System,
         }
