@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::evict::{backoff, Outcome};
+use super::eviction_request::ControllerHandle;
 use super::node::{
     cordon_patch, lb_exclusion_patch, maintenance_taint_patch, patch_node_with,
     set_shutdown_condition, uncordon_patch, SHUTDOWN_CONDITION,
@@ -248,6 +249,9 @@ struct Shared {
     recorder: Recorder,
     fallback: Mutex<Option<FallbackSummary>>,
     timings: Mutex<ShutdownTimings>,
+    /// This node's eviction-request controller, when nodegrace is it: fed the engine's pod
+    /// events and the eviction back-off cap in force.
+    eviction_requests: Mutex<Option<ControllerHandle>>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -458,6 +462,8 @@ struct DrainState {
     cache_due: Option<Instant>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
     daemonset_terminated: HashMap<String, String>,
+    /// The eviction back-off cap last given to the eviction-request controller.
+    backoff_cap: Option<Duration>,
 }
 
 struct MaintView {
@@ -513,6 +519,7 @@ impl Engine {
             recorder,
             fallback: Mutex::new(None),
             timings: Mutex::new(ShutdownTimings::default()),
+            eviction_requests: Mutex::new(None),
         });
         let c = &opts.client;
         let node = &opts.node;
@@ -524,6 +531,7 @@ impl Engine {
                 nodes_w,
                 |r| &mut r.node,
                 false,
+                |_, _| {},
             ),
             spawn_reflector(
                 shared.clone(),
@@ -532,6 +540,7 @@ impl Engine {
                 pods_w,
                 |r| &mut r.pods,
                 false,
+                Shared::pod_changed,
             ),
             spawn_reflector(
                 shared.clone(),
@@ -540,6 +549,7 @@ impl Engine {
                 nms_w,
                 |r| &mut r.maintenances,
                 false,
+                |_, _| {},
             ),
             spawn_reflector(
                 shared.clone(),
@@ -548,6 +558,7 @@ impl Engine {
                 vas_w,
                 |r| &mut r.volumes,
                 true,
+                |_, _| {},
             ),
             tokio::spawn(run_loop(shared.clone())),
         ];
@@ -556,6 +567,19 @@ impl Engine {
 
     pub fn node(&self) -> &str {
         &self.shared.node
+    }
+
+    /// The node's pods as the engine's watch holds them (the eviction-request controller's
+    /// pod cache: one watch of the node's pods serves both).
+    pub fn pod_store(&self) -> Store<Pod> {
+        self.shared.pods.clone()
+    }
+
+    /// Feeds this node's eviction-request controller: pod events, and the shorter eviction
+    /// back-off cap while a shutdown runs.
+    pub fn attach_eviction_request_controller(&self, handle: ControllerHandle) {
+        *lock(&self.shared.eviction_requests) = Some(handle);
+        self.shared.bump();
     }
 
     pub fn timings(&self) -> ShutdownTimings {
@@ -815,6 +839,7 @@ fn spawn_reflector<K>(
     writer: reflector::store::Writer<K>,
     flag: fn(&mut Ready) -> &mut bool,
     optional: bool,
+    on_object: fn(&Shared, &K),
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()>
@@ -835,7 +860,15 @@ where
                     *flag(&mut lock(&shared.ready)) = true;
                     shared.mark_reachable();
                 }
-                Ok(_) => shared.mark_reachable(),
+                Ok(
+                    watcher::Event::Apply(obj)
+                    | watcher::Event::InitApply(obj)
+                    | watcher::Event::Delete(obj),
+                ) => {
+                    shared.mark_reachable();
+                    on_object(&shared, &obj);
+                }
+                Ok(watcher::Event::Init) => shared.mark_reachable(),
                 Err(err) => {
                     let inner = match &err {
                         watcher::Error::InitialListFailed(e)
@@ -902,6 +935,15 @@ async fn run_loop(shared: Arc<Shared>) {
 }
 
 impl Shared {
+    fn pod_changed(&self, pod: &Pod) {
+        if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+            handle.pod_changed(
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.uid.as_deref().unwrap_or_default(),
+            );
+        }
+    }
+
     fn bump(&self) {
         self.wake.send_modify(|g| *g = g.wrapping_add(1));
     }
@@ -1818,6 +1860,12 @@ impl Shared {
         } else {
             self.settings.drain.eviction_backoff_max
         };
+        if st.backoff_cap != Some(cap) {
+            if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+                handle.set_backoff_max(cap);
+                st.backoff_cap = Some(cap);
+            }
+        }
         let raw: HashMap<&str, &Arc<Pod>> = raw_pods
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p)))

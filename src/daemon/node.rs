@@ -440,37 +440,37 @@ where
             "unknown".to_string()
         }
     };
-    let terminator: Option<Arc<dyn PodTerminator>> = if eviction_requests {
+    let terminator: Option<Arc<dyn PodTerminator>> = eviction_requests.then(|| {
         tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
-        if !settings.drain.external_eviction_request_controller {
-            let config = ControllerConfig::from_settings(&settings, &node);
-            let client = client.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                if let Err(err) = Controller::run_with_own_pod_watch(client, config, stop).await {
-                    tracing::error!(
-                        error = format!("{err:#}"),
-                        "the eviction-request controller stopped"
-                    );
-                }
-            });
-        }
-        Some(Arc::new(EvictionRequestTerminator::new(
+        Arc::new(EvictionRequestTerminator::new(
             client.clone(),
             Requester::new(client.clone(), &node),
-        )))
-    } else {
-        None
-    };
-    Engine::start(EngineOptions {
-        client,
+        )) as Arc<dyn PodTerminator>
+    });
+    let run_controller = eviction_requests && !settings.drain.external_eviction_request_controller;
+    let config = ControllerConfig::from_settings(&settings, &node);
+    let engine = Engine::start(EngineOptions {
+        client: client.clone(),
         endpoint: format!("{endpoint} as {identity}"),
         settings,
         node,
         gate,
         metrics,
         terminator,
-    })
+    });
+    if run_controller {
+        let (controller, handle) = Controller::new(client, Arc::new(engine.pod_store()), config);
+        engine.attach_eviction_request_controller(handle);
+        tokio::spawn(async move {
+            if let Err(err) = controller.run(stop).await {
+                tracing::error!(
+                    error = format!("{err:#}"),
+                    "the eviction-request controller stopped"
+                );
+            }
+        });
+    }
+    engine
 }
 
 /// Says at once when the kubeconfig is another node's nodegrace identity: the admission

@@ -1,10 +1,11 @@
 //! Checks requests the daemon made against the ClusterRole shipped in packaging/rbac.
 #![allow(dead_code)]
 
-use std::path::Path;
-
 use nodegrace::testing::fake_apiserver::RecordedRequest;
-use serde_json::Value;
+
+#[path = "cluster_role.rs"]
+mod cluster_role;
+use cluster_role::ClusterRole;
 
 /// The request attributes RBAC authorizes: (verb, API group, resource[/subresource]).
 fn rbac_attributes(r: &RecordedRequest) -> Option<(String, String, String)> {
@@ -47,39 +48,13 @@ fn rbac_attributes(r: &RecordedRequest) -> Option<(String, String, String)> {
 /// Fails when the ClusterRole shipped in packaging/rbac would refuse a request the daemon
 /// made (the fake apiserver authorizes everything; a real one does not).
 pub fn assert_cluster_role_allows(reqs: &[RecordedRequest]) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/rbac/clusterrole.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let role: Value = serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .find(|d: &Value| d["kind"] == "ClusterRole")
-        .expect("a ClusterRole");
-    let strings = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
-            .unwrap_or_default()
-    };
-    let rules: Vec<[Vec<String>; 3]> = role["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|rule| {
-            [
-                strings(&rule["verbs"]),
-                strings(&rule["apiGroups"]),
-                strings(&rule["resources"]),
-            ]
-        })
-        .collect();
+    let role = ClusterRole::shipped();
     for r in reqs {
         let Some((verb, group, resource)) = rbac_attributes(r) else {
             continue;
         };
         assert!(
-            rules
-                .iter()
-                .any(|[verbs, groups, resources]| verbs.contains(&verb)
-                    && groups.contains(&group)
-                    && resources.contains(&resource)),
+            role.allows(&verb, &group, &resource),
             "the ClusterRole does not allow {verb} {group}/{resource} ({} {}?{})",
             r.method,
             r.path,

@@ -116,6 +116,10 @@ pub struct Spec {
     pub files: BTreeMap<String, String>,
     /// Units started at boot (`systemd.wants=` on the kernel command line).
     pub wants: Vec<String>,
+    /// Writable directories: container path -> host path (they outlive the container).
+    pub rw_dirs: BTreeMap<String, PathBuf>,
+    /// Share the host's network (to reach a control plane on the host's loopback).
+    pub host_network: bool,
 }
 
 impl Spec {
@@ -129,6 +133,10 @@ impl Spec {
     }
     pub fn want(&mut self, unit: &str) -> &mut Self {
         self.wants.push(unit.into());
+        self
+    }
+    pub fn bind_rw(&mut self, container_path: &str, host: impl Into<PathBuf>) -> &mut Self {
+        self.rw_dirs.insert(container_path.into(), host.into());
         self
     }
 }
@@ -181,7 +189,6 @@ impl Container {
             "--register=no".into(),
             "--keep-unit".into(),
             "--volatile=overlay".into(),
-            "--private-network".into(),
             format!("--machine=ng-{name}"),
             format!("--directory={}", root.display()),
             format!("--bind={}:/results", results.path().display()),
@@ -191,6 +198,12 @@ impl Container {
             let host = files_dir.join(format!("{i}"));
             fs::write(&host, contents).expect("write test file");
             args.push(format!("--bind-ro={}:{target}", host.display()));
+        }
+        if !spec.host_network {
+            args.push("--private-network".into());
+        }
+        for (target, host) in &spec.rw_dirs {
+            args.push(format!("--bind={}:{target}", host.display()));
         }
         for (target, host) in &spec.bind_files {
             assert!(

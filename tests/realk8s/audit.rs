@@ -1,0 +1,131 @@
+//! The apiserver's audit log (`$REALK8S_RUN/logs/audit.log`, one JSON event per line, level
+//! Metadata): what a client really asked and what it was answered.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// One request (its last logged stage).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub user: String,
+    pub verb: String,
+    pub api_group: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    pub uri: String,
+    /// HTTP status; 0 while a watch is still open.
+    pub code: u16,
+    /// Unix seconds when the apiserver received it.
+    pub received: f64,
+}
+
+impl Request {
+    /// `resource` or `resource/subresource`, as RBAC names it.
+    pub fn rbac_resource(&self) -> String {
+        if self.subresource.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}/{}", self.resource, self.subresource)
+        }
+    }
+
+    /// `verb group/resource[/sub]`, e.g. `create /pods/eviction`.
+    pub fn kind(&self) -> String {
+        format!("{} {}/{}", self.verb, self.api_group, self.rbac_resource())
+    }
+
+    pub fn is_watch(&self) -> bool {
+        self.verb == "watch"
+    }
+}
+
+fn parse_time(text: &str) -> Option<f64> {
+    let t = chrono::DateTime::parse_from_rfc3339(text).ok()?;
+    Some(t.timestamp_micros() as f64 / 1e6)
+}
+
+fn parse(line: &str) -> Option<(String, Request)> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    let s = |ptr: &str| {
+        v.pointer(ptr)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let request = Request {
+        user: s("/user/username"),
+        verb: s("/verb"),
+        api_group: s("/objectRef/apiGroup"),
+        resource: s("/objectRef/resource"),
+        subresource: s("/objectRef/subresource"),
+        namespace: s("/objectRef/namespace"),
+        name: s("/objectRef/name"),
+        uri: s("/requestURI"),
+        code: v
+            .pointer("/responseStatus/code")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as u16,
+        received: parse_time(&s("/requestReceivedTimestamp"))?,
+    };
+    Some((s("/auditID"), request))
+}
+
+/// Every request `user` made that the apiserver received at or after `since` (Unix
+/// seconds), in order of receipt. A watch appears once (its latest stage).
+pub fn requests_of(log: &Path, user: &str, since: f64) -> Vec<Request> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut by_id: BTreeMap<String, Request> = BTreeMap::new();
+    for line in text.lines() {
+        if !line.contains(user) {
+            continue;
+        }
+        if let Some((id, r)) = parse(line) {
+            if r.user == user && r.received >= since {
+                by_id.insert(id, r);
+            }
+        }
+    }
+    let mut all: Vec<Request> = by_id.into_values().collect();
+    all.sort_by(|a, b| a.received.total_cmp(&b.received));
+    all
+}
+
+/// Requests counted by `verb group/resource[/sub]`, for reports and assertions.
+pub fn count_by_kind(requests: &[Request]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for r in requests {
+        *counts.entry(r.kind()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[path = "../engine_support/cluster_role.rs"]
+mod cluster_role;
+
+/// Fails unless every request was authorized, and by the shipped ClusterRole (or by the
+/// grants every authenticated identity has: discovery, SelfSubjectReview).
+pub fn assert_allowed_by_cluster_role(requests: &[Request]) {
+    let role = cluster_role::ClusterRole::shipped();
+    for r in requests {
+        assert!(
+            r.code != 401 && r.code != 403,
+            "refused ({}): {} {}",
+            r.code,
+            r.kind(),
+            r.uri
+        );
+        if r.resource.is_empty() {
+            continue;
+        }
+        assert!(
+            role.allows(&r.verb, &r.api_group, &r.rbac_resource()),
+            "the shipped ClusterRole does not allow {} ({})",
+            r.kind(),
+            r.uri
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! The real-control-plane tier: a real kube-apiserver, kube-controller-manager and
+//! kube-scheduler (v1.28.4, `../shared/realk8s/`), the packaged CRDs, ClusterRole and
+//! admission policy applied as the README says, identities minted from the cluster CA, the
+//! apiserver's audit log read back, and a kubelet stand-in ([`kubelet`]) playing the node.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` (as root). The control plane is started on first use
+//! (idempotent, under a lock) and left running for the next test binary; `scripts/test-all`
+//! stops it when the run ends. Tests share it and keep apart by node name and namespace.
+#![allow(dead_code)]
+
+pub mod audit;
+pub mod kubelet;
+pub mod node;
+pub mod workload;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+
+pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+
+/// True when the real tiers run; otherwise says on stderr that `tier` was skipped.
+pub fn enabled(tier: &str) -> bool {
+    if std::env::var("NODEGRACE_REAL_TESTS").as_deref() == Ok("1") {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "NODEGRACE_REAL_TESTS=1 needs root (the control plane's state, nspawn nodes)"
+        );
+        return true;
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped: {tier} (real control plane tier; set NODEGRACE_REAL_TESTS=1 and run as root, or use scripts/test-all)"
+    );
+    false
+}
+
+/// The shared control plane of this test run.
+pub struct ControlPlane {
+    /// `../shared/realk8s` (or `$NODEGRACE_REALK8S`).
+    pub scripts: PathBuf,
+    /// `$REALK8S_RUN` (default `/tmp/realk8s`): certificates, kubeconfigs, logs.
+    pub run: PathBuf,
+    /// The unpacked binaries (kubectl v1.28.4 among them).
+    pub bin: PathBuf,
+    /// Kubeconfigs minted for this process.
+    minted: tempfile::TempDir,
+}
+
+/// The control plane, started on first use with every cluster-side manifest applied.
+pub fn control_plane() -> &'static ControlPlane {
+    static CP: OnceLock<ControlPlane> = OnceLock::new();
+    CP.get_or_init(|| {
+        let scripts = std::env::var_os("NODEGRACE_REALK8S")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(MANIFEST_DIR).join("../shared/realk8s"));
+        assert!(
+            scripts.join("up.sh").exists(),
+            "no real control plane at {} (set NODEGRACE_REALK8S)",
+            scripts.display()
+        );
+        let run = PathBuf::from(
+            std::env::var("REALK8S_RUN").unwrap_or_else(|_| "/tmp/realk8s".to_string()),
+        );
+        let cache = std::env::var("REALK8S_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| {
+                let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+                Path::new(&home).join(".cache/nodegrace-realk8s/v1.28.4")
+            });
+        let cp = ControlPlane {
+            scripts,
+            run,
+            bin: cache.join("bin"),
+            minted: tempfile::Builder::new()
+                .prefix("nodegrace-realk8s-ids-")
+                .tempdir()
+                .expect("tempdir for kubeconfigs"),
+        };
+        cp.up();
+        cp.apply_cluster_side();
+        cp
+    })
+}
+
+fn output(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+fn check(cmd: &mut Command) -> String {
+    let out = output(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl ControlPlane {
+    /// Starts whatever is not running (up.sh is idempotent); one caller at a time.
+    pub fn up(&self) {
+        let lock = std::fs::File::create("/tmp/nodegrace-realk8s.lock").expect("lock file");
+        nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map(|guard| {
+                check(Command::new("bash").arg(self.scripts.join("up.sh")));
+                drop(guard);
+            })
+            .unwrap_or_else(|(_, e)| panic!("locking /tmp/nodegrace-realk8s.lock: {e}"));
+    }
+
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.run.join("admin.kubeconfig")
+    }
+
+    pub fn audit_log(&self) -> PathBuf {
+        self.run.join("logs/audit.log")
+    }
+
+    /// `kubectl` v1.28.4 as the cluster admin.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        output(
+            Command::new(self.bin.join("kubectl"))
+                .arg("--kubeconfig")
+                .arg(self.admin_kubeconfig())
+                .args(args),
+        )
+    }
+
+    /// Like [`kubectl`](Self::kubectl), panicking with its output on failure.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply --server-side` of a manifest given as text.
+    pub fn apply_text(&self, yaml: &str) {
+        let file = tempfile::NamedTempFile::new().expect("temp manifest");
+        std::fs::write(file.path(), yaml).expect("write manifest");
+        self.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &file.path().display().to_string(),
+        ]);
+    }
+
+    /// What an operator applies once per cluster (README "Cluster side"): the CRDs, the
+    /// ClusterRole and binding, and the admission policy in the form this Kubernetes serves.
+    fn apply_cluster_side(&self) {
+        let repo = Path::new(MANIFEST_DIR);
+        for dir in [
+            "packaging/crds",
+            "packaging/rbac",
+            "packaging/admission/v1beta1",
+        ] {
+            self.kubectl_ok(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                &repo.join(dir).display().to_string(),
+            ]);
+        }
+        for crd in [
+            "nodemaintenances.nodegrace.dev",
+            "evictionrequests.nodegrace.dev",
+        ] {
+            self.kubectl_ok(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                &format!("crd/{crd}"),
+            ]);
+        }
+    }
+
+    /// A kubeconfig for `user` in `groups` (comma-separated), signed by the cluster CA.
+    pub fn mint(&self, user: &str, groups: &str) -> PathBuf {
+        let path = self
+            .minted
+            .path()
+            .join(format!("{}.kubeconfig", user.replace(':', "_")));
+        if !path.exists() {
+            check(
+                Command::new("bash")
+                    .arg(self.scripts.join("mint-kubeconfig.sh"))
+                    .args([user, groups])
+                    .arg(&path),
+            );
+        }
+        path
+    }
+
+    /// The kubeconfig of nodegrace's identity on `node` (README "Cluster side").
+    pub fn nodegrace_identity(&self, node: &str) -> PathBuf {
+        self.mint(&format!("nodegrace:node:{node}"), "nodegrace:nodes")
+    }
+
+    /// The kubelet's identity on `node` (NodeRestriction applies to it).
+    pub fn kubelet_identity(&self, node: &str) -> PathBuf {
+        self.mint(&format!("system:node:{node}"), "system:nodes")
+    }
+
+    pub async fn admin(&self) -> Client {
+        client_from(&self.admin_kubeconfig()).await
+    }
+
+    /// Stops the apiserver process only (etcd and the controllers keep running).
+    pub fn stop_apiserver(&self) {
+        let pid_file = self.run.join("kube-apiserver.pid");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .expect("kube-apiserver.pid")
+            .trim()
+            .parse()
+            .expect("pid");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        for _ in 0..200 {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("kube-apiserver (pid {pid}) did not stop");
+    }
+}
+
+pub async fn client_from(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+/// A name unique to this test run, usable as a node or namespace name.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{:x}{n}", std::process::id())
+}
+
+pub fn now_unix() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs_f64()
+}

@@ -1,0 +1,155 @@
+//! A Kubernetes node for the real control plane: a booted Debian (systemd-nspawn, the host's
+//! network so it reaches the apiserver on 127.0.0.1) whose host name is the node name,
+//! running nodegrace as the package installs it — the repository's unit, the shipped
+//! `config/nodegrace.toml` unchanged, and nodegrace's own identity at the kubeconfig path
+//! that configuration names — beside a `kubelet.service` stand-in unit (the kubelet's API
+//! side is played from the host by [`super::kubelet::Kubelet`]).
+//!
+//! The manifest and state directories live on the host, so they outlive a boot: booting
+//! the same node again is a reboot.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::real::{self, Container, Spec};
+
+/// The shipped configuration, as the package installs it.
+pub fn shipped_config() -> String {
+    std::fs::read_to_string(Path::new(super::MANIFEST_DIR).join("config/nodegrace.toml"))
+        .expect("config/nodegrace.toml")
+}
+
+/// A value of the shipped configuration (`section`.`key`, a string).
+pub fn shipped_value(section: &str, key: &str) -> String {
+    let config: toml::Value = toml::from_str(&shipped_config()).expect("shipped config parses");
+    let table = if section.is_empty() {
+        &config
+    } else {
+        &config[section]
+    };
+    table[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{section}.{key} is not a string"))
+        .to_owned()
+}
+
+pub struct TestNode {
+    pub name: String,
+    /// Host side of the node's `static_pods.manifest_dir`.
+    pub manifests: PathBuf,
+    /// Host side of the node's `state_dir`.
+    pub state: PathBuf,
+    dirs: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    /// Drop-ins in `/etc/nodegrace/config.d/` (file name, contents); none by default.
+    pub config_dropins: Vec<(String, String)>,
+    pub container: Option<Container>,
+}
+
+impl TestNode {
+    /// A node named `name` with nodegrace's identity `kubeconfig`; not booted yet.
+    pub fn new(name: &str, kubeconfig: PathBuf) -> TestNode {
+        let dirs = tempfile::Builder::new()
+            .prefix(&format!("nodegrace-node-{name}-"))
+            .tempdir()
+            .expect("node dirs");
+        let manifests = dirs.path().join("manifests");
+        let state = dirs.path().join("state");
+        std::fs::create_dir_all(&manifests).expect("manifest dir");
+        std::fs::create_dir_all(&state).expect("state dir");
+        TestNode {
+            name: name.to_owned(),
+            manifests,
+            state,
+            dirs,
+            kubeconfig,
+            config_dropins: Vec::new(),
+            container: None,
+        }
+    }
+
+    fn spec(&self) -> Spec {
+        let mut spec = Spec::default();
+        spec.host_network = true;
+        spec.bind("/usr/bin/nodegrace", real::nodegrace_binary())
+            .bind(
+                "/etc/systemd/system/nodegrace.service",
+                real::repo_file("systemd/nodegrace.service"),
+            )
+            .bind(
+                "/etc/nodegrace/config.toml",
+                real::repo_file("config/nodegrace.toml"),
+            )
+            .bind(&shipped_value("node", "kubeconfig"), &self.kubeconfig)
+            .file("/etc/hostname", format!("{}\n", self.name))
+            .file(
+                "/etc/systemd/system/marker.service",
+                real::marker_unit("marker"),
+            )
+            .file(
+                "/etc/systemd/system/kubelet.service",
+                real::long_running_unit("kubelet"),
+            )
+            .bind_rw(
+                &shipped_value("static_pods", "manifest_dir"),
+                &self.manifests,
+            )
+            .bind_rw(&shipped_value("", "state_dir"), &self.state)
+            .want("kubelet.service")
+            .want("nodegrace.service")
+            .want("marker.service");
+        for (name, text) in &self.config_dropins {
+            spec.file(&format!("/etc/nodegrace/config.d/{name}"), text.clone());
+        }
+        spec
+    }
+
+    /// Boots the node (again, after a poweroff: a new boot with the same directories) and
+    /// waits until nodegrace holds its inhibitor.
+    pub fn boot(&mut self) -> &Container {
+        assert!(self.container.is_none(), "node {} is running", self.name);
+        let container = Container::boot(&self.name, &self.spec());
+        container.wait_active("nodegrace.service", Duration::from_secs(60));
+        real::wait_until(
+            "nodegrace's delay inhibitor",
+            Duration::from_secs(30),
+            || {
+                let list =
+                    container.run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
+                list.lines()
+                    .any(|l| l.contains("nodegrace") && l.contains("delay"))
+                    .then_some(())
+            },
+        );
+        self.container = Some(container);
+        self.container.as_ref().expect("booted")
+    }
+
+    pub fn container(&self) -> &Container {
+        self.container.as_ref().expect("node is running")
+    }
+
+    /// `systemctl poweroff` (or `reboot`) inside, then waits until the container is gone.
+    /// Returns the container (for its journal and results).
+    pub fn shutdown(&mut self, verb: &str, timeout: Duration) -> Container {
+        let mut c = self.container.take().expect("node is running");
+        let _ = c.exec(&["systemctl", verb]);
+        let status = c.wait_exit(timeout).unwrap_or_else(|| {
+            panic!(
+                "node {} did not {verb} within {timeout:?}:\n{}",
+                self.name,
+                c.journal_text()
+            )
+        });
+        // 133: the container asked to be rebooted.
+        assert!(
+            status.success() || status.code() == Some(133),
+            "systemd-nspawn exited with {status}"
+        );
+        c
+    }
+
+    pub fn dirs(&self) -> &Path {
+        self.dirs.path()
+    }
+}

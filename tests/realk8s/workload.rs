@@ -1,0 +1,171 @@
+//! Workloads for a test node, created as an operator would (Deployments, DaemonSets,
+//! PodDisruptionBudgets, static pod manifests) and pinned to the node with a
+//! `kubernetes.io/hostname` node selector, since every test's node shares the cluster.
+
+use std::path::Path;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{json, Value};
+
+use super::kubelet::EXIT_AFTER_ANNOTATION;
+
+/// A pod template for `node`, labelled `app=<app>`.
+pub struct PodShape<'a> {
+    pub app: &'a str,
+    pub priority_class: Option<&'a str>,
+    /// How long the pod takes to exit once asked to (the kubelet stand-in plays it).
+    pub exit_after_ms: u64,
+    pub grace_seconds: i64,
+}
+
+impl<'a> PodShape<'a> {
+    pub fn new(app: &'a str) -> Self {
+        PodShape {
+            app,
+            priority_class: None,
+            exit_after_ms: 300,
+            grace_seconds: 30,
+        }
+    }
+
+    pub fn priority(mut self, class: &'a str) -> Self {
+        self.priority_class = Some(class);
+        self
+    }
+
+    pub fn exits_after_ms(mut self, ms: u64) -> Self {
+        self.exit_after_ms = ms;
+        self
+    }
+
+    pub fn grace(mut self, seconds: i64) -> Self {
+        self.grace_seconds = seconds;
+        self
+    }
+
+    fn template(&self, node: &str) -> Value {
+        let mut spec = json!({
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": self.grace_seconds,
+            "containers": [{"name": "main", "image": "registry.invalid/nodegrace-test:1"}],
+        });
+        if let Some(class) = self.priority_class {
+            spec["priorityClassName"] = json!(class);
+        }
+        json!({
+            "metadata": {"labels": {"app": self.app},
+                         "annotations": {EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()}},
+            "spec": spec,
+        })
+    }
+}
+
+pub async fn create_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+    api.create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+}
+
+pub async fn delete_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+pub async fn deployment(client: &Client, ns: &str, node: &str, replicas: i32, shape: PodShape<'_>) {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": shape.app},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": shape.app}},
+            "template": shape.template(node),
+        },
+    }))
+    .expect("deployment");
+    api.create(&PostParams::default(), &d)
+        .await
+        .unwrap_or_else(|e| panic!("creating deployment {}: {e}", shape.app));
+}
+
+/// A DaemonSet on `node`; `tolerate_all` adds `{operator: Exists}` (a CNI-like agent that
+/// runs on every node whatever its taints).
+pub async fn daemonset(
+    client: &Client,
+    ns: &str,
+    node: &str,
+    tolerate_all: bool,
+    shape: PodShape<'_>,
+) {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let mut template = shape.template(node);
+    if tolerate_all {
+        template["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    }
+    let d: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": shape.app},
+        "spec": {
+            "selector": {"matchLabels": {"app": shape.app}},
+            "template": template,
+        },
+    }))
+    .expect("daemonset");
+    api.create(&PostParams::default(), &d)
+        .await
+        .unwrap_or_else(|e| panic!("creating daemonset {}: {e}", shape.app));
+}
+
+/// A PodDisruptionBudget that allows no disruption of `app`'s single replica.
+pub async fn blocking_pdb(client: &Client, ns: &str, app: &str) {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": app},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+    }))
+    .expect("pdb");
+    api.create(&PostParams::default(), &pdb)
+        .await
+        .unwrap_or_else(|e| panic!("creating PodDisruptionBudget {app}: {e}"));
+}
+
+/// Waits until the disruption controller has computed `app`'s budget (no disruption
+/// allowed while its pod is healthy).
+pub async fn wait_pdb_blocking(client: &Client, ns: &str, app: &str) {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    for _ in 0..300 {
+        if let Ok(pdb) = api.get(app).await {
+            if let Some(status) = pdb.status {
+                if status.current_healthy.unwrap_or(0) >= 1
+                    && status.disruptions_allowed.unwrap_or(0) == 0
+                {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("PodDisruptionBudget {ns}/{app} never became blocking");
+}
+
+/// Writes a static pod manifest into the node's manifest directory (host path).
+pub fn static_pod(dir: &Path, ns: &str, shape: PodShape<'_>) {
+    let mut pod = shape.template("");
+    pod["apiVersion"] = json!("v1");
+    pod["kind"] = json!("Pod");
+    pod["metadata"]["name"] = json!(shape.app);
+    pod["metadata"]["namespace"] = json!(ns);
+    pod["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("nodeSelector");
+    pod["spec"]["priorityClassName"] = json!("system-node-critical");
+    let path = dir.join(format!("{}.yaml", shape.app));
+    std::fs::write(&path, serde_yaml::to_string(&pod).expect("manifest yaml"))
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}

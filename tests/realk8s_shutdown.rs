@@ -1,0 +1,430 @@
+//! Real-control-plane tier: nodegrace installed as the package installs it (shipped config,
+//! unit, CRDs, ClusterRole, admission policy; its own per-node identity), on a booted
+//! Debian node with real systemd-logind, against a real kube-apiserver, controller-manager
+//! (ReplicaSet, DaemonSet, disruption, garbage collector) and scheduler, with a kubelet
+//! stand-in playing the node's kubelet. What is asserted comes from the apiserver's audit
+//! log, the objects it holds, the kubelet's record of each pod and the node's journal.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
+
+mod real;
+mod realk8s;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use nodegrace::api::NodeMaintenance;
+use realk8s::audit::{self, Request};
+use realk8s::kubelet::{Kubelet, PodRecord};
+use realk8s::node::TestNode;
+use realk8s::workload::{self, PodShape};
+use realk8s::ControlPlane;
+
+/// The shutdown budget of the escalation test. The shipped 15 minutes would put the
+/// escalation of a blocked first band near 13.5 minutes; with 110 s the drain plan's
+/// reserves (30 s each for critical, DaemonSet and static pods) leave 20 s to the first
+/// band, whose escalation comes at 10 s (half its share, as the grace periods are longer).
+/// This drop-in is the only change to the shipped configuration.
+const BUDGET_SECS: u32 = 110;
+const FIRST_BAND_ESCALATION: f64 = 10.0;
+const FIRST_BAND_END: f64 = 20.0;
+
+/// Each workload's band in the shipped drain plan: Default pods up to priority 1e9, up to
+/// 2e9 (system-cluster-critical), up to 2000001000 (system-node-critical), DaemonSet pods,
+/// static pods.
+const BANDS: &[(&str, usize)] = &[
+    ("web", 0),
+    ("db", 0),
+    ("crit", 1),
+    ("nodecrit", 2),
+    ("agent", 3),
+    ("cni", 3),
+    ("etcd", 4),
+];
+
+fn band_of(app: &str) -> usize {
+    BANDS
+        .iter()
+        .find(|(a, _)| *a == app)
+        .map(|(_, b)| *b)
+        .unwrap_or_else(|| panic!("no band for {app}"))
+}
+
+fn app_of(pod: &Pod) -> String {
+    pod.labels().get("app").cloned().unwrap_or_default()
+}
+
+/// One node of the real cluster with its kubelet stand-in and a namespace for its pods.
+struct Fixture {
+    cp: &'static ControlPlane,
+    admin: Client,
+    name: String,
+    node: TestNode,
+    kubelet: Kubelet,
+    started: f64,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> Fixture {
+        let cp = tokio::task::spawn_blocking(realk8s::control_plane)
+            .await
+            .expect("control plane");
+        let started = realk8s::now_unix();
+        let admin = cp.admin().await;
+        let name = realk8s::unique(prefix);
+        workload::create_namespace(&admin, &name).await;
+        let node = TestNode::new(&name, cp.nodegrace_identity(&name));
+        let kubelet = Kubelet::start(
+            &cp.kubelet_identity(&name),
+            &name,
+            Some(node.manifests.clone()),
+        )
+        .await;
+        Fixture {
+            cp,
+            admin,
+            name,
+            node,
+            kubelet,
+            started,
+        }
+    }
+
+    fn user(&self) -> String {
+        format!("nodegrace:node:{}", self.name)
+    }
+
+    /// nodegrace's requests since the fixture was made.
+    fn requests(&self) -> Vec<Request> {
+        audit::requests_of(&self.cp.audit_log(), &self.user(), self.started)
+    }
+
+    /// Deployments in three bands (one blocked by a PodDisruptionBudget), two DaemonSets
+    /// (one tolerating every taint) and a static pod; returns once all run.
+    async fn workloads(&self) {
+        let (c, ns, node) = (&self.admin, self.name.as_str(), self.name.as_str());
+        workload::deployment(c, ns, node, 3, PodShape::new("web").exits_after_ms(800)).await;
+        workload::deployment(c, ns, node, 1, PodShape::new("db").exits_after_ms(500)).await;
+        workload::blocking_pdb(c, ns, "db").await;
+        workload::deployment(
+            c,
+            ns,
+            node,
+            2,
+            PodShape::new("crit").priority("system-cluster-critical"),
+        )
+        .await;
+        workload::deployment(
+            c,
+            ns,
+            node,
+            1,
+            PodShape::new("nodecrit").priority("system-node-critical"),
+        )
+        .await;
+        workload::daemonset(c, ns, node, false, PodShape::new("agent")).await;
+        workload::daemonset(c, ns, node, true, PodShape::new("cni")).await;
+        workload::static_pod(
+            &self.node.manifests,
+            ns,
+            PodShape::new("etcd").exits_after_ms(300),
+        );
+        self.kubelet
+            .wait_for(
+                "10 pods running",
+                Duration::from_secs(90),
+                |records, live| {
+                    live.len() == 10
+                        && live.iter().all(|p| {
+                            records.iter().any(|r| {
+                                Some(r.uid.as_str()) == p.metadata.uid.as_deref()
+                                    && r.running_at.is_some()
+                            })
+                        })
+                },
+            )
+            .await;
+        workload::wait_pdb_blocking(c, ns, "db").await;
+    }
+
+    async fn cleanup(&self) {
+        let nms: Api<NodeMaintenance> = Api::all(self.admin.clone());
+        for m in nms
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if m.name_any().contains(&self.name) {
+                let _ = nms
+                    .patch(
+                        &m.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+                let _ = nms.delete(&m.name_any(), &DeleteParams::default()).await;
+            }
+        }
+        workload::delete_namespace(&self.admin, &self.name).await;
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let _ = nodes.delete(&self.name, &DeleteParams::default()).await;
+    }
+}
+
+fn skip(test: &str) -> bool {
+    if !realk8s::enabled(&format!("realk8s_shutdown::{test}")) {
+        return true;
+    }
+    real::require_prerequisites();
+    false
+}
+
+/// When logind announced the poweroff, and when nodegrace released its inhibitor.
+fn signal_and_release(c: &real::Container) -> (f64, f64) {
+    let logind = c.journal_of("systemd-logind");
+    let signal = real::first_with(&logind, "The system will power off now")
+        .unwrap_or_else(|| panic!("logind never announced the poweroff:\n{}", c.journal_text()))
+        .time;
+    let ours = c.journal_of("nodegrace");
+    let release = ours
+        .iter()
+        .find(|l| l.contains("phase change") && l.field("PHASE") == Some("Released"))
+        .unwrap_or_else(|| panic!("nodegrace never released:\n{}", c.journal_text()))
+        .time;
+    (signal, release)
+}
+
+fn evictions<'a>(reqs: &'a [Request], pod: &str) -> Vec<&'a Request> {
+    reqs.iter()
+        .filter(|r| r.verb == "create" && r.resource == "pods" && r.subresource == "eviction")
+        .filter(|r| r.name == pod)
+        .collect()
+}
+
+fn deletes<'a>(reqs: &'a [Request], pod: &str) -> Vec<&'a Request> {
+    reqs.iter()
+        .filter(|r| r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty())
+        .filter(|r| r.name == pod)
+        .collect()
+}
+
+/// `systemctl poweroff` on a node with pods in every band: band order, evictions (not
+/// DELETEs) for every pod nothing blocks, one escalation for the PodDisruptionBudget's pod
+/// inside its window, the tolerate-all DaemonSet pod terminated once and not chased, the
+/// inhibitor released right after the last pod is gone, and every request allowed by the
+/// shipped ClusterRole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poweroff_drains_every_band_in_order_through_evictions() {
+    if skip("poweroff_drains_every_band_in_order_through_evictions") {
+        return;
+    }
+    let mut f = Fixture::new("ng-off").await;
+    f.node.config_dropins.push((
+        "50-budget.toml".into(),
+        format!("[shutdown]\nmax_delay = \"{BUDGET_SECS}s\"\n"),
+    ));
+    f.workloads().await;
+    f.node.boot();
+    // The pods as they were when the shutdown began (their replacements come later).
+    let originals: HashMap<String, Arc<Pod>> = f
+        .kubelet
+        .live_pods()
+        .into_iter()
+        .map(|p| (p.uid().unwrap_or_default(), p))
+        .collect();
+    assert_eq!(originals.len(), 10);
+    let c = f
+        .node
+        .shutdown("poweroff", Duration::from_secs(BUDGET_SECS as u64 + 30));
+    let (signal, release) = signal_and_release(&c);
+    let records: BTreeMap<String, PodRecord> = f
+        .kubelet
+        .records()
+        .into_iter()
+        .map(|r| (r.uid.clone(), r))
+        .collect();
+    let reqs = f.requests();
+    let journal = c.journal_text();
+    let context = || {
+        format!(
+            "requests: {:#?}\njournal:\n{journal}",
+            audit::count_by_kind(&reqs)
+        )
+    };
+
+    // Every original pod was asked to go and is gone; the inhibitor went right after.
+    let mut last_gone = 0f64;
+    for (uid, pod) in &originals {
+        let r = &records[uid];
+        let gone = r
+            .gone_at
+            .unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
+        last_gone = last_gone.max(gone);
+        assert!(
+            r.stop_seen.is_some(),
+            "{} never asked to stop",
+            pod.name_any()
+        );
+    }
+    assert!(
+        release >= last_gone - 0.05 && release - last_gone <= 0.2,
+        "released {:.3} s after the last pod was gone\n{}",
+        release - last_gone,
+        context()
+    );
+
+    // Bands in order: a band is asked to go only once the band before is gone.
+    let mut by_band: BTreeMap<usize, Vec<&PodRecord>> = BTreeMap::new();
+    for (uid, pod) in &originals {
+        by_band
+            .entry(band_of(&app_of(pod)))
+            .or_default()
+            .push(&records[uid]);
+    }
+    for (band, pods) in &by_band {
+        if *band == 0 {
+            continue;
+        }
+        let before_gone = by_band[&(band - 1)]
+            .iter()
+            .filter_map(|r| r.gone_at)
+            .fold(0f64, f64::max);
+        for r in pods {
+            let asked = r.stop_seen.unwrap_or_default();
+            assert!(
+                asked >= before_gone - 0.05,
+                "{} (band {band}) asked {:.3} s before band {} was gone\n{}",
+                r.key(),
+                before_gone - asked,
+                band - 1,
+                context()
+            );
+        }
+    }
+
+    // How each pod was asked: evictions for what nothing blocks, one escalation for the
+    // PodDisruptionBudget's pod in its window, one DELETE per DaemonSet pod.
+    let mut cni_deletes = 0;
+    for pod in originals.values() {
+        let name = pod.name_any();
+        let (ev, del) = (evictions(&reqs, &name), deletes(&reqs, &name));
+        let accepted = ev.iter().filter(|r| r.code == 201).count();
+        match app_of(pod).as_str() {
+            "web" | "crit" | "nodecrit" => {
+                assert_eq!(
+                    (accepted, del.len()),
+                    (1, 0),
+                    "{name}: evicted once, never deleted\n{}",
+                    context()
+                );
+            }
+            "db" => {
+                assert_eq!(accepted, 0, "{name} evicted past its budget\n{}", context());
+                assert!(
+                    ev.iter().any(|r| r.code == 429),
+                    "{name} never blocked\n{}",
+                    context()
+                );
+                assert_eq!(del.len(), 1, "{name}: one escalation\n{}", context());
+                let at = del[0].received - signal;
+                assert!(
+                    (FIRST_BAND_ESCALATION - 0.5..FIRST_BAND_END).contains(&at),
+                    "{name} escalated {at:.3} s after the signal, outside its window\n{}",
+                    context()
+                );
+            }
+            "agent" | "cni" => {
+                assert_eq!(
+                    (accepted, del.len()),
+                    (0, 1),
+                    "{name}: deleted once\n{}",
+                    context()
+                );
+            }
+            "etcd" => assert!(
+                ev.is_empty() && del.is_empty(),
+                "{name}: gated, not deleted"
+            ),
+            other => panic!("unexpected app {other}"),
+        }
+        if app_of(pod) == "cni" {
+            cni_deletes += 1;
+        }
+    }
+    // The tolerate-all DaemonSet's replacement is neither chased nor waited for.
+    let all_cni_deletes = reqs
+        .iter()
+        .filter(|r| r.verb == "delete" && r.resource == "pods" && r.name.starts_with("cni-"))
+        .count();
+    assert_eq!((cni_deletes, all_cni_deletes), (1, 1), "{}", context());
+    assert!(
+        records
+            .values()
+            .any(|r| r.name.starts_with("cni-") && !originals.contains_key(&r.uid)),
+        "the DaemonSet controller never recreated the cni pod (the test proves nothing)"
+    );
+    let mut per_pod: HashMap<&str, usize> = HashMap::new();
+    for r in reqs
+        .iter()
+        .filter(|r| r.subresource == "eviction" && r.code == 201)
+    {
+        *per_pod.entry(r.name.as_str()).or_default() += 1;
+    }
+    assert!(
+        per_pod.values().all(|n| *n == 1),
+        "a pod evicted twice: {per_pod:?}"
+    );
+
+    // What the cluster says about the node and its shutdown.
+    let nodes: Api<Node> = Api::all(f.admin.clone());
+    let node = nodes.get(&f.name).await.unwrap();
+    let spec = node.spec.clone().unwrap_or_default();
+    assert_eq!(spec.unschedulable, Some(true), "not cordoned");
+    assert!(
+        spec.taints
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "nodegrace.dev/maintenance" && t.effect == "NoSchedule"),
+        "no maintenance taint"
+    );
+    assert!(
+        node.labels()
+            .contains_key("node.kubernetes.io/exclude-from-external-load-balancers"),
+        "not excluded from external load balancers"
+    );
+    assert!(node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "GracefulNodeShutdownInProgress" && c.status == "True"));
+    let nms: Api<NodeMaintenance> = Api::all(f.admin.clone());
+    let m = nms.get(&format!("shutdown-{}", f.name)).await.unwrap();
+    assert_eq!(m.spec.stage, nodegrace::api::Stage::Drain);
+    assert!(
+        m.spec
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("Node poweroff"),
+        "{:?}",
+        m.spec.reason
+    );
+    let entry = m.node_status(&f.name).expect("the node's status entry");
+    assert_eq!(entry.pods_remaining, 0);
+
+    // The static pod's manifest waits in the gate directory.
+    assert!(std::fs::read_dir(&f.node.manifests)
+        .unwrap()
+        .next()
+        .is_none());
+    assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
+
+    audit::assert_allowed_by_cluster_role(&reqs);
+    f.cleanup().await;
+}
