@@ -189,7 +189,7 @@ impl Kubelet {
     /// Everything recorded so far.
     pub fn records(&self) -> Vec<PodRecord> {
         let mut all: Vec<PodRecord> = lock(&self.state).records.values().cloned().collect();
-        all.sort_by(|a, b| a.key().cmp(&b.key()));
+        all.sort_by_key(PodRecord::key);
         all
     }
 

@@ -69,8 +69,10 @@ impl TestNode {
     }
 
     fn spec(&self) -> Spec {
-        let mut spec = Spec::default();
-        spec.host_network = true;
+        let mut spec = Spec {
+            host_network: true,
+            ..Spec::default()
+        };
         spec.bind("/usr/bin/nodegrace", real::nodegrace_binary())
             .bind(
                 "/etc/systemd/system/nodegrace.service",
