@@ -101,8 +101,12 @@ pub struct FallbackSummary {
     pub kubelet_stopped: bool,
     /// `namespace/name` of the pods stopped (or, static pods with nothing running, gated).
     pub stopped: Vec<String>,
-    /// `namespace/name: what went wrong` for the others.
+    /// `namespace/name: what went wrong` for the pods it tried to stop and could not.
     pub not_stopped: Vec<String>,
+    /// `namespace/name: why` for the pods it never got to: the runtime could not be
+    /// listed or did not list them, or their band had not started.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_reached: Vec<String>,
 }
 
 /// Pods listed by name in the annotation; the counts stay exact beyond it.
@@ -125,8 +129,14 @@ impl FallbackSummary {
                 if s.stopped.len() < SUMMARY_MAX_NAMES {
                     s.stopped.push(key);
                 }
-            } else if pod.outcome == PodOutcome::Pending {
+            } else if matches!(pod.outcome, PodOutcome::Pending | PodOutcome::NotReached) {
                 s.pods_not_reached += 1;
+                if s.not_reached.len() < SUMMARY_MAX_NAMES {
+                    let why = pod.errors.first().cloned().unwrap_or_else(|| {
+                        "its band had not started when the fallback ended".to_string()
+                    });
+                    s.not_reached.push(format!("{key}: {why}"));
+                }
             } else {
                 s.pods_not_stopped += 1;
                 if s.not_stopped.len() < SUMMARY_MAX_NAMES {
@@ -2697,6 +2707,10 @@ mod tests {
             pods: vec![
                 pod("gated".into(), PodOutcome::Gated),
                 pod("later".into(), PodOutcome::Pending),
+                PodReport {
+                    errors: vec!["the CRI runtime could not be listed: no socket".into()],
+                    ..pod("unlisted".into(), PodOutcome::NotReached)
+                },
             ],
             ..Default::default()
         };
@@ -2706,13 +2720,20 @@ mod tests {
         assert!(s.kubelet_stopped, "as the last run left it");
         assert_eq!(
             (s.pods_stopped, s.pods_not_stopped, s.pods_not_reached),
-            (251, 1, 1)
+            (251, 1, 2)
         );
         assert_eq!(s.stopped.len(), SUMMARY_MAX_NAMES);
         assert_eq!(s.not_stopped, ["ns/stuck: timedout"]);
+        assert_eq!(
+            s.not_reached,
+            [
+                "ns/later: its band had not started when the fallback ended",
+                "ns/unlisted: the CRI runtime could not be listed: no socket"
+            ]
+        );
         assert!(s
             .describe()
-            .contains("stopped 251 pod(s), 1 not stopped, 1 not reached"));
+            .contains("stopped 251 pod(s), 1 not stopped, 2 not reached"));
     }
 
     #[test]

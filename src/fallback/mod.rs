@@ -109,6 +109,9 @@ pub enum PodOutcome {
     Failed,
     /// Its band's time ran out before the runtime confirmed the stop.
     TimedOut,
+    /// A pod the pod cache knew that the fallback could not act on: the runtime could not
+    /// be listed, or did not list it (`errors` says which).
+    NotReached,
 }
 
 /// What the fallback did to one pod.
@@ -330,11 +333,13 @@ impl Fallback {
             self.stop_kubelet().await;
         }
 
-        let targets = self.collect_targets(cache).await;
+        let (targets, listing_error) = self.collect_targets(cache).await;
         let sorted = self.gns.bands();
         {
             let mut r = self.lock();
             r.pods = targets.iter().map(|t| pod_report(t, sorted)).collect();
+            r.pods
+                .extend(unreached(cache, &targets, listing_error.as_deref()));
         }
 
         let mut running: FuturesUnordered<StepFuture> = FuturesUnordered::new();
@@ -450,7 +455,7 @@ impl Fallback {
     }
 
     /// Sandboxes and containers, retried briefly while the runtime is unreachable.
-    async fn list_runtime(&self) -> Option<(Vec<PodSandbox>, Vec<Container>)> {
+    async fn list_runtime(&self) -> Result<(Vec<PodSandbox>, Vec<Container>), String> {
         let give_up = Instant::now() + self.opts.list_retry;
         loop {
             let (sandboxes, containers) = tokio::join!(
@@ -458,14 +463,14 @@ impl Fallback {
                 self.runtime.list_containers(None)
             );
             match (sandboxes, containers) {
-                (Ok(s), Ok(c)) => return Some((s, c)),
+                (Ok(s), Ok(c)) => return Ok((s, c)),
                 (Err(e), _) | (_, Err(e)) => {
                     if e.is_unreachable() && Instant::now() < give_up {
                         tokio::time::sleep(Duration::from_millis(250)).await;
                         continue;
                     }
                     self.global_error(format!("listing pods: {e}"));
-                    return None;
+                    return Err(e.to_string());
                 }
             }
         }
@@ -488,7 +493,9 @@ impl Fallback {
         }
     }
 
-    async fn collect_targets(&self, cache: &PodCache) -> Vec<Target> {
+    /// The pods the runtime lists (and static manifests with nothing running), and why the
+    /// runtime could not be listed when it could not.
+    async fn collect_targets(&self, cache: &PodCache) -> (Vec<Target>, Option<String>) {
         let (listed, manifests, version) = tokio::join!(
             self.list_runtime(),
             self.active_manifests(),
@@ -498,7 +505,10 @@ impl Fallback {
             info!(runtime = %v.runtime_name, version = %v.runtime_version, "CRI runtime");
             self.lock().runtime = Some(format!("{} {}", v.runtime_name, v.runtime_version));
         }
-        let (sandboxes, containers) = listed.unwrap_or_default();
+        let (listing_error, (sandboxes, containers)) = match listed {
+            Ok(listed) => (None, listed),
+            Err(e) => (Some(e), Default::default()),
+        };
         let gns = &self.gns;
         let node = &self.opts.node;
 
@@ -564,7 +574,7 @@ impl Fallback {
                 });
             }
         }
-        targets
+        (targets, listing_error)
     }
 
     fn mark_stopping(&self, i: usize, t0: Instant) {
@@ -716,6 +726,36 @@ fn cached_pod<'a>(cache: &'a PodCache, s: &PodSandbox) -> Option<&'a PodInfo> {
             .iter()
             .find(|p| p.namespace == s.namespace && p.name == s.name)
     })
+}
+
+/// The cached pods no target stands for: the fallback cannot stop them, and says why.
+fn unreached(cache: &PodCache, targets: &[Target], listing_error: Option<&str>) -> Vec<PodReport> {
+    cache
+        .pods
+        .iter()
+        .filter(|p| p.is_active())
+        .filter(|p| {
+            !targets.iter().any(|t| {
+                (!p.uid.is_empty()
+                    && (t.uid == p.uid || p.static_hash.as_deref() == Some(t.uid.as_str())))
+                    || (t.namespace == p.namespace && t.name == p.name)
+            })
+        })
+        .map(|p| {
+            let why = match listing_error {
+                Some(e) => format!("the CRI runtime could not be listed: {e}"),
+                None => "the CRI runtime does not list it (not running, or run by another runtime)"
+                    .to_string(),
+            };
+            PodReport {
+                uid: p.uid.clone(),
+                priority: Some(p.priority),
+                pod_type: Some(p.pod_type),
+                errors: vec![why],
+                ..PodReport::new(&p.namespace, &p.name, PodOutcome::NotReached)
+            }
+        })
+        .collect()
 }
 
 fn pod_report(t: &Target, sorted: &[PriorityGracePeriod]) -> PodReport {

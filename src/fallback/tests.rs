@@ -568,8 +568,15 @@ async fn an_unreachable_runtime_is_reported_and_static_manifests_are_still_gated
         "{}",
         report.errors[0]
     );
-    assert_eq!(report.pods.len(), 1);
+    assert_eq!(report.pods.len(), 2, "{report:#?}");
     assert_eq!(report.pods[0].outcome, PodOutcome::Gated);
+    // The cached pod the runtime could not be asked about is in the report, with why.
+    let web = report.pod("ns", "web").unwrap();
+    assert_eq!(web.outcome, PodOutcome::NotReached);
+    assert!(
+        web.errors[0].contains("could not be listed") && web.errors[0].contains("fake.sock"),
+        "{web:#?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
