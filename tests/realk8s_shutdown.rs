@@ -428,3 +428,217 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
     audit::assert_allowed_by_cluster_role(&reqs);
     f.cleanup().await;
 }
+
+/// Waits (polling the apiserver) until `check` holds for the NodeMaintenance `name`.
+async fn wait_maintenance(
+    admin: &Client,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn(&NodeMaintenance) -> bool,
+) -> NodeMaintenance {
+    let api: Api<NodeMaintenance> = Api::all(admin.clone());
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(Some(m)) = api.get_opt(name).await {
+            if check(&m) {
+                return m;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!("NodeMaintenance {name}: timed out after {timeout:?} waiting for {what}: {m:#?}");
+            }
+        } else if tokio::time::Instant::now() >= deadline {
+            panic!("NodeMaintenance {name}: timed out after {timeout:?} waiting for {what}: it does not exist");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until `check` holds for the Node.
+async fn wait_node(admin: &Client, name: &str, what: &str, check: impl Fn(&Node) -> bool) -> Node {
+    let api: Api<Node> = Api::all(admin.clone());
+    for _ in 0..300 {
+        let node = api.get(name).await.expect("get node");
+        if check(&node) {
+            return node;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("node {name}: timed out waiting for {what}");
+}
+
+fn cordoned(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+fn maintenance_tainted(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == "nodegrace.dev/maintenance"))
+}
+
+fn has_finalizer(m: &NodeMaintenance) -> bool {
+    m.finalizers()
+        .iter()
+        .any(|f| f == nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION)
+}
+
+/// An admin's NodeMaintenance selecting the node by label: at Drain the first band is
+/// evicted and the PodDisruptionBudget's pod is never deleted (there is no deadline); once
+/// the budget goes the later bands follow and the static pod is gated in its turn; at
+/// Complete the node is uncordoned, the taint goes and the static pod comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_maintenance_drains_without_escalating_and_completes() {
+    if skip("an_admin_maintenance_drains_without_escalating_and_completes") {
+        return;
+    }
+    let mut f = Fixture::new("ng-adm").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 2, PodShape::new("web")).await;
+    workload::deployment(c, &ns, &node, 1, PodShape::new("db")).await;
+    workload::blocking_pdb(c, &ns, "db").await;
+    workload::deployment(c, &ns, &node, 1, PodShape::new("crit").priority("system-cluster-critical")).await;
+    workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    f.kubelet
+        .wait_for("6 pods running", Duration::from_secs(90), |_, live| live.len() == 6)
+        .await;
+    workload::wait_pdb_blocking(c, &ns, "db").await;
+    f.node.boot();
+
+    let name = format!("adm-{node}");
+    let m: NodeMaintenance = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]},
+            "stage": "Drain",
+            "reason": "kernel upgrade",
+        },
+    }))
+    .unwrap();
+    let nms: Api<NodeMaintenance> = Api::all(c.clone());
+    nms.create(&Default::default(), &m).await.unwrap();
+
+    let live_app = |app: &str| {
+        f.kubelet
+            .live_pods()
+            .iter()
+            .filter(|p| app_of(p) == app)
+            .count()
+    };
+    f.kubelet
+        .wait_for("the first band's web pods gone", Duration::from_secs(60), |_, live| {
+            !live.iter().any(|p| app_of(p) == "web")
+        })
+        .await;
+    // Blocked, and no deadline: the budget's pod stays, the next band does not start.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!((live_app("db"), live_app("crit")), (1, 1));
+    assert!(wait_node(c, &node, "cordoned", cordoned).await.spec.is_some());
+
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(c.clone(), &ns);
+    pdbs.delete("db", &DeleteParams::default()).await.unwrap();
+    let drained = wait_maintenance(c, &name, "Drained", Duration::from_secs(90), |m| {
+        m.drained() == Some("True")
+    })
+    .await;
+    assert_eq!(
+        drained.node_status(&node).map(|e| e.pods_remaining),
+        Some(0)
+    );
+    assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
+    assert!(!f.node.manifests.join("etcd.yaml").exists());
+    let reqs = f.requests();
+    for pod in ["db", "web", "crit"] {
+        assert!(
+            !reqs.iter().any(|r| r.verb == "delete" && r.resource == "pods" && r.name.starts_with(&format!("{pod}-"))),
+            "{pod} was deleted, not evicted: {:#?}",
+            audit::count_by_kind(&reqs)
+        );
+    }
+
+    nms.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"stage": "Complete"}})),
+    )
+    .await
+    .unwrap();
+    let back = wait_node(c, &node, "uncordoned and untainted", |n| {
+        !cordoned(n) && !maintenance_tainted(n)
+    })
+    .await;
+    assert!(!back
+        .labels()
+        .contains_key("node.kubernetes.io/exclude-from-external-load-balancers"));
+    f.kubelet
+        .wait_for("the static pod's mirror back", Duration::from_secs(30), |_, live| {
+            live.iter().any(|p| p.name_any() == format!("etcd-{node}"))
+        })
+        .await;
+    assert!(f.node.manifests.join("etcd.yaml").exists());
+    let done = wait_maintenance(c, &name, "completed on the node", Duration::from_secs(30), |m| {
+        m.node_status(&node).is_some_and(|e| e.drain_message == "Completed") && !has_finalizer(m)
+    })
+    .await;
+    assert_eq!(done.spec.stage, nodegrace::api::Stage::Complete);
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}
+
+/// The boot after a poweroff: nodegrace finds its shutdown maintenance of the earlier boot
+/// and completes it (the shipped `after_boot = "complete"`): the node is uncordoned and the
+/// gated static pod comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
+    if skip("the_boot_after_a_poweroff_completes_the_shutdown_maintenance") {
+        return;
+    }
+    let mut f = Fixture::new("ng-boot").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    f.kubelet
+        .wait_for("2 pods running", Duration::from_secs(90), |_, live| live.len() == 2)
+        .await;
+    f.node.boot();
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(120));
+    let name = format!("shutdown-{node}");
+    let before = wait_maintenance(c, &name, "the drain", Duration::from_secs(5), |m| {
+        m.spec.stage == nodegrace::api::Stage::Drain
+    })
+    .await;
+    assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
+    // The kubelet went down with the node and comes back with the next boot.
+    f.kubelet.stop();
+    f.kubelet = Kubelet::start(
+        &f.cp.kubelet_identity(&node),
+        &node,
+        Some(f.node.manifests.clone()),
+    )
+    .await;
+    f.node.boot();
+
+    let done = wait_maintenance(c, &name, "completed after the boot", Duration::from_secs(60), |m| {
+        m.spec.stage == nodegrace::api::Stage::Complete
+            && m.node_status(&node).is_some_and(|e| e.drain_message == "Completed")
+            && !has_finalizer(m)
+    })
+    .await;
+    assert_eq!(done.uid(), before.uid(), "the same maintenance, completed");
+    wait_node(c, &node, "uncordoned", |n| !cordoned(n) && !maintenance_tainted(n)).await;
+    f.kubelet
+        .wait_for("the static pod's mirror back", Duration::from_secs(30), |_, live| {
+            live.iter().any(|p| p.name_any() == format!("etcd-{node}"))
+        })
+        .await;
+    assert!(f.node.manifests.join("etcd.yaml").exists());
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}
