@@ -1,5 +1,5 @@
 //! Logging: journald with structured fields under systemd, stderr otherwise; filtered by
-//! `RUST_LOG` (default `info`).
+//! `RUST_LOG` (default [`DEFAULT_FILTER`]).
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -21,9 +21,16 @@ pub fn preferred_target() -> LogTarget {
     }
 }
 
+/// nodegrace's own records from `info` up. The kube client and its watcher log every
+/// failed connection attempt (dozens a second while the apiserver is away); nodegrace says
+/// once when the apiserver becomes unusable, reminds, and says when it is back, so theirs
+/// are off unless `RUST_LOG` asks for them.
+pub const DEFAULT_FILTER: &str = "info,kube_client=off,kube_runtime=off";
+
 /// Installs the global subscriber; a second call is a no-op. Returns where logs go.
 pub fn init() -> LogTarget {
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let target = preferred_target();
     if target == LogTarget::Journald {
         match tracing_journald::layer() {

@@ -16,13 +16,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use nodegrace::api::NodeMaintenance;
-use realk8s::audit::{self, Request};
+use realk8s::audit;
+use realk8s::fixture::*;
 use realk8s::kubelet::{Kubelet, PodRecord};
-use realk8s::node::TestNode;
 use realk8s::workload::{self, PodShape};
-use realk8s::ControlPlane;
 
 /// The shutdown budget of the escalation test. The shipped 15 minutes would put the
 /// escalation of a blocked first band near 13.5 minutes; with 110 s the drain plan's
@@ -54,126 +53,52 @@ fn band_of(app: &str) -> usize {
         .unwrap_or_else(|| panic!("no band for {app}"))
 }
 
-fn app_of(pod: &Pod) -> String {
-    pod.labels().get("app").cloned().unwrap_or_default()
-}
-
-/// One node of the real cluster with its kubelet stand-in and a namespace for its pods.
-struct Fixture {
-    cp: &'static ControlPlane,
-    admin: Client,
-    name: String,
-    node: TestNode,
-    kubelet: Kubelet,
-    started: f64,
-}
-
-impl Fixture {
-    async fn new(prefix: &str) -> Fixture {
-        let cp = tokio::task::spawn_blocking(realk8s::control_plane)
-            .await
-            .expect("control plane");
-        let started = realk8s::now_unix();
-        let admin = cp.admin().await;
-        let name = realk8s::unique(prefix);
-        workload::create_namespace(&admin, &name).await;
-        let node = TestNode::new(&name, cp.nodegrace_identity(&name));
-        let kubelet = Kubelet::start(
-            &cp.kubelet_identity(&name),
-            &name,
-            Some(node.manifests.clone()),
-        )
-        .await;
-        Fixture {
-            cp,
-            admin,
-            name,
-            node,
-            kubelet,
-            started,
-        }
-    }
-
-    fn user(&self) -> String {
-        format!("nodegrace:node:{}", self.name)
-    }
-
-    /// nodegrace's requests since the fixture was made.
-    fn requests(&self) -> Vec<Request> {
-        audit::requests_of(&self.cp.audit_log(), &self.user(), self.started)
-    }
-
-    /// Deployments in three bands (one blocked by a PodDisruptionBudget), two DaemonSets
-    /// (one tolerating every taint) and a static pod; returns once all run.
-    async fn workloads(&self) {
-        let (c, ns, node) = (&self.admin, self.name.as_str(), self.name.as_str());
-        workload::deployment(c, ns, node, 3, PodShape::new("web").exits_after_ms(800)).await;
-        workload::deployment(c, ns, node, 1, PodShape::new("db").exits_after_ms(500)).await;
-        workload::blocking_pdb(c, ns, "db").await;
-        workload::deployment(
-            c,
-            ns,
-            node,
-            2,
-            PodShape::new("crit").priority("system-cluster-critical"),
-        )
-        .await;
-        workload::deployment(
-            c,
-            ns,
-            node,
-            1,
-            PodShape::new("nodecrit").priority("system-node-critical"),
-        )
-        .await;
-        workload::daemonset(c, ns, node, false, PodShape::new("agent")).await;
-        workload::daemonset(c, ns, node, true, PodShape::new("cni")).await;
-        workload::static_pod(
-            &self.node.manifests,
-            ns,
-            PodShape::new("etcd").exits_after_ms(300),
-        );
-        self.kubelet
-            .wait_for(
-                "10 pods running",
-                Duration::from_secs(90),
-                |records, live| {
-                    live.len() == 10
-                        && live.iter().all(|p| {
-                            records.iter().any(|r| {
-                                Some(r.uid.as_str()) == p.metadata.uid.as_deref()
-                                    && r.running_at.is_some()
-                            })
+/// Deployments in three bands (one blocked by a PodDisruptionBudget), two DaemonSets
+/// (one tolerating every taint) and a static pod; returns once all run.
+async fn workloads(f: &Fixture) {
+    let (c, ns, node) = (&f.admin, f.name.as_str(), f.name.as_str());
+    workload::deployment(c, ns, node, 3, PodShape::new("web").exits_after_ms(800)).await;
+    workload::deployment(c, ns, node, 1, PodShape::new("db").exits_after_ms(500)).await;
+    workload::blocking_pdb(c, ns, "db").await;
+    workload::deployment(
+        c,
+        ns,
+        node,
+        2,
+        PodShape::new("crit").priority("system-cluster-critical"),
+    )
+    .await;
+    workload::deployment(
+        c,
+        ns,
+        node,
+        1,
+        PodShape::new("nodecrit").priority("system-node-critical"),
+    )
+    .await;
+    workload::daemonset(c, ns, node, false, PodShape::new("agent")).await;
+    workload::daemonset(c, ns, node, true, PodShape::new("cni")).await;
+    workload::static_pod(
+        &f.node.manifests,
+        ns,
+        PodShape::new("etcd").exits_after_ms(300),
+    );
+    f.kubelet
+        .wait_for(
+            "10 pods running",
+            Duration::from_secs(90),
+            |records, live| {
+                live.len() == 10
+                    && live.iter().all(|p| {
+                        records.iter().any(|r| {
+                            Some(r.uid.as_str()) == p.metadata.uid.as_deref()
+                                && r.running_at.is_some()
                         })
-                },
-            )
-            .await;
-        workload::wait_pdb_blocking(c, ns, "db").await;
-    }
-
-    async fn cleanup(&self) {
-        let nms: Api<NodeMaintenance> = Api::all(self.admin.clone());
-        for m in nms
-            .list(&Default::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            if m.name_any().contains(&self.name) {
-                let _ = nms
-                    .patch(
-                        &m.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-                let _ = nms.delete(&m.name_any(), &DeleteParams::default()).await;
-            }
-        }
-        workload::delete_namespace(&self.admin, &self.name).await;
-        let nodes: Api<Node> = Api::all(self.admin.clone());
-        let _ = nodes.delete(&self.name, &DeleteParams::default()).await;
-    }
+                    })
+            },
+        )
+        .await;
+    workload::wait_pdb_blocking(c, ns, "db").await;
 }
 
 fn skip(test: &str) -> bool {
@@ -182,35 +107,6 @@ fn skip(test: &str) -> bool {
     }
     real::require_prerequisites();
     false
-}
-
-/// When logind announced the poweroff, and when nodegrace released its inhibitor.
-fn signal_and_release(c: &real::Container) -> (f64, f64) {
-    let logind = c.journal_of("systemd-logind");
-    let signal = real::first_with(&logind, "The system will power off now")
-        .unwrap_or_else(|| panic!("logind never announced the poweroff:\n{}", c.journal_text()))
-        .time;
-    let ours = c.journal_of("nodegrace");
-    let release = ours
-        .iter()
-        .find(|l| l.contains("phase change") && l.field("PHASE") == Some("Released"))
-        .unwrap_or_else(|| panic!("nodegrace never released:\n{}", c.journal_text()))
-        .time;
-    (signal, release)
-}
-
-fn evictions<'a>(reqs: &'a [Request], pod: &str) -> Vec<&'a Request> {
-    reqs.iter()
-        .filter(|r| r.verb == "create" && r.resource == "pods" && r.subresource == "eviction")
-        .filter(|r| r.name == pod)
-        .collect()
-}
-
-fn deletes<'a>(reqs: &'a [Request], pod: &str) -> Vec<&'a Request> {
-    reqs.iter()
-        .filter(|r| r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty())
-        .filter(|r| r.name == pod)
-        .collect()
 }
 
 /// `systemctl poweroff` on a node with pods in every band: band order, evictions (not
@@ -228,7 +124,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
         "50-budget.toml".into(),
         format!("[shutdown]\nmax_delay = \"{BUDGET_SECS}s\"\n"),
     ));
-    f.workloads().await;
+    workloads(&f).await;
     f.node.boot();
     // The pods as they were when the shutdown began (their replacements come later).
     let originals: HashMap<String, Arc<Pod>> = f
@@ -429,61 +325,6 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
     f.cleanup().await;
 }
 
-/// Waits (polling the apiserver) until `check` holds for the NodeMaintenance `name`.
-async fn wait_maintenance(
-    admin: &Client,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    check: impl Fn(&NodeMaintenance) -> bool,
-) -> NodeMaintenance {
-    let api: Api<NodeMaintenance> = Api::all(admin.clone());
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Ok(Some(m)) = api.get_opt(name).await {
-            if check(&m) {
-                return m;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                panic!("NodeMaintenance {name}: timed out after {timeout:?} waiting for {what}: {m:#?}");
-            }
-        } else if tokio::time::Instant::now() >= deadline {
-            panic!("NodeMaintenance {name}: timed out after {timeout:?} waiting for {what}: it does not exist");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Waits until `check` holds for the Node.
-async fn wait_node(admin: &Client, name: &str, what: &str, check: impl Fn(&Node) -> bool) -> Node {
-    let api: Api<Node> = Api::all(admin.clone());
-    for _ in 0..300 {
-        let node = api.get(name).await.expect("get node");
-        if check(&node) {
-            return node;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("node {name}: timed out waiting for {what}");
-}
-
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-}
-
-fn maintenance_tainted(n: &Node) -> bool {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == "nodegrace.dev/maintenance"))
-}
-
-fn has_finalizer(m: &NodeMaintenance) -> bool {
-    m.finalizers()
-        .iter()
-        .any(|f| f == nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION)
-}
-
 /// An admin's NodeMaintenance selecting the node by label: at Drain the first band is
 /// evicted and the PodDisruptionBudget's pod is never deleted (there is no deadline); once
 /// the budget goes the later bands follow and the static pod is gated in its turn; at
@@ -498,11 +339,20 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     workload::deployment(c, &ns, &node, 2, PodShape::new("web")).await;
     workload::deployment(c, &ns, &node, 1, PodShape::new("db")).await;
     workload::blocking_pdb(c, &ns, "db").await;
-    workload::deployment(c, &ns, &node, 1, PodShape::new("crit").priority("system-cluster-critical")).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        PodShape::new("crit").priority("system-cluster-critical"),
+    )
+    .await;
     workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
     f.kubelet
-        .wait_for("6 pods running", Duration::from_secs(90), |_, live| live.len() == 6)
+        .wait_for("6 pods running", Duration::from_secs(90), |_, live| {
+            live.len() == 6
+        })
         .await;
     workload::wait_pdb_blocking(c, &ns, "db").await;
     f.node.boot();
@@ -530,14 +380,19 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
             .count()
     };
     f.kubelet
-        .wait_for("the first band's web pods gone", Duration::from_secs(60), |_, live| {
-            !live.iter().any(|p| app_of(p) == "web")
-        })
+        .wait_for(
+            "the first band's web pods gone",
+            Duration::from_secs(60),
+            |_, live| !live.iter().any(|p| app_of(p) == "web"),
+        )
         .await;
     // Blocked, and no deadline: the budget's pod stays, the next band does not start.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!((live_app("db"), live_app("crit")), (1, 1));
-    assert!(wait_node(c, &node, "cordoned", cordoned).await.spec.is_some());
+    assert!(wait_node(c, &node, "cordoned", cordoned)
+        .await
+        .spec
+        .is_some());
 
     let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
         Api::namespaced(c.clone(), &ns);
@@ -555,7 +410,9 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     let reqs = f.requests();
     for pod in ["db", "web", "crit"] {
         assert!(
-            !reqs.iter().any(|r| r.verb == "delete" && r.resource == "pods" && r.name.starts_with(&format!("{pod}-"))),
+            !reqs.iter().any(|r| r.verb == "delete"
+                && r.resource == "pods"
+                && r.name.starts_with(&format!("{pod}-"))),
             "{pod} was deleted, not evicted: {:#?}",
             audit::count_by_kind(&reqs)
         );
@@ -576,14 +433,24 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
         .labels()
         .contains_key("node.kubernetes.io/exclude-from-external-load-balancers"));
     f.kubelet
-        .wait_for("the static pod's mirror back", Duration::from_secs(30), |_, live| {
-            live.iter().any(|p| p.name_any() == format!("etcd-{node}"))
-        })
+        .wait_for(
+            "the static pod's mirror back",
+            Duration::from_secs(30),
+            |_, live| live.iter().any(|p| p.name_any() == format!("etcd-{node}")),
+        )
         .await;
     assert!(f.node.manifests.join("etcd.yaml").exists());
-    let done = wait_maintenance(c, &name, "completed on the node", Duration::from_secs(30), |m| {
-        m.node_status(&node).is_some_and(|e| e.drain_message == "Completed") && !has_finalizer(m)
-    })
+    let done = wait_maintenance(
+        c,
+        &name,
+        "completed on the node",
+        Duration::from_secs(30),
+        |m| {
+            m.node_status(&node)
+                .is_some_and(|e| e.drain_message == "Completed")
+                && !has_finalizer(m)
+        },
+    )
     .await;
     assert_eq!(done.spec.stage, nodegrace::api::Stage::Complete);
     audit::assert_allowed_by_cluster_role(&f.requests());
@@ -604,7 +471,9 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
     f.kubelet
-        .wait_for("2 pods running", Duration::from_secs(90), |_, live| live.len() == 2)
+        .wait_for("2 pods running", Duration::from_secs(90), |_, live| {
+            live.len() == 2
+        })
         .await;
     f.node.boot();
     let _ = f.node.shutdown("poweroff", Duration::from_secs(120));
@@ -624,18 +493,30 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     .await;
     f.node.boot();
 
-    let done = wait_maintenance(c, &name, "completed after the boot", Duration::from_secs(60), |m| {
-        m.spec.stage == nodegrace::api::Stage::Complete
-            && m.node_status(&node).is_some_and(|e| e.drain_message == "Completed")
-            && !has_finalizer(m)
-    })
+    let done = wait_maintenance(
+        c,
+        &name,
+        "completed after the boot",
+        Duration::from_secs(60),
+        |m| {
+            m.spec.stage == nodegrace::api::Stage::Complete
+                && m.node_status(&node)
+                    .is_some_and(|e| e.drain_message == "Completed")
+                && !has_finalizer(m)
+        },
+    )
     .await;
     assert_eq!(done.uid(), before.uid(), "the same maintenance, completed");
-    wait_node(c, &node, "uncordoned", |n| !cordoned(n) && !maintenance_tainted(n)).await;
+    wait_node(c, &node, "uncordoned", |n| {
+        !cordoned(n) && !maintenance_tainted(n)
+    })
+    .await;
     f.kubelet
-        .wait_for("the static pod's mirror back", Duration::from_secs(30), |_, live| {
-            live.iter().any(|p| p.name_any() == format!("etcd-{node}"))
-        })
+        .wait_for(
+            "the static pod's mirror back",
+            Duration::from_secs(30),
+            |_, live| live.iter().any(|p| p.name_any() == format!("etcd-{node}")),
+        )
         .await;
     assert!(f.node.manifests.join("etcd.yaml").exists());
     audit::assert_allowed_by_cluster_role(&f.requests());

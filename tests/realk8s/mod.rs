@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod fixture;
 pub mod kubelet;
 pub mod node;
 pub mod workload;

@@ -685,7 +685,8 @@ impl Controller {
                     }
                     // A re-list shows the latest state, our writes included.
                     Some(Ok(watcher::Event::Init)) => written.clear(),
-                    Some(Err(err)) => warn!(error = %err, "EvictionRequest watch failed; retrying"),
+                    // The drain engine reports an apiserver that cannot be used, once.
+                    Some(Err(err)) => debug!(error = %err, "EvictionRequest watch failed; retrying"),
                     None => anyhow::bail!("the EvictionRequest watch ended"),
                 },
                 message = recv_opt(&mut rx) => match message {

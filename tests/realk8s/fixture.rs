@@ -1,0 +1,177 @@
+//! One node of the real cluster with its kubelet stand-in, and what tests read back.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use nodegrace::api::NodeMaintenance;
+
+use super::audit::{self, Request};
+use super::kubelet::Kubelet;
+use super::node::TestNode;
+use super::{workload, ControlPlane};
+use crate::real;
+
+pub fn app_of(pod: &Pod) -> String {
+    pod.labels().get("app").cloned().unwrap_or_default()
+}
+
+/// One node of the real cluster with its kubelet stand-in and a namespace for its pods.
+pub struct Fixture {
+    pub cp: &'static ControlPlane,
+    pub admin: Client,
+    pub name: String,
+    pub node: TestNode,
+    pub kubelet: Kubelet,
+    pub started: f64,
+}
+
+impl Fixture {
+    pub async fn new(prefix: &str) -> Fixture {
+        let cp = tokio::task::spawn_blocking(super::control_plane)
+            .await
+            .expect("control plane");
+        let started = super::now_unix();
+        let admin = cp.admin().await;
+        let name = super::unique(prefix);
+        workload::create_namespace(&admin, &name).await;
+        let node = TestNode::new(&name, cp.nodegrace_identity(&name));
+        let kubelet = Kubelet::start(
+            &cp.kubelet_identity(&name),
+            &name,
+            Some(node.manifests.clone()),
+        )
+        .await;
+        Fixture {
+            cp,
+            admin,
+            name,
+            node,
+            kubelet,
+            started,
+        }
+    }
+
+    pub fn user(&self) -> String {
+        format!("nodegrace:node:{}", self.name)
+    }
+
+    /// nodegrace's requests since the fixture was made.
+    pub fn requests(&self) -> Vec<Request> {
+        audit::requests_of(&self.cp.audit_log(), &self.user(), self.started)
+    }
+
+    pub async fn cleanup(&self) {
+        let nms: Api<NodeMaintenance> = Api::all(self.admin.clone());
+        for m in nms
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if m.name_any().contains(&self.name) {
+                let _ = nms
+                    .patch(
+                        &m.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+                let _ = nms.delete(&m.name_any(), &DeleteParams::default()).await;
+            }
+        }
+        workload::delete_namespace(&self.admin, &self.name).await;
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let _ = nodes.delete(&self.name, &DeleteParams::default()).await;
+    }
+}
+
+/// When logind announced the poweroff, and when nodegrace released its inhibitor.
+pub fn signal_and_release(c: &real::Container) -> (f64, f64) {
+    let logind = c.journal_of("systemd-logind");
+    let signal = real::first_with(&logind, "The system will power off now")
+        .unwrap_or_else(|| panic!("logind never announced the poweroff:\n{}", c.journal_text()))
+        .time;
+    let ours = c.journal_of("nodegrace");
+    let release = ours
+        .iter()
+        .find(|l| l.contains("phase change") && l.field("PHASE") == Some("Released"))
+        .unwrap_or_else(|| panic!("nodegrace never released:\n{}", c.journal_text()))
+        .time;
+    (signal, release)
+}
+
+pub fn evictions<'a>(reqs: &'a [Request], pod: &str) -> Vec<&'a Request> {
+    reqs.iter()
+        .filter(|r| r.verb == "create" && r.resource == "pods" && r.subresource == "eviction")
+        .filter(|r| r.name == pod)
+        .collect()
+}
+
+pub fn deletes<'a>(reqs: &'a [Request], pod: &str) -> Vec<&'a Request> {
+    reqs.iter()
+        .filter(|r| r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty())
+        .filter(|r| r.name == pod)
+        .collect()
+}
+
+/// Waits (polling the apiserver) until `check` holds for the NodeMaintenance `name`.
+pub async fn wait_maintenance(
+    admin: &Client,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn(&NodeMaintenance) -> bool,
+) -> NodeMaintenance {
+    let api: Api<NodeMaintenance> = Api::all(admin.clone());
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(Some(m)) = api.get_opt(name).await {
+            if check(&m) {
+                return m;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!("NodeMaintenance {name}: timed out after {timeout:?} waiting for {what}: {m:#?}");
+            }
+        } else if tokio::time::Instant::now() >= deadline {
+            panic!("NodeMaintenance {name}: timed out after {timeout:?} waiting for {what}: it does not exist");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until `check` holds for the Node.
+pub async fn wait_node(
+    admin: &Client,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Node) -> bool,
+) -> Node {
+    let api: Api<Node> = Api::all(admin.clone());
+    for _ in 0..300 {
+        let node = api.get(name).await.expect("get node");
+        if check(&node) {
+            return node;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("node {name}: timed out waiting for {what}");
+}
+
+pub fn cordoned(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+pub fn maintenance_tainted(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == "nodegrace.dev/maintenance"))
+}
+
+pub fn has_finalizer(m: &NodeMaintenance) -> bool {
+    m.finalizers()
+        .iter()
+        .any(|f| f == nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION)
+}

@@ -1,0 +1,212 @@
+//! Real-control-plane tier, apiserver outages: the kube-apiserver process is stopped and
+//! started around a shutdown. The tests of this binary run one at a time (they stop the
+//! apiserver every other test shares); cargo runs test binaries one after another.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
+
+mod real;
+mod realk8s;
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use realk8s::audit;
+use realk8s::fixture::*;
+use realk8s::kubelet::Kubelet;
+use realk8s::workload::{self, PodShape};
+use serde_json::Value;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn skip(test: &str) -> bool {
+    if !realk8s::enabled(&format!("realk8s_outage::{test}")) {
+        return true;
+    }
+    real::require_prerequisites();
+    false
+}
+
+async fn start_apiserver(f: &Fixture) {
+    let cp = f.cp;
+    tokio::task::spawn_blocking(move || cp.up())
+        .await
+        .expect("up.sh");
+}
+
+/// An apiserver that restarts around the poweroff (stopped 1 s before, started 2 s after;
+/// while it starts it answers 403 to everything until RBAC is loaded) is waited for, not
+/// taken for gone: the drain goes through the NodeMaintenance and the Eviction API, and the
+/// kubelet is never stopped for a local drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarting_apiserver_is_waited_for_not_drained_around() {
+    if skip("a_restarting_apiserver_is_waited_for_not_drained_around") {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut f = Fixture::new("ng-rst").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 3, PodShape::new("web")).await;
+    f.kubelet
+        .wait_for("3 pods running", Duration::from_secs(90), |_, live| {
+            live.len() == 3
+        })
+        .await;
+    f.node.boot();
+
+    f.cp.stop_apiserver();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let container = f.node.container.take().expect("booted");
+    let _ = container.exec(&["systemctl", "poweroff"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    start_apiserver(&f).await;
+    let mut container = container;
+    container
+        .wait_exit(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", container.journal_text()));
+    let journal = container.journal_text();
+
+    let ours = container.journal_of("nodegrace");
+    assert!(
+        !ours.iter().any(|l| l.contains("draining locally")),
+        "went to the local fallback:\n{journal}"
+    );
+    assert!(container.stop_time("kubelet").is_some());
+    let nm = wait_maintenance(
+        c,
+        &format!("shutdown-{node}"),
+        "created",
+        Duration::from_secs(10),
+        |_| true,
+    )
+    .await;
+    assert_eq!(
+        nm.node_status(&node).map(|e| e.pods_remaining),
+        Some(0),
+        "{journal}"
+    );
+    let reqs = f.requests();
+    for r in f
+        .kubelet
+        .records()
+        .iter()
+        .filter(|r| r.name.starts_with("web-"))
+    {
+        assert!(
+            evictions(&reqs, &r.name).iter().any(|e| e.code == 201),
+            "{} not evicted: {:#?}\n{journal}",
+            r.name,
+            audit::count_by_kind(&reqs)
+        );
+    }
+    f.cleanup().await;
+}
+
+/// The apiserver is down when the node powers off and comes back only after the node
+/// rebooted: the local fallback runs (the kubelet unit stopped; no CRI runtime on this node,
+/// so nothing can be stopped through it), its record names every pod the node had, and
+/// the boot after creates the shutdown maintenance from it and completes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
+    if skip("an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod") {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut f = Fixture::new("ng-offl").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 2, PodShape::new("web")).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        PodShape::new("crit").priority("system-cluster-critical"),
+    )
+    .await;
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    f.kubelet
+        .wait_for("4 pods running", Duration::from_secs(90), |_, live| {
+            live.len() == 4
+        })
+        .await;
+    let pods: Vec<String> = f
+        .kubelet
+        .live_pods()
+        .iter()
+        .map(|p| format!("{ns}/{}", p.name_any()))
+        .collect();
+    f.node.boot();
+    // The offline fallback works from the pod cache the daemon keeps while online.
+    real::wait_until("the pod cache with 4 pods", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
+        let cache: Value = serde_json::from_str(&text).ok()?;
+        (cache["pods"].as_array()?.len() == 4).then_some(())
+    });
+
+    f.cp.stop_apiserver();
+    let mut c1 = f.node.container.take().expect("booted");
+    let _ = c1.exec(&["systemctl", "poweroff"]);
+    c1.wait_exit(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", c1.journal_text()));
+    assert!(
+        c1.journal_of("nodegrace")
+            .iter()
+            .any(|l| l.contains("draining locally")),
+        "{}",
+        c1.journal_text()
+    );
+    f.kubelet.stop();
+    start_apiserver(&f).await;
+    f.kubelet = Kubelet::start(
+        &f.cp.kubelet_identity(&node),
+        &node,
+        Some(f.node.manifests.clone()),
+    )
+    .await;
+    f.node.boot();
+
+    let name = format!("shutdown-{node}");
+    let m = wait_maintenance(
+        c,
+        &name,
+        "recorded and completed",
+        Duration::from_secs(60),
+        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+    )
+    .await;
+    let report: Value = serde_json::from_str(
+        m.annotations()
+            .get("nodegrace.dev/fallback-report")
+            .expect("the fallback report"),
+    )
+    .unwrap();
+    let counted = ["podsStopped", "podsNotStopped", "podsNotReached"]
+        .iter()
+        .map(|k| report[k].as_u64().unwrap_or(0))
+        .sum::<u64>();
+    assert_eq!(counted, 4, "{report:#}");
+    let named: Vec<String> = ["stopped", "notStopped", "notReached"]
+        .iter()
+        .flat_map(|k| report[k].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect();
+    for pod in &pods {
+        assert!(
+            named.iter().any(|n| n.starts_with(pod.as_str())),
+            "{pod} not named in {report:#}"
+        );
+    }
+    assert!(
+        named.iter().any(|n| n.contains("could not be listed")),
+        "{report:#}"
+    );
+    f.kubelet
+        .wait_for(
+            "the static pod's mirror back",
+            Duration::from_secs(30),
+            |_, live| live.iter().any(|p| p.name_any() == format!("etcd-{node}")),
+        )
+        .await;
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}
