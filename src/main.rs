@@ -121,9 +121,20 @@ offline-drain.json are read from state_dir, gated manifests from static_pods.gat
 ones not Complete that have an entry for this node, are its shutdown maintenance, or whose
 nodeSelector matches the Node (by name only, when the Node cannot be read).
 
-Exit codes: 0 status printed (even with sections unknown), 1 nothing could be determined
-(status file, state directory, static pod gate and apiserver all unreadable), 2 invalid
-configuration or usage.";
+The exit code says whether the node is protected, with -o json too (the report is printed
+in every case):
+  0  protected: the daemon runs, holds its shutdown delay inhibitor, and its budget covers
+     the reserves the drain plan needs for the pods of its pod cache (sections such as the
+     apiserver may still be unknown)
+  1  nothing could be determined (status file, state directory, static pod gate and
+     apiserver all unreadable)
+  2  invalid configuration or usage
+  3  the daemon is not running (no status file, its process is gone, or the file cannot
+     be read)
+  4  the daemon holds no shutdown delay inhibitor (still starting, or released for a
+     shutdown under way): a shutdown now would not wait for a drain
+  5  the budget is below the reserves the drain plan needs for the node's pods (the
+     reserves are scaled down and ordinary pods get no time)";
 
 const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";

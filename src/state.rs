@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::write_atomic;
+use crate::fsutil::{read_regular, set_aside, write_atomic, ReadError, Symlinks, STATE_FILE_LIMIT};
 use crate::plan::PodInfo;
 
 pub const POD_CACHE_FILE: &str = "pods.json";
@@ -19,21 +19,133 @@ fn store_json<T: Serialize>(state_dir: &Path, file: &str, what: &str, value: &T)
     write_atomic(&state_dir.join(file), &bytes, 0o600)
 }
 
-/// Reads `state_dir/file` as JSON; a missing file is None, a corrupt one an error naming
-/// `what` and the path.
-fn load_json<T: serde::de::DeserializeOwned>(
+/// A file of the state directory checks the values it holds before the daemon uses them.
+trait Checked {
+    /// Why the values cannot be used, if they cannot.
+    fn check(&self) -> std::result::Result<(), String>;
+}
+
+/// Why a state file could not be loaded.
+#[derive(Debug)]
+enum LoadError {
+    /// Not a regular file, too large, not the expected JSON, or values out of range: the
+    /// file will never be usable as it is.
+    Corrupt(anyhow::Error),
+    /// Reading failed (permissions, I/O): it may be fine later.
+    Unreadable(anyhow::Error),
+}
+
+impl LoadError {
+    fn into_error(self) -> anyhow::Error {
+        match self {
+            LoadError::Corrupt(e) | LoadError::Unreadable(e) => e,
+        }
+    }
+}
+
+/// Reads and checks `state_dir/file`; a missing file is None. Never follows a symlink,
+/// never blocks on a FIFO, never reads more than [`STATE_FILE_LIMIT`].
+fn load_checked<T: serde::de::DeserializeOwned + Checked>(
+    state_dir: &Path,
+    file: &str,
+    what: &str,
+) -> std::result::Result<Option<T>, LoadError> {
+    let path = state_dir.join(file);
+    let bytes = match read_regular(&path, STATE_FILE_LIMIT, Symlinks::Refuse) {
+        Ok(b) => b,
+        Err(ReadError::NotFound) => return Ok(None),
+        Err(e) if e.is_bad_file() => {
+            return Err(LoadError::Corrupt(anyhow::anyhow!(
+                "{what} {}: {e}",
+                path.display()
+            )))
+        }
+        Err(e) => {
+            return Err(LoadError::Unreadable(anyhow::anyhow!(
+                "reading {what} {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    let value: T = serde_json::from_slice(&bytes)
+        .with_context(|| format!("parsing {what} {}", path.display()))
+        .map_err(LoadError::Corrupt)?;
+    value.check().map_err(|why| {
+        LoadError::Corrupt(anyhow::anyhow!("{what} {}: {why}", path.display()))
+    })?;
+    Ok(Some(value))
+}
+
+/// Reads `state_dir/file` as JSON; a missing file is None, a corrupt or unreadable one an
+/// error naming `what` and the path. Changes nothing (what `nodegrace status` uses).
+fn load_json<T: serde::de::DeserializeOwned + Checked>(
     state_dir: &Path,
     file: &str,
     what: &str,
 ) -> Result<Option<T>> {
-    let path = state_dir.join(file);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .with_context(|| format!("parsing {what} {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {what} {}", path.display())),
+    load_checked(state_dir, file, what).map_err(LoadError::into_error)
+}
+
+/// What the daemon uses: like [`load_json`], but a corrupt file is reported in one log line
+/// and renamed out of the way (`<file>.corrupt-<time>`, never deleted), and the daemon goes
+/// on as if it were missing. An unreadable one is an error: it may be fine later.
+fn load_or_set_aside<T: serde::de::DeserializeOwned + Checked>(
+    state_dir: &Path,
+    file: &str,
+    what: &str,
+) -> Result<Option<T>> {
+    match load_checked(state_dir, file, what) {
+        Ok(v) => Ok(v),
+        Err(LoadError::Unreadable(e)) => Err(e),
+        Err(LoadError::Corrupt(e)) => {
+            let path = state_dir.join(file);
+            match set_aside(&path) {
+                Ok(to) => tracing::error!(
+                    file = %path.display(),
+                    set_aside_as = %to.display(),
+                    error = %format!("{e:#}"),
+                    "ignoring a corrupt {what}: renamed it out of the way and going on without it"
+                ),
+                Err(rename) => tracing::error!(
+                    file = %path.display(),
+                    error = %format!("{e:#}"),
+                    rename_error = %format!("{rename:#}"),
+                    "ignoring a corrupt {what}; it could not be renamed out of the way"
+                ),
+            }
+            Ok(None)
+        }
     }
+}
+
+/// Longest Kubernetes object name or namespace (a DNS subdomain).
+const MAX_NAME: usize = 253;
+/// Longest free text (an error message) kept per entry.
+const MAX_TEXT: usize = 64 * 1024;
+
+/// `/proc/sys/kernel/random/boot_id` is a UUID; "unknown" where it could not be read.
+fn check_boot_id(id: &str) -> std::result::Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "bootId {:?} is not a boot id",
+            id.chars().take(80).collect::<String>()
+        ))
+    }
+}
+
+fn check_name(what: &str, index: usize, value: &str) -> std::result::Result<(), String> {
+    if value.is_empty() || value.len() > MAX_NAME || value.chars().any(char::is_control) {
+        return Err(format!(
+            "{what} of entry {index} is not a Kubernetes name ({} characters)",
+            value.chars().count()
+        ));
+    }
+    Ok(())
 }
 
 /// The node's pods as last seen online; the offline fallback's source of priorities.
@@ -45,10 +157,33 @@ pub struct PodCache {
     pub pods: Vec<PodInfo>,
 }
 
+impl Checked for PodCache {
+    fn check(&self) -> std::result::Result<(), String> {
+        for (i, p) in self.pods.iter().enumerate() {
+            check_name("namespace", i, &p.namespace)?;
+            check_name("name", i, &p.name)?;
+            if p.termination_grace_period_seconds < 0 {
+                return Err(format!(
+                    "pod {} has a negative grace period ({} s)",
+                    p.key(),
+                    p.termination_grace_period_seconds
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl PodCache {
     /// Reads the cache; a missing file is an empty cache, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Self> {
         Ok(load_json(state_dir, POD_CACHE_FILE, "pod cache")?.unwrap_or_default())
+    }
+
+    /// Reads the cache for the daemon: a corrupt one is set aside (see `load_or_set_aside`)
+    /// and the cache is empty.
+    pub fn load_or_set_aside(state_dir: &Path) -> Result<Self> {
+        Ok(load_or_set_aside(state_dir, POD_CACHE_FILE, "pod cache")?.unwrap_or_default())
     }
 
     pub fn store(&self, state_dir: &Path) -> Result<()> {
@@ -81,10 +216,58 @@ pub struct ShutdownState {
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
+/// How far in the future a persisted shutdown may have started: the clock may have been
+/// set back since, but not by more than a day.
+const MAX_CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::days(1);
+
+impl Checked for ShutdownState {
+    fn check(&self) -> std::result::Result<(), String> {
+        let max = crate::config::MAX_SHUTDOWN_DELAY;
+        let budget = self.budget_seconds;
+        if !budget.is_finite() || !(0.0..=max.as_secs_f64()).contains(&budget) {
+            return Err(format!(
+                "budgetSeconds {budget} is out of range (0 to {}, the longest shutdown.max_delay)",
+                max.as_secs()
+            ));
+        }
+        check_boot_id(&self.boot_id)?;
+        let latest = chrono::Utc::now() + MAX_CLOCK_SKEW;
+        if self.started_at > latest {
+            return Err(format!(
+                "startedAt {} is more than a day in the future",
+                self.started_at.to_rfc3339()
+            ));
+        }
+        let deadline = chrono::TimeDelta::from_std(self.budget())
+            .ok()
+            .and_then(|b| self.started_at.checked_add_signed(b));
+        if deadline.is_none() {
+            return Err(format!(
+                "startedAt {} plus the budget is not a time",
+                self.started_at.to_rfc3339()
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl ShutdownState {
     /// Reads the state; a missing file is None, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Option<Self>> {
         load_json(state_dir, SHUTDOWN_STATE_FILE, "shutdown state")
+    }
+
+    /// Reads the state for the daemon: a corrupt one is set aside (see `load_or_set_aside`)
+    /// and there is none.
+    pub fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
+        load_or_set_aside(state_dir, SHUTDOWN_STATE_FILE, "shutdown state")
+    }
+
+    /// `budget_seconds` as a duration, never longer than any budget the daemon can have.
+    pub fn budget(&self) -> std::time::Duration {
+        std::time::Duration::try_from_secs_f64(self.budget_seconds)
+            .unwrap_or(std::time::Duration::ZERO)
+            .min(crate::config::MAX_SHUTDOWN_DELAY)
     }
 
     /// Writes, fsyncs and renames into place.
@@ -143,23 +326,51 @@ pub struct OfflineDrain {
     pub reports: Vec<crate::fallback::FallbackReport>,
 }
 
+/// More fallback runs than one shutdown can have (one per apiserver loss).
+const MAX_FALLBACK_RUNS: usize = 1000;
+
+impl Checked for OfflineDrain {
+    fn check(&self) -> std::result::Result<(), String> {
+        check_boot_id(&self.boot_id)?;
+        if self.reports.len() > MAX_FALLBACK_RUNS {
+            return Err(format!(
+                "{} fallback runs; one shutdown cannot have more than {MAX_FALLBACK_RUNS}",
+                self.reports.len()
+            ));
+        }
+        for (i, p) in self.reports.iter().flat_map(|r| &r.pods).enumerate() {
+            check_name("namespace", i, &p.namespace)?;
+            check_name("name", i, &p.name)?;
+            if p.errors.iter().any(|e| e.len() > MAX_TEXT) {
+                return Err(format!("pod entry {i} has an error text over {MAX_TEXT} bytes"));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl OfflineDrain {
     /// Reads the record; a missing file is None, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Option<Self>> {
         load_json(state_dir, OFFLINE_DRAIN_FILE, "offline drain record")
     }
 
+    /// Reads the record for the daemon: a corrupt one is set aside (see
+    /// `load_or_set_aside`) and there is none.
+    pub fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
+        load_or_set_aside(state_dir, OFFLINE_DRAIN_FILE, "offline drain record")
+    }
+
     pub fn store(&self, state_dir: &Path) -> Result<()> {
         store_json(state_dir, OFFLINE_DRAIN_FILE, "offline drain record", self)
     }
 
-    /// Removes the record if it is still the one of `boot_id`.
+    /// Removes the record if it is still the one of `boot_id`. A corrupt one is set aside,
+    /// never deleted; an unreadable one is left to the operator.
     pub fn remove_if_boot(state_dir: &Path, boot_id: &str) -> Result<()> {
-        match Self::load(state_dir) {
-            Ok(Some(r)) if r.boot_id == boot_id => Self::remove(state_dir),
-            Ok(_) => Ok(()),
-            // Unreadable: leave it to the operator rather than delete what cannot be read.
-            Err(e) => Err(e),
+        match Self::load_or_set_aside(state_dir)? {
+            Some(r) if r.boot_id == boot_id => Self::remove(state_dir),
+            _ => Ok(()),
         }
     }
 
