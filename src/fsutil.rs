@@ -65,11 +65,7 @@ pub fn read_regular(path: &Path, limit: u64, symlinks: Symlinks) -> Result<Vec<u
     if symlinks == Symlinks::Refuse {
         flags |= nix::libc::O_NOFOLLOW;
     }
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)
-    {
+    let file = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ReadError::NotFound),
         Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) && symlinks == Symlinks::Refuse => {
@@ -87,8 +83,7 @@ pub fn read_regular(path: &Path, limit: u64, symlinks: Symlinks) -> Result<Vec<u
         return Err(ReadError::TooLarge { limit });
     }
     let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    file.take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)?;
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(ReadError::TooLarge { limit });
     }

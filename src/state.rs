@@ -70,9 +70,9 @@ fn load_checked<T: serde::de::DeserializeOwned + Checked>(
     let value: T = serde_json::from_slice(&bytes)
         .with_context(|| format!("parsing {what} {}", path.display()))
         .map_err(LoadError::Corrupt)?;
-    value.check().map_err(|why| {
-        LoadError::Corrupt(anyhow::anyhow!("{what} {}: {why}", path.display()))
-    })?;
+    value
+        .check()
+        .map_err(|why| LoadError::Corrupt(anyhow::anyhow!("{what} {}: {why}", path.display())))?;
     Ok(Some(value))
 }
 
@@ -342,7 +342,9 @@ impl Checked for OfflineDrain {
             check_name("namespace", i, &p.namespace)?;
             check_name("name", i, &p.name)?;
             if p.errors.iter().any(|e| e.len() > MAX_TEXT) {
-                return Err(format!("pod entry {i} has an error text over {MAX_TEXT} bytes"));
+                return Err(format!(
+                    "pod entry {i} has an error text over {MAX_TEXT} bytes"
+                ));
             }
         }
         Ok(())
@@ -441,5 +443,239 @@ mod tests {
         std::fs::write(dir.path().join(OFFLINE_DRAIN_FILE), b"[").unwrap();
         let err = OfflineDrain::load(dir.path()).unwrap_err();
         assert!(format!("{err:#}").contains(OFFLINE_DRAIN_FILE), "{err:#}");
+    }
+}
+
+/// Arbitrary JSON, and valid files with one value replaced by an arbitrary one, through the
+/// loaders the daemon uses: they never panic, and what they accept is safe to do time
+/// arithmetic with; what they refuse is set aside, never deleted.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            prop_oneof![
+                Just(1e15),
+                Just(1e300),
+                Just(-1.0),
+                Just(86_400.0),
+                Just(86_400.5),
+                Just(f64::MAX),
+                Just(f64::MIN_POSITIVE)
+            ]
+            .prop_map(Value::from),
+            "[ -~]{0,12}".prop_map(Value::from),
+            prop_oneof![
+                Just("+262142-12-31T23:59:59Z"),
+                Just("-262143-01-01T00:00:00Z"),
+                Just("9999-12-31T23:59:59Z"),
+                Just("1970-01-01T00:00:00Z"),
+                Just("draining"),
+                Just("reboot"),
+            ]
+            .prop_map(Value::from),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn valid_state() -> Value {
+        json!({
+            "phase": "draining",
+            "kind": "reboot",
+            "startedAt": chrono::Utc::now().to_rfc3339(),
+            "budgetSeconds": 900.0,
+            "bootId": "0b7b2c1e-8d7a-4a55-9d0e-6f1f7e3c2a11",
+            "updatedAt": chrono::Utc::now().to_rfc3339(),
+        })
+    }
+
+    fn valid_offline() -> Value {
+        json!({
+            "bootId": "b-1",
+            "kind": "poweroff",
+            "reports": [{"endpoint": "unix:///run/c.sock", "runtime": null, "startedAt": null,
+                "finishedAt": null, "kubeletStopped": true, "bands": [], "errors": [],
+                "pods": []}],
+        })
+    }
+
+    fn valid_cache() -> Value {
+        json!({
+            "node": "n",
+            "writtenAt": null,
+            "pods": [{"namespace": "a", "name": "b", "uid": "u", "priority": 5,
+                "podType": "Default", "terminationGracePeriodSeconds": 30}],
+        })
+    }
+
+    /// `doc` with the value at `path` (object keys, array indexes) replaced.
+    fn replace(mut doc: Value, path: &[&str], with: Value) -> Value {
+        let mut at = &mut doc;
+        for step in path {
+            at = match step.parse::<usize>() {
+                Ok(i) => &mut at[i],
+                Err(_) => &mut at[*step],
+            };
+        }
+        *at = with;
+        doc
+    }
+
+    fn mutated() -> impl Strategy<Value = (&'static str, Value)> {
+        let state_paths = prop::sample::select(vec![
+            "phase",
+            "kind",
+            "startedAt",
+            "budgetSeconds",
+            "bootId",
+            "updatedAt",
+        ]);
+        let cache_paths = prop::sample::select(vec![
+            "node",
+            "writtenAt",
+            "pods",
+            "pods.0.name",
+            "pods.0.priority",
+            "pods.0.terminationGracePeriodSeconds",
+            "pods.0.podType",
+        ]);
+        let offline_paths = prop::sample::select(vec![
+            "bootId",
+            "kind",
+            "reports",
+            "reports.0.pods",
+            "reports.0.startedAt",
+        ]);
+        prop_oneof![
+            (state_paths, leaf()).prop_map(|(p, v)| (
+                SHUTDOWN_STATE_FILE,
+                replace(valid_state(), &p.split('.').collect::<Vec<_>>(), v)
+            )),
+            (cache_paths, leaf()).prop_map(|(p, v)| (
+                POD_CACHE_FILE,
+                replace(valid_cache(), &p.split('.').collect::<Vec<_>>(), v)
+            )),
+            (offline_paths, leaf()).prop_map(|(p, v)| (
+                OFFLINE_DRAIN_FILE,
+                replace(valid_offline(), &p.split('.').collect::<Vec<_>>(), v)
+            )),
+            (
+                prop::sample::select(vec![
+                    SHUTDOWN_STATE_FILE,
+                    POD_CACHE_FILE,
+                    OFFLINE_DRAIN_FILE
+                ]),
+                value()
+            ),
+        ]
+    }
+
+    /// Loads `file` the daemon's way; Ok(true) when a value was accepted.
+    fn load_as_daemon(dir: &Path, file: &str) -> Result<bool> {
+        Ok(match file {
+            SHUTDOWN_STATE_FILE => match ShutdownState::load_or_set_aside(dir)? {
+                Some(s) => {
+                    let budget = s.budget();
+                    assert!(std::time::Instant::now().checked_add(budget).is_some());
+                    let delta = chrono::TimeDelta::from_std(budget).unwrap();
+                    assert!(s.started_at.checked_add_signed(delta).is_some());
+                    let req_remaining = budget.saturating_sub(
+                        (chrono::Utc::now() - s.started_at)
+                            .to_std()
+                            .unwrap_or_default(),
+                    );
+                    assert!(req_remaining <= crate::config::MAX_SHUTDOWN_DELAY);
+                    true
+                }
+                None => false,
+            },
+            POD_CACHE_FILE => {
+                let c = PodCache::load_or_set_aside(dir)?;
+                for p in &c.pods {
+                    let _ = p.grace_period();
+                }
+                c != PodCache::default()
+            }
+            _ => OfflineDrain::load_or_set_aside(dir)?.is_some(),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn loaders_never_panic_and_set_aside_what_they_refuse((file, doc) in mutated()) {
+            let dir = tempfile::tempdir().unwrap();
+            let bytes = serde_json::to_vec(&doc).unwrap();
+            std::fs::write(dir.path().join(file), &bytes).unwrap();
+            let accepted = load_as_daemon(dir.path(), file).unwrap();
+            let names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            if accepted {
+                prop_assert_eq!(names, vec![file.to_string()]);
+            } else if names.len() == 1 && names[0] != file {
+                // Set aside, byte for byte.
+                prop_assert!(names[0].starts_with(&format!("{file}.corrupt-")), "{:?}", names);
+                prop_assert_eq!(std::fs::read(dir.path().join(&names[0])).unwrap(), bytes);
+            } else {
+                // Accepted as empty (an empty pod cache): left where it is.
+                prop_assert_eq!(names, vec![file.to_string()]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_budget_past_the_longest_delay_is_refused_and_set_aside() {
+        for budget in [1e15, 86_400.5, -1.0, f64::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let doc = replace(valid_state(), &["budgetSeconds"], json!(budget));
+            std::fs::write(dir.path().join(SHUTDOWN_STATE_FILE), doc.to_string()).unwrap();
+            let err = ShutdownState::load(dir.path()).unwrap_err();
+            assert!(format!("{err:#}").contains("budgetSeconds"), "{err:#}");
+            assert_eq!(ShutdownState::load_or_set_aside(dir.path()).unwrap(), None);
+            assert!(!dir.path().join(SHUTDOWN_STATE_FILE).exists());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(SHUTDOWN_STATE_FILE),
+            valid_state().to_string(),
+        )
+        .unwrap();
+        assert!(ShutdownState::load_or_set_aside(dir.path())
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn a_fifo_in_the_state_directory_is_set_aside_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(POD_CACHE_FILE);
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(
+            PodCache::load_or_set_aside(dir.path()).unwrap(),
+            PodCache::default()
+        );
+        assert!(!p.exists());
     }
 }

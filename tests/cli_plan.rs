@@ -432,7 +432,10 @@ fn a_fifo_or_a_device_as_pod_list_fails_at_once() {
     );
     assert_one_line_error(
         &env.run(&["plan", "--pods", "/dev/zero"]),
-        &["cannot read pod list /dev/zero", "a device, not a regular file"],
+        &[
+            "cannot read pod list /dev/zero",
+            "a device, not a regular file",
+        ],
     );
     assert!(began.elapsed() < std::time::Duration::from_secs(10));
 }

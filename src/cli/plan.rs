@@ -16,8 +16,7 @@ use crate::fsutil::{read_regular, Symlinks, POD_LIST_LIMIT};
 use crate::plan::budget::StepClass;
 use crate::plan::{
     escalation_grace, plan_steps, reserves_needed, shutdown_drain_plan, split_budget,
-    BudgetReserves,
-    DrainPlanEntry, GnsBands, GnsCandidate, PodInfo, PodType, StepSchedule,
+    BudgetReserves, DrainPlanEntry, GnsBands, GnsCandidate, PodInfo, PodType, StepSchedule,
 };
 
 /// How long `plan` waits for the apiserver before giving up.

@@ -725,7 +725,10 @@ fn blame(
     candidates: &[(Option<&Leaf<String>>, &str)],
     message: &str,
 ) -> ConfigError {
-    match candidates.iter().find_map(|(leaf, key)| leaf.map(|l| (l, *key))) {
+    match candidates
+        .iter()
+        .find_map(|(leaf, key)| leaf.map(|l| (l, *key)))
+    {
         Some((leaf, key)) => ctx.leaf(leaf, key, message),
         None => ConfigError::file("<defaults>", message),
     }
@@ -749,7 +752,11 @@ fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Conf
         &s.static_pods.manifest_dir,
         &s.static_pods.gate_dir,
     );
-    for (candidate, dir) in [(state, state_dir), (manifests, manifest_dir), (gate, gate_dir)] {
+    for (candidate, dir) in [
+        (state, state_dir),
+        (manifests, manifest_dir),
+        (gate, gate_dir),
+    ] {
         if dir.parent().is_none() {
             return Err(blame(
                 ctx,

@@ -529,13 +529,20 @@ fn a_fifo_or_a_device_as_configuration_is_refused_without_hanging() {
     let e = load(&dir.main()).unwrap_err();
     assert!(began.elapsed() < Duration::from_secs(5));
     assert_eq!(e.file, dir.main());
-    assert!(e.to_string().contains("cannot read: a FIFO, not a regular file"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("cannot read: a FIFO, not a regular file"),
+        "{e}"
+    );
 
     // The main file may be a symlink, but not to something that is not a file.
     fs::remove_file(dir.main()).unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.main()).unwrap();
     let e = load(&dir.main()).unwrap_err();
-    assert!(e.to_string().contains("a device, not a regular file"), "{e}");
+    assert!(
+        e.to_string().contains("a device, not a regular file"),
+        "{e}"
+    );
     fs::remove_file(dir.main()).unwrap();
 
     nix::unistd::mkfifo(

@@ -207,7 +207,7 @@ enum Step {
     Reconnect,
     Event(Option<LogindEvent>),
     DrainDone(Result<Result<()>, JoinError>),
-    Reloaded(Result<Result<Settings>, JoinError>),
+    Reloaded(Box<Result<Result<Settings>, JoinError>>),
     ReloadTimedOut,
     Deadline,
     Watchdog,
@@ -292,7 +292,7 @@ impl Machine {
         loop {
             let step = tokio::select! {
                 c = self.control_rx.recv(), if self.reloading.is_none() => Step::Control(c),
-                r = join_opt(&mut self.reloading) => Step::Reloaded(r),
+                r = join_opt(&mut self.reloading) => Step::Reloaded(Box::new(r)),
                 () = sleep_opt(self.reload_give_up) => Step::ReloadTimedOut,
                 r = join_opt(&mut self.connecting) => Step::Connected(r),
                 () = sleep_opt(self.reconnect_at) => Step::Reconnect,
@@ -312,7 +312,7 @@ impl Machine {
                 Step::Reloaded(r) => {
                     self.reloading = None;
                     self.reload_give_up = None;
-                    self.on_reloaded(r);
+                    self.on_reloaded(*r);
                     Flow::Continue
                 }
                 Step::ReloadTimedOut => {

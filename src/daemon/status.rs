@@ -106,8 +106,8 @@ impl Status {
     /// Reads the file a daemon wrote: a regular file (never a FIFO, device or symlink) of
     /// sane size whose budget is one a daemon can have.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
-        use anyhow::Context;
         use crate::fsutil::{read_regular, Symlinks, STATE_FILE_LIMIT};
+        use anyhow::Context;
         let bytes = read_regular(path, STATE_FILE_LIMIT, Symlinks::Refuse)
             .with_context(|| format!("reading status {}", path.display()))?;
         let status: Status = serde_json::from_slice(&bytes)

@@ -202,7 +202,10 @@ mod tests {
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        assert!(names.iter().any(|n| n.starts_with("j.corrupt-")), "{names:?}");
+        assert!(
+            names.iter().any(|n| n.starts_with("j.corrupt-")),
+            "{names:?}"
+        );
     }
 
     #[test]
