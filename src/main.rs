@@ -63,6 +63,16 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
         output: cli::OutputFormat,
     },
+    /// systemd generator (run by systemd through nodegrace-generator): writes the unit
+    /// drop-in that creates the configured directories and adds them to ReadWritePaths=.
+    #[command(hide = true)]
+    Generator {
+        /// Where systemd wants normal-priority generated units.
+        normal_dir: PathBuf,
+        /// Early and late generator directories (unused).
+        #[arg(num_args = 0..=2)]
+        other_dirs: Vec<PathBuf>,
+    },
     /// Play a node shutdown on your laptop: the real daemon and drain against an in-memory
     /// logind, apiserver, kubelet and CRI runtime; prints the timeline and the totals.
     #[command(after_help = SIMULATE_HELP)]
@@ -169,6 +179,9 @@ fn main() -> ExitCode {
         ),
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
+        Command::Generator { normal_dir, .. } => {
+            nodegrace::sandbox::generator_command(&args.config, &normal_dir)
+        }
         Command::Simulate {
             pods,
             budget,

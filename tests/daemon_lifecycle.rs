@@ -463,3 +463,50 @@ async fn a_hanging_reload_does_not_hold_up_a_shutdown() {
     d.handle.terminate();
     within(d.task).await.unwrap().unwrap();
 }
+
+/// logind before 255 says nothing about the kind in `PrepareForShutdown`: the daemon reads it
+/// from logind's `ScheduledShutdown` (what logind 252 sets during the delay), else from a
+/// shutdown job systemd has queued, else it is unknown.
+#[tokio::test]
+async fn without_metadata_the_kind_comes_from_logind_or_systemd() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let d = env
+        .spawn_armed(env.settings(), Arc::new(drainer.clone()))
+        .await;
+    /// (ScheduledShutdown type, systemd's queued jobs, the kind drained for)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], ShutdownKind);
+    let cases: [Case; 5] = [
+        ("reboot", &[], ShutdownKind::Reboot),
+        ("poweroff", &[], ShutdownKind::Poweroff),
+        ("kexec", &[], ShutdownKind::Reboot),
+        ("", &[("reboot.target", "start")], ShutdownKind::Reboot),
+        ("", &[], ShutdownKind::Unknown),
+    ];
+    for (n, (scheduled, jobs, want)) in cases.into_iter().enumerate() {
+        env.fakes.with(|s| {
+            s.scheduled_shutdown = scheduled.into();
+            s.jobs = jobs
+                .iter()
+                .map(|(u, t)| (u.to_string(), t.to_string()))
+                .collect();
+        });
+        env.fakes.prepare_for_shutdown(true).await.unwrap();
+        let rec = within(drainer.wait_until(|r| r.drains.len() == n + 1)).await;
+        assert_eq!(rec.drains[n].req.kind, want, "{scheduled:?} {jobs:?}");
+        let st = within(d.handle.wait_for(|s| s.phase == Phase::Draining))
+            .await
+            .unwrap();
+        assert_eq!(st.shutdown.unwrap().kind, want);
+        env.fakes.with(|s| {
+            s.scheduled_shutdown.clear();
+            s.jobs.clear();
+        });
+        env.fakes.prepare_for_shutdown(false).await.unwrap();
+        within(drainer.wait_until(|r| r.cancels.len() == n + 1)).await;
+        within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+            .await
+            .unwrap();
+    }
+}

@@ -479,7 +479,7 @@ impl Machine {
                     let resume = persisted;
                     let kind = match &resume {
                         Some(p) => p.kind,
-                        None => systemd::shutdown_kind(bus.systemd.as_ref()).await,
+                        None => shutdown_kind_now(bus).await,
                     };
                     self.begin_shutdown(
                         kind,
@@ -509,7 +509,7 @@ impl Machine {
             Phase::Armed => {
                 self.take_inhibitor(bus).await?;
                 if preparing {
-                    let kind = systemd::shutdown_kind(bus.systemd.as_ref()).await;
+                    let kind = shutdown_kind_now(bus).await;
                     self.begin_shutdown(kind, None, None, "shutdown began while disconnected");
                 }
             }
@@ -762,10 +762,12 @@ impl Machine {
         };
         match e {
             Some(LogindEvent::PrepareForShutdown { start: true, kind }) => {
-                // No systemd round trip here: in delay mode logind queues the shutdown job
-                // only after the inhibitors are gone, so ListJobs could not tell anyway.
                 if matches!(self.status.phase, Phase::Armed | Phase::Starting) {
-                    let kind = kind.unwrap_or(ShutdownKind::Unknown);
+                    // logind 255+ says in the signal; older ones only in a property.
+                    let kind = match kind {
+                        Some(k) => k,
+                        None => shutdown_kind_now(&bus).await,
+                    };
                     self.begin_shutdown(kind, None, None, "PrepareForShutdown(true)");
                 }
             }
@@ -895,6 +897,23 @@ impl Drop for Machine {
             t.abort();
         }
     }
+}
+
+/// Which shutdown logind is preparing, when its signal did not say (logind before 255):
+/// logind's `ScheduledShutdown` (set for the whole delay, also for an immediate shutdown),
+/// else a shutdown job systemd has queued. systemd's jobs alone cannot tell during the
+/// delay: logind starts reboot.target or poweroff.target only once the inhibitors are gone
+/// (seen on 252: ListJobs is empty then); they tell for a shutdown that bypassed logind or
+/// whose delay is already over.
+async fn shutdown_kind_now(bus: &Bus) -> ShutdownKind {
+    match bus.logind.scheduled_shutdown().await {
+        Ok(Some(kind)) if kind != ShutdownKind::Unknown => return kind,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(error = %format!("{e:#}"), "cannot read logind's scheduled shutdown")
+        }
+    }
+    systemd::shutdown_kind(bus.systemd.as_ref()).await
 }
 
 /// `now + d`, or a time that never comes when that is beyond what the clock can hold.

@@ -137,6 +137,12 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
         }
     };
+    // A directory the sandbox keeps read-only would only fail at the first write, in the
+    // middle of a shutdown; restarting cannot help either (exit 2: no restart loop).
+    if let Err(why) = crate::sandbox::check_writable(&settings) {
+        eprintln!("nodegrace: cannot run with this configuration: {why}");
+        return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+    }
     // One thread keeps RSS and wake-ups down; blocking helpers (zbus uses a few while
     // connecting) must not linger.
     let runtime = tokio::runtime::Builder::new_current_thread()
