@@ -27,6 +27,9 @@ pub struct WrittenDir {
     /// The daemon creates it when missing (so its parent must exist and be writable, or
     /// the unit creates it first); the kubelet's manifest directory is never created.
     pub created: bool,
+    /// Only nodegrace reads it (state and gated manifests: 0700); logind reads the drop-in
+    /// directory (0755).
+    pub private: bool,
 }
 
 /// Every directory the daemon writes under these settings.
@@ -36,16 +39,19 @@ pub fn written_dirs(s: &Settings) -> Vec<WrittenDir> {
             key: "state_dir",
             path: s.state_dir.clone(),
             created: true,
+            private: true,
         },
         WrittenDir {
             key: "static_pods.gate_dir",
             path: s.static_pods.gate_dir.clone(),
             created: true,
+            private: true,
         },
         WrittenDir {
             key: "static_pods.manifest_dir",
             path: s.static_pods.manifest_dir.clone(),
             created: false,
+            private: false,
         },
     ];
     if s.shutdown.manage_logind_dropin {
@@ -53,6 +59,7 @@ pub fn written_dirs(s: &Settings) -> Vec<WrittenDir> {
             key: "shutdown.logind_dropin_dir",
             path: s.shutdown.logind_dropin_dir.clone(),
             created: true,
+            private: false,
         });
     }
     dirs
@@ -80,16 +87,18 @@ pub fn dropin(s: &Settings, config: &Path) -> (String, Vec<WrittenDir>) {
          # configuration and run `systemctl daemon-reload`, not this file.\n[Service]\n",
         config.display()
     );
-    let created: Vec<String> = safe
-        .iter()
-        .filter(|d| d.created)
-        .map(|d| d.path.display().to_string())
-        .collect();
-    if !created.is_empty() {
-        text.push_str(&format!(
-            "ExecStartPre=+/bin/mkdir -p -m 0700 {}\n",
-            created.join(" ")
-        ));
+    for (private, mode) in [(true, "0700"), (false, "0755")] {
+        let created: Vec<String> = safe
+            .iter()
+            .filter(|d| d.created && d.private == private)
+            .map(|d| d.path.display().to_string())
+            .collect();
+        if !created.is_empty() {
+            text.push_str(&format!(
+                "ExecStartPre=+/bin/mkdir -p -m {mode} {}\n",
+                created.join(" ")
+            ));
+        }
     }
     // "-": a manifest directory that does not exist (yet) is no error.
     let writable: Vec<String> = safe
@@ -215,7 +224,8 @@ mod tests {
         assert!(text.contains("[Service]\n"), "{text}");
         assert!(
             text.contains(
-                "ExecStartPre=+/bin/mkdir -p -m 0700 /srv/nodegrace /srv/nodegrace/gate /run/systemd/logind.conf.d\n"
+                "ExecStartPre=+/bin/mkdir -p -m 0700 /srv/nodegrace /srv/nodegrace/gate\n\
+                 ExecStartPre=+/bin/mkdir -p -m 0755 /run/systemd/logind.conf.d\n"
             ),
             "{text}"
         );

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use nodegrace::daemon::status::ShutdownStatus;
 use nodegrace::daemon::{Phase, ShutdownKind, Status};
 use nodegrace::logind::budget::{BudgetReport, DelayDropin};
-use nodegrace::plan::{PodInfo, PodType};
-use nodegrace::state::{PodCache, ShutdownPhase, ShutdownState};
+use nodegrace::state::{ShutdownPhase, ShutdownState};
 use serde_json::Value;
 
 mod cli_support;
@@ -332,30 +331,17 @@ fn exit_codes_say_whether_the_node_is_protected() {
         });
         status.write(&env.path("status.json"));
     };
-    let pod = |name: &str, priority: i32, pod_type: PodType| PodInfo {
-        namespace: "work".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        priority,
-        pod_type,
-        termination_grace_period_seconds: 30,
-        labels: Default::default(),
-        terminating: false,
-        terminal: false,
-        static_hash: None,
+    let pod = |name: &str, priority: i64, pod_type: &str| {
+        serde_json::json!({"namespace": "work", "name": name, "uid": format!("uid-{name}"),
+            "priority": priority, "podType": pod_type, "terminationGracePeriodSeconds": 30})
     };
     // A critical pod and a DaemonSet pod: their reserves (30 s each by default) are needed.
-    PodCache {
-        node: "node-a".into(),
-        written_at: Some(chrono::Utc::now()),
-        pods: vec![
-            pod("web", 0, PodType::Default),
-            pod("dns", 2_000_000_000, PodType::Default),
-            pod("cni", 0, PodType::DaemonSet),
-        ],
-    }
-    .store(&env.path("state"))
-    .unwrap();
+    let cache = serde_json::json!({"node": "node-a", "writtenAt": null, "pods": [
+        pod("web", 0, "Default"),
+        pod("dns", 2_000_000_000, "Default"),
+        pod("cni", 0, "DaemonSet"),
+    ]});
+    std::fs::write(env.path("state/pods.json"), cache.to_string()).unwrap();
 
     write(true, 600);
     let baseline = env.json_exiting(0);
@@ -389,4 +375,40 @@ fn exit_codes_say_whether_the_node_is_protected() {
             .collect::<Vec<String>>()
     };
     assert_eq!(keys(&r), keys(&baseline), "the JSON report keeps its shape");
+}
+
+/// Nothing `status` reads can hang it or make it read without end: a FIFO as the daemon's
+/// status file, /dev/zero behind the pod cache's name, a directory as state.json.
+#[test]
+fn a_fifo_or_a_device_in_place_of_a_file_is_reported_at_once() {
+    let env = Env::new();
+    nix::unistd::mkfifo(
+        &env.path("status.json"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/dev/zero", env.path("state/pods.json")).unwrap();
+    std::fs::create_dir(env.path("state/state.json")).unwrap();
+    let began = Instant::now();
+    let r = env.json_exiting(3);
+    assert!(began.elapsed() < Duration::from_secs(10));
+    assert_eq!(r["daemon"]["state"], "unreadable");
+    let error = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    assert!(
+        error(&r["daemon"]["error"]).contains("a FIFO, not a regular file"),
+        "{}",
+        r["daemon"]
+    );
+    assert!(
+        error(&r["podCache"]["error"]).contains("a symlink, not a regular file"),
+        "{}",
+        r["podCache"]
+    );
+    assert!(
+        error(&r["lastShutdown"]["persistedError"]).contains("a directory, not a regular file"),
+        "{}",
+        r["lastShutdown"]
+    );
+    // `status` only reports: nothing is renamed.
+    assert!(env.path("state/state.json").is_dir());
 }
