@@ -152,7 +152,7 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
         .build()
         .context("building the async runtime")?;
     let config_path: PathBuf = config.to_path_buf();
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let target = crate::telemetry::init();
         tracing::info!(version = env!("CARGO_PKG_VERSION"), log = ?target, "nodegrace starting");
         let metrics = crate::metrics::Metrics::new();
@@ -176,7 +176,10 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
         let result = daemon.run().await;
         stop_metrics.cancel();
         result
-    })?;
+    });
+    // A configuration read stuck on a hung filesystem must not keep the process from exiting.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    result?;
     Ok(ExitCode::SUCCESS)
 }
 
