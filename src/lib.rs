@@ -14,6 +14,7 @@ pub mod fsutil;
 pub mod logind;
 pub mod metrics;
 pub mod plan;
+pub mod sandbox;
 pub mod state;
 pub mod staticpods;
 pub mod systemd;

@@ -63,6 +63,16 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
         output: cli::OutputFormat,
     },
+    /// systemd generator (run by systemd through nodegrace-generator): writes the unit
+    /// drop-in that creates the configured directories and adds them to ReadWritePaths=.
+    #[command(hide = true)]
+    Generator {
+        /// Where systemd wants normal-priority generated units.
+        normal_dir: PathBuf,
+        /// Early and late generator directories (unused).
+        #[arg(num_args = 0..=2)]
+        other_dirs: Vec<PathBuf>,
+    },
     /// Play a node shutdown on your laptop: the real daemon and drain against an in-memory
     /// logind, apiserver, kubelet and CRI runtime; prints the timeline and the totals.
     #[command(after_help = SIMULATE_HELP)]
@@ -121,9 +131,20 @@ offline-drain.json are read from state_dir, gated manifests from static_pods.gat
 ones not Complete that have an entry for this node, are its shutdown maintenance, or whose
 nodeSelector matches the Node (by name only, when the Node cannot be read).
 
-Exit codes: 0 status printed (even with sections unknown), 1 nothing could be determined
-(status file, state directory, static pod gate and apiserver all unreadable), 2 invalid
-configuration or usage.";
+The exit code says whether the node is protected, with -o json too (the report is printed
+in every case):
+  0  protected: the daemon runs, holds its shutdown delay inhibitor, and its budget covers
+     the reserves the drain plan needs for the pods of its pod cache (sections such as the
+     apiserver may still be unknown)
+  1  nothing could be determined (status file, state directory, static pod gate and
+     apiserver all unreadable)
+  2  invalid configuration or usage
+  3  the daemon is not running (no status file, its process is gone, or the file cannot
+     be read)
+  4  the daemon holds no shutdown delay inhibitor (still starting, or released for a
+     shutdown under way): a shutdown now would not wait for a drain
+  5  the budget is below the reserves the drain plan needs for the node's pods (the
+     reserves are scaled down and ordinary pods get no time)";
 
 const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";
@@ -158,6 +179,9 @@ fn main() -> ExitCode {
         ),
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
+        Command::Generator { normal_dir, .. } => {
+            nodegrace::sandbox::generator_command(&args.config, &normal_dir)
+        }
         Command::Simulate {
             pods,
             budget,

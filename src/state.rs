@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil::write_atomic;
+use crate::fsutil::{read_regular, set_aside, write_atomic, ReadError, Symlinks, STATE_FILE_LIMIT};
 use crate::plan::PodInfo;
 
 pub const POD_CACHE_FILE: &str = "pods.json";
@@ -19,21 +19,133 @@ fn store_json<T: Serialize>(state_dir: &Path, file: &str, what: &str, value: &T)
     write_atomic(&state_dir.join(file), &bytes, 0o600)
 }
 
-/// Reads `state_dir/file` as JSON; a missing file is None, a corrupt one an error naming
-/// `what` and the path.
-fn load_json<T: serde::de::DeserializeOwned>(
+/// A file of the state directory checks the values it holds before the daemon uses them.
+trait Checked {
+    /// Why the values cannot be used, if they cannot.
+    fn check(&self) -> std::result::Result<(), String>;
+}
+
+/// Why a state file could not be loaded.
+#[derive(Debug)]
+enum LoadError {
+    /// Not a regular file, too large, not the expected JSON, or values out of range: the
+    /// file will never be usable as it is.
+    Corrupt(anyhow::Error),
+    /// Reading failed (permissions, I/O): it may be fine later.
+    Unreadable(anyhow::Error),
+}
+
+impl LoadError {
+    fn into_error(self) -> anyhow::Error {
+        match self {
+            LoadError::Corrupt(e) | LoadError::Unreadable(e) => e,
+        }
+    }
+}
+
+/// Reads and checks `state_dir/file`; a missing file is None. Never follows a symlink,
+/// never blocks on a FIFO, never reads more than [`STATE_FILE_LIMIT`].
+fn load_checked<T: serde::de::DeserializeOwned + Checked>(
+    state_dir: &Path,
+    file: &str,
+    what: &str,
+) -> std::result::Result<Option<T>, LoadError> {
+    let path = state_dir.join(file);
+    let bytes = match read_regular(&path, STATE_FILE_LIMIT, Symlinks::Refuse) {
+        Ok(b) => b,
+        Err(ReadError::NotFound) => return Ok(None),
+        Err(e) if e.is_bad_file() => {
+            return Err(LoadError::Corrupt(anyhow::anyhow!(
+                "{what} {}: {e}",
+                path.display()
+            )))
+        }
+        Err(e) => {
+            return Err(LoadError::Unreadable(anyhow::anyhow!(
+                "reading {what} {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    let value: T = serde_json::from_slice(&bytes)
+        .with_context(|| format!("parsing {what} {}", path.display()))
+        .map_err(LoadError::Corrupt)?;
+    value
+        .check()
+        .map_err(|why| LoadError::Corrupt(anyhow::anyhow!("{what} {}: {why}", path.display())))?;
+    Ok(Some(value))
+}
+
+/// Reads `state_dir/file` as JSON; a missing file is None, a corrupt or unreadable one an
+/// error naming `what` and the path. Changes nothing (what `nodegrace status` uses).
+fn load_json<T: serde::de::DeserializeOwned + Checked>(
     state_dir: &Path,
     file: &str,
     what: &str,
 ) -> Result<Option<T>> {
-    let path = state_dir.join(file);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .with_context(|| format!("parsing {what} {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {what} {}", path.display())),
+    load_checked(state_dir, file, what).map_err(LoadError::into_error)
+}
+
+/// What the daemon uses: like [`load_json`], but a corrupt file is reported in one log line
+/// and renamed out of the way (`<file>.corrupt-<time>`, never deleted), and the daemon goes
+/// on as if it were missing. An unreadable one is an error: it may be fine later.
+fn load_or_set_aside<T: serde::de::DeserializeOwned + Checked>(
+    state_dir: &Path,
+    file: &str,
+    what: &str,
+) -> Result<Option<T>> {
+    match load_checked(state_dir, file, what) {
+        Ok(v) => Ok(v),
+        Err(LoadError::Unreadable(e)) => Err(e),
+        Err(LoadError::Corrupt(e)) => {
+            let path = state_dir.join(file);
+            match set_aside(&path) {
+                Ok(to) => tracing::error!(
+                    file = %path.display(),
+                    set_aside_as = %to.display(),
+                    error = %format!("{e:#}"),
+                    "ignoring a corrupt {what}: renamed it out of the way and going on without it"
+                ),
+                Err(rename) => tracing::error!(
+                    file = %path.display(),
+                    error = %format!("{e:#}"),
+                    rename_error = %format!("{rename:#}"),
+                    "ignoring a corrupt {what}; it could not be renamed out of the way"
+                ),
+            }
+            Ok(None)
+        }
     }
+}
+
+/// Longest Kubernetes object name or namespace (a DNS subdomain).
+const MAX_NAME: usize = 253;
+/// Longest free text (an error message) kept per entry.
+const MAX_TEXT: usize = 64 * 1024;
+
+/// `/proc/sys/kernel/random/boot_id` is a UUID; "unknown" where it could not be read.
+fn check_boot_id(id: &str) -> std::result::Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "bootId {:?} is not a boot id",
+            id.chars().take(80).collect::<String>()
+        ))
+    }
+}
+
+fn check_name(what: &str, index: usize, value: &str) -> std::result::Result<(), String> {
+    if value.is_empty() || value.len() > MAX_NAME || value.chars().any(char::is_control) {
+        return Err(format!(
+            "{what} of entry {index} is not a Kubernetes name ({} characters)",
+            value.chars().count()
+        ));
+    }
+    Ok(())
 }
 
 /// The node's pods as last seen online; the offline fallback's source of priorities.
@@ -45,10 +157,33 @@ pub struct PodCache {
     pub pods: Vec<PodInfo>,
 }
 
+impl Checked for PodCache {
+    fn check(&self) -> std::result::Result<(), String> {
+        for (i, p) in self.pods.iter().enumerate() {
+            check_name("namespace", i, &p.namespace)?;
+            check_name("name", i, &p.name)?;
+            if p.termination_grace_period_seconds < 0 {
+                return Err(format!(
+                    "pod {} has a negative grace period ({} s)",
+                    p.key(),
+                    p.termination_grace_period_seconds
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl PodCache {
     /// Reads the cache; a missing file is an empty cache, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Self> {
         Ok(load_json(state_dir, POD_CACHE_FILE, "pod cache")?.unwrap_or_default())
+    }
+
+    /// Reads the cache for the daemon: a corrupt one is set aside (see `load_or_set_aside`)
+    /// and the cache is empty.
+    pub fn load_or_set_aside(state_dir: &Path) -> Result<Self> {
+        Ok(load_or_set_aside(state_dir, POD_CACHE_FILE, "pod cache")?.unwrap_or_default())
     }
 
     pub fn store(&self, state_dir: &Path) -> Result<()> {
@@ -81,10 +216,58 @@ pub struct ShutdownState {
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
+/// How far in the future a persisted shutdown may have started: the clock may have been
+/// set back since, but not by more than a day.
+const MAX_CLOCK_SKEW: chrono::TimeDelta = chrono::TimeDelta::days(1);
+
+impl Checked for ShutdownState {
+    fn check(&self) -> std::result::Result<(), String> {
+        let max = crate::config::MAX_SHUTDOWN_DELAY;
+        let budget = self.budget_seconds;
+        if !budget.is_finite() || !(0.0..=max.as_secs_f64()).contains(&budget) {
+            return Err(format!(
+                "budgetSeconds {budget} is out of range (0 to {}, the longest shutdown.max_delay)",
+                max.as_secs()
+            ));
+        }
+        check_boot_id(&self.boot_id)?;
+        let latest = chrono::Utc::now() + MAX_CLOCK_SKEW;
+        if self.started_at > latest {
+            return Err(format!(
+                "startedAt {} is more than a day in the future",
+                self.started_at.to_rfc3339()
+            ));
+        }
+        let deadline = chrono::TimeDelta::from_std(self.budget())
+            .ok()
+            .and_then(|b| self.started_at.checked_add_signed(b));
+        if deadline.is_none() {
+            return Err(format!(
+                "startedAt {} plus the budget is not a time",
+                self.started_at.to_rfc3339()
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl ShutdownState {
     /// Reads the state; a missing file is None, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Option<Self>> {
         load_json(state_dir, SHUTDOWN_STATE_FILE, "shutdown state")
+    }
+
+    /// Reads the state for the daemon: a corrupt one is set aside (see `load_or_set_aside`)
+    /// and there is none.
+    pub fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
+        load_or_set_aside(state_dir, SHUTDOWN_STATE_FILE, "shutdown state")
+    }
+
+    /// `budget_seconds` as a duration, never longer than any budget the daemon can have.
+    pub fn budget(&self) -> std::time::Duration {
+        std::time::Duration::try_from_secs_f64(self.budget_seconds)
+            .unwrap_or(std::time::Duration::ZERO)
+            .min(crate::config::MAX_SHUTDOWN_DELAY)
     }
 
     /// Writes, fsyncs and renames into place.
@@ -143,23 +326,53 @@ pub struct OfflineDrain {
     pub reports: Vec<crate::fallback::FallbackReport>,
 }
 
+/// More fallback runs than one shutdown can have (one per apiserver loss).
+const MAX_FALLBACK_RUNS: usize = 1000;
+
+impl Checked for OfflineDrain {
+    fn check(&self) -> std::result::Result<(), String> {
+        check_boot_id(&self.boot_id)?;
+        if self.reports.len() > MAX_FALLBACK_RUNS {
+            return Err(format!(
+                "{} fallback runs; one shutdown cannot have more than {MAX_FALLBACK_RUNS}",
+                self.reports.len()
+            ));
+        }
+        for (i, p) in self.reports.iter().flat_map(|r| &r.pods).enumerate() {
+            check_name("namespace", i, &p.namespace)?;
+            check_name("name", i, &p.name)?;
+            if p.errors.iter().any(|e| e.len() > MAX_TEXT) {
+                return Err(format!(
+                    "pod entry {i} has an error text over {MAX_TEXT} bytes"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl OfflineDrain {
     /// Reads the record; a missing file is None, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Option<Self>> {
         load_json(state_dir, OFFLINE_DRAIN_FILE, "offline drain record")
     }
 
+    /// Reads the record for the daemon: a corrupt one is set aside (see
+    /// `load_or_set_aside`) and there is none.
+    pub fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
+        load_or_set_aside(state_dir, OFFLINE_DRAIN_FILE, "offline drain record")
+    }
+
     pub fn store(&self, state_dir: &Path) -> Result<()> {
         store_json(state_dir, OFFLINE_DRAIN_FILE, "offline drain record", self)
     }
 
-    /// Removes the record if it is still the one of `boot_id`.
+    /// Removes the record if it is still the one of `boot_id`. A corrupt one is set aside,
+    /// never deleted; an unreadable one is left to the operator.
     pub fn remove_if_boot(state_dir: &Path, boot_id: &str) -> Result<()> {
-        match Self::load(state_dir) {
-            Ok(Some(r)) if r.boot_id == boot_id => Self::remove(state_dir),
-            Ok(_) => Ok(()),
-            // Unreadable: leave it to the operator rather than delete what cannot be read.
-            Err(e) => Err(e),
+        match Self::load_or_set_aside(state_dir)? {
+            Some(r) if r.boot_id == boot_id => Self::remove(state_dir),
+            _ => Ok(()),
         }
     }
 
@@ -282,5 +495,239 @@ mod tests {
         std::fs::write(dir.path().join(OFFLINE_DRAIN_FILE), b"[").unwrap();
         let err = OfflineDrain::load(dir.path()).unwrap_err();
         assert!(format!("{err:#}").contains(OFFLINE_DRAIN_FILE), "{err:#}");
+    }
+}
+
+/// Arbitrary JSON, and valid files with one value replaced by an arbitrary one, through the
+/// loaders the daemon uses: they never panic, and what they accept is safe to do time
+/// arithmetic with; what they refuse is set aside, never deleted.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            prop_oneof![
+                Just(1e15),
+                Just(1e300),
+                Just(-1.0),
+                Just(86_400.0),
+                Just(86_400.5),
+                Just(f64::MAX),
+                Just(f64::MIN_POSITIVE)
+            ]
+            .prop_map(Value::from),
+            "[ -~]{0,12}".prop_map(Value::from),
+            prop_oneof![
+                Just("+262142-12-31T23:59:59Z"),
+                Just("-262143-01-01T00:00:00Z"),
+                Just("9999-12-31T23:59:59Z"),
+                Just("1970-01-01T00:00:00Z"),
+                Just("draining"),
+                Just("reboot"),
+            ]
+            .prop_map(Value::from),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn valid_state() -> Value {
+        json!({
+            "phase": "draining",
+            "kind": "reboot",
+            "startedAt": chrono::Utc::now().to_rfc3339(),
+            "budgetSeconds": 900.0,
+            "bootId": "0b7b2c1e-8d7a-4a55-9d0e-6f1f7e3c2a11",
+            "updatedAt": chrono::Utc::now().to_rfc3339(),
+        })
+    }
+
+    fn valid_offline() -> Value {
+        json!({
+            "bootId": "b-1",
+            "kind": "poweroff",
+            "reports": [{"endpoint": "unix:///run/c.sock", "runtime": null, "startedAt": null,
+                "finishedAt": null, "kubeletStopped": true, "bands": [], "errors": [],
+                "pods": []}],
+        })
+    }
+
+    fn valid_cache() -> Value {
+        json!({
+            "node": "n",
+            "writtenAt": null,
+            "pods": [{"namespace": "a", "name": "b", "uid": "u", "priority": 5,
+                "podType": "Default", "terminationGracePeriodSeconds": 30}],
+        })
+    }
+
+    /// `doc` with the value at `path` (object keys, array indexes) replaced.
+    fn replace(mut doc: Value, path: &[&str], with: Value) -> Value {
+        let mut at = &mut doc;
+        for step in path {
+            at = match step.parse::<usize>() {
+                Ok(i) => &mut at[i],
+                Err(_) => &mut at[*step],
+            };
+        }
+        *at = with;
+        doc
+    }
+
+    fn mutated() -> impl Strategy<Value = (&'static str, Value)> {
+        let state_paths = prop::sample::select(vec![
+            "phase",
+            "kind",
+            "startedAt",
+            "budgetSeconds",
+            "bootId",
+            "updatedAt",
+        ]);
+        let cache_paths = prop::sample::select(vec![
+            "node",
+            "writtenAt",
+            "pods",
+            "pods.0.name",
+            "pods.0.priority",
+            "pods.0.terminationGracePeriodSeconds",
+            "pods.0.podType",
+        ]);
+        let offline_paths = prop::sample::select(vec![
+            "bootId",
+            "kind",
+            "reports",
+            "reports.0.pods",
+            "reports.0.startedAt",
+        ]);
+        prop_oneof![
+            (state_paths, leaf()).prop_map(|(p, v)| (
+                SHUTDOWN_STATE_FILE,
+                replace(valid_state(), &p.split('.').collect::<Vec<_>>(), v)
+            )),
+            (cache_paths, leaf()).prop_map(|(p, v)| (
+                POD_CACHE_FILE,
+                replace(valid_cache(), &p.split('.').collect::<Vec<_>>(), v)
+            )),
+            (offline_paths, leaf()).prop_map(|(p, v)| (
+                OFFLINE_DRAIN_FILE,
+                replace(valid_offline(), &p.split('.').collect::<Vec<_>>(), v)
+            )),
+            (
+                prop::sample::select(vec![
+                    SHUTDOWN_STATE_FILE,
+                    POD_CACHE_FILE,
+                    OFFLINE_DRAIN_FILE
+                ]),
+                value()
+            ),
+        ]
+    }
+
+    /// Loads `file` the daemon's way; Ok(true) when a value was accepted.
+    fn load_as_daemon(dir: &Path, file: &str) -> Result<bool> {
+        Ok(match file {
+            SHUTDOWN_STATE_FILE => match ShutdownState::load_or_set_aside(dir)? {
+                Some(s) => {
+                    let budget = s.budget();
+                    assert!(std::time::Instant::now().checked_add(budget).is_some());
+                    let delta = chrono::TimeDelta::from_std(budget).unwrap();
+                    assert!(s.started_at.checked_add_signed(delta).is_some());
+                    let req_remaining = budget.saturating_sub(
+                        (chrono::Utc::now() - s.started_at)
+                            .to_std()
+                            .unwrap_or_default(),
+                    );
+                    assert!(req_remaining <= crate::config::MAX_SHUTDOWN_DELAY);
+                    true
+                }
+                None => false,
+            },
+            POD_CACHE_FILE => {
+                let c = PodCache::load_or_set_aside(dir)?;
+                for p in &c.pods {
+                    let _ = p.grace_period();
+                }
+                c != PodCache::default()
+            }
+            _ => OfflineDrain::load_or_set_aside(dir)?.is_some(),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn loaders_never_panic_and_set_aside_what_they_refuse((file, doc) in mutated()) {
+            let dir = tempfile::tempdir().unwrap();
+            let bytes = serde_json::to_vec(&doc).unwrap();
+            std::fs::write(dir.path().join(file), &bytes).unwrap();
+            let accepted = load_as_daemon(dir.path(), file).unwrap();
+            let names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            if accepted {
+                prop_assert_eq!(names, vec![file.to_string()]);
+            } else if names.len() == 1 && names[0] != file {
+                // Set aside, byte for byte.
+                prop_assert!(names[0].starts_with(&format!("{file}.corrupt-")), "{:?}", names);
+                prop_assert_eq!(std::fs::read(dir.path().join(&names[0])).unwrap(), bytes);
+            } else {
+                // Accepted as empty (an empty pod cache): left where it is.
+                prop_assert_eq!(names, vec![file.to_string()]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_budget_past_the_longest_delay_is_refused_and_set_aside() {
+        for budget in [1e15, 86_400.5, -1.0, f64::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let doc = replace(valid_state(), &["budgetSeconds"], json!(budget));
+            std::fs::write(dir.path().join(SHUTDOWN_STATE_FILE), doc.to_string()).unwrap();
+            let err = ShutdownState::load(dir.path()).unwrap_err();
+            assert!(format!("{err:#}").contains("budgetSeconds"), "{err:#}");
+            assert_eq!(ShutdownState::load_or_set_aside(dir.path()).unwrap(), None);
+            assert!(!dir.path().join(SHUTDOWN_STATE_FILE).exists());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(SHUTDOWN_STATE_FILE),
+            valid_state().to_string(),
+        )
+        .unwrap();
+        assert!(ShutdownState::load_or_set_aside(dir.path())
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn a_fifo_in_the_state_directory_is_set_aside_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(POD_CACHE_FILE);
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(
+            PodCache::load_or_set_aside(dir.path()).unwrap(),
+            PodCache::default()
+        );
+        assert!(!p.exists());
     }
 }

@@ -97,14 +97,23 @@ reserve_critical = "40s"
     }
 
     fn json(&self, args: &[&str]) -> Value {
+        self.json_exiting(args, 0)
+    }
+
+    fn json_exiting(&self, args: &[&str], code: i32) -> Value {
         let out = self.run(args);
         assert_eq!(
             out.status.code(),
-            Some(0),
+            Some(code),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// `status -o json`: no daemon runs in these tests, so it exits 3 (not protected).
+    fn status_json(&self) -> Value {
+        self.json_exiting(&["status", "-o", "json"], 3)
     }
 }
 
@@ -224,7 +233,7 @@ fn status_lists_the_active_maintenances_of_this_node_with_pods_per_band() {
         true,
     );
     let env = Env::new(port);
-    let r = env.json(&["status", "-o", "json"]);
+    let r = env.status_json();
     assert_eq!(r["apiserver"]["reachable"], true);
     assert_eq!(r["apiserver"]["version"], "v1.33.1");
     let m = &r["maintenances"];
@@ -298,7 +307,7 @@ fn a_silent_apiserver_is_given_up_on_after_the_probe_timeout() {
     let (port, _) = serve(Vec::new(), false);
     let env = Env::new(port);
     let began = Instant::now();
-    let r = env.json(&["status", "-o", "json"]);
+    let r = env.status_json();
     let took = began.elapsed();
     assert!(took < Duration::from_secs(6), "took {took:?}");
     assert!(took >= Duration::from_secs(3), "took {took:?}");
@@ -328,7 +337,7 @@ fn status_matches_label_selected_maintenances_against_the_node() {
         true,
     );
     let env = Env::new(port);
-    let r = env.json(&["status", "-o", "json"]);
+    let r = env.status_json();
     let names: Vec<&str> = r["maintenances"]["active"]
         .as_array()
         .unwrap()

@@ -417,3 +417,47 @@ fn a_plan_is_for_the_one_node_the_list_names() {
         ],
     );
 }
+
+/// `--pods` is read only if it is a regular file of sane size: a FIFO would hang the command
+/// and /dev/zero would be read until memory runs out.
+#[test]
+fn a_fifo_or_a_device_as_pod_list_fails_at_once() {
+    let env = Env::new();
+    let fifo = env.dir.path().join("pods.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let began = std::time::Instant::now();
+    assert_one_line_error(
+        &env.run(&["plan", "--pods", fifo.to_str().unwrap()]),
+        &["cannot read pod list", "a FIFO, not a regular file"],
+    );
+    assert_one_line_error(
+        &env.run(&["plan", "--pods", "/dev/zero"]),
+        &[
+            "cannot read pod list /dev/zero",
+            "a device, not a regular file",
+        ],
+    );
+    assert!(began.elapsed() < std::time::Duration::from_secs(10));
+}
+
+/// A FIFO where the daemon's status file should be does not hang `plan` either: the budget
+/// then comes from the configuration.
+#[test]
+fn a_fifo_as_status_file_is_not_waited_for() {
+    let env = Env::new();
+    nix::unistd::mkfifo(
+        &env.status_file(),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let r = env.json(&["plan", "--pods", &data("pods-node-a.yaml")]);
+    assert_eq!(r["budget"]["source"], "config");
+    assert!(
+        r["budget"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("a FIFO, not a regular file"),
+        "{}",
+        r["budget"]
+    );
+}

@@ -45,14 +45,31 @@ impl Env {
     }
 
     fn json(&self) -> Value {
+        self.json_exiting(0)
+    }
+
+    /// `status -o json`, asserting its exit code.
+    fn json_exiting(&self, code: i32) -> Value {
         let out = self.run(&["status", "-o", "json"]);
         assert_eq!(
             out.status.code(),
-            Some(0),
+            Some(code),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// `status` (the table), asserting its exit code.
+    fn table_exiting(&self, code: i32) -> String {
+        let out = self.run(&["status"]);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8(out.stdout).unwrap()
     }
 
     /// What a daemon that drained for a reboot and released leaves behind.
@@ -171,10 +188,9 @@ fn status_json_shows_local_state_and_an_unreachable_apiserver() {
     assert_eq!(l["offlineDrain"]["podsStopped"], 1);
     assert_eq!(l["offlineDrain"]["podsNotStopped"], 1);
 
-    let out = env.run(&["status"]);
-    assert_eq!(out.status.code(), Some(0));
-    let table = String::from_utf8(out.stdout).unwrap();
+    let table = env.table_exiting(0);
     for expected in [
+        "Protected: yes",
         "running (pid",
         "released: shutdown may proceed",
         "UNREACHABLE: apiserver probe",
@@ -195,16 +211,16 @@ fn a_dead_daemon_is_reported_as_such_and_holds_nothing() {
     let env = Env::new();
     // A pid that cannot be alive: beyond the kernel's pid_max ceiling.
     env.prepare_released_reboot(4_194_305);
-    let r = env.json();
+    let r = env.json_exiting(3);
     assert_eq!(r["daemon"]["state"], "stale");
     assert_eq!(r["daemon"]["inhibitorHeld"], false);
     assert_eq!(r["lastShutdown"]["persisted"]["phase"], "released");
 }
 
 #[test]
-fn without_daemon_files_status_still_prints_and_exits_zero() {
+fn without_daemon_files_status_still_prints_and_says_not_running() {
     let env = Env::new();
-    let r = env.json();
+    let r = env.json_exiting(3);
     assert_eq!(r["daemon"]["state"], "not-running");
     assert_eq!(r["daemon"]["inhibitorHeld"], Value::Null);
     assert_eq!(r["budget"]["source"], "config");
@@ -214,9 +230,12 @@ fn without_daemon_files_status_still_prints_and_exits_zero() {
     assert_eq!(r["lastShutdown"]["persisted"], Value::Null);
     assert_eq!(r["staticPods"]["gated"].as_array().unwrap().len(), 0);
 
-    let out = env.run(&["status"]);
-    let table = String::from_utf8(out.stdout).unwrap();
+    let table = env.table_exiting(3);
     assert!(table.contains("not-running"), "{table}");
+    assert!(
+        table.contains("Protected: NO, the daemon is not running: no status file"),
+        "{table}"
+    );
     assert!(table.contains("Last shutdown  none recorded"), "{table}");
     assert!(!table.contains("Offline drain"), "{table}");
 }
@@ -226,7 +245,9 @@ fn corrupt_local_files_are_reported_per_section() {
     let env = Env::new();
     std::fs::write(env.path("status.json"), b"{ not json").unwrap();
     std::fs::write(env.path("state/state.json"), b"[").unwrap();
-    let r = env.json();
+    // The gate is still readable, so something was determined; the daemon is not known
+    // to run.
+    let r = env.json_exiting(3);
     assert_eq!(r["daemon"]["state"], "unreadable");
     assert!(r["daemon"]["error"]
         .as_str()
@@ -236,7 +257,6 @@ fn corrupt_local_files_are_reported_per_section() {
         .as_str()
         .unwrap()
         .contains("parsing shutdown state"));
-    // The gate is still readable, so something was determined: exit 0.
     assert_eq!(r["staticPods"]["error"], Value::Null);
 }
 
@@ -266,7 +286,15 @@ fn help_documents_the_exit_codes_and_overrides() {
         .output()
         .unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
-    assert!(help.contains("Exit codes: 0 status printed"), "{help}");
+    for code in [
+        "0  protected",
+        "3  the daemon is not running",
+        "4  the daemon holds no shutdown delay inhibitor",
+        "5  the budget is below the reserves",
+        "with -o json too",
+    ] {
+        assert!(help.contains(code), "{code:?} missing:\n{help}");
+    }
     assert!(help.contains("NODEGRACE_STATUS_FILE"), "{help}");
     let out = Command::new(env!("CARGO_BIN_EXE_nodegrace"))
         .args(["plan", "--help"])
@@ -278,4 +306,109 @@ fn help_documents_the_exit_codes_and_overrides() {
         "{help}"
     );
     assert!(help.contains("Exit codes: 0 plan printed"), "{help}");
+}
+
+/// A running daemon (this test process stands in for it) with and without its inhibitor,
+/// and with a budget below the reserves its pods need: each gap has its own exit code, in
+/// the table and in JSON alike, and the JSON report keeps its shape.
+#[test]
+fn exit_codes_say_whether_the_node_is_protected() {
+    let env = Env::new();
+    let write = |held: bool, budget_secs: u64| {
+        let mut status = Status::new();
+        status.bus_connected = true;
+        status.inhibitor_held = held;
+        status.enter(Phase::Armed, "inhibitor taken");
+        status.budget = Some(BudgetReport {
+            configured: Duration::from_secs(600),
+            logind_initial: Duration::from_secs(600),
+            logind_effective: Duration::from_secs(budget_secs),
+            budget: Duration::from_secs(budget_secs),
+            dropin_written: None,
+            reload_requested: false,
+            delay_dropins: Vec::new(),
+            error: None,
+        });
+        status.write(&env.path("status.json"));
+    };
+    let pod = |name: &str, priority: i64, pod_type: &str| {
+        serde_json::json!({"namespace": "work", "name": name, "uid": format!("uid-{name}"),
+            "priority": priority, "podType": pod_type, "terminationGracePeriodSeconds": 30})
+    };
+    // A critical pod and a DaemonSet pod: their reserves (30 s each by default) are needed.
+    let cache = serde_json::json!({"node": "node-a", "writtenAt": null, "pods": [
+        pod("web", 0, "Default"),
+        pod("dns", 2_000_000_000, "Default"),
+        pod("cni", 0, "DaemonSet"),
+    ]});
+    std::fs::write(env.path("state/pods.json"), cache.to_string()).unwrap();
+
+    write(true, 600);
+    let baseline = env.json_exiting(0);
+    assert!(env.table_exiting(0).contains("Protected: yes"));
+
+    write(false, 600);
+    let r = env.json_exiting(4);
+    assert_eq!(r["daemon"]["inhibitorHeld"], false);
+    let table = env.table_exiting(4);
+    assert!(
+        table.contains("Protected: NO, the daemon holds no shutdown delay inhibitor"),
+        "{table}"
+    );
+
+    write(true, 59);
+    let r = env.json_exiting(5);
+    assert_eq!(r["budget"]["budgetSeconds"], 59.0);
+    let table = env.table_exiting(5);
+    assert!(
+        table.contains("the shutdown budget 59s is below the 1m the drain plan reserves"),
+        "{table}"
+    );
+    write(true, 60);
+    env.json_exiting(0);
+
+    let keys = |v: &Value| {
+        v.as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<Vec<String>>()
+    };
+    assert_eq!(keys(&r), keys(&baseline), "the JSON report keeps its shape");
+}
+
+/// Nothing `status` reads can hang it or make it read without end: a FIFO as the daemon's
+/// status file, /dev/zero behind the pod cache's name, a directory as state.json.
+#[test]
+fn a_fifo_or_a_device_in_place_of_a_file_is_reported_at_once() {
+    let env = Env::new();
+    nix::unistd::mkfifo(
+        &env.path("status.json"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/dev/zero", env.path("state/pods.json")).unwrap();
+    std::fs::create_dir(env.path("state/state.json")).unwrap();
+    let began = Instant::now();
+    let r = env.json_exiting(3);
+    assert!(began.elapsed() < Duration::from_secs(10));
+    assert_eq!(r["daemon"]["state"], "unreadable");
+    let error = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    assert!(
+        error(&r["daemon"]["error"]).contains("a FIFO, not a regular file"),
+        "{}",
+        r["daemon"]
+    );
+    assert!(
+        error(&r["podCache"]["error"]).contains("a symlink, not a regular file"),
+        "{}",
+        r["podCache"]
+    );
+    assert!(
+        error(&r["lastShutdown"]["persistedError"]).contains("a directory, not a regular file"),
+        "{}",
+        r["lastShutdown"]
+    );
+    // `status` only reports: nothing is renamed.
+    assert!(env.path("state/state.json").is_dir());
 }

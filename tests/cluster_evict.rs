@@ -80,3 +80,20 @@ async fn delete_bypasses_the_budget_and_respects_the_uid() {
     assert!(pod.metadata.deletion_timestamp.is_some());
     assert_eq!(pod.metadata.deletion_grace_period_seconds, Some(5));
 }
+
+/// A grace period beyond 32 bits is saturated, never wrapped: 2^32 s once became 0, a
+/// forced delete.
+#[tokio::test]
+async fn a_delete_grace_beyond_32_bits_saturates() {
+    let (_cluster, pods) = cluster_with_db_pods().await;
+    let uid = pods.get("db-1").await.unwrap().uid().unwrap();
+    assert_eq!(
+        evict::delete(&pods, "db-1", &uid, 1 << 32).await.unwrap(),
+        Outcome::Accepted
+    );
+    let pod = pods.get("db-1").await.unwrap();
+    assert_eq!(
+        pod.metadata.deletion_grace_period_seconds,
+        Some(i64::from(u32::MAX))
+    );
+}

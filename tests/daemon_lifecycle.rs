@@ -376,3 +376,137 @@ async fn a_kubelet_delay_inhibitor_is_reported() {
     .unwrap();
     assert!(st.kubelet_inhibitor.unwrap().contains("kubelet"));
 }
+
+/// A state.json whose budget no clock can hold (found by fuzzing: it panicked the daemon at
+/// every start, so systemd restarted it in a loop) is set aside, and the shutdown logind is
+/// preparing is drained afresh with the negotiated budget.
+#[tokio::test]
+async fn a_corrupt_state_file_is_set_aside_and_the_shutdown_drained_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let settings = env.settings();
+    std::fs::create_dir_all(&settings.state_dir).unwrap();
+    let state_file = settings.state_dir.join("state.json");
+    let corrupt = serde_json::json!({
+        "phase": "draining",
+        "kind": "reboot",
+        "startedAt": chrono::Utc::now().to_rfc3339(),
+        "budgetSeconds": 1e15,
+        "bootId": current_boot_id(),
+        "updatedAt": chrono::Utc::now().to_rfc3339(),
+    })
+    .to_string();
+    std::fs::write(&state_file, &corrupt).unwrap();
+    env.fakes.with(|s| s.preparing = true);
+
+    let drainer = ScriptedDrainer::new(DrainMode::Forever);
+    let d = env.spawn(env.daemon(settings.clone(), Arc::new(drainer.clone())));
+    let rec = within(drainer.wait_until(|r| r.drains.len() == 1)).await;
+    let req = &rec.drains[0].req;
+    assert!(!req.resumed, "nothing to resume from a corrupt file");
+    assert_eq!(req.budget, 15 * MIN);
+    within(d.handle.wait_for(|s| s.phase == Phase::Draining))
+        .await
+        .unwrap();
+
+    let aside: Vec<_> = std::fs::read_dir(&settings.state_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("state.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read_to_string(settings.state_dir.join(&aside[0])).unwrap(),
+        corrupt,
+        "kept as it was"
+    );
+    let fresh = ShutdownState::load(&settings.state_dir).unwrap().unwrap();
+    assert_eq!(fresh.budget_seconds, (15 * MIN).as_secs_f64());
+    d.kill().await;
+}
+
+/// SIGHUP reads the configuration off the state machine's thread: while the read hangs (a
+/// file on a hung mount), shutdowns are still handled; later control messages wait for it
+/// so that they keep their order.
+#[tokio::test]
+async fn a_hanging_reload_does_not_hold_up_a_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let settings = env.settings();
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    let hold = std::sync::Mutex::new(hold);
+    let base = settings.clone();
+    let daemon = env
+        .daemon(settings, Arc::new(drainer.clone()))
+        .with_reloader(Box::new(move || {
+            let _ = hold.lock().unwrap().recv();
+            Ok(base.clone())
+        }));
+    let d = env.spawn_until_armed(daemon).await;
+    d.handle.reload();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    env.fakes
+        .prepare_for_shutdown_typed(true, "poweroff")
+        .await
+        .unwrap();
+    within(drainer.wait_until(|r| r.drains.len() == 1)).await;
+    drainer.finish();
+    within(env.fakes.wait_until(|s| s.held().is_empty())).await;
+    within(d.handle.wait_for(|s| s.phase == Phase::Released))
+        .await
+        .unwrap();
+
+    release.send(()).unwrap();
+    d.handle.terminate();
+    within(d.task).await.unwrap().unwrap();
+}
+
+/// logind before 255 says nothing about the kind in `PrepareForShutdown`: the daemon reads it
+/// from logind's `ScheduledShutdown` (what logind 252 sets during the delay), else from a
+/// shutdown job systemd has queued, else it is unknown.
+#[tokio::test]
+async fn without_metadata_the_kind_comes_from_logind_or_systemd() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let d = env
+        .spawn_armed(env.settings(), Arc::new(drainer.clone()))
+        .await;
+    /// (ScheduledShutdown type, systemd's queued jobs, the kind drained for)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], ShutdownKind);
+    let cases: [Case; 5] = [
+        ("reboot", &[], ShutdownKind::Reboot),
+        ("poweroff", &[], ShutdownKind::Poweroff),
+        ("kexec", &[], ShutdownKind::Reboot),
+        ("", &[("reboot.target", "start")], ShutdownKind::Reboot),
+        ("", &[], ShutdownKind::Unknown),
+    ];
+    for (n, (scheduled, jobs, want)) in cases.into_iter().enumerate() {
+        env.fakes.with(|s| {
+            s.scheduled_shutdown = scheduled.into();
+            s.jobs = jobs
+                .iter()
+                .map(|(u, t)| (u.to_string(), t.to_string()))
+                .collect();
+        });
+        env.fakes.prepare_for_shutdown(true).await.unwrap();
+        let rec = within(drainer.wait_until(|r| r.drains.len() == n + 1)).await;
+        assert_eq!(rec.drains[n].req.kind, want, "{scheduled:?} {jobs:?}");
+        let st = within(d.handle.wait_for(|s| s.phase == Phase::Draining))
+            .await
+            .unwrap();
+        assert_eq!(st.shutdown.unwrap().kind, want);
+        env.fakes.with(|s| {
+            s.scheduled_shutdown.clear();
+            s.jobs.clear();
+        });
+        env.fakes.prepare_for_shutdown(false).await.unwrap();
+        within(drainer.wait_until(|r| r.cancels.len() == n + 1)).await;
+        within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+            .await
+            .unwrap();
+    }
+}

@@ -39,6 +39,11 @@ fn skip(test: &str) -> bool {
 /// The container every nodegrace test boots: the built binary where the package puts it, the
 /// repository's unit, a test config, a low logind drop-in and a marker unit.
 fn nodegrace_spec(drain_secs: u32) -> Spec {
+    nodegrace_spec_with(drain_secs, TEST_CONFIG)
+}
+
+/// [`nodegrace_spec`] with another configuration.
+fn nodegrace_spec_with(drain_secs: u32, config: &str) -> Spec {
     if !cfg!(feature = "test-hooks") {
         panic!("the real-logind tier needs a test-hooks build: cargo test --features test-hooks");
     }
@@ -52,7 +57,7 @@ fn nodegrace_spec(drain_secs: u32) -> Spec {
             "/etc/systemd/system/nodegrace.service.d/50-test-hooks.conf",
             format!("[Service]\nEnvironment=NODEGRACE_TEST_DRAIN_SECONDS={drain_secs}\n"),
         )
-        .file("/etc/nodegrace/config.toml", TEST_CONFIG)
+        .file("/etc/nodegrace/config.toml", config)
         .file(
             "/etc/systemd/logind.conf.d/50-unattended-upgrades.conf",
             LOW_LOGIND_DROPIN,
@@ -218,12 +223,13 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
     let ng = c.journal_of("nodegrace");
     let draining = first_with(&ng, "draining the node")
         .unwrap_or_else(|| panic!("nodegrace never began draining:\n{}", c.journal_text()));
-    // logind 252 does not say which shutdown it prepares for; KIND may be Unknown here.
     eprintln!(
         "drain began {:.3} s after the signal, kind {:?}",
         draining.time - signal,
         draining.field("KIND")
     );
+    // logind 252's signal does not say which shutdown it is; its ScheduledShutdown does.
+    assert_eq!(draining.field("KIND"), Some("Poweroff"));
     let released = first_with(&ng, "inhibitor released")
         .unwrap_or_else(|| panic!("nodegrace logged no release:\n{}", c.journal_text()));
     eprintln!(
@@ -492,5 +498,100 @@ fn a_kill_adopts_the_stored_lock_and_a_stop_releases_it() {
     assert!(
         waited < RELEASE_SLACK,
         "poweroff waited {waited:.3} s with nodegrace stopped: a stored lock outlived the unit"
+    );
+}
+
+/// A configuration whose directories are all elsewhere than the unit's defaults: the packaged
+/// generator makes them writable under ProtectSystem=strict (else the daemon refuses to start),
+/// and on logind 252, whose PrepareForShutdown does not say the kind, a `systemctl reboot` is
+/// still drained as a reboot (from logind's ScheduledShutdown).
+#[test]
+fn configured_directories_are_writable_and_a_reboot_is_named() {
+    if skip("configured_directories_are_writable_and_a_reboot_is_named") {
+        return;
+    }
+    const CONFIG: &str = r#"state_dir = "/srv/nodegrace"
+[node]
+name = "nodegrace-test"
+[shutdown]
+max_delay = "3m"
+logind_dropin_dir = "/run/systemd/logind.conf.d"
+[static_pods]
+manifest_dir = "/srv/kubernetes/manifests"
+gate_dir = "/srv/nodegrace-gate"
+"#;
+    let mut spec = nodegrace_spec_with(2, CONFIG);
+    spec.bind(
+        "/etc/systemd/system-generators/nodegrace-generator",
+        real::repo_file("systemd/nodegrace-generator"),
+    )
+    .file(
+        "/srv/kubernetes/manifests/README",
+        "the kubelet's manifests\n",
+    );
+    let mut c = Container::boot("generator", &spec);
+    c.wait_active("nodegrace.service", Duration::from_secs(30));
+    assert_holds_delay_inhibitor(&c);
+    let rw = c.run(&[
+        "systemctl",
+        "show",
+        "-P",
+        "ReadWritePaths",
+        "nodegrace.service",
+    ]);
+    for dir in [
+        "/srv/nodegrace",
+        "/srv/nodegrace-gate",
+        "/srv/kubernetes/manifests",
+        "/run/systemd/logind.conf.d",
+    ] {
+        assert!(rw.contains(dir), "ReadWritePaths lacks {dir}: {rw}");
+    }
+    // The drop-in nodegrace writes to raise logind's delay lands in the configured directory.
+    real::wait_until(
+        "nodegrace's logind drop-in",
+        Duration::from_secs(15),
+        || {
+            let out = c.exec(&["ls", "/run/systemd/logind.conf.d"]);
+            String::from_utf8_lossy(&out.stdout)
+                .contains("zz-nodegrace.conf")
+                .then_some(())
+        },
+    );
+    let exposure = c.exec(&[
+        "systemd-analyze",
+        "security",
+        "--no-pager",
+        "nodegrace.service",
+    ]);
+    let exposure = String::from_utf8_lossy(&exposure.stdout).into_owned();
+    eprintln!(
+        "systemd-analyze security (booted systemd 252, with the generated drop-in): {}",
+        exposure
+            .lines()
+            .find(|l| l.contains("Overall exposure level"))
+            .unwrap_or("(no summary)")
+    );
+
+    let _ = c.exec(&["systemctl", "reboot"]);
+    c.wait_exit(Duration::from_secs(60)).unwrap_or_else(|| {
+        panic!(
+            "the container did not reboot within 60 s:\n{}",
+            c.journal_text()
+        )
+    });
+    let ng = c.journal_of("nodegrace");
+    let draining = first_with(&ng, "draining the node")
+        .unwrap_or_else(|| panic!("nodegrace never began draining:\n{}", c.journal_text()));
+    assert_eq!(
+        draining.field("KIND"),
+        Some("Reboot"),
+        "{}",
+        c.journal_text()
+    );
+    assert!(
+        first_with(&ng, "cannot persist the shutdown state").is_none(),
+        "the state directory was not writable:\n{}",
+        c.journal_text()
     );
 }

@@ -57,6 +57,7 @@ fn expected_files(unit_dir: &str) -> Vec<String> {
     let mut files = vec![
         "/usr/bin/nodegrace".to_string(),
         format!("{unit_dir}/nodegrace.service"),
+        "/usr/lib/systemd/system-generators/nodegrace-generator".into(),
         "/usr/lib/systemd/logind.conf.d/zz-nodegrace-logind.conf".into(),
         "/etc/nodegrace/config.toml".into(),
     ];
@@ -99,7 +100,7 @@ fn deb_contents_and_maintainer_scripts() {
     for file in expected_files("/lib/systemd/system") {
         let mode =
             mode_of(&file).unwrap_or_else(|| panic!("{} lacks {file}:\n{listing}", deb.display()));
-        let want = if file == "/usr/bin/nodegrace" {
+        let want = if file == "/usr/bin/nodegrace" || file.ends_with("/nodegrace-generator") {
             "-rwxr-xr-x"
         } else {
             "-rw-r--r--"
@@ -177,7 +178,7 @@ fn rpm_contents_and_scriptlets() {
             .unwrap_or_else(|| panic!("no attributes for {file}:\n{listing}"));
         let mut fields = line.split_whitespace();
         let perms = fields.next().unwrap();
-        let want = if file == "/usr/bin/nodegrace" {
+        let want = if file == "/usr/bin/nodegrace" || file.ends_with("/nodegrace-generator") {
             "-rwxr-xr-x"
         } else {
             "-rw-r--r--"

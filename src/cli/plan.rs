@@ -12,10 +12,11 @@ use serde::{Deserialize, Serialize};
 use super::{align, human, kube_client, load_settings, runtime, secs, OutputFormat};
 use crate::config::Settings;
 use crate::daemon::{DaemonPaths, Status};
+use crate::fsutil::{read_regular, Symlinks, POD_LIST_LIMIT};
 use crate::plan::budget::StepClass;
 use crate::plan::{
-    escalation_grace, plan_steps, shutdown_drain_plan, split_budget, BudgetReserves,
-    DrainPlanEntry, GnsBands, GnsCandidate, PodInfo, PodType, StepSchedule,
+    escalation_grace, plan_steps, reserves_needed, shutdown_drain_plan, split_budget,
+    BudgetReserves, DrainPlanEntry, GnsBands, GnsCandidate, PodInfo, PodType, StepSchedule,
 };
 
 /// How long `plan` waits for the apiserver before giving up.
@@ -153,8 +154,10 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
     };
     let (node, source, pods, unbound) = match &opts.pods {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let bytes = read_regular(path, POD_LIST_LIMIT, Symlinks::Follow)
                 .with_context(|| format!("cannot read pod list {}", path.display()))?;
+            let text = String::from_utf8(bytes)
+                .with_context(|| format!("pod list {} is not UTF-8", path.display()))?;
             let (node, pods, unbound) = parse_pod_list(&text)
                 .and_then(|pods| pods_of_one_node(pods, settings.node_name().ok()))
                 .with_context(|| format!("invalid pod list {}", path.display()))?;
@@ -354,6 +357,10 @@ fn is_not_found(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+            || matches!(
+                c.downcast_ref::<crate::fsutil::ReadError>(),
+                Some(crate::fsutil::ReadError::NotFound)
+            )
     })
 }
 
@@ -399,7 +406,7 @@ pub fn build_report(
     let budget_duration = Duration::from_millis((budget.seconds * 1000.0).round() as u64);
     let schedule = split_budget(budget_duration, &steps, &reserves);
 
-    let needed = needed_reserves(&schedule, &reserves);
+    let needed = reserves_needed(&schedule, &reserves);
     let mut order = Vec::new();
     let mut escalated = Vec::new();
     let mut step_reports = Vec::with_capacity(schedule.len());
@@ -455,23 +462,6 @@ pub fn build_report(
 
 /// The reserves of the classes that have pods (what the budget must cover before regular pods
 /// get any time).
-fn needed_reserves(schedule: &[StepSchedule], reserves: &BudgetReserves) -> Duration {
-    let has = |class: StepClass| {
-        schedule
-            .iter()
-            .any(|s| s.class == class && !s.pods.is_empty())
-    };
-    [
-        (StepClass::Critical, reserves.critical),
-        (StepClass::DaemonSet, reserves.daemonset),
-        (StepClass::Static, reserves.static_pods),
-    ]
-    .into_iter()
-    .filter(|(c, _)| has(*c))
-    .map(|(_, d)| d)
-    .sum()
-}
-
 fn pod_plan(pod: &PodInfo, order: usize, sched: &StepSchedule, share: Duration) -> PodPlan {
     let grace = pod.grace_period();
     let reason = if share.is_zero() {

@@ -19,7 +19,10 @@ use crate::config::Settings;
 use crate::daemon::status::{PhaseChange, ShutdownStatus};
 use crate::daemon::{DaemonPaths, Status};
 use crate::logind::budget::{DelayDropin, DROPIN_MARKER};
-use crate::plan::{normalize_drain_plan, plan_steps, DrainTargets, PodInfo};
+use crate::plan::{
+    normalize_drain_plan, plan_steps, reserves_needed, shutdown_drain_plan, split_budget,
+    BudgetReserves, DrainTargets, PodInfo,
+};
 use crate::state::{OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::{FsGate, StaticPodGate};
 
@@ -185,20 +188,100 @@ pub fn status_command(config: &Path, output: OutputFormat) -> Result<ExitCode> {
     };
     let paths = DaemonPaths::from_env();
     let report = gather(&settings, &paths.status_file)?;
+    let protection = protection(&settings, &report);
     let text = match output {
         OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
-        OutputFormat::Table => render_table(&report),
+        OutputFormat::Table => render_table(&report) + &protection_line(&protection),
     };
     super::print_stdout(&text)?;
     let determined = report.daemon.state != "unreadable"
         || report.apiserver.reachable
         || report.last_shutdown.persisted_error.is_none()
         || report.static_pods.error.is_none();
-    Ok(if determined {
-        ExitCode::SUCCESS
-    } else {
+    Ok(if !determined {
         ExitCode::from(super::EXIT_FAILURE)
+    } else {
+        match protection {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(gap) => ExitCode::from(gap.exit_code()),
+        }
     })
+}
+
+/// Why the node is not protected against a shutdown right now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unprotected {
+    /// No daemon (no status file, its process gone, or the file unreadable).
+    NotRunning(String),
+    /// The daemon runs but holds no delay inhibitor: a shutdown would not wait.
+    NoInhibitor(String),
+    /// The budget is below the reserves the plan needs for the cached pods.
+    BudgetShort { budget: Duration, needed: Duration },
+}
+
+impl Unprotected {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Unprotected::NotRunning(_) => super::EXIT_NOT_RUNNING,
+            Unprotected::NoInhibitor(_) => super::EXIT_NO_INHIBITOR,
+            Unprotected::BudgetShort { .. } => super::EXIT_BUDGET_SHORT,
+        }
+    }
+}
+
+/// Whether a shutdown now would be drained as configured: the daemon runs, holds its
+/// inhibitor, and its budget covers the reserves the shutdown plan needs for the pods of
+/// the pod cache (the daemon's last view of the node). The first gap found, in that order.
+pub fn protection(settings: &Settings, report: &StatusReport) -> Result<(), Unprotected> {
+    let d = &report.daemon;
+    if d.state != "running" {
+        return Err(Unprotected::NotRunning(
+            d.error.clone().unwrap_or_else(|| d.state.clone()),
+        ));
+    }
+    if d.inhibitor_held != Some(true) {
+        let phase = d.phase_description.clone().unwrap_or_default();
+        return Err(Unprotected::NoInhibitor(phase));
+    }
+    let Some(budget) = report.budget.budget_seconds else {
+        return Ok(());
+    };
+    let budget = Duration::try_from_secs_f64(budget).unwrap_or(Duration::ZERO);
+    let Ok(cache) = PodCache::load(&settings.state_dir) else {
+        return Ok(());
+    };
+    let pods: Vec<PodInfo> = cache.pods.into_iter().filter(PodInfo::is_active).collect();
+    let needed = shutdown_drain_plan(&settings.drain)
+        .ok()
+        .and_then(|plan| plan_steps(&plan, &pods).ok())
+        .map(|steps| {
+            let reserves = BudgetReserves::from(&settings.drain);
+            reserves_needed(&split_budget(budget, &steps, &reserves), &reserves)
+        })
+        .unwrap_or(Duration::ZERO);
+    if budget < needed {
+        return Err(Unprotected::BudgetShort { budget, needed });
+    }
+    Ok(())
+}
+
+/// The table's last line: protected or not, and why (with the exit code it gives).
+fn protection_line(p: &Result<(), Unprotected>) -> String {
+    let why = match p {
+        Ok(()) => return "\nProtected: yes (a shutdown now waits for the drain)\n".into(),
+        Err(Unprotected::NotRunning(why)) => format!("the daemon is not running: {why}"),
+        Err(Unprotected::NoInhibitor(phase)) => format!(
+            "the daemon holds no shutdown delay inhibitor ({phase}): a shutdown now would not wait"
+        ),
+        Err(Unprotected::BudgetShort { budget, needed }) => format!(
+            "the shutdown budget {} is below the {} the drain plan reserves for this node's pods \
+             (raise logind's InhibitDelayMaxSec or shutdown.max_delay, or lower the [drain] reserves)",
+            human(*budget),
+            human(*needed)
+        ),
+    };
+    let code = p.as_ref().err().map(Unprotected::exit_code).unwrap_or(0);
+    format!("\nProtected: NO, {why} (exit {code})\n")
 }
 
 fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
@@ -394,7 +477,14 @@ fn own_dropin(dir: &Path) -> Option<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "conf"))
-        .filter(|p| std::fs::read_to_string(p).is_ok_and(|text| text.starts_with(DROPIN_MARKER)))
+        .filter(|p| {
+            crate::fsutil::read_regular(
+                p,
+                crate::fsutil::CONFIG_FILE_LIMIT,
+                crate::fsutil::Symlinks::Refuse,
+            )
+            .is_ok_and(|text| text.starts_with(DROPIN_MARKER.as_bytes()))
+        })
         .collect();
     ours.sort();
     ours.pop()

@@ -1913,9 +1913,11 @@ impl Shared {
                                     .deletion_timestamp
                                     .as_ref()
                                     .map(|t| t.0.as_millisecond());
-                                let left = end.saturating_duration_since(now).as_millis() as i64;
+                                let left =
+                                    i64::try_from(end.saturating_duration_since(now).as_millis())
+                                        .unwrap_or(i64::MAX);
                                 deadline.is_none_or(|d| {
-                                    d > chrono::Utc::now().timestamp_millis() + left
+                                    d > chrono::Utc::now().timestamp_millis().saturating_add(left)
                                 })
                             };
                             if raw.get(pod.uid.as_str()).is_some_and(|p| outlasts(p)) {
@@ -1924,7 +1926,8 @@ impl Shared {
                                 jobs.push(Job::Terminate(
                                     pod.clone(),
                                     Request::Delete {
-                                        grace_seconds: grace.as_secs() as i64,
+                                        grace_seconds: i64::try_from(grace.as_secs())
+                                            .unwrap_or(i64::MAX),
                                     },
                                     c.name.clone(),
                                     true,

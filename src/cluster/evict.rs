@@ -60,7 +60,8 @@ pub async fn evict(
 /// DELETEs the pod with a bounded grace period, bypassing disruption budgets.
 pub async fn delete(api: &Api<Pod>, name: &str, uid: &str, grace_seconds: i64) -> Result<Outcome> {
     let params = DeleteParams {
-        grace_period_seconds: Some(grace_seconds.max(0) as u32),
+        // Saturate: a wrapped 2^32 s would be 0, a forced delete.
+        grace_period_seconds: Some(u32::try_from(grace_seconds.max(0)).unwrap_or(u32::MAX)),
         preconditions: Some(preconditions(uid)),
         ..DeleteParams::default()
     };

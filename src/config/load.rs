@@ -14,6 +14,7 @@ use toml::Spanned;
 use super::error::{located, ConfigError};
 use super::raw::{Dur, Leaf, Merge, RawBand, RawConfig, RawPlanEntry, RawPolicy};
 use super::{CompletionPolicy, DrainPlanEntrySetting, PriorityGracePeriod, Settings};
+use crate::fsutil::{read_regular, ReadError, Symlinks, CONFIG_FILE_LIMIT};
 use crate::plan::PodType;
 
 /// The result of [`load_report`]: the settings and how they were found.
@@ -54,16 +55,17 @@ pub fn load(main: &Path) -> Result<Settings, ConfigError> {
 /// file is not an error: the result says so and holds the defaults plus the drop-ins.
 pub fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
     let mut fragments = Vec::new();
-    let main_missing = match fs::read(main) {
+    // The main file may be a symlink (configuration management often makes it one).
+    let main_missing = match read_regular(main, CONFIG_FILE_LIMIT, Symlinks::Follow) {
         Ok(bytes) => {
             fragments.push(fragment_from_bytes(main, bytes)?);
             false
         }
-        Err(err) if err.kind() == io::ErrorKind::NotFound => true,
+        Err(ReadError::NotFound) => true,
         Err(err) => return Err(ConfigError::file(main, format!("cannot read: {err}"))),
     };
     for path in drop_in_paths(main)? {
-        let bytes = fs::read(&path)
+        let bytes = read_regular(&path, CONFIG_FILE_LIMIT, Symlinks::Refuse)
             .map_err(|err| ConfigError::file(&path, format!("cannot read: {err}")))?;
         fragments.push(fragment_from_bytes(&path, bytes)?);
     }
@@ -318,10 +320,15 @@ fn check_fragment(ctx: &Ctx<'_>, index: usize, raw: &RawConfig) -> Result<(), Co
     Ok(())
 }
 
-const DAY: Duration = Duration::from_secs(24 * 3600);
+const DAY: Duration = super::MAX_SHUTDOWN_DELAY;
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// Bounds of a duration setting; `nonzero` where zero has no sensible meaning.
+/// Every duration setting is 0 or at least this: timeouts, back-off caps and grace periods
+/// all work in whole seconds or more, and a shorter one would spin or kill at once.
+const MIN_DURATION: Duration = Duration::from_secs(1);
+
+/// Bounds of a duration setting (besides [`MIN_DURATION`]); `nonzero` where zero has no
+/// sensible meaning.
 #[derive(Clone, Copy)]
 struct Bounds {
     nonzero: bool,
@@ -350,7 +357,28 @@ fn check_duration(
     bounds: &Bounds,
 ) -> Result<(), ConfigError> {
     if bounds.nonzero && value.is_zero() {
-        return Err(ctx.at(file, span, key, "must be greater than zero"));
+        return Err(ctx.at(
+            file,
+            span,
+            key,
+            &format!(
+                "must be greater than zero (at least {})",
+                humantime::format_duration(MIN_DURATION)
+            ),
+        ));
+    }
+    if !value.is_zero() && value < MIN_DURATION {
+        return Err(ctx.at(
+            file,
+            span,
+            key,
+            &format!(
+                "{} is too short; at least {}{}",
+                humantime::format_duration(value),
+                humantime::format_duration(MIN_DURATION),
+                if bounds.nonzero { "" } else { ", or 0" }
+            ),
+        ));
     }
     if value > bounds.max {
         return Err(ctx.at(
@@ -409,6 +437,7 @@ fn check_path(ctx: &Ctx<'_>, leaf: &Leaf<String>, key: &str) -> Result<PathBuf, 
     if leaf.get().is_empty() {
         return Err(ctx.leaf(leaf, key, "must not be empty"));
     }
+    no_control_characters(ctx, leaf, key)?;
     if !path.is_absolute() {
         return Err(ctx.leaf(
             leaf,
@@ -420,6 +449,19 @@ fn check_path(ctx: &Ctx<'_>, leaf: &Leaf<String>, key: &str) -> Result<PathBuf, 
         return Err(ctx.leaf(leaf, key, "must not contain `..`"));
     }
     Ok(path)
+}
+
+/// NUL cannot be in a path or a D-Bus string at all, and a newline or other control
+/// character in a name is a mistake that would only show when the value is used.
+fn no_control_characters(ctx: &Ctx<'_>, leaf: &Leaf<String>, key: &str) -> Result<(), ConfigError> {
+    match leaf.get().chars().find(|c| c.is_control()) {
+        Some(c) => Err(ctx.leaf(
+            leaf,
+            key,
+            &format!("must not contain control characters; it contains {c:?}"),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn path(
@@ -496,6 +538,7 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
             &mut t.logind_dropin_dir,
         )?;
         if let Some(leaf) = &sd.logind_dropin_name {
+            no_control_characters(ctx, leaf, "shutdown.logind_dropin_name")?;
             let name = leaf.get();
             if name.contains('/')
                 || name.starts_with('.')
@@ -608,6 +651,7 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
             &mut t.apiserver_timeout,
         )?;
         if let Some(leaf) = &fb.cri_endpoint {
+            no_control_characters(ctx, leaf, "fallback.cri_endpoint")?;
             let socket = leaf.get().strip_prefix("unix://").unwrap_or("");
             if !socket.starts_with('/')
                 || Path::new(socket)
@@ -627,6 +671,7 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
         }
         flag(&fb.stop_kubelet, &mut t.stop_kubelet);
         if let Some(leaf) = &fb.kubelet_unit {
+            no_control_characters(ctx, leaf, "fallback.kubelet_unit")?;
             let unit = leaf.get();
             if unit.contains('/') || !unit.ends_with(".service") || unit.len() <= ".service".len() {
                 return Err(ctx.leaf(
@@ -662,30 +707,7 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
             &mut s.static_pods.gate_dir,
         )?;
     }
-    if s.static_pods
-        .gate_dir
-        .starts_with(&s.static_pods.manifest_dir)
-    {
-        let sp = raw.static_pods.as_ref();
-        let (leaf, key) = match (
-            sp.and_then(|sp| sp.gate_dir.as_ref()),
-            sp.and_then(|sp| sp.manifest_dir.as_ref()),
-        ) {
-            (Some(leaf), _) => (leaf, "static_pods.gate_dir"),
-            (None, Some(leaf)) => (leaf, "static_pods.manifest_dir"),
-            (None, None) => unreachable_defaults()?,
-        };
-        return Err(ctx.leaf(
-            leaf,
-            key,
-            &format!(
-                "the gate directory {} must not be the manifest directory {} or inside it \
-                 (the kubelet would start gated pods)",
-                s.static_pods.gate_dir.display(),
-                s.static_pods.manifest_dir.display()
-            ),
-        ));
-    }
+    check_layout(ctx, &raw, &s)?;
 
     if let Some(metrics) = &raw.metrics {
         if let Some(leaf) = &metrics.listen {
@@ -695,6 +717,103 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
 
     check_reserves(ctx, &raw, &s)?;
     Ok(s)
+}
+
+/// The error about the first of `candidates` that the files set (the defaults never clash).
+fn blame(
+    ctx: &Ctx<'_>,
+    candidates: &[(Option<&Leaf<String>>, &str)],
+    message: &str,
+) -> ConfigError {
+    match candidates
+        .iter()
+        .find_map(|(leaf, key)| leaf.map(|l| (l, *key)))
+    {
+        Some((leaf, key)) => ctx.leaf(leaf, key, message),
+        None => ConfigError::file("<defaults>", message),
+    }
+}
+
+/// What the static pod gate and the state directory need of each other; the daemon (and
+/// `nodegrace complete`) refuse to start on anything else, so `check-config` does too.
+fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), ConfigError> {
+    let sp = raw.static_pods.as_ref();
+    let state = (raw.state_dir.as_ref(), "state_dir");
+    let manifests = (
+        sp.and_then(|sp| sp.manifest_dir.as_ref()),
+        "static_pods.manifest_dir",
+    );
+    let gate = (
+        sp.and_then(|sp| sp.gate_dir.as_ref()),
+        "static_pods.gate_dir",
+    );
+    let (state_dir, manifest_dir, gate_dir) = (
+        &s.state_dir,
+        &s.static_pods.manifest_dir,
+        &s.static_pods.gate_dir,
+    );
+    for (candidate, dir) in [
+        (state, state_dir),
+        (manifests, manifest_dir),
+        (gate, gate_dir),
+    ] {
+        if dir.parent().is_none() {
+            return Err(blame(
+                ctx,
+                &[candidate],
+                "must not be the root directory; give nodegrace a directory of its own",
+            ));
+        }
+    }
+    if gate_dir.starts_with(manifest_dir) {
+        return Err(blame(
+            ctx,
+            &[gate, manifests],
+            &format!(
+                "the gate directory {} must not be the manifest directory {} or inside it \
+                 (the kubelet would start gated pods)",
+                gate_dir.display(),
+                manifest_dir.display()
+            ),
+        ));
+    }
+    if manifest_dir.starts_with(gate_dir) {
+        return Err(blame(
+            ctx,
+            &[gate, manifests],
+            &format!(
+                "the gate directory {} must not contain the manifest directory {} (restoring \
+                 static pods would move every pod manifest found in it into the manifest \
+                 directory)",
+                gate_dir.display(),
+                manifest_dir.display()
+            ),
+        ));
+    }
+    if state_dir.starts_with(manifest_dir) {
+        return Err(blame(
+            ctx,
+            &[state, manifests],
+            &format!(
+                "the state directory {} must not be the manifest directory {} or inside it \
+                 (the kubelet would read nodegrace's files as manifests)",
+                state_dir.display(),
+                manifest_dir.display()
+            ),
+        ));
+    }
+    if gate_dir == state_dir {
+        return Err(blame(
+            ctx,
+            &[gate, state],
+            &format!(
+                "the gate directory must not be the state directory {} (its files would be \
+                 taken for gated manifests); the default is a directory inside it",
+                state_dir.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn unreachable_defaults<T>() -> Result<T, ConfigError> {
@@ -898,6 +1017,13 @@ fn simple_grace(
              be killed without a grace period); use the list of bands for other layouts",
         ));
     }
+    if critical < MIN_DURATION {
+        return Err(blame(&format!(
+            "shutdown_grace_period_critical_pods ({}) is too short; at least {}",
+            humantime::format_duration(critical),
+            humantime::format_duration(MIN_DURATION)
+        )));
+    }
     if critical >= total {
         return Err(blame(&format!(
             "shutdown_grace_period_critical_pods ({}{}) must be less than shutdown_grace_period \
@@ -914,6 +1040,15 @@ fn simple_grace(
             } else {
                 ""
             },
+        )));
+    }
+    if total - critical < MIN_DURATION {
+        return Err(blame(&format!(
+            "shutdown_grace_period ({}) leaves other pods {} after \
+             shutdown_grace_period_critical_pods; at least {}",
+            humantime::format_duration(total),
+            humantime::format_duration(total - critical),
+            humantime::format_duration(MIN_DURATION)
         )));
     }
     Ok(vec![

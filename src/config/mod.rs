@@ -46,6 +46,9 @@ pub use render::{to_toml_string, to_toml_table};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nodegrace/config.toml";
 
+/// The longest `shutdown.max_delay`, so the longest budget a shutdown can have.
+pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(24 * 3600);
+
 /// What to do with the shutdown NodeMaintenance after a cancelled shutdown or after boot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompletionPolicy {

@@ -474,6 +474,98 @@ fn out_of_range_values() {
     );
 }
 
+/// What the daemon (or `nodegrace complete`) would refuse at start, check-config refuses
+/// with the same FILE:LINE:COL: key: message form.
+#[test]
+fn values_the_daemon_cannot_use_are_refused() {
+    let cases: [(&str, &str, usize, &str); 17] = [
+        ("state_dir = \"/etc/kubernetes/manifests/ng\"\n", "state_dir", 1, "must not be the manifest directory"),
+        (
+            "state_dir = \"/srv/ng\"\n[static_pods]\nmanifest_dir = \"/srv\"\ngate_dir = \"/var/gate\"\n",
+            "state_dir",
+            1,
+            "kubelet would read nodegrace's files",
+        ),
+        ("[static_pods]\ngate_dir = \"/\"\n", "static_pods.gate_dir", 2, "root directory"),
+        ("state_dir = \"/\"\n", "state_dir", 1, "root directory"),
+        ("[static_pods]\ngate_dir = \"/etc/kubernetes\"\n", "static_pods.gate_dir", 2, "must not contain the manifest directory"),
+        ("[static_pods]\ngate_dir = \"/var/lib/nodegrace\"\n", "static_pods.gate_dir", 2, "must not be the state directory"),
+        ("[fallback]\napiserver_timeout = \"1ns\"\n", "fallback.apiserver_timeout", 2, "1ns is too short; at least 1s"),
+        ("[shutdown]\nmax_delay = \"999ms\"\n", "shutdown.max_delay", 2, "too short"),
+        ("[shutdown]\nstop_drain_timeout = \"10ms\"\n", "shutdown.stop_drain_timeout", 2, "too short"),
+        ("[drain]\nreserve_static = \"1ns\"\n", "drain.reserve_static", 2, "at least 1s, or 0"),
+        ("[drain]\neviction_backoff_max_shutdown = \"1us\"\n", "drain.eviction_backoff_max_shutdown", 2, "too short"),
+        ("[drain]\nvolume_detach_timeout = \"500ms\"\n", "drain.volume_detach_timeout", 2, "too short"),
+        (
+            "[fallback]\nshutdown_grace_period = \"30s\"\nshutdown_grace_period_critical_pods = \"500ms\"\n",
+            "fallback.shutdown_grace_period_critical_pods",
+            3,
+            "too short",
+        ),
+        (
+            "[fallback]\nshutdown_grace_period_critical_pods = \"29s\"\nshutdown_grace_period = \"29.5s\"\n",
+            "fallback.shutdown_grace_period",
+            3,
+            "leaves other pods 500ms",
+        ),
+        ("state_dir = \"/var/lib/ng\\u0000x\"\n", "state_dir", 1, "control characters"),
+        ("[node]\nkubeconfig = \"/etc/k\\nx\"\n", "node.kubeconfig", 2, "control characters"),
+        ("[fallback]\nkubelet_unit = \"kube\\u0000let.service\"\n", "fallback.kubelet_unit", 2, "control characters"),
+    ];
+    for (text, key, line, needle) in cases {
+        assert_err(&err(text), "<string>", key, line, needle);
+    }
+    // Zero stays "off" where it was.
+    let s = load_str("[drain]\nreserve_static = \"0s\"\nvolume_detach_timeout = \"0s\"\n").unwrap();
+    assert_eq!(s.drain.reserve_static, Duration::ZERO);
+    assert_eq!(s.drain.volume_detach_timeout, Duration::ZERO);
+}
+
+#[test]
+fn a_fifo_or_a_device_as_configuration_is_refused_without_hanging() {
+    let dir = Dir::new();
+    nix::unistd::mkfifo(&dir.main(), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let began = std::time::Instant::now();
+    let e = load(&dir.main()).unwrap_err();
+    assert!(began.elapsed() < Duration::from_secs(5));
+    assert_eq!(e.file, dir.main());
+    assert!(
+        e.to_string()
+            .contains("cannot read: a FIFO, not a regular file"),
+        "{e}"
+    );
+
+    // The main file may be a symlink, but not to something that is not a file.
+    fs::remove_file(dir.main()).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.main()).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert!(
+        e.to_string().contains("a device, not a regular file"),
+        "{e}"
+    );
+    fs::remove_file(dir.main()).unwrap();
+
+    nix::unistd::mkfifo(
+        &dir.0.path().join("config.d/10-fifo.toml"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+}
+
+#[test]
+fn an_oversized_configuration_is_refused() {
+    let dir = Dir::new();
+    let mut text = String::from("# padding\n");
+    while text.len() <= crate::fsutil::CONFIG_FILE_LIMIT as usize {
+        text.push_str("# ........................................................\n");
+    }
+    dir.write("config.toml", &text);
+    let e = load(&dir.main()).unwrap_err();
+    assert!(e.to_string().contains("larger than 1048576 bytes"), "{e}");
+}
+
 #[test]
 fn both_fallback_forms_in_one_file() {
     let text = "[fallback]\nshutdown_grace_period = \"90s\"\n\n[[fallback.shutdown_grace_period_by_pod_priority]]\npriority = 0\nshutdown_grace_period = \"1m\"\n";
@@ -789,8 +881,9 @@ mod roundtrip {
     use proptest::collection::{btree_map, btree_set, vec};
     use proptest::prelude::*;
 
+    /// At least a second, as every duration setting.
     fn duration(max_ms: u64) -> impl Strategy<Value = Duration> {
-        (1..=max_ms, 0u32..1_000_000)
+        (1_000..=max_ms, 0u32..1_000_000)
             .prop_map(|(ms, ns)| Duration::from_millis(ms) + Duration::from_nanos(ns.into()))
     }
 
@@ -848,7 +941,7 @@ mod roundtrip {
             max_delay in duration(24 * 3_600_000),
             bools in vec(any::<bool>(), 6),
             stop_drain_timeout in duration(110_000),
-            reserves in vec(0u64..=1_000, 3),
+            reserves in vec(prop_oneof![Just(0u64), 1_000u64..=1_500], 3),
             critical_priority in any::<i32>(),
             backoff in duration(3_600_000),
             backoff_shutdown in duration(300_000),
@@ -863,8 +956,8 @@ mod roundtrip {
             let mut s = Settings::default();
             s.node.name = name;
             s.node.kubeconfig = kubeconfig.map(PathBuf::from);
-            // Leave room for the reserves (at most 3 * 1000 ms).
-            s.shutdown.max_delay = max_delay + secs(4);
+            // Leave room for the reserves (at most 3 * 1500 ms).
+            s.shutdown.max_delay = max_delay + secs(5);
             s.shutdown.max_delay = s.shutdown.max_delay.min(Duration::from_secs(24 * 3600));
             s.shutdown.manage_logind_dropin = bools[0];
             s.shutdown.on_cancel = if bools[1] { CompletionPolicy::Keep } else { CompletionPolicy::Complete };

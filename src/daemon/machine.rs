@@ -28,6 +28,8 @@ const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// logind's built-in `InhibitDelayMaxSec`, used before the real value could be read.
 const LOGIND_DEFAULT_DELAY: Duration = Duration::from_secs(5);
+/// How long a configuration reload may take before the running settings are kept.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Files the daemon writes besides the state directory of its settings.
 #[derive(Debug, Clone)]
@@ -58,6 +60,8 @@ pub enum Control {
     Reload,
 }
 
+/// Reads the configuration again (on SIGHUP). It runs on a blocking thread, never on the
+/// state machine's: a file on a hung filesystem must not stop the drain or the watchdog.
 pub type Reloader = Box<dyn Fn() -> Result<Settings> + Send + Sync>;
 
 /// The daemon with its adapters injected; [`Daemon::run`] runs it until it is terminated.
@@ -73,6 +77,8 @@ pub struct Daemon {
     control_rx: mpsc::UnboundedReceiver<Control>,
     status_tx: watch::Sender<Status>,
 }
+
+type SharedReloader = Arc<dyn Fn() -> Result<Settings> + Send + Sync>;
 
 /// Controls a running [`Daemon`] and watches its status.
 #[derive(Clone)]
@@ -159,7 +165,9 @@ impl Daemon {
             connector: self.connector,
             drainer: self.drainer,
             notifier: self.notifier,
-            reloader: self.reloader,
+            reloader: self.reloader.map(SharedReloader::from),
+            reloading: None,
+            reload_give_up: None,
             adopted: self.adopted,
             _control_tx: self.control_tx,
             control_rx: self.control_rx,
@@ -199,6 +207,8 @@ enum Step {
     Reconnect,
     Event(Option<LogindEvent>),
     DrainDone(Result<Result<()>, JoinError>),
+    Reloaded(Box<Result<Result<Settings>, JoinError>>),
+    ReloadTimedOut,
     Deadline,
     Watchdog,
 }
@@ -215,7 +225,10 @@ struct Machine {
     connector: Arc<dyn Connector>,
     drainer: Arc<dyn Drainer>,
     notifier: Arc<dyn Notifier>,
-    reloader: Option<Reloader>,
+    reloader: Option<SharedReloader>,
+    /// A reload in progress: control messages wait for it, so that they keep their order.
+    reloading: Option<JoinHandle<Result<Settings>>>,
+    reload_give_up: Option<Instant>,
     /// The inhibitor fd systemd passed back at start, until the first connection uses it.
     adopted: Option<OwnedFd>,
     _control_tx: mpsc::UnboundedSender<Control>,
@@ -278,7 +291,9 @@ impl Machine {
         self.start_connecting();
         loop {
             let step = tokio::select! {
-                c = self.control_rx.recv() => Step::Control(c),
+                c = self.control_rx.recv(), if self.reloading.is_none() => Step::Control(c),
+                r = join_opt(&mut self.reloading) => Step::Reloaded(Box::new(r)),
+                () = sleep_opt(self.reload_give_up) => Step::ReloadTimedOut,
                 r = join_opt(&mut self.connecting) => Step::Connected(r),
                 () = sleep_opt(self.reconnect_at) => Step::Reconnect,
                 e = next_opt(&mut self.events) => Step::Event(e),
@@ -291,7 +306,23 @@ impl Machine {
                     self.on_terminate().await
                 }
                 Step::Control(Some(Control::Reload)) => {
-                    self.on_reload().await;
+                    self.start_reload();
+                    Flow::Continue
+                }
+                Step::Reloaded(r) => {
+                    self.reloading = None;
+                    self.reload_give_up = None;
+                    self.on_reloaded(*r);
+                    Flow::Continue
+                }
+                Step::ReloadTimedOut => {
+                    // The blocking thread is left to finish on its own; its result is dropped.
+                    self.reloading = None;
+                    self.reload_give_up = None;
+                    tracing::error!(
+                        timeout = ?RELOAD_TIMEOUT,
+                        "reading the configuration did not finish in time; keeping the running one"
+                    );
                     Flow::Continue
                 }
                 Step::Connected(r) => {
@@ -375,7 +406,7 @@ impl Machine {
     }
 
     fn schedule_reconnect(&mut self) {
-        self.reconnect_at = Some(Instant::now() + self.backoff);
+        self.reconnect_at = Some(instant_after(self.backoff));
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
     }
 
@@ -448,7 +479,7 @@ impl Machine {
                     let resume = persisted;
                     let kind = match &resume {
                         Some(p) => p.kind,
-                        None => systemd::shutdown_kind(bus.systemd.as_ref()).await,
+                        None => shutdown_kind_now(bus).await,
                     };
                     self.begin_shutdown(
                         kind,
@@ -478,7 +509,7 @@ impl Machine {
             Phase::Armed => {
                 self.take_inhibitor(bus).await?;
                 if preparing {
-                    let kind = systemd::shutdown_kind(bus.systemd.as_ref()).await;
+                    let kind = shutdown_kind_now(bus).await;
                     self.begin_shutdown(kind, None, None, "shutdown began while disconnected");
                 }
             }
@@ -564,7 +595,7 @@ impl Machine {
     }
 
     fn persisted_this_boot(&self) -> Option<ShutdownState> {
-        match ShutdownState::load(&self.settings.state_dir) {
+        match ShutdownState::load_or_set_aside(&self.settings.state_dir) {
             Ok(s) => s.filter(|s| s.boot_id == self.boot_id),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "ignoring unreadable shutdown state");
@@ -577,7 +608,7 @@ impl Machine {
         ShutdownRequest {
             kind: p.kind,
             started_at: p.started_at,
-            budget: Duration::try_from_secs_f64(p.budget_seconds).unwrap_or(Duration::ZERO),
+            budget: p.budget(),
             resumed,
             boot_id: p.boot_id.clone(),
         }
@@ -667,15 +698,17 @@ impl Machine {
         );
         self.shutdown = Some(req.clone());
         self.persist_with(ShutdownPhase::Draining, true);
-        self.deadline = Some(Instant::now() + remaining);
+        self.deadline = Some(instant_after(remaining));
         let drainer = self.drainer.clone();
         let r = req.clone();
         self.drain = Some(tokio::spawn(async move { drainer.drain(&r).await }));
         self.status.shutdown = Some(ShutdownStatus {
             kind: req.kind,
             started_at: req.started_at,
-            deadline: req.started_at
-                + chrono::Duration::from_std(req.budget).unwrap_or(chrono::Duration::zero()),
+            deadline: chrono::TimeDelta::from_std(req.budget)
+                .ok()
+                .and_then(|b| req.started_at.checked_add_signed(b))
+                .unwrap_or(req.started_at),
             resumed: req.resumed,
         });
         self.enter(Phase::Draining, reason);
@@ -729,10 +762,12 @@ impl Machine {
         };
         match e {
             Some(LogindEvent::PrepareForShutdown { start: true, kind }) => {
-                // No systemd round trip here: in delay mode logind queues the shutdown job
-                // only after the inhibitors are gone, so ListJobs could not tell anyway.
                 if matches!(self.status.phase, Phase::Armed | Phase::Starting) {
-                    let kind = kind.unwrap_or(ShutdownKind::Unknown);
+                    // logind 255+ says in the signal; older ones only in a property.
+                    let kind = match kind {
+                        Some(k) => k,
+                        None => shutdown_kind_now(&bus).await,
+                    };
                     self.begin_shutdown(kind, None, None, "PrepareForShutdown(true)");
                 }
             }
@@ -760,7 +795,7 @@ impl Machine {
             self.notifier.notify(Notify::Stopping);
         }
         self.terminating = true;
-        let cap = Instant::now() + self.settings.shutdown.stop_drain_timeout;
+        let cap = instant_after(self.settings.shutdown.stop_drain_timeout);
         match self.status.phase {
             Phase::Draining => {
                 tracing::info!("stop requested while draining: finishing the drain first");
@@ -793,12 +828,18 @@ impl Machine {
         }
     }
 
-    async fn on_reload(&mut self) {
-        let Some(reloader) = &self.reloader else {
+    fn start_reload(&mut self) {
+        let Some(reloader) = self.reloader.clone() else {
             tracing::info!("nothing to reload");
             return;
         };
-        match reloader() {
+        self.reloading = Some(tokio::task::spawn_blocking(move || reloader()));
+        self.reload_give_up = Some(instant_after(RELOAD_TIMEOUT));
+    }
+
+    fn on_reloaded(&mut self, r: Result<Result<Settings>, JoinError>) {
+        let r = r.unwrap_or_else(|e| Err(anyhow::anyhow!("the reload task failed: {e}")));
+        match r {
             Ok(new) if new == self.settings => tracing::info!("configuration unchanged"),
             Ok(new) => {
                 let pending = crate::config::restart_required(&self.settings, &new);
@@ -820,6 +861,7 @@ impl Machine {
         if let Some(c) = self.connecting.take() {
             c.abort();
         }
+        self.reloading = None;
         if let Some(d) = self.drain.take() {
             d.abort();
         }
@@ -855,6 +897,31 @@ impl Drop for Machine {
             t.abort();
         }
     }
+}
+
+/// Which shutdown logind is preparing, when its signal did not say (logind before 255):
+/// logind's `ScheduledShutdown` (set for the whole delay, also for an immediate shutdown),
+/// else a shutdown job systemd has queued. systemd's jobs alone cannot tell during the
+/// delay: logind starts reboot.target or poweroff.target only once the inhibitors are gone
+/// (seen on 252: ListJobs is empty then); they tell for a shutdown that bypassed logind or
+/// whose delay is already over.
+async fn shutdown_kind_now(bus: &Bus) -> ShutdownKind {
+    match bus.logind.scheduled_shutdown().await {
+        Ok(Some(kind)) if kind != ShutdownKind::Unknown => return kind,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(error = %format!("{e:#}"), "cannot read logind's scheduled shutdown")
+        }
+    }
+    systemd::shutdown_kind(bus.systemd.as_ref()).await
+}
+
+/// `now + d`, or a time that never comes when that is beyond what the clock can hold.
+fn instant_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+        .unwrap_or(now)
 }
 
 /// `reloaded`, except for the keys that only apply after a restart (see `config`).

@@ -137,6 +137,12 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
         }
     };
+    // A directory the sandbox keeps read-only would only fail at the first write, in the
+    // middle of a shutdown; restarting cannot help either (exit 2: no restart loop).
+    if let Err(why) = crate::sandbox::check_writable(&settings) {
+        eprintln!("nodegrace: cannot run with this configuration: {why}");
+        return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+    }
     // One thread keeps RSS and wake-ups down; blocking helpers (zbus uses a few while
     // connecting) must not linger.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -146,7 +152,7 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
         .build()
         .context("building the async runtime")?;
     let config_path: PathBuf = config.to_path_buf();
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         let target = crate::telemetry::init();
         tracing::info!(version = env!("CARGO_PKG_VERSION"), log = ?target, "nodegrace starting");
         let metrics = crate::metrics::Metrics::new();
@@ -170,7 +176,10 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
         let result = daemon.run().await;
         stop_metrics.cancel();
         result
-    })?;
+    });
+    // A configuration read stuck on a hung filesystem must not keep the process from exiting.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    result?;
     Ok(ExitCode::SUCCESS)
 }
 

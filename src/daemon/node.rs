@@ -55,7 +55,7 @@ struct OfflineRecorder {
 impl OfflineRecorder {
     fn start(state_dir: &std::path::Path, req: &ShutdownRequest, fallback: Arc<Fallback>) -> Self {
         // Runs earlier in this same shutdown stay in the record.
-        let earlier = match OfflineDrain::load(state_dir) {
+        let earlier = match OfflineDrain::load_or_set_aside(state_dir) {
             Ok(Some(r)) if r.boot_id != req.boot_id => {
                 // Only one shutdown is kept: the apiserver never saw that one either.
                 tracing::warn!(boot_id = %r.boot_id, "replacing the offline drain record of an earlier shutdown that no NodeMaintenance recorded yet");
@@ -209,7 +209,7 @@ impl NodeDrainer {
     }
 
     fn load_cache(&self) -> PodCache {
-        PodCache::load(&self.parts.settings.state_dir).unwrap_or_else(|err| {
+        PodCache::load_or_set_aside(&self.parts.settings.state_dir).unwrap_or_else(|err| {
             tracing::error!(
                 error = format!("{err:#}"),
                 "the pod cache is unreadable; every pod goes to the lowest band"
@@ -350,7 +350,7 @@ impl Drainer for NodeDrainer {
         let boot_id = self.parts.boot_id()?;
         let policy = self.parts.settings.shutdown.after_boot;
         let state_dir = &self.parts.settings.state_dir;
-        let offline = OfflineDrain::load(state_dir).unwrap_or_else(|err| {
+        let offline = OfflineDrain::load_or_set_aside(state_dir).unwrap_or_else(|err| {
             tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "the offline drain record is unreadable; it is left in place and not reported");
             None
         });

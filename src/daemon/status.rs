@@ -103,11 +103,26 @@ impl Status {
         });
     }
 
+    /// Reads the file a daemon wrote: a regular file (never a FIFO, device or symlink) of
+    /// sane size whose budget is one a daemon can have.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
+        use crate::fsutil::{read_regular, Symlinks, STATE_FILE_LIMIT};
         use anyhow::Context;
-        let bytes =
-            std::fs::read(path).with_context(|| format!("reading status {}", path.display()))?;
-        serde_json::from_slice(&bytes).with_context(|| format!("parsing status {}", path.display()))
+        let bytes = read_regular(path, STATE_FILE_LIMIT, Symlinks::Refuse)
+            .with_context(|| format!("reading status {}", path.display()))?;
+        let status: Status = serde_json::from_slice(&bytes)
+            .with_context(|| format!("parsing status {}", path.display()))?;
+        if let Some(b) = &status.budget {
+            let max = crate::config::MAX_SHUTDOWN_DELAY;
+            if b.budget > max || b.configured > max {
+                anyhow::bail!(
+                    "parsing status {}: its budget ({} s) is longer than any shutdown.max_delay",
+                    path.display(),
+                    b.budget.as_secs_f64()
+                );
+            }
+        }
+        Ok(status)
     }
 
     /// Replaces the file by rename, without fsync: it describes this run only (it lives

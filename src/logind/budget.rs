@@ -121,7 +121,16 @@ fn scan(search_dirs: &[PathBuf], own_dir: &Path) -> Vec<DropinFile> {
                 continue;
             }
             let path = entry.path();
-            let contents = std::fs::read_to_string(&path).unwrap_or_default();
+            // Never blocks (a FIFO) nor reads without end; a drop-in masked by a symlink to
+            // /dev/null reads as empty, as logind sees it.
+            let contents = crate::fsutil::read_regular(
+                &path,
+                crate::fsutil::CONFIG_FILE_LIMIT,
+                crate::fsutil::Symlinks::Follow,
+            )
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
             found.push(DropinFile {
                 dir_rank,
                 ours: *dir == own_dir && contents.starts_with(DROPIN_MARKER),

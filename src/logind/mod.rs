@@ -79,6 +79,13 @@ pub trait Logind: Send + Sync + 'static {
     async fn inhibit_shutdown_delay(&self, who: &str, why: &str) -> Result<InhibitorLock>;
     /// Subscribes to `PrepareForShutdown` and to logind losing its bus name.
     async fn events(&self) -> Result<BoxStream<'static, LogindEvent>>;
+    /// The kind of `ScheduledShutdown`, None when nothing is scheduled. logind before 255
+    /// sets it for an immediate shutdown too, for as long as the shutdown is delayed (seen
+    /// on 252: `systemctl reboot` gives ("reboot", 0)), so it tells which shutdown a
+    /// `PrepareForShutdown` without metadata announces.
+    async fn scheduled_shutdown(&self) -> Result<Option<ShutdownKind>> {
+        Ok(None)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +222,9 @@ pub trait Login1Manager {
 
     #[zbus(property)]
     fn preparing_for_shutdown(&self) -> zbus::Result<bool>;
+
+    #[zbus(property)]
+    fn scheduled_shutdown(&self) -> zbus::Result<(String, u64)>;
 }
 
 /// logind over a zbus connection.
@@ -264,6 +274,15 @@ impl Logind for ZbusLogind {
             .preparing_for_shutdown()
             .await
             .context("reading logind's PreparingForShutdown")
+    }
+
+    async fn scheduled_shutdown(&self) -> Result<Option<ShutdownKind>> {
+        let (kind, _usec) = self
+            .proxy
+            .scheduled_shutdown()
+            .await
+            .context("reading logind's ScheduledShutdown")?;
+        Ok((!kind.is_empty()).then(|| shutdown_kind_from_type(&kind)))
     }
 
     async fn list_inhibitors(&self) -> Result<Vec<InhibitorInfo>> {

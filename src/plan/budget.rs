@@ -135,6 +135,26 @@ pub struct StepSchedule {
     pub explanation: String,
 }
 
+/// The time the reserves of the classes that have pods take out of a budget. A budget below
+/// it scales every reserve down and leaves regular pods no time at all (rule 3): the plan
+/// needs at least this much.
+pub fn reserves_needed(schedule: &[StepSchedule], reserves: &BudgetReserves) -> Duration {
+    let has = |class: StepClass| {
+        schedule
+            .iter()
+            .any(|s| s.class == class && !s.pods.is_empty())
+    };
+    [
+        (StepClass::Critical, reserves.critical),
+        (StepClass::DaemonSet, reserves.daemonset),
+        (StepClass::Static, reserves.static_pods),
+    ]
+    .into_iter()
+    .filter(|(c, _)| has(*c))
+    .map(|(_, d)| d)
+    .sum()
+}
+
 /// Grace period for a pod deleted on escalation at `now`: what is left of its step's share,
 /// never more than its own.
 pub fn escalation_grace(pod_grace: Duration, now: Duration, step_end: Duration) -> Duration {

@@ -31,7 +31,8 @@ pub mod targets;
 pub(crate) mod testutil;
 
 pub use budget::{
-    escalation_grace, plan_steps, split_budget, BudgetReserves, PlanStep, StepSchedule,
+    escalation_grace, plan_steps, reserves_needed, split_budget, BudgetReserves, PlanStep,
+    StepSchedule,
 };
 pub use classify::ClassifyError;
 pub use drainplan::{

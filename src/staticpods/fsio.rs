@@ -14,7 +14,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, RenameFlags};
-use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::sys::stat::{FileStat, Mode};
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 use serde::{Deserialize, Serialize};
 
@@ -129,17 +129,7 @@ pub enum Entry {
     Other(&'static str),
 }
 
-pub fn kind_of(st: &FileStat) -> &'static str {
-    match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
-        SFlag::S_IFREG => "regular file",
-        SFlag::S_IFLNK => "symlink",
-        SFlag::S_IFDIR => "directory",
-        SFlag::S_IFIFO => "FIFO",
-        SFlag::S_IFSOCK => "socket",
-        SFlag::S_IFCHR | SFlag::S_IFBLK => "device",
-        _ => "unknown file type",
-    }
-}
+pub use crate::fsutil::kind_of;
 
 pub struct DirHandle {
     pub fd: OwnedFd,

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::fsio::Place;
+use crate::fsutil::{read_regular, ReadError, Symlinks, STATE_FILE_LIMIT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -46,10 +47,25 @@ pub enum Record {
     },
 }
 
+/// Reads the journal. One that is not a regular file or is larger than any journal gets
+/// (it is compacted at every recovery) is renamed out of the way and reported: the gate
+/// then works without it, and settles nothing it cannot see (it never deletes the only
+/// copy of a manifest, with or without a journal).
 pub fn read(path: &Path) -> Result<Vec<Record>> {
-    let text = match std::fs::read(path) {
+    let text = match read_regular(path, STATE_FILE_LIMIT, Symlinks::Refuse) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(ReadError::NotFound) => return Ok(Vec::new()),
+        Err(e) if e.is_bad_file() => {
+            let aside = crate::fsutil::set_aside(path)
+                .with_context(|| format!("static pod journal {}: {e}", path.display()))?;
+            tracing::error!(
+                journal = %path.display(),
+                set_aside_as = %aside.display(),
+                error = %e,
+                "ignoring an unusable static pod journal: renamed it out of the way"
+            );
+            return Ok(Vec::new());
+        }
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let mut records = Vec::new();
@@ -172,6 +188,24 @@ mod tests {
         let r = read(&p).unwrap();
         assert_eq!(r.len(), 3);
         assert_eq!(pending(&r), vec![intent(3, "b")]);
+    }
+
+    #[test]
+    fn an_unusable_journal_is_set_aside_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("j");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(read(&p).unwrap(), Vec::new());
+        assert!(!p.exists());
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.starts_with("j.corrupt-")),
+            "{names:?}"
+        );
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct FakeState {
     /// logind applies a reload asynchronously; so does the fake, after this long.
     pub reload_lag: Duration,
     pub preparing: bool,
+    /// The type of `ScheduledShutdown` ("" for none); logind before 255 sets it for every
+    /// delayed shutdown.
+    pub scheduled_shutdown: String,
     pub inhibitors: Vec<FakeInhibitor>,
     pub kill_unit_calls: Vec<(String, String, i32)>,
     /// ("stop" | "start", unit)
@@ -66,6 +69,7 @@ impl FakeState {
             base_delay: delay,
             reload_lag: Duration::from_millis(30),
             preparing: false,
+            scheduled_shutdown: String::new(),
             inhibitors: Vec::new(),
             kill_unit_calls: Vec::new(),
             unit_calls: Vec::new(),
@@ -421,6 +425,19 @@ impl FakeLogind {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .preparing
+    }
+
+    #[zbus(property)]
+    async fn scheduled_shutdown(&self) -> (String, u64) {
+        let kind = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .scheduled_shutdown
+            .clone();
+        let usec = if kind.is_empty() { u64::MAX } else { 0 };
+        (kind, usec)
     }
 
     #[zbus(signal)]
