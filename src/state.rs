@@ -123,11 +123,14 @@ const MAX_NAME: usize = 253;
 /// Longest free text (an error message) kept per entry.
 const MAX_TEXT: usize = 64 * 1024;
 
-/// `/proc/sys/kernel/random/boot_id` is a UUID; "unknown" where it could not be read.
+/// A [`BootIdSource`] id: the kernel's UUID, with `.` and PID 1's start time when known;
+/// "unknown" where it could not be read.
 fn check_boot_id(id: &str) -> std::result::Result<(), String> {
     let ok = !id.is_empty()
         && id.len() <= 64
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
     if ok {
         Ok(())
     } else {

@@ -10,6 +10,8 @@
 //!   [`model::ClusterModel`] runs all nodes together (tests, simulations).
 //! - [`gns`]: the kubelet's priority bands for the offline fallback.
 //! - [`budget`]: the shutdown deadline split over plan steps (`nodegrace plan` prints it).
+//! - [`drain`]: the drain decision for the node ([`drain::decide`]): targets, what is asked
+//!   of each pod and which are escalated, from a snapshot the engine builds.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod budget;
 pub mod classify;
+pub mod drain;
 pub mod drainplan;
 pub mod gns;
 pub mod model;

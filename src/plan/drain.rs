@@ -1,0 +1,585 @@
+//! The drain decision for the node: from a snapshot the engine builds of its maintenances,
+//! pods and what it asked of them so far, which pods are targeted now, in which order, what
+//! is asked of each (evict, delete, gate) and which are escalated. One pure function,
+//! [`decide`]; the engine carries its answer out and records the outcomes in [`PodTrack`]s.
+//!
+//! Rules:
+//! - Targets come from the maintenances ([`evaluate_node`]): never backtracking, the least
+//!   powerful maintenance wins. Pods go in plan order: by pod type, then ascending priority.
+//! - Every targeted pod not yet asked (or whose back-off ended) is asked at once: Default
+//!   pods cooperatively (EvictionRequest / Eviction API), DaemonSet pods by DELETE with their
+//!   own grace (after the maintenance taint), static pods by gating their manifest.
+//! - Under a shutdown deadline, a pod is escalated to DELETE at its step's escalation time
+//!   only when something holds it: it was asked (an answer came: blocked by a budget, or
+//!   accepted and still running, an interceptor possibly working on it) or it is
+//!   terminating. A pod nodegrace had not asked yet is asked, never escalated.
+//! - A DaemonSet pod that tolerates every taint is terminated once; another pod of that
+//!   DaemonSet is its replacement (its controller ignores cordon and taints): neither asked
+//!   nor waited for.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::budget::{escalation_grace, StepSchedule};
+use super::targets::{evaluate_node, DrainTargets, MaintenanceInput, NodeEvaluation};
+use super::{PlanError, PodInfo, PodType};
+
+/// A pod of the node as the drain sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodePod {
+    pub info: PodInfo,
+    /// When its deletion is due (`deletionTimestamp`), on the drain clock; None when it is
+    /// not being deleted.
+    pub deletion_due: Option<Duration>,
+    /// A DaemonSet pod that tolerates every taint: its DaemonSet's UID.
+    pub tolerant_daemonset: Option<String>,
+    /// `creationTimestamp`, whole seconds since the Unix epoch.
+    pub created: Option<i64>,
+}
+
+/// What the drain remembers of one pod between passes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodTrack {
+    /// A request for it was answered: it has been asked.
+    pub asked: bool,
+    /// A request was accepted (or the pod turned out gone): wait for it to go.
+    pub accepted: bool,
+    /// Refused or failed attempts so far.
+    pub attempts: u32,
+    /// When the last refused or failed attempt was made and the back-off it earned.
+    pub last_try: Option<(Duration, Duration)>,
+    /// `namespace/pdb` (or the apiserver's message) of the last 429.
+    pub blocked_by: Option<String>,
+    pub escalated: bool,
+}
+
+/// The deadline schedule of a shutdown drain (`budget::split_budget`).
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines<'a> {
+    /// The targets of each prefix of the shutdown maintenance's plan.
+    pub step_targets: &'a [DrainTargets],
+    pub schedule: &'a [StepSchedule],
+    /// When the shutdown began, on the drain clock.
+    pub start: Duration,
+}
+
+impl Deadlines<'_> {
+    fn step_of(&self, pod: &PodInfo) -> Option<&StepSchedule> {
+        let index = self.step_targets.iter().position(|t| t.targets(pod))?;
+        self.schedule.iter().find(|s| s.index == index)
+    }
+}
+
+/// Everything [`decide`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot<'a> {
+    /// Now, on the drain clock (any monotonic origin; every time here uses it).
+    pub now: Duration,
+    /// Draining maintenances selecting the node, oldest first.
+    pub maintenances: &'a [MaintenanceInput<'a>],
+    /// The node's targets so far (from its status entries and earlier passes).
+    pub previous: Option<&'a DrainTargets>,
+    pub pods: &'a [NodePod],
+    /// By pod UID.
+    pub tracks: &'a HashMap<String, PodTrack>,
+    /// A shutdown deadline runs.
+    pub deadlines: Option<Deadlines<'a>>,
+    /// Cap of the back-off after refused evictions (shorter under a shutdown deadline).
+    pub backoff_cap: Duration,
+    /// When the node's drain began (earliest Drain stage start), whole Unix seconds.
+    pub drain_began: Option<i64>,
+    /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
+    pub daemonset_terminated: &'a HashMap<String, String>,
+}
+
+/// What to do to one pod now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Ask it to leave, honouring disruption budgets (EvictionRequest or Eviction API).
+    Evict,
+    /// DELETE with this grace period: DaemonSet pods, which the Eviction API refuses.
+    Delete { grace_seconds: i64 },
+    /// Move its static manifest out of the kubelet's manifest directory.
+    Gate,
+    /// DELETE a held pod at its step's escalation time with the grace that is left.
+    Escalate { grace_seconds: i64 },
+}
+
+/// [`decide`]'s answer.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Targets, each maintenance's position and this node's reports for them.
+    pub evaluation: NodeEvaluation,
+    /// The pods that count for the drain (replacements left out), for status and messages.
+    pub pods: Vec<PodInfo>,
+    /// UIDs of tolerate-all DaemonSet replacements, left alone.
+    pub replacements: Vec<String>,
+    /// In plan order.
+    pub actions: Vec<(PodInfo, Action)>,
+    /// Decide again then even if nothing changes (a back-off ends, an escalation is due).
+    pub wake_at: Option<Duration>,
+}
+
+impl Decision {
+    /// A DaemonSet pod is deleted now: the node must carry the maintenance taint first.
+    pub fn deletes_daemonset_pods(&self) -> bool {
+        self.actions
+            .iter()
+            .any(|(p, a)| p.pod_type == PodType::DaemonSet && matches!(a, Action::Delete { .. }))
+    }
+}
+
+fn min_wake(wake: &mut Option<Duration>, at: Duration) {
+    *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
+/// The UIDs of tolerate-all DaemonSet pods that are replacements: created after the second
+/// in which the drain began (so it holds across restarts of the daemon), or another pod of
+/// a DaemonSet whose pod this drain already terminated.
+pub fn daemonset_replacements(
+    pods: &[NodePod],
+    drain_began: Option<i64>,
+    terminated: &HashMap<String, String>,
+) -> Vec<String> {
+    let Some(began) = drain_began else {
+        return Vec::new();
+    };
+    pods.iter()
+        .filter(|p| {
+            let Some(owner) = &p.tolerant_daemonset else {
+                return false;
+            };
+            let later = p.created.is_some_and(|c| c > began);
+            let another = terminated.get(owner).is_some_and(|uid| *uid != p.info.uid);
+            later || another
+        })
+        .map(|p| p.info.uid.clone())
+        .collect()
+}
+
+/// The drain decision for the node (see the module documentation).
+pub fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
+    let replacements = daemonset_replacements(s.pods, s.drain_began, s.daemonset_terminated);
+    let counted: Vec<&NodePod> = s
+        .pods
+        .iter()
+        .filter(|p| !replacements.contains(&p.info.uid))
+        .collect();
+    let pods: Vec<PodInfo> = counted.iter().map(|p| p.info.clone()).collect();
+    let evaluation = evaluate_node(s.previous, s.maintenances, &pods)?;
+    let by_uid: HashMap<&str, &NodePod> =
+        counted.iter().map(|p| (p.info.uid.as_str(), *p)).collect();
+    let none = PodTrack::default();
+    let mut actions = Vec::new();
+    let mut wake_at = None;
+    if !s.maintenances.is_empty() {
+        for pod in &evaluation.to_terminate {
+            let Some(node_pod) = by_uid.get(pod.uid.as_str()) else {
+                continue;
+            };
+            let track = s.tracks.get(&pod.uid).unwrap_or(&none);
+            if let Some(action) = escalation(s, node_pod, track, &mut wake_at) {
+                actions.push((pod.clone(), action));
+                continue;
+            }
+            if pod.terminating || track.accepted {
+                continue;
+            }
+            if let Some((at, delay)) = track.last_try {
+                // The cap in force now: a shutdown starting mid back-off shortens it.
+                let retry = at + delay.min(s.backoff_cap);
+                if retry > s.now {
+                    min_wake(&mut wake_at, retry);
+                    continue;
+                }
+            }
+            let action = match pod.pod_type {
+                PodType::Default => Action::Evict,
+                PodType::DaemonSet => Action::Delete {
+                    grace_seconds: pod.termination_grace_period_seconds,
+                },
+                PodType::Static => Action::Gate,
+            };
+            actions.push((pod.clone(), action));
+        }
+    }
+    Ok(Decision {
+        evaluation,
+        pods,
+        replacements,
+        actions,
+        wake_at,
+    })
+}
+
+/// The escalation of `pod` if one is due now; otherwise notes when one would be.
+fn escalation(
+    s: &Snapshot<'_>,
+    pod: &NodePod,
+    track: &PodTrack,
+    wake_at: &mut Option<Duration>,
+) -> Option<Action> {
+    let deadlines = s.deadlines?;
+    let info = &pod.info;
+    if info.pod_type == PodType::Static || track.escalated {
+        return None;
+    }
+    let held = track.asked || info.terminating;
+    if !held {
+        return None;
+    }
+    let step = deadlines.step_of(info)?;
+    let escalate_at = deadlines.start + step.escalate_at;
+    if s.now < escalate_at {
+        min_wake(wake_at, escalate_at);
+        return None;
+    }
+    let end = deadlines.start + step.end;
+    // Already going, and gone before its step ends: nothing to gain.
+    if pod.deletion_due.is_some_and(|due| due <= end) {
+        return None;
+    }
+    let grace = escalation_grace(info.grace_period(), s.now - deadlines.start, step.end);
+    Some(Action::Escalate {
+        grace_seconds: i64::try_from(grace.as_secs()).unwrap_or(i64::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::budget::{plan_steps, split_budget, BudgetReserves};
+    use crate::plan::drainplan::normalize_drain_plan;
+    use crate::plan::targets::NodeReport;
+    use crate::plan::testutil::pod;
+    use proptest::prelude::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn node_pod(info: PodInfo) -> NodePod {
+        NodePod {
+            info,
+            deletion_due: None,
+            tolerant_daemonset: None,
+            created: Some(1_000),
+        }
+    }
+
+    struct World {
+        plan: Vec<crate::plan::DrainPlanEntry>,
+        pods: Vec<NodePod>,
+        tracks: HashMap<String, PodTrack>,
+        step_targets: Vec<DrainTargets>,
+        schedule: Vec<StepSchedule>,
+        terminated: HashMap<String, String>,
+    }
+
+    impl World {
+        fn new(pods: Vec<PodInfo>, budget: Duration) -> World {
+            let plan = normalize_drain_plan(&[]).unwrap();
+            let steps = plan_steps(&plan, &pods).unwrap();
+            let schedule = split_budget(
+                budget,
+                &steps,
+                &BudgetReserves {
+                    daemonset: S(10),
+                    static_pods: S(10),
+                    critical: S(10),
+                    critical_priority: 2_000_000_000,
+                },
+            );
+            let step_targets = (0..plan.len())
+                .map(|i| DrainTargets::for_plan(&plan, i).unwrap())
+                .collect();
+            World {
+                plan,
+                pods: pods.into_iter().map(node_pod).collect(),
+                tracks: HashMap::new(),
+                step_targets,
+                schedule,
+                terminated: HashMap::new(),
+            }
+        }
+
+        fn decide(&self, now: Duration, shutdown: bool) -> Decision {
+            let inputs = [MaintenanceInput {
+                name: "m",
+                plan: &self.plan,
+                reports: vec![None::<NodeReport>],
+                own: 0,
+            }];
+            decide(&Snapshot {
+                now,
+                maintenances: &inputs,
+                previous: None,
+                pods: &self.pods,
+                tracks: &self.tracks,
+                deadlines: shutdown.then_some(Deadlines {
+                    step_targets: &self.step_targets,
+                    schedule: &self.schedule,
+                    start: Duration::ZERO,
+                }),
+                backoff_cap: S(5),
+                drain_began: Some(1_000),
+                daemonset_terminated: &self.terminated,
+            })
+            .unwrap()
+        }
+    }
+
+    fn names(d: &Decision) -> Vec<(String, Action)> {
+        d.actions
+            .iter()
+            .map(|(p, a)| (p.name.clone(), *a))
+            .collect()
+    }
+
+    #[test]
+    fn a_band_is_asked_at_once_in_priority_order() {
+        let w = World::new(
+            vec![
+                pod("b", PodType::Default, 100),
+                pod("a", PodType::Default, 0),
+                pod("c", PodType::Default, 5),
+                pod("crit", PodType::Default, 2_000_000_000),
+            ],
+            S(100),
+        );
+        assert_eq!(
+            names(&w.decide(S(0), true)),
+            [
+                ("a".into(), Action::Evict),
+                ("c".into(), Action::Evict),
+                ("b".into(), Action::Evict)
+            ]
+        );
+    }
+
+    #[test]
+    fn only_a_pod_something_holds_is_escalated() {
+        let mut w = World::new(
+            vec![
+                pod("blocked", PodType::Default, 0),
+                pod("never-asked", PodType::Default, 0),
+                pod("accepted", PodType::Default, 0),
+            ],
+            S(100),
+        );
+        w.tracks.insert(
+            "uid-blocked".into(),
+            PodTrack {
+                asked: true,
+                attempts: 3,
+                // Its next try would come after its escalation time.
+                last_try: Some((S(68), S(5))),
+                blocked_by: Some("ns/pdb".into()),
+                ..PodTrack::default()
+            },
+        );
+        w.tracks.insert(
+            "uid-accepted".into(),
+            PodTrack {
+                asked: true,
+                accepted: true,
+                ..PodTrack::default()
+            },
+        );
+        let escalate_at = w.schedule[0].escalate_at;
+        let before = w.decide(escalate_at - Duration::from_millis(1), true);
+        assert_eq!(names(&before), [("never-asked".into(), Action::Evict)]);
+        assert_eq!(before.wake_at, Some(escalate_at));
+        let at = w.decide(escalate_at, true);
+        let grace = (w.schedule[0].end - escalate_at).as_secs() as i64;
+        assert_eq!(
+            names(&at),
+            [
+                (
+                    "blocked".into(),
+                    Action::Escalate {
+                        grace_seconds: grace
+                    }
+                ),
+                ("never-asked".into(), Action::Evict),
+                (
+                    "accepted".into(),
+                    Action::Escalate {
+                        grace_seconds: grace
+                    }
+                ),
+            ]
+        );
+        // Without a shutdown nothing is ever escalated.
+        assert_eq!(
+            names(&w.decide(escalate_at, false)),
+            [("never-asked".into(), Action::Evict)]
+        );
+    }
+
+    #[test]
+    fn daemonset_pods_are_deleted_and_static_pods_gated_in_their_bands() {
+        let w = World::new(
+            vec![
+                pod("ds", PodType::DaemonSet, 0),
+                pod("etcd", PodType::Static, 2_000_001_000),
+            ],
+            S(100),
+        );
+        let d = w.decide(S(0), true);
+        assert_eq!(
+            names(&d),
+            [("ds".into(), Action::Delete { grace_seconds: 30 })]
+        );
+        assert!(d.deletes_daemonset_pods());
+    }
+
+    #[test]
+    fn a_tolerate_all_daemonset_pod_is_terminated_once_and_its_replacement_left() {
+        let mut w = World::new(vec![pod("cni-1", PodType::DaemonSet, 0)], S(100));
+        w.pods[0].tolerant_daemonset = Some("ds-uid".into());
+        assert_eq!(names(&w.decide(S(0), true)).len(), 1);
+        w.terminated.insert("ds-uid".into(), "uid-cni-1".into());
+        w.pods[0].info.terminating = true;
+        let mut replacement = node_pod(pod("cni-2", PodType::DaemonSet, 0));
+        replacement.tolerant_daemonset = Some("ds-uid".into());
+        w.pods.push(replacement);
+        let d = w.decide(S(1), true);
+        assert!(d.actions.is_empty(), "{:?}", names(&d));
+        assert_eq!(d.replacements, ["uid-cni-2"]);
+        assert!(!d.pods.iter().any(|p| p.name == "cni-2"));
+        // One created after the drain began is a replacement too, after a restart.
+        w.terminated.clear();
+        w.pods[1].created = Some(1_001);
+        assert_eq!(w.decide(S(1), true).replacements, ["uid-cni-2"]);
+    }
+
+    #[test]
+    fn a_back_off_delays_the_next_ask_and_a_shutdown_cap_shortens_it() {
+        let mut w = World::new(vec![pod("db", PodType::Default, 0)], S(1000));
+        w.tracks.insert(
+            "uid-db".into(),
+            PodTrack {
+                asked: true,
+                attempts: 6,
+                last_try: Some((S(10), S(60))),
+                ..PodTrack::default()
+            },
+        );
+        let d = w.decide(S(12), false);
+        assert!(d.actions.is_empty());
+        assert_eq!(d.wake_at, Some(S(15)), "capped at 5 s");
+        assert_eq!(
+            names(&w.decide(S(15), false)),
+            [("db".into(), Action::Evict)]
+        );
+    }
+
+    fn arb_pods() -> impl Strategy<Value = Vec<PodInfo>> {
+        let types = prop_oneof![
+            Just(PodType::Default),
+            Just(PodType::DaemonSet),
+            Just(PodType::Static)
+        ];
+        let prios = prop_oneof![
+            Just(0),
+            Just(1000),
+            Just(1_000_000_000),
+            Just(2_000_000_000),
+            Just(2_000_001_000)
+        ];
+        prop::collection::vec((types, prios, 0i64..120, any::<bool>()), 0..12).prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(i, (t, p, grace, terminating))| {
+                    let mut info = pod(&format!("p{i}"), t, p);
+                    info.termination_grace_period_seconds = grace;
+                    info.terminating = terminating;
+                    info
+                })
+                .collect()
+        })
+    }
+
+    fn arb_track() -> impl Strategy<Value = Option<PodTrack>> {
+        prop::option::of(
+            (
+                any::<bool>(),
+                any::<bool>(),
+                0u32..8,
+                0u64..200,
+                0u64..60,
+                any::<bool>(),
+            )
+                .prop_map(|(asked, accepted, attempts, at, delay, escalated)| {
+                    PodTrack {
+                        asked,
+                        accepted,
+                        attempts,
+                        last_try: (attempts > 0).then_some((S(at), S(delay))),
+                        blocked_by: None,
+                        escalated,
+                    }
+                }),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn decisions_keep_the_drain_rules(
+            pods in arb_pods(),
+            tracks in prop::collection::vec(arb_track(), 12),
+            now in 0u64..200,
+            budget in 1u64..400,
+            shutdown in any::<bool>(),
+        ) {
+            let mut w = World::new(pods, S(budget));
+            for (p, t) in w.pods.iter().zip(tracks) {
+                if let Some(t) = t {
+                    w.tracks.insert(p.info.uid.clone(), t);
+                }
+            }
+            let d = w.decide(S(now), shutdown);
+            let targets = &d.evaluation.node.targets;
+            let mut last = None;
+            for (pod, action) in &d.actions {
+                // Only targeted, active pods, in plan order, each at most once.
+                prop_assert!(targets.targets(pod) && pod.is_active());
+                let key = (pod.pod_type, pod.priority);
+                prop_assert!(last.is_none_or(|l| l <= key), "out of order");
+                last = Some(key);
+                prop_assert_eq!(d.actions.iter().filter(|(p, _)| p.uid == pod.uid).count(), 1);
+                let track = w.tracks.get(&pod.uid).cloned().unwrap_or_default();
+                match action {
+                    Action::Escalate { grace_seconds } => {
+                        // Only under a deadline, only what something holds, never beyond
+                        // the pod's own grace.
+                        prop_assert!(shutdown);
+                        prop_assert!(track.asked || pod.terminating);
+                        prop_assert!(!track.escalated);
+                        prop_assert!(pod.pod_type != PodType::Static);
+                        prop_assert!(*grace_seconds <= pod.termination_grace_period_seconds);
+                    }
+                    Action::Evict => {
+                        prop_assert_eq!(pod.pod_type, PodType::Default);
+                        prop_assert!(!pod.terminating && !track.accepted);
+                    }
+                    Action::Delete { grace_seconds } => {
+                        prop_assert_eq!(pod.pod_type, PodType::DaemonSet);
+                        prop_assert_eq!(*grace_seconds, pod.termination_grace_period_seconds);
+                        prop_assert!(!pod.terminating && !track.accepted);
+                    }
+                    Action::Gate => {
+                        prop_assert_eq!(pod.pod_type, PodType::Static);
+                        prop_assert!(!pod.terminating && !track.accepted);
+                    }
+                }
+                // A pod in back-off is not asked again before it ends.
+                if let (Some((at, delay)), false) = (track.last_try, matches!(action, Action::Escalate { .. })) {
+                    prop_assert!(at + delay.min(S(5)) <= S(now));
+                }
+            }
+            if let Some(wake) = d.wake_at {
+                prop_assert!(wake > S(now));
+            }
+        }
+    }
+}
