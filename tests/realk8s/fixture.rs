@@ -29,9 +29,13 @@ pub struct Fixture {
 
 impl Fixture {
     pub async fn new(prefix: &str) -> Fixture {
-        let cp = tokio::task::spawn_blocking(super::control_plane)
-            .await
-            .expect("control plane");
+        let cp = tokio::task::spawn_blocking(|| {
+            let cp = super::control_plane();
+            cp.ensure_running();
+            cp
+        })
+        .await
+        .expect("control plane");
         let started = super::now_unix();
         let admin = cp.admin().await;
         let name = super::unique(prefix);

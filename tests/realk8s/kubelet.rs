@@ -151,8 +151,10 @@ impl Kubelet {
         kubelet
     }
 
+    /// Until the node lifecycle controller lifted the not-ready taint (a controller-manager
+    /// that just started takes its leader lease first: up to 15 s).
     async fn wait_ready(&self, nodes: &Api<Node>) {
-        for _ in 0..200 {
+        for _ in 0..600 {
             let node = nodes.get(&self.node).await.expect("get own node");
             let ready = node
                 .status

@@ -119,6 +119,28 @@ impl ControlPlane {
             .unwrap_or_else(|(_, e)| panic!("locking /tmp/nodegrace-realk8s.lock: {e}"));
     }
 
+    /// Starts again whatever is not running. An outage test stops the apiserver; the
+    /// controller-manager and the scheduler then lose their leader lease and exit.
+    pub fn ensure_running(&self) {
+        let alive = |name: &str| {
+            std::fs::read_to_string(self.run.join(format!("{name}.pid")))
+                .ok()
+                .and_then(|p| p.trim().parse::<u32>().ok())
+                .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+        };
+        if ![
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ]
+        .iter()
+        .all(|n| alive(n))
+        {
+            self.up();
+        }
+    }
+
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.run.join("admin.kubeconfig")
     }

@@ -1,0 +1,855 @@
+//! The drain engine for the daemon's own node.
+//!
+//! Four reflectors (the Node, its pods, every NodeMaintenance, VolumeAttachments) feed one
+//! reconcile loop that wakes on a watch event or on a timer it set itself (eviction
+//! back-off, escalation deadline, debounced status): there is no polling. Each pass computes
+//! everything from the reflected state (plus the objects our own writes returned, so a write
+//! is never repeated before its watch event arrives) and issues only the requests that
+//! change something.
+//!
+//! Restart safety comes from that statelessness: the node's drain targets are read back from
+//! its entry in each maintenance's `status.nodeStatuses` (never backtracking), pods already
+//! terminating are not asked again, and the shutdown maintenance is adopted by name.
+
+mod offline;
+mod reconcile;
+mod reflect;
+mod shutdown;
+mod status;
+mod terminate;
+
+pub use offline::FallbackSummary;
+use reconcile::daemonset_owner;
+use reflect::spawn_reflector;
+pub use shutdown::complete_shutdown_maintenance;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::eviction_request::ControllerHandle;
+use super::node::patch_node_with;
+use super::terminate::{EvictionApi, PodTerminator, Request};
+use super::FIELD_MANAGER;
+use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
+use crate::config::Settings;
+use crate::daemon::ShutdownKind;
+use crate::metrics::Metrics;
+use crate::plan::budget::StepSchedule;
+use crate::plan::{DrainTargets, PodInfo};
+use crate::staticpods::StaticPodGate;
+
+/// The boot that created the shutdown maintenance (`/proc/sys/kernel/random/boot_id`).
+pub const BOOT_ID_ANNOTATION: &str = "nodegrace.dev/boot-id";
+/// poweroff | reboot | bypass | unknown.
+pub const SHUTDOWN_KIND_ANNOTATION: &str = "nodegrace.dev/shutdown-kind";
+/// A summary of the offline (CRI) drain, written once the apiserver is back.
+pub const FALLBACK_ANNOTATION: &str = "nodegrace.dev/fallback-report";
+/// `drainMessage` of a node that carried out a maintenance's Complete stage.
+pub const COMPLETED_MESSAGE: &str = "Completed";
+
+const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
+const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+const CONCURRENT_REQUESTS: usize = 32;
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+pub use crate::api::shutdown_maintenance_name;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The apiserver could not be used (no answer, or answers that refuse or fail every
+    /// request: 401, 403, 429, 5xx) for longer than `fallback.apiserver_timeout` since the
+    /// last good answer: switch to the local (CRI) fallback.
+    #[error("the apiserver has not been usable for {0:?} (last error: {1})")]
+    ApiserverUnreachable(Duration, String),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// How long the steps of the last `shutdown_drain` took, from its call (for benchmarks and
+/// logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ShutdownTimings {
+    pub maintenance_ready: Option<Duration>,
+    pub cordoned: Option<Duration>,
+    pub node_empty: Option<Duration>,
+    pub volumes_detached: Option<Duration>,
+}
+
+/// What `after_boot` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterBoot {
+    NoMaintenance,
+    /// The maintenance was created in this boot (a restart of the daemon, not a reboot).
+    SameBoot,
+    AlreadyComplete,
+    Completed,
+    Kept,
+    /// An offline drain of an earlier boot could not be recorded: the NodeMaintenance API is
+    /// not installed.
+    Unrecorded,
+}
+
+pub struct EngineOptions {
+    pub client: Client,
+    /// The apiserver's URL and the identity the client has there, for logs.
+    pub endpoint: String,
+    pub settings: Settings,
+    pub node: String,
+    pub gate: Arc<dyn StaticPodGate>,
+    pub metrics: Metrics,
+    /// None: the Eviction API.
+    pub terminator: Option<Arc<dyn PodTerminator>>,
+}
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// Set once the node is empty under the shutdown maintenance and its status is written.
+    shutdown_done: bool,
+}
+
+#[derive(Default)]
+struct Ready {
+    node: bool,
+    pods: bool,
+    maintenances: bool,
+    volumes: bool,
+}
+
+struct Shared {
+    client: Client,
+    node: String,
+    settings: Settings,
+    gate: Arc<dyn StaticPodGate>,
+    metrics: Metrics,
+    terminator: Arc<dyn PodTerminator>,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    maintenances: Store<NodeMaintenance>,
+    volumes: Store<VolumeAttachment>,
+    ready: Mutex<Ready>,
+    wake: watch::Sender<u64>,
+    endpoint: String,
+    /// Since when every request to the apiserver has failed (see [`is_unusable`]).
+    failing: Mutex<Option<Failing>>,
+    shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
+    progress: watch::Sender<Progress>,
+    recorder: Recorder,
+    fallback: Mutex<Option<FallbackSummary>>,
+    timings: Mutex<ShutdownTimings>,
+    /// This node's eviction-request controller, when nodegrace is it: fed the engine's pod
+    /// events and the eviction back-off cap in force.
+    eviction_requests: Mutex<Option<ControllerHandle>>,
+}
+
+/// The node's drain engine. Dropping it stops its watches and its loop.
+pub struct Engine {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether a kube error says the apiserver cannot be used now, as opposed to an answer
+/// about the request itself (404, 409, 422, ...): no answer at all, or an answer that
+/// fails or refuses this client whatever it asks. An apiserver that is starting answers
+/// 403 to everything until its RBAC caches are loaded, and 5xx while its storage is not
+/// ready; such answers are retried, and only their persistence past
+/// `fallback.apiserver_timeout` sends a shutdown to the offline fallback.
+fn is_unusable(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => matches!(status.code, 401 | 403 | 429 | 500..=599),
+        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
+        _ => true,
+    }
+}
+
+fn anyhow_is_unusable(err: &anyhow::Error) -> bool {
+    err.chain()
+        .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_unusable))
+}
+
+/// Since when the apiserver cannot be used, and what it last said.
+struct Failing {
+    since: Instant,
+    last_error: String,
+    reminded: Instant,
+}
+
+/// How often a still unusable apiserver is mentioned in the log again.
+const UNUSABLE_REMINDER: Duration = Duration::from_secs(60);
+
+fn rv_number<K: Resource>(k: &K) -> u64 {
+    k.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn fresher<K: Resource>(a: Arc<K>, b: Option<&Arc<K>>) -> Arc<K> {
+    match b {
+        Some(b) if rv_number(b.as_ref()) > rv_number(a.as_ref()) => b.clone(),
+        _ => a,
+    }
+}
+
+fn has_finalizer(m: &NodeMaintenance) -> bool {
+    m.finalizers()
+        .iter()
+        .any(|f| f == FINALIZER_MAINTENANCE_COMPLETION)
+}
+
+fn is_deleting(m: &NodeMaintenance) -> bool {
+    m.metadata.deletion_timestamp.is_some()
+}
+
+fn is_active(m: &NodeMaintenance) -> bool {
+    !is_deleting(m) && matches!(m.spec.stage, Stage::Cordon | Stage::Drain)
+}
+
+fn is_draining(m: &NodeMaintenance) -> bool {
+    !is_deleting(m) && m.spec.stage == Stage::Drain
+}
+
+fn kind_str(kind: ShutdownKind) -> &'static str {
+    match kind {
+        ShutdownKind::Poweroff => "poweroff",
+        ShutdownKind::Reboot => "reboot",
+        ShutdownKind::Bypass => "bypass",
+        ShutdownKind::Unknown => "unknown",
+    }
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn min_wake(wake: &mut Option<Instant>, at: Instant) {
+    *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
+fn tolerates_everything(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.operator.as_deref() == Some("Exists")
+                    && t.key.as_deref().unwrap_or_default().is_empty()
+                    && t.effect.as_deref().unwrap_or_default().is_empty()
+            })
+        })
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn run_loop(shared: Arc<Shared>) {
+    let mut rx = shared.wake.subscribe();
+    let mut st = DrainState::default();
+    loop {
+        rx.borrow_and_update();
+        let ready = {
+            let r = lock(&shared.ready);
+            r.node && r.pods && r.maintenances
+        };
+        let next = if ready {
+            let pass = Instant::now();
+            let result = shared.reconcile(&mut st).await;
+            tracing::trace!(node = %shared.node, took = ?pass.elapsed(), "reconcile pass");
+            match result {
+                Ok(next) => next,
+                Err(err) => {
+                    if anyhow_is_unusable(&err) {
+                        // Logged once by the reachability tracking, not at every retry.
+                        shared.mark_unreachable(&format_args!("{err:#}"));
+                        tracing::debug!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                    } else {
+                        tracing::warn!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                    }
+                    Some(Instant::now() + RETRY_AFTER_ERROR)
+                }
+            }
+        } else {
+            None
+        };
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return },
+            _ = sleep_until_opt(next) => {}
+        }
+    }
+}
+
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+/// Deep-merges two optional JSON merge patches.
+fn merge_values(a: Option<Value>, b: Option<Value>) -> Option<Value> {
+    fn merge(into: &mut Value, from: Value) {
+        match (into, from) {
+            (Value::Object(i), Value::Object(f)) => {
+                for (k, v) in f {
+                    merge(i.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+    match (a, b) {
+        (Some(mut a), Some(b)) => {
+            merge(&mut a, b);
+            Some(a)
+        }
+        (a, b) => a.or(b),
+    }
+}
+
+fn strip_empty(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| {
+                    !matches!(v, Value::Null)
+                        && v.as_array().is_none_or(|a| !a.is_empty())
+                        && v.as_str().is_none_or(|s| !s.is_empty())
+                })
+                .map(|(k, v)| (k.clone(), strip_empty(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn describe_targets(t: &DrainTargets) -> String {
+    let parts: Vec<String> = t
+        .to_entries()
+        .iter()
+        .map(|e| {
+            let sel = if e.pod_selector.is_some() {
+                " (selector)"
+            } else {
+                ""
+            };
+            format!("{:?}<={}{sel}", e.pod_type, e.pod_priority)
+        })
+        .collect();
+    if parts.is_empty() {
+        "nothing".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Per-pod bookkeeping of the drain, keyed by pod UID.
+#[derive(Debug, Default, Clone)]
+struct PodTrack {
+    /// A request was accepted (or the pod turned out gone): wait for the watch.
+    accepted: bool,
+    attempts: u32,
+    /// When the last failed attempt was made and the back-off it earned.
+    last_try: Option<(Instant, Duration)>,
+    /// `namespace/pdb` (or the apiserver's message) of the last 429.
+    blocked_by: Option<String>,
+    escalated: bool,
+}
+
+#[derive(Default)]
+struct DrainState {
+    targets: DrainTargets,
+    targets_since: Option<Instant>,
+    tracks: HashMap<String, PodTrack>,
+    node_overlay: Option<Arc<Node>>,
+    nm_overlay: HashMap<String, Arc<NodeMaintenance>>,
+    last_entry_write: HashMap<String, Instant>,
+    announced: HashSet<String>,
+    cache_written: Option<Vec<PodInfo>>,
+    cache_due: Option<Instant>,
+    /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
+    daemonset_terminated: HashMap<String, String>,
+    /// The eviction back-off cap last given to the eviction-request controller.
+    backoff_cap: Option<Duration>,
+}
+
+struct MaintView {
+    m: Arc<NodeMaintenance>,
+    name: String,
+    plan_len: usize,
+    index: usize,
+    drained: bool,
+    targets: DrainTargets,
+}
+
+enum Job {
+    Terminate(PodInfo, Request, String, bool),
+}
+
+struct ShutdownCtx {
+    name: String,
+    step_targets: Vec<DrainTargets>,
+    schedule: Vec<StepSchedule>,
+    /// Tokio instant of `ShutdownRequest::started_at`.
+    start: Instant,
+    escalate: bool,
+}
+
+impl ShutdownCtx {
+    fn step_of(&self, pod: &PodInfo) -> Option<usize> {
+        self.step_targets.iter().position(|t| t.targets(pod))
+    }
+
+    fn node_empty(&self, pods: &[PodInfo]) -> bool {
+        self.step_targets.last().is_none_or(|t| t.is_finished(pods))
+    }
+}
+
+impl Engine {
+    /// Starts the watches and the reconcile loop. Returns at once; the loop acts as soon as
+    /// the first lists arrive.
+    pub fn start(opts: EngineOptions) -> Engine {
+        let (nodes_r, nodes_w) = reflector::store::<Node>();
+        let (pods_r, pods_w) = reflector::store::<Pod>();
+        let (nms_r, nms_w) = reflector::store::<NodeMaintenance>();
+        let (vas_r, vas_w) = reflector::store::<VolumeAttachment>();
+        let (wake, _) = watch::channel(0u64);
+        let (progress, _) = watch::channel(Progress::default());
+        let terminator = opts
+            .terminator
+            .unwrap_or_else(|| Arc::new(EvictionApi::new(opts.client.clone())));
+        let recorder = Recorder::new(
+            opts.client.clone(),
+            Reporter {
+                controller: "nodegrace".into(),
+                instance: Some(opts.node.clone()),
+            },
+        );
+        let shared = Arc::new(Shared {
+            client: opts.client.clone(),
+            node: opts.node.clone(),
+            settings: opts.settings,
+            gate: opts.gate,
+            metrics: opts.metrics,
+            terminator,
+            nodes: nodes_r,
+            pods: pods_r,
+            maintenances: nms_r,
+            volumes: vas_r,
+            ready: Mutex::new(Ready::default()),
+            wake,
+            endpoint: opts.endpoint,
+            failing: Mutex::new(None),
+            shutdown: Mutex::new(None),
+            progress,
+            recorder,
+            fallback: Mutex::new(None),
+            timings: Mutex::new(ShutdownTimings::default()),
+            eviction_requests: Mutex::new(None),
+        });
+        let c = &opts.client;
+        let node = &opts.node;
+        let tasks = vec![
+            spawn_reflector(
+                shared.clone(),
+                Api::<Node>::all(c.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={node}")),
+                nodes_w,
+                |r| &mut r.node,
+                false,
+                |_, _| {},
+            ),
+            spawn_reflector(
+                shared.clone(),
+                Api::<Pod>::all(c.clone()),
+                watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+                pods_w,
+                |r| &mut r.pods,
+                false,
+                Shared::pod_changed,
+            ),
+            spawn_reflector(
+                shared.clone(),
+                Api::<NodeMaintenance>::all(c.clone()),
+                watcher::Config::default(),
+                nms_w,
+                |r| &mut r.maintenances,
+                false,
+                |_, _| {},
+            ),
+            spawn_reflector(
+                shared.clone(),
+                Api::<VolumeAttachment>::all(c.clone()),
+                watcher::Config::default(),
+                vas_w,
+                |r| &mut r.volumes,
+                true,
+                |_, _| {},
+            ),
+            tokio::spawn(run_loop(shared.clone())),
+        ];
+        Engine { shared, tasks }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.shared.node
+    }
+
+    /// The node's pods as the engine's watch holds them (the eviction-request controller's
+    /// pod cache: one watch of the node's pods serves both).
+    pub fn pod_store(&self) -> Store<Pod> {
+        self.shared.pods.clone()
+    }
+
+    /// Feeds this node's eviction-request controller: pod events, and the shorter eviction
+    /// back-off cap while a shutdown runs.
+    pub fn attach_eviction_request_controller(&self, handle: ControllerHandle) {
+        *lock(&self.shared.eviction_requests) = Some(handle);
+        self.shared.bump();
+    }
+
+    pub fn timings(&self) -> ShutdownTimings {
+        *lock(&self.shared.timings)
+    }
+
+    /// The node's current pods as the engine sees them (for the pod cache and `status`).
+    pub fn pods(&self) -> Vec<PodInfo> {
+        self.shared.pod_infos()
+    }
+
+    /// Records what the offline fallback did; written to the shutdown maintenance (an
+    /// annotation and an Event) once the apiserver answers again.
+    pub fn record_fallback(&self, report: &crate::fallback::FallbackReport) {
+        *lock(&self.shared.fallback) = Some(FallbackSummary::from(report));
+        self.shared.bump();
+    }
+
+    /// `nodegrace complete`: moves `shutdown-<node>` to stage Complete. False when there is
+    /// none.
+    pub async fn complete_shutdown_maintenance(&self) -> Result<bool> {
+        let sh = &self.shared;
+        *lock(&sh.shutdown) = None;
+        let done = complete_shutdown_maintenance(&sh.client, &sh.node).await?;
+        sh.bump();
+        Ok(done)
+    }
+
+    /// Whether the apiserver answers (the last request or watch event succeeded).
+    pub fn reachable(&self) -> bool {
+        self.shared.unreachable_for() == Duration::ZERO
+    }
+
+    /// Waits until the apiserver answers again and the watches have listed (after
+    /// [`EngineError::ApiserverUnreachable`], before [`Engine::resume`]).
+    pub async fn wait_reachable(&self) {
+        let sh = &self.shared;
+        let mut rx = sh.wake.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let ready = {
+                let r = lock(&sh.ready);
+                r.node && r.pods && r.maintenances
+            };
+            if ready && sh.unreachable_for() == Duration::ZERO {
+                return;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep(PROBE_INTERVAL) => sh.probe().await,
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn pod_changed(&self, pod: &Pod) {
+        if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+            handle.pod_changed(
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.uid.as_deref().unwrap_or_default(),
+            );
+        }
+    }
+
+    fn bump(&self) {
+        self.wake.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    fn mark_reachable(&self) {
+        if let Some(was) = lock(&self.failing).take() {
+            tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?was.since.elapsed(), "the apiserver answers again");
+        }
+    }
+
+    /// Every request failed this way since the last good answer (see [`is_unusable`]).
+    fn mark_unreachable(&self, error: &dyn std::fmt::Display) {
+        let now = Instant::now();
+        let error = error.to_string();
+        let mut failing = lock(&self.failing);
+        match failing.as_mut() {
+            None => {
+                tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, "the apiserver cannot be used; retrying");
+                *failing = Some(Failing {
+                    since: now,
+                    last_error: error,
+                    reminded: now,
+                });
+            }
+            Some(f) => {
+                if now.duration_since(f.reminded) >= UNUSABLE_REMINDER {
+                    tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?f.since.elapsed(), "the apiserver still cannot be used");
+                    f.reminded = now;
+                }
+                f.last_error = error;
+            }
+        }
+    }
+
+    fn unreachable_for(&self) -> Duration {
+        lock(&self.failing)
+            .as_ref()
+            .map_or(Duration::ZERO, |f| f.since.elapsed())
+    }
+
+    fn unreachable_deadline(&self) -> Option<Instant> {
+        lock(&self.failing)
+            .as_ref()
+            .map(|f| f.since + self.settings.fallback.apiserver_timeout)
+    }
+
+    fn unusable_error(&self) -> EngineError {
+        let last = lock(&self.failing)
+            .as_ref()
+            .map_or_else(|| "no answer yet".to_string(), |f| f.last_error.clone());
+        EngineError::ApiserverUnreachable(self.settings.fallback.apiserver_timeout, last)
+    }
+
+    /// One cheap request to learn whether the apiserver answers.
+    async fn probe(&self) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let r = api
+            .get_metadata_opt(&self.node)
+            .await
+            .map_err(anyhow::Error::from);
+        self.note(&r);
+        if r.is_ok() {
+            self.bump();
+        }
+    }
+
+    fn note<T>(&self, r: &Result<T>) {
+        match r {
+            Ok(_) => self.mark_reachable(),
+            Err(e) if anyhow_is_unusable(e) => self.mark_unreachable(&format_args!("{e:#}")),
+            Err(_) => self.mark_reachable(),
+        }
+    }
+
+    /// After an unusable answer (already noted): waits a moment to try again, or gives up
+    /// once the apiserver has not been usable for `fallback.apiserver_timeout`.
+    async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
+        let timeout = self.settings.fallback.apiserver_timeout;
+        if started.elapsed() >= timeout || self.unreachable_for() >= timeout {
+            return Err(self.unusable_error());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(())
+    }
+
+    /// Waits until the watches named by `which` have listed, or the apiserver has not been
+    /// usable for `fallback.apiserver_timeout` (counted from the last good answer, so a
+    /// node whose apiserver went away long ago does not wait the whole timeout again).
+    async fn wait_ready(&self, which: fn(&Ready) -> bool) -> Result<(), EngineError> {
+        let mut rx = self.wake.subscribe();
+        let started = Instant::now();
+        let timeout = self.settings.fallback.apiserver_timeout;
+        loop {
+            rx.borrow_and_update();
+            if which(&lock(&self.ready)) {
+                return Ok(());
+            }
+            let deadline = self
+                .unreachable_deadline()
+                .map_or(started + timeout, |d| d.min(started + timeout));
+            if Instant::now() >= deadline {
+                return Err(self.unusable_error());
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() {
+                    return Err(anyhow::anyhow!("the engine stopped").into());
+                },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    fn pod_infos(&self) -> Vec<PodInfo> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
+            })
+            .filter_map(|p| match PodInfo::from_pod(p) {
+                Ok(info) => Some(info),
+                Err(err) => {
+                    tracing::warn!(node = %self.node, error = %err, "ignoring a pod that cannot be classified");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    fn node_obj(&self, st: &mut DrainState) -> Option<Arc<Node>> {
+        let stored = self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))?;
+        let n = fresher(stored, st.node_overlay.as_ref());
+        st.node_overlay = Some(n.clone());
+        Some(n)
+    }
+
+    fn maintenance_objs(&self, st: &mut DrainState) -> Vec<Arc<NodeMaintenance>> {
+        let stored = self.maintenances.state();
+        let names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
+        st.nm_overlay.retain(|n, _| names.contains(n));
+        let mut out: Vec<Arc<NodeMaintenance>> = stored
+            .into_iter()
+            .map(|m| {
+                let name = m.name_any();
+                let m = fresher(m, st.nm_overlay.get(&name));
+                st.nm_overlay.insert(name, m.clone());
+                m
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            let ca = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let cb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            ca.cmp(&cb).then_with(|| a.name_any().cmp(&b.name_any()))
+        });
+        out
+    }
+
+    fn event(
+        &self,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let recorder = self.recorder.clone();
+        let metrics = self.metrics.clone();
+        let ev = KubeEvent {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&ev, &reference).await {
+                metrics.api_error("event");
+                tracing::debug!(error = %err, "publishing an event failed");
+            }
+        });
+    }
+
+    fn event_both(
+        &self,
+        node: &Node,
+        m: Option<&NodeMaintenance>,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        if let Some(m) = m {
+            self.event(m.object_ref(&()), warning, reason, note.clone());
+        }
+        self.event(node.object_ref(&()), warning, reason, note);
+    }
+
+    async fn patch_node(
+        &self,
+        st: &mut DrainState,
+        what: &str,
+        compute: impl Fn(&Node) -> Option<Value>,
+    ) -> Result<bool> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let r = patch_node_with(&api, &self.node, what, compute).await;
+        self.note(&r);
+        if r.is_err() {
+            self.metrics.api_error("node");
+        }
+        st.node_overlay = None;
+        r
+    }
+
+    async fn set_stage(&self, name: &str, stage: Stage) -> Result<()> {
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let r = api
+            .patch(
+                name,
+                &merge_params(),
+                &Patch::Merge(json!({"spec": {"stage": stage.as_str()}})),
+            )
+            .await
+            .with_context(|| format!("moving NodeMaintenance {name} to stage {stage}"));
+        let r = r.map(|_| ());
+        self.note(&r);
+        self.bump();
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_patches_keep_both() {
+        let a = json!({"metadata": {"annotations": {"a": "1"}}, "spec": {"unschedulable": true}});
+        let b = json!({"metadata": {"labels": {"l": ""}, "annotations": {"b": "2"}}});
+        let m = merge_values(Some(a), Some(b)).unwrap();
+        assert_eq!(m["metadata"]["annotations"]["a"], "1");
+        assert_eq!(m["metadata"]["annotations"]["b"], "2");
+        assert_eq!(m["metadata"]["labels"]["l"], "");
+        assert_eq!(m["spec"]["unschedulable"], true);
+        assert_eq!(merge_values(None, None), None);
+    }
+}

@@ -1,0 +1,290 @@
+//! What the offline (CRI) fallback did, recorded on the shutdown maintenance once the
+//! apiserver answers: during the shutdown, or after the boot when it never came back.
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+
+use kube::api::{Patch, PostParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::api::{NodeMaintenance, Stage};
+use crate::cluster::{api_error_code, FIELD_MANAGER};
+use crate::config::CompletionPolicy;
+use crate::state::OfflineDrain;
+
+use super::{
+    lock, merge_params, shutdown_maintenance_name, AfterBoot, DrainState, Shared,
+    FALLBACK_ANNOTATION,
+};
+
+/// What the offline fallback did, as the engine records it on the maintenance (the
+/// `nodegrace.dev/fallback-report` annotation, JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FallbackSummary {
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub pods_stopped: usize,
+    pub pods_not_stopped: usize,
+    /// Pods whose band had not started when the fallback ended (handed to the cluster
+    /// path, or the shutdown's time was up).
+    pub pods_not_reached: usize,
+    pub kubelet_stopped: bool,
+    /// `namespace/name` of the pods stopped (or, static pods with nothing running, gated).
+    pub stopped: Vec<String>,
+    /// `namespace/name: what went wrong` for the pods it tried to stop and could not.
+    pub not_stopped: Vec<String>,
+    /// `namespace/name: why` for the pods it never got to: the runtime could not be
+    /// listed or did not list them, or their band had not started.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_reached: Vec<String>,
+}
+
+/// Pods listed by name in the annotation; the counts stay exact beyond it.
+const SUMMARY_MAX_NAMES: usize = 200;
+
+impl FallbackSummary {
+    /// One summary over every fallback run of a shutdown, in order.
+    pub fn of_runs(runs: &[crate::fallback::FallbackReport]) -> Self {
+        use crate::fallback::PodOutcome;
+        let mut s = FallbackSummary {
+            started_at: runs.iter().find_map(|r| r.started_at),
+            finished_at: runs.iter().rev().find_map(|r| r.finished_at),
+            kubelet_stopped: runs.last().is_some_and(|r| r.kubelet_stopped),
+            ..Default::default()
+        };
+        for pod in runs.iter().flat_map(|r| &r.pods) {
+            let key = format!("{}/{}", pod.namespace, pod.name);
+            if matches!(pod.outcome, PodOutcome::Stopped | PodOutcome::Gated) {
+                s.pods_stopped += 1;
+                if s.stopped.len() < SUMMARY_MAX_NAMES {
+                    s.stopped.push(key);
+                }
+            } else if matches!(pod.outcome, PodOutcome::Pending | PodOutcome::NotReached) {
+                s.pods_not_reached += 1;
+                if s.not_reached.len() < SUMMARY_MAX_NAMES {
+                    let why = pod.errors.first().cloned().unwrap_or_else(|| {
+                        "its band had not started when the fallback ended".to_string()
+                    });
+                    s.not_reached.push(format!("{key}: {why}"));
+                }
+            } else {
+                s.pods_not_stopped += 1;
+                if s.not_stopped.len() < SUMMARY_MAX_NAMES {
+                    let why = pod.errors.first().cloned().unwrap_or_else(|| {
+                        if pod.outcome == PodOutcome::Stopping {
+                            "still stopping when the fallback ended".to_string()
+                        } else {
+                            format!("{:?}", pod.outcome).to_lowercase()
+                        }
+                    });
+                    s.not_stopped.push(format!("{key}: {why}"));
+                }
+            }
+        }
+        s
+    }
+
+    /// The Event note.
+    pub fn describe(&self) -> String {
+        format!(
+            "the apiserver was unreachable: the local fallback stopped {} pod(s), {} not stopped, {} not reached",
+            self.pods_stopped, self.pods_not_stopped, self.pods_not_reached
+        )
+    }
+}
+
+impl From<&crate::fallback::FallbackReport> for FallbackSummary {
+    fn from(r: &crate::fallback::FallbackReport) -> Self {
+        Self::of_runs(std::slice::from_ref(r))
+    }
+}
+
+impl Shared {
+    /// Creates `shutdown-<node>` for a shutdown the apiserver never saw, recording what the
+    /// local fallback did: at stage Complete (the engine then carries the completion out:
+    /// static pods restored, node entry written) or, to keep it, at Drain. None when it
+    /// exists already.
+    pub(super) async fn create_offline_record(
+        &self,
+        record: &OfflineDrain,
+        policy: CompletionPolicy,
+    ) -> Result<Option<AfterBoot>> {
+        let name = shutdown_maintenance_name(&self.node);
+        let summary = FallbackSummary::of_runs(&record.reports);
+        let stage = match policy {
+            CompletionPolicy::Complete => Stage::Complete,
+            CompletionPolicy::Keep => Stage::Drain,
+        };
+        let text = serde_json::to_string(&summary).context("encoding the fallback summary")?;
+        let mut desired = self.shutdown_maintenance(
+            stage,
+            crate::plan::shutdown_drain_plan(&self.settings.drain)
+                .context("normalizing drain.plan")?,
+            &record.boot_id,
+            record.kind,
+            "drained offline by nodegrace's local fallback, the apiserver being unreachable",
+        );
+        desired
+            .annotations_mut()
+            .insert(FALLBACK_ANNOTATION.to_string(), text);
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let created = match api.create(&params, &desired).await {
+            Ok(m) => m,
+            Err(e) if api_error_code(&e) == Some(409) => return Ok(None),
+            Err(e) if api_error_code(&e) == Some(404) => {
+                tracing::error!(node = %self.node, maintenance = %name, "the offline drain of the last shutdown cannot be recorded: the NodeMaintenance CRD is not installed (see /usr/share/nodegrace/crds)");
+                return Ok(Some(AfterBoot::Unrecorded));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::from(e).context(format!(
+                    "creating NodeMaintenance {name} for the offline drain"
+                )))
+            }
+        };
+        self.mark_reachable();
+        self.bump();
+        tracing::info!(node = %self.node, maintenance = %name, ?stage, stopped = summary.pods_stopped, not_stopped = summary.pods_not_stopped, "recorded the offline drain of the last shutdown");
+        self.event_offline_record(&created, &summary);
+        Ok(Some(match policy {
+            CompletionPolicy::Complete => AfterBoot::Completed,
+            CompletionPolicy::Keep => AfterBoot::Kept,
+        }))
+    }
+
+    /// Writes the fallback summary onto the shutdown maintenance of the earlier boot (it
+    /// went unreachable mid-drain and never came back before the poweroff).
+    pub(super) async fn annotate_offline_record(
+        &self,
+        m: &NodeMaintenance,
+        record: &OfflineDrain,
+    ) -> Result<()> {
+        let name = m.name_any();
+        let summary = FallbackSummary::of_runs(&record.reports);
+        let text = serde_json::to_string(&summary).context("encoding the fallback summary")?;
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {FALLBACK_ANNOTATION: text}}});
+        let updated = api
+            .patch(&name, &merge_params(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("recording the offline drain on NodeMaintenance {name}"))?;
+        self.event_offline_record(&updated, &summary);
+        Ok(())
+    }
+
+    pub(super) fn event_offline_record(&self, m: &NodeMaintenance, summary: &FallbackSummary) {
+        let note = format!("{} (shutdown of an earlier boot)", summary.describe());
+        match self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.name_any() == self.node)
+        {
+            Some(node) => self.event_both(&node, Some(m), true, "FallbackUsed", note),
+            None => self.event(m.object_ref(&()), true, "FallbackUsed", note),
+        }
+    }
+
+    pub(super) async fn publish_fallback(
+        &self,
+        st: &mut DrainState,
+        selecting: &[Arc<NodeMaintenance>],
+    ) {
+        let Some(summary) = lock(&self.fallback).clone() else {
+            return;
+        };
+        let name = shutdown_maintenance_name(&self.node);
+        let Some(m) = selecting.iter().find(|m| m.name_any() == name) else {
+            return;
+        };
+        let Ok(text) = serde_json::to_string(&summary) else {
+            return;
+        };
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {FALLBACK_ANNOTATION: text}}});
+        match api
+            .patch(&name, &merge_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => {
+                st.nm_overlay.insert(name.clone(), Arc::new(updated));
+                *lock(&self.fallback) = None;
+                if let Some(node) = st.node_overlay.clone() {
+                    self.event_both(
+                        &node,
+                        Some(m),
+                        true,
+                        "FallbackUsed",
+                        format!("{}; continuing through {name}", summary.describe()),
+                    );
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "recording the fallback report failed; will retry")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_summary_spans_every_run_and_caps_the_names() {
+        use crate::fallback::{FallbackReport, PodOutcome, PodReport};
+        let pod = |name: String, outcome| PodReport::new("ns", &name, outcome);
+        let t1 = chrono::Utc::now();
+        let t2 = t1 + chrono::Duration::seconds(5);
+        let first = FallbackReport {
+            started_at: Some(t1),
+            finished_at: Some(t1),
+            kubelet_stopped: false,
+            pods: (0..250)
+                .map(|i| pod(format!("p{i}"), PodOutcome::Stopped))
+                .chain([pod("stuck".into(), PodOutcome::TimedOut)])
+                .collect(),
+            ..Default::default()
+        };
+        let second = FallbackReport {
+            started_at: Some(t2),
+            finished_at: None,
+            kubelet_stopped: true,
+            pods: vec![
+                pod("gated".into(), PodOutcome::Gated),
+                pod("later".into(), PodOutcome::Pending),
+                PodReport {
+                    errors: vec!["the CRI runtime could not be listed: no socket".into()],
+                    ..pod("unlisted".into(), PodOutcome::NotReached)
+                },
+            ],
+            ..Default::default()
+        };
+        let s = FallbackSummary::of_runs(&[first, second]);
+        assert_eq!(s.started_at, Some(t1));
+        assert_eq!(s.finished_at, Some(t1));
+        assert!(s.kubelet_stopped, "as the last run left it");
+        assert_eq!(
+            (s.pods_stopped, s.pods_not_stopped, s.pods_not_reached),
+            (251, 1, 2)
+        );
+        assert_eq!(s.stopped.len(), SUMMARY_MAX_NAMES);
+        assert_eq!(s.not_stopped, ["ns/stuck: timedout"]);
+        assert_eq!(
+            s.not_reached,
+            [
+                "ns/later: its band had not started when the fallback ended",
+                "ns/unlisted: the CRI runtime could not be listed: no socket"
+            ]
+        );
+        assert!(s
+            .describe()
+            .contains("stopped 251 pod(s), 1 not stopped, 2 not reached"));
+    }
+}

@@ -1,0 +1,522 @@
+//! A shutdown through the node's own NodeMaintenance: cordon, `shutdown-<node>` created or
+//! adopted, the deadline schedule, waiting for the node to be empty; cancel and the boot after.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, Patch, PostParams, Preconditions};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::api::{
+    node_selector_for, NodeMaintenance, NodeMaintenanceSpec, Stage,
+    FINALIZER_MAINTENANCE_COMPLETION,
+};
+use crate::cluster::node::{
+    cordon_patch, lb_exclusion_patch, maintenance_taint_patch, patch_node_with,
+    set_shutdown_condition, SHUTDOWN_CONDITION,
+};
+use crate::cluster::{api_error_code, FIELD_MANAGER};
+use crate::config::CompletionPolicy;
+use crate::daemon::{ShutdownKind, ShutdownRequest};
+use crate::plan::budget::{plan_steps, split_budget, BudgetReserves};
+use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets};
+use crate::state::OfflineDrain;
+
+use super::{
+    anyhow_is_unusable, is_deleting, is_unusable, kind_str, lock, merge_params, merge_values,
+    shutdown_maintenance_name, sleep_until_opt, AfterBoot, Engine, EngineError, Progress, Shared,
+    ShutdownCtx, ShutdownTimings, BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL,
+    SHUTDOWN_KIND_ANNOTATION,
+};
+
+impl Engine {
+    /// Drains the node for a shutdown through `shutdown-<node>` and returns once the node is
+    /// empty, its VolumeAttachments are gone (bounded) and the last status update reached
+    /// the apiserver. Cancel-safe: dropping the future leaves the maintenance in place.
+    pub async fn shutdown_drain(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
+        let sh = &self.shared;
+        let t0 = Instant::now();
+        *lock(&sh.timings) = ShutdownTimings::default();
+        sh.wait_ready(|r| r.node && r.pods && r.maintenances)
+            .await?;
+
+        let plan = crate::plan::shutdown_drain_plan(&sh.settings.drain)
+            .context("normalizing drain.plan")?;
+        let name = shutdown_maintenance_name(&sh.node);
+        // Cordon first: nothing new lands on the node while the maintenance is set up.
+        sh.cordon_for_shutdown().await?;
+        lock(&sh.timings).cordoned = Some(t0.elapsed());
+        let (condition, adopted) = tokio::join!(sh.set_condition_for_shutdown(req), async {
+            let r = sh.ensure_shutdown_maintenance(req, &plan).await;
+            lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
+            r
+        });
+        let maintenance = adopted?;
+        if let Err(e) = condition {
+            tracing::warn!(node = %sh.node, error = format!("{e:#}"), "setting the shutdown condition failed");
+        }
+
+        let plan = normalize_drain_plan(&maintenance.spec.drain_plan).unwrap_or(plan);
+        let pods = sh.pod_infos();
+        let steps = plan_steps(&plan, &pods).context("splitting the pods over the drain plan")?;
+        let schedule = split_budget(
+            req.budget,
+            &steps,
+            &BudgetReserves::from(&sh.settings.drain),
+        );
+        let step_targets = (0..plan.len())
+            .map(|i| DrainTargets::for_plan(&plan, i))
+            .collect::<Result<Vec<_>, _>>()
+            .context("computing the shutdown drain targets")?;
+        let elapsed = (chrono::Utc::now() - req.started_at)
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        let start = Instant::now()
+            .checked_sub(elapsed)
+            .unwrap_or_else(Instant::now);
+        *lock(&sh.shutdown) = Some(Arc::new(ShutdownCtx {
+            name: name.clone(),
+            step_targets,
+            schedule,
+            start,
+            escalate: true,
+        }));
+        sh.progress.send_replace(Progress::default());
+        sh.bump();
+        tracing::info!(node = %sh.node, maintenance = %name, kind = ?req.kind, resumed = req.resumed, "shutdown drain started");
+
+        let mut progress = sh.progress.subscribe();
+        let mut events = sh.wake.subscribe();
+        loop {
+            if progress.borrow_and_update().shutdown_done {
+                break;
+            }
+            events.borrow_and_update();
+            let deadline = sh.unreachable_deadline();
+            // A watch that reconnected quietly says nothing: while failing, ask directly.
+            let probe_at = deadline.map(|_| Instant::now() + PROBE_INTERVAL);
+            tokio::select! {
+                _ = sleep_until_opt(probe_at) => sh.probe().await,
+                r = progress.changed() => if r.is_err() {
+                    return Err(anyhow::anyhow!("the engine stopped").into());
+                },
+                // A watch event may have changed the apiserver's reachability.
+                _ = events.changed() => {},
+                _ = sleep_until_opt(deadline) => {
+                    if sh.unreachable_for() >= sh.settings.fallback.apiserver_timeout {
+                        return Err(sh.unusable_error());
+                    }
+                }
+            }
+        }
+        lock(&sh.timings).node_empty = Some(t0.elapsed());
+        sh.wait_volumes_detached().await;
+        lock(&sh.timings).volumes_detached = Some(t0.elapsed());
+        tracing::info!(node = %sh.node, maintenance = %name, took = ?t0.elapsed(), "node drained for shutdown");
+        Ok(())
+    }
+
+    /// Continues the drain through the maintenance after the apiserver came back (the
+    /// fallback ran meanwhile): the same as `shutdown_drain`, adopting the maintenance.
+    pub async fn resume(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
+        let mut req = req.clone();
+        req.resumed = true;
+        self.shutdown_drain(&req).await
+    }
+
+    /// The shutdown was cancelled: stop escalating, clear the shutdown marks, and complete
+    /// or keep the maintenance as `policy` says.
+    pub async fn cancel_shutdown(&self, policy: CompletionPolicy) -> Result<()> {
+        let sh = &self.shared;
+        *lock(&sh.shutdown) = None;
+        sh.bump();
+        sh.clear_shutdown_marks().await?;
+        if policy == CompletionPolicy::Complete {
+            sh.set_stage(&shutdown_maintenance_name(&sh.node), Stage::Complete)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// After a boot: a shutdown maintenance left by an earlier boot is completed or kept as
+    /// `policy` says; the shutdown marks on the Node are cleared. `offline` is what the
+    /// local fallback recorded in an earlier boot's shutdown: it is written to that
+    /// shutdown's maintenance, which is created (Complete or Drain, as `policy` says) when
+    /// the apiserver never saw the shutdown at all.
+    pub async fn after_boot(
+        &self,
+        boot_id: &str,
+        policy: CompletionPolicy,
+        offline: Option<&OfflineDrain>,
+    ) -> Result<AfterBoot> {
+        let sh = &self.shared;
+        sh.wait_ready(|r| r.node && r.maintenances)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let offline = offline.filter(|o| o.boot_id != boot_id);
+        let name = shutdown_maintenance_name(&sh.node);
+        let api: Api<NodeMaintenance> = Api::all(sh.client.clone());
+        let found = api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading NodeMaintenance {name}"))?;
+        let m = match (found, offline) {
+            (Some(m), _) => m,
+            (None, None) => return Ok(AfterBoot::NoMaintenance),
+            (None, Some(record)) => match sh.create_offline_record(record, policy).await? {
+                Some(outcome) => return Ok(outcome),
+                // Someone created it meanwhile: go on with theirs.
+                None => api
+                    .get(&name)
+                    .await
+                    .with_context(|| format!("reading NodeMaintenance {name}"))?,
+            },
+        };
+        let m_boot = m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str);
+        if m_boot == Some(boot_id) {
+            return Ok(AfterBoot::SameBoot);
+        }
+        if let Some(record) = offline.filter(|o| m_boot == Some(o.boot_id.as_str())) {
+            if !m.annotations().contains_key(FALLBACK_ANNOTATION) {
+                sh.annotate_offline_record(&m, record).await?;
+            }
+        }
+        sh.clear_shutdown_marks().await?;
+        if m.spec.stage == Stage::Complete || is_deleting(&m) {
+            return Ok(AfterBoot::AlreadyComplete);
+        }
+        match policy {
+            CompletionPolicy::Complete => {
+                sh.set_stage(&name, Stage::Complete).await?;
+                Ok(AfterBoot::Completed)
+            }
+            CompletionPolicy::Keep => {
+                tracing::info!(node = %sh.node, maintenance = %name, "keeping the shutdown maintenance of an earlier boot; `nodegrace complete` ends it");
+                Ok(AfterBoot::Kept)
+            }
+        }
+    }
+}
+
+/// `nodegrace complete` without a running engine: moves `shutdown-<node>` to stage
+/// Complete; the daemon's engine then carries the stage out. False when there is none.
+pub async fn complete_shutdown_maintenance(client: &Client, node: &str) -> Result<bool> {
+    let name = shutdown_maintenance_name(node);
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let Some(m) = api
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading NodeMaintenance {name}"))?
+    else {
+        return Ok(false);
+    };
+    if m.spec.stage != Stage::Complete {
+        api.patch(
+            &name,
+            &merge_params(),
+            &Patch::Merge(json!({"spec": {"stage": "Complete"}})),
+        )
+        .await
+        .with_context(|| format!("moving NodeMaintenance {name} to stage Complete"))?;
+    }
+    Ok(true)
+}
+
+impl Shared {
+    /// Cordon, the load-balancer exclusion label and the maintenance taint in one patch of
+    /// the Node. The taint goes on now rather than before the DaemonSet band: in a shutdown
+    /// nothing new should start on the node, and the band then starts without a round trip.
+    pub(super) async fn cordon_for_shutdown(&self) -> Result<(), EngineError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let started = Instant::now();
+        loop {
+            let r = patch_node_with(&api, &self.node, "cordon for shutdown", |n| {
+                let marks = merge_values(cordon_patch(n), lb_exclusion_patch(n, true));
+                merge_values(marks, maintenance_taint_patch(n, true))
+            })
+            .await;
+            self.note(&r);
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if anyhow_is_unusable(&e) => self.retry_or_unreachable(started).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub(super) async fn set_condition_for_shutdown(&self, req: &ShutdownRequest) -> Result<()> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let message = format!("nodegrace drains the node for {:?}", req.kind).to_lowercase();
+        let r = set_shutdown_condition(&api, &self.node, true, &message).await;
+        self.note(&r);
+        r
+    }
+
+    pub(super) async fn clear_shutdown_marks(&self) -> Result<()> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let has_condition = api
+            .get(&self.node)
+            .await
+            .with_context(|| format!("reading node {}", self.node))?
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == SHUTDOWN_CONDITION && c.status == "True");
+        if has_condition {
+            set_shutdown_condition(&api, &self.node, false, "shutdown cancelled or finished")
+                .await?;
+        }
+        patch_node_with(
+            &api,
+            &self.node,
+            "remove the load-balancer exclusion",
+            |n| lb_exclusion_patch(n, false),
+        )
+        .await?;
+        self.bump();
+        Ok(())
+    }
+
+    /// `shutdown-<node>` as nodegrace creates it, for the shutdown of boot `boot_id`.
+    pub(super) fn shutdown_maintenance(
+        &self,
+        stage: Stage,
+        drain_plan: Vec<DrainPlanEntry>,
+        boot_id: &str,
+        kind: ShutdownKind,
+        what: &str,
+    ) -> NodeMaintenance {
+        let kind = kind_str(kind);
+        let mut m = NodeMaintenance::new(
+            &shutdown_maintenance_name(&self.node),
+            NodeMaintenanceSpec {
+                node_selector: node_selector_for(&self.node),
+                stage,
+                drain_plan,
+                reason: Some(format!("Node {kind}: {what} (boot id {boot_id})")),
+            },
+        );
+        m.metadata.annotations = Some(BTreeMap::from([
+            (BOOT_ID_ANNOTATION.to_string(), boot_id.to_string()),
+            (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
+        ]));
+        m.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
+        m
+    }
+
+    pub(super) async fn ensure_shutdown_maintenance(
+        &self,
+        req: &ShutdownRequest,
+        plan: &[DrainPlanEntry],
+    ) -> Result<NodeMaintenance, EngineError> {
+        let name = shutdown_maintenance_name(&self.node);
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let kind = kind_str(req.kind);
+        let desired = self.shutdown_maintenance(
+            Stage::Drain,
+            plan.to_vec(),
+            &req.boot_id,
+            req.kind,
+            "graceful shutdown by nodegrace",
+        );
+        let started = Instant::now();
+        let mut known = self
+            .maintenances
+            .state()
+            .into_iter()
+            .find(|m| m.name_any() == name)
+            .map(|m| (*m).clone());
+        loop {
+            let existing = match known.take() {
+                Some(m) => m,
+                None => {
+                    let params = PostParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    };
+                    match api.create(&params, &desired).await {
+                        Ok(m) => {
+                            self.mark_reachable();
+                            tracing::info!(node = %self.node, maintenance = %name, "created the shutdown maintenance");
+                            return Ok(m);
+                        }
+                        Err(e) if api_error_code(&e) == Some(409) => {
+                            self.mark_reachable();
+                            match api.get_opt(&name).await {
+                                Ok(Some(m)) => m,
+                                Ok(None) => continue,
+                                Err(e) if is_unusable(&e) => {
+                                    self.mark_unreachable(&format_args!(
+                                        "reading NodeMaintenance {name}: {e}"
+                                    ));
+                                    self.retry_or_unreachable(started).await?;
+                                    continue;
+                                }
+                                Err(e) => {
+                                    return Err(anyhow::Error::from(e)
+                                        .context(format!("reading NodeMaintenance {name}"))
+                                        .into())
+                                }
+                            }
+                        }
+                        Err(e) if is_unusable(&e) => {
+                            self.mark_unreachable(&format_args!(
+                                "creating NodeMaintenance {name}: {e}"
+                            ));
+                            self.retry_or_unreachable(started).await?;
+                            continue;
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::from(e)
+                                .context(format!("creating NodeMaintenance {name}"))
+                                .into())
+                        }
+                    }
+                }
+            };
+            if is_deleting(&existing) || existing.spec.stage == Stage::Complete {
+                // A finished maintenance cannot go back to Drain: replace it.
+                if !is_deleting(&existing)
+                    && !self.delete_completed(&api, &existing, started).await?
+                {
+                    continue;
+                }
+                self.wait_maintenance_gone(&name).await?;
+                continue;
+            }
+            let same = existing.annotations().get(BOOT_ID_ANNOTATION) == Some(&req.boot_id)
+                && existing
+                    .annotations()
+                    .get(SHUTDOWN_KIND_ANNOTATION)
+                    .map(String::as_str)
+                    == Some(kind)
+                && existing.spec.stage == Stage::Drain;
+            if same {
+                tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
+                return Ok(existing);
+            }
+            let mut patch = json!({"metadata": {"annotations": {
+                BOOT_ID_ANNOTATION: req.boot_id,
+                SHUTDOWN_KIND_ANNOTATION: kind,
+            }}});
+            if existing.spec.stage != Stage::Drain {
+                patch["spec"] = json!({"stage": "Drain"});
+            }
+            match api
+                .patch(&name, &merge_params(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(m) => {
+                    tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
+                    return Ok(m);
+                }
+                Err(e) if is_unusable(&e) => {
+                    self.mark_unreachable(&format_args!("adopting NodeMaintenance {name}: {e}"));
+                    self.retry_or_unreachable(started).await?;
+                }
+                Err(e) if api_error_code(&e) == Some(404) => continue,
+                Err(e) => {
+                    return Err(anyhow::Error::from(e)
+                        .context(format!("adopting NodeMaintenance {name}"))
+                        .into())
+                }
+            }
+        }
+    }
+
+    /// Deletes the completed maintenance `existing`, that object exactly (uid and
+    /// resourceVersion preconditions), so that it can be created anew. False when it changed
+    /// or the apiserver did not answer: read it again.
+    pub(super) async fn delete_completed(
+        &self,
+        api: &Api<NodeMaintenance>,
+        existing: &NodeMaintenance,
+        started: Instant,
+    ) -> Result<bool, EngineError> {
+        let name = existing.name_any();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: existing.uid(),
+                resource_version: existing.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {
+                self.mark_reachable();
+                Ok(true)
+            }
+            Err(e) if api_error_code(&e) == Some(404) => Ok(true),
+            Err(e) if api_error_code(&e) == Some(409) => Ok(false),
+            Err(e) if is_unusable(&e) => {
+                self.mark_unreachable(&format_args!(
+                    "replacing the completed NodeMaintenance {name} (delete): {e}"
+                ));
+                self.retry_or_unreachable(started).await?;
+                Ok(false)
+            }
+            Err(e) => Err(anyhow::Error::from(e)
+                .context(format!(
+                    "replacing the completed NodeMaintenance {name} (delete)"
+                ))
+                .into()),
+        }
+    }
+
+    pub(super) async fn wait_maintenance_gone(&self, name: &str) -> Result<(), EngineError> {
+        let mut rx = self.wake.subscribe();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            rx.borrow_and_update();
+            if !self
+                .maintenances
+                .state()
+                .iter()
+                .any(|m| m.name_any() == name)
+            {
+                return Ok(());
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return Err(anyhow::anyhow!("the engine stopped").into()) },
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(anyhow::anyhow!("NodeMaintenance {name} is still being deleted").into());
+                }
+            }
+        }
+    }
+
+    pub(super) async fn wait_volumes_detached(&self) {
+        let timeout = self.settings.drain.volume_detach_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut rx = self.wake.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let ready = lock(&self.ready).volumes;
+            let left: Vec<String> = self
+                .volumes
+                .state()
+                .iter()
+                .filter(|va| va.spec.node_name == self.node)
+                .map(|va| va.name_any())
+                .collect();
+            if ready && left.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(node = %self.node, attachments = ?left, "VolumeAttachments still present after {timeout:?}; releasing anyway");
+                return;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}
