@@ -18,4 +18,3 @@ pub mod state;
 pub mod staticpods;
 pub mod systemd;
 pub mod telemetry;
-pub mod testing;

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use nodegrace::testing::fake_apiserver::RecordedRequest;
+use nodegrace_testkit::fake_apiserver::RecordedRequest;
 use serde_json::Value;
 
 /// The request attributes RBAC authorizes: (verb, API group, resource[/subresource]).

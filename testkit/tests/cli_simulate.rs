@@ -1,4 +1,4 @@
-//! `nodegrace simulate` through the built binary: the timeline a user reads, in order. No root,
+//! `nodegrace-sim` through the built binary: the timeline a user reads, in order. No root,
 //! no dbus-daemon, no cluster; each run takes about two seconds.
 
 use std::process::Command;
@@ -6,14 +6,13 @@ use std::process::Command;
 use serde_json::Value;
 
 fn simulate(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_nodegrace"))
-        .arg("simulate")
+    let out = Command::new(env!("CARGO_BIN_EXE_nodegrace-sim"))
         .args(args)
         .args(["-o", "json"])
         .env("NODEGRACE_CONFIG", "/nonexistent/nodegrace.toml")
         .env_remove("DBUS_SYSTEM_BUS_ADDRESS")
         .output()
-        .expect("running nodegrace simulate");
+        .expect("running nodegrace-sim");
     assert!(
         out.status.success(),
         "simulate {args:?} failed: {}",
@@ -162,7 +161,10 @@ fn sample_node_drains_in_plan_order_then_releases() {
 
 #[test]
 fn pod_list_file_is_simulated_on_its_node() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pods-node-a.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/data/pods-node-a.yaml"
+    );
     let r = simulate(&["--pods", path, "--budget", "2m"]);
     // The finished Job pod in the file is not drained.
     assert_common_shape(&r, 6);

@@ -1,4 +1,4 @@
-//! An in-memory CRI runtime for tests and `nodegrace simulate`: pod sandboxes with one
+//! An in-memory CRI runtime for tests and `nodegrace-sim`: pod sandboxes with one
 //! container each, which exit a chosen time after StopContainer (or at their grace, when
 //! that is shorter, as a SIGKILL would end them). Time is tokio's.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::cri::{
+use nodegrace::cri::{
     Container, ContainerState, CriError, PodSandbox, Runtime, RuntimeVersion, SandboxState,
 };
 

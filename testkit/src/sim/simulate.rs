@@ -1,4 +1,4 @@
-//! `nodegrace simulate`: the real daemon, drainer and fallback against an in-memory logind,
+//! `nodegrace-sim`: the real daemon, drainer and fallback against an in-memory logind,
 //! a fake apiserver, a fake kubelet and a fake CRI runtime, printing the shutdown's timeline.
 
 use std::collections::BTreeMap;
@@ -12,21 +12,21 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::OutputFormat;
-use crate::api::node_maintenance_crd;
-use crate::config::Settings;
-use crate::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
-use crate::daemon::node::{NodeDrainer, NodeParts};
-use crate::daemon::{Daemon, DaemonPaths, Phase, ShutdownKind};
-use crate::plan::gns::GnsBands;
-use crate::plan::{PodInfo, PodType};
-use crate::state::PodCache;
-use crate::staticpods::{mirror_pod_name, StaticManifest, StaticPodGate};
-use crate::testing::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
-use crate::testing::fake_cri::FakeRuntime;
-use crate::testing::fake_kubelet::KubeletConfig;
-use crate::testing::memory_logind::MemoryLogind;
-use crate::testing::{EventLog, RecordingNotifier};
+use nodegrace::api::node_maintenance_crd;
+use nodegrace::cli::{self, OutputFormat};
+use nodegrace::config::Settings;
+use nodegrace::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
+use nodegrace::daemon::node::{NodeDrainer, NodeParts};
+use nodegrace::daemon::{Daemon, DaemonPaths, Phase, ShutdownKind};
+use nodegrace::plan::gns::GnsBands;
+use nodegrace::plan::{PodInfo, PodType};
+use nodegrace::state::PodCache;
+use nodegrace::staticpods::{mirror_pod_name, StaticManifest, StaticPodGate};
+use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
+use nodegrace_testkit::fake_cri::FakeRuntime;
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::memory_logind::MemoryLogind;
+use nodegrace_testkit::{EventLog, RecordingNotifier};
 
 const DEFAULT_NODE: &str = "node-a";
 /// A pod exits after this much real time per second of its grace period, at most
@@ -100,7 +100,7 @@ pub struct SimReport {
 /// paths, node and budget always come from the simulation.
 pub fn simulate_command(config: &std::path::Path, opts: &SimulateOptions) -> Result<ExitCode> {
     let settings = if config.exists() {
-        match super::load_settings(config) {
+        match cli::load_settings(config) {
             Ok(s) => s,
             Err(code) => return Ok(code),
         }
@@ -111,18 +111,18 @@ pub fn simulate_command(config: &std::path::Path, opts: &SimulateOptions) -> Res
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let pods = super::plan::parse_pod_list(&text)
+            let pods = cli::parse_pod_list(&text)
                 .with_context(|| format!("{} is not a pod list", path.display()))?;
             (path.display().to_string(), pods)
         }
         None => ("built-in sample node".to_string(), sample_pods()?),
     };
-    let report = super::runtime()?.block_on(simulate(opts, settings, source, pods))?;
+    let report = cli::runtime()?.block_on(simulate(opts, settings, source, pods))?;
     let text = match opts.output {
         OutputFormat::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),
         OutputFormat::Table => render_table(&report),
     };
-    super::print_stdout(&text)?;
+    cli::print_stdout(&text)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -169,7 +169,7 @@ fn prepare_pods(
     settings: &Settings,
     down: bool,
 ) -> Result<Vec<SimPod>> {
-    let now = crate::testing::fake_apiserver::fmt_time(chrono::Utc::now());
+    let now = nodegrace_testkit::fake_apiserver::fmt_time(chrono::Utc::now());
     let mut out = Vec::new();
     for (i, pod) in pods.into_iter().enumerate() {
         let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
@@ -220,8 +220,8 @@ fn prepare_pods(
             p.band = format!("kubelet band priority >= {}", bands.bands()[b].priority);
         }
     } else {
-        let plan = crate::plan::drainplan::shutdown_drain_plan(&settings.drain)?;
-        let steps = crate::plan::budget::plan_steps(&plan, &infos)?;
+        let plan = nodegrace::plan::drainplan::shutdown_drain_plan(&settings.drain)?;
+        let steps = nodegrace::plan::budget::plan_steps(&plan, &infos)?;
         for step in steps {
             for member in step.pods {
                 if let Some(p) = out.iter_mut().find(|p| p.info == member) {
@@ -324,7 +324,7 @@ impl Runtime for TimedRuntime {
     }
     async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
         let pod = self.pod_of(id).await;
-        let detail = format!("grace {}", super::human(grace));
+        let detail = format!("grace {}", cli::human(grace));
         self.timeline.push("cri-stop", pod.clone(), Some(detail));
         self.inner.stop_container(id, grace).await?;
         self.timeline.push("pod-gone", pod, None);
@@ -507,7 +507,7 @@ async fn simulate(
             }),
             kubelet: None,
             gate: gate.clone(),
-            metrics: crate::metrics::Metrics::new(),
+            metrics: nodegrace::metrics::Metrics::new(),
             boot_id_path: boot_id,
         },
         move || {
@@ -625,10 +625,10 @@ async fn simulate(
             let detail = if opts.apiserver_down {
                 format!(
                     "apiserver unreachable: the offline drain starts after fallback.apiserver_timeout ({})",
-                    super::human(settings.fallback.apiserver_timeout)
+                    cli::human(settings.fallback.apiserver_timeout)
                 )
             } else {
-                format!("budget {}", super::human(opts.budget))
+                format!("budget {}", cli::human(opts.budget))
             };
             timeline.push("draining", None, Some(detail));
         }
@@ -805,7 +805,7 @@ fn render_table(r: &SimReport) -> String {
             e.detail.clone().unwrap_or_default(),
         ]);
     }
-    for line in super::align(&rows) {
+    for line in cli::align(&rows) {
         out.push_str(&line);
         out.push('\n');
     }
@@ -815,7 +815,7 @@ fn render_table(r: &SimReport) -> String {
         t.pods_terminated,
         t.pods,
         t.total_delay_ms as f64 / 1000.0,
-        super::human(Duration::from_millis(t.budget_ms)),
+        cli::human(Duration::from_millis(t.budget_ms)),
         t.api_requests,
         t.api_writes,
         t.cri_calls
@@ -838,7 +838,7 @@ fn render_table(r: &SimReport) -> String {
             format!("{:.3}s", b.duration_ms as f64 / 1000.0),
         ]);
     }
-    for line in super::align(&rows) {
+    for line in cli::align(&rows) {
         out.push_str(&line);
         out.push('\n');
     }

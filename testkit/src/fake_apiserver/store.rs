@@ -1072,7 +1072,7 @@ impl Store {
     }
 
     /// Inserts an object as-is (status and a given metadata.uid kept; resourceVersion
-    /// ignored), for fixtures and `simulate`.
+    /// ignored), for fixtures and `nodegrace-sim`.
     pub fn insert_fixture(&self, mut obj: Value) -> Result<Value, ApiError> {
         let api_version = obj
             .get("apiVersion")
