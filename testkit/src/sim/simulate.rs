@@ -15,7 +15,6 @@ use serde_json::{json, Value};
 use nodegrace::api::node_maintenance_crd;
 use nodegrace::cli::{self, OutputFormat};
 use nodegrace::config::Settings;
-use nodegrace::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
 use nodegrace::daemon::node::{NodeDrainer, NodeParts};
 use nodegrace::daemon::{Daemon, DaemonPaths, Phase, ShutdownKind};
 use nodegrace::plan::gns::GnsBands;
@@ -23,7 +22,7 @@ use nodegrace::plan::{PodInfo, PodType};
 use nodegrace::state::PodCache;
 use nodegrace::staticpods::{mirror_pod_name, StaticManifest, StaticPodGate};
 use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
-use nodegrace_testkit::fake_cri::FakeRuntime;
+use nodegrace_testkit::fake_cri::{CriEvent, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use nodegrace_testkit::memory_logind::MemoryLogind;
 use nodegrace_testkit::{EventLog, RecordingNotifier};
@@ -286,55 +285,6 @@ impl StaticPodGate for SimGate {
     }
 }
 
-/// The CRI runtime with every StopContainer and the container's exit put on the timeline
-/// the moment they happen.
-struct TimedRuntime {
-    inner: FakeRuntime,
-    timeline: Timeline,
-}
-
-impl TimedRuntime {
-    async fn pod_of(&self, container_id: &str) -> Option<String> {
-        let containers = self.inner.list_containers(None).await.ok()?;
-        let sandbox = containers
-            .into_iter()
-            .find(|c| c.id == container_id)?
-            .sandbox_id;
-        let sandboxes = self.inner.list_pod_sandboxes().await.ok()?;
-        sandboxes
-            .into_iter()
-            .find(|s| s.id == sandbox)
-            .map(|s| s.key())
-    }
-}
-
-#[async_trait::async_trait]
-impl Runtime for TimedRuntime {
-    fn endpoint(&self) -> &str {
-        self.inner.endpoint()
-    }
-    async fn version(&self) -> Result<RuntimeVersion, CriError> {
-        self.inner.version().await
-    }
-    async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandbox>, CriError> {
-        self.inner.list_pod_sandboxes().await
-    }
-    async fn list_containers(&self, sandbox_id: Option<&str>) -> Result<Vec<Container>, CriError> {
-        self.inner.list_containers(sandbox_id).await
-    }
-    async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
-        let pod = self.pod_of(id).await;
-        let detail = format!("grace {}", cli::human(grace));
-        self.timeline.push("cri-stop", pod.clone(), Some(detail));
-        self.inner.stop_container(id, grace).await?;
-        self.timeline.push("pod-gone", pod, None);
-        Ok(())
-    }
-    async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
-        self.inner.stop_pod_sandbox(id).await
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -449,6 +399,17 @@ async fn simulate(
         timeline: timeline.clone(),
     });
     let runtime = FakeRuntime::new();
+    let cri_timeline = timeline.clone();
+    // Every StopContainer and the container's exit go on the timeline the moment they happen.
+    runtime.observe(move |event| match event {
+        CriEvent::StopRequested { pod, grace, .. } => cri_timeline.push(
+            "cri-stop",
+            Some(pod),
+            Some(format!("grace {}", cli::human(grace))),
+        ),
+        CriEvent::ContainerStopped { pod, .. } => cri_timeline.push("pod-gone", Some(pod), None),
+        CriEvent::SandboxStopped { .. } => {}
+    });
     let mut finish_after = std::collections::HashMap::new();
     for p in &pods {
         let ns = p.info.namespace.as_str();
@@ -501,10 +462,7 @@ async fn simulate(
         NodeParts {
             settings: settings.clone(),
             node: node.clone(),
-            runtime: Arc::new(TimedRuntime {
-                inner: runtime.clone(),
-                timeline: timeline.clone(),
-            }),
+            runtime: Arc::new(runtime.clone()),
             kubelet: None,
             gate: gate.clone(),
             metrics: nodegrace::metrics::Metrics::new(),
@@ -584,7 +542,7 @@ async fn simulate(
         for (key, done) in gone.iter_mut().filter(|(_, d)| !**d) {
             let (ns, name) = key.split_once('/').unwrap_or(("", key));
             let at = if opts.apiserver_down {
-                // The timed runtime puts the exit itself on the timeline.
+                // The runtime's observer puts the exit itself on the timeline.
                 (!cri_running.contains(key)).then_some(None)
             } else if cluster.store.get_obj("", "pods", ns, name).is_none() {
                 // The kubelet's own record of the moment, not when this loop noticed.
