@@ -100,6 +100,7 @@ const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";
 
 fn main() -> ExitCode {
+    cli::record_panics();
     let args = Cli::parse();
     let result = match args.command {
         Command::Run => cli::run(&args.config),
@@ -130,13 +131,7 @@ fn main() -> ExitCode {
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
     };
-    match result {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("nodegrace: {err:#}");
-            ExitCode::from(cli::EXIT_FAILURE)
-        }
-    }
+    cli::exit_code("nodegrace", result)
 }
 
 fn man_page() -> anyhow::Result<ExitCode> {

@@ -11,10 +11,12 @@ pub use crate::config::check_config_command as check_config;
 pub use crate::daemon::run_command as run;
 
 mod complete;
+mod panics;
 mod plan;
 mod status;
 
 pub use complete::complete_command as complete;
+pub use panics::{exit_code, record_panics};
 
 pub use plan::{parse_pod_list, plan_command as plan, PlanOptions};
 pub use status::status_command as status;

@@ -23,8 +23,9 @@ struct Cli {
     /// node). Without it, a built-in sample node.
     #[arg(long, value_name = "FILE")]
     pods: Option<PathBuf>,
-    /// Shutdown budget (logind's InhibitDelayMaxSec and shutdown.max_delay), e.g. `5m`.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "5m")]
+    /// Shutdown budget (logind's InhibitDelayMaxSec and shutdown.max_delay), e.g. `5m`;
+    /// more than 0s and at most 24h, as shutdown.max_delay.
+    #[arg(long, value_name = "DURATION", value_parser = simulate::parse_budget, default_value = "5m")]
     budget: Duration,
     /// Make the apiserver unreachable: the drain falls back to the kubelet-like priority
     /// bands through the CRI runtime.
@@ -46,6 +47,7 @@ Exit codes: 0 the shutdown was simulated, 1 it could not be (bad pod file, the i
 not released), 2 invalid configuration or usage.";
 
 fn main() -> ExitCode {
+    cli::record_panics();
     let args = Cli::parse();
     let result = simulate::simulate_command(
         &args.config,
@@ -56,11 +58,5 @@ fn main() -> ExitCode {
             output: args.output,
         },
     );
-    match result {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("nodegrace-sim: {err:#}");
-            ExitCode::from(cli::EXIT_FAILURE)
-        }
-    }
+    cli::exit_code("nodegrace-sim", result)
 }

@@ -35,6 +35,20 @@ const EXIT_MAX: Duration = Duration::from_millis(400);
 const SAMPLE_EVERY: Duration = Duration::from_millis(2);
 const SCALE_NOTE: &str = "pods exit after 10 ms per second of their grace period (at most 400 ms); timestamps are the simulation's real time";
 
+/// The upper bound of `shutdown.max_delay`, which the budget stands for.
+const MAX_BUDGET: Duration = Duration::from_secs(24 * 3600);
+
+/// `--budget`: a duration the daemon would accept as `shutdown.max_delay`.
+pub fn parse_budget(text: &str) -> Result<Duration, String> {
+    let budget = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if budget.is_zero() || budget > MAX_BUDGET {
+        return Err(format!(
+            "{text} is out of range: the budget stands for shutdown.max_delay, which is more than 0s and at most 24h"
+        ));
+    }
+    Ok(budget)
+}
+
 #[derive(Debug, Clone)]
 pub struct SimulateOptions {
     pub pods: Option<PathBuf>,
@@ -139,8 +153,9 @@ impl SimPod {
     }
 
     fn exit_after(&self) -> Duration {
-        let grace = u32::try_from(self.info.termination_grace_period_seconds.max(0)).unwrap_or(0);
-        (EXIT_PER_GRACE_SECOND * grace).min(EXIT_MAX)
+        let grace =
+            u32::try_from(self.info.termination_grace_period_seconds.max(0)).unwrap_or(u32::MAX);
+        EXIT_PER_GRACE_SECOND.saturating_mul(grace).min(EXIT_MAX)
     }
 }
 
