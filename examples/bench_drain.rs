@@ -17,8 +17,8 @@ use nodegrace::config::Settings;
 use nodegrace::daemon::{ShutdownKind, ShutdownRequest};
 use nodegrace::metrics::Metrics;
 use nodegrace::staticpods::{StaticManifest, StaticPodGate};
-use nodegrace::testing::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
-use nodegrace::testing::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::json;
 
 const NODE: &str = "bench-node";
@@ -199,7 +199,7 @@ async fn main() -> Result<()> {
     let cpu = cpu_time().saturating_sub(cpu0);
     let t = engine.timings();
     let reqs = cluster.api.requests();
-    let count = |pred: &dyn Fn(&nodegrace::testing::fake_apiserver::RecordedRequest) -> bool| {
+    let count = |pred: &dyn Fn(&nodegrace_testkit::fake_apiserver::RecordedRequest) -> bool| {
         reqs.iter().filter(|r| pred(r)).count()
     };
     let evictions = count(&|r| r.path.ends_with("/eviction"));

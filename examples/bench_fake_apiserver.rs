@@ -8,8 +8,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use nodegrace::testing::fake_apiserver::FakeCluster;
-use nodegrace::testing::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::fake_apiserver::FakeCluster;
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::json;
 
 #[tokio::main]

@@ -211,7 +211,7 @@ async fn bench() {
         let mut last_exit_ns = 0;
         for id in pods.iter().flat_map(|p| p.containers.iter()) {
             let st = client
-                .container_status(k8s_cri::v1::ContainerStatusRequest {
+                .container_status(nodegrace::cri::v1::ContainerStatusRequest {
                     container_id: id.clone(),
                     verbose: false,
                 })

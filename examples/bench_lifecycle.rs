@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nodegrace::daemon::Phase;
-use nodegrace::testing::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
+use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 const ITERATIONS: usize = 60;
 const IDLE: Duration = Duration::from_secs(10);

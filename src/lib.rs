@@ -19,4 +19,3 @@ pub mod state;
 pub mod staticpods;
 pub mod systemd;
 pub mod telemetry;
-pub mod testing;

@@ -73,36 +73,7 @@ enum Command {
         #[arg(num_args = 0..=2)]
         other_dirs: Vec<PathBuf>,
     },
-    /// Play a node shutdown on your laptop: the real daemon and drain against an in-memory
-    /// logind, apiserver, kubelet and CRI runtime; prints the timeline and the totals.
-    #[command(after_help = SIMULATE_HELP)]
-    Simulate {
-        /// Simulate the pods in FILE (`kubectl get pods -o yaml` or `-o json` output of one
-        /// node). Without it, a built-in sample node.
-        #[arg(long, value_name = "FILE")]
-        pods: Option<PathBuf>,
-        /// Shutdown budget (logind's InhibitDelayMaxSec and shutdown.max_delay), e.g. `5m`.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "5m")]
-        budget: Duration,
-        /// Make the apiserver unreachable: the drain falls back to the kubelet-like priority
-        /// bands through the CRI runtime.
-        #[arg(long)]
-        apiserver_down: bool,
-        /// Output format.
-        #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
-        output: cli::OutputFormat,
-    },
 }
-
-const SIMULATE_HELP: &str = "\
-Nothing on the machine is touched and no root, D-Bus or cluster is needed: the daemon runs
-against fakes in this process, with the drain plan, reserves and fallback bands of --config
-when that file exists (else the defaults). Pods exit after a time scaled down
-from their grace period, so a shutdown of minutes plays in a few seconds; the timestamps are
-the simulation's real time since PrepareForShutdown.
-
-Exit codes: 0 the shutdown was simulated, 1 it could not be (bad pod file, the inhibitor was
-not released), 2 usage.";
 
 const PLAN_HELP: &str = "\
 The plan uses the configured [drain] plan and reserves. A pod list is one node's pods: the
@@ -150,6 +121,7 @@ const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";
 
 fn main() -> ExitCode {
+    cli::record_panics();
     let args = Cli::parse();
     let result = match args.command {
         Command::Run => cli::run(&args.config),
@@ -182,28 +154,8 @@ fn main() -> ExitCode {
         Command::Generator { normal_dir, .. } => {
             nodegrace::sandbox::generator_command(&args.config, &normal_dir)
         }
-        Command::Simulate {
-            pods,
-            budget,
-            apiserver_down,
-            output,
-        } => cli::simulate(
-            &args.config,
-            &cli::SimulateOptions {
-                pods,
-                budget,
-                apiserver_down,
-                output,
-            },
-        ),
     };
-    match result {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("nodegrace: {err:#}");
-            ExitCode::from(cli::EXIT_FAILURE)
-        }
-    }
+    cli::exit_code("nodegrace", result)
 }
 
 fn man_page() -> anyhow::Result<ExitCode> {

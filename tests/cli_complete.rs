@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Output;
 
 use nodegrace::api::node_maintenance_crd;
-use nodegrace::testing::fake_apiserver::FakeCluster;
+use nodegrace_testkit::fake_apiserver::FakeCluster;
 use serde_json::json;
 
 #[path = "engine_support/rbac.rs"]
@@ -14,7 +14,7 @@ mod rbac;
 const NODE: &str = "node-a";
 
 fn write_config(dir: &Path, server: &str) -> std::path::PathBuf {
-    nodegrace::testing::write_kubeconfig(&dir.join("kubeconfig"), server).unwrap();
+    nodegrace_testkit::write_kubeconfig(&dir.join("kubeconfig"), server).unwrap();
     for d in ["manifests", "state"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }

@@ -6,7 +6,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
 use nodegrace::cluster::evict::{self, Outcome};
-use nodegrace::testing::fake_apiserver::FakeCluster;
+use nodegrace_testkit::fake_apiserver::FakeCluster;
 use serde_json::json;
 
 async fn cluster_with_db_pods() -> (FakeCluster, Api<Pod>) {

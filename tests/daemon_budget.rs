@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nodegrace::daemon::{Phase, Status};
-use nodegrace::testing::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
+use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 const MIN: Duration = Duration::from_secs(60);
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nodegrace::daemon::Phase;
-use nodegrace::testing::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
+use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 async fn within<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(30), f)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nodegrace::daemon::Phase;
-use nodegrace::testing::{open_fd_count, DrainMode, FakeState, ScriptedDrainer, TestEnv};
+use nodegrace_testkit::{open_fd_count, DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 async fn within<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(30), f)

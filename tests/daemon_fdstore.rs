@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use nodegrace::daemon::{Daemon, Phase, ZbusConnector};
 use nodegrace::systemd::{Notifier, Notify, INHIBITOR_FDNAME};
-use nodegrace::testing::{DrainMode, EventLog, FakeState, ScriptedDrainer, TestEnv};
+use nodegrace_testkit::{DrainMode, EventLog, FakeState, ScriptedDrainer, TestEnv};
 
 const MIN: Duration = Duration::from_secs(60);
 

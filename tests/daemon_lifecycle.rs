@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use nodegrace::daemon::{Phase, ShutdownKind, Status};
 use nodegrace::state::{current_boot_id, ShutdownPhase, ShutdownState};
-use nodegrace::testing::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
+use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 const MIN: Duration = Duration::from_secs(60);
 

@@ -10,7 +10,7 @@ use nodegrace::api::Stage;
 use nodegrace::cluster::{shutdown_maintenance_name, AfterBoot, EngineError};
 use nodegrace::config::CompletionPolicy;
 use nodegrace::daemon::ShutdownKind;
-use nodegrace::testing::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
+use nodegrace_testkit::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
 use serde_json::{json, Value};
 
 fn kubelet(finish_ms: u64) -> KubeletConfig {
@@ -55,7 +55,7 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
 
     // The taint precedes the DaemonSet pod's deletion; the cordon precedes everything.
     let reqs = env.requests();
-    let pos = |f: &dyn Fn(&nodegrace::testing::fake_apiserver::RecordedRequest) -> bool| {
+    let pos = |f: &dyn Fn(&nodegrace_testkit::fake_apiserver::RecordedRequest) -> bool| {
         reqs.iter().position(f).expect("request not found")
     };
     let taint = pos(&|r| {
@@ -438,7 +438,7 @@ async fn a_statefulset_pod_recreated_under_the_same_name_is_not_evicted() {
                 "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "sts-uid", "controller": true
             }]},
             "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]},
-            "status": nodegrace::testing::fake_apiserver::running_status(&now),
+            "status": nodegrace_testkit::fake_apiserver::running_status(&now),
         }))
         .unwrap();
     let old_uid = env

@@ -18,8 +18,8 @@ use nodegrace::cluster::eviction_request::{
     is_crd_installed, Controller, ControllerConfig, ControllerHandle, PodKey, Requested, Requester,
     WallClock, Withdrawn, NODE_LABEL,
 };
-use nodegrace::testing::fake_apiserver::{running_status, FakeCluster, RecordedRequest};
-use nodegrace::testing::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::fake_apiserver::{running_status, FakeCluster, RecordedRequest};
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 

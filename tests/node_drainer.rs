@@ -19,8 +19,8 @@ use nodegrace::fallback::{FallbackReport, PodOutcome};
 use nodegrace::plan::{PodInfo, PodType};
 use nodegrace::state::PodCache;
 use nodegrace::state::{BootIdSource, OfflineDrain};
-use nodegrace::testing::fake_cri::{CriCall, FakeRuntime};
-use nodegrace::testing::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::json;
 
 #[derive(Default)]

@@ -2,8 +2,9 @@
 //! it, and the .deb installed with `dpkg -i` into a booted Debian starts nodegrace, which then
 //! holds its inhibitor and delays a poweroff. Runs only with `NODEGRACE_REAL_TESTS=1`, as root,
 //! with `NODEGRACE_TEST_DEB` / `NODEGRACE_TEST_RPM` naming the packages (scripts/test-all builds
-//! them with scripts/build-packages).
+//! them with scripts/build-packages). Neither package's binary holds any of the test kit.
 
+mod kit_markers;
 mod real;
 
 use std::collections::BTreeSet;
@@ -204,6 +205,31 @@ fn rpm_contents_and_scriptlets() {
             scripts.contains(&format!("{scriptlet} scriptlet")) && scripts.contains(body.trim()),
             "the {scriptlet} scriptlet is not packaging/rpm/{source}:\n{scripts}"
         );
+    }
+}
+
+#[test]
+fn packaged_binaries_hold_no_test_kit() {
+    if skip("packaged_binaries_hold_no_test_kit") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (var, unpack) in [
+        ("NODEGRACE_TEST_DEB", "dpkg-deb --fsys-tarfile \"$1\""),
+        // rpm2archive comes with rpm (rpm2cpio): the payload as a tar stream.
+        ("NODEGRACE_TEST_RPM", "rpm2archive -n <\"$1\""),
+    ] {
+        let pkg = package(var);
+        let binary = dir.path().join(var);
+        output(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("{unpack} | tar -xOf - ./usr/bin/nodegrace >\"$2\""))
+                .arg("sh")
+                .arg(&pkg)
+                .arg(&binary),
+        );
+        kit_markers::assert_no_kit(&format!("/usr/bin/nodegrace of {}", pkg.display()), &binary);
     }
 }
 

@@ -18,14 +18,14 @@ pub use crate::config::check_config_command as check_config;
 pub use crate::daemon::run_command as run;
 
 mod complete;
+mod panics;
 mod plan;
-mod simulate;
 mod status;
 
 pub use complete::complete_command as complete;
+pub use panics::{exit_code, record_panics};
 
 pub use plan::{parse_pod_list, plan_command as plan, PlanOptions};
-pub use simulate::{simulate_command as simulate, SimulateOptions};
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.
@@ -40,7 +40,7 @@ pub enum OutputFormat {
 
 /// Loads the configuration the way every command does: an invalid one is reported on stderr
 /// and ends the command with [`EXIT_CONFIG`].
-fn load_settings(
+pub fn load_settings(
     path: &std::path::Path,
 ) -> Result<crate::config::Settings, std::process::ExitCode> {
     crate::config::load(path).map_err(|err| {
@@ -50,7 +50,7 @@ fn load_settings(
 }
 
 /// Left-aligned columns separated by two spaces; the last column is not padded.
-fn align(rows: &[Vec<String>]) -> Vec<String> {
+pub fn align(rows: &[Vec<String>]) -> Vec<String> {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -78,7 +78,7 @@ fn align(rows: &[Vec<String>]) -> Vec<String> {
         .collect()
 }
 
-fn human(d: std::time::Duration) -> String {
+pub fn human(d: std::time::Duration) -> String {
     // Whole milliseconds: the budget split works in them, and nanoseconds are noise here.
     let d = std::time::Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     if d.is_zero() {
@@ -100,7 +100,7 @@ async fn kube_client(
     crate::cluster::client::client(settings, timeout, Some(timeout)).await
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context;
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -109,7 +109,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Writes a command's output; a closed pipe (`| head`) is not an error worth a panic.
-fn print_stdout(text: &str) -> anyhow::Result<()> {
+pub fn print_stdout(text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {

@@ -10,9 +10,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
-use k8s_cri::v1 as proto;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+pub mod v1;
+
+use v1 as proto;
+use v1::runtime_service_client::RuntimeServiceClient;
 
 /// Sandbox labels the kubelet sets on every pod sandbox.
 pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";

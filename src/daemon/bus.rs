@@ -24,7 +24,7 @@ pub trait Connector: Send + Sync + 'static {
     async fn connect(&self) -> Result<Bus>;
 }
 
-/// The system bus, or a given address (tests, `nodegrace simulate`).
+/// The system bus, or a given address (tests, `nodegrace-sim`).
 #[derive(Debug, Clone, Default)]
 pub struct ZbusConnector {
     address: Option<String>,

@@ -23,9 +23,6 @@
 //! it drops every outstanding call. Progress is kept in a shared report so that
 //! [`Fallback::report`] shows what was done even after the future was dropped.
 
-#[cfg(test)]
-mod tests;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;

@@ -16,7 +16,7 @@ impl CliEnv {
     pub fn new(server: &str, max_delay: &str, extra: &str) -> CliEnv {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().display().to_string();
-        nodegrace::testing::write_kubeconfig(&dir.path().join("kubeconfig"), server).unwrap();
+        nodegrace_testkit::write_kubeconfig(&dir.path().join("kubeconfig"), server).unwrap();
         std::fs::write(
             dir.path().join("config.toml"),
             format!(

@@ -12,8 +12,8 @@ use nodegrace::config::Settings;
 use nodegrace::daemon::{ShutdownKind, ShutdownRequest};
 use nodegrace::metrics::Metrics;
 use nodegrace::staticpods::{StaticManifest, StaticPodGate};
-use nodegrace::testing::fake_apiserver::{DeleteOpts, FakeCluster, RecordedRequest, Store};
-use nodegrace::testing::fake_kubelet::{FakeKubelet, KubeletConfig};
+use nodegrace_testkit::fake_apiserver::{DeleteOpts, FakeCluster, RecordedRequest, Store};
+use nodegrace_testkit::fake_kubelet::{FakeKubelet, KubeletConfig};
 use serde_json::{json, Value};
 
 #[path = "rbac.rs"]
@@ -155,7 +155,7 @@ impl Env {
                     "nodeName": node, "priority": priority, "terminationGracePeriodSeconds": grace,
                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
                 },
-                "status": nodegrace::testing::fake_apiserver::running_status(&now),
+                "status": nodegrace_testkit::fake_apiserver::running_status(&now),
             }))
             .unwrap();
         name
@@ -230,7 +230,7 @@ impl Env {
         let (all, _) = self
             .cluster
             .store
-            .list(&nodegrace::testing::fake_apiserver::Filter::all(
+            .list(&nodegrace_testkit::fake_apiserver::Filter::all(
                 &ri.group, &ri.plural,
             ));
         all.into_iter().filter(|e| e["reason"] == reason).collect()

@@ -1,7 +1,7 @@
 //! Checks requests the daemon made against the ClusterRole shipped in packaging/rbac.
 #![allow(dead_code)]
 
-use nodegrace::testing::fake_apiserver::RecordedRequest;
+use nodegrace_testkit::fake_apiserver::RecordedRequest;
 
 #[path = "cluster_role.rs"]
 mod cluster_role;

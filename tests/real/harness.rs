@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1 as cri;
+use nodegrace::cri::v1 as cri;
 use nodegrace::cri::{CriClient, CriTimeouts, Runtime};
 
 pub const IMAGE: &str = "nodegrace.local/busybox:1";

@@ -1,6 +1,8 @@
-//! Fakes shared by the tests, the benchmark and `nodegrace simulate`: a private
-//! `dbus-daemon`, fake logind and systemd manager services on it, a scriptable drainer and
-//! a notifier that records what the daemon tells systemd.
+//! nodegrace's test kit, a crate of its own so that the packaged binary holds none of it:
+//! a fake apiserver, kubelet and CRI runtime, a private `dbus-daemon` with fake logind and
+//! systemd manager services on it (or both in memory), a scriptable drainer and a notifier
+//! that records what the daemon tells systemd. The tests, the benchmarks and `nodegrace-sim`
+//! use it.
 
 pub mod bus;
 pub mod drainer;
@@ -18,7 +20,7 @@ pub use drainer::{DrainMode, ScriptedDrainer};
 pub use fake_logind::{FakeInhibitor, FakeState, Fakes};
 pub use harness::TestEnv;
 
-use crate::systemd::{Notifier, Notify};
+use nodegrace::systemd::{Notifier, Notify};
 
 /// One ordered log that fakes and the recording notifier both append to, so tests can
 /// assert the order of things seen from outside ("Inhibit" before "READY=1").

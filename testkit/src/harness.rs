@@ -7,8 +7,8 @@ use anyhow::Result;
 use tokio::task::JoinHandle;
 
 use super::{EventLog, FakeState, Fakes, PrivateBus, RecordingNotifier};
-use crate::config::Settings;
-use crate::daemon::{Daemon, DaemonHandle, DaemonPaths, Drainer, ZbusConnector};
+use nodegrace::config::Settings;
+use nodegrace::daemon::{Daemon, DaemonHandle, DaemonPaths, Drainer, ZbusConnector};
 
 pub struct TestEnv {
     pub dir: PathBuf,
@@ -105,7 +105,7 @@ impl TestEnv {
         let d = self.spawn(daemon);
         let armed = d
             .handle
-            .wait_for(|s| s.phase == crate::daemon::Phase::Armed);
+            .wait_for(|s| s.phase == nodegrace::daemon::Phase::Armed);
         match tokio::time::timeout(std::time::Duration::from_secs(20), armed).await {
             Ok(Some(_)) => d,
             Ok(None) => panic!("the daemon stopped before it was armed"),

@@ -1,5 +1,5 @@
 //! An in-process fake kube-apiserver over plain HTTP on 127.0.0.1, for tests and
-//! `nodegrace simulate`.
+//! `nodegrace-sim`.
 //!
 //! It implements the API semantics nodegrace depends on the way a real apiserver does:
 //! one global, monotonically increasing resourceVersion; 409 on stale updates and failed
@@ -9,7 +9,7 @@
 //! subresource; graceful pod deletion and finalizers; the eviction subresource with
 //! PodDisruptionBudget arithmetic (429); CRD-driven discovery.
 //!
-//! Usage (tests and `nodegrace simulate`):
+//! Usage (tests and `nodegrace-sim`):
 //! ```ignore
 //! let cluster = FakeCluster::start().await?;           // 127.0.0.1:<free port>, ~60 ms
 //! let client = cluster.client()?;                      // kube::Client, default_retry off

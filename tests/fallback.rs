@@ -1,4 +1,4 @@
-//! The fallback against an in-memory runtime on tokio's paused clock.
+//! The offline fallback against the kit's in-memory runtime on tokio's paused clock.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -7,22 +7,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::*;
-use crate::cri::{CriError, RuntimeVersion};
+use nodegrace::config::PriorityGracePeriod;
+use nodegrace::fallback::{Fallback, FallbackOptions, KubeletControl, Method, PodOutcome};
+use nodegrace::plan::{PodInfo, PodType};
+use nodegrace::state::PodCache;
+use nodegrace::staticpods::{StaticManifest, StaticPodGate};
+use nodegrace_testkit::fake_cri::{Behaviour, CriEvent, FakeRuntime};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
-
-#[derive(Debug, Clone, Copy)]
-enum Behaviour {
-    /// Traps SIGTERM and exits this long after it.
-    ExitsAfter(Duration),
-    /// Only SIGKILL ends it, at the end of its grace.
-    IgnoresTerm,
-    /// The runtime answers StopContainer with an error at once.
-    Errors,
-    /// The runtime never answers.
-    Hangs,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Ev {
@@ -32,6 +24,18 @@ enum Ev {
     StopRequested { container: String, grace: Duration },
     ContainerStopped(String),
     SandboxStopped(String),
+}
+
+impl From<CriEvent> for Ev {
+    fn from(e: CriEvent) -> Self {
+        match e {
+            CriEvent::StopRequested {
+                container, grace, ..
+            } => Ev::StopRequested { container, grace },
+            CriEvent::ContainerStopped { container, .. } => Ev::ContainerStopped(container),
+            CriEvent::SandboxStopped { sandbox, .. } => Ev::SandboxStopped(sandbox),
+        }
+    }
 }
 
 type Log = Arc<Mutex<Vec<(Duration, Ev)>>>;
@@ -47,88 +51,6 @@ impl Clock {
             .lock()
             .unwrap()
             .push((Instant::now() - self.t0, ev));
-    }
-}
-
-struct FakeRuntime {
-    clock: Arc<Clock>,
-    sandboxes: Vec<PodSandbox>,
-    containers: Vec<(Container, Behaviour)>,
-    unreachable: bool,
-    sandbox_delay: Duration,
-}
-
-fn unavailable(op: &'static str) -> CriError {
-    CriError::Call {
-        endpoint: "unix:///fake.sock".into(),
-        op,
-        id: None,
-        status_code: tonic::Code::Unavailable,
-        message: "connection refused".into(),
-    }
-}
-
-#[async_trait]
-impl Runtime for FakeRuntime {
-    fn endpoint(&self) -> &str {
-        "unix:///fake.sock"
-    }
-    async fn version(&self) -> Result<RuntimeVersion, CriError> {
-        Ok(RuntimeVersion {
-            runtime_name: "fake".into(),
-            runtime_version: "0".into(),
-            runtime_api_version: "v1".into(),
-        })
-    }
-    async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandbox>, CriError> {
-        if self.unreachable {
-            return Err(unavailable("ListPodSandbox"));
-        }
-        Ok(self.sandboxes.clone())
-    }
-    async fn list_containers(&self, sandbox_id: Option<&str>) -> Result<Vec<Container>, CriError> {
-        if self.unreachable {
-            return Err(unavailable("ListContainers"));
-        }
-        Ok(self
-            .containers
-            .iter()
-            .map(|(c, _)| c.clone())
-            .filter(|c| sandbox_id.is_none_or(|s| c.sandbox_id == s))
-            .collect())
-    }
-    async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
-        self.clock.push(Ev::StopRequested {
-            container: id.into(),
-            grace,
-        });
-        let behaviour = self
-            .containers
-            .iter()
-            .find(|(c, _)| c.id == id)
-            .map(|(_, b)| *b)
-            .unwrap();
-        match behaviour {
-            Behaviour::ExitsAfter(d) => tokio::time::sleep(d.min(grace)).await,
-            Behaviour::IgnoresTerm => tokio::time::sleep(grace).await,
-            Behaviour::Errors => {
-                return Err(CriError::Call {
-                    endpoint: "unix:///fake.sock".into(),
-                    op: "StopContainer",
-                    id: Some(id.into()),
-                    status_code: tonic::Code::Internal,
-                    message: "runc did not terminate successfully".into(),
-                })
-            }
-            Behaviour::Hangs => futures::future::pending::<()>().await,
-        }
-        self.clock.push(Ev::ContainerStopped(id.into()));
-        Ok(())
-    }
-    async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
-        tokio::time::sleep(self.sandbox_delay).await;
-        self.clock.push(Ev::SandboxStopped(id.into()));
-        Ok(())
     }
 }
 
@@ -179,8 +101,7 @@ impl StaticPodGate for FakeGate {
 /// A node: pods with their sandbox, containers and cache entry.
 struct Node {
     clock: Arc<Clock>,
-    sandboxes: Vec<PodSandbox>,
-    containers: Vec<(Container, Behaviour)>,
+    runtime: FakeRuntime,
     cache: PodCache,
     manifests: Vec<StaticManifest>,
     sandbox_delay: Duration,
@@ -193,8 +114,7 @@ impl Node {
                 t0: Instant::now(),
                 log: Arc::default(),
             }),
-            sandboxes: Vec::new(),
-            containers: Vec::new(),
+            runtime: FakeRuntime::new(),
             cache: PodCache::default(),
             manifests: Vec::new(),
             sandbox_delay: Duration::ZERO,
@@ -202,7 +122,7 @@ impl Node {
     }
 
     /// A running pod `name` in namespace `ns`; `cached` = Some((priority, grace)) puts it in
-    /// the pod cache. Containers are `<name>-c<i>`.
+    /// the pod cache. Its sandbox is `sb-<name>`, its containers `<name>-c<i>`.
     fn pod(
         &mut self,
         ns: &str,
@@ -211,25 +131,9 @@ impl Node {
         containers: &[Behaviour],
     ) -> &mut Self {
         let uid = format!("uid-{name}");
-        self.sandboxes.push(PodSandbox {
-            id: format!("sb-{name}"),
-            name: name.into(),
-            namespace: ns.into(),
-            uid: uid.clone(),
-            state: SandboxState::Ready,
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-        });
+        let sandbox = self.runtime.add_sandbox(ns, name, &uid);
         for (i, b) in containers.iter().enumerate() {
-            self.containers.push((
-                Container {
-                    id: format!("{name}-c{i}"),
-                    sandbox_id: format!("sb-{name}"),
-                    name: format!("c{i}"),
-                    state: ContainerState::Running,
-                },
-                *b,
-            ));
+            self.runtime.add_container(&sandbox, &format!("c{i}"), *b);
         }
         if let Some((priority, grace)) = cached {
             self.cache.pods.push(PodInfo {
@@ -249,13 +153,10 @@ impl Node {
     }
 
     fn fallback(&self, bands: &[(i32, u64)], kubelet: bool, unreachable: bool) -> Fallback {
-        let runtime = FakeRuntime {
-            clock: self.clock.clone(),
-            sandboxes: self.sandboxes.clone(),
-            containers: self.containers.clone(),
-            unreachable,
-            sandbox_delay: self.sandbox_delay,
-        };
+        self.runtime.set_unreachable(unreachable);
+        self.runtime.set_sandbox_delay(self.sandbox_delay);
+        let clock = self.clock.clone();
+        self.runtime.observe(move |e| clock.push(e.into()));
         let opts = FallbackOptions {
             node: "node1".into(),
             bands: bands
@@ -277,7 +178,7 @@ impl Node {
             active: self.manifests.clone(),
         };
         Fallback::new(
-            Arc::new(runtime),
+            Arc::new(self.runtime.clone()),
             kubelet.then(|| Arc::new(FakeKubelet(self.clock.clone())) as Arc<dyn KubeletControl>),
             Some(Arc::new(gate)),
             opts,

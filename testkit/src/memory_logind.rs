@@ -1,4 +1,4 @@
-//! logind and the systemd manager in memory, for `nodegrace simulate`: no bus at all. The
+//! logind and the systemd manager in memory, for `nodegrace-sim`: no bus at all. The
 //! state and the inhibitor pipes are the D-Bus fake's ([`Fakes`]), so closing the lock is
 //! observed the same way, and signals are delivered through a channel.
 
@@ -12,9 +12,9 @@ use futures::StreamExt;
 use tokio::sync::broadcast;
 
 use super::{EventLog, FakeState, Fakes};
-use crate::daemon::{Bus, Connector, ShutdownKind};
-use crate::logind::{InhibitorInfo, InhibitorLock, Logind, LogindError, LogindEvent};
-use crate::systemd::{Job, SystemdManager};
+use nodegrace::daemon::{Bus, Connector, ShutdownKind};
+use nodegrace::logind::{InhibitorInfo, InhibitorLock, Logind, LogindError, LogindEvent};
+use nodegrace::systemd::{Job, SystemdManager};
 
 /// One in-memory logind + systemd; clones share it. It is also its own [`Connector`].
 #[derive(Clone)]

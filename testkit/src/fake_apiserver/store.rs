@@ -341,6 +341,18 @@ pub fn fmt_time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
+/// `t` plus `seconds` (a grace period may be any int64), at most the last day a client can
+/// read (a four-digit year; k8s-openapi's time type ends on 9999-12-30).
+fn after_seconds(t: DateTime<Utc>, seconds: i64) -> DateTime<Utc> {
+    let last = DateTime::parse_from_rfc3339("9999-12-30T00:00:00Z").map(|d| d.to_utc());
+    chrono::TimeDelta::try_seconds(seconds)
+        .and_then(|d| t.checked_add_signed(d))
+        .into_iter()
+        .chain(last.ok())
+        .min()
+        .unwrap_or(t)
+}
+
 /// Options of a DELETE (body `DeleteOptions` merged with query parameters).
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOpts {
@@ -1072,7 +1084,7 @@ impl Store {
     }
 
     /// Inserts an object as-is (status and a given metadata.uid kept; resourceVersion
-    /// ignored), for fixtures and `simulate`.
+    /// ignored), for fixtures and `nodegrace-sim`.
     pub fn insert_fixture(&self, mut obj: Value) -> Result<Value, ApiError> {
         let api_version = obj
             .get("apiVersion")
@@ -1560,7 +1572,7 @@ impl Store {
             if grace > 0 {
                 m.insert(
                     "deletionTimestamp".into(),
-                    fmt_time(now + chrono::Duration::seconds(grace)).into(),
+                    fmt_time(after_seconds(now, grace)).into(),
                 );
             } else {
                 m.entry("deletionTimestamp").or_insert(fmt_time(now).into());

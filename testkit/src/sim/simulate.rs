@@ -1,4 +1,4 @@
-//! `nodegrace simulate`: the real daemon, drainer and fallback against an in-memory logind,
+//! `nodegrace-sim`: the real daemon, drainer and fallback against an in-memory logind,
 //! a fake apiserver, a fake kubelet and a fake CRI runtime, printing the shutdown's timeline.
 
 use std::collections::BTreeMap;
@@ -12,21 +12,20 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::OutputFormat;
-use crate::api::node_maintenance_crd;
-use crate::config::Settings;
-use crate::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
-use crate::daemon::node::{NodeDrainer, NodeParts};
-use crate::daemon::{Daemon, DaemonPaths, Phase, ShutdownKind};
-use crate::plan::gns::GnsBands;
-use crate::plan::{PodInfo, PodType};
-use crate::state::PodCache;
-use crate::staticpods::{mirror_pod_name, StaticManifest, StaticPodGate};
-use crate::testing::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
-use crate::testing::fake_cri::FakeRuntime;
-use crate::testing::fake_kubelet::KubeletConfig;
-use crate::testing::memory_logind::MemoryLogind;
-use crate::testing::{EventLog, RecordingNotifier};
+use nodegrace::api::node_maintenance_crd;
+use nodegrace::cli::{self, OutputFormat};
+use nodegrace::config::Settings;
+use nodegrace::daemon::node::{NodeDrainer, NodeParts};
+use nodegrace::daemon::{Daemon, DaemonPaths, Phase, ShutdownKind};
+use nodegrace::plan::gns::GnsBands;
+use nodegrace::plan::{PodInfo, PodType};
+use nodegrace::state::PodCache;
+use nodegrace::staticpods::{mirror_pod_name, StaticManifest, StaticPodGate};
+use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
+use nodegrace_testkit::fake_cri::{CriEvent, FakeRuntime};
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::memory_logind::MemoryLogind;
+use nodegrace_testkit::{EventLog, RecordingNotifier};
 
 const DEFAULT_NODE: &str = "node-a";
 /// A pod exits after this much real time per second of its grace period, at most
@@ -35,6 +34,20 @@ const EXIT_PER_GRACE_SECOND: Duration = Duration::from_millis(10);
 const EXIT_MAX: Duration = Duration::from_millis(400);
 const SAMPLE_EVERY: Duration = Duration::from_millis(2);
 const SCALE_NOTE: &str = "pods exit after 10 ms per second of their grace period (at most 400 ms); timestamps are the simulation's real time";
+
+/// The upper bound of `shutdown.max_delay`, which the budget stands for.
+const MAX_BUDGET: Duration = Duration::from_secs(24 * 3600);
+
+/// `--budget`: a duration the daemon would accept as `shutdown.max_delay`.
+pub fn parse_budget(text: &str) -> Result<Duration, String> {
+    let budget = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if budget.is_zero() || budget > MAX_BUDGET {
+        return Err(format!(
+            "{text} is out of range: the budget stands for shutdown.max_delay, which is more than 0s and at most 24h"
+        ));
+    }
+    Ok(budget)
+}
 
 #[derive(Debug, Clone)]
 pub struct SimulateOptions {
@@ -100,7 +113,7 @@ pub struct SimReport {
 /// paths, node and budget always come from the simulation.
 pub fn simulate_command(config: &std::path::Path, opts: &SimulateOptions) -> Result<ExitCode> {
     let settings = if config.exists() {
-        match super::load_settings(config) {
+        match cli::load_settings(config) {
             Ok(s) => s,
             Err(code) => return Ok(code),
         }
@@ -111,18 +124,18 @@ pub fn simulate_command(config: &std::path::Path, opts: &SimulateOptions) -> Res
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let pods = super::plan::parse_pod_list(&text)
+            let pods = cli::parse_pod_list(&text)
                 .with_context(|| format!("{} is not a pod list", path.display()))?;
             (path.display().to_string(), pods)
         }
         None => ("built-in sample node".to_string(), sample_pods()?),
     };
-    let report = super::runtime()?.block_on(simulate(opts, settings, source, pods))?;
+    let report = cli::runtime()?.block_on(simulate(opts, settings, source, pods))?;
     let text = match opts.output {
         OutputFormat::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),
         OutputFormat::Table => render_table(&report),
     };
-    super::print_stdout(&text)?;
+    cli::print_stdout(&text)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -140,8 +153,9 @@ impl SimPod {
     }
 
     fn exit_after(&self) -> Duration {
-        let grace = u32::try_from(self.info.termination_grace_period_seconds.max(0)).unwrap_or(0);
-        (EXIT_PER_GRACE_SECOND * grace).min(EXIT_MAX)
+        let grace =
+            u32::try_from(self.info.termination_grace_period_seconds.max(0)).unwrap_or(u32::MAX);
+        EXIT_PER_GRACE_SECOND.saturating_mul(grace).min(EXIT_MAX)
     }
 }
 
@@ -169,7 +183,7 @@ fn prepare_pods(
     settings: &Settings,
     down: bool,
 ) -> Result<Vec<SimPod>> {
-    let now = crate::testing::fake_apiserver::fmt_time(chrono::Utc::now());
+    let now = nodegrace_testkit::fake_apiserver::fmt_time(chrono::Utc::now());
     let mut out = Vec::new();
     for (i, pod) in pods.into_iter().enumerate() {
         let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
@@ -220,8 +234,8 @@ fn prepare_pods(
             p.band = format!("kubelet band priority >= {}", bands.bands()[b].priority);
         }
     } else {
-        let plan = crate::plan::drainplan::shutdown_drain_plan(&settings.drain)?;
-        let steps = crate::plan::budget::plan_steps(&plan, &infos)?;
+        let plan = nodegrace::plan::drainplan::shutdown_drain_plan(&settings.drain)?;
+        let steps = nodegrace::plan::budget::plan_steps(&plan, &infos)?;
         for step in steps {
             for member in step.pods {
                 if let Some(p) = out.iter_mut().find(|p| p.info == member) {
@@ -283,55 +297,6 @@ impl StaticPodGate for SimGate {
         let mut gated = lock(&self.gated);
         lock(&self.active).extend(gated.drain(..));
         Ok(Vec::new())
-    }
-}
-
-/// The CRI runtime with every StopContainer and the container's exit put on the timeline
-/// the moment they happen.
-struct TimedRuntime {
-    inner: FakeRuntime,
-    timeline: Timeline,
-}
-
-impl TimedRuntime {
-    async fn pod_of(&self, container_id: &str) -> Option<String> {
-        let containers = self.inner.list_containers(None).await.ok()?;
-        let sandbox = containers
-            .into_iter()
-            .find(|c| c.id == container_id)?
-            .sandbox_id;
-        let sandboxes = self.inner.list_pod_sandboxes().await.ok()?;
-        sandboxes
-            .into_iter()
-            .find(|s| s.id == sandbox)
-            .map(|s| s.key())
-    }
-}
-
-#[async_trait::async_trait]
-impl Runtime for TimedRuntime {
-    fn endpoint(&self) -> &str {
-        self.inner.endpoint()
-    }
-    async fn version(&self) -> Result<RuntimeVersion, CriError> {
-        self.inner.version().await
-    }
-    async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandbox>, CriError> {
-        self.inner.list_pod_sandboxes().await
-    }
-    async fn list_containers(&self, sandbox_id: Option<&str>) -> Result<Vec<Container>, CriError> {
-        self.inner.list_containers(sandbox_id).await
-    }
-    async fn stop_container(&self, id: &str, grace: Duration) -> Result<(), CriError> {
-        let pod = self.pod_of(id).await;
-        let detail = format!("grace {}", super::human(grace));
-        self.timeline.push("cri-stop", pod.clone(), Some(detail));
-        self.inner.stop_container(id, grace).await?;
-        self.timeline.push("pod-gone", pod, None);
-        Ok(())
-    }
-    async fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
-        self.inner.stop_pod_sandbox(id).await
     }
 }
 
@@ -449,6 +414,17 @@ async fn simulate(
         timeline: timeline.clone(),
     });
     let runtime = FakeRuntime::new();
+    let cri_timeline = timeline.clone();
+    // Every StopContainer and the container's exit go on the timeline the moment they happen.
+    runtime.observe(move |event| match event {
+        CriEvent::StopRequested { pod, grace, .. } => cri_timeline.push(
+            "cri-stop",
+            Some(pod),
+            Some(format!("grace {}", cli::human(grace))),
+        ),
+        CriEvent::ContainerStopped { pod, .. } => cri_timeline.push("pod-gone", Some(pod), None),
+        CriEvent::SandboxStopped { .. } => {}
+    });
     let mut finish_after = std::collections::HashMap::new();
     for p in &pods {
         let ns = p.info.namespace.as_str();
@@ -501,14 +477,11 @@ async fn simulate(
         NodeParts {
             settings: settings.clone(),
             node: node.clone(),
-            runtime: Arc::new(TimedRuntime {
-                inner: runtime.clone(),
-                timeline: timeline.clone(),
-            }),
+            runtime: Arc::new(runtime.clone()),
             kubelet: None,
             gate: gate.clone(),
-            metrics: crate::metrics::Metrics::new(),
-            boot_id: crate::state::BootIdSource::File(boot_id),
+            metrics: nodegrace::metrics::Metrics::new(),
+            boot_id: nodegrace::state::BootIdSource::File(boot_id),
         },
         move || {
             let config = client_config.clone();
@@ -584,7 +557,7 @@ async fn simulate(
         for (key, done) in gone.iter_mut().filter(|(_, d)| !**d) {
             let (ns, name) = key.split_once('/').unwrap_or(("", key));
             let at = if opts.apiserver_down {
-                // The timed runtime puts the exit itself on the timeline.
+                // The runtime's observer puts the exit itself on the timeline.
                 (!cri_running.contains(key)).then_some(None)
             } else if cluster.store.get_obj("", "pods", ns, name).is_none() {
                 // The kubelet's own record of the moment, not when this loop noticed.
@@ -625,10 +598,10 @@ async fn simulate(
             let detail = if opts.apiserver_down {
                 format!(
                     "apiserver unreachable: the offline drain starts after fallback.apiserver_timeout ({})",
-                    super::human(settings.fallback.apiserver_timeout)
+                    cli::human(settings.fallback.apiserver_timeout)
                 )
             } else {
-                format!("budget {}", super::human(opts.budget))
+                format!("budget {}", cli::human(opts.budget))
             };
             timeline.push("draining", None, Some(detail));
         }
@@ -805,7 +778,7 @@ fn render_table(r: &SimReport) -> String {
             e.detail.clone().unwrap_or_default(),
         ]);
     }
-    for line in super::align(&rows) {
+    for line in cli::align(&rows) {
         out.push_str(&line);
         out.push('\n');
     }
@@ -815,7 +788,7 @@ fn render_table(r: &SimReport) -> String {
         t.pods_terminated,
         t.pods,
         t.total_delay_ms as f64 / 1000.0,
-        super::human(Duration::from_millis(t.budget_ms)),
+        cli::human(Duration::from_millis(t.budget_ms)),
         t.api_requests,
         t.api_writes,
         t.cri_calls
@@ -838,7 +811,7 @@ fn render_table(r: &SimReport) -> String {
             format!("{:.3}s", b.duration_ms as f64 / 1000.0),
         ]);
     }
-    for line in super::align(&rows) {
+    for line in cli::align(&rows) {
         out.push_str(&line);
         out.push('\n');
     }

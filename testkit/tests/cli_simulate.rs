@@ -1,19 +1,22 @@
-//! `nodegrace simulate` through the built binary: the timeline a user reads, in order. No root,
+//! `nodegrace-sim` through the built binary: the timeline a user reads, in order. No root,
 //! no dbus-daemon, no cluster; each run takes about two seconds.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn simulate(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_nodegrace"))
-        .arg("simulate")
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodegrace-sim"))
         .args(args)
         .args(["-o", "json"])
         .env("NODEGRACE_CONFIG", "/nonexistent/nodegrace.toml")
         .env_remove("DBUS_SYSTEM_BUS_ADDRESS")
         .output()
-        .expect("running nodegrace simulate");
+        .expect("running nodegrace-sim")
+}
+
+fn simulate(args: &[&str]) -> Value {
+    let out = run(args);
     assert!(
         out.status.success(),
         "simulate {args:?} failed: {}",
@@ -162,7 +165,10 @@ fn sample_node_drains_in_plan_order_then_releases() {
 
 #[test]
 fn pod_list_file_is_simulated_on_its_node() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pods-node-a.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/data/pods-node-a.yaml"
+    );
     let r = simulate(&["--pods", path, "--budget", "2m"]);
     // The finished Job pod in the file is not drained.
     assert_common_shape(&r, 6);
@@ -201,4 +207,43 @@ fn apiserver_down_stops_pods_through_the_cri_by_kubelet_band() {
         11,
         "every pod is stopped through the runtime"
     );
+}
+
+#[test]
+fn a_budget_out_of_range_is_a_usage_error() {
+    for budget in ["500000y", "25h", "0s"] {
+        let out = run(&["--budget", budget]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--budget {budget}: {stderr}");
+        assert!(
+            stderr.contains("--budget") && stderr.contains("out of range"),
+            "--budget {budget}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "--budget {budget}: {stderr}");
+        assert!(out.stdout.is_empty(), "--budget {budget} printed a report");
+    }
+}
+
+#[test]
+fn a_grace_period_near_i64_max_is_drained_like_any_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = dir.path().join("pods.yaml");
+    std::fs::write(
+        &pods,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: forever, namespace: batch}}\n\
+             spec:\n  nodeName: node-a\n  terminationGracePeriodSeconds: {}\n  \
+             containers: [{{name: main, image: busybox}}]\nstatus: {{phase: Running}}\n",
+            i64::MAX
+        ),
+    )
+    .unwrap();
+    let pods = pods.to_str().unwrap();
+    for extra in [&[][..], &["--apiserver-down"][..]] {
+        let r = simulate(&[&["--pods", pods, "--budget", "30s"][..], extra].concat());
+        assert_common_shape(&r, 1);
+        let stops = pod_events(&r, &["evict", "cri-stop"]);
+        assert_eq!(stops.len(), 1, "{extra:?}: {r:#}");
+        assert_eq!(stops[0].2, "batch/forever");
+    }
 }

@@ -13,8 +13,8 @@ use kube::api::{
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::ResourceExt;
-use nodegrace::testing::fake_apiserver::FakeCluster;
-use nodegrace::testing::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::fake_apiserver::FakeCluster;
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::{json, Value};
 
 fn api_err(e: kube::Error) -> Box<kube::core::Status> {
@@ -885,7 +885,7 @@ async fn fake_kubelet_recreates_statefulset_pods_with_a_new_uid() {
     let cluster = FakeCluster::start().await.unwrap();
     let mut config = KubeletConfig::node("n1");
     config.auto_run = true;
-    config.recreate_statefulset = Some(nodegrace::testing::fake_kubelet::StatefulSetRecreate {
+    config.recreate_statefulset = Some(nodegrace_testkit::fake_kubelet::StatefulSetRecreate {
         node: Some("n2".into()),
     });
     let _kubelet = cluster.kubelet(config);
