@@ -885,7 +885,7 @@ async fn the_terminator_withdraws_per_maintenance_and_after_a_restart() {
     );
     for (pod, m) in [(&shared, "m-a"), (&shared, "m-b"), (&only_a, "m-a")] {
         let outcome = terminator
-            .terminate(&pod_info(pod), Request::Cooperative, m)
+            .terminate(&pod_info(pod), None, Request::Cooperative, m)
             .await
             .unwrap();
         assert_eq!(outcome, Outcome::Accepted);
@@ -907,7 +907,7 @@ async fn the_terminator_withdraws_per_maintenance_and_after_a_restart() {
 
     // Requested by a daemon that then restarted: the new one withdraws it too.
     terminator
-        .terminate(&pod_info(&later), Request::Cooperative, "m-c")
+        .terminate(&pod_info(&later), None, Request::Cooperative, "m-c")
         .await
         .unwrap();
     let restarted =
@@ -919,6 +919,7 @@ async fn the_terminator_withdraws_per_maintenance_and_after_a_restart() {
     let outcome = restarted
         .terminate(
             &pod_info(&later),
+            None,
             Request::Delete { grace_seconds: 5 },
             "m-d",
         )

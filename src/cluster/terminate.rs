@@ -25,10 +25,12 @@ pub enum Request {
 #[async_trait]
 pub trait PodTerminator: Send + Sync + 'static {
     /// Asks `pod` (by UID: a pod recreated under the same name is never hit) to terminate
-    /// on behalf of the NodeMaintenance `maintenance`.
+    /// on behalf of the NodeMaintenance `maintenance`. `object` is the pod as the caller's
+    /// watch holds it, so that nothing needs to read it again.
     async fn terminate(
         &self,
         pod: &PodInfo,
+        object: Option<&Pod>,
         request: Request,
         maintenance: &str,
     ) -> Result<Outcome>;
@@ -65,6 +67,7 @@ impl PodTerminator for EvictionApi {
     async fn terminate(
         &self,
         pod: &PodInfo,
+        _object: Option<&Pod>,
         request: Request,
         _maintenance: &str,
     ) -> Result<Outcome> {

@@ -625,6 +625,19 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
             &dr.external_eviction_request_controller,
             &mut t.external_eviction_request_controller,
         );
+        if let Some(leaf) = &dr.max_concurrent_requests {
+            let n = *leaf.get();
+            t.max_concurrent_requests = usize::try_from(n)
+                .ok()
+                .filter(|n| (1..=1000).contains(n))
+                .ok_or_else(|| {
+                    ctx.leaf(
+                        leaf,
+                        "drain.max_concurrent_requests",
+                        &format!("{n} is out of range (1 to 1000)"),
+                    )
+                })?;
+        }
         duration(
             ctx,
             &dr.volume_detach_timeout,

@@ -122,6 +122,8 @@ pub struct DrainSettings {
     pub eviction_backoff_max_shutdown: Duration,
     /// An external eviction-request controller runs in the cluster; do not act as one.
     pub external_eviction_request_controller: bool,
+    /// Requests to the apiserver in flight at once when a band's pods are asked to go.
+    pub max_concurrent_requests: usize,
     /// How long to wait for this node's VolumeAttachments before releasing.
     pub volume_detach_timeout: Duration,
 }
@@ -186,6 +188,7 @@ impl Default for Settings {
                 critical_priority: 2_000_000_000,
                 eviction_backoff_max: Duration::from_secs(15 * 60),
                 eviction_backoff_max_shutdown: Duration::from_secs(5),
+                max_concurrent_requests: 64,
                 external_eviction_request_controller: false,
                 volume_detach_timeout: Duration::from_secs(20),
             },

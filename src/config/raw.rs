@@ -127,6 +127,7 @@ pub(super) struct RawDrain {
     pub eviction_backoff_max: Option<Leaf<Dur>>,
     pub eviction_backoff_max_shutdown: Option<Leaf<Dur>>,
     pub external_eviction_request_controller: Option<Leaf<bool>>,
+    pub max_concurrent_requests: Option<Leaf<i64>>,
     pub volume_detach_timeout: Option<Leaf<Dur>>,
 }
 
@@ -224,7 +225,7 @@ impl Merge for RawDrain {
     fn merge(&mut self, later: Self, file: usize) {
         merge_leaves!(self, later, file; plan, reserve_daemonset, reserve_static, reserve_critical,
             critical_priority, eviction_backoff_max, eviction_backoff_max_shutdown,
-            external_eviction_request_controller, volume_detach_timeout);
+            external_eviction_request_controller, max_concurrent_requests, volume_detach_timeout);
     }
 }
 

@@ -118,6 +118,10 @@ pub fn to_toml_table(s: &Settings) -> Table {
             "external_eviction_request_controller",
             Value::Boolean(d.external_eviction_request_controller),
         ),
+        (
+            "max_concurrent_requests",
+            Value::Integer(i64::try_from(d.max_concurrent_requests).unwrap_or(i64::MAX)),
+        ),
         ("volume_detach_timeout", dur(d.volume_detach_timeout)),
     ]);
     let f = &s.fallback;

@@ -19,7 +19,6 @@ mod status;
 mod terminate;
 
 pub use offline::FallbackSummary;
-use reconcile::daemonset_owner;
 use reflect::spawn_reflector;
 pub use shutdown::complete_shutdown_maintenance;
 
@@ -43,7 +42,7 @@ use tokio::time::Instant;
 
 use super::eviction_request::ControllerHandle;
 use super::node::patch_node_with;
-use super::terminate::{EvictionApi, PodTerminator, Request};
+use super::terminate::{EvictionApi, PodTerminator};
 use super::FIELD_MANAGER;
 use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
 use crate::config::Settings;
@@ -65,7 +64,6 @@ pub const COMPLETED_MESSAGE: &str = "Completed";
 const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
 const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
-const CONCURRENT_REQUESTS: usize = 32;
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 pub use crate::api::shutdown_maintenance_name;
@@ -143,6 +141,8 @@ struct Shared {
     volumes: Store<VolumeAttachment>,
     ready: Mutex<Ready>,
     wake: watch::Sender<u64>,
+    /// Origin of the drain clock (`plan::drain` works on offsets from it).
+    epoch: Instant,
     endpoint: String,
     /// Since when every request to the apiserver has failed (see [`is_unusable`]).
     failing: Mutex<Option<Failing>>,
@@ -251,6 +251,19 @@ fn now_rfc3339() -> String {
 
 fn min_wake(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
+fn daemonset_owner(pod: &Pod) -> Option<&str> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
+        .map(|o| o.uid.as_str())
+}
+
+/// Whether the apiserver answered (and refused) rather than not being reached.
+fn is_api_answer(err: &anyhow::Error) -> bool {
+    err.chain()
+        .any(|c| matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(_))))
 }
 
 fn tolerates_everything(pod: &Pod) -> bool {
@@ -373,24 +386,11 @@ fn describe_targets(t: &DrainTargets) -> String {
     }
 }
 
-/// Per-pod bookkeeping of the drain, keyed by pod UID.
-#[derive(Debug, Default, Clone)]
-struct PodTrack {
-    /// A request was accepted (or the pod turned out gone): wait for the watch.
-    accepted: bool,
-    attempts: u32,
-    /// When the last failed attempt was made and the back-off it earned.
-    last_try: Option<(Instant, Duration)>,
-    /// `namespace/pdb` (or the apiserver's message) of the last 429.
-    blocked_by: Option<String>,
-    escalated: bool,
-}
-
 #[derive(Default)]
 struct DrainState {
     targets: DrainTargets,
     targets_since: Option<Instant>,
-    tracks: HashMap<String, PodTrack>,
+    tracks: HashMap<String, crate::plan::drain::PodTrack>,
     node_overlay: Option<Arc<Node>>,
     nm_overlay: HashMap<String, Arc<NodeMaintenance>>,
     last_entry_write: HashMap<String, Instant>,
@@ -412,24 +412,15 @@ struct MaintView {
     targets: DrainTargets,
 }
 
-enum Job {
-    Terminate(PodInfo, Request, String, bool),
-}
-
 struct ShutdownCtx {
     name: String,
     step_targets: Vec<DrainTargets>,
     schedule: Vec<StepSchedule>,
     /// Tokio instant of `ShutdownRequest::started_at`.
     start: Instant,
-    escalate: bool,
 }
 
 impl ShutdownCtx {
-    fn step_of(&self, pod: &PodInfo) -> Option<usize> {
-        self.step_targets.iter().position(|t| t.targets(pod))
-    }
-
     fn node_empty(&self, pods: &[PodInfo]) -> bool {
         self.step_targets.last().is_none_or(|t| t.is_finished(pods))
     }
@@ -468,6 +459,7 @@ impl Engine {
             volumes: vas_r,
             ready: Mutex::new(Ready::default()),
             wake,
+            epoch: Instant::now(),
             endpoint: opts.endpoint,
             failing: Mutex::new(None),
             shutdown: Mutex::new(None),

@@ -1,7 +1,7 @@
 //! One pass of the reconcile loop: read the reflected state, decide, carry it out.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -12,22 +12,22 @@ use tokio::time::Instant;
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
 use crate::cluster::node::cordon_patch;
 use crate::cluster::nodesel;
-use crate::plan::targets::{evaluate_node, MaintenanceInput};
-use crate::plan::{normalize_drain_plan, DrainTargets, NodeReport, PodInfo};
+use crate::plan::drain::{self, NodePod};
+use crate::plan::targets::MaintenanceInput;
+use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets, NodeReport, PodInfo};
 use crate::state::PodCache;
 
 use super::{
-    describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock, min_wake,
-    tolerates_everything, DrainState, MaintView, Progress, Shared, COMPLETED_MESSAGE,
+    daemonset_owner, describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock,
+    min_wake, tolerates_everything, DrainState, MaintView, Progress, Shared, COMPLETED_MESSAGE,
     POD_CACHE_DEBOUNCE,
 };
 
 /// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
-/// the creation) among the draining maintenances that select it.
-fn drain_began(active: &[Arc<NodeMaintenance>]) -> Option<chrono::DateTime<chrono::Utc>> {
-    active
+/// the creation) among the draining maintenances that select it, in Unix seconds.
+fn drain_began(draining: &[&Arc<NodeMaintenance>]) -> Option<i64> {
+    draining
         .iter()
-        .filter(|m| is_draining(m))
         .filter_map(|m| {
             let started = m
                 .status
@@ -35,52 +35,18 @@ fn drain_began(active: &[Arc<NodeMaintenance>]) -> Option<chrono::DateTime<chron
                 .and_then(|s| s.stage_statuses.iter().find(|s| s.name == Stage::Drain))
                 .and_then(|s| s.start_timestamp.as_ref())
                 .or(m.metadata.creation_timestamp.as_ref())?;
-            chrono::DateTime::from_timestamp(started.0.as_second(), 0)
+            Some(started.0.as_second())
         })
         .min()
 }
 
-pub(super) fn daemonset_owner(pod: &Pod) -> Option<&str> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
-        .map(|o| o.uid.as_str())
-}
-
-/// DaemonSet pods that tolerate every taint are recreated by their controller at once, on a
-/// cordoned and tainted node too: each is terminated once, and another pod of that
-/// DaemonSet is its replacement, neither chased nor waited for (the kubelet stops it at
-/// poweroff). A replacement is one created after the second in which the node's drain
-/// began (which holds across restarts of the daemon), or one that is not the pod this
-/// drain terminated for its DaemonSet (`terminated`: DaemonSet UID -> pod UID).
-fn daemonset_replacements(
-    raw_pods: &[Arc<Pod>],
-    active: &[Arc<NodeMaintenance>],
-    terminated: &HashMap<String, String>,
-) -> HashSet<String> {
-    let Some(began) = drain_began(active) else {
-        return HashSet::new();
-    };
-    raw_pods
-        .iter()
-        .filter(|p| tolerates_everything(p))
-        .filter(|p| {
-            let Some(owner) = daemonset_owner(p) else {
-                return false;
-            };
-            let later = p
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .and_then(|t| chrono::DateTime::from_timestamp(t.0.as_second(), 0))
-                .is_some_and(|created| created > began);
-            let another = terminated
-                .get(owner)
-                .is_some_and(|uid| p.metadata.uid.as_ref() != Some(uid));
-            later || another
-        })
-        .filter_map(|p| p.uid())
-        .collect()
+/// A draining maintenance as the drain decision reads it.
+struct Prepared {
+    m: Arc<NodeMaintenance>,
+    name: String,
+    plan: Vec<DrainPlanEntry>,
+    reports: Vec<Option<NodeReport>>,
+    own: usize,
 }
 
 impl Shared {
@@ -130,8 +96,9 @@ impl Shared {
                 p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
             })
             .collect();
-        let pods = self.pod_infos();
-        self.maybe_write_cache(st, &pods, &mut wake);
+        let classified = self.classify(&raw_pods);
+        let all: Vec<PodInfo> = classified.iter().map(|(_, i)| i.clone()).collect();
+        self.maybe_write_cache(st, &all, &mut wake);
 
         let selecting: Vec<Arc<NodeMaintenance>> = self
             .maintenance_objs(st)
@@ -140,30 +107,6 @@ impl Shared {
             .collect();
         let active: Vec<Arc<NodeMaintenance>> =
             selecting.iter().filter(|m| is_active(m)).cloned().collect();
-
-        let replacements = daemonset_replacements(&raw_pods, &active, &st.daemonset_terminated);
-        if !replacements.is_empty() {
-            let fresh: Vec<String> = raw_pods
-                .iter()
-                .filter(|p| replacements.contains(p.uid().as_deref().unwrap_or_default()))
-                .filter(|p| {
-                    st.announced
-                        .insert(format!("replacement/{}", p.uid().unwrap_or_default()))
-                })
-                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-                .collect();
-            if !fresh.is_empty() {
-                tracing::info!(node = %self.node, pods = ?fresh, "DaemonSet pods that tolerate every taint came back after their termination: left running, not waited for");
-            }
-        }
-        let raw_pods: Vec<Arc<Pod>> = raw_pods
-            .into_iter()
-            .filter(|p| !replacements.contains(p.uid().as_deref().unwrap_or_default()))
-            .collect();
-        let pods: Vec<PodInfo> = pods
-            .into_iter()
-            .filter(|p| !replacements.contains(&p.uid))
-            .collect();
 
         // Cordon and finalizer first: a maintenance that selects the node holds it.
         if !active.is_empty() && cordon_patch(&node).is_some() {
@@ -183,11 +126,14 @@ impl Shared {
             }
         }
 
-        let views = self.drain_views(st, &active, &pods)?;
+        let draining: Vec<&Arc<NodeMaintenance>> =
+            active.iter().filter(|m| is_draining(m)).collect();
+        let previous = self.previous_targets(st, &draining);
+        let prepared = self.prepare(st, &draining, previous.as_ref())?;
         let ctx_any = lock(&self.shutdown).clone();
         let ctx = ctx_any
             .clone()
-            .filter(|c| views.iter().any(|v| v.name == c.name));
+            .filter(|c| prepared.iter().any(|p| p.name == c.name));
         // The shutdown maintenance was completed or deleted under the drain: nothing is
         // left to wait for.
         let shutdown_ended = ctx_any.as_ref().is_some_and(|c| {
@@ -196,16 +142,47 @@ impl Shared {
             })
         });
 
-        self.terminate_targeted(
-            st,
-            &node,
-            &raw_pods,
-            &pods,
-            &views,
-            ctx.as_deref(),
-            &mut wake,
-        )
-        .await?;
+        let now = self.epoch.elapsed();
+        let node_pods = self.node_pods(&classified, now);
+        let inputs: Vec<MaintenanceInput> = prepared
+            .iter()
+            .map(|p| MaintenanceInput {
+                name: &p.name,
+                plan: &p.plan,
+                reports: p.reports.clone(),
+                own: p.own,
+            })
+            .collect();
+        let backoff_cap = if ctx.is_some() {
+            self.settings.drain.eviction_backoff_max_shutdown
+        } else {
+            self.settings.drain.eviction_backoff_max
+        };
+        let decision = drain::decide(&drain::Snapshot {
+            now,
+            maintenances: &inputs,
+            previous: previous.as_ref(),
+            pods: &node_pods,
+            tracks: &st.tracks,
+            deadlines: ctx.as_deref().map(|c| drain::Deadlines {
+                step_targets: &c.step_targets,
+                schedule: &c.schedule,
+                start: c.start.saturating_duration_since(self.epoch),
+            }),
+            backoff_cap,
+            drain_began: drain_began(&draining),
+            daemonset_terminated: &st.daemonset_terminated,
+        })?;
+        self.note_replacements(st, &decision.replacements, &raw_pods);
+        let views = self.views(st, &prepared, &decision);
+        self.set_backoff_cap(st, backoff_cap);
+        let retry = self
+            .terminate(st, &node, &classified, &decision, &views, backoff_cap)
+            .await?;
+        for at in decision.wake_at.into_iter().chain(retry) {
+            min_wake(&mut wake, self.epoch + at);
+        }
+        let pods = decision.pods;
 
         let node_empty = ctx.as_ref().is_some_and(|c| c.node_empty(&pods));
         let mut all_written = true;
@@ -251,18 +228,58 @@ impl Shared {
         Ok(wake)
     }
 
-    /// Each draining maintenance's position in its plan, and the node's effective targets.
-    pub(super) fn drain_views(
+    /// The pods bound to the node with their classification; a pod that cannot be
+    /// classified is left out (and said once).
+    fn classify(&self, raw_pods: &[Arc<Pod>]) -> Vec<(Arc<Pod>, PodInfo)> {
+        raw_pods
+            .iter()
+            .filter_map(|p| match PodInfo::from_pod(p) {
+                Ok(info) => Some((p.clone(), info)),
+                Err(err) => {
+                    tracing::debug!(node = %self.node, error = %err, "ignoring a pod that cannot be classified");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The pods as the drain decision reads them, times on the drain clock (`now`).
+    fn node_pods(&self, classified: &[(Arc<Pod>, PodInfo)], now: Duration) -> Vec<NodePod> {
+        let wall = chrono::Utc::now().timestamp_millis();
+        classified
+            .iter()
+            .map(|(pod, info)| {
+                let deletion_due = pod.metadata.deletion_timestamp.as_ref().map(|t| {
+                    let left = t.0.as_millisecond().saturating_sub(wall).max(0);
+                    now + Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX))
+                });
+                let tolerant_daemonset = tolerates_everything(pod)
+                    .then(|| daemonset_owner(pod).map(str::to_owned))
+                    .flatten();
+                NodePod {
+                    info: info.clone(),
+                    deletion_due,
+                    tolerant_daemonset,
+                    created: pod
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.as_second()),
+                }
+            })
+            .collect()
+    }
+
+    /// The node's targets so far: what this engine reached, joined with its entry in every
+    /// draining maintenance's status (a restarted daemon never backtracks).
+    fn previous_targets(
         &self,
-        st: &mut DrainState,
-        active: &[Arc<NodeMaintenance>],
-        pods: &[PodInfo],
-    ) -> Result<Vec<MaintView>> {
-        let draining: Vec<&Arc<NodeMaintenance>> =
-            active.iter().filter(|m| is_draining(m)).collect();
+        st: &DrainState,
+        draining: &[&Arc<NodeMaintenance>],
+    ) -> Option<DrainTargets> {
         let mut previous: Option<DrainTargets> =
             (!st.targets.is_empty()).then(|| st.targets.clone());
-        for m in &draining {
+        for m in draining {
             if let Some(t) = m
                 .node_status(&self.node)
                 .and_then(|e| DrainTargets::from_entries(&e.drain_targets).ok())
@@ -273,23 +290,32 @@ impl Shared {
                 });
             }
         }
-        let prev = previous.clone().unwrap_or_default();
-        let mut plans = Vec::new();
+        previous
+    }
+
+    /// Each draining maintenance's normalized plan and the reports of the nodes it selects.
+    /// A maintenance whose plan is invalid is left out (and said once).
+    fn prepare(
+        &self,
+        st: &mut DrainState,
+        draining: &[&Arc<NodeMaintenance>],
+        previous: Option<&DrainTargets>,
+    ) -> Result<Vec<Prepared>> {
+        let prev = previous.cloned().unwrap_or_default();
+        let mut out = Vec::new();
         for m in draining {
             let name = m.name_any();
-            match normalize_drain_plan(&m.spec.drain_plan) {
-                Ok(p) => plans.push((m.clone(), name, p)),
+            let plan = match normalize_drain_plan(&m.spec.drain_plan) {
+                Ok(p) => p,
                 Err(err) => {
                     if st.announced.insert(format!("badplan/{name}")) {
                         tracing::warn!(node = %self.node, maintenance = %name, error = %err, "ignoring a maintenance with an invalid drain plan");
                     }
+                    continue;
                 }
-            }
-        }
-        let mut inputs = Vec::new();
-        for (m, name, plan) in &plans {
+            };
             let steps = (0..plan.len())
-                .map(|i| DrainTargets::for_plan(plan, i))
+                .map(|i| DrainTargets::for_plan(&plan, i))
                 .collect::<Result<Vec<_>, _>>()?;
             let entry_report = |e: &NodeMaintenanceNodeStatus| {
                 let t = DrainTargets::from_entries(&e.drain_targets).unwrap_or_default();
@@ -337,27 +363,39 @@ impl Shared {
                     0,
                 ),
             };
-            inputs.push(MaintenanceInput {
-                name: name.as_str(),
-                plan: plan.as_slice(),
+            out.push(Prepared {
+                m: (*m).clone(),
+                name,
+                plan,
                 reports,
                 own,
             });
         }
-        let eval = evaluate_node(previous.as_ref(), &inputs, pods)?;
-        let views: Vec<MaintView> = plans
+        Ok(out)
+    }
+
+    /// Each draining maintenance's position after the decision; the node's new targets are
+    /// kept (and said when they change).
+    fn views(
+        &self,
+        st: &mut DrainState,
+        prepared: &[Prepared],
+        decision: &drain::Decision,
+    ) -> Vec<MaintView> {
+        let eval = &decision.evaluation;
+        let views: Vec<MaintView> = prepared
             .iter()
             .enumerate()
-            .map(|(i, (m, name, plan))| MaintView {
-                m: m.clone(),
-                name: name.clone(),
-                plan_len: plan.len(),
+            .map(|(i, p)| MaintView {
+                m: p.m.clone(),
+                name: p.name.clone(),
+                plan_len: p.plan.len(),
                 index: eval.positions[i].index,
                 drained: eval.positions[i].drained,
                 targets: eval.maintenance_targets[i].clone(),
             })
             .collect();
-        let nt = eval.node;
+        let nt = &eval.node;
         if !views.is_empty() && (st.targets_since.is_none() || nt.targets != st.targets) {
             if let Some(since) = st.targets_since {
                 self.metrics
@@ -365,8 +403,39 @@ impl Shared {
             }
             st.targets_since = Some(Instant::now());
             tracing::info!(node = %self.node, targets = %describe_targets(&nt.targets), holders = ?nt.holders, "drain targets");
-            st.targets = nt.targets;
+            st.targets = nt.targets.clone();
         }
-        Ok(views)
+        views
+    }
+
+    /// Says once which tolerate-all DaemonSet pods came back and are left alone.
+    fn note_replacements(&self, st: &mut DrainState, replacements: &[String], raw: &[Arc<Pod>]) {
+        let fresh: Vec<String> = raw
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|u| replacements.contains(u))
+            })
+            .filter(|p| {
+                st.announced
+                    .insert(format!("replacement/{}", p.uid().unwrap_or_default()))
+            })
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        if !fresh.is_empty() {
+            tracing::info!(node = %self.node, pods = ?fresh, "DaemonSet pods that tolerate every taint came back after their termination: left running, not waited for");
+        }
+    }
+
+    /// The eviction-request controller backs off with the cap in force.
+    fn set_backoff_cap(&self, st: &mut DrainState, cap: Duration) {
+        if st.backoff_cap != Some(cap) {
+            if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+                handle.set_backoff_max(cap);
+                st.backoff_cap = Some(cap);
+            }
+        }
     }
 }

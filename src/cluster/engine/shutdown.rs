@@ -85,7 +85,6 @@ impl Engine {
             step_targets,
             schedule,
             start,
-            escalate: true,
         }));
         sh.progress.send_replace(Progress::default());
         sh.bump();

@@ -70,6 +70,7 @@ impl PodTerminator for EvictionRequestTerminator {
     async fn terminate(
         &self,
         pod: &PodInfo,
+        object: Option<&Pod>,
         request: Request,
         maintenance: &str,
     ) -> Result<Outcome> {
@@ -80,7 +81,12 @@ impl PodTerminator for EvictionRequestTerminator {
             }
             Request::Cooperative => {
                 let key = PodKey::from(pod);
-                match self.requester.request(&key).await? {
+                let requested = match object.filter(|o| o.metadata.uid.as_deref() == Some(&pod.uid))
+                {
+                    Some(o) => self.requester.request_pod(o).await?,
+                    None => self.requester.request(&key).await?,
+                };
+                match requested {
                     Requested::PodGone => Ok(Outcome::Gone),
                     Requested::Created
                     | Requested::Joined
