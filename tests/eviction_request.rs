@@ -3,7 +3,6 @@
 //! heartbeats, hand-over, Eviction API fallback with PodDisruptionBudgets, completion).
 //! Time is tokio's, paused: heartbeat deadlines pass without waiting.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -15,8 +14,8 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use nodegrace::api::{EvictionRequest, INTERCEPTOR_ANNOTATION_PREFIX, REQUESTER_NODE_MAINTENANCE};
 use nodegrace::cluster::eviction_request::{
-    is_crd_installed, Controller, ControllerConfig, ControllerHandle, PodKey, Requested, Requester,
-    WallClock, Withdrawn, NODE_LABEL,
+    is_crd_installed, Controller, ControllerConfig, ControllerHandle, PodKey, Reconciler,
+    Requested, Requester, WallClock, Withdrawn, NODE_LABEL,
 };
 use nodegrace_testkit::fake_apiserver::{running_status, FakeCluster, RecordedRequest};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -137,11 +136,12 @@ fn start_controller_with_handle(
     let (pods, writer) = reflector::store::<Pod>();
     let (controller, handle) = Controller::new(
         client.clone(),
-        Arc::new(pods),
+        pods,
         ControllerConfig {
             node: NODE.into(),
             backoff_max,
             clock: clock_of(cluster),
+            concurrency: 64,
         },
     );
     let all_pods: Api<Pod> = Api::all(client);
@@ -664,6 +664,7 @@ async fn a_pod_that_goes_away_by_itself_completes_the_request() {
         node: NODE.into(),
         backoff_max: Duration::from_secs(60),
         clock: clock_of(&cluster),
+        concurrency: 64,
     };
     tokio::spawn(Controller::run_with_own_pod_watch(
         client.clone(),
@@ -953,4 +954,34 @@ async fn a_shutdown_shortens_a_running_back_off() {
     tokio::time::sleep_until(start + Duration::from_millis(20_500)).await;
     assert_eq!(evictions_of(&cluster.api.requests(), "db-0"), 7);
     stop.cancel();
+}
+
+/// The pod watch may still show an evicted pod without its deletionTimestamp when the
+/// request is reconciled again (the request changed, another pod event): it is not
+/// evicted a second time.
+#[tokio::test]
+async fn an_evicted_pod_is_not_evicted_again_while_the_pod_watch_lags() {
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    let key = add_pod(&cluster, "web-0", NODE, &[]);
+    request_eviction(&client, &key).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let before_eviction = pods.get("web-0").await.unwrap();
+    let reconciler = Reconciler::new(
+        client.clone(),
+        &ControllerConfig {
+            node: NODE.into(),
+            backoff_max: Duration::from_secs(60),
+            clock: clock_of(&cluster),
+            concurrency: 64,
+        },
+    );
+    for _ in 0..2 {
+        let request = get(&client, &key).await;
+        reconciler
+            .reconcile(&request, Some(&before_eviction))
+            .await
+            .unwrap();
+    }
+    assert_eq!(evictions_of(&cluster.api.requests(), "web-0"), 1);
 }

@@ -459,7 +459,7 @@ where
         terminator,
     });
     if run_controller {
-        let (controller, handle) = Controller::new(client, Arc::new(engine.pod_store()), config);
+        let (controller, handle) = Controller::new(client, engine.pod_store(), config);
         engine.attach_eviction_request_controller(handle);
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {

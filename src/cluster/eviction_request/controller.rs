@@ -30,17 +30,6 @@ use crate::config::Settings;
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
 const MAX_ROUNDS: usize = 8;
 
-/// The pods bound to this node, as the drain engine sees them (its pod cache).
-pub trait NodePods: Send + Sync + 'static {
-    fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>>;
-}
-
-impl NodePods for Store<Pod> {
-    fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
-        self.get(&ObjectRef::new(name).within(namespace))
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
     /// This node: requests labelled for it, or whose pod is in its pod cache, are its own.
@@ -48,6 +37,8 @@ pub struct ControllerConfig {
     /// Cap of the exponential back-off after failed evictions.
     pub backoff_max: Duration,
     pub clock: WallClock,
+    /// Requests reconciled at once.
+    pub concurrency: usize,
 }
 
 impl ControllerConfig {
@@ -58,6 +49,7 @@ impl ControllerConfig {
             node: node.to_owned(),
             backoff_max: settings.drain.eviction_backoff_max,
             clock: WallClock::System,
+            concurrency: settings.drain.max_concurrent_requests,
         }
     }
 }
@@ -70,6 +62,9 @@ pub struct Reconciler {
     backoff_max: Mutex<Duration>,
     /// Per request (`namespace/name`): no eviction attempt before this.
     not_before: Mutex<HashMap<String, Timestamp>>,
+    /// Per request: the pod UID whose eviction the apiserver accepted. The pod watch may
+    /// show its deletionTimestamp a moment later; until then it is not evicted again.
+    evicted: Mutex<HashMap<String, String>>,
 }
 
 /// What one reconcile left behind.
@@ -112,6 +107,7 @@ impl Reconciler {
             recorder,
             backoff_max: Mutex::new(backoff_max),
             not_before: Mutex::new(HashMap::new()),
+            evicted: Mutex::new(HashMap::new()),
         }
     }
 
@@ -167,11 +163,16 @@ impl Reconciler {
 
     /// Forgets a deleted request.
     pub fn forget(&self, request: &EvictionRequest) {
-        self.set_not_before(&key_of(request), None);
+        let key = key_of(request);
+        self.set_not_before(&key, None);
+        self.evicted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
     }
 
     /// Brings `request` one step further given its pod (`None` when the pod is not in the
-    /// node's cache; it is then read from the apiserver before being declared gone).
+    /// node's pod cache, a synced watch of the node's pods: it is gone).
     pub async fn reconcile(
         &self,
         request: &EvictionRequest,
@@ -188,12 +189,14 @@ impl Reconciler {
         let namespace = request.metadata.namespace.clone().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         let mut state = PodState::of(pod, &pod_ref.uid);
-        if state == PodState::Absent {
-            let live = pods
-                .get_opt(&pod_ref.name)
-                .await
-                .with_context(|| format!("reading pod {namespace}/{}", pod_ref.name))?;
-            state = PodState::of(live.as_ref(), &pod_ref.uid);
+        let evicted = self
+            .evicted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .is_some_and(|uid| *uid == pod_ref.uid);
+        if evicted && matches!(state, PodState::Present { .. }) {
+            state = PodState::Terminating;
         }
         let pod_key = format!("{namespace}/{}", pod_ref.name);
         let mut current = request.clone();
@@ -237,7 +240,13 @@ impl Reconciler {
                         let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
                         log_eviction(&pod_key, released.as_ref(), &result, &current);
                         state = match result {
-                            EvictionResult::Accepted => PodState::Terminating,
+                            EvictionResult::Accepted => {
+                                self.evicted
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .insert(key.clone(), pod_ref.uid.clone());
+                                PodState::Terminating
+                            }
                             EvictionResult::Gone => PodState::Absent,
                             _ => state,
                         };
@@ -358,9 +367,11 @@ fn transition_event(transition: &Transition, message: &str) -> Option<Event> {
     })
 }
 
+/// Events for what went wrong; a successful eviction is no event (one per pod would be
+/// hundreds per drain; the NodeMaintenance reports progress).
 fn eviction_event(result: &EvictionResult, message: &str, namespace: &str) -> Option<Event> {
     let (type_, reason, secondary) = match result {
-        EvictionResult::Accepted => (EventType::Normal, "Evicted", None),
+        EvictionResult::Accepted => return None,
         EvictionResult::Blocked { budget, .. } => (
             EventType::Warning,
             "EvictionBlocked",
@@ -462,8 +473,9 @@ type Key = (String, String);
 pub struct Controller {
     client: Client,
     node: String,
-    pods: Arc<dyn NodePods>,
+    pods: Store<Pod>,
     reconciler: Reconciler,
+    concurrency: usize,
     rx: mpsc::UnboundedReceiver<Message>,
 }
 
@@ -515,11 +527,11 @@ impl Queue {
 }
 
 impl Controller {
-    /// A controller for `config.node`'s pods; `pods` is the node's pod cache. Feed pod
-    /// changes through the returned handle.
+    /// A controller for `config.node`'s pods; `pods` is the node's pod cache (a reflector of
+    /// the pods bound to the node). Feed pod changes through the returned handle.
     pub fn new(
         client: Client,
-        pods: Arc<dyn NodePods>,
+        pods: Store<Pod>,
         config: ControllerConfig,
     ) -> (Self, ControllerHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -530,6 +542,7 @@ impl Controller {
                 node: config.node,
                 pods,
                 reconciler,
+                concurrency: config.concurrency.max(1),
                 rx,
             },
             ControllerHandle { tx },
@@ -540,7 +553,7 @@ impl Controller {
 /// What decides which requests are this node's.
 struct Owned {
     node: String,
-    pods: Arc<dyn NodePods>,
+    pods: Store<Pod>,
 }
 
 impl Owned {
@@ -558,7 +571,7 @@ impl Owned {
         let pod_ref = request.pod_ref()?;
         let namespace = request.metadata.namespace.as_deref()?;
         self.pods
-            .pod(namespace, &pod_ref.name)
+            .get(&ObjectRef::new(&pod_ref.name).within(namespace))
             .filter(|p| p.metadata.uid.as_deref() == Some(pod_ref.uid.as_str()))
     }
 }
@@ -573,7 +586,7 @@ impl Controller {
     ) -> Result<()> {
         let (pods, writer) = reflector::store::<Pod>();
         let selector = format!("spec.nodeName={}", config.node);
-        let (controller, handle) = Controller::new(client.clone(), Arc::new(pods), config);
+        let (controller, handle) = Controller::new(client.clone(), pods, config);
         let pod_events = reflector::reflector(
             writer,
             watcher(
@@ -614,8 +627,14 @@ impl Controller {
             node,
             pods,
             reconciler,
+            concurrency,
             rx,
         } = self;
+        // A request whose pod is not in a synced cache is complete: wait for the sync.
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            r = pods.wait_until_ready() => r.context("the node's pod watch ended")?,
+        }
         let this = Owned { node, pods };
         let mut rx = Some(rx);
         let api: Api<EvictionRequest> = Api::all(client);
@@ -627,9 +646,18 @@ impl Controller {
         // Our own latest write per request, until the watch delivers it (events come in
         // resourceVersion order, so anything cached before that is older than the write).
         let mut written: HashMap<Key, EvictionRequest> = HashMap::new();
+        // Requests being reconciled (at most `concurrency`), and those that changed meanwhile.
+        let mut running = futures::stream::FuturesUnordered::new();
+        let mut in_flight: HashSet<Key> = HashSet::new();
+        let mut again: HashSet<Key> = HashSet::new();
         info!(node = %this.node, "eviction-request controller started");
         loop {
-            while let Some(key) = queue.pop() {
+            while running.len() < concurrency {
+                let Some(key) = queue.pop() else { break };
+                if in_flight.contains(&key) {
+                    again.insert(key);
+                    continue;
+                }
                 let cached = cache.get(&ObjectRef::new(&key.1).within(&key.0));
                 let Some(cached) = cached else {
                     written.remove(&key);
@@ -644,18 +672,12 @@ impl Controller {
                     continue;
                 }
                 let pod = this.cached_pod(&request);
-                match reconciler.reconcile(&request, pod.as_deref()).await {
-                    Ok(done) => {
-                        if let Some(stored) = done.written {
-                            written.insert(key.clone(), stored);
-                        }
-                        queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
-                    }
-                    Err(err) => {
-                        warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), "reconciling EvictionRequest failed; retrying");
-                        queue.set_timer(&key, Some(Instant::now() + Duration::from_secs(5)));
-                    }
-                }
+                in_flight.insert(key.clone());
+                let reconciler = &reconciler;
+                running.push(async move {
+                    let result = reconciler.reconcile(&request, pod.as_deref()).await;
+                    (key, result)
+                });
             }
             let next_timer = queue.next_timer();
             tokio::select! {
@@ -663,10 +685,30 @@ impl Controller {
                     info!("eviction-request controller stopped");
                     return Ok(());
                 }
+                Some((key, result)) = running.next(), if !running.is_empty() => {
+                    in_flight.remove(&key);
+                    match result {
+                        Ok(done) => {
+                            if let Some(stored) = done.written {
+                                written.insert(key.clone(), stored);
+                            }
+                            queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
+                        }
+                        Err(err) => {
+                            warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), "reconciling EvictionRequest failed; retrying");
+                            queue.set_timer(&key, Some(Instant::now() + Duration::from_secs(5)));
+                        }
+                    }
+                    if again.remove(&key) {
+                        queue.push(key);
+                    }
+                }
                 event = events.next() => match event {
                     Some(Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r))) => {
                         let key = key_pair(&r);
-                        if written.get(&key).is_some_and(|w| w.metadata.resource_version == r.metadata.resource_version) {
+                        // The watch caught up with our write, or went past it (someone else
+                        // changed the request since): its version is the one to build on.
+                        if written.get(&key).is_some_and(|w| rv_number(w) <= rv_number(&r)) {
                             written.remove(&key);
                         }
                         queue.push(key);
@@ -709,6 +751,15 @@ impl Controller {
             }
         }
     }
+}
+
+fn rv_number(request: &EvictionRequest) -> u64 {
+    request
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn key_pair(request: &EvictionRequest) -> Key {

@@ -305,6 +305,9 @@ pub fn after_eviction(
                 _ => (None, None),
             };
         }
+        // Without an interceptor to record, the pod's deletionTimestamp says it all; the
+        // Complete write follows once it is gone (one status write per request, not two).
+        EvictionResult::Accepted if released.is_none() => return (None, None),
         EvictionResult::Accepted => (
             format!("{why}; evicted through the Eviction API, waiting for the pod to terminate."),
             false,
@@ -652,11 +655,21 @@ mod tests {
     }
 
     #[test]
-    fn an_accepted_eviction_is_recorded_once_and_a_gone_pod_completes() {
+    fn an_accepted_eviction_is_recorded_once_after_an_interceptor_and_a_gone_pod_completes() {
         let r = request(&[]);
-        let (status, retry) = after_eviction(
+        // No interceptor: nothing to record; the Complete write follows the pod's exit.
+        let (nothing, retry) = after_eviction(
             &r,
             None,
+            &EvictionResult::Accepted,
+            at(0),
+            Duration::from_secs(9),
+        );
+        assert_eq!((nothing, retry), (None, None));
+        let released = ("db-operator.example.com".to_string(), Release::Completed);
+        let (status, retry) = after_eviction(
+            &r,
+            Some(&released),
             &EvictionResult::Accepted,
             at(0),
             Duration::from_secs(9),
@@ -667,7 +680,7 @@ mod tests {
         let again = with(r.clone(), |s| *s = status);
         let (unchanged, _) = after_eviction(
             &again,
-            None,
+            Some(&released),
             &EvictionResult::Accepted,
             at(1),
             Duration::from_secs(9),

@@ -16,7 +16,7 @@
 //!   through [`EvictionRequestTerminator`] (its `PodTerminator`), without it through the
 //!   Eviction API directly.
 //! - Unless `drain.external_eviction_request_controller` is set, run [`Controller`]: either
-//!   [`Controller::new`] with the engine's pod cache ([`NodePods`]) and a call to
+//!   [`Controller::new`] with the engine's pod cache (its pod reflector's store) and a call to
 //!   [`ControllerHandle::pod_changed`] for every pod event, or
 //!   [`Controller::run_with_own_pod_watch`]. Under a shutdown deadline,
 //!   [`ControllerHandle::set_backoff_max`] shortens the eviction back-off.
@@ -43,9 +43,7 @@ use kube::Client;
 
 use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 
-pub use controller::{
-    Controller, ControllerConfig, ControllerHandle, NodePods, Reconciled, Reconciler,
-};
+pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciled, Reconciler};
 pub use requester::{Requested, Requester, Withdrawn};
 pub use terminator::EvictionRequestTerminator;
 
