@@ -7,6 +7,7 @@ pub mod api;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod credentials;
 pub mod cri;
 pub mod daemon;
 pub mod fallback;

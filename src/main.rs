@@ -63,6 +63,10 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
         output: cli::OutputFormat,
     },
+    /// nodegrace's identity on this node (nodegrace:node:<node> in nodegrace:nodes): request
+    /// it, or approve nodes' requests.
+    #[command(subcommand)]
+    Credentials(CredentialsCommand),
     /// systemd generator (run by systemd through nodegrace-generator): writes the unit
     /// drop-in that creates the configured directories and adds them to ReadWritePaths=.
     #[command(hide = true)]
@@ -74,6 +78,71 @@ enum Command {
         other_dirs: Vec<PathBuf>,
     },
 }
+
+#[derive(Debug, Subcommand)]
+enum CredentialsCommand {
+    /// On the node, as root: make a key and a CertificateSigningRequest for this node's
+    /// identity with the kubelet's credential (node.kubelet_kubeconfig), wait for its
+    /// approval and write node.kubeconfig (mode 0600).
+    #[command(after_help = REQUEST_HELP)]
+    Request {
+        /// How long to wait for an administrator (or `credentials approve`) to approve it.
+        #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        /// Request a new certificate even though the current one is not due for renewal.
+        #[arg(long)]
+        force: bool,
+    },
+    /// For an administrator: approve the pending requests of nodes for their own nodegrace
+    /// identity, and nothing else (rules below); never denies.
+    #[command(after_help = APPROVE_HELP)]
+    Approve {
+        /// The approver's kubeconfig (default: $KUBECONFIG, then in-cluster config). Not
+        /// the node's configuration.
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+        /// Keep watching and approve requests as they come, until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Say what would be approved without approving.
+        #[arg(long)]
+        dry_run: bool,
+        /// Leave requests asking for a longer certificate lifetime for a person.
+        #[arg(long, value_name = "DURATION", default_value = "8760h", value_parser = humantime::parse_duration)]
+        max_lifetime: Duration,
+    },
+}
+
+const REQUEST_HELP: &str = "\
+The request is signed by kubernetes.io/kube-apiserver-client for CN=nodegrace:node:<node>,
+O=nodegrace:nodes, with the lifetime of node.credential_lifetime; the apiserver records the
+kubelet (system:node:<node>) as its requester. Approve it with
+  kubectl certificate approve <name>
+after checking that spec.username is system:node:<the node in the CN> (or run
+`nodegrace credentials approve`, which checks that). The key waits in
+<node.kubeconfig>.pending-key until then: running the command again picks up the same request.
+When node.kubeconfig already holds this node's certificate and it is not yet due for renewal
+(two thirds of its lifetime), nothing is done unless --force. The daemon renews the
+certificate itself (node.renew_credential).
+
+Exit codes: 0 written (or nothing due), 1 failure: the request was denied, not approved in
+time, or the apiserver or the kubelet's credential could not be used; 2 invalid
+configuration or usage.";
+
+const APPROVE_HELP: &str = "\
+A request is approved only when: its signer is kubernetes.io/kube-apiserver-client; it was
+made by a kubelet (spec.username system:node:<node>, group system:nodes); its subject is
+exactly CN=nodegrace:node:<that same node>, O=nodegrace:nodes, without extensions or
+subject alternative names, and its signature verifies; its usages are within client auth,
+digital signature and key encipherment; its expirationSeconds is set and at most
+--max-lifetime; and the Node exists. Anything else is listed and left for a person.
+
+The limit: whoever holds a node's kubelet credential obtains that node's nodegrace identity,
+which reaches no other node (packaging/rbac/README.md). The approver's own identity needs
+the ClusterRole in packaging/rbac/approver.yaml (approving kube-apiserver-client requests:
+hold it carefully).
+
+Exit codes: 0 done, 1 failure, 2 usage.";
 
 const PLAN_HELP: &str = "\
 The plan uses the configured [drain] plan and reserves. A pod list is one node's pods: the
@@ -151,6 +220,25 @@ fn main() -> ExitCode {
         ),
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
+        Command::Credentials(CredentialsCommand::Request { wait, force }) => {
+            nodegrace::credentials::request_command(
+                &args.config,
+                &nodegrace::credentials::RequestOptions { wait, force },
+            )
+        }
+        Command::Credentials(CredentialsCommand::Approve {
+            kubeconfig,
+            watch,
+            dry_run,
+            max_lifetime,
+        }) => nodegrace::credentials::approve_command(
+            kubeconfig.as_deref(),
+            &nodegrace::credentials::approve::ApproveOptions {
+                watch,
+                dry_run,
+                max_lifetime,
+            },
+        ),
         Command::Generator { normal_dir, .. } => {
             nodegrace::sandbox::generator_command(&args.config, &normal_dir)
         }

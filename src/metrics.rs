@@ -59,6 +59,11 @@ struct OperationLabel {
     operation: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CredentialLabel {
+    credential: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Every metric nodegrace exports. Cloning shares the same series.
@@ -74,6 +79,7 @@ pub struct Metrics {
     inhibitor_held: Gauge,
     effective_budget: FloatGauge,
     api_errors: Family<OperationLabel, Counter>,
+    credential_expiry: Family<CredentialLabel, FloatGauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -145,6 +151,12 @@ impl Metrics {
             "Failed requests to the Kubernetes apiserver, by operation",
             api_errors.clone(),
         );
+        let credential_expiry = Family::<CredentialLabel, FloatGauge>::default();
+        registry.register(
+            "credential_expiry_timestamp_seconds",
+            "Unix time the client certificate of each credential expires (nodegrace: node.kubeconfig, kubelet: node.kubelet_kubeconfig); absent without a certificate",
+            credential_expiry.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             shutdown_start,
@@ -156,6 +168,7 @@ impl Metrics {
             inhibitor_held,
             effective_budget,
             api_errors,
+            credential_expiry,
         }
     }
 
@@ -203,6 +216,31 @@ impl Metrics {
                 operation: operation.into(),
             })
             .inc();
+    }
+
+    /// When `role`'s client certificate expires; None removes the series.
+    pub fn set_credential_expiry(
+        &self,
+        role: crate::cluster::client::Role,
+        at: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let label = CredentialLabel {
+            credential: match role {
+                crate::cluster::client::Role::Nodegrace => "nodegrace",
+                crate::cluster::client::Role::Kubelet => "kubelet",
+            }
+            .into(),
+        };
+        match at {
+            Some(at) => {
+                self.credential_expiry
+                    .get_or_create(&label)
+                    .set(unix_seconds(at));
+            }
+            None => {
+                self.credential_expiry.remove(&label);
+            }
+        }
     }
 
     /// The exposition text, as served on `/metrics`.

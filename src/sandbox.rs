@@ -30,6 +30,9 @@ pub struct WrittenDir {
     /// Only nodegrace reads it (state and gated manifests: 0700); logind reads the drop-in
     /// directory (0755).
     pub private: bool,
+    /// Only the renewal of nodegrace's credential writes there: the daemon starts without
+    /// it and the renewal says what is wrong.
+    pub optional: bool,
 }
 
 /// Every directory the daemon writes under these settings.
@@ -40,18 +43,21 @@ pub fn written_dirs(s: &Settings) -> Vec<WrittenDir> {
             path: s.state_dir.clone(),
             created: true,
             private: true,
+            optional: false,
         },
         WrittenDir {
             key: "static_pods.gate_dir",
             path: s.static_pods.gate_dir.clone(),
             created: true,
             private: true,
+            optional: false,
         },
         WrittenDir {
             key: "static_pods.manifest_dir",
             path: s.static_pods.manifest_dir.clone(),
             created: false,
             private: false,
+            optional: false,
         },
     ];
     if s.shutdown.manage_logind_dropin {
@@ -60,6 +66,23 @@ pub fn written_dirs(s: &Settings) -> Vec<WrittenDir> {
             path: s.shutdown.logind_dropin_dir.clone(),
             created: true,
             private: false,
+            optional: false,
+        });
+    }
+    // The renewed kubeconfig and its pending key are written beside node.kubeconfig.
+    if let Some(dir) = s
+        .node
+        .kubeconfig
+        .as_deref()
+        .filter(|_| s.node.renew_credential)
+        .and_then(Path::parent)
+    {
+        dirs.push(WrittenDir {
+            key: "node.kubeconfig",
+            path: dir.to_owned(),
+            created: false,
+            private: false,
+            optional: true,
         });
     }
     dirs
@@ -164,7 +187,7 @@ pub fn check_writable_with(
     s: &Settings,
     writable: impl Fn(&Path) -> std::io::Result<()>,
 ) -> Result<(), String> {
-    for d in written_dirs(s) {
+    for d in written_dirs(s).into_iter().filter(|d| !d.optional) {
         let mut probe = d.path.as_path();
         while !probe.exists() {
             if !d.created {
@@ -231,10 +254,31 @@ mod tests {
         );
         assert!(
             text.contains(
-                "ReadWritePaths=-/srv/nodegrace -/srv/nodegrace/gate -/opt/k8s/manifests -/run/systemd/logind.conf.d\n"
+                "ReadWritePaths=-/srv/nodegrace -/srv/nodegrace/gate -/opt/k8s/manifests -/run/systemd/logind.conf.d -/etc/nodegrace\n"
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_kubeconfig_directory_only_when_the_daemon_renews_the_credential() {
+        let mut s = settings();
+        s.node.kubeconfig = Some("/etc/k8s/nodegrace/kubeconfig".into());
+        let (text, _) = dropin(&s, Path::new("/c"));
+        assert!(text.contains(" -/etc/k8s/nodegrace\n"), "{text}");
+        assert!(!text.contains("mkdir -p -m 0755 /run/systemd/logind.conf.d /etc"), "{text}");
+        // Not writable: the daemon still starts (the renewal says why it cannot write).
+        assert_eq!(
+            check_writable_with(&s, |p| if p.starts_with("/etc") {
+                Err(std::io::Error::from_raw_os_error(nix::libc::EROFS))
+            } else {
+                Ok(())
+            }),
+            Ok(())
+        );
+        s.node.renew_credential = false;
+        let (text, _) = dropin(&s, Path::new("/c"));
+        assert!(!text.contains("/etc/k8s"), "{text}");
     }
 
     #[test]

@@ -542,7 +542,7 @@ fn eviction_request() -> Value {
         "shop",
         "db-0",
         "5f3e1c2a-0000-4000-8000-000000000001",
-        api::REQUESTER_NODE_MAINTENANCE,
+        api::REQUESTER_SUFFIX,
         vec![api::Interceptor {
             name: "statefulset.apps.k8s.io".into(),
         }],
@@ -715,8 +715,7 @@ mod rbac {
             [
                 "/nodes/status: patch",
                 "/nodes: get,list,watch,patch",
-                "/pods/eviction: create",
-                "/pods: get,list,watch,delete",
+                "/pods: get,list,watch",
                 "apiextensions.k8s.io/customresourcedefinitions[evictionrequests.nodegrace.dev,nodemaintenances.nodegrace.dev]: get",
                 "events.k8s.io/events: create,patch",
                 "nodegrace.dev/evictionrequests/status: patch,update",
@@ -740,15 +739,17 @@ mod rbac {
 
     #[test]
     fn every_rule_is_justified_by_a_comment() {
-        let text = rbac_file("clusterrole.yaml");
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            if line.trim_start().starts_with("- apiGroups:") {
-                assert!(
-                    lines[i - 1].trim_start().starts_with('#'),
-                    "rule at line {} has no comment above it",
-                    i + 1
-                );
+        for file in ["clusterrole.yaml", "approver.yaml"] {
+            let text = rbac_file(file);
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if line.trim_start().starts_with("- apiGroups:") {
+                    assert!(
+                        lines[i - 1].trim_start().starts_with('#'),
+                        "{file}: rule at line {} has no comment above it",
+                        i + 1
+                    );
+                }
             }
         }
     }
@@ -757,7 +758,25 @@ mod rbac {
         name: String,
         match_conditions: Vec<String>,
         variables: Vec<(String, Program)>,
-        validations: Vec<(Program, String)>,
+        validations: Vec<(Program, Message)>,
+    }
+
+    enum Message {
+        Text(String),
+        /// A messageExpression, evaluated as the apiserver does.
+        Expression(Program),
+    }
+
+    impl Message {
+        fn render(&self, ctx: &Context) -> String {
+            match self {
+                Message::Text(t) => t.clone(),
+                Message::Expression(p) => match p.execute(ctx) {
+                    Ok(CelValue::String(s)) => s.to_string(),
+                    other => format!("messageExpression did not give a string: {other:?}"),
+                },
+            }
+        }
     }
 
     fn policies() -> Vec<Policy> {
@@ -805,11 +824,10 @@ mod rbac {
                         .unwrap()
                         .iter()
                         .map(|v| {
-                            let message = v["message"]
-                                .as_str()
-                                .or(v["messageExpression"].as_str())
-                                .unwrap()
-                                .to_owned();
+                            let message = match v["message"].as_str() {
+                                Some(m) => Message::Text(m.to_owned()),
+                                None => Message::Expression(compile(&v["messageExpression"])),
+                            };
                             (compile(&v["expression"]), message)
                         })
                         .collect(),
@@ -857,9 +875,9 @@ mod rbac {
         });
         let mut ctx = Context::default();
         ctx.register_all();
-        ctx.add_variable("request", request).unwrap();
-        ctx.add_variable("object", object).unwrap();
-        ctx.add_variable("oldObject", old_object).unwrap();
+        ctx.add_variable_from_value("request", cel_of(&request));
+        ctx.add_variable_from_value("object", cel_of(&object));
+        ctx.add_variable_from_value("oldObject", cel_of(&old_object));
         for condition in &policy.match_conditions {
             assert_eq!(
                 eval_bool(&Program::compile(condition).unwrap(), &ctx),
@@ -878,11 +896,31 @@ mod rbac {
         for (program, message) in &policy.validations {
             match eval_bool(program, &ctx) {
                 Ok(true) => {}
-                Ok(false) => return Err(message.clone()),
-                Err(e) => return Err(format!("{message} ({e})")),
+                Ok(false) => return Err(message.render(&ctx)),
+                Err(e) => return Err(format!("{} ({e})", message.render(&ctx))),
             }
         }
         Ok(())
+    }
+
+    /// A JSON object as the apiserver hands it to CEL: integers (schema type integer) are
+    /// `int`, never `uint`, so that `x == 0` holds for a stored 0.
+    fn cel_of(v: &Value) -> CelValue {
+        match v {
+            Value::Null => CelValue::Null,
+            Value::Bool(b) => CelValue::Bool(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => CelValue::Int(i),
+                None => CelValue::Float(n.as_f64().unwrap_or_default()),
+            },
+            Value::String(s) => CelValue::String(s.clone().into()),
+            Value::Array(a) => CelValue::List(a.iter().map(cel_of).collect::<Vec<_>>().into()),
+            Value::Object(o) => CelValue::from(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), cel_of(v)))
+                    .collect::<HashMap<String, CelValue>>(),
+            ),
+        }
     }
 
     /// A denial by a validation that evaluated to false, not by an evaluation error.
@@ -1082,18 +1120,15 @@ mod rbac {
             admit(&p, ME, "UPDATE", "", finalized.clone(), shared.clone()),
             Ok(())
         );
-        assert_eq!(
-            admit(&p, ME, "UPDATE", "", shared.clone(), finalized),
-            Ok(())
-        );
+        // Removing it waits for every node's Completed entry (see below).
+        denied(admit(&p, ME, "UPDATE", "", shared.clone(), finalized));
         let mut stripped = shared.clone();
         stripped["metadata"]["finalizers"] = json!([]);
         denied(admit(&p, ME, "UPDATE", "", stripped, shared.clone()));
 
-        // Its own status entry and the aggregates, never another node's entry.
+        // Its own status entry, never another node's entry.
         let mut progressed = shared.clone();
         progressed["status"]["nodeStatuses"][0]["podsRemaining"] = json!(0);
-        progressed["status"]["drainStatus"] = json!({"drainMessage": "Draining"});
         assert_eq!(
             admit(&p, ME, "UPDATE", "status", progressed, shared.clone()),
             Ok(())
@@ -1151,22 +1186,154 @@ mod rbac {
         ));
     }
 
-    fn eviction_request(requesters: &[&str]) -> Value {
+    /// On an admin's maintenance of several nodes: no metadata but its finalizer, which it
+    /// removes only once every node completed; its own pinned maintenance is its own.
+    #[test]
+    fn a_node_leaves_the_metadata_of_other_maintenances_alone() {
+        let p = policy("nodemaintenances");
+        let shared = maintenance(by_label());
+        for (what, change) in [
+            ("labels", json!({"labels": {"team": "x"}})),
+            ("annotations", json!({"annotations": {"note": "x"}})),
+            (
+                "ownerReferences",
+                json!({"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "u"}]}),
+            ),
+        ] {
+            let mut changed = shared.clone();
+            for (k, v) in change.as_object().unwrap() {
+                changed["metadata"][k] = v.clone();
+            }
+            assert!(
+                denied(admit(&p, ME, "UPDATE", "", changed, shared.clone()))
+                    .contains("labels, annotations or owner references"),
+                "{what}"
+            );
+        }
+        // Its own shutdown maintenance keeps its annotations.
+        let own = maintenance(pinned("one"));
+        let mut annotated = own.clone();
+        annotated["metadata"]["annotations"] = json!({"nodegrace.dev/boot-id": "b"});
+        assert_eq!(admit(&p, ME, "UPDATE", "", annotated, own.clone()), Ok(()));
+
+        // The shared finalizer goes only once every node's entry says Completed.
+        let fin = nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION;
+        let mut held = shared.clone();
+        held["metadata"]["finalizers"] = json!(["example.com/audit", fin]);
+        let mut released = held.clone();
+        released["metadata"]["finalizers"] = json!(["example.com/audit"]);
+        assert!(
+            denied(admit(&p, ME, "UPDATE", "", released.clone(), held.clone()))
+                .contains("every status.nodeStatuses entry says Completed")
+        );
+        let mut one_done = held.clone();
+        one_done["status"]["nodeStatuses"][0]["drainMessage"] = json!("Completed");
+        let mut one_done_released = released.clone();
+        one_done_released["status"] = one_done["status"].clone();
+        denied(admit(&p, ME, "UPDATE", "", one_done_released, one_done));
+        let mut all_done = held.clone();
+        all_done["status"]["nodeStatuses"][0]["drainMessage"] = json!("Completed");
+        all_done["status"]["nodeStatuses"][1]["drainMessage"] = json!("Completed");
+        let mut all_done_released = released;
+        all_done_released["status"] = all_done["status"].clone();
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "", all_done_released, all_done),
+            Ok(())
+        );
+        let mut own_held = own.clone();
+        own_held["metadata"]["finalizers"] = json!(["example.com/audit", fin]);
+        assert_eq!(admit(&p, ME, "UPDATE", "", own, own_held), Ok(()));
+    }
+
+    /// The aggregate of a maintenance of other nodes: no drainStatus, no other condition,
+    /// stage entries only added up to the stage, and Drained only as every entry says.
+    #[test]
+    fn a_node_writes_only_the_aggregate_the_entries_call_for() {
+        let p = policy("nodemaintenances");
+        let shared = maintenance(by_label());
+        let mut counted = shared.clone();
+        counted["status"]["drainStatus"] = json!({"activeEvictionRequests": 0, "drainMessage": "Drained"});
+        assert!(denied(admit(&p, ME, "UPDATE", "status", counted, shared.clone()))
+            .contains("status.drainStatus"));
+        let mut other_cond = shared.clone();
+        other_cond["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+        denied(admit(&p, ME, "UPDATE", "status", other_cond, shared.clone()));
+
+        let drained_cond = |status: &str| json!([{"type": "Drained", "status": status, "reason": "r", "message": "m"}]);
+        let mut early = shared.clone();
+        early["status"]["conditions"] = drained_cond("True");
+        assert!(denied(admit(&p, ME, "UPDATE", "status", early, shared.clone()))
+            .contains("Drained condition"));
+        let mut draining = shared.clone();
+        draining["status"]["conditions"] = drained_cond("False");
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "status", draining.clone(), shared.clone()),
+            Ok(())
+        );
+        let mut done = draining.clone();
+        for i in 0..2 {
+            done["status"]["nodeStatuses"][i]["podsRemaining"] = json!(0);
+            done["status"]["nodeStatuses"][i]["drainMessage"] = json!("Drained");
+        }
+        let mut marked = done.clone();
+        marked["status"]["conditions"] = drained_cond("True");
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "status", marked, done.clone()),
+            Ok(())
+        );
+        let mut wrong = done.clone();
+        wrong["status"]["conditions"] = drained_cond("Unknown");
+        denied(admit(&p, ME, "UPDATE", "status", wrong, done));
+
+        let stage = |name: &str| json!({"name": name, "startTimestamp": "2030-01-01T00:00:00Z"});
+        let mut staged = shared.clone();
+        staged["status"]["stageStatuses"] = json!([stage("Cordon")]);
+        let mut more = staged.clone();
+        more["status"]["stageStatuses"] = json!([stage("Cordon"), stage("Drain")]);
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "status", more.clone(), staged.clone()),
+            Ok(())
+        );
+        let mut ahead = staged.clone();
+        ahead["status"]["stageStatuses"] = json!([stage("Cordon"), stage("Complete")]);
+        assert!(denied(admit(&p, ME, "UPDATE", "status", ahead, staged.clone()))
+            .contains("stageStatuses"));
+        let mut rewritten = staged.clone();
+        rewritten["status"]["stageStatuses"][0]["startTimestamp"] = json!("2031-01-01T00:00:00Z");
+        denied(admit(&p, ME, "UPDATE", "status", rewritten, staged));
+
+        // Its own maintenance: the whole aggregate.
+        let own = maintenance(pinned("one"));
+        let mut aggregate = own.clone();
+        aggregate["status"]["drainStatus"] = json!({"drainMessage": "Draining"});
+        aggregate["status"]["conditions"] = drained_cond("True");
+        assert_eq!(admit(&p, ME, "UPDATE", "status", aggregate, own), Ok(()));
+    }
+
+    fn eviction_request(requesters: &[&str], node: Option<&str>) -> Value {
         let requesters: Vec<Value> = requesters.iter().map(|r| json!({"name": r})).collect();
-        json!({
-            "metadata": {"name": "uid-1", "namespace": "shop"},
+        let mut r = json!({
+            "metadata": {"name": "uid-1", "namespace": "shop", "labels": {"app": "web"}},
             "spec": {"type": "Soft", "target": {"podRef": {"name": "web-0", "uid": "uid-1"}},
                      "requesters": requesters, "heartbeatDeadlineSeconds": 1800}
-        })
+        });
+        if let Some(node) = node {
+            r["metadata"]["labels"][nodegrace::cluster::eviction_request::NODE_LABEL] = json!(node);
+        }
+        r
     }
 
     #[test]
     fn a_node_manages_only_its_own_requester() {
         let p = policy("evictionrequests");
-        let ours = nodegrace::api::REQUESTER_NODE_MAINTENANCE;
+        let ours = nodegrace::api::node_requester("one").unwrap();
+        let ours = ours.as_str();
+        let theirs = nodegrace::api::node_requester("two").unwrap();
+        let theirs = theirs.as_str();
         let other = "descheduler.example.com";
+        let me = Some("one");
         assert_eq!(
-            admit(&p, ME, "CREATE", "", eviction_request(&[ours]), Value::Null),
+            admit(&p, ME, "CREATE", "", eviction_request(&[ours], me), Value::Null),
             Ok(())
         );
         denied(admit(
@@ -1174,7 +1341,15 @@ mod rbac {
             ME,
             "CREATE",
             "",
-            eviction_request(&[ours, other]),
+            eviction_request(&[ours, other], me),
+            Value::Null,
+        ));
+        denied(admit(
+            &p,
+            ME,
+            "CREATE",
+            "",
+            eviction_request(&[theirs], me),
             Value::Null,
         ));
         // Join and withdraw beside another requester.
@@ -1184,8 +1359,8 @@ mod rbac {
                 ME,
                 "UPDATE",
                 "",
-                eviction_request(&[other, ours]),
-                eviction_request(&[other])
+                eviction_request(&[other, ours], me),
+                eviction_request(&[other], me)
             ),
             Ok(())
         );
@@ -1195,8 +1370,8 @@ mod rbac {
                 ME,
                 "UPDATE",
                 "",
-                eviction_request(&[other]),
-                eviction_request(&[other, ours])
+                eviction_request(&[other], me),
+                eviction_request(&[other, ours], me)
             ),
             Ok(())
         );
@@ -1205,15 +1380,25 @@ mod rbac {
             ME,
             "UPDATE",
             "",
-            eviction_request(&[ours]),
-            eviction_request(&[other, ours]),
+            eviction_request(&[ours], me),
+            eviction_request(&[other, ours], me),
         ));
+        // Another node's requester cannot be withdrawn, nor its request deleted.
+        assert!(denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "",
+            eviction_request(&[], me),
+            eviction_request(&[theirs], me),
+        ))
+        .contains(ours));
         assert_eq!(
-            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours])),
+            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours], me)),
             Ok(())
         );
         assert_eq!(
-            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[])),
+            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[], me)),
             Ok(())
         );
         denied(admit(
@@ -1222,7 +1407,108 @@ mod rbac {
             "DELETE",
             "",
             Value::Null,
-            eviction_request(&[ours, other]),
+            eviction_request(&[ours, other], me),
         ));
+        denied(admit(
+            &p,
+            ME,
+            "DELETE",
+            "",
+            Value::Null,
+            eviction_request(&[theirs], me),
+        ));
+    }
+
+    /// Which node controls a request is its label: a node creates only requests labelled for
+    /// itself, labels unlabelled ones for itself, and never touches another node's.
+    #[test]
+    fn a_node_acts_only_on_requests_labelled_for_it() {
+        let p = policy("evictionrequests");
+        let ours = nodegrace::api::node_requester("one").unwrap();
+        let ours = ours.as_str();
+        let other = "descheduler.example.com";
+        for label in [None, Some("two")] {
+            assert!(denied(admit(
+                &p,
+                ME,
+                "CREATE",
+                "",
+                eviction_request(&[ours], label),
+                Value::Null
+            ))
+            .contains("may only create EvictionRequests labelled nodegrace.dev/node=one"));
+        }
+        // Claiming a descheduler's unlabelled request, then joining it.
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "",
+                eviction_request(&[other], Some("one")),
+                eviction_request(&[other], None)
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "",
+                eviction_request(&[other, ours], Some("one")),
+                eviction_request(&[other], None)
+            ),
+            Ok(())
+        );
+        // Not another node's, not even to relabel it.
+        for new_label in [Some("one"), Some("two"), None] {
+            denied(admit(
+                &p,
+                ME,
+                "UPDATE",
+                "",
+                eviction_request(&[other], new_label),
+                eviction_request(&[other], Some("two")),
+            ));
+        }
+        // Nor dropping its own label from a request.
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "",
+            eviction_request(&[other], None),
+            eviction_request(&[other], Some("one")),
+        ));
+
+        // Status: only of requests labelled for it.
+        let with_status = |label| {
+            let mut r = eviction_request(&[other], label);
+            r["status"] = json!({"activeInterceptorName": "db.example.com"});
+            r
+        };
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "status",
+                with_status(Some("one")),
+                eviction_request(&[other], Some("one"))
+            ),
+            Ok(())
+        );
+        for label in [None, Some("two")] {
+            assert!(denied(admit(
+                &p,
+                ME,
+                "UPDATE",
+                "status",
+                with_status(label),
+                eviction_request(&[other], label)
+            ))
+            .contains("status of EvictionRequests labelled nodegrace.dev/node=one"));
+        }
     }
 }

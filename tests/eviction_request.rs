@@ -12,7 +12,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
-use nodegrace::api::{EvictionRequest, INTERCEPTOR_ANNOTATION_PREFIX, REQUESTER_NODE_MAINTENANCE};
+use nodegrace::api::{EvictionRequest, INTERCEPTOR_ANNOTATION_PREFIX};
 use nodegrace::cluster::eviction_request::{
     is_crd_installed, Controller, ControllerConfig, ControllerHandle, PodKey, Reconciler,
     Requested, Requester, WallClock, Withdrawn, NODE_LABEL,
@@ -23,6 +23,8 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "n1";
+/// This node's requester name.
+const OURS: &str = "n1.nodemaintenance.nodegrace.dev";
 const NS: &str = "prod";
 const DESCHEDULER: &str = "descheduler.example.com";
 
@@ -258,7 +260,7 @@ async fn create_then_join_makes_one_request_with_both_requesters() {
     assert_eq!(r.metadata.name.as_deref(), Some(pod.uid.as_str()));
     assert_eq!(
         requester_names(r),
-        [REQUESTER_NODE_MAINTENANCE, DESCHEDULER]
+        [OURS, DESCHEDULER]
     );
     let pod_ref = r.pod_ref().unwrap();
     assert_eq!(
@@ -318,7 +320,7 @@ async fn concurrent_joins_lose_no_requester() {
             "a.example.com",
             "b.example.com",
             "c.example.com",
-            REQUESTER_NODE_MAINTENANCE
+            OURS
         ]
     );
 }
@@ -381,7 +383,7 @@ async fn withdraw_removes_the_requester_and_the_last_one_cancels() {
     })
     .await;
     assert_eq!(complete_reason(&again), None);
-    assert_eq!(requester_names(&again), [REQUESTER_NODE_MAINTENANCE]);
+    assert_eq!(requester_names(&again), [OURS]);
     stop.cancel();
 }
 
@@ -406,7 +408,7 @@ async fn a_forbid_policy_keeps_the_requester() {
     assert_eq!(ours.withdraw(&pod).await.unwrap(), Withdrawn::Forbidden);
     assert_eq!(
         requester_names(&get(&client, &pod).await),
-        [REQUESTER_NODE_MAINTENANCE]
+        [OURS]
     );
     let late = Requester::new(client.clone(), NODE).named(DESCHEDULER);
     assert_eq!(late.request(&pod).await.unwrap(), Requested::Uncancellable);

@@ -127,10 +127,10 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
     let kubelet = Arc::new(RecordingKubelet::default());
 
     env.cluster.api.set_reachable(false).await.unwrap();
-    let client_source = env.cluster.api.kube_config().unwrap();
+    let cluster = env.cluster.clone();
     let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), move || {
-        let config = client_source.clone();
-        async move { Ok(kube::Client::try_from(config)?) }
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
     });
 
     let req = request(ShutdownKind::Poweroff, Duration::from_secs(120));
@@ -225,7 +225,7 @@ async fn no_apiserver_at_all_drains_every_band_locally() {
     runtime.add_pod("work", "unknown", "uid-unknown", Duration::from_millis(50));
     let kubelet = Arc::new(RecordingKubelet::default());
     let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), || async {
-        anyhow::bail!("no kubeconfig on this node")
+        Err::<kube::Client, _>(anyhow::anyhow!("no kubeconfig on this node"))
     });
     let req = request(ShutdownKind::Reboot, Duration::from_secs(60));
     tokio::time::timeout(Duration::from_secs(20), drainer.drain(&req))
@@ -295,10 +295,10 @@ fn next_boot(
     kubelet: &Arc<RecordingKubelet>,
 ) -> NodeDrainer {
     std::fs::write(env.dir.path().join("boot_id"), "boot-2\n").unwrap();
-    let client_source = env.cluster.api.kube_config().unwrap();
+    let cluster = env.cluster.clone();
     NodeDrainer::start(parts(env, settings, runtime, kubelet), move || {
-        let config = client_source.clone();
-        async move { Ok(kube::Client::try_from(config)?) }
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
     })
 }
 
@@ -327,7 +327,7 @@ async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenan
         // The shutdown: no apiserver at all.
         let offline = NodeDrainer::start(
             parts(&env, settings.clone(), &runtime, &kubelet),
-            || async { anyhow::bail!("apiserver unreachable") },
+            || async { Err::<kube::Client, _>(anyhow::anyhow!("apiserver unreachable")) },
         );
         let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
         tokio::time::timeout(Duration::from_secs(20), offline.drain(&req))
@@ -498,10 +498,10 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
     runtime.add_pod("work", "web", "uid-web", Duration::from_millis(50));
     runtime.add_pod("work", "dns", "uid-dns", Duration::from_millis(50));
     let kubelet = Arc::new(RecordingKubelet::default());
-    let client_source = env.cluster.api.kube_config().unwrap();
+    let cluster = env.cluster.clone();
     let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), move || {
-        let config = client_source.clone();
-        async move { Ok(kube::Client::try_from(config)?) }
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
     });
     let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
     tokio::time::timeout(Duration::from_secs(20), drainer.drain(&req))
@@ -533,10 +533,10 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
     let settings = env.settings();
     let runtime = FakeRuntime::new();
     let kubelet = Arc::new(RecordingKubelet::default());
-    let client_source = env.cluster.api.kube_config().unwrap();
+    let cluster = env.cluster.clone();
     let drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), move || {
-        let config = client_source.clone();
-        async move { Ok(kube::Client::try_from(config)?) }
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
     });
     let req = request(ShutdownKind::Reboot, Duration::from_secs(60));
     tokio::time::timeout(Duration::from_secs(30), drainer.drain(&req))

@@ -245,6 +245,33 @@ pub fn node_selector_for(node: &str) -> NodeSelector {
     }
 }
 
+/// Whether `selector` selects `node` alone, as the admission policy judges it: every
+/// nodeSelectorTerm pins `metadata.name In [<node>]`. Such a maintenance is the node's own to
+/// drive: spec, metadata and the aggregate status; on any other a node's identity writes
+/// only its `status.nodeStatuses` entry and what follows from the entries.
+pub fn is_pinned_to(selector: &NodeSelector, node: &str) -> bool {
+    !selector.node_selector_terms.is_empty()
+        && selector.node_selector_terms.iter().all(|t| {
+            t.match_fields.iter().flatten().any(|f| {
+                f.key == "metadata.name"
+                    && f.operator == "In"
+                    && f.values.as_deref() == Some(&[node.to_owned()][..])
+            })
+        })
+}
+
+/// Whether every node that reported to a maintenance says it is drained (or has completed
+/// it): the only `Drained` condition a node may write on a maintenance not pinned to it.
+pub fn entries_drained(status: Option<&NodeMaintenanceStatus>) -> bool {
+    status.is_some_and(|s| {
+        !s.node_statuses.is_empty()
+            && s.node_statuses.iter().all(|e| {
+                e.pods_remaining == 0
+                    && matches!(e.drain_message.as_str(), "Drained" | "Completed")
+            })
+    })
+}
+
 impl NodeMaintenance {
     pub fn stage(&self) -> Stage {
         self.spec.stage

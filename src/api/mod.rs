@@ -31,8 +31,18 @@ pub const FINALIZER_MAINTENANCE_COMPLETION: &str = "nodegrace.dev/maintenance-co
 pub const CONDITION_DRAINED: &str = "Drained";
 /// EvictionRequest condition: no interceptor processes the request any more.
 pub const CONDITION_COMPLETE: &str = "Complete";
-/// nodegrace's name in `EvictionRequest.spec.requesters`.
-pub const REQUESTER_NODE_MAINTENANCE: &str = "nodemaintenance.nodegrace.dev";
+/// nodegrace's requesters in `EvictionRequest.spec.requesters` are named
+/// `<node>.nodemaintenance.nodegrace.dev`: one requester per node, so that the admission
+/// policy lets a node add and remove only its own entry (see [`node_requester`]).
+pub const REQUESTER_SUFFIX: &str = "nodemaintenance.nodegrace.dev";
+
+/// The requester name of `node`'s daemon; None when the name would not be a valid DNS
+/// subdomain of at most 253 characters (node names over 223 characters).
+pub fn node_requester(node: &str) -> Option<String> {
+    let name = format!("{node}.{REQUESTER_SUFFIX}");
+    (name.len() <= 253 && crate::cluster::eviction_request::is_dns_subdomain(&name))
+        .then_some(name)
+}
 /// Pod annotation prefix declaring an interceptor: `<prefix><name>: "<priority>"`.
 pub const INTERCEPTOR_ANNOTATION_PREFIX: &str =
     "interceptor.evictionrequest.coordination.k8s.io/priority_";

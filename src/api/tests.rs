@@ -133,7 +133,7 @@ fn eviction_request_round_trips_in_kep_shape() {
     });
     let er: EvictionRequest = serde_json::from_value(value.clone()).unwrap();
     assert_eq!(er.pod_ref().unwrap().name, "muffin-orders-6b59d9cb88-ks7wb");
-    assert!(er.has_requester(REQUESTER_NODE_MAINTENANCE));
+    assert!(er.has_requester(REQUESTER_SUFFIX));
     assert!(!er.is_complete());
     assert_eq!(
         er.cancellation_policy(),
@@ -145,7 +145,7 @@ fn eviction_request_round_trips_in_kep_shape() {
 
 #[test]
 fn eviction_request_for_pod_is_named_after_the_uid_with_kep_defaults() {
-    let er = EvictionRequest::for_pod("ns", "web-0", "uid-1", REQUESTER_NODE_MAINTENANCE, vec![]);
+    let er = EvictionRequest::for_pod("ns", "web-0", "uid-1", REQUESTER_SUFFIX, vec![]);
     let value = serde_json::to_value(&er).unwrap();
     assert_eq!(
         value,

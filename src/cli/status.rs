@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::{align, human, kube_client, load_settings, runtime, secs, OutputFormat};
 use crate::api::{node_selector_for, shutdown_maintenance_name, NodeMaintenance};
 use crate::config::Settings;
+use crate::cluster::client::Role;
 use crate::daemon::status::{PhaseChange, ShutdownStatus};
 use crate::daemon::{DaemonPaths, Status};
 use crate::logind::budget::{DelayDropin, DROPIN_MARKER};
@@ -38,6 +39,8 @@ pub struct StatusReport {
     pub daemon: DaemonSection,
     pub budget: BudgetSection,
     pub apiserver: ApiserverSection,
+    /// nodegrace's credential, then the kubelet's (read from their kubeconfigs).
+    pub credentials: Vec<CredentialReport>,
     pub maintenances: MaintenanceSection,
     pub static_pods: StaticPodSection,
     pub pod_cache: PodCacheSection,
@@ -87,6 +90,23 @@ pub struct ApiserverSection {
     pub version: Option<String>,
     pub error: Option<String>,
     pub probe_timeout_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialReport {
+    /// `node.kubeconfig` or `node.kubelet_kubeconfig`.
+    pub key: String,
+    /// None: in-cluster config or `$KUBECONFIG` (or, for the kubelet's, node.kubeconfig's).
+    pub path: Option<PathBuf>,
+    /// `ok`, `renewal-due`, `expired`, `missing`, `unreadable`, `not-a-certificate`.
+    pub state: String,
+    /// `CN (O, ...)` of the client certificate.
+    pub identity: Option<String>,
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the daemon renews it (nodegrace's only).
+    pub renew_from: Option<chrono::DateTime<chrono::Utc>>,
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -313,12 +333,17 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
             error: Some(format!("{e:#}")),
         },
     };
+    let credentials = vec![
+        credential_report(settings, Role::Nodegrace, chrono::Utc::now()),
+        credential_report(settings, Role::Kubelet, chrono::Utc::now()),
+    ];
     Ok(StatusReport {
         node,
         node_error,
         daemon,
         budget,
         apiserver,
+        credentials,
         maintenances,
         static_pods: static_pod_section(settings),
         pod_cache,
@@ -331,6 +356,101 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
             offline_drain_error,
         },
     })
+}
+
+/// What `role`'s kubeconfig holds, read from disk (the apiserver is not asked).
+pub fn credential_report(
+    settings: &Settings,
+    role: Role,
+    now: chrono::DateTime<chrono::Utc>,
+) -> CredentialReport {
+    use crate::credentials::kubeconfig::{Credential, KubeconfigFile};
+    let path = match role {
+        Role::Nodegrace => settings.node.kubeconfig.clone(),
+        Role::Kubelet => settings.node.kubelet_kubeconfig.clone(),
+    };
+    let mut report = CredentialReport {
+        key: role.key().into(),
+        path: path.clone(),
+        state: "ok".into(),
+        identity: None,
+        expires_at: None,
+        renew_from: None,
+        detail: None,
+    };
+    let Some(path) = path else {
+        report.state = "not-a-certificate".into();
+        report.detail = Some(match role {
+            Role::Nodegrace => "in-cluster config or $KUBECONFIG".into(),
+            Role::Kubelet => "the same as node.kubeconfig".into(),
+        });
+        return report;
+    };
+    if std::fs::symlink_metadata(&path).is_err() {
+        report.state = "missing".into();
+        report.detail = Some(match role {
+            Role::Nodegrace => "run `nodegrace credentials request` (or let the daemon request it: node.renew_credential)".into(),
+            Role::Kubelet => "the kubelet's kubeconfig is not there: set node.kubelet_kubeconfig".into(),
+        });
+        return report;
+    }
+    match KubeconfigFile::read(&path).and_then(|f| f.credential()) {
+        Ok(Credential::Certificate(c)) => {
+            report.identity = Some(c.identity());
+            report.expires_at = Some(c.not_after);
+            if role == Role::Nodegrace {
+                report.renew_from = Some(c.renew_at());
+            }
+            if c.not_after <= now {
+                report.state = "expired".into();
+            } else if role == Role::Nodegrace && c.renew_at() <= now {
+                report.state = "renewal-due".into();
+            }
+        }
+        Ok(Credential::Other(kind)) => {
+            report.state = "not-a-certificate".into();
+            report.detail = Some(format!("a {kind}: no expiry to read"));
+        }
+        Ok(Credential::None) => {
+            report.state = "not-a-certificate".into();
+            report.detail = Some("no credential in its current context".into());
+        }
+        Err(e) => {
+            report.state = "unreadable".into();
+            report.detail = Some(format!("{e:#}"));
+        }
+    }
+    report
+}
+
+fn credential_line(c: &CredentialReport, now: chrono::DateTime<chrono::Utc>) -> String {
+    let path = c
+        .path
+        .as_ref()
+        .map_or_else(String::new, |p| format!("; {}", p.display()));
+    let expiry = |at: chrono::DateTime<chrono::Utc>| {
+        let left = (at - now).to_std().map(human).unwrap_or_else(|_| "0s".into());
+        format!("{} (in {left})", at.to_rfc3339())
+    };
+    match (c.state.as_str(), &c.identity, c.expires_at) {
+        ("ok", Some(id), Some(at)) => format!("{id}, certificate expires {}{path}", expiry(at)),
+        ("renewal-due", Some(id), Some(at)) => format!(
+            "{id}, certificate expires {}: renewal due (the daemon requests it; approve the request){path}",
+            expiry(at)
+        ),
+        ("expired", Some(id), Some(at)) => format!(
+            "EXPIRED: {id}, certificate expired {}; {}{path}",
+            at.to_rfc3339(),
+            if c.key == "node.kubeconfig" {
+                "run `nodegrace credentials request`"
+            } else {
+                "check the kubelet"
+            }
+        ),
+        ("missing", ..) => format!("MISSING{path}: {}", c.detail.clone().unwrap_or_default()),
+        ("unreadable", ..) => format!("UNREADABLE{path}: {}", c.detail.clone().unwrap_or_default()),
+        _ => format!("{}{path}", c.detail.clone().unwrap_or_default()),
+    }
 }
 
 fn offline_summary(d: &OfflineDrain) -> OfflineDrainSummary {
@@ -784,6 +904,16 @@ pub fn render_table(r: &StatusReport) -> String {
             format!("UNREACHABLE: {}", a.error.clone().unwrap_or_default())
         },
     );
+
+    let now = chrono::Utc::now();
+    for c in &r.credentials {
+        let label = if c.key == "node.kubeconfig" {
+            "Credential"
+        } else {
+            "Kubelet credential"
+        };
+        row(label, credential_line(c, now));
+    }
 
     let m = &r.maintenances;
     if !m.known {

@@ -1,73 +1,145 @@
-//! The apiserver client for this node's identity.
+//! Apiserver clients for the node's two identities: nodegrace's own (`node.kubeconfig`,
+//! `nodegrace:node:<node>`) for the Node, NodeMaintenances, EvictionRequests and events, and
+//! the kubelet's (`node.kubelet_kubeconfig`, `system:node:<node>`) for what NodeRestriction
+//! confines to the node's own pods: evictions and DELETEs (packaging/rbac/README.md).
+//!
+//! A daemon client follows its kubeconfig ([`ReloadingClient`]): a renewed certificate, the
+//! kubelet's rotated one or an operator's fix is used from the next request on, without a
+//! restart and without dropping what is in flight.
 
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use http::{HeaderName, HeaderValue};
 
 use crate::config::Settings;
+use crate::credentials::kubeconfig::KubeconfigFile;
 
-/// Builds a client from `node.kubeconfig` (else in-cluster config or `$KUBECONFIG`).
-/// `connect_timeout` bounds connects; `read_timeout`, when given, bounds every read, which
-/// suits one-shot CLI requests but would cut the daemon's long-running watches.
+/// Sent with every request, so that audit logs tell nodegrace's requests under the kubelet's
+/// identity from the kubelet's own.
+pub const USER_AGENT: &str = concat!("nodegrace/", env!("CARGO_PKG_VERSION"));
+
+/// How often a daemon client looks at its kubeconfig's files for a change.
+pub const RELOAD_CHECK: Duration = Duration::from_secs(60);
+
+/// Which identity a client holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// nodegrace's own identity, `node.kubeconfig`.
+    Nodegrace,
+    /// The kubelet's identity, `node.kubelet_kubeconfig`.
+    Kubelet,
+}
+
+impl Role {
+    /// The configuration key of the kubeconfig.
+    pub fn key(self) -> &'static str {
+        match self {
+            Role::Nodegrace => "node.kubeconfig",
+            Role::Kubelet => "node.kubelet_kubeconfig",
+        }
+    }
+
+    /// "nodegrace's credential" / "the kubelet's credential".
+    pub fn describe(self) -> &'static str {
+        match self {
+            Role::Nodegrace => "nodegrace's credential",
+            Role::Kubelet => "the kubelet's credential",
+        }
+    }
+
+    /// The kubeconfig of this role under `settings`; None means in-cluster config or
+    /// `$KUBECONFIG` (nodegrace's), or the same as nodegrace's (the kubelet's).
+    pub fn path(self, settings: &Settings) -> Option<&Path> {
+        match self {
+            Role::Nodegrace => settings.node.kubeconfig.as_deref(),
+            Role::Kubelet => settings
+                .node
+                .kubelet_kubeconfig
+                .as_deref()
+                .or(settings.node.kubeconfig.as_deref()),
+        }
+    }
+}
+
+/// Timeouts of a client. `read`, when given, bounds every read, which suits one-shot CLI
+/// requests but would cut the daemon's long-running watches.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub read: Option<Duration>,
+}
+
+/// A client for `role`'s kubeconfig at `path` (None: in-cluster config or `$KUBECONFIG`).
+pub async fn client_for(path: Option<&Path>, role: Role, timeouts: Timeouts) -> Result<kube::Client> {
+    build(path, &format!("{} ({})", role.key(), role.describe()), timeouts).await
+}
+
+/// A client for the kubeconfig at `path`, which `what` names in errors.
+pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Result<kube::Client> {
+    let mut config = match path {
+        Some(path) => {
+            let file = KubeconfigFile::read(path).with_context(|| what.to_owned())?;
+            kube::Config::from_custom_kubeconfig(
+                file.config,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .with_context(|| format!("cannot use kubeconfig {} ({what})", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .with_context(|| format!("no kubeconfig ({what}: none given, no in-cluster config, no $KUBECONFIG)"))?,
+    };
+    // kube retries 429/503/504 inside the client by default, for up to many minutes: a PDB
+    // refusing an eviction must come back to the drain loop at once, which backs off itself.
+    config.default_retry = false;
+    config.connect_timeout = Some(timeouts.connect);
+    if let Some(read) = timeouts.read {
+        config.read_timeout = Some(read);
+        config.write_timeout = Some(read);
+    }
+    config.headers.push((
+        HeaderName::from_static("user-agent"),
+        HeaderValue::from_static(USER_AGENT),
+    ));
+    kube::Client::try_from(config).context("cannot build the apiserver client")
+}
+
+/// A one-shot client for `node.kubeconfig` (the CLI's commands).
 pub async fn client(
     settings: &Settings,
     connect_timeout: Duration,
     read_timeout: Option<Duration>,
 ) -> Result<kube::Client> {
-    let mut config = match &settings.node.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context(
-            "no kubeconfig (node.kubeconfig is empty, no in-cluster config, no $KUBECONFIG)",
-        )?,
-    };
-    // kube retries 429/503/504 inside the client by default, for up to many minutes: a PDB
-    // refusing an eviction must come back to the drain loop at once, which backs off itself.
-    config.default_retry = false;
-    config.connect_timeout = Some(connect_timeout);
-    if let Some(read) = read_timeout {
-        config.read_timeout = Some(read);
-        config.write_timeout = Some(read);
-    }
-    kube::Client::try_from(config).context("cannot build the apiserver client")
+    client_for(
+        Role::Nodegrace.path(settings),
+        Role::Nodegrace,
+        Timeouts {
+            connect: connect_timeout,
+            read: read_timeout,
+        },
+    )
+    .await
 }
 
 /// The apiserver URL the client of `settings` talks to, for logs ("in-cluster or
 /// $KUBECONFIG" when the configuration does not say).
 pub fn endpoint(settings: &Settings) -> String {
-    let from_kubeconfig = settings.node.kubeconfig.as_ref().and_then(|path| {
-        let kc = kube::config::Kubeconfig::read_from(path).ok()?;
-        let context = kc.current_context.as_ref()?;
-        let cluster = kc
-            .contexts
-            .iter()
-            .find(|c| &c.name == context)?
-            .context
-            .as_ref()?
-            .cluster
-            .clone();
-        kc.clusters
-            .iter()
-            .find(|c| c.name == cluster)?
-            .cluster
-            .as_ref()?
-            .server
-            .clone()
-    });
-    from_kubeconfig.unwrap_or_else(|| "in-cluster or $KUBECONFIG".to_string())
+    settings
+        .node
+        .kubeconfig
+        .as_ref()
+        .and_then(|path| KubeconfigFile::read(path).ok())
+        .and_then(|f| f.server().map(str::to_owned))
+        .unwrap_or_else(|| "in-cluster or $KUBECONFIG".to_string())
 }
 
 /// The user and groups the apiserver authenticates `client` as (a SelfSubjectReview,
 /// which every authenticated identity may create).
-pub async fn identity(client: &kube::Client) -> Result<(String, Vec<String>)> {
+pub async fn identity(client: &kube::Client) -> kube::Result<(String, Vec<String>)> {
     use k8s_openapi::api::authentication::v1::SelfSubjectReview;
     let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
     let review = api
@@ -75,11 +147,184 @@ pub async fn identity(client: &kube::Client) -> Result<(String, Vec<String>)> {
             &kube::api::PostParams::default(),
             &SelfSubjectReview::default(),
         )
-        .await
-        .context("asking the apiserver who this client is (SelfSubjectReview)")?;
+        .await?;
     let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
     Ok((
         user.username.unwrap_or_default(),
         user.groups.unwrap_or_default(),
     ))
+}
+
+/// The two clients the daemon acts with.
+#[derive(Clone)]
+pub struct Clients {
+    /// nodegrace's own identity.
+    pub nodegrace: kube::Client,
+    /// The kubeconfig's identity that evicts and deletes the node's pods: the kubelet's.
+    pub kubelet: kube::Client,
+    /// Both are the same client (`node.kubelet_kubeconfig` is empty, or a test).
+    pub shared: bool,
+}
+
+impl From<kube::Client> for Clients {
+    /// One client for everything (tests, and `node.kubelet_kubeconfig = ""`).
+    fn from(client: kube::Client) -> Self {
+        Clients {
+            nodegrace: client.clone(),
+            kubelet: client,
+            shared: true,
+        }
+    }
+}
+
+/// The files a kubeconfig reads and what they were when last looked at.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Fingerprint(Vec<(PathBuf, Option<(u64, u64, i64, i64, u64)>)>);
+
+fn fingerprint(path: &Path) -> Fingerprint {
+    use std::os::unix::fs::MetadataExt;
+    let files = KubeconfigFile::read(path)
+        .map(|f| f.files())
+        .unwrap_or_else(|_| vec![path.to_owned()]);
+    Fingerprint(
+        files
+            .into_iter()
+            .map(|f| {
+                let meta = std::fs::metadata(&f)
+                    .ok()
+                    .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()));
+                (f, meta)
+            })
+            .collect(),
+    )
+}
+
+struct Reloading {
+    path: PathBuf,
+    role: Role,
+    timeouts: Timeouts,
+    current: RwLock<kube::Client>,
+    seen: std::sync::Mutex<Fingerprint>,
+    /// Checks a reloaded client before it replaces the current one.
+    accept: Box<dyn Fn(kube::Client) -> futures::future::BoxFuture<'static, Result<()>> + Send + Sync>,
+    /// The last reload error said, so it is not repeated every check.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+/// Forwards every request to the current inner client.
+#[derive(Clone)]
+struct Forward(Arc<Reloading>);
+
+impl tower::Service<http::Request<kube::client::Body>> for Forward {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, kube::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let inner = self
+            .0
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Box::pin(async move { inner.send(request).await })
+    }
+}
+
+/// A client whose credential follows the kubeconfig file: every [`RELOAD_CHECK`] the
+/// kubeconfig and the files it names are looked at (a stat each), and when one changed a
+/// new inner client is built, checked with `accept` and swapped in. Requests already under
+/// way finish on the old one. A kubeconfig that cannot be used keeps the current client
+/// (and is said once).
+pub struct ReloadingClient {
+    client: kube::Client,
+    state: Arc<Reloading>,
+}
+
+impl ReloadingClient {
+    pub async fn new<A, F>(path: &Path, role: Role, timeouts: Timeouts, accept: A) -> Result<Self>
+    where
+        A: Fn(kube::Client) -> F + Send + Sync + 'static,
+        F: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        let seen = fingerprint_blocking(path.to_owned()).await;
+        let inner = client_for(Some(path), role, timeouts).await?;
+        let state = Arc::new(Reloading {
+            path: path.to_owned(),
+            role,
+            timeouts,
+            current: RwLock::new(inner),
+            seen: std::sync::Mutex::new(seen),
+            accept: Box::new(move |c| Box::pin(accept(c))),
+            last_error: std::sync::Mutex::new(None),
+        });
+        let namespace = state
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .default_namespace()
+            .to_owned();
+        let client = kube::Client::new(Forward(state.clone()), namespace);
+        tokio::spawn(watch_files(Arc::downgrade(&state)));
+        Ok(ReloadingClient { client, state })
+    }
+
+    /// The client to use (clones share the reloading).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// Looks at the files now (after writing a new credential).
+    pub async fn check_now(&self) {
+        check(&self.state).await;
+    }
+}
+
+async fn fingerprint_blocking(path: PathBuf) -> Fingerprint {
+    tokio::task::spawn_blocking(move || fingerprint(&path))
+        .await
+        .unwrap_or_default()
+}
+
+async fn watch_files(state: Weak<Reloading>) {
+    loop {
+        tokio::time::sleep(RELOAD_CHECK).await;
+        let Some(state) = state.upgrade() else { return };
+        check(&state).await;
+    }
+}
+
+async fn check(state: &Reloading) {
+    let now = fingerprint_blocking(state.path.clone()).await;
+    if *state.seen.lock().unwrap_or_else(|p| p.into_inner()) == now {
+        return;
+    }
+    let attempt = async {
+        let fresh = client_for(Some(&state.path), state.role, state.timeouts).await?;
+        (state.accept)(fresh.clone()).await?;
+        anyhow::Ok(fresh)
+    };
+    match attempt.await {
+        Ok(fresh) => {
+            *state.current.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+            *state.seen.lock().unwrap_or_else(|p| p.into_inner()) = now;
+            *state.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            tracing::info!(kubeconfig = %state.path.display(), key = state.role.key(), "the kubeconfig changed: using its new credential");
+        }
+        Err(err) => {
+            let text = format!("{err:#}");
+            let mut last = state.last_error.lock().unwrap_or_else(|p| p.into_inner());
+            if last.as_deref() != Some(text.as_str()) {
+                tracing::error!(kubeconfig = %state.path.display(), key = state.role.key(), error = %text, "the kubeconfig changed but cannot be used: keeping the credential in use");
+                *last = Some(text);
+            }
+        }
+    }
 }

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod engine;
 pub mod evict;
+pub mod identity;
 pub mod eviction_request;
 pub mod node;
 pub mod nodesel;

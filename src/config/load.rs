@@ -516,6 +516,40 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
                 Some(check_path(ctx, leaf, "node.kubeconfig")?)
             };
         }
+        if let Some(leaf) = &node.kubelet_kubeconfig {
+            s.node.kubelet_kubeconfig = if leaf.get().is_empty() {
+                None
+            } else {
+                Some(check_path(ctx, leaf, "node.kubelet_kubeconfig")?)
+            };
+        }
+        flag(&node.renew_credential, &mut s.node.renew_credential);
+        if let Some(leaf) = &node.credential_lifetime {
+            let value = leaf.get().0;
+            if value < super::MIN_CREDENTIAL_LIFETIME {
+                return Err(ctx.leaf(
+                    leaf,
+                    "node.credential_lifetime",
+                    &format!(
+                        "{} is too short; at least {} (the CertificateSigningRequest API's minimum)",
+                        humantime::format_duration(value),
+                        humantime::format_duration(super::MIN_CREDENTIAL_LIFETIME)
+                    ),
+                ));
+            }
+            check_duration(
+                ctx,
+                leaf.file,
+                leaf.span(),
+                "node.credential_lifetime",
+                value,
+                &Bounds {
+                    nonzero: true,
+                    max: super::MAX_CREDENTIAL_LIFETIME,
+                },
+            )?;
+            s.node.credential_lifetime = value;
+        }
     }
 
     if let Some(sd) = &raw.shutdown {

@@ -45,6 +45,13 @@ pub use load::{load, load_fragments, load_report, load_str, Fragment, Loaded};
 pub use render::{to_toml_string, to_toml_table};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nodegrace/config.toml";
+/// Where nodegrace's own identity lives unless `node.kubeconfig` says otherwise.
+pub const DEFAULT_KUBECONFIG: &str = "/etc/nodegrace/kubeconfig";
+
+/// Shortest `node.credential_lifetime`: the CertificateSigningRequest API's minimum.
+pub const MIN_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(600);
+/// Longest `node.credential_lifetime` (ten years).
+pub const MAX_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// The longest `shutdown.max_delay`, so the longest budget a shutdown can have.
 pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(24 * 3600);
@@ -74,8 +81,17 @@ pub struct Settings {
 pub struct NodeSettings {
     /// The Node's name; empty means the host name.
     pub name: String,
-    /// None means in-cluster config or `$KUBECONFIG`, as kube's `Config::infer`.
+    /// nodegrace's own identity (`nodegrace:node:<node>`). None means in-cluster config or
+    /// `$KUBECONFIG`, as kube's `Config::infer`.
     pub kubeconfig: Option<PathBuf>,
+    /// The kubelet's identity (`system:node:<node>`), which evicts and deletes the node's
+    /// pods. None means the same credential as `kubeconfig`.
+    pub kubelet_kubeconfig: Option<PathBuf>,
+    /// Renew (or first request) the client certificate in `kubeconfig` through a
+    /// CertificateSigningRequest made with the kubelet's credential.
+    pub renew_credential: bool,
+    /// The certificate lifetime asked for (`expirationSeconds`); the signer may cap it.
+    pub credential_lifetime: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -168,7 +184,10 @@ impl Default for Settings {
         Settings {
             node: NodeSettings {
                 name: String::new(),
-                kubeconfig: Some(PathBuf::from("/etc/kubernetes/kubelet.conf")),
+                kubeconfig: Some(PathBuf::from(DEFAULT_KUBECONFIG)),
+                kubelet_kubeconfig: Some(PathBuf::from("/etc/kubernetes/kubelet.conf")),
+                renew_credential: true,
+                credential_lifetime: Duration::from_secs(365 * 24 * 3600),
             },
             shutdown: ShutdownSettings {
                 max_delay: Duration::from_secs(15 * 60),
@@ -244,6 +263,18 @@ pub fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static
         ("state_dir", a.state_dir != b.state_dir),
         ("node.name", a.node.name != b.node.name),
         ("node.kubeconfig", a.node.kubeconfig != b.node.kubeconfig),
+        (
+            "node.kubelet_kubeconfig",
+            a.node.kubelet_kubeconfig != b.node.kubelet_kubeconfig,
+        ),
+        (
+            "node.renew_credential",
+            a.node.renew_credential != b.node.renew_credential,
+        ),
+        (
+            "node.credential_lifetime",
+            a.node.credential_lifetime != b.node.credential_lifetime,
+        ),
         (
             "shutdown.max_delay",
             a.shutdown.max_delay != b.shutdown.max_delay,

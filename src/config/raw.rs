@@ -101,6 +101,9 @@ pub(super) struct RawConfig {
 pub(super) struct RawNode {
     pub name: Option<Leaf<String>>,
     pub kubeconfig: Option<Leaf<String>>,
+    pub kubelet_kubeconfig: Option<Leaf<String>>,
+    pub renew_credential: Option<Leaf<bool>>,
+    pub credential_lifetime: Option<Leaf<Dur>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

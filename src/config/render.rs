@@ -9,6 +9,12 @@ use super::{CompletionPolicy, Settings};
 use crate::plan::PodType;
 
 fn dur(d: Duration) -> Value {
+    // humantime's months and years are averages (30.44 and 365.25 days): whole hours say
+    // a long duration exactly, as "8760h".
+    if d >= Duration::from_secs(30 * 24 * 3600) && d.as_secs() % 3600 == 0 && d.subsec_nanos() == 0
+    {
+        return Value::String(format!("{}h", d.as_secs() / 3600));
+    }
     Value::String(humantime::format_duration(d).to_string())
 }
 
@@ -59,6 +65,15 @@ pub fn to_toml_table(s: &Settings) -> Table {
                 .as_deref()
                 .map_or(Value::String(String::new()), path),
         ),
+        (
+            "kubelet_kubeconfig",
+            s.node
+                .kubelet_kubeconfig
+                .as_deref()
+                .map_or(Value::String(String::new()), path),
+        ),
+        ("renew_credential", Value::Boolean(s.node.renew_credential)),
+        ("credential_lifetime", dur(s.node.credential_lifetime)),
     ]);
     let sd = &s.shutdown;
     let shutdown = table([

@@ -1,7 +1,7 @@
 //! The daemon's real drain: the cluster engine while the apiserver answers, the kubelet-like
 //! CRI fallback while it does not, and back to the engine when it returns.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::eviction_request::{
     self, Controller, ControllerConfig, EvictionRequestTerminator, Requester,
 };
-use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions, PodTerminator};
+use crate::cluster::client::{client_for, Clients, ReloadingClient, Role, Timeouts};
+use crate::cluster::identity::{self, CredentialError};
+use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions, EvictionApi, PodTerminator};
 use crate::config::{CompletionPolicy, Settings};
 use crate::cri::Runtime;
 use crate::daemon::{Drainer, ShutdownRequest};
@@ -124,10 +126,11 @@ impl Drop for NodeDrainer {
 impl NodeDrainer {
     /// Starts connecting in the background with `connect` (retried with back-off) and
     /// returns at once.
-    pub fn start<F, Fut>(parts: NodeParts, connect: F) -> NodeDrainer
+    pub fn start<F, Fut, C>(parts: NodeParts, connect: F) -> NodeDrainer
     where
         F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: std::future::Future<Output = Result<kube::Client>> + Send,
+        Fut: std::future::Future<Output = Result<C>> + Send,
+        C: Into<Clients>,
     {
         let (tx, rx) = watch::channel(None);
         let stop = CancellationToken::new();
@@ -152,6 +155,11 @@ impl NodeDrainer {
             stop,
             connecting_since: tokio::time::Instant::now(),
         }
+    }
+
+    /// A token cancelled when the drainer goes, for tasks that live as long as it.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.child_token()
     }
 
     fn engine_now(&self) -> Option<Arc<Engine>> {
@@ -392,9 +400,11 @@ impl Drainer for NodeDrainer {
     }
 }
 
-/// Builds the client (retrying), picks the termination path the cluster offers and starts
-/// the engine, plus this node's eviction-request controller when nodegrace is to be it.
-async fn connect_engine<F, Fut>(
+/// Builds the clients (retrying), checks that both credentials are what the identity
+/// model needs, picks the termination path the cluster offers and starts the engine, plus
+/// this node's eviction-request controller when nodegrace is to be it. Until then every
+/// shutdown drains offline.
+async fn connect_engine<F, Fut, C>(
     connect: F,
     settings: Settings,
     node: String,
@@ -404,62 +414,89 @@ async fn connect_engine<F, Fut>(
 ) -> Engine
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<kube::Client>>,
+    Fut: std::future::Future<Output = Result<C>>,
+    C: Into<Clients>,
 {
     let endpoint = crate::cluster::client::endpoint(&settings);
+    let paths = [
+        Role::Nodegrace.path(&settings).map(Path::to_owned),
+        Role::Kubelet.path(&settings).map(Path::to_owned),
+    ];
+    let controller_wanted = !settings.drain.external_eviction_request_controller;
     let mut delay = RETRY_MIN;
     let mut failures = 0u32;
-    let (client, eviction_requests) = loop {
+    let mut said: Option<String> = None;
+    let (clients, eviction_requests, verified) = loop {
         let attempt = async {
-            let client = connect().await?;
-            let installed = eviction_request::is_crd_installed(&client).await?;
-            anyhow::Ok((client, installed))
+            let clients: Clients = connect().await?.into();
+            let installed = eviction_request::is_crd_installed(&clients.nodegrace).await?;
+            let verified = identity::verify(
+                &clients,
+                [paths[0].as_deref(), paths[1].as_deref()],
+                &node,
+                installed,
+                installed && controller_wanted,
+            )
+            .await?;
+            anyhow::Ok((clients, installed, verified))
         };
         match attempt.await {
             Ok(ready) => break ready,
             Err(err) => {
                 metrics.api_error("connect");
-                // The first failure and then about every few minutes, not every retry.
-                if failures.is_power_of_two() || failures == 0 {
-                    tracing::warn!(node = %node, apiserver = %endpoint, error = format!("{err:#}"), retry_in = ?delay, "cannot reach the apiserver yet");
+                let text = format!("{err:#}");
+                let credential = err
+                    .chain()
+                    .any(|c| c.downcast_ref::<CredentialError>().is_some());
+                // The first failure, a new reason, and then about every few minutes.
+                let remind = failures.is_power_of_two() || failures == 0;
+                if credential && (said.as_deref() != Some(text.as_str()) || remind) {
+                    tracing::error!(node = %node, apiserver = %endpoint, error = %text, retry_in = ?delay, "nodegrace cannot act through the apiserver with these credentials; until it can, a shutdown drains through the CRI runtime");
+                } else if !credential && remind {
+                    tracing::warn!(node = %node, apiserver = %endpoint, error = %text, retry_in = ?delay, "cannot reach the apiserver yet");
                 }
+                said = Some(text);
                 failures += 1;
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(RETRY_MAX);
             }
         }
     };
-    let identity = match crate::cluster::client::identity(&client).await {
-        Ok((user, groups)) => {
-            tracing::info!(node = %node, apiserver = %endpoint, user = %user, groups = ?groups, "connected to the apiserver");
-            check_identity(&node, &user);
-            user
-        }
-        Err(err) => {
-            tracing::warn!(node = %node, apiserver = %endpoint, error = format!("{err:#}"), "connected to the apiserver; its identity is unknown");
-            "unknown".to_string()
-        }
-    };
-    let terminator: Option<Arc<dyn PodTerminator>> = eviction_requests.then(|| {
+    for warning in &verified.warnings {
+        tracing::warn!(node = %node, "{warning}");
+    }
+    let unknown = |who: &str| if who.is_empty() { "unknown".to_string() } else { who.to_string() };
+    tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
+    let requester = eviction_requests
+        .then(|| crate::api::node_requester(&node))
+        .flatten();
+    if eviction_requests && requester.is_none() {
+        tracing::warn!(node = %node, "the node name is too long for an EvictionRequest requester name (<node>.nodemaintenance.nodegrace.dev, at most 253 characters): pods are evicted through the Eviction API directly");
+    }
+    let terminator: Arc<dyn PodTerminator> = if requester.is_some() {
         tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
         Arc::new(EvictionRequestTerminator::new(
-            client.clone(),
-            Requester::new(client.clone(), &node),
-        )) as Arc<dyn PodTerminator>
-    });
-    let run_controller = eviction_requests && !settings.drain.external_eviction_request_controller;
+            clients.kubelet.clone(),
+            Requester::new(clients.nodegrace.clone(), &node),
+        ))
+    } else {
+        Arc::new(EvictionApi::new(clients.kubelet.clone()))
+    };
+    let run_controller = requester.is_some() && controller_wanted;
     let config = ControllerConfig::from_settings(&settings, &node);
     let engine = Engine::start(EngineOptions {
-        client: client.clone(),
-        endpoint: format!("{endpoint} as {identity}"),
+        client: clients.nodegrace.clone(),
+        endpoint: format!("{endpoint} as {}", unknown(&verified.nodegrace)),
         settings,
         node,
         gate,
         metrics,
-        terminator,
+        terminator: Some(terminator),
     });
     if run_controller {
-        let (controller, handle) = Controller::new(client, engine.pod_store(), config);
+        let (controller, handle) =
+            Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
+        let controller = controller.evicting_with(clients.kubelet.clone());
         engine.attach_eviction_request_controller(handle);
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {
@@ -473,14 +510,51 @@ where
     engine
 }
 
-/// Says at once when the kubeconfig is another node's nodegrace identity: the admission
-/// policy (packaging/admission) would refuse every write it makes for this node.
-fn check_identity(node: &str, user: &str) {
-    if let Some(other) = user.strip_prefix("nodegrace:node:") {
-        if other != node {
-            tracing::error!(node = %node, user = %user, "the kubeconfig (node.kubeconfig) holds another node's identity: the admission policy refuses its writes for this node; issue one for nodegrace:node:{node}");
+/// The daemon's clients: nodegrace's identity and the kubelet's (the same client when
+/// `node.kubelet_kubeconfig` is empty), each following its kubeconfig file. A file that
+/// cannot be used is a [`CredentialError`].
+pub async fn daemon_clients(settings: &Settings, connect_timeout: Duration) -> Result<Clients> {
+    let node = settings.node_name()?;
+    let timeouts = Timeouts {
+        connect: connect_timeout,
+        read: None,
+    };
+    let build = |role: Role| {
+        let node = node.clone();
+        async move {
+            let Some(path) = role.path(settings) else {
+                return client_for(None, role, timeouts).await;
+            };
+            // A changed file is used only if the apiserver accepts it as the right identity.
+            let accept = move |client: kube::Client| {
+                let node = node.clone();
+                async move {
+                    let (user, groups) = crate::cluster::client::identity(&client).await?;
+                    match identity::judge(role, &node, &user, &groups) {
+                        identity::Finding::Unusable(e) => Err(anyhow::anyhow!(e)),
+                        _ => Ok(()),
+                    }
+                }
+            };
+            ReloadingClient::new(path, role, timeouts, accept)
+                .await
+                .map(|r| r.client())
         }
+    };
+    let nodegrace = build(Role::Nodegrace)
+        .await
+        .map_err(|e| CredentialError(format!("{e:#}")))?;
+    if settings.node.kubelet_kubeconfig.is_none() {
+        return Ok(Clients::from(nodegrace));
     }
+    let kubelet = build(Role::Kubelet)
+        .await
+        .map_err(|e| CredentialError(format!("{e:#}")))?;
+    Ok(Clients {
+        nodegrace,
+        kubelet,
+        shared: false,
+    })
 }
 
 /// The drainer `nodegrace run` uses on a real node.
@@ -505,10 +579,11 @@ pub fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result<NodeDr
         .fallback
         .apiserver_timeout
         .min(Duration::from_secs(5));
-    Ok(NodeDrainer::start(
+    let renewal_metrics = metrics.clone();
+    let drainer = NodeDrainer::start(
         NodeParts {
             settings: settings.clone(),
-            node,
+            node: node.clone(),
             runtime: Arc::new(runtime),
             kubelet: Some(Arc::new(crate::systemd::SystemdKubelet::default())),
             gate: Arc::new(gate),
@@ -517,7 +592,14 @@ pub fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result<NodeDr
         },
         move || {
             let settings = connect_settings.clone();
-            async move { crate::cluster::client::client(&settings, connect_timeout, None).await }
+            async move { daemon_clients(&settings, connect_timeout).await }
         },
-    ))
+    );
+    tokio::spawn(crate::credentials::renew::run(
+        settings.clone(),
+        node,
+        renewal_metrics,
+        drainer.stop_token(),
+    ));
+    Ok(drainer)
 }

@@ -39,9 +39,13 @@ impl ClusterRole {
     }
 
     /// Whether some rule grants `verb` on `group`/`resource` (`resource/subresource`), or
-    /// every authenticated identity may do it (`system:basic-user`: "who am I").
+    /// every authenticated identity may do it (`system:basic-user`: "who am I" and "may I").
     pub fn allows(&self, verb: &str, group: &str, resource: &str) -> bool {
-        if (verb, group, resource) == ("create", "authentication.k8s.io", "selfsubjectreviews") {
+        if matches!(
+            (verb, group, resource),
+            ("create", "authentication.k8s.io", "selfsubjectreviews")
+                | ("create", "authorization.k8s.io", "selfsubjectaccessreviews")
+        ) {
             return true;
         }
         self.rules.iter().any(|[verbs, groups, resources]| {

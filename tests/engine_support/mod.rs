@@ -96,7 +96,9 @@ impl Env {
             node: NODE.into(),
             gate: self.gate.clone(),
             metrics: self.metrics.clone(),
-            terminator: None,
+            terminator: Some(Arc::new(nodegrace::cluster::EvictionApi::new(
+                self.cluster.kubelet_client().unwrap(),
+            ))),
         })
     }
 

@@ -46,13 +46,26 @@ fn rbac_attributes(r: &RecordedRequest) -> Option<(String, String, String)> {
 }
 
 /// Fails when the ClusterRole shipped in packaging/rbac would refuse a request the daemon
-/// made (the fake apiserver authorizes everything; a real one does not).
+/// made with its own identity (the fake apiserver authorizes everything; a real one does
+/// not), or when the kubelet's credential was used for anything but the node's pod writes.
 pub fn assert_cluster_role_allows(reqs: &[RecordedRequest]) {
     let role = ClusterRole::shipped();
     for r in reqs {
         let Some((verb, group, resource)) = rbac_attributes(r) else {
             continue;
         };
+        if r.user_agent == nodegrace_testkit::fake_apiserver::KUBELET_AGENT {
+            assert!(
+                matches!(
+                    (verb.as_str(), group.as_str(), resource.as_str()),
+                    ("create", "", "pods/eviction") | ("delete", "", "pods")
+                ),
+                "the kubelet's credential is for pod writes only, not {verb} {group}/{resource} ({} {})",
+                r.method,
+                r.path
+            );
+            continue;
+        }
         assert!(
             role.allows(&verb, &group, &resource),
             "the ClusterRole does not allow {verb} {group}/{resource} ({} {}?{})",

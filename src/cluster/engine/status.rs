@@ -200,7 +200,16 @@ impl Shared {
         if stages != serde_json::to_value(&status.stage_statuses)? {
             patch.insert("stageStatuses".into(), stages);
         }
-        if let Some(v) = view {
+        // On a maintenance of other nodes too, the admission policy lets a node write no
+        // drainStatus and only the Drained condition the entries of every node call for
+        // (packaging/rbac/README.md).
+        let pinned = crate::api::is_pinned_to(&m.spec.node_selector, &self.node);
+        let drained = if pinned {
+            view.map(|v| v.drained)
+        } else {
+            view.map(|_| crate::api::entries_drained(m.status.as_ref()))
+        };
+        if let Some(v) = view.filter(|_| pinned) {
             let entries = &status.node_statuses;
             let reached = reached_drain_targets(
                 entries
@@ -226,7 +235,9 @@ impl Shared {
             if strip_empty(&current_ds) != strip_empty(&drain_status) {
                 patch.insert("drainStatus".into(), drain_status);
             }
-            let want = if v.drained { "True" } else { "False" };
+        }
+        if let (Some(v), Some(drained)) = (view, drained) {
+            let want = if drained { "True" } else { "False" };
             let existing = status
                 .conditions
                 .iter()
@@ -241,8 +252,8 @@ impl Shared {
                 conds.push(json!({
                     "type": CONDITION_DRAINED,
                     "status": want,
-                    "reason": if v.drained { "Drained" } else { "Draining" },
-                    "message": if v.drained { "every targeted pod terminated on every selected node".to_string() } else { format!("at drain plan entry {} of {}", v.index + 1, v.plan_len) },
+                    "reason": if drained { "Drained" } else { "Draining" },
+                    "message": if drained { "every targeted pod terminated on every selected node".to_string() } else { format!("at drain plan entry {} of {}", v.index + 1, v.plan_len) },
                     "lastTransitionTime": now,
                     "observedGeneration": m.metadata.generation.unwrap_or(0),
                 }));
@@ -252,15 +263,23 @@ impl Shared {
         if patch.is_empty() {
             return Ok(());
         }
+        let mut body = json!({"status": patch});
+        if !pinned {
+            // What the condition follows from must not change under the write: 409, and
+            // the watch brings the newer version.
+            body["metadata"] = json!({"resourceVersion": m.metadata.resource_version});
+        }
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let r = api
-            .patch_status(
-                &name,
-                &merge_params(),
-                &Patch::Merge(json!({"status": patch})),
-            )
-            .await
-            .with_context(|| format!("writing the status of NodeMaintenance {name}"));
+            .patch_status(&name, &merge_params(), &Patch::Merge(body))
+            .await;
+        if let Err(e) = &r {
+            if api_error_code(e) == Some(409) {
+                self.mark_reachable();
+                return Ok(());
+            }
+        }
+        let r = r.with_context(|| format!("writing the status of NodeMaintenance {name}"));
         self.note(&r);
         let updated = r?;
         st.nm_overlay.insert(name, Arc::new(updated));

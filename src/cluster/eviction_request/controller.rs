@@ -57,6 +57,9 @@ impl ControllerConfig {
 /// Carries out the decisions for one EvictionRequest at a time.
 pub struct Reconciler {
     client: Client,
+    /// Evictions go through this one: the kubelet's credential in the daemon, which
+    /// NodeRestriction confines to the node's own pods.
+    evictor: Client,
     clock: WallClock,
     recorder: Recorder,
     backoff_max: Mutex<Duration>,
@@ -102,6 +105,7 @@ impl Reconciler {
         );
         let (backoff_max, clock) = (config.backoff_max, config.clock);
         Self {
+            evictor: client.clone(),
             client,
             clock,
             recorder,
@@ -109,6 +113,54 @@ impl Reconciler {
             not_before: Mutex::new(HashMap::new()),
             evicted: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Evicts with `client` (the kubelet's) instead of the client that writes requests.
+    pub fn evicting_with(mut self, client: Client) -> Self {
+        self.evictor = client;
+        self
+    }
+
+    /// Labels an unlabelled request for `node` (its pod is in `node`'s pod cache) before
+    /// this node acts on it: the admission policy lets a node write the status only of
+    /// requests labelled for it. `None` when the request changed meanwhile.
+    pub async fn claim(&self, request: &EvictionRequest, node: &str) -> Result<Option<EvictionRequest>> {
+        let api: Api<EvictionRequest> = Api::namespaced(
+            self.client.clone(),
+            request.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": request.metadata.resource_version,
+            "labels": {NODE_LABEL: node},
+        }});
+        let params = kube::api::PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..Default::default()
+        };
+        let name = request.metadata.name.as_deref().unwrap_or_default();
+        match api.patch(name, &params, &kube::api::Patch::Merge(&patch)).await {
+            Ok(claimed) => {
+                info!(request = %key_of(request), node, "labelled an EvictionRequest of this node's pod for this node");
+                Ok(Some(claimed))
+            }
+            Err(err) if matches!(api_error_code(&err), Some(409 | 404)) => Ok(None),
+            Err(err) => Err(err).with_context(|| format!("labelling EvictionRequest {}", key_of(request))),
+        }
+    }
+
+    /// Says once that a request for this node's pod is labelled for another node.
+    async fn report_foreign(&self, request: &EvictionRequest, other: &str) {
+        warn!(request = %key_of(request), labelled_for = other, "an EvictionRequest of this node's pod is labelled for another node (made with that node's identity): ignored");
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "LabelledForAnotherNode".to_owned(),
+            note: Some(format!(
+                "labelled {NODE_LABEL}={other}, but the pod is not on that node: nodegrace ignores this request; the node whose identity made it may be compromised"
+            )),
+            action: "Ignore".to_owned(),
+            secondary: None,
+        };
+        self.publish(request, &event).await;
     }
 
     /// A shorter cap under a shutdown deadline, the configured one otherwise.
@@ -187,7 +239,7 @@ impl Reconciler {
             return Ok(Reconciled::default());
         }
         let namespace = request.metadata.namespace.clone().unwrap_or_default();
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), &namespace);
         let mut state = PodState::of(pod, &pod_ref.uid);
         let evicted = self
             .evicted
@@ -527,6 +579,12 @@ impl Queue {
 }
 
 impl Controller {
+    /// Evicts with `client` (the kubelet's credential in the daemon).
+    pub fn evicting_with(mut self, client: Client) -> Self {
+        self.reconciler = self.reconciler.evicting_with(client);
+        self
+    }
+
     /// A controller for `config.node`'s pods; `pods` is the node's pod cache (a reflector of
     /// the pods bound to the node). Feed pod changes through the returned handle.
     pub fn new(
@@ -550,6 +608,19 @@ impl Controller {
     }
 }
 
+/// Whose a request is, for this node's controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ownership {
+    /// Labelled for this node.
+    Ours,
+    /// Unlabelled (made by something other than a node) for a pod in this node's cache:
+    /// labelled for this node, then ours.
+    Unclaimed,
+    /// For a pod in this node's cache but labelled for `0`: ignored and reported.
+    Foreign(String),
+    NotOurs,
+}
+
 /// What decides which requests are this node's.
 struct Owned {
     node: String,
@@ -557,14 +628,14 @@ struct Owned {
 }
 
 impl Owned {
-    fn is_ours(&self, request: &EvictionRequest) -> bool {
-        let labelled = request
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(NODE_LABEL))
-            .is_some_and(|n| *n == self.node);
-        labelled || self.cached_pod(request).is_some()
+    fn ownership(&self, request: &EvictionRequest) -> Ownership {
+        let label = request.metadata.labels.as_ref().and_then(|l| l.get(NODE_LABEL));
+        match label {
+            Some(n) if *n == self.node => Ownership::Ours,
+            Some(other) if self.cached_pod(request).is_some() => Ownership::Foreign(other.clone()),
+            None if self.cached_pod(request).is_some() => Ownership::Unclaimed,
+            _ => Ownership::NotOurs,
+        }
     }
 
     fn cached_pod(&self, request: &EvictionRequest) -> Option<Arc<Pod>> {
@@ -650,6 +721,8 @@ impl Controller {
         let mut running = futures::stream::FuturesUnordered::new();
         let mut in_flight: HashSet<Key> = HashSet::new();
         let mut again: HashSet<Key> = HashSet::new();
+        // Requests labelled for another node, reported once.
+        let mut reported: HashSet<Key> = HashSet::new();
         info!(node = %this.node, "eviction-request controller started");
         loop {
             while running.len() < concurrency {
@@ -668,14 +741,37 @@ impl Controller {
                     Some(ours) => ours.clone(),
                     None => (*cached).clone(),
                 };
-                if !this.is_ours(&request) {
-                    continue;
-                }
+                let claim = match this.ownership(&request) {
+                    Ownership::Ours => false,
+                    Ownership::Unclaimed => true,
+                    Ownership::Foreign(other) => {
+                        if reported.insert(key.clone()) {
+                            reconciler.report_foreign(&request, &other).await;
+                        }
+                        continue;
+                    }
+                    Ownership::NotOurs => continue,
+                };
                 let pod = this.cached_pod(&request);
                 in_flight.insert(key.clone());
                 let reconciler = &reconciler;
+                let node = this.node.as_str();
                 running.push(async move {
-                    let result = reconciler.reconcile(&request, pod.as_deref()).await;
+                    let result = async {
+                        if !claim {
+                            return reconciler.reconcile(&request, pod.as_deref()).await;
+                        }
+                        let Some(claimed) = reconciler.claim(&request, node).await? else {
+                            return Ok(Reconciled {
+                                written: None,
+                                recheck_after: Some(Duration::from_secs(1)),
+                            });
+                        };
+                        let mut done = reconciler.reconcile(&claimed, pod.as_deref()).await?;
+                        done.written.get_or_insert(claimed);
+                        Ok(done)
+                    }
+                    .await;
                     (key, result)
                 });
             }
@@ -715,6 +811,7 @@ impl Controller {
                     }
                     Some(Ok(watcher::Event::Delete(r))) => {
                         let key = key_pair(&r);
+                        reported.remove(&key);
                         reconciler.forget(&r);
                         written.remove(&key);
                         queue.set_timer(&key, None);

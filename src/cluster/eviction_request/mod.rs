@@ -44,7 +44,7 @@ use kube::Client;
 use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 
 pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciled, Reconciler};
-pub use requester::{Requested, Requester, Withdrawn};
+pub use requester::{labelled_for_another, Requested, Requester, Withdrawn};
 pub use terminator::EvictionRequestTerminator;
 
 /// Label on the EvictionRequests nodegrace creates or joins: the node whose daemon acts
@@ -127,7 +127,7 @@ pub fn interceptors_from_annotations(
         .collect()
 }
 
-fn is_dns_subdomain(name: &str) -> bool {
+pub(crate) fn is_dns_subdomain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {

@@ -15,7 +15,7 @@ use tracing::{debug, info};
 use super::{interceptors_from_annotations, PodKey, PodState, NODE_LABEL};
 use crate::api::{
     EvictionRequest, EvictionRequestCancellationPolicy, Requester as RequesterRef,
-    HEARTBEAT_DEADLINE_DEFAULT_SECONDS, REQUESTER_NODE_MAINTENANCE,
+    HEARTBEAT_DEADLINE_DEFAULT_SECONDS, REQUESTER_SUFFIX,
 };
 use crate::cluster::{api_error_code, FIELD_MANAGER};
 
@@ -23,7 +23,7 @@ use crate::cluster::{api_error_code, FIELD_MANAGER};
 const MAX_CONFLICTS: usize = 16;
 
 /// What [`Requester::request`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requested {
     /// Created the pod's EvictionRequest.
     Created,
@@ -37,6 +37,11 @@ pub enum Requested {
     Uncancellable,
     /// The pod no longer exists (or has terminated): nothing to request.
     PodGone,
+    /// The pod's EvictionRequest is labelled for another node (`NODE_LABEL`): only a
+    /// compromised or misconfigured node's identity makes such a request for this node's
+    /// pod. It is not joined (the admission policy would refuse it); the pod goes through
+    /// the Eviction API instead.
+    Foreign { node: String },
 }
 
 /// What [`Requester::withdraw`] did.
@@ -58,6 +63,17 @@ pub enum Withdrawn {
     NotRequested,
 }
 
+/// The node `request` is labelled for ([`NODE_LABEL`]), when that is not `node`.
+pub fn labelled_for_another<'a>(request: &'a EvictionRequest, node: &str) -> Option<&'a str> {
+    request
+        .metadata
+        .labels
+        .as_ref()?
+        .get(NODE_LABEL)
+        .map(String::as_str)
+        .filter(|n| *n != node)
+}
+
 /// Requests pod evictions on behalf of this node's maintenances.
 #[derive(Clone)]
 pub struct Requester {
@@ -68,12 +84,13 @@ pub struct Requester {
 }
 
 impl Requester {
-    /// The requester `nodemaintenance.nodegrace.dev` of the daemon on `node`.
+    /// The requester `<node>.nodemaintenance.nodegrace.dev` of the daemon on `node`
+    /// ([`crate::api::node_requester`]; the bare suffix for a node name too long for it).
     pub fn new(client: Client, node: &str) -> Self {
         Self {
             client,
             node: node.to_owned(),
-            name: REQUESTER_NODE_MAINTENANCE.to_owned(),
+            name: crate::api::node_requester(node).unwrap_or_else(|| REQUESTER_SUFFIX.to_owned()),
             heartbeat_deadline_seconds: HEARTBEAT_DEADLINE_DEFAULT_SECONDS,
         }
     }
@@ -140,6 +157,11 @@ impl Requester {
                 try_create = true;
                 continue;
             };
+            if let Some(other) = labelled_for_another(&request, &self.node) {
+                return Ok(Requested::Foreign {
+                    node: other.to_owned(),
+                });
+            }
             if request.is_complete() {
                 // Complete while the pod lives means cancelled; its requesters are frozen,
                 // so a new request replaces it.
@@ -261,7 +283,9 @@ impl Requester {
             let Some(request) = existing else {
                 return Ok(Withdrawn::NotRequested);
             };
-            if !request.has_requester(&self.name) {
+            if !request.has_requester(&self.name)
+                || labelled_for_another(&request, &self.node).is_some()
+            {
                 return Ok(Withdrawn::NotRequested);
             }
             if request.is_complete() {

@@ -20,6 +20,8 @@ use crate::plan::PodInfo;
 /// Terminates pods through EvictionRequests, remembering which maintenance asked for
 /// which pod so that a completed maintenance withdraws only what no other one still wants.
 pub struct EvictionRequestTerminator {
+    /// DELETEs, and evictions of pods whose request another node's identity made: the
+    /// kubelet's credential in the daemon.
     client: Client,
     requester: Requester,
     /// Pod UID -> (pod, maintenances that requested it).
@@ -88,6 +90,11 @@ impl PodTerminator for EvictionRequestTerminator {
                 };
                 match requested {
                     Requested::PodGone => Ok(Outcome::Gone),
+                    Requested::Foreign { node } => {
+                        warn!(pod = %key, labelled_for = %node, "the pod's EvictionRequest is labelled for another node (made with that node's identity): ignored; evicting through the Eviction API");
+                        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+                        evict::evict(&api, &pod.name, &pod.uid, None).await
+                    }
                     Requested::Created
                     | Requested::Joined
                     | Requested::AlreadyRequested

@@ -25,6 +25,8 @@ pub struct RecordedRequest {
     pub query: String,
     pub content_type: Option<String>,
     pub body: Bytes,
+    /// Which client made it, where tests give their clients distinct user agents.
+    pub user_agent: String,
 }
 
 impl RecordedRequest {
@@ -187,6 +189,7 @@ pub async fn handle(
             query: query.clone(),
             content_type: content_type.clone(),
             body: body.clone(),
+            user_agent: user_agent.clone(),
         });
     }
     let latency = shared.latency.lock().map(|l| *l).unwrap_or_default();

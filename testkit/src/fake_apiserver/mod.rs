@@ -188,6 +188,17 @@ impl FakeApiServer {
             .context("building a kube client for the fake apiserver")
     }
 
+    /// A client standing for the kubelet's credential: its requests are recorded with the
+    /// user agent [`KUBELET_AGENT`].
+    pub fn kubelet_client(&self) -> Result<kube::Client> {
+        let mut config = self.kube_config()?;
+        config.headers.push((
+            ::http::header::USER_AGENT,
+            ::http::HeaderValue::from_static(KUBELET_AGENT),
+        ));
+        kube::Client::try_from(config).context("building a kube client for the fake apiserver")
+    }
+
     /// Unreachable: the port is closed (connection refused) and every open connection,
     /// watches included, is cut. Reachable: listens again on the same port.
     pub async fn set_reachable(&self, reachable: bool) -> Result<()> {
@@ -261,6 +272,9 @@ impl FakeApiServer {
     }
 }
 
+/// User agent of [`FakeApiServer::kubelet_client`].
+pub const KUBELET_AGENT: &str = "test/kubelet-identity";
+
 /// A fake cluster: the store, the HTTP server in front of it, and helpers for fixtures.
 #[derive(Clone)]
 pub struct FakeCluster {
@@ -277,6 +291,20 @@ impl FakeCluster {
 
     pub fn client(&self) -> Result<kube::Client> {
         self.api.client()
+    }
+
+    /// See [`FakeApiServer::kubelet_client`].
+    pub fn kubelet_client(&self) -> Result<kube::Client> {
+        self.api.kubelet_client()
+    }
+
+    /// nodegrace's and the kubelet's clients, as the daemon holds them.
+    pub fn clients(&self) -> Result<nodegrace::cluster::client::Clients> {
+        Ok(nodegrace::cluster::client::Clients {
+            nodegrace: self.client()?,
+            kubelet: self.kubelet_client()?,
+            shared: false,
+        })
     }
 
     /// Starts a fake kubelet for `node` (every node when None) on this cluster's store.

@@ -472,7 +472,7 @@ async fn simulate(
     let boot_id = dir.path().join("boot_id");
     std::fs::write(&boot_id, "simulated-boot\n")?;
     let logind = MemoryLogind::new(opts.budget, EventLog::default());
-    let client_config = cluster.api.kube_config()?;
+    let sim_cluster = cluster.clone();
     let drainer = NodeDrainer::start(
         NodeParts {
             settings: settings.clone(),
@@ -484,8 +484,8 @@ async fn simulate(
             boot_id: nodegrace::state::BootIdSource::File(boot_id),
         },
         move || {
-            let config = client_config.clone();
-            async move { Ok(kube::Client::try_from(config)?) }
+            let cluster = sim_cluster.clone();
+            async move { cluster.clients() }
         },
     );
     let daemon = Daemon::new(
