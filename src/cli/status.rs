@@ -174,7 +174,7 @@ pub struct ShutdownSection {
 #[serde(rename_all = "camelCase")]
 pub struct OfflineDrainSummary {
     pub boot_id: String,
-    pub kind: crate::daemon::ShutdownKind,
+    pub kind: crate::shutdown::ShutdownKind,
     pub started_at: Option<chrono::DateTime<chrono::Utc>>,
     pub pods_stopped: usize,
     pub pods_not_stopped: usize,

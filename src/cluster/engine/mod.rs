@@ -46,10 +46,10 @@ use super::terminate::{EvictionApi, PodTerminator};
 use super::FIELD_MANAGER;
 use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
 use crate::config::Settings;
-use crate::daemon::ShutdownKind;
 use crate::metrics::Metrics;
 use crate::plan::budget::StepSchedule;
 use crate::plan::{DrainTargets, PodInfo};
+use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
 /// The boot that created the shutdown maintenance (`/proc/sys/kernel/random/boot_id`).
@@ -131,7 +131,8 @@ struct Ready {
 struct Shared {
     client: Client,
     node: String,
-    settings: Settings,
+    /// Replaced on SIGHUP (`Engine::reload`); read through `settings()`.
+    settings: std::sync::RwLock<Arc<Settings>>,
     gate: Arc<dyn StaticPodGate>,
     metrics: Metrics,
     terminator: Arc<dyn PodTerminator>,
@@ -399,8 +400,9 @@ struct DrainState {
     cache_due: Option<Instant>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
     daemonset_terminated: HashMap<String, String>,
-    /// The eviction back-off cap last given to the eviction-request controller.
-    backoff_cap: Option<Duration>,
+    /// The eviction back-off cap and concurrency last given to the eviction-request
+    /// controller.
+    eviction_requests_tuned: Option<(Duration, usize)>,
 }
 
 struct MaintView {
@@ -449,7 +451,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             client: opts.client.clone(),
             node: opts.node.clone(),
-            settings: opts.settings,
+            settings: std::sync::RwLock::new(Arc::new(opts.settings)),
             gate: opts.gate,
             metrics: opts.metrics,
             terminator,
@@ -523,6 +525,16 @@ impl Engine {
         self.shared.pods.clone()
     }
 
+    /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
+    /// way keeps the deadline schedule it started with.
+    pub fn reload(&self, settings: Arc<Settings>) {
+        match self.shared.settings.write() {
+            Ok(mut s) => *s = settings,
+            Err(p) => *p.into_inner() = settings,
+        }
+        self.shared.bump();
+    }
+
     /// Feeds this node's eviction-request controller: pod events, and the shorter eviction
     /// back-off cap while a shutdown runs.
     pub fn attach_eviction_request_controller(&self, handle: ControllerHandle) {
@@ -584,6 +596,13 @@ impl Engine {
 }
 
 impl Shared {
+    fn settings(&self) -> Arc<Settings> {
+        self.settings
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
     fn pod_changed(&self, pod: &Pod) {
         if let Some(handle) = lock(&self.eviction_requests).as_ref() {
             handle.pod_changed(
@@ -636,14 +655,14 @@ impl Shared {
     fn unreachable_deadline(&self) -> Option<Instant> {
         lock(&self.failing)
             .as_ref()
-            .map(|f| f.since + self.settings.fallback.apiserver_timeout)
+            .map(|f| f.since + self.settings().fallback.apiserver_timeout)
     }
 
     fn unusable_error(&self) -> EngineError {
         let last = lock(&self.failing)
             .as_ref()
             .map_or_else(|| "no answer yet".to_string(), |f| f.last_error.clone());
-        EngineError::ApiserverUnreachable(self.settings.fallback.apiserver_timeout, last)
+        EngineError::ApiserverUnreachable(self.settings().fallback.apiserver_timeout, last)
     }
 
     /// One cheap request to learn whether the apiserver answers.
@@ -670,7 +689,7 @@ impl Shared {
     /// After an unusable answer (already noted): waits a moment to try again, or gives up
     /// once the apiserver has not been usable for `fallback.apiserver_timeout`.
     async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
-        let timeout = self.settings.fallback.apiserver_timeout;
+        let timeout = self.settings().fallback.apiserver_timeout;
         if started.elapsed() >= timeout || self.unreachable_for() >= timeout {
             return Err(self.unusable_error());
         }
@@ -684,7 +703,7 @@ impl Shared {
     async fn wait_ready(&self, which: fn(&Ready) -> bool) -> Result<(), EngineError> {
         let mut rx = self.wake.subscribe();
         let started = Instant::now();
-        let timeout = self.settings.fallback.apiserver_timeout;
+        let timeout = self.settings().fallback.apiserver_timeout;
         loop {
             rx.borrow_and_update();
             if which(&lock(&self.ready)) {

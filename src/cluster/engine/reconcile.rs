@@ -73,7 +73,7 @@ impl Shared {
             written_at: Some(chrono::Utc::now()),
             pods: pods.to_vec(),
         };
-        let dir = self.settings.state_dir.clone();
+        let dir = self.settings().state_dir.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(err) = cache.store(&dir) {
                 tracing::warn!(error = format!("{err:#}"), "writing the pod cache failed");
@@ -154,9 +154,9 @@ impl Shared {
             })
             .collect();
         let backoff_cap = if ctx.is_some() {
-            self.settings.drain.eviction_backoff_max_shutdown
+            self.settings().drain.eviction_backoff_max_shutdown
         } else {
-            self.settings.drain.eviction_backoff_max
+            self.settings().drain.eviction_backoff_max
         };
         let decision = drain::decide(&drain::Snapshot {
             now,
@@ -175,7 +175,7 @@ impl Shared {
         })?;
         self.note_replacements(st, &decision.replacements, &raw_pods);
         let views = self.views(st, &prepared, &decision);
-        self.set_backoff_cap(st, backoff_cap);
+        self.tune_eviction_requests(st, backoff_cap);
         let retry = self
             .terminate(st, &node, &classified, &decision, &views, backoff_cap)
             .await?;
@@ -429,13 +429,21 @@ impl Shared {
         }
     }
 
-    /// The eviction-request controller backs off with the cap in force.
-    fn set_backoff_cap(&self, st: &mut DrainState, cap: Duration) {
-        if st.backoff_cap != Some(cap) {
-            if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+    /// The eviction-request controller backs off with the cap in force and runs as many
+    /// requests at once as the configuration says (both change: shutdowns, reloads).
+    fn tune_eviction_requests(&self, st: &mut DrainState, cap: Duration) {
+        let concurrency = self.settings().drain.max_concurrent_requests;
+        if st.eviction_requests_tuned == Some((cap, concurrency)) {
+            return;
+        }
+        if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+            if st.eviction_requests_tuned.map(|t| t.0) != Some(cap) {
                 handle.set_backoff_max(cap);
-                st.backoff_cap = Some(cap);
             }
+            if st.eviction_requests_tuned.map(|t| t.1) != Some(concurrency) {
+                handle.set_concurrency(concurrency);
+            }
+            st.eviction_requests_tuned = Some((cap, concurrency));
         }
     }
 }

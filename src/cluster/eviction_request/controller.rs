@@ -444,6 +444,7 @@ fn log_eviction(
 enum Message {
     PodChanged { namespace: String, uid: String },
     BackoffMax(Duration),
+    Concurrency(usize),
 }
 
 /// Lets the drain engine feed the controller.
@@ -464,6 +465,11 @@ impl ControllerHandle {
     /// Changes the eviction back-off cap (shorter under a shutdown deadline).
     pub fn set_backoff_max(&self, cap: Duration) {
         let _ = self.tx.send(Message::BackoffMax(cap));
+    }
+
+    /// Changes how many requests are reconciled at once (a reloaded configuration).
+    pub fn set_concurrency(&self, n: usize) {
+        let _ = self.tx.send(Message::Concurrency(n.max(1)));
     }
 }
 
@@ -627,7 +633,7 @@ impl Controller {
             node,
             pods,
             reconciler,
-            concurrency,
+            mut concurrency,
             rx,
         } = self;
         // A request whose pod is not in a synced cache is complete: wait for the sync.
@@ -738,6 +744,7 @@ impl Controller {
                             queue.push(key);
                         }
                     }
+                    Some(Message::Concurrency(n)) => concurrency = n,
                     Some(Message::BackoffMax(cap)) => {
                         reconciler.set_backoff_max(cap);
                         for r in cache.state() {
