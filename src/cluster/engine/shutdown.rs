@@ -46,8 +46,8 @@ impl Engine {
         sh.wait_ready(|r| r.node && r.pods && r.maintenances)
             .await?;
 
-        let plan = crate::plan::shutdown_drain_plan(&sh.settings().drain)
-            .context("normalizing drain.plan")?;
+        let plan =
+            crate::plan::shutdown_drain_plan(&sh.settings()).context("normalizing drain.plan")?;
         let name = shutdown_maintenance_name(&sh.node);
         // Cordon first: nothing new lands on the node while the maintenance is set up.
         sh.cordon_for_shutdown().await?;
