@@ -251,7 +251,7 @@ pub fn protection(settings: &Settings, report: &StatusReport) -> Result<(), Unpr
         return Ok(());
     };
     let pods: Vec<PodInfo> = cache.pods.into_iter().filter(PodInfo::is_active).collect();
-    let needed = shutdown_drain_plan(&settings)
+    let needed = shutdown_drain_plan(settings)
         .ok()
         .and_then(|plan| plan_steps(&plan, &pods).ok())
         .map(|steps| {
