@@ -483,6 +483,7 @@ where
     });
     if run_controller {
         let (controller, handle) = Controller::new(client, engine.pod_store(), config);
+        let controller = controller.reporting_blocks_to(engine.eviction_block_sink());
         engine.attach_eviction_request_controller(handle);
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {

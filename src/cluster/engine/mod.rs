@@ -155,6 +155,9 @@ struct Shared {
     /// This node's eviction-request controller, when nodegrace is it: fed the engine's pod
     /// events and the eviction back-off cap in force.
     eviction_requests: Mutex<Option<ControllerHandle>>,
+    /// What the eviction-request controller found blocking each pod (by UID); None: no
+    /// longer blocked. Taken into the drain's tracks at the next pass.
+    eviction_blocks: Mutex<HashMap<String, Option<String>>>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -398,6 +401,8 @@ struct DrainState {
     announced: HashSet<String>,
     cache_written: Option<Vec<PodInfo>>,
     cache_due: Option<Instant>,
+    /// Maintenances whose drain plan cannot be used, and why (reported in their status).
+    invalid_plans: HashMap<String, String>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
     daemonset_terminated: HashMap<String, String>,
     /// The eviction back-off cap and concurrency last given to the eviction-request
@@ -470,6 +475,7 @@ impl Engine {
             fallback: Mutex::new(None),
             timings: Mutex::new(ShutdownTimings::default()),
             eviction_requests: Mutex::new(None),
+            eviction_blocks: Mutex::new(HashMap::new()),
         });
         let c = &opts.client;
         let node = &opts.node;
@@ -533,6 +539,17 @@ impl Engine {
             Err(p) => *p.into_inner() = settings,
         }
         self.shared.bump();
+    }
+
+    /// Where this node's eviction-request controller reports what blocks a pod's eviction.
+    pub fn eviction_block_sink(&self) -> crate::cluster::eviction_request::BlockSink {
+        let shared = Arc::downgrade(&self.shared);
+        Arc::new(move |uid: &str, by: Option<String>| {
+            if let Some(shared) = shared.upgrade() {
+                lock(&shared.eviction_blocks).insert(uid.to_owned(), by);
+                shared.bump();
+            }
+        })
     }
 
     /// Feeds this node's eviction-request controller: pod events, and the shorter eviction

@@ -1,16 +1,17 @@
 //! One pass of the reconcile loop: read the reflected state, decide, carry it out.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
-use crate::cluster::node::cordon_patch;
+use crate::cluster::node::{cordon_patch, PREVIOUS_UNSCHEDULABLE_ANNOTATION};
 use crate::cluster::nodesel;
 use crate::plan::drain::{self, NodePod};
 use crate::plan::targets::MaintenanceInput;
@@ -110,14 +111,26 @@ impl Shared {
 
         // Cordon and finalizer first: a maintenance that selects the node holds it.
         if !active.is_empty() && cordon_patch(&node).is_some() {
+            let again = node
+                .annotations()
+                .contains_key(PREVIOUS_UNSCHEDULABLE_ANNOTATION);
             self.patch_node(st, "cordon", cordon_patch).await?;
             let names: Vec<String> = active.iter().map(|m| m.name_any()).collect();
+            let note = if again {
+                format!(
+                    "node {} was uncordoned while {} is active: cordoned again",
+                    self.node,
+                    names.join(", ")
+                )
+            } else {
+                format!("node {} cordoned for {}", self.node, names.join(", "))
+            };
             self.event_both(
                 &node,
                 active.first().map(|m| m.as_ref()),
-                false,
+                again,
                 "Cordoned",
-                format!("node {} cordoned for {}", self.node, names.join(", ")),
+                note,
             );
         }
         for m in &active {
@@ -142,6 +155,7 @@ impl Shared {
             })
         });
 
+        self.take_eviction_blocks(st, &node, &prepared);
         let now = self.epoch.elapsed();
         let node_pods = self.node_pods(&classified, now);
         let inputs: Vec<MaintenanceInput> = prepared
@@ -200,10 +214,12 @@ impl Shared {
         let completing: Vec<Arc<NodeMaintenance>> = selecting
             .iter()
             .filter(|m| {
+                // Also one created at Complete, or moved there from Idle, which this node
+                // never saw active: its entry says the node carried the stage out.
                 (m.spec.stage == Stage::Complete || is_deleting(m))
                     && (has_finalizer(m)
                         || m.node_status(&self.node)
-                            .is_some_and(|e| e.drain_message != COMPLETED_MESSAGE))
+                            .is_none_or(|e| e.drain_message != COMPLETED_MESSAGE))
             })
             .cloned()
             .collect();
@@ -306,11 +322,21 @@ impl Shared {
         for m in draining {
             let name = m.name_any();
             let plan = match normalize_drain_plan(&m.spec.drain_plan) {
-                Ok(p) => p,
+                Ok(p) => {
+                    st.invalid_plans.remove(&name);
+                    p
+                }
                 Err(err) => {
                     if st.announced.insert(format!("badplan/{name}")) {
-                        tracing::warn!(node = %self.node, maintenance = %name, error = %err, "ignoring a maintenance with an invalid drain plan");
+                        tracing::warn!(node = %self.node, maintenance = %name, error = %err, "not draining for a maintenance with an invalid drain plan");
+                        self.event(
+                            m.object_ref(&()),
+                            true,
+                            "InvalidDrainPlan",
+                            format!("node {} does not drain for {name}: {err}", self.node),
+                        );
                     }
+                    st.invalid_plans.insert(name, err.to_string());
                     continue;
                 }
             };
@@ -406,6 +432,43 @@ impl Shared {
             st.targets = nt.targets.clone();
         }
         views
+    }
+
+    /// What the eviction-request controller found blocking pods since the last pass: into
+    /// the tracks (the status names the blocker) and one event per new blocker.
+    fn take_eviction_blocks(&self, st: &mut DrainState, node: &Node, prepared: &[Prepared]) {
+        let reports: Vec<(String, Option<String>)> = lock(&self.eviction_blocks).drain().collect();
+        let mut fresh: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (uid, by) in reports {
+            let Some(track) = st.tracks.get_mut(&uid) else {
+                continue;
+            };
+            if let Some(blocker) = by.as_ref().filter(|_| track.blocked_by != by) {
+                let pod = self
+                    .pods
+                    .state()
+                    .iter()
+                    .find(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                    .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                    .unwrap_or_else(|| uid.clone());
+                fresh.entry(blocker.clone()).or_default().push(pod);
+            }
+            track.blocked_by = by;
+        }
+        for (by, pods) in fresh {
+            tracing::info!(node = %self.node, pods = ?pods, blocked_by = %by, "eviction blocked");
+            self.event_both(
+                node,
+                prepared.first().map(|p| p.m.as_ref()),
+                true,
+                "EvictionBlocked",
+                format!(
+                    "eviction of {} pod(s) blocked by {by}; retrying with back-off: {}",
+                    pods.len(),
+                    pods.join(", ")
+                ),
+            );
+        }
     }
 
     /// Says once which tolerate-all DaemonSet pods came back and are left alone.

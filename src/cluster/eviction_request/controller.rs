@@ -54,6 +54,11 @@ impl ControllerConfig {
     }
 }
 
+/// Told what blocks the eviction of a pod (by UID): `Some` with the budget or the
+/// apiserver's message after a refusal, `None` once it is evicted or gone. The drain engine
+/// names the blocker on the NodeMaintenance, as it does for its own evictions.
+pub type BlockSink = Arc<dyn Fn(&str, Option<String>) + Send + Sync>;
+
 /// Carries out the decisions for one EvictionRequest at a time.
 pub struct Reconciler {
     client: Client,
@@ -65,6 +70,7 @@ pub struct Reconciler {
     /// Per request: the pod UID whose eviction the apiserver accepted. The pod watch may
     /// show its deletionTimestamp a moment later; until then it is not evicted again.
     evicted: Mutex<HashMap<String, String>>,
+    blocks: Option<BlockSink>,
 }
 
 /// What one reconcile left behind.
@@ -108,6 +114,7 @@ impl Reconciler {
             backoff_max: Mutex::new(backoff_max),
             not_before: Mutex::new(HashMap::new()),
             evicted: Mutex::new(HashMap::new()),
+            blocks: None,
         }
     }
 
@@ -239,6 +246,17 @@ impl Reconciler {
                     Action::Evict { released } => {
                         let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
                         log_eviction(&pod_key, released.as_ref(), &result, &current);
+                        if let Some(sink) = &self.blocks {
+                            let by = match &result {
+                                EvictionResult::Blocked {
+                                    budget: Some(b), ..
+                                } => Some(format!("PodDisruptionBudget {namespace}/{b}")),
+                                EvictionResult::Blocked { message, .. }
+                                | EvictionResult::Refused { message } => Some(message.clone()),
+                                EvictionResult::Accepted | EvictionResult::Gone => None,
+                            };
+                            sink(&pod_ref.uid, by);
+                        }
                         state = match result {
                             EvictionResult::Accepted => {
                                 self.evicted
@@ -533,6 +551,12 @@ impl Queue {
 }
 
 impl Controller {
+    /// Reports what blocks each pod's eviction to `sink` (the drain engine).
+    pub fn reporting_blocks_to(mut self, sink: BlockSink) -> Self {
+        self.reconciler.blocks = Some(sink);
+        self
+    }
+
     /// A controller for `config.node`'s pods; `pods` is the node's pod cache (a reflector of
     /// the pods bound to the node). Feed pod changes through the returned handle.
     pub fn new(
