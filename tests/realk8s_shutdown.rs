@@ -524,7 +524,12 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     f.cleanup().await;
 }
 
-fn maintenance_by_label(name: &str, node: &str, stage: &str, plan: serde_json::Value) -> NodeMaintenance {
+fn maintenance_by_label(
+    name: &str,
+    node: &str,
+    stage: &str,
+    plan: serde_json::Value,
+) -> NodeMaintenance {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
         "metadata": {"name": name},
@@ -551,7 +556,9 @@ async fn maintenance_lifecycle_cordon_invalid_plan_complete_and_delete() {
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
     f.kubelet
-        .wait_for("1 pod running", Duration::from_secs(90), |_, live| live.len() == 1)
+        .wait_for("1 pod running", Duration::from_secs(90), |_, live| {
+            live.len() == 1
+        })
         .await;
     f.node.boot();
     let nms: Api<NodeMaintenance> = Api::all(c.clone());
@@ -562,9 +569,12 @@ async fn maintenance_lifecycle_cordon_invalid_plan_complete_and_delete() {
         format!("done-{node}"),
     );
 
-    nms.create(&Default::default(), &maintenance_by_label(&hold, &node, "Cordon", serde_json::json!([])))
-        .await
-        .unwrap();
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&hold, &node, "Cordon", serde_json::json!([])),
+    )
+    .await
+    .unwrap();
     wait_node(c, &node, "cordoned", cordoned).await;
     nodes
         .patch(
@@ -581,21 +591,34 @@ async fn maintenance_lifecycle_cordon_invalid_plan_complete_and_delete() {
         {"podType": "Default", "podPriority": 100},
         {"podType": "Default", "podPriority": 100, "podSelector": {}},
     ]);
-    nms.create(&Default::default(), &maintenance_by_label(&bad, &node, "Drain", twice))
-        .await
-        .unwrap();
-    wait_maintenance(c, &bad, "the invalid plan reported", Duration::from_secs(30), |m| {
-        m.node_status(&node)
-            .is_some_and(|e| e.drain_message.starts_with("Invalid drainPlan"))
-    })
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&bad, &node, "Drain", twice),
+    )
+    .await
+    .unwrap();
+    wait_maintenance(
+        c,
+        &bad,
+        "the invalid plan reported",
+        Duration::from_secs(30),
+        |m| {
+            m.node_status(&node)
+                .is_some_and(|e| e.drain_message.starts_with("Invalid drainPlan"))
+        },
+    )
     .await;
     assert_eq!(f.kubelet.live_pods().len(), 1, "nothing drained for it");
 
-    nms.create(&Default::default(), &maintenance_by_label(&done, &node, "Complete", serde_json::json!([])))
-        .await
-        .unwrap();
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&done, &node, "Complete", serde_json::json!([])),
+    )
+    .await
+    .unwrap();
     wait_maintenance(c, &done, "carried out", Duration::from_secs(30), |m| {
-        m.node_status(&node).is_some_and(|e| e.drain_message == "Completed")
+        m.node_status(&node)
+            .is_some_and(|e| e.drain_message == "Completed")
     })
     .await;
 
@@ -609,7 +632,10 @@ async fn maintenance_lifecycle_cordon_invalid_plan_complete_and_delete() {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(nms.get_opt(name).await.unwrap().is_none(), "{name} still there (finalizer)");
+        assert!(
+            nms.get_opt(name).await.unwrap().is_none(),
+            "{name} still there (finalizer)"
+        );
     }
     wait_node(c, &node, "uncordoned", |n| !cordoned(n)).await;
     audit::assert_allowed_by_cluster_role(&f.requests());

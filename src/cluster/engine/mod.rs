@@ -401,6 +401,8 @@ struct DrainState {
     announced: HashSet<String>,
     cache_written: Option<Vec<PodInfo>>,
     cache_due: Option<Instant>,
+    /// Per label-selected maintenance (UID): when its nodes were listed, and their names.
+    selected_nodes: HashMap<String, (Instant, Vec<String>)>,
     /// Maintenances whose drain plan cannot be used, and why (reported in their status).
     invalid_plans: HashMap<String, String>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.

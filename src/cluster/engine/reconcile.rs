@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::Result;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::{Resource, ResourceExt};
+use kube::api::ListParams;
+use kube::{Api, Resource, ResourceExt};
 use tokio::time::Instant;
 
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
@@ -40,6 +41,10 @@ fn drain_began(draining: &[&Arc<NodeMaintenance>]) -> Option<i64> {
         })
         .min()
 }
+
+/// How long the list of nodes a label-selected maintenance selects is used before it is read
+/// again.
+const SELECTED_NODES_TTL: Duration = Duration::from_secs(30);
 
 /// A draining maintenance as the drain decision reads it.
 struct Prepared {
@@ -142,7 +147,7 @@ impl Shared {
         let draining: Vec<&Arc<NodeMaintenance>> =
             active.iter().filter(|m| is_draining(m)).collect();
         let previous = self.previous_targets(st, &draining);
-        let prepared = self.prepare(st, &draining, previous.as_ref())?;
+        let prepared = self.prepare(st, &draining, previous.as_ref()).await?;
         let ctx_any = lock(&self.shutdown).clone();
         let ctx = ctx_any
             .clone()
@@ -311,7 +316,7 @@ impl Shared {
 
     /// Each draining maintenance's normalized plan and the reports of the nodes it selects.
     /// A maintenance whose plan is invalid is left out (and said once).
-    fn prepare(
+    async fn prepare(
         &self,
         st: &mut DrainState,
         draining: &[&Arc<NodeMaintenance>],
@@ -362,8 +367,17 @@ impl Shared {
                 .as_ref()
                 .map(|s| s.node_statuses.as_slice())
                 .unwrap_or_default();
-            let (reports, own) = match nodesel::exact_nodes(&m.spec.node_selector) {
-                Some(names) if names.contains(&self.node) => {
+            // Every node the maintenance selects reports before it advances: by name when
+            // it pins them, else the nodes its labels select (read from the apiserver).
+            let selected = match nodesel::exact_nodes(&m.spec.node_selector) {
+                Some(names) => Some(names),
+                None => self.selected_nodes(st, m).await,
+            };
+            let (reports, own) = match selected {
+                Some(mut names) => {
+                    if !names.contains(&self.node) {
+                        names.push(self.node.clone());
+                    }
                     let own = names.iter().position(|n| *n == self.node).unwrap_or(0);
                     let reports = names
                         .iter()
@@ -377,7 +391,7 @@ impl Shared {
                         .collect();
                     (reports, own)
                 }
-                _ => (
+                None => (
                     std::iter::once(mine)
                         .chain(
                             entries
@@ -398,6 +412,50 @@ impl Shared {
             });
         }
         Ok(out)
+    }
+
+    /// The names of the nodes a label-selected maintenance selects, read from the apiserver
+    /// at most every [`SELECTED_NODES_TTL`] (node labels change rarely). None when they
+    /// cannot be read: the maintenance then advances on the nodes that reported.
+    async fn selected_nodes(
+        &self,
+        st: &mut DrainState,
+        m: &NodeMaintenance,
+    ) -> Option<Vec<String>> {
+        let key = m.uid().unwrap_or_default();
+        if let Some((at, names)) = st.selected_nodes.get(&key) {
+            if at.elapsed() < SELECTED_NODES_TTL {
+                return Some(names.clone());
+            }
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut params = ListParams::default();
+        if let Some(q) = nodesel::label_query(&m.spec.node_selector) {
+            params = params.labels(&q);
+        }
+        match api.list_metadata(&params).await {
+            Ok(list) => {
+                let mut names: Vec<String> = list
+                    .items
+                    .into_iter()
+                    .filter_map(|meta| {
+                        let node = Node {
+                            metadata: meta.metadata,
+                            ..Node::default()
+                        };
+                        nodesel::selects(&m.spec.node_selector, &node).then(|| node.name_any())
+                    })
+                    .collect();
+                names.sort();
+                st.selected_nodes
+                    .insert(key, (Instant::now(), names.clone()));
+                Some(names)
+            }
+            Err(err) => {
+                tracing::debug!(node = %self.node, maintenance = %m.name_any(), error = %err, "listing the nodes a maintenance selects failed");
+                st.selected_nodes.get(&key).map(|(_, n)| n.clone())
+            }
+        }
     }
 
     /// Each draining maintenance's position after the decision; the node's new targets are
