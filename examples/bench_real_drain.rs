@@ -503,6 +503,102 @@ async fn main() {
         }
     }
 
+    // Where total − ideal went, along the pod that went last in each band: the pieces add
+    // up to its band's time from the previous band's end (the signal for the first).
+    println!();
+    println!("where total − ideal went, along the last pod of each band (ms):");
+    println!(
+        "  nodegrace: handover (previous band gone → band's first asked), asking (→ that pod's"
+    );
+    println!("    accepted eviction/DELETE received); apiserver: answer (that request answered),");
+    println!(
+        "    removal (stand-in's final DELETE received → seen gone); stand-in: watch (answered →"
+    );
+    println!(
+        "    seen), exit (seen → exit due, less the exit time), timer, request (sent → received)"
+    );
+    println!(
+        "  {:<6} {:>9} {:>7} {:>7} {:>8} {:>6} {:>5} {:>6} {:>8} {:>7}",
+        "band",
+        "handover",
+        "asking",
+        "answer",
+        "removal",
+        "watch",
+        "exit",
+        "timer",
+        "request",
+        "excess"
+    );
+    let mut previous_gone = signal;
+    let mut sums = [0f64; 9];
+    for band in 0..BANDS.len() {
+        let members: Vec<&PodInfo> = originals.iter().filter(|p| p.band == band).collect();
+        let first_asked = members
+            .iter()
+            .filter_map(|p| drain.iter().find(|r| is_ask(r, p)).map(|r| r.received))
+            .fold(f64::NAN, f64::min);
+        let Some((last, record, gone)) = members
+            .iter()
+            .filter_map(|p| {
+                let record = records.get(&p.uid)?;
+                Some((*p, record, record.gone_at?))
+            })
+            .max_by(|a, b| a.2.total_cmp(&b.2))
+        else {
+            continue;
+        };
+        let accepted = drain.iter().find(|r| is_accepted_termination(r, last));
+        let removed = final_delete(&kubelet_reqs, last);
+        let (Some(accepted), Some(removed), Some(seen), Some(due), Some(exited)) = (
+            accepted,
+            removed,
+            record.stop_seen,
+            record.exit_due,
+            record.exited_at,
+        ) else {
+            continue;
+        };
+        let parts = [
+            first_asked - previous_gone,
+            accepted.received - first_asked,
+            accepted.completed - accepted.received,
+            gone - removed.received,
+            seen - accepted.completed,
+            due - seen - exit,
+            exited - due,
+            removed.received - exited,
+            gone - previous_gone - exit,
+        ];
+        for (sum, part) in sums.iter_mut().zip(parts) {
+            *sum += part;
+        }
+        let cells: Vec<String> = parts
+            .iter()
+            .map(|p| format!("{:.0}", (p * 1000.0).round() + 0.0))
+            .collect();
+        println!(
+            "  {band:<6} {:>9} {:>7} {:>7} {:>8} {:>6} {:>5} {:>6} {:>8} {:>7}",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            cells[4],
+            cells[5],
+            cells[6],
+            cells[7],
+            cells[8]
+        );
+        previous_gone = gone;
+    }
+    println!(
+        "  in all: nodegrace {} (handover + asking) + {} (last pod gone → release); apiserver {}; kubelet stand-in {}",
+        ms(sums[0] + sums[1]),
+        ms(release - last_gone),
+        ms(sums[2] + sums[3]),
+        ms(sums[4] + sums[5] + sums[6] + sums[7]),
+    );
+
     // Requests.
     println!();
     println!(
@@ -672,6 +768,13 @@ async fn main() {
     println!(
         "  request (sent → received):         {}",
         stats(&mut request)
+    );
+    println!(
+        "  its pod DELETEs: {} for {pods} pods",
+        kubelet_reqs
+            .iter()
+            .filter(|r| r.verb == "delete" && r.resource == "pods")
+            .count()
     );
     println!(
         "host load average (1 min): {} before the poweroff, {} after",

@@ -362,7 +362,11 @@ async fn watch_pods(client: Client, node: String, state: Arc<Mutex<State>>, wake
                     let seen = *rec.stop_seen.get_or_insert_with(now_unix);
                     let deadline = ts.0.as_microsecond() as f64 / 1e6;
                     let exit = (seen + exit_after(&pod.metadata)).min(deadline);
-                    st.stopping.insert(uid.clone(), (pod.clone(), exit));
+                    // Once exited, the updates its own final DELETE causes change nothing
+                    // (a second DELETE would only load the apiserver).
+                    if rec.exited_at.is_none() {
+                        st.stopping.insert(uid.clone(), (pod.clone(), exit));
+                    }
                     false
                 }
                 None => {
