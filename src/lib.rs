@@ -16,6 +16,7 @@ pub mod logind;
 pub mod metrics;
 pub mod plan;
 pub mod sandbox;
+pub mod shutdown;
 pub mod state;
 pub mod staticpods;
 pub mod systemd;

@@ -210,7 +210,7 @@ pub enum ShutdownPhase {
 #[serde(rename_all = "camelCase")]
 pub struct ShutdownState {
     pub phase: ShutdownPhase,
-    pub kind: crate::daemon::ShutdownKind,
+    pub kind: crate::shutdown::ShutdownKind,
     /// When the shutdown began; a resumed drain keeps this deadline origin.
     pub started_at: chrono::DateTime<chrono::Utc>,
     pub budget_seconds: f64,
@@ -325,7 +325,7 @@ pub const OFFLINE_DRAIN_FILE: &str = "offline-drain.json";
 pub struct OfflineDrain {
     /// The boot that was shut down.
     pub boot_id: String,
-    pub kind: crate::daemon::ShutdownKind,
+    pub kind: crate::shutdown::ShutdownKind,
     pub reports: Vec<crate::fallback::FallbackReport>,
 }
 
@@ -459,7 +459,7 @@ mod tests {
         assert_eq!(ShutdownState::load(dir.path()).unwrap(), None);
         let s = ShutdownState {
             phase: ShutdownPhase::Draining,
-            kind: crate::daemon::ShutdownKind::Reboot,
+            kind: crate::shutdown::ShutdownKind::Reboot,
             started_at: chrono::Utc::now(),
             budget_seconds: 900.0,
             boot_id: current_boot_id(),
@@ -477,7 +477,7 @@ mod tests {
         assert_eq!(OfflineDrain::load(dir.path()).unwrap(), None);
         let record = OfflineDrain {
             boot_id: "b1".into(),
-            kind: crate::daemon::ShutdownKind::Poweroff,
+            kind: crate::shutdown::ShutdownKind::Poweroff,
             reports: vec![crate::fallback::FallbackReport {
                 endpoint: "unix:///run/containerd/containerd.sock".into(),
                 started_at: Some(chrono::Utc::now()),

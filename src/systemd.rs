@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 
-use crate::daemon::ShutdownKind;
+use crate::shutdown::ShutdownKind;
 
 /// One queued systemd job (`ListJobs`).
 #[derive(Debug, Clone, PartialEq, Eq)]

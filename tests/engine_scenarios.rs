@@ -853,3 +853,78 @@ async fn a_shutdown_cuts_a_long_eviction_back_off_to_its_own_cap() {
     );
     assert!(env.deletes().is_empty());
 }
+
+fn unschedulable(env: &Env) -> bool {
+    env.node()["spec"]["unschedulable"] == json!(true)
+}
+
+/// KEP-4212 §Cordon: while a maintenance is active the node stays cordoned; someone who
+/// uncordons it sees it cordoned again, with an event naming the maintenance.
+#[tokio::test]
+async fn a_node_uncordoned_during_a_maintenance_is_cordoned_again() {
+    let env = Env::new(kubelet(100)).await;
+    env.admin_maintenance("hold", "Cordon", json!([]));
+    let _engine = env.engine(env.settings());
+    eventually(10, "cordoned", || unschedulable(&env)).await;
+    env.cluster
+        .store
+        .update_in_process("", "nodes", "", NODE, |n| {
+            n["spec"]["unschedulable"] = json!(false)
+        })
+        .unwrap();
+    eventually(10, "cordoned again", || unschedulable(&env)).await;
+    eventually(5, "an event naming the maintenance", || {
+        env.events("Cordoned").iter().any(|e| {
+            e["note"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("uncordoned while hold")
+        })
+    })
+    .await;
+}
+
+/// A maintenance created at Complete (or moved there from Idle) is carried out: the node's
+/// entry says Completed, nothing is left waiting for it.
+#[tokio::test]
+async fn a_maintenance_created_at_complete_is_carried_out() {
+    let env = Env::new(kubelet(100)).await;
+    env.admin_maintenance("done", "Complete", json!([]));
+    let _engine = env.engine(env.settings());
+    eventually(10, "the node's Completed entry", || {
+        env.maintenance("done")
+            .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
+            .as_deref()
+            == Some(nodegrace::cluster::engine::COMPLETED_MESSAGE)
+    })
+    .await;
+    assert!(!unschedulable(&env));
+}
+
+/// A drain plan the API accepts but that is not valid (two spellings of one entry) is
+/// reported on the maintenance, not only in the daemon's log; nothing is drained for it.
+#[tokio::test]
+async fn an_invalid_drain_plan_is_reported_on_the_maintenance() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+    env.admin_maintenance(
+        "twice",
+        "Drain",
+        json!([
+            {"podType": "Default", "podPriority": 100},
+            {"podType": "Default", "podPriority": 100, "podSelector": {}},
+        ]),
+    );
+    let _engine = env.engine(env.settings());
+    eventually(10, "the entry says why", || {
+        env.maintenance("twice")
+            .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
+            .is_some_and(|m| m.starts_with("Invalid drainPlan"))
+    })
+    .await;
+    eventually(5, "an InvalidDrainPlan event", || {
+        !env.events("InvalidDrainPlan").is_empty()
+    })
+    .await;
+    assert!(env.pod_exists("web") && env.evictions().is_empty());
+}

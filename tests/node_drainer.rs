@@ -562,3 +562,34 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
     // Env's teardown checks every request against the shipped ClusterRole.
     drop(drainer);
 }
+
+/// On the EvictionRequest path the eviction-request controller meets the budget; the
+/// maintenance names it as it does on the direct path (KEP-4212 drainMessage).
+#[tokio::test]
+async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_path() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    env.cluster
+        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .unwrap();
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pdb("db-pdb", "db", 1);
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    let runtime = FakeRuntime::new();
+    let kubelet = Arc::new(RecordingKubelet::default());
+    let client_source = env.cluster.api.kube_config().unwrap();
+    let _drainer = NodeDrainer::start(parts(&env, env.settings(), &runtime, &kubelet), move || {
+        let config = client_source.clone();
+        async move { Ok(kube::Client::try_from(config)?) }
+    });
+    eventually(15, "the budget named in the node's entry", || {
+        env.maintenance("upgrade")
+            .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
+            .is_some_and(|msg| msg.contains("PodDisruptionBudget work/db-pdb"))
+    })
+    .await;
+    eventually(5, "an EvictionBlocked event", || {
+        !env.events("EvictionBlocked").is_empty()
+    })
+    .await;
+    assert!(env.pod_exists("db"));
+}

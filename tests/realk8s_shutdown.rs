@@ -523,3 +523,122 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
 }
+
+fn maintenance_by_label(
+    name: &str,
+    node: &str,
+    stage: &str,
+    plan: serde_json::Value,
+) -> NodeMaintenance {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]},
+            "stage": stage,
+            "drainPlan": plan,
+        },
+    }))
+    .unwrap()
+}
+
+/// KEP-4212 lifecycle on the real apiserver: the cordon is reconciled while a maintenance
+/// is active; a drain plan the API accepts but that is invalid is reported on the
+/// maintenance; one created at Complete is carried out; deleting an active one carries out
+/// its Complete stage (the finalizer) and the node is uncordoned once none is active.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_lifecycle_cordon_invalid_plan_complete_and_delete() {
+    if skip("maintenance_lifecycle_cordon_invalid_plan_complete_and_delete") {
+        return;
+    }
+    let mut f = Fixture::new("ng-life").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
+    f.kubelet
+        .wait_for("1 pod running", Duration::from_secs(90), |_, live| {
+            live.len() == 1
+        })
+        .await;
+    f.node.boot();
+    let nms: Api<NodeMaintenance> = Api::all(c.clone());
+    let nodes: Api<Node> = Api::all(c.clone());
+    let (hold, bad, done) = (
+        format!("hold-{node}"),
+        format!("bad-{node}"),
+        format!("done-{node}"),
+    );
+
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&hold, &node, "Cordon", serde_json::json!([])),
+    )
+    .await
+    .unwrap();
+    wait_node(c, &node, "cordoned", cordoned).await;
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_node(c, &node, "cordoned again", cordoned).await;
+
+    let twice = serde_json::json!([
+        {"podType": "Default", "podPriority": 100},
+        {"podType": "Default", "podPriority": 100, "podSelector": {}},
+    ]);
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&bad, &node, "Drain", twice),
+    )
+    .await
+    .unwrap();
+    wait_maintenance(
+        c,
+        &bad,
+        "the invalid plan reported",
+        Duration::from_secs(30),
+        |m| {
+            m.node_status(&node)
+                .is_some_and(|e| e.drain_message.starts_with("Invalid drainPlan"))
+        },
+    )
+    .await;
+    assert_eq!(f.kubelet.live_pods().len(), 1, "nothing drained for it");
+
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&done, &node, "Complete", serde_json::json!([])),
+    )
+    .await
+    .unwrap();
+    wait_maintenance(c, &done, "carried out", Duration::from_secs(30), |m| {
+        m.node_status(&node)
+            .is_some_and(|e| e.drain_message == "Completed")
+    })
+    .await;
+
+    for name in [&hold, &bad] {
+        nms.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    for name in [&hold, &bad] {
+        for _ in 0..150 {
+            if nms.get_opt(name).await.unwrap().is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(
+            nms.get_opt(name).await.unwrap().is_none(),
+            "{name} still there (finalizer)"
+        );
+    }
+    wait_node(c, &node, "uncordoned", |n| !cordoned(n)).await;
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}

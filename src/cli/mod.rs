@@ -14,8 +14,6 @@ pub const EXIT_NO_INHIBITOR: u8 = 4;
 pub const EXIT_BUDGET_SHORT: u8 = 5;
 
 pub use crate::api::crds_command as crds;
-pub use crate::config::check_config_command as check_config;
-pub use crate::daemon::run_command as run;
 
 mod complete;
 mod panics;
@@ -47,6 +45,39 @@ pub fn load_settings(
         eprintln!("nodegrace: invalid configuration: {err}");
         std::process::ExitCode::from(EXIT_CONFIG)
     })
+}
+
+/// `nodegrace run`: the daemon, with a configuration that is valid and usable under the
+/// unit's sandbox (exit [`EXIT_CONFIG`] otherwise: restarting cannot help).
+pub fn run(config: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
+    // Still single-threaded: the LISTEN_* variables can be read and removed safely.
+    let stored_inhibitor = crate::systemd::take_stored_fd(crate::systemd::INHIBITOR_FDNAME);
+    let settings = match load_settings(config) {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    // A directory the sandbox keeps read-only would only fail at the first write, in the
+    // middle of a shutdown.
+    if let Err(why) = crate::sandbox::check_writable(&settings) {
+        eprintln!("nodegrace: cannot run with this configuration: {why}");
+        return Ok(std::process::ExitCode::from(EXIT_CONFIG));
+    }
+    crate::daemon::run(settings, config, stored_inhibitor)?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `nodegrace check-config`: validate, then print the files read and the effective settings.
+pub fn check_config(path: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
+    match crate::config::load_report(path) {
+        Ok(loaded) => {
+            print!("{}", crate::config::check_config_report(path, &loaded));
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            eprintln!("nodegrace: invalid configuration: {err}");
+            Ok(std::process::ExitCode::from(EXIT_CONFIG))
+        }
+    }
 }
 
 /// Left-aligned columns separated by two spaces; the last column is not padded.
@@ -115,5 +146,27 @@ pub fn print_stdout(text: &str) -> anyhow::Result<()> {
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => r.map_err(Into::into),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_config_exit_codes() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("config.toml");
+        std::fs::write(&main, "[node]\nname = \"n\"\n").unwrap();
+        assert_eq!(
+            check_config(&main).unwrap(),
+            std::process::ExitCode::SUCCESS
+        );
+        std::fs::create_dir(dir.path().join("config.d")).unwrap();
+        std::fs::write(dir.path().join("config.d/1.toml"), "[node]\nname = 1\n").unwrap();
+        assert_eq!(
+            check_config(&main).unwrap(),
+            std::process::ExitCode::from(EXIT_CONFIG)
+        );
     }
 }

@@ -400,7 +400,7 @@ pub fn build_report(
         }
     }
 
-    let plan = shutdown_drain_plan(&settings.drain).context("invalid [drain] plan")?;
+    let plan = shutdown_drain_plan(settings).context("invalid [drain] plan")?;
     let steps = plan_steps(&plan, &infos).context("invalid drain plan")?;
     let reserves = BudgetReserves::from(&settings.drain);
     let budget_duration = Duration::from_millis((budget.seconds * 1000.0).round() as u64);

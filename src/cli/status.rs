@@ -194,7 +194,7 @@ pub struct ShutdownSection {
 #[serde(rename_all = "camelCase")]
 pub struct OfflineDrainSummary {
     pub boot_id: String,
-    pub kind: crate::daemon::ShutdownKind,
+    pub kind: crate::shutdown::ShutdownKind,
     pub started_at: Option<chrono::DateTime<chrono::Utc>>,
     pub pods_stopped: usize,
     pub pods_not_stopped: usize,
@@ -271,7 +271,7 @@ pub fn protection(settings: &Settings, report: &StatusReport) -> Result<(), Unpr
         return Ok(());
     };
     let pods: Vec<PodInfo> = cache.pods.into_iter().filter(PodInfo::is_active).collect();
-    let needed = shutdown_drain_plan(&settings.drain)
+    let needed = shutdown_drain_plan(settings)
         .ok()
         .and_then(|plan| plan_steps(&plan, &pods).ok())
         .map(|steps| {

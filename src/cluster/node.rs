@@ -39,10 +39,12 @@ fn unschedulable(node: &Node) -> bool {
 
 /// The patch that cordons `node`, or None when nodegrace already holds it cordoned.
 /// A node someone else cordoned is still recorded, with previous value `true`, so that
-/// completion leaves it cordoned.
+/// completion leaves it cordoned. A node uncordoned by someone while nodegrace holds it is
+/// cordoned again (KEP-4212 reconciles the cordon while a maintenance is active); what was
+/// recorded before stays.
 pub fn cordon_patch(node: &Node) -> Option<Value> {
     if annotation(node, PREVIOUS_UNSCHEDULABLE_ANNOTATION).is_some() {
-        return None;
+        return (!unschedulable(node)).then(|| json!({"spec": {"unschedulable": true}}));
     }
     Some(json!({
         "metadata": {"annotations": {
@@ -221,6 +223,15 @@ mod tests {
     fn cordon_is_idempotent_once_recorded() {
         let n = node(Some(true), &[(PREVIOUS_UNSCHEDULABLE_ANNOTATION, "false")]);
         assert!(cordon_patch(&n).is_none());
+    }
+
+    #[test]
+    fn a_node_uncordoned_under_nodegrace_is_cordoned_again_keeping_the_record() {
+        let n = node(None, &[(PREVIOUS_UNSCHEDULABLE_ANNOTATION, "false")]);
+        assert_eq!(
+            cordon_patch(&n).unwrap(),
+            json!({"spec": {"unschedulable": true}})
+        );
     }
 
     #[test]

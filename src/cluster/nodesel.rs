@@ -62,6 +62,37 @@ fn requirement_holds(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
     }
 }
 
+/// A label selector (list query) for the nodes `selector` may select: exact for a single
+/// term of `In`/`NotIn`/`Exists`/`DoesNotExist` label requirements; None when the apiserver
+/// cannot narrow it down (several terms, `Gt`/`Lt`, field requirements), and every node
+/// must be read. Either way [`selects`] decides.
+pub fn label_query(selector: &NodeSelector) -> Option<String> {
+    let [term] = selector.node_selector_terms.as_slice() else {
+        return None;
+    };
+    if term.match_fields.as_ref().is_some_and(|f| !f.is_empty()) {
+        return None;
+    }
+    let exprs = term.match_expressions.as_deref().unwrap_or_default();
+    if exprs.is_empty() {
+        return None;
+    }
+    let parts: Option<Vec<String>> = exprs
+        .iter()
+        .map(|r| {
+            let values = r.values.as_deref().unwrap_or_default().join(",");
+            match r.operator.as_str() {
+                "In" => Some(format!("{} in ({values})", r.key)),
+                "NotIn" => Some(format!("{} notin ({values})", r.key)),
+                "Exists" => Some(r.key.clone()),
+                "DoesNotExist" => Some(format!("!{}", r.key)),
+                _ => None,
+            }
+        })
+        .collect();
+    parts.map(|p| p.join(","))
+}
+
 /// The exact set of nodes a selector names, when every term pins `metadata.name` (as the
 /// shutdown maintenance does); None when it selects by labels and so the set is open.
 pub fn exact_nodes(selector: &NodeSelector) -> Option<Vec<String>> {
@@ -192,5 +223,23 @@ mod tests {
             vec![req("spec.unschedulable", "In", &["true"])],
         )]);
         assert!(!selects(&other_field, &n));
+    }
+
+    #[test]
+    fn a_single_label_term_becomes_a_list_query() {
+        let sel: NodeSelector = serde_json::from_value(serde_json::json!({"nodeSelectorTerms": [
+            {"matchExpressions": [
+                {"key": "pool", "operator": "In", "values": ["blue", "green"]},
+                {"key": "gpu", "operator": "DoesNotExist"},
+                {"key": "zone", "operator": "Exists"}]}]}))
+        .unwrap();
+        assert_eq!(
+            label_query(&sel).as_deref(),
+            Some("pool in (blue,green),!gpu,zone")
+        );
+        let gt: NodeSelector = serde_json::from_value(serde_json::json!({"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "rank", "operator": "Gt", "values": ["3"]}]}]}))
+        .unwrap();
+        assert_eq!(label_query(&gt), None);
     }
 }

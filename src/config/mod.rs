@@ -26,7 +26,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -309,20 +308,6 @@ pub fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static
         .into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))
         .collect()
-}
-
-/// `nodegrace check-config`: validate, then print the files read and the effective settings.
-pub fn check_config_command(path: &Path) -> anyhow::Result<ExitCode> {
-    match load_report(path) {
-        Ok(loaded) => {
-            print!("{}", check_config_report(path, &loaded));
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(err) => {
-            eprintln!("nodegrace: invalid configuration: {err}");
-            Ok(ExitCode::from(crate::cli::EXIT_CONFIG))
-        }
-    }
 }
 
 /// What `check-config` prints on success; valid TOML (the file list is in comments).

@@ -813,21 +813,6 @@ fn non_regular_drop_in_is_an_error() {
 }
 
 #[test]
-fn check_config_command_exit_codes() {
-    let dir = Dir::new();
-    dir.write("config.toml", "[node]\nname = \"n\"\n");
-    assert_eq!(
-        check_config_command(&dir.main()).unwrap(),
-        std::process::ExitCode::SUCCESS
-    );
-    dir.write("config.d/1.toml", "[node]\nname = 1\n");
-    assert_eq!(
-        check_config_command(&dir.main()).unwrap(),
-        std::process::ExitCode::from(crate::cli::EXIT_CONFIG)
-    );
-}
-
-#[test]
 fn node_name_prefers_the_configured_name() {
     let mut s = Settings::default();
     s.node.name = "configured".into();

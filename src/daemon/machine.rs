@@ -847,6 +847,7 @@ impl Machine {
                     tracing::warn!(keys = ?pending, "these changes take effect after a restart");
                 }
                 self.settings = keep_restart_only_keys(&self.settings, new);
+                self.drainer.reload(&self.settings);
                 tracing::info!("configuration reloaded");
             }
             Err(e) => tracing::error!(

@@ -7,13 +7,11 @@ pub mod node;
 pub mod status;
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
 
@@ -21,38 +19,7 @@ pub use bus::{Bus, Connector, ZbusConnector};
 pub use machine::{Control, Daemon, DaemonHandle, DaemonPaths};
 pub use status::{Phase, Status};
 
-/// Which shutdown logind is preparing, as far as it can be told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ShutdownKind {
-    Poweroff,
-    Reboot,
-    /// systemd is stopping nodegrace during a shutdown that bypassed logind.
-    Bypass,
-    Unknown,
-}
-
-/// Everything a drain needs to know about the shutdown it serves.
-#[derive(Debug, Clone)]
-pub struct ShutdownRequest {
-    pub kind: ShutdownKind,
-    /// Wall-clock start, persisted so that a restarted daemon keeps the same deadline.
-    pub started_at: chrono::DateTime<chrono::Utc>,
-    /// Total time from `started_at` until the inhibitor must be released.
-    pub budget: Duration,
-    /// The daemon restarted mid-shutdown and is resuming a drain already under way.
-    pub resumed: bool,
-    /// `/proc/sys/kernel/random/boot_id` of the boot being shut down.
-    pub boot_id: String,
-}
-
-impl ShutdownRequest {
-    /// Time left until the budget ends, measured against the wall clock.
-    pub fn remaining(&self, now: chrono::DateTime<chrono::Utc>) -> Duration {
-        let elapsed = (now - self.started_at).to_std().unwrap_or(Duration::ZERO);
-        self.budget.saturating_sub(elapsed)
-    }
-}
+pub use crate::shutdown::{ShutdownKind, ShutdownRequest};
 
 /// The node's drain, as seen by the state machine. The daemon releases the inhibitor when
 /// `drain` returns or when the budget ends, whichever is first; at the budget end the
@@ -65,28 +32,9 @@ pub trait Drainer: Send + Sync + 'static {
     async fn cancel(&self, req: &ShutdownRequest) -> anyhow::Result<()>;
     /// The daemon started and no shutdown is in progress: reconcile after a boot.
     async fn after_boot(&self) -> anyhow::Result<()>;
-}
-
-/// A drain that does nothing: the node is considered empty at once.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoopDrainer;
-
-#[async_trait]
-impl Drainer for NoopDrainer {
-    async fn drain(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
-        Ok(())
-    }
-    async fn cancel(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
-        Ok(())
-    }
-    async fn after_boot(&self) -> anyhow::Result<()> {
-        Ok(())
-    }
-}
-
-/// The settings the daemon runs with: the file and its drop-ins, validated.
-pub fn load_settings(path: &Path) -> anyhow::Result<Settings> {
-    crate::config::load(path).map_err(anyhow::Error::from)
+    /// The configuration was reloaded (SIGHUP): use `settings` from now on. Keys that need a
+    /// restart keep their running values (`config::restart_required`).
+    fn reload(&self, _settings: &Settings) {}
 }
 
 /// The drainer the daemon uses: the cluster engine with the CRI fallback. With the
@@ -125,24 +73,14 @@ impl Drainer for SleepDrainer {
     }
 }
 
-/// `nodegrace run`: runs until SIGTERM. Only a configuration that cannot be used or a
-/// service that is not logind ends it with an error; an unreachable bus is retried.
-pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
-    // Still single-threaded: the LISTEN_* variables can be read and removed safely.
-    let stored_inhibitor = crate::systemd::take_stored_fd(crate::systemd::INHIBITOR_FDNAME);
-    let settings = match load_settings(config) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("nodegrace: invalid configuration: {e:#}");
-            return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
-        }
-    };
-    // A directory the sandbox keeps read-only would only fail at the first write, in the
-    // middle of a shutdown; restarting cannot help either (exit 2: no restart loop).
-    if let Err(why) = crate::sandbox::check_writable(&settings) {
-        eprintln!("nodegrace: cannot run with this configuration: {why}");
-        return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
-    }
+/// `nodegrace run` with a valid configuration (the CLI loads and checks it): runs until
+/// SIGTERM. Only a service that is not logind ends it with an error; an unreachable bus is
+/// retried. `stored_inhibitor` is the fd systemd kept for the previous process.
+pub fn run(
+    settings: Settings,
+    config: &Path,
+    stored_inhibitor: Option<std::os::fd::OwnedFd>,
+) -> anyhow::Result<()> {
     // One thread keeps RSS and wake-ups down; blocking helpers (zbus uses a few while
     // connecting) must not linger.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -169,7 +107,9 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
             drainer,
             Arc::new(crate::systemd::SdNotifier),
         )
-        .with_reloader(Box::new(move || load_settings(&config_path)))
+        .with_reloader(Box::new(move || {
+            crate::config::load(&config_path).map_err(anyhow::Error::from)
+        }))
         .with_adopted_inhibitor(stored_inhibitor);
         forward_signals(daemon.handle()).context("installing signal handlers")?;
         tokio::spawn(mirror_status_into_metrics(daemon.handle(), metrics));
@@ -179,8 +119,7 @@ pub fn run_command(config: &Path) -> anyhow::Result<ExitCode> {
     });
     // A configuration read stuck on a hung filesystem must not keep the process from exiting.
     runtime.shutdown_timeout(Duration::from_secs(2));
-    result?;
-    Ok(ExitCode::SUCCESS)
+    result
 }
 
 /// Keeps the inhibitor, budget and shutdown-time gauges equal to the daemon's status; wakes

@@ -18,9 +18,10 @@ use crate::cluster::identity::{self, CredentialError};
 use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions, EvictionApi, PodTerminator};
 use crate::config::{CompletionPolicy, Settings};
 use crate::cri::Runtime;
-use crate::daemon::{Drainer, ShutdownRequest};
+use crate::daemon::Drainer;
 use crate::fallback::{Fallback, FallbackOptions, FallbackReport, KubeletControl, PodOutcome};
 use crate::metrics::{Metrics, TerminationMethod};
+use crate::shutdown::ShutdownRequest;
 use crate::state::{BootIdSource, OfflineDrain, PodCache};
 use crate::staticpods::StaticPodGate;
 
@@ -108,6 +109,9 @@ impl Drop for OfflineRecorder {
 /// and the apiserver answered discovery; until then every drain is offline.
 pub struct NodeDrainer {
     parts: NodeParts,
+    /// The settings in force: `parts.settings` until a reload replaces them (the engine
+    /// follows them too).
+    settings: watch::Sender<Arc<Settings>>,
     engine: watch::Receiver<Option<Arc<Engine>>>,
     /// The fallback of the shutdown under way, so a cancel can restart the kubelet.
     fallback: Mutex<Option<Arc<Fallback>>>,
@@ -134,6 +138,7 @@ impl NodeDrainer {
     {
         let (tx, rx) = watch::channel(None);
         let stop = CancellationToken::new();
+        let (settings_tx, mut settings_rx) = watch::channel(Arc::new(parts.settings.clone()));
         let settings = parts.settings.clone();
         let node = parts.node.clone();
         let gate = parts.gate.clone();
@@ -144,12 +149,21 @@ impl NodeDrainer {
                 _ = task_stop.cancelled() => return,
                 engine = connect_engine(connect, settings, node, gate, metrics, task_stop.clone()) => engine,
             };
-            tx.send_replace(Some(Arc::new(started)));
-            // Keep the engine (and its watches) alive until the drainer goes.
-            task_stop.cancelled().await;
+            let engine = Arc::new(started);
+            tx.send_replace(Some(engine.clone()));
+            // Keep the engine (and its watches) alive until the drainer goes, and give it
+            // every reloaded configuration (one may have come while it was connecting).
+            loop {
+                engine.reload(settings_rx.borrow_and_update().clone());
+                tokio::select! {
+                    _ = task_stop.cancelled() => return,
+                    r = settings_rx.changed() => if r.is_err() { return },
+                }
+            }
         });
         NodeDrainer {
             parts,
+            settings: settings_tx,
             engine: rx,
             fallback: Mutex::new(None),
             stop,
@@ -160,6 +174,11 @@ impl NodeDrainer {
     /// A token cancelled when the drainer goes, for tasks that live as long as it.
     pub fn stop_token(&self) -> CancellationToken {
         self.stop.child_token()
+    }
+
+    /// The settings in force.
+    fn settings(&self) -> Arc<Settings> {
+        self.settings.borrow().clone()
     }
 
     fn engine_now(&self) -> Option<Arc<Engine>> {
@@ -200,15 +219,16 @@ impl NodeDrainer {
 
     fn new_fallback(&self) -> Arc<Fallback> {
         let p = &self.parts;
+        let settings = self.settings();
         let fallback = Arc::new(Fallback::new(
             p.runtime.clone(),
-            if p.settings.fallback.stop_kubelet {
+            if settings.fallback.stop_kubelet {
                 p.kubelet.clone()
             } else {
                 None
             },
             Some(p.gate.clone()),
-            FallbackOptions::from_settings(&p.settings, &p.node),
+            FallbackOptions::from_settings(&settings, &p.node),
         ));
         if let Ok(mut slot) = self.fallback.lock() {
             *slot = Some(fallback.clone());
@@ -217,7 +237,7 @@ impl NodeDrainer {
     }
 
     fn load_cache(&self) -> PodCache {
-        PodCache::load_or_set_aside(&self.parts.settings.state_dir).unwrap_or_else(|err| {
+        PodCache::load_or_set_aside(&self.settings().state_dir).unwrap_or_else(|err| {
             tracing::error!(
                 error = format!("{err:#}"),
                 "the pod cache is unreadable; every pod goes to the lowest band"
@@ -277,7 +297,7 @@ impl NodeDrainer {
 #[async_trait]
 impl Drainer for NodeDrainer {
     async fn drain(&self, req: &ShutdownRequest) -> Result<()> {
-        let timeout = self.parts.settings.fallback.apiserver_timeout;
+        let timeout = self.settings().fallback.apiserver_timeout;
         let mut engine = self
             .engine_within(timeout.saturating_sub(self.connecting_since.elapsed()))
             .await;
@@ -302,7 +322,7 @@ impl Drainer for NodeDrainer {
             } else {
                 tracing::warn!(node = %self.parts.node, "no apiserver connection: draining locally through the CRI runtime");
             }
-            if !self.parts.settings.fallback.enabled {
+            if !self.settings().fallback.enabled {
                 anyhow::bail!(
                     "the apiserver cannot be reached and the offline fallback is disabled"
                 );
@@ -311,7 +331,7 @@ impl Drainer for NodeDrainer {
             let fallback = self.new_fallback();
             let cache = self.load_cache();
             let _record =
-                OfflineRecorder::start(&self.parts.settings.state_dir, &req, fallback.clone());
+                OfflineRecorder::start(&self.settings().state_dir, &req, fallback.clone());
             tokio::select! {
                 report = fallback.run(&cache) => {
                     self.count_cri_terminations(&report);
@@ -337,11 +357,10 @@ impl Drainer for NodeDrainer {
     async fn cancel(&self, req: &ShutdownRequest) -> Result<()> {
         self.restart_kubelet_if_stopped().await;
         // No shutdown happened: nothing for the next boot to record.
-        if let Err(err) = OfflineDrain::remove_if_boot(&self.parts.settings.state_dir, &req.boot_id)
-        {
+        if let Err(err) = OfflineDrain::remove_if_boot(&self.settings().state_dir, &req.boot_id) {
             tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), "removing the offline drain record failed");
         }
-        let policy = self.parts.settings.shutdown.on_cancel;
+        let policy = self.settings().shutdown.on_cancel;
         match self.engine_now() {
             Some(engine) => engine.cancel_shutdown(policy).await,
             None => {
@@ -354,10 +373,14 @@ impl Drainer for NodeDrainer {
         }
     }
 
+    fn reload(&self, settings: &Settings) {
+        self.settings.send_replace(Arc::new(settings.clone()));
+    }
+
     async fn after_boot(&self) -> Result<()> {
         let boot_id = self.parts.boot_id()?;
-        let policy = self.parts.settings.shutdown.after_boot;
-        let state_dir = &self.parts.settings.state_dir;
+        let policy = self.settings().shutdown.after_boot;
+        let state_dir = &self.settings().state_dir;
         let offline = OfflineDrain::load_or_set_aside(state_dir).unwrap_or_else(|err| {
             tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "the offline drain record is unreadable; it is left in place and not reported");
             None
@@ -496,7 +519,9 @@ where
     if run_controller {
         let (controller, handle) =
             Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
-        let controller = controller.evicting_with(clients.kubelet.clone());
+        let controller = controller
+            .evicting_with(clients.kubelet.clone())
+            .reporting_blocks_to(engine.eviction_block_sink());
         engine.attach_eviction_request_controller(handle);
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {

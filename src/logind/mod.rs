@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 
-use crate::daemon::ShutdownKind;
+use crate::shutdown::ShutdownKind;
 
 /// One entry of `ListInhibitors`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::config::{DrainPlanEntrySetting, DrainSettings};
+use crate::config::{DrainPlanEntrySetting, Settings};
 
 use super::selector::{Selector, SelectorError};
 use super::{DrainPlanEntry, PodType};
@@ -129,9 +129,40 @@ impl From<&DrainPlanEntrySetting> for DrainPlanEntry {
     }
 }
 
-/// The normalized drain plan of the shutdown maintenance, from `[drain] plan` in the config.
-pub fn shutdown_drain_plan(settings: &DrainSettings) -> Result<Vec<DrainPlanEntry>, PlanError> {
-    let entries: Vec<DrainPlanEntry> = settings.plan.iter().map(DrainPlanEntry::from).collect();
+/// The normalized drain plan of the shutdown maintenance: `[drain] plan` when it has
+/// entries; otherwise the fallback's priority bands (KEP-4212 "kubelet: Graceful Node
+/// Shutdown": the `shutdownGracePeriodByPodPriority` priorities passed to the drainPlan), so
+/// one list of priorities orders both drains. A band holds the pods from its priority up to
+/// the next band's: each band but the lowest ends the Default entry before it at its
+/// priority - 1 (the highest band ends with the injected defaults).
+pub fn shutdown_drain_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>, PlanError> {
+    let entries: Vec<DrainPlanEntry> = if settings.drain.plan.is_empty() {
+        let mut bands: Vec<i32> = settings
+            .fallback
+            .shutdown_grace_period_by_pod_priority
+            .iter()
+            .map(|b| b.priority)
+            .collect();
+        bands.sort_unstable();
+        bands.dedup();
+        bands
+            .iter()
+            .skip(1)
+            .filter_map(|p| p.checked_sub(1))
+            .map(|pod_priority| DrainPlanEntry {
+                pod_selector: None,
+                pod_priority,
+                pod_type: PodType::Default,
+            })
+            .collect()
+    } else {
+        settings
+            .drain
+            .plan
+            .iter()
+            .map(DrainPlanEntry::from)
+            .collect()
+    };
     normalize_drain_plan(&entries)
 }
 
@@ -379,8 +410,8 @@ mod tests {
 
     #[test]
     fn shutdown_plan_comes_from_config() {
-        let mut settings = crate::config::Settings::default().drain;
-        settings.plan = vec![DrainPlanEntrySetting {
+        let mut settings = crate::config::Settings::default();
+        settings.drain.plan = vec![DrainPlanEntrySetting {
             pod_type: PodType::Default,
             pod_priority: 100,
             pod_selector: [("app".to_string(), "db".to_string())].into(),
@@ -388,13 +419,46 @@ mod tests {
         let plan = shutdown_drain_plan(&settings).unwrap();
         assert_eq!(plan.len(), 13);
         assert_eq!(plan[0], sel_entry(PodType::Default, 100, "app", "db"));
-        settings.plan[0]
+        settings.drain.plan[0]
             .pod_selector
             .insert("bad key!".into(), "x".into());
         assert!(matches!(
             shutdown_drain_plan(&settings),
             Err(PlanError::InvalidSelector { index: 0, .. })
         ));
+    }
+
+    #[test]
+    fn without_a_drain_plan_the_shutdown_follows_the_fallback_bands() {
+        use crate::config::PriorityGracePeriod;
+        let band = |priority| PriorityGracePeriod {
+            priority,
+            shutdown_grace_period: std::time::Duration::from_secs(10),
+        };
+        let mut settings = crate::config::Settings::default();
+        // The shipped simple form: priority 0 and 2000000000 (critical pods).
+        let plan = shutdown_drain_plan(&settings).unwrap();
+        let defaults: Vec<i32> = plan
+            .iter()
+            .filter(|e| e.pod_type == PodType::Default)
+            .map(|e| e.pod_priority)
+            .collect();
+        assert_eq!(
+            defaults,
+            [
+                1_000_000_000,
+                1_999_999_999,
+                2_000_000_000,
+                2_000_001_000,
+                i32::MAX
+            ]
+        );
+        settings.fallback.shutdown_grace_period_by_pod_priority =
+            vec![band(100_000), band(i32::MIN), band(1000), band(1000)];
+        let plan = shutdown_drain_plan(&settings).unwrap();
+        assert_eq!(plan[0], entry(PodType::Default, 999));
+        assert_eq!(plan[1], entry(PodType::Default, 99_999));
+        assert_eq!(plan.len(), 14);
     }
 
     #[test]

@@ -372,6 +372,56 @@ impl Container {
     }
 }
 
+impl Container {
+    /// The host PID of the container's process whose command line starts with `argv0`
+    /// (a process in the container's PID namespace, seen from the host's /proc).
+    pub fn host_pid_of(&self, argv0: &str) -> Option<i32> {
+        let ns = fs::read_link(format!("/proc/{}/ns/pid", self.pid1)).ok()?;
+        fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let first = cmdline.split(|b| *b == 0).next()?;
+            (first == argv0.as_bytes() && fs::read_link(format!("/proc/{pid}/ns/pid")).ok()? == ns)
+                .then_some(pid)
+        })
+    }
+}
+
+/// CPU time and memory of a process, from the host's /proc.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcUsage {
+    /// User + system time, in seconds.
+    pub cpu_seconds: f64,
+    /// VmRSS, in KiB.
+    pub rss_kib: u64,
+    /// VmHWM (peak resident set size), in KiB.
+    pub peak_rss_kib: u64,
+}
+
+/// None once the process is gone.
+pub fn proc_usage(pid: i32) -> Option<ProcUsage> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces) in parentheses; utime and
+    // stime are fields 14 and 15 of proc(5), in USER_HZ ticks, which Linux fixes at 100.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |name: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some(ProcUsage {
+        cpu_seconds: ticks as f64 / 100.0,
+        rss_kib: kib("VmRSS:")?,
+        peak_rss_kib: kib("VmHWM:")?,
+    })
+}
+
 impl Drop for Container {
     fn drop(&mut self) {
         if self.exit.is_none() {
@@ -489,12 +539,29 @@ fn parent_of(pid: i32) -> Option<i32> {
         .ok()
 }
 
-/// The nodegrace binary under test: `NODEGRACE_TEST_BINARY` or the one cargo built for this
-/// test run.
+/// The nodegrace binary under test: `NODEGRACE_TEST_BINARY`, else the one cargo built for
+/// this test run, else (examples, which cargo gives no binary) `target/release/nodegrace`
+/// or `target/debug/nodegrace` under `$CARGO_TARGET_DIR` or the repository.
 pub fn nodegrace_binary() -> PathBuf {
-    std::env::var_os("NODEGRACE_TEST_BINARY")
+    if let Some(path) = std::env::var_os("NODEGRACE_TEST_BINARY") {
+        return PathBuf::from(path);
+    }
+    if let Some(path) = option_env!("CARGO_BIN_EXE_nodegrace") {
+        return PathBuf::from(path);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_nodegrace")))
+        .unwrap_or_else(|| repo_file("target"));
+    ["release", "debug"]
+        .iter()
+        .map(|profile| target.join(profile).join("nodegrace"))
+        .find(|path| path.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "no nodegrace binary under {}: run `cargo build --release --bin nodegrace` or set NODEGRACE_TEST_BINARY",
+                target.display()
+            )
+        })
 }
 
 pub fn repo_file(rel: &str) -> PathBuf {

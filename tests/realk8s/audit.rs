@@ -21,6 +21,9 @@ pub struct Request {
     pub code: u16,
     /// Unix seconds when the apiserver received it.
     pub received: f64,
+    /// Unix seconds of its last logged stage (for a finished request: when the answer was
+    /// complete).
+    pub completed: f64,
 }
 
 impl Request {
@@ -70,6 +73,7 @@ fn parse(line: &str) -> Option<(String, Request)> {
             .and_then(Value::as_u64)
             .unwrap_or(0) as u16,
         received: parse_time(&s("/requestReceivedTimestamp"))?,
+        completed: parse_time(&s("/stageTimestamp"))?,
     };
     Some((s("/auditID"), request))
 }

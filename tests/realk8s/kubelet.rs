@@ -47,6 +47,11 @@ pub struct PodRecord {
     pub running_at: Option<f64>,
     /// When its deletion (or, for a static pod, its manifest's removal) was first seen.
     pub stop_seen: Option<f64>,
+    /// When it exited: its exit time (from `stop_seen`) as the stand-in kept it, at which
+    /// the final DELETE went out.
+    pub exited_at: Option<f64>,
+    /// When that exit was due.
+    pub exit_due: Option<f64>,
     /// When the kubelet removed it.
     pub gone_at: Option<f64>,
 }
@@ -357,7 +362,11 @@ async fn watch_pods(client: Client, node: String, state: Arc<Mutex<State>>, wake
                     let seen = *rec.stop_seen.get_or_insert_with(now_unix);
                     let deadline = ts.0.as_microsecond() as f64 / 1e6;
                     let exit = (seen + exit_after(&pod.metadata)).min(deadline);
-                    st.stopping.insert(uid.clone(), (pod.clone(), exit));
+                    // Once exited, the updates its own final DELETE causes change nothing
+                    // (a second DELETE would only load the apiserver).
+                    if rec.exited_at.is_none() {
+                        st.stopping.insert(uid.clone(), (pod.clone(), exit));
+                    }
                     false
                 }
                 None => {
@@ -446,7 +455,11 @@ async fn finisher(client: Client, node: String, state: Arc<Mutex<State>>, wake: 
                 .map(|(uid, _)| uid.clone())
                 .collect();
             for uid in due {
-                if let Some((pod, _)) = st.stopping.remove(&uid) {
+                if let Some((pod, at)) = st.stopping.remove(&uid) {
+                    if let Some(rec) = st.records.get_mut(&uid) {
+                        rec.exit_due.get_or_insert(at);
+                        rec.exited_at.get_or_insert(now);
+                    }
                     deletes.push((pod, uid));
                 }
             }
@@ -491,22 +504,12 @@ async fn finisher(client: Client, node: String, state: Arc<Mutex<State>>, wake: 
                 }
             }
         }
+        // Each on its own task, as the kubelet's per-pod workers do: awaited here, pods due
+        // a moment later would wait for the earlier ones' requests, and a large band's last
+        // pod would go late by the stand-in's own pace.
         for (pod, uid) in deletes {
-            let api: Api<Pod> =
-                Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-            let params = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&pod.name_any(), &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(e) => eprintln!("kubelet {node}: deleting {}: {e}", pod.name_any()),
-            }
+            let (client, node) = (client.clone(), node.clone());
+            tokio::spawn(async move { remove(&client, &node, pod, uid).await });
         }
         for mirror in creates {
             let ns = mirror["metadata"]["namespace"]
@@ -529,6 +532,24 @@ async fn finisher(client: Client, node: String, state: Arc<Mutex<State>>, wake: 
             _ = notified => {}
             _ = async { match sleep { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {}
         }
+    }
+}
+
+/// Deletes a pod that exited, with grace 0 and its UID as precondition.
+async fn remove(client: &Client, node: &str, pod: Arc<Pod>, uid: String) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&pod.name_any(), &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(e) => eprintln!("kubelet {node}: deleting {}: {e}", pod.name_any()),
     }
 }
 

@@ -187,7 +187,7 @@ impl ControlPlane {
 
     /// What an operator applies once per cluster (README "Cluster side"): the CRDs, the
     /// ClusterRole and binding, and the admission policy in the form this Kubernetes serves.
-    fn apply_cluster_side(&self) {
+    pub fn apply_cluster_side(&self) {
         let repo = Path::new(MANIFEST_DIR);
         for dir in [
             "packaging/crds",

@@ -46,10 +46,10 @@ use super::terminate::{EvictionApi, PodTerminator};
 use super::FIELD_MANAGER;
 use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
 use crate::config::Settings;
-use crate::daemon::ShutdownKind;
 use crate::metrics::Metrics;
 use crate::plan::budget::StepSchedule;
 use crate::plan::{DrainTargets, PodInfo};
+use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
 /// The boot that created the shutdown maintenance (`/proc/sys/kernel/random/boot_id`).
@@ -131,7 +131,8 @@ struct Ready {
 struct Shared {
     client: Client,
     node: String,
-    settings: Settings,
+    /// Replaced on SIGHUP (`Engine::reload`); read through `settings()`.
+    settings: std::sync::RwLock<Arc<Settings>>,
     gate: Arc<dyn StaticPodGate>,
     metrics: Metrics,
     terminator: Arc<dyn PodTerminator>,
@@ -154,6 +155,9 @@ struct Shared {
     /// This node's eviction-request controller, when nodegrace is it: fed the engine's pod
     /// events and the eviction back-off cap in force.
     eviction_requests: Mutex<Option<ControllerHandle>>,
+    /// What the eviction-request controller found blocking each pod (by UID); None: no
+    /// longer blocked. Taken into the drain's tracks at the next pass.
+    eviction_blocks: Mutex<HashMap<String, Option<String>>>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -397,10 +401,15 @@ struct DrainState {
     announced: HashSet<String>,
     cache_written: Option<Vec<PodInfo>>,
     cache_due: Option<Instant>,
+    /// Per label-selected maintenance (UID): when its nodes were listed, and their names.
+    selected_nodes: HashMap<String, (Instant, Vec<String>)>,
+    /// Maintenances whose drain plan cannot be used, and why (reported in their status).
+    invalid_plans: HashMap<String, String>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
     daemonset_terminated: HashMap<String, String>,
-    /// The eviction back-off cap last given to the eviction-request controller.
-    backoff_cap: Option<Duration>,
+    /// The eviction back-off cap and concurrency last given to the eviction-request
+    /// controller.
+    eviction_requests_tuned: Option<(Duration, usize)>,
 }
 
 struct MaintView {
@@ -449,7 +458,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             client: opts.client.clone(),
             node: opts.node.clone(),
-            settings: opts.settings,
+            settings: std::sync::RwLock::new(Arc::new(opts.settings)),
             gate: opts.gate,
             metrics: opts.metrics,
             terminator,
@@ -468,6 +477,7 @@ impl Engine {
             fallback: Mutex::new(None),
             timings: Mutex::new(ShutdownTimings::default()),
             eviction_requests: Mutex::new(None),
+            eviction_blocks: Mutex::new(HashMap::new()),
         });
         let c = &opts.client;
         let node = &opts.node;
@@ -521,6 +531,27 @@ impl Engine {
     /// pod cache: one watch of the node's pods serves both).
     pub fn pod_store(&self) -> Store<Pod> {
         self.shared.pods.clone()
+    }
+
+    /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
+    /// way keeps the deadline schedule it started with.
+    pub fn reload(&self, settings: Arc<Settings>) {
+        match self.shared.settings.write() {
+            Ok(mut s) => *s = settings,
+            Err(p) => *p.into_inner() = settings,
+        }
+        self.shared.bump();
+    }
+
+    /// Where this node's eviction-request controller reports what blocks a pod's eviction.
+    pub fn eviction_block_sink(&self) -> crate::cluster::eviction_request::BlockSink {
+        let shared = Arc::downgrade(&self.shared);
+        Arc::new(move |uid: &str, by: Option<String>| {
+            if let Some(shared) = shared.upgrade() {
+                lock(&shared.eviction_blocks).insert(uid.to_owned(), by);
+                shared.bump();
+            }
+        })
     }
 
     /// Feeds this node's eviction-request controller: pod events, and the shorter eviction
@@ -584,6 +615,13 @@ impl Engine {
 }
 
 impl Shared {
+    fn settings(&self) -> Arc<Settings> {
+        self.settings
+            .read()
+            .map(|s| s.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
     fn pod_changed(&self, pod: &Pod) {
         if let Some(handle) = lock(&self.eviction_requests).as_ref() {
             handle.pod_changed(
@@ -636,14 +674,14 @@ impl Shared {
     fn unreachable_deadline(&self) -> Option<Instant> {
         lock(&self.failing)
             .as_ref()
-            .map(|f| f.since + self.settings.fallback.apiserver_timeout)
+            .map(|f| f.since + self.settings().fallback.apiserver_timeout)
     }
 
     fn unusable_error(&self) -> EngineError {
         let last = lock(&self.failing)
             .as_ref()
             .map_or_else(|| "no answer yet".to_string(), |f| f.last_error.clone());
-        EngineError::ApiserverUnreachable(self.settings.fallback.apiserver_timeout, last)
+        EngineError::ApiserverUnreachable(self.settings().fallback.apiserver_timeout, last)
     }
 
     /// One cheap request to learn whether the apiserver answers.
@@ -670,7 +708,7 @@ impl Shared {
     /// After an unusable answer (already noted): waits a moment to try again, or gives up
     /// once the apiserver has not been usable for `fallback.apiserver_timeout`.
     async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
-        let timeout = self.settings.fallback.apiserver_timeout;
+        let timeout = self.settings().fallback.apiserver_timeout;
         if started.elapsed() >= timeout || self.unreachable_for() >= timeout {
             return Err(self.unusable_error());
         }
@@ -684,7 +722,7 @@ impl Shared {
     async fn wait_ready(&self, which: fn(&Ready) -> bool) -> Result<(), EngineError> {
         let mut rx = self.wake.subscribe();
         let started = Instant::now();
-        let timeout = self.settings.fallback.apiserver_timeout;
+        let timeout = self.settings().fallback.apiserver_timeout;
         loop {
             rx.borrow_and_update();
             if which(&lock(&self.ready)) {

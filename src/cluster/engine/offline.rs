@@ -121,8 +121,7 @@ impl Shared {
         let text = serde_json::to_string(&summary).context("encoding the fallback summary")?;
         let mut desired = self.shutdown_maintenance(
             stage,
-            crate::plan::shutdown_drain_plan(&self.settings.drain)
-                .context("normalizing drain.plan")?,
+            crate::plan::shutdown_drain_plan(&self.settings()).context("normalizing drain.plan")?,
             &record.boot_id,
             record.kind,
             "drained offline by nodegrace's local fallback, the apiserver being unreachable",

@@ -1,16 +1,18 @@
 //! One pass of the reconcile loop: read the reflected state, decide, carry it out.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ListParams;
+use kube::{Api, Resource, ResourceExt};
 use tokio::time::Instant;
 
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
-use crate::cluster::node::cordon_patch;
+use crate::cluster::node::{cordon_patch, PREVIOUS_UNSCHEDULABLE_ANNOTATION};
 use crate::cluster::nodesel;
 use crate::plan::drain::{self, NodePod};
 use crate::plan::targets::MaintenanceInput;
@@ -39,6 +41,10 @@ fn drain_began(draining: &[&Arc<NodeMaintenance>]) -> Option<i64> {
         })
         .min()
 }
+
+/// How long the list of nodes a label-selected maintenance selects is used before it is read
+/// again.
+const SELECTED_NODES_TTL: Duration = Duration::from_secs(30);
 
 /// A draining maintenance as the drain decision reads it.
 struct Prepared {
@@ -73,7 +79,7 @@ impl Shared {
             written_at: Some(chrono::Utc::now()),
             pods: pods.to_vec(),
         };
-        let dir = self.settings.state_dir.clone();
+        let dir = self.settings().state_dir.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(err) = cache.store(&dir) {
                 tracing::warn!(error = format!("{err:#}"), "writing the pod cache failed");
@@ -110,14 +116,26 @@ impl Shared {
 
         // Cordon and finalizer first: a maintenance that selects the node holds it.
         if !active.is_empty() && cordon_patch(&node).is_some() {
+            let again = node
+                .annotations()
+                .contains_key(PREVIOUS_UNSCHEDULABLE_ANNOTATION);
             self.patch_node(st, "cordon", cordon_patch).await?;
             let names: Vec<String> = active.iter().map(|m| m.name_any()).collect();
+            let note = if again {
+                format!(
+                    "node {} was uncordoned while {} is active: cordoned again",
+                    self.node,
+                    names.join(", ")
+                )
+            } else {
+                format!("node {} cordoned for {}", self.node, names.join(", "))
+            };
             self.event_both(
                 &node,
                 active.first().map(|m| m.as_ref()),
-                false,
+                again,
                 "Cordoned",
-                format!("node {} cordoned for {}", self.node, names.join(", ")),
+                note,
             );
         }
         for m in &active {
@@ -129,7 +147,7 @@ impl Shared {
         let draining: Vec<&Arc<NodeMaintenance>> =
             active.iter().filter(|m| is_draining(m)).collect();
         let previous = self.previous_targets(st, &draining);
-        let prepared = self.prepare(st, &draining, previous.as_ref())?;
+        let prepared = self.prepare(st, &draining, previous.as_ref()).await?;
         let ctx_any = lock(&self.shutdown).clone();
         let ctx = ctx_any
             .clone()
@@ -142,6 +160,7 @@ impl Shared {
             })
         });
 
+        self.take_eviction_blocks(st, &node, &prepared);
         let now = self.epoch.elapsed();
         let node_pods = self.node_pods(&classified, now);
         let inputs: Vec<MaintenanceInput> = prepared
@@ -154,9 +173,9 @@ impl Shared {
             })
             .collect();
         let backoff_cap = if ctx.is_some() {
-            self.settings.drain.eviction_backoff_max_shutdown
+            self.settings().drain.eviction_backoff_max_shutdown
         } else {
-            self.settings.drain.eviction_backoff_max
+            self.settings().drain.eviction_backoff_max
         };
         let decision = drain::decide(&drain::Snapshot {
             now,
@@ -175,7 +194,7 @@ impl Shared {
         })?;
         self.note_replacements(st, &decision.replacements, &raw_pods);
         let views = self.views(st, &prepared, &decision);
-        self.set_backoff_cap(st, backoff_cap);
+        self.tune_eviction_requests(st, backoff_cap);
         let retry = self
             .terminate(st, &node, &classified, &decision, &views, backoff_cap)
             .await?;
@@ -200,10 +219,12 @@ impl Shared {
         let completing: Vec<Arc<NodeMaintenance>> = selecting
             .iter()
             .filter(|m| {
+                // Also one created at Complete, or moved there from Idle, which this node
+                // never saw active: its entry says the node carried the stage out.
                 (m.spec.stage == Stage::Complete || is_deleting(m))
                     && (has_finalizer(m)
                         || m.node_status(&self.node)
-                            .is_some_and(|e| e.drain_message != COMPLETED_MESSAGE))
+                            .is_none_or(|e| e.drain_message != COMPLETED_MESSAGE))
             })
             .cloned()
             .collect();
@@ -295,7 +316,7 @@ impl Shared {
 
     /// Each draining maintenance's normalized plan and the reports of the nodes it selects.
     /// A maintenance whose plan is invalid is left out (and said once).
-    fn prepare(
+    async fn prepare(
         &self,
         st: &mut DrainState,
         draining: &[&Arc<NodeMaintenance>],
@@ -306,11 +327,21 @@ impl Shared {
         for m in draining {
             let name = m.name_any();
             let plan = match normalize_drain_plan(&m.spec.drain_plan) {
-                Ok(p) => p,
+                Ok(p) => {
+                    st.invalid_plans.remove(&name);
+                    p
+                }
                 Err(err) => {
                     if st.announced.insert(format!("badplan/{name}")) {
-                        tracing::warn!(node = %self.node, maintenance = %name, error = %err, "ignoring a maintenance with an invalid drain plan");
+                        tracing::warn!(node = %self.node, maintenance = %name, error = %err, "not draining for a maintenance with an invalid drain plan");
+                        self.event(
+                            m.object_ref(&()),
+                            true,
+                            "InvalidDrainPlan",
+                            format!("node {} does not drain for {name}: {err}", self.node),
+                        );
                     }
+                    st.invalid_plans.insert(name, err.to_string());
                     continue;
                 }
             };
@@ -336,8 +367,17 @@ impl Shared {
                 .as_ref()
                 .map(|s| s.node_statuses.as_slice())
                 .unwrap_or_default();
-            let (reports, own) = match nodesel::exact_nodes(&m.spec.node_selector) {
-                Some(names) if names.contains(&self.node) => {
+            // Every node the maintenance selects reports before it advances: by name when
+            // it pins them, else the nodes its labels select (read from the apiserver).
+            let selected = match nodesel::exact_nodes(&m.spec.node_selector) {
+                Some(names) => Some(names),
+                None => self.selected_nodes(st, m).await,
+            };
+            let (reports, own) = match selected {
+                Some(mut names) => {
+                    if !names.contains(&self.node) {
+                        names.push(self.node.clone());
+                    }
                     let own = names.iter().position(|n| *n == self.node).unwrap_or(0);
                     let reports = names
                         .iter()
@@ -351,7 +391,7 @@ impl Shared {
                         .collect();
                     (reports, own)
                 }
-                _ => (
+                None => (
                     std::iter::once(mine)
                         .chain(
                             entries
@@ -372,6 +412,50 @@ impl Shared {
             });
         }
         Ok(out)
+    }
+
+    /// The names of the nodes a label-selected maintenance selects, read from the apiserver
+    /// at most every [`SELECTED_NODES_TTL`] (node labels change rarely). None when they
+    /// cannot be read: the maintenance then advances on the nodes that reported.
+    async fn selected_nodes(
+        &self,
+        st: &mut DrainState,
+        m: &NodeMaintenance,
+    ) -> Option<Vec<String>> {
+        let key = m.uid().unwrap_or_default();
+        if let Some((at, names)) = st.selected_nodes.get(&key) {
+            if at.elapsed() < SELECTED_NODES_TTL {
+                return Some(names.clone());
+            }
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut params = ListParams::default();
+        if let Some(q) = nodesel::label_query(&m.spec.node_selector) {
+            params = params.labels(&q);
+        }
+        match api.list_metadata(&params).await {
+            Ok(list) => {
+                let mut names: Vec<String> = list
+                    .items
+                    .into_iter()
+                    .filter_map(|meta| {
+                        let node = Node {
+                            metadata: meta.metadata,
+                            ..Node::default()
+                        };
+                        nodesel::selects(&m.spec.node_selector, &node).then(|| node.name_any())
+                    })
+                    .collect();
+                names.sort();
+                st.selected_nodes
+                    .insert(key, (Instant::now(), names.clone()));
+                Some(names)
+            }
+            Err(err) => {
+                tracing::debug!(node = %self.node, maintenance = %m.name_any(), error = %err, "listing the nodes a maintenance selects failed");
+                st.selected_nodes.get(&key).map(|(_, n)| n.clone())
+            }
+        }
     }
 
     /// Each draining maintenance's position after the decision; the node's new targets are
@@ -408,6 +492,43 @@ impl Shared {
         views
     }
 
+    /// What the eviction-request controller found blocking pods since the last pass: into
+    /// the tracks (the status names the blocker) and one event per new blocker.
+    fn take_eviction_blocks(&self, st: &mut DrainState, node: &Node, prepared: &[Prepared]) {
+        let reports: Vec<(String, Option<String>)> = lock(&self.eviction_blocks).drain().collect();
+        let mut fresh: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (uid, by) in reports {
+            let Some(track) = st.tracks.get_mut(&uid) else {
+                continue;
+            };
+            if let Some(blocker) = by.as_ref().filter(|_| track.blocked_by != by) {
+                let pod = self
+                    .pods
+                    .state()
+                    .iter()
+                    .find(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                    .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                    .unwrap_or_else(|| uid.clone());
+                fresh.entry(blocker.clone()).or_default().push(pod);
+            }
+            track.blocked_by = by;
+        }
+        for (by, pods) in fresh {
+            tracing::info!(node = %self.node, pods = ?pods, blocked_by = %by, "eviction blocked");
+            self.event_both(
+                node,
+                prepared.first().map(|p| p.m.as_ref()),
+                true,
+                "EvictionBlocked",
+                format!(
+                    "eviction of {} pod(s) blocked by {by}; retrying with back-off: {}",
+                    pods.len(),
+                    pods.join(", ")
+                ),
+            );
+        }
+    }
+
     /// Says once which tolerate-all DaemonSet pods came back and are left alone.
     fn note_replacements(&self, st: &mut DrainState, replacements: &[String], raw: &[Arc<Pod>]) {
         let fresh: Vec<String> = raw
@@ -429,13 +550,21 @@ impl Shared {
         }
     }
 
-    /// The eviction-request controller backs off with the cap in force.
-    fn set_backoff_cap(&self, st: &mut DrainState, cap: Duration) {
-        if st.backoff_cap != Some(cap) {
-            if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+    /// The eviction-request controller backs off with the cap in force and runs as many
+    /// requests at once as the configuration says (both change: shutdowns, reloads).
+    fn tune_eviction_requests(&self, st: &mut DrainState, cap: Duration) {
+        let concurrency = self.settings().drain.max_concurrent_requests;
+        if st.eviction_requests_tuned == Some((cap, concurrency)) {
+            return;
+        }
+        if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+            if st.eviction_requests_tuned.map(|t| t.0) != Some(cap) {
                 handle.set_backoff_max(cap);
-                st.backoff_cap = Some(cap);
             }
+            if st.eviction_requests_tuned.map(|t| t.1) != Some(concurrency) {
+                handle.set_concurrency(concurrency);
+            }
+            st.eviction_requests_tuned = Some((cap, concurrency));
         }
     }
 }

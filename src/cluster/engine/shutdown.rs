@@ -23,9 +23,9 @@ use crate::cluster::node::{
 };
 use crate::cluster::{api_error_code, FIELD_MANAGER};
 use crate::config::CompletionPolicy;
-use crate::daemon::{ShutdownKind, ShutdownRequest};
 use crate::plan::budget::{plan_steps, split_budget, BudgetReserves};
 use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets};
+use crate::shutdown::{ShutdownKind, ShutdownRequest};
 use crate::state::OfflineDrain;
 
 use super::{
@@ -46,8 +46,8 @@ impl Engine {
         sh.wait_ready(|r| r.node && r.pods && r.maintenances)
             .await?;
 
-        let plan = crate::plan::shutdown_drain_plan(&sh.settings.drain)
-            .context("normalizing drain.plan")?;
+        let plan =
+            crate::plan::shutdown_drain_plan(&sh.settings()).context("normalizing drain.plan")?;
         let name = shutdown_maintenance_name(&sh.node);
         // Cordon first: nothing new lands on the node while the maintenance is set up.
         sh.cordon_for_shutdown().await?;
@@ -68,7 +68,7 @@ impl Engine {
         let schedule = split_budget(
             req.budget,
             &steps,
-            &BudgetReserves::from(&sh.settings.drain),
+            &BudgetReserves::from(&sh.settings().drain),
         );
         let step_targets = (0..plan.len())
             .map(|i| DrainTargets::for_plan(&plan, i))
@@ -108,7 +108,7 @@ impl Engine {
                 // A watch event may have changed the apiserver's reachability.
                 _ = events.changed() => {},
                 _ = sleep_until_opt(deadline) => {
-                    if sh.unreachable_for() >= sh.settings.fallback.apiserver_timeout {
+                    if sh.unreachable_for() >= sh.settings().fallback.apiserver_timeout {
                         return Err(sh.unusable_error());
                     }
                 }
@@ -492,7 +492,7 @@ impl Shared {
     }
 
     pub(super) async fn wait_volumes_detached(&self) {
-        let timeout = self.settings.drain.volume_detach_timeout;
+        let timeout = self.settings().drain.volume_detach_timeout;
         let deadline = Instant::now() + timeout;
         let mut rx = self.wake.subscribe();
         loop {

@@ -47,12 +47,14 @@ impl Shared {
                 .iter()
                 .filter(|p| p.terminating || st.tracks.get(&p.uid).is_some_and(|t| t.accepted))
                 .count();
+            // Blocked: refused by the Eviction API (the direct path, or the eviction-request
+            // controller on the EvictionRequest path) and not yet going.
             let blocked: Vec<String> = targeted
                 .iter()
+                .filter(|p| !p.terminating)
                 .filter_map(|p| {
                     st.tracks
                         .get(&p.uid)
-                        .filter(|t| !t.accepted && !p.terminating)
                         .and_then(|t| t.blocked_by.as_ref())
                         .map(|b| format!("{} by {b}", p.key()))
                 })
@@ -68,7 +70,18 @@ impl Shared {
             let limited = !st.targets.covers(&v.targets);
             entry.drain_message = if !targeted.is_empty() {
                 if !blocked.is_empty() {
-                    format!("Draining: eviction blocked for {}", blocked.join("; "))
+                    let shown = blocked
+                        .iter()
+                        .take(5)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    let more = blocked.len().saturating_sub(5);
+                    if more > 0 {
+                        format!("Draining: eviction blocked for {shown}; and {more} more")
+                    } else {
+                        format!("Draining: eviction blocked for {shown}")
+                    }
                 } else if limited {
                     "Draining (limited by another maintenance)".into()
                 } else {
@@ -82,7 +95,10 @@ impl Shared {
                 format!("Waiting for {name}.")
             };
         } else {
-            entry.drain_message = "Cordoned".into();
+            entry.drain_message = match st.invalid_plans.get(&name) {
+                Some(err) => format!("Invalid drainPlan, not drained: {err}"),
+                None => "Cordoned".into(),
+            };
             entry.pods_not_targeted = pods.iter().filter(|p| p.is_active()).count() as i32;
         }
 

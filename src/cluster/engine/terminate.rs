@@ -117,7 +117,7 @@ impl Shared {
         }
 
         let terminator = self.terminator.clone();
-        let concurrency = self.settings.drain.max_concurrent_requests.max(1);
+        let concurrency = self.settings().drain.max_concurrent_requests.max(1);
         let results: Vec<_> = futures::stream::iter(jobs)
             .map(|(pod, object, request, m, escalated)| {
                 let terminator = terminator.clone();

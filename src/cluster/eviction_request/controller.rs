@@ -54,6 +54,11 @@ impl ControllerConfig {
     }
 }
 
+/// Told what blocks the eviction of a pod (by UID): `Some` with the budget or the
+/// apiserver's message after a refusal, `None` once it is evicted or gone. The drain engine
+/// names the blocker on the NodeMaintenance, as it does for its own evictions.
+pub type BlockSink = Arc<dyn Fn(&str, Option<String>) + Send + Sync>;
+
 /// Carries out the decisions for one EvictionRequest at a time.
 pub struct Reconciler {
     client: Client,
@@ -68,6 +73,7 @@ pub struct Reconciler {
     /// Per request: the pod UID whose eviction the apiserver accepted. The pod watch may
     /// show its deletionTimestamp a moment later; until then it is not evicted again.
     evicted: Mutex<HashMap<String, String>>,
+    blocks: Option<BlockSink>,
 }
 
 /// What one reconcile left behind.
@@ -112,6 +118,7 @@ impl Reconciler {
             backoff_max: Mutex::new(backoff_max),
             not_before: Mutex::new(HashMap::new()),
             evicted: Mutex::new(HashMap::new()),
+            blocks: None,
         }
     }
 
@@ -291,6 +298,17 @@ impl Reconciler {
                     Action::Evict { released } => {
                         let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
                         log_eviction(&pod_key, released.as_ref(), &result, &current);
+                        if let Some(sink) = &self.blocks {
+                            let by = match &result {
+                                EvictionResult::Blocked {
+                                    budget: Some(b), ..
+                                } => Some(format!("PodDisruptionBudget {namespace}/{b}")),
+                                EvictionResult::Blocked { message, .. }
+                                | EvictionResult::Refused { message } => Some(message.clone()),
+                                EvictionResult::Accepted | EvictionResult::Gone => None,
+                            };
+                            sink(&pod_ref.uid, by);
+                        }
                         state = match result {
                             EvictionResult::Accepted => {
                                 self.evicted
@@ -496,6 +514,7 @@ fn log_eviction(
 enum Message {
     PodChanged { namespace: String, uid: String },
     BackoffMax(Duration),
+    Concurrency(usize),
 }
 
 /// Lets the drain engine feed the controller.
@@ -516,6 +535,11 @@ impl ControllerHandle {
     /// Changes the eviction back-off cap (shorter under a shutdown deadline).
     pub fn set_backoff_max(&self, cap: Duration) {
         let _ = self.tx.send(Message::BackoffMax(cap));
+    }
+
+    /// Changes how many requests are reconciled at once (a reloaded configuration).
+    pub fn set_concurrency(&self, n: usize) {
+        let _ = self.tx.send(Message::Concurrency(n.max(1)));
     }
 }
 
@@ -582,6 +606,12 @@ impl Controller {
     /// Evicts with `client` (the kubelet's credential in the daemon).
     pub fn evicting_with(mut self, client: Client) -> Self {
         self.reconciler = self.reconciler.evicting_with(client);
+        self
+    }
+
+    /// Reports what blocks each pod's eviction to `sink` (the drain engine).
+    pub fn reporting_blocks_to(mut self, sink: BlockSink) -> Self {
+        self.reconciler.blocks = Some(sink);
         self
     }
 
@@ -698,7 +728,7 @@ impl Controller {
             node,
             pods,
             reconciler,
-            concurrency,
+            mut concurrency,
             rx,
         } = self;
         // A request whose pod is not in a synced cache is complete: wait for the sync.
@@ -835,6 +865,7 @@ impl Controller {
                             queue.push(key);
                         }
                     }
+                    Some(Message::Concurrency(n)) => concurrency = n,
                     Some(Message::BackoffMax(cap)) => {
                         reconciler.set_backoff_max(cap);
                         for r in cache.state() {

@@ -43,7 +43,9 @@ use kube::Client;
 
 use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 
-pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciled, Reconciler};
+pub use controller::{
+    BlockSink, Controller, ControllerConfig, ControllerHandle, Reconciled, Reconciler,
+};
 pub use requester::{labelled_for_another, Requested, Requester, Withdrawn};
 pub use terminator::EvictionRequestTerminator;
 

@@ -234,7 +234,7 @@ fn prepare_pods(
             p.band = format!("kubelet band priority >= {}", bands.bands()[b].priority);
         }
     } else {
-        let plan = nodegrace::plan::drainplan::shutdown_drain_plan(&settings.drain)?;
+        let plan = nodegrace::plan::drainplan::shutdown_drain_plan(settings)?;
         let steps = nodegrace::plan::budget::plan_steps(&plan, &infos)?;
         for step in steps {
             for member in step.pods {
