@@ -266,7 +266,10 @@ mod tests {
         s.node.kubeconfig = Some("/etc/k8s/nodegrace/kubeconfig".into());
         let (text, _) = dropin(&s, Path::new("/c"));
         assert!(text.contains(" -/etc/k8s/nodegrace\n"), "{text}");
-        assert!(!text.contains("mkdir -p -m 0755 /run/systemd/logind.conf.d /etc"), "{text}");
+        assert!(
+            !text.contains("mkdir -p -m 0755 /run/systemd/logind.conf.d /etc"),
+            "{text}"
+        );
         // Not writable: the daemon still starts (the renewal says why it cannot write).
         assert_eq!(
             check_writable_with(&s, |p| if p.starts_with("/etc") {

@@ -32,7 +32,7 @@ fn the_drop_in_follows_the_configuration() {
         std::fs::read_to_string(out.join("nodegrace.service.d/50-nodegrace-paths.conf")).unwrap();
     assert!(
         text.contains(
-            "\nReadWritePaths=-/srv/ng -/srv/ng-gate -/opt/manifests -/etc/systemd/logind.conf.d\n"
+            "\nReadWritePaths=-/srv/ng -/srv/ng-gate -/opt/manifests -/etc/systemd/logind.conf.d -/etc/nodegrace\n"
         ),
         "{text}"
     );

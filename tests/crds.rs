@@ -663,7 +663,7 @@ mod rbac {
 
     fn rbac_file(name: &str) -> String {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(if name == "clusterrole.yaml" {
+            .join(if matches!(name, "clusterrole.yaml" | "approver.yaml") {
                 "packaging/rbac"
             } else {
                 "packaging/admission"
@@ -1252,18 +1252,30 @@ mod rbac {
         let p = policy("nodemaintenances");
         let shared = maintenance(by_label());
         let mut counted = shared.clone();
-        counted["status"]["drainStatus"] = json!({"activeEvictionRequests": 0, "drainMessage": "Drained"});
-        assert!(denied(admit(&p, ME, "UPDATE", "status", counted, shared.clone()))
-            .contains("status.drainStatus"));
+        counted["status"]["drainStatus"] =
+            json!({"activeEvictionRequests": 0, "drainMessage": "Drained"});
+        assert!(
+            denied(admit(&p, ME, "UPDATE", "status", counted, shared.clone()))
+                .contains("status.drainStatus")
+        );
         let mut other_cond = shared.clone();
         other_cond["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
-        denied(admit(&p, ME, "UPDATE", "status", other_cond, shared.clone()));
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "status",
+            other_cond,
+            shared.clone(),
+        ));
 
         let drained_cond = |status: &str| json!([{"type": "Drained", "status": status, "reason": "r", "message": "m"}]);
         let mut early = shared.clone();
         early["status"]["conditions"] = drained_cond("True");
-        assert!(denied(admit(&p, ME, "UPDATE", "status", early, shared.clone()))
-            .contains("Drained condition"));
+        assert!(
+            denied(admit(&p, ME, "UPDATE", "status", early, shared.clone()))
+                .contains("Drained condition")
+        );
         let mut draining = shared.clone();
         draining["status"]["conditions"] = drained_cond("False");
         assert_eq!(
@@ -1296,8 +1308,10 @@ mod rbac {
         );
         let mut ahead = staged.clone();
         ahead["status"]["stageStatuses"] = json!([stage("Cordon"), stage("Complete")]);
-        assert!(denied(admit(&p, ME, "UPDATE", "status", ahead, staged.clone()))
-            .contains("stageStatuses"));
+        assert!(
+            denied(admit(&p, ME, "UPDATE", "status", ahead, staged.clone()))
+                .contains("stageStatuses")
+        );
         let mut rewritten = staged.clone();
         rewritten["status"]["stageStatuses"][0]["startTimestamp"] = json!("2031-01-01T00:00:00Z");
         denied(admit(&p, ME, "UPDATE", "status", rewritten, staged));
@@ -1333,7 +1347,14 @@ mod rbac {
         let other = "descheduler.example.com";
         let me = Some("one");
         assert_eq!(
-            admit(&p, ME, "CREATE", "", eviction_request(&[ours], me), Value::Null),
+            admit(
+                &p,
+                ME,
+                "CREATE",
+                "",
+                eviction_request(&[ours], me),
+                Value::Null
+            ),
             Ok(())
         );
         denied(admit(
@@ -1394,7 +1415,14 @@ mod rbac {
         ))
         .contains(ours));
         assert_eq!(
-            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[ours], me)),
+            admit(
+                &p,
+                ME,
+                "DELETE",
+                "",
+                Value::Null,
+                eviction_request(&[ours], me)
+            ),
             Ok(())
         );
         assert_eq!(

@@ -32,7 +32,7 @@ async fn daemon(
     let logind = TestEnv::start(dir.path(), FakeState::with_delay(BUDGET))
         .await
         .expect("private bus with fakes");
-    let client_source = cluster.cluster.api.kube_config().unwrap();
+    let fake = cluster.cluster.clone();
     std::fs::write(cluster.dir.path().join("boot_id"), "boot-1").unwrap();
     let drainer = NodeDrainer::start(
         NodeParts {
@@ -45,8 +45,8 @@ async fn daemon(
             boot_id: BootIdSource::File(cluster.dir.path().join("boot_id")),
         },
         move || {
-            let config = client_source.clone();
-            async move { Ok(kube::Client::try_from(config)?) }
+            let fake = fake.clone();
+            async move { fake.clients() }
         },
     );
     let daemon = logind

@@ -258,10 +258,7 @@ async fn create_then_join_makes_one_request_with_both_requesters() {
     assert_eq!(all.items.len(), 1, "one EvictionRequest per pod");
     let r = &all.items[0];
     assert_eq!(r.metadata.name.as_deref(), Some(pod.uid.as_str()));
-    assert_eq!(
-        requester_names(r),
-        [OURS, DESCHEDULER]
-    );
+    assert_eq!(requester_names(r), [OURS, DESCHEDULER]);
     let pod_ref = r.pod_ref().unwrap();
     assert_eq!(
         (pod_ref.name.as_str(), pod_ref.uid.as_str()),
@@ -316,12 +313,7 @@ async fn concurrent_joins_lose_no_requester() {
     got.sort();
     assert_eq!(
         got,
-        [
-            "a.example.com",
-            "b.example.com",
-            "c.example.com",
-            OURS
-        ]
+        ["a.example.com", "b.example.com", "c.example.com", OURS]
     );
 }
 
@@ -406,10 +398,7 @@ async fn a_forbid_policy_keeps_the_requester() {
     )
     .await;
     assert_eq!(ours.withdraw(&pod).await.unwrap(), Withdrawn::Forbidden);
-    assert_eq!(
-        requester_names(&get(&client, &pod).await),
-        [OURS]
-    );
+    assert_eq!(requester_names(&get(&client, &pod).await), [OURS]);
     let late = Requester::new(client.clone(), NODE).named(DESCHEDULER);
     assert_eq!(late.request(&pod).await.unwrap(), Requested::Uncancellable);
 }

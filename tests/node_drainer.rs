@@ -576,10 +576,10 @@ async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_p
     env.admin_maintenance("upgrade", "Drain", json!([]));
     let runtime = FakeRuntime::new();
     let kubelet = Arc::new(RecordingKubelet::default());
-    let client_source = env.cluster.api.kube_config().unwrap();
+    let cluster = env.cluster.clone();
     let _drainer = NodeDrainer::start(parts(&env, env.settings(), &runtime, &kubelet), move || {
-        let config = client_source.clone();
-        async move { Ok(kube::Client::try_from(config)?) }
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
     });
     eventually(15, "the budget named in the node's entry", || {
         env.maintenance("upgrade")

@@ -266,8 +266,7 @@ pub fn entries_drained(status: Option<&NodeMaintenanceStatus>) -> bool {
     status.is_some_and(|s| {
         !s.node_statuses.is_empty()
             && s.node_statuses.iter().all(|e| {
-                e.pods_remaining == 0
-                    && matches!(e.drain_message.as_str(), "Drained" | "Completed")
+                e.pods_remaining == 0 && matches!(e.drain_message.as_str(), "Drained" | "Completed")
             })
     })
 }

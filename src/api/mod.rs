@@ -40,8 +40,7 @@ pub const REQUESTER_SUFFIX: &str = "nodemaintenance.nodegrace.dev";
 /// subdomain of at most 253 characters (node names over 223 characters).
 pub fn node_requester(node: &str) -> Option<String> {
     let name = format!("{node}.{REQUESTER_SUFFIX}");
-    (name.len() <= 253 && crate::cluster::eviction_request::is_dns_subdomain(&name))
-        .then_some(name)
+    (name.len() <= 253 && crate::cluster::eviction_request::is_dns_subdomain(&name)).then_some(name)
 }
 /// Pod annotation prefix declaring an interceptor: `<prefix><name>: "<priority>"`.
 pub const INTERCEPTOR_ANNOTATION_PREFIX: &str =

@@ -15,8 +15,8 @@ use serde::Serialize;
 
 use super::{align, human, kube_client, load_settings, runtime, secs, OutputFormat};
 use crate::api::{node_selector_for, shutdown_maintenance_name, NodeMaintenance};
-use crate::config::Settings;
 use crate::cluster::client::Role;
+use crate::config::Settings;
 use crate::daemon::status::{PhaseChange, ShutdownStatus};
 use crate::daemon::{DaemonPaths, Status};
 use crate::logind::budget::{DelayDropin, DROPIN_MARKER};
@@ -429,7 +429,10 @@ fn credential_line(c: &CredentialReport, now: chrono::DateTime<chrono::Utc>) -> 
         .as_ref()
         .map_or_else(String::new, |p| format!("; {}", p.display()));
     let expiry = |at: chrono::DateTime<chrono::Utc>| {
-        let left = (at - now).to_std().map(human).unwrap_or_else(|_| "0s".into());
+        let left = (at - now)
+            .to_std()
+            .map(human)
+            .unwrap_or_else(|_| "0s".into());
         format!("{} (in {left})", at.to_rfc3339())
     };
     match (c.state.as_str(), &c.identity, c.expires_at) {
@@ -910,7 +913,7 @@ pub fn render_table(r: &StatusReport) -> String {
         let label = if c.key == "node.kubeconfig" {
             "Credential"
         } else {
-            "Kubelet credential"
+            "Kubelet cred."
         };
         row(label, credential_line(c, now));
     }

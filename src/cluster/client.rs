@@ -73,8 +73,17 @@ pub struct Timeouts {
 }
 
 /// A client for `role`'s kubeconfig at `path` (None: in-cluster config or `$KUBECONFIG`).
-pub async fn client_for(path: Option<&Path>, role: Role, timeouts: Timeouts) -> Result<kube::Client> {
-    build(path, &format!("{} ({})", role.key(), role.describe()), timeouts).await
+pub async fn client_for(
+    path: Option<&Path>,
+    role: Role,
+    timeouts: Timeouts,
+) -> Result<kube::Client> {
+    build(
+        path,
+        &format!("{} ({})", role.key(), role.describe()),
+        timeouts,
+    )
+    .await
 }
 
 /// A client for the kubeconfig at `path`, which `what` names in errors.
@@ -89,9 +98,9 @@ pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Resul
             .await
             .with_context(|| format!("cannot use kubeconfig {} ({what})", path.display()))?
         }
-        None => kube::Config::infer()
-            .await
-            .with_context(|| format!("no kubeconfig ({what}: none given, no in-cluster config, no $KUBECONFIG)"))?,
+        None => kube::Config::infer().await.with_context(|| {
+            format!("no kubeconfig ({what}: none given, no in-cluster config, no $KUBECONFIG)")
+        })?,
     };
     // kube retries 429/503/504 inside the client by default, for up to many minutes: a PDB
     // refusing an eviction must come back to the drain loop at once, which backs off itself.
@@ -206,7 +215,8 @@ struct Reloading {
     current: RwLock<kube::Client>,
     seen: std::sync::Mutex<Fingerprint>,
     /// Checks a reloaded client before it replaces the current one.
-    accept: Box<dyn Fn(kube::Client) -> futures::future::BoxFuture<'static, Result<()>> + Send + Sync>,
+    accept:
+        Box<dyn Fn(kube::Client) -> futures::future::BoxFuture<'static, Result<()>> + Send + Sync>,
     /// The last reload error said, so it is not repeated every check.
     last_error: std::sync::Mutex<Option<String>>,
 }

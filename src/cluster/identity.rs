@@ -88,7 +88,10 @@ pub fn judge(role: Role, node: &str, user: &str, groups: &[String]) -> Finding {
 /// Why the apiserver answered 401 to `role`'s credential, and what to do.
 pub fn unauthorized(role: Role, path: Option<&Path>, now: chrono::DateTime<chrono::Utc>) -> String {
     let key = role.key();
-    let file = path.map_or_else(|| "in-cluster or $KUBECONFIG".into(), |p| p.display().to_string());
+    let file = path.map_or_else(
+        || "in-cluster or $KUBECONFIG".into(),
+        |p| p.display().to_string(),
+    );
     let what = match path.map(KubeconfigFile::read).map(|f| f.and_then(|f| f.credential())) {
         Some(Ok(Credential::Certificate(c))) if c.not_after <= now => format!(
             "its client certificate for {} expired at {}",
@@ -112,7 +115,10 @@ pub fn unauthorized(role: Role, path: Option<&Path>, now: chrono::DateTime<chron
         Role::Nodegrace => ISSUE,
         Role::Kubelet => "the kubelet renews its own client certificate: check the kubelet, and that this key names its kubeconfig",
     };
-    format!("the apiserver refuses {} ({key} {file}, 401 Unauthorized): {what}; {todo}", role.describe())
+    format!(
+        "the apiserver refuses {} ({key} {file}, 401 Unauthorized): {what}; {todo}",
+        role.describe()
+    )
 }
 
 /// One permission the daemon needs, as a SelfSubjectAccessReview asks it.
@@ -154,7 +160,12 @@ fn permission(verb: &'static str, group: &'static str, resource: &'static str) -
 
 /// What the daemon asks of `role`'s credential; EvictionRequest rights only when that API
 /// is installed (`controller`: when this node acts as their controller).
-pub fn required(role: Role, node: &str, eviction_requests: bool, controller: bool) -> Vec<Permission> {
+pub fn required(
+    role: Role,
+    node: &str,
+    eviction_requests: bool,
+    controller: bool,
+) -> Vec<Permission> {
     match role {
         Role::Nodegrace => {
             let mut list = vec![
@@ -170,7 +181,11 @@ pub fn required(role: Role, node: &str, eviction_requests: bool, controller: boo
             if eviction_requests {
                 list.push(permission("create", "nodegrace.dev", "evictionrequests"));
                 if controller {
-                    list.push(permission("update", "nodegrace.dev", "evictionrequests/status"));
+                    list.push(permission(
+                        "update",
+                        "nodegrace.dev",
+                        "evictionrequests/status",
+                    ));
                 }
             }
             list
@@ -198,7 +213,9 @@ async fn allowed(client: &kube::Client, p: &Permission) -> kube::Result<bool> {
         },
         ..SelfSubjectAccessReview::default()
     };
-    let answer = api.create(&kube::api::PostParams::default(), &review).await?;
+    let answer = api
+        .create(&kube::api::PostParams::default(), &review)
+        .await?;
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
@@ -288,8 +305,10 @@ pub async fn verify(
                 // An apiserver without the API cannot say; the requests themselves will.
                 Err(kube::Error::Api(s)) if matches!(s.code, 404 | 405) => {}
                 Err(err) => {
-                    return Err(anyhow::Error::from(err)
-                        .context(format!("asking the apiserver what {} may do", role.describe())))
+                    return Err(anyhow::Error::from(err).context(format!(
+                        "asking the apiserver what {} may do",
+                        role.describe()
+                    )))
                 }
             }
         }
@@ -315,13 +334,21 @@ fn lacks(verified: &Verified, lacking: &[(Role, Permission)], shared: bool) -> S
             Role::Nodegrace => &verified.nodegrace,
             Role::Kubelet => &verified.kubelet,
         };
-        let who = if who.is_empty() { role.describe() } else { who.as_str() };
+        let who = if who.is_empty() {
+            role.describe()
+        } else {
+            who.as_str()
+        };
         let fix = match (role, shared) {
             (Role::Nodegrace, _) => "apply packaging/rbac (the ClusterRole nodegrace-node bound to nodegrace:nodes)",
             (Role::Kubelet, false) => "the apiserver's Node authorizer grants them to system:node:<node> (--authorization-mode=Node,RBAC)",
             (Role::Kubelet, true) => "node.kubelet_kubeconfig is empty, so pods are evicted with node.kubeconfig's identity: set it to the kubelet's kubeconfig",
         };
-        parts.push(format!("{who} ({}) may not {}: {fix}", role.key(), list.join(", ")));
+        parts.push(format!(
+            "{who} ({}) may not {}: {fix}",
+            role.key(),
+            list.join(", ")
+        ));
     }
     parts.join("; ")
 }
@@ -337,40 +364,69 @@ mod tests {
     #[test]
     fn the_expected_identities_pass() {
         assert_eq!(
-            judge(Role::Nodegrace, "n1", "nodegrace:node:n1", &groups(&["nodegrace:nodes", "system:authenticated"])),
+            judge(
+                Role::Nodegrace,
+                "n1",
+                "nodegrace:node:n1",
+                &groups(&["nodegrace:nodes", "system:authenticated"])
+            ),
             Finding::Expected
         );
         assert_eq!(
-            judge(Role::Kubelet, "n1", "system:node:n1", &groups(&["system:nodes"])),
+            judge(
+                Role::Kubelet,
+                "n1",
+                "system:node:n1",
+                &groups(&["system:nodes"])
+            ),
             Finding::Expected
         );
     }
 
     #[test]
     fn another_nodes_identity_is_unusable_and_says_what_to_do() {
-        let Finding::Unusable(m) =
-            judge(Role::Nodegrace, "n1", "nodegrace:node:n2", &groups(&["nodegrace:nodes"]))
-        else {
+        let Finding::Unusable(m) = judge(
+            Role::Nodegrace,
+            "n1",
+            "nodegrace:node:n2",
+            &groups(&["nodegrace:nodes"]),
+        ) else {
             panic!()
         };
-        assert!(m.contains("nodegrace:node:n2") && m.contains("this node is n1"), "{m}");
+        assert!(
+            m.contains("nodegrace:node:n2") && m.contains("this node is n1"),
+            "{m}"
+        );
         assert!(m.contains("nodegrace credentials request"), "{m}");
         let Finding::Unusable(m) = judge(Role::Kubelet, "n1", "system:node:n2", &[]) else {
             panic!()
         };
-        assert!(m.contains("system:node:n2") && m.contains("node.kubelet_kubeconfig"), "{m}");
+        assert!(
+            m.contains("system:node:n2") && m.contains("node.kubelet_kubeconfig"),
+            "{m}"
+        );
     }
 
     #[test]
     fn swapped_credentials_are_unusable() {
-        let Finding::Unusable(m) = judge(Role::Nodegrace, "n1", "system:node:n1", &groups(&["system:nodes"]))
-        else {
+        let Finding::Unusable(m) = judge(
+            Role::Nodegrace,
+            "n1",
+            "system:node:n1",
+            &groups(&["system:nodes"]),
+        ) else {
             panic!()
         };
-        assert!(m.contains("a kubelet's identity") && m.contains("taint"), "{m}");
-        let Finding::Unusable(m) =
-            judge(Role::Kubelet, "n1", "nodegrace:node:n1", &groups(&["nodegrace:nodes"]))
-        else {
+        assert!(
+            m.contains("a kubelet's identity") && m.contains("taint"),
+            "{m}"
+        );
+        let Finding::Unusable(m) = judge(
+            Role::Kubelet,
+            "n1",
+            "nodegrace:node:n1",
+            &groups(&["nodegrace:nodes"]),
+        ) else {
             panic!()
         };
         assert!(m.contains("nodegrace's identity"), "{m}");
@@ -430,7 +486,11 @@ mod tests {
             .unwrap()
             .to_utc();
         let m = unauthorized(Role::Kubelet, Some(&path), earlier);
-        assert!(m.contains("not signed by a CA the apiserver trusts") && m.contains("check the kubelet"), "{m}");
+        assert!(
+            m.contains("not signed by a CA the apiserver trusts")
+                && m.contains("check the kubelet"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -441,8 +501,14 @@ mod tests {
             warnings: vec![],
         };
         let lacking = vec![
-            (Role::Nodegrace, required(Role::Nodegrace, "n1", false, false)[0].clone()),
-            (Role::Kubelet, required(Role::Kubelet, "n1", false, false)[0].clone()),
+            (
+                Role::Nodegrace,
+                required(Role::Nodegrace, "n1", false, false)[0].clone(),
+            ),
+            (
+                Role::Kubelet,
+                required(Role::Kubelet, "n1", false, false)[0].clone(),
+            ),
         ];
         let m = lacks(&v, &lacking, false);
         assert_eq!(

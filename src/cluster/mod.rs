@@ -5,8 +5,8 @@
 pub mod client;
 pub mod engine;
 pub mod evict;
-pub mod identity;
 pub mod eviction_request;
+pub mod identity;
 pub mod node;
 pub mod nodesel;
 pub mod terminate;

@@ -81,7 +81,9 @@ pub fn judge(csr: &CertificateSigningRequest, max_lifetime: Duration) -> Verdict
 
     let requester = spec.username.as_deref().unwrap_or_default();
     let Some(by) = requester.strip_prefix(KUBELET_USER_PREFIX) else {
-        return leave(format!("made by {requester:?}, not by a kubelet (system:node:<node>)"));
+        return leave(format!(
+            "made by {requester:?}, not by a kubelet (system:node:<node>)"
+        ));
     };
     if by != wanted {
         return leave(format!(
@@ -105,7 +107,10 @@ pub fn judge(csr: &CertificateSigningRequest, max_lifetime: Duration) -> Verdict
             info.subject
         ));
     }
-    if request.requested_extensions().is_some_and(|mut e| e.next().is_some()) {
+    if request
+        .requested_extensions()
+        .is_some_and(|mut e| e.next().is_some())
+    {
         return leave("it requests extensions (such as subject alternative names)".into());
     }
     if request.verify_signature().is_err() {
@@ -113,9 +118,12 @@ pub fn judge(csr: &CertificateSigningRequest, max_lifetime: Duration) -> Verdict
     }
     let usages = spec.usages.clone().unwrap_or_default();
     if !usages.iter().any(|u| u == "client auth")
-        || usages
-            .iter()
-            .any(|u| !matches!(u.as_str(), "client auth" | "digital signature" | "key encipherment"))
+        || usages.iter().any(|u| {
+            !matches!(
+                u.as_str(),
+                "client auth" | "digital signature" | "key encipherment"
+            )
+        })
     {
         return leave(format!(
             "usages {usages:?}: only client auth, digital signature and key encipherment, with client auth"
@@ -135,7 +143,11 @@ pub fn judge(csr: &CertificateSigningRequest, max_lifetime: Duration) -> Verdict
 }
 
 /// Approves `csr` (the `approval` subresource).
-async fn approve(api: &Api<CertificateSigningRequest>, csr: &CertificateSigningRequest, node: &str) -> Result<()> {
+async fn approve(
+    api: &Api<CertificateSigningRequest>,
+    csr: &CertificateSigningRequest,
+    node: &str,
+) -> Result<()> {
     let name = csr.metadata.name.clone().unwrap_or_default();
     let mut conditions = csr
         .status
@@ -181,7 +193,12 @@ async fn handle(
         Verdict::NotOurs => Ok(None),
         Verdict::Leave(why) => Ok(Some(format!("left {name} for a person: {why}"))),
         Verdict::Approve { node } => {
-            if nodes.get_opt(&node).await.context("reading the Node")?.is_none() {
+            if nodes
+                .get_opt(&node)
+                .await
+                .context("reading the Node")?
+                .is_none()
+            {
                 return Ok(Some(format!(
                     "left {name} for a person: request for {NODEGRACE_USER_PREFIX}{node}: there is no Node {node}"
                 )));
@@ -200,7 +217,11 @@ async fn handle(
 }
 
 /// Approves the pending requests that pass [`judge`] (once, or as they come with `watch`).
-pub async fn run(client: kube::Client, opts: &ApproveOptions, out: &mut dyn FnMut(&str)) -> Result<()> {
+pub async fn run(
+    client: kube::Client,
+    opts: &ApproveOptions,
+    out: &mut dyn FnMut(&str),
+) -> Result<()> {
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client);
     if !opts.watch {
@@ -227,7 +248,9 @@ pub async fn run(client: kube::Client, opts: &ApproveOptions, out: &mut dyn FnMu
             }
             Ok(_) => {}
             Err(err) => {
-                out(&format!("watching CertificateSigningRequests: {err}; retrying"));
+                out(&format!(
+                    "watching CertificateSigningRequests: {err}; retrying"
+                ));
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }
@@ -295,12 +318,20 @@ mod tests {
     #[test]
     fn a_request_for_another_nodes_identity_is_left_for_a_person() {
         let v = judge(&csr(ours("n2"), "system:node:n1"), YEAR);
-        assert!(matches!(&v, Verdict::Leave(w) if w.contains("another node")), "{v:?}");
+        assert!(
+            matches!(&v, Verdict::Leave(w) if w.contains("another node")),
+            "{v:?}"
+        );
         let v = judge(&csr(ours("n1"), "alice"), YEAR);
-        assert!(matches!(&v, Verdict::Leave(w) if w.contains("not by a kubelet")), "{v:?}");
+        assert!(
+            matches!(&v, Verdict::Leave(w) if w.contains("not by a kubelet")),
+            "{v:?}"
+        );
         let mut not_a_node = csr(ours("n1"), "system:node:n1");
         not_a_node.spec.groups = Some(vec!["system:authenticated".into()]);
-        assert!(matches!(judge(&not_a_node, YEAR), Verdict::Leave(w) if w.contains("system:nodes")));
+        assert!(
+            matches!(judge(&not_a_node, YEAR), Verdict::Leave(w) if w.contains("system:nodes"))
+        );
     }
 
     #[test]
@@ -310,7 +341,11 @@ mod tests {
             judge(&csr(extra_group, "system:node:n1"), YEAR),
             Verdict::Leave(w) if w.contains("subject must be exactly")
         ));
-        let sans = custom("nodegrace:node:n1", &[NODEGRACE_GROUP], vec!["evil.example".into()]);
+        let sans = custom(
+            "nodegrace:node:n1",
+            &[NODEGRACE_GROUP],
+            vec!["evil.example".into()],
+        );
         assert!(matches!(
             judge(&csr(sans, "system:node:n1"), YEAR),
             Verdict::Leave(w) if w.contains("extensions")
@@ -328,7 +363,10 @@ mod tests {
     #[test]
     fn other_requests_and_decided_ones_are_not_looked_at() {
         let kubelet = custom("system:node:n1", &["system:nodes"], vec![]);
-        assert_eq!(judge(&csr(kubelet, "system:node:n1"), YEAR), Verdict::NotOurs);
+        assert_eq!(
+            judge(&csr(kubelet, "system:node:n1"), YEAR),
+            Verdict::NotOurs
+        );
         let mut other_signer = csr(ours("n1"), "system:node:n1");
         other_signer.spec.signer_name = "kubernetes.io/kubelet-serving".into();
         assert_eq!(judge(&other_signer, YEAR), Verdict::NotOurs);

@@ -184,7 +184,11 @@ impl Submitted {
 /// Creates the request for `key` with `kubelet` (the kubelet's client), or finds the one
 /// made earlier. A denied or failed earlier request is [`Refused`] and its key dropped, so
 /// that the next attempt is a new request.
-pub async fn submit(kubelet: &kube::Client, issue: &Issue, key: &rcgen::KeyPair) -> Result<Submitted> {
+pub async fn submit(
+    kubelet: &kube::Client,
+    issue: &Issue,
+    key: &rcgen::KeyPair,
+) -> Result<Submitted> {
     let api: Api<CertificateSigningRequest> = Api::all(kubelet.clone());
     let name = request_name(&issue.node, key);
     let spki = key.subject_public_key_info();
@@ -206,7 +210,9 @@ pub async fn submit(kubelet: &kube::Client, issue: &Issue, key: &rcgen::KeyPair)
         let csr = CertificateSigningRequest {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.clone()),
-                labels: Some([("app.kubernetes.io/name".to_owned(), "nodegrace".to_owned())].into()),
+                labels: Some(
+                    [("app.kubernetes.io/name".to_owned(), "nodegrace".to_owned())].into(),
+                ),
                 ..Default::default()
             },
             spec: CertificateSigningRequestSpec {
@@ -225,7 +231,9 @@ pub async fn submit(kubelet: &kube::Client, issue: &Issue, key: &rcgen::KeyPair)
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(err) => {
                 return Err(err).with_context(|| {
-                    format!("creating CertificateSigningRequest {name} with the kubelet's credential")
+                    format!(
+                        "creating CertificateSigningRequest {name} with the kubelet's credential"
+                    )
                 })
             }
         }
@@ -351,7 +359,10 @@ mod tests {
             x509_parser::certification_request::X509CertificationRequest::from_der(&block.contents)
                 .unwrap();
         let subject = &req.certification_request_info.subject;
-        assert_eq!(subject.to_string(), "O=nodegrace:nodes, CN=nodegrace:node:node-a");
+        assert_eq!(
+            subject.to_string(),
+            "O=nodegrace:nodes, CN=nodegrace:node:node-a"
+        );
         let csr = CertificateSigningRequest {
             spec: CertificateSigningRequestSpec {
                 request: ByteString(pem.into_bytes()),
@@ -373,7 +384,10 @@ mod tests {
         let long = format!("{}.example", "a".repeat(240));
         let name = request_name(&long, &a);
         assert!(name.len() <= 253, "{}", name.len());
-        assert!(crate::cluster::eviction_request::is_dns_subdomain(&name), "{name}");
+        assert!(
+            crate::cluster::eviction_request::is_dns_subdomain(&name),
+            "{name}"
+        );
     }
 
     #[test]
@@ -386,7 +400,10 @@ mod tests {
             template: None,
             lifetime: Duration::from_secs(3600),
         };
-        assert_eq!(issue.pending_key_path(), dir.path().join("kubeconfig.pending-key"));
+        assert_eq!(
+            issue.pending_key_path(),
+            dir.path().join("kubeconfig.pending-key")
+        );
         let first = pending_key(&issue).unwrap();
         let again = pending_key(&issue).unwrap();
         assert_eq!(first.serialize_pem(), again.serialize_pem());

@@ -39,7 +39,11 @@ impl CertInfo {
         let time = |t: x509_parser::time::ASN1Time| {
             DateTime::<Utc>::from_timestamp(t.timestamp(), 0).unwrap_or_default()
         };
-        let common_name = subject.iter_common_name().next().map(text).unwrap_or_default();
+        let common_name = subject
+            .iter_common_name()
+            .next()
+            .map(text)
+            .unwrap_or_default();
         let organizations = subject.iter_organization().map(text).collect();
         let info = CertInfo {
             common_name,
@@ -98,8 +102,8 @@ impl KubeconfigFile {
     pub fn read(path: &Path) -> Result<KubeconfigFile> {
         let bytes = read_regular(path, CONFIG_FILE_LIMIT, Symlinks::Follow)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        let text = String::from_utf8(bytes)
-            .with_context(|| format!("{} is not UTF-8", path.display()))?;
+        let text =
+            String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
         let mut config = Kubeconfig::from_yaml(&text)
             .with_context(|| format!("{} is not a kubeconfig", path.display()))?;
         let dir = path.parent().unwrap_or(Path::new("/"));
@@ -245,7 +249,10 @@ pub fn render(
         "certificate-authority-data",
         cluster.certificate_authority_data.clone().map(Into::into),
     );
-    put("tls-server-name", cluster.tls_server_name.clone().map(Into::into));
+    put(
+        "tls-server-name",
+        cluster.tls_server_name.clone().map(Into::into),
+    );
     put(
         "insecure-skip-tls-verify",
         cluster.insecure_skip_tls_verify.map(Into::into),
@@ -318,7 +325,11 @@ mod tests {
         let embedded = read.embedded_cluster().unwrap();
         assert_eq!(
             embedded.certificate_authority_data.as_deref(),
-            Some(base64::engine::general_purpose::STANDARD.encode("CA PEM").as_str())
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode("CA PEM")
+                    .as_str()
+            )
         );
         assert_eq!(embedded.certificate_authority, None);
 
@@ -336,10 +347,7 @@ mod tests {
         assert_eq!(info.identity(), "nodegrace:node:n1 (nodegrace:nodes)");
         assert_eq!(info.not_after.to_rfc3339(), "2031-01-01T00:00:00+00:00");
         // Two thirds of a year (365 days) after the start.
-        assert_eq!(
-            info.renew_at().to_rfc3339(),
-            "2030-09-01T08:00:00+00:00"
-        );
+        assert_eq!(info.renew_at().to_rfc3339(), "2030-09-01T08:00:00+00:00");
         assert_eq!(written.files(), [path]);
     }
 
@@ -370,6 +378,9 @@ mod tests {
         assert!(format!("{:#}", KubeconfigFile::read(&junk).unwrap_err())
             .contains("is not a kubeconfig"));
         let missing = KubeconfigFile::read(&dir.path().join("none")).unwrap_err();
-        assert!(format!("{missing:#}").contains("no such file"), "{missing:#}");
+        assert!(
+            format!("{missing:#}").contains("no such file"),
+            "{missing:#}"
+        );
     }
 }

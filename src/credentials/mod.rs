@@ -79,7 +79,10 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
             Finding::Unusable(e) => bail!("{e}"),
         },
         Err(kube::Error::Api(s)) if s.code == 401 => {
-            bail!("{}", unauthorized(Role::Kubelet, kubelet_path.as_deref(), chrono::Utc::now()))
+            bail!(
+                "{}",
+                unauthorized(Role::Kubelet, kubelet_path.as_deref(), chrono::Utc::now())
+            )
         }
         Err(err) => {
             return Err(err).context("asking the apiserver who the kubelet's credential is")
@@ -125,9 +128,14 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
 }
 
 /// `nodegrace credentials approve`, with the administrator's kubeconfig.
-pub fn approve_command(kubeconfig: Option<&Path>, opts: &approve::ApproveOptions) -> Result<ExitCode> {
+pub fn approve_command(
+    kubeconfig: Option<&Path>,
+    opts: &approve::ApproveOptions,
+) -> Result<ExitCode> {
     runtime()?.block_on(async {
-        let client = crate::cluster::client::build(kubeconfig, "the approver's kubeconfig", TIMEOUTS).await?;
+        let client =
+            crate::cluster::client::build(kubeconfig, "the approver's kubeconfig", TIMEOUTS)
+                .await?;
         let mut out = |line: &str| println!("{line}");
         let run = approve::run(client, opts, &mut out);
         if opts.watch {

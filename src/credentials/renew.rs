@@ -46,7 +46,10 @@ pub fn next(node: &str, file: Option<Result<Credential>>, now: DateTime<Utc>) ->
         Some(Err(err)) => Next::LeaveAlone(format!("it cannot be read ({err:#})")),
         Some(Ok(Credential::Certificate(c))) if c.common_name == user => {
             if c.not_after <= now {
-                Next::Request(format!("its certificate expired at {}", c.not_after.to_rfc3339()))
+                Next::Request(format!(
+                    "its certificate expired at {}",
+                    c.not_after.to_rfc3339()
+                ))
             } else if c.renew_at() <= now {
                 Next::Request(format!(
                     "its certificate expires at {}",
@@ -218,13 +221,20 @@ mod tests {
 
     #[test]
     fn a_missing_credential_is_requested() {
-        assert!(matches!(next("n1", None, at("2030-01-02T00:00:00Z")), Next::Request(_)));
+        assert!(matches!(
+            next("n1", None, at("2030-01-02T00:00:00Z")),
+            Next::Request(_)
+        ));
     }
 
     #[test]
     fn renewal_waits_for_two_thirds_of_the_lifetime() {
         assert_eq!(
-            next("n1", Some(Ok(cert("nodegrace:node:n1"))), at("2030-01-02T00:00:00Z")),
+            next(
+                "n1",
+                Some(Ok(cert("nodegrace:node:n1"))),
+                at("2030-01-02T00:00:00Z")
+            ),
             Next::WaitUntil(at("2030-01-21T00:00:00Z"))
         );
         assert!(matches!(

@@ -10,10 +10,10 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::client::{client_for, Clients, ReloadingClient, Role, Timeouts};
 use crate::cluster::eviction_request::{
     self, Controller, ControllerConfig, EvictionRequestTerminator, Requester,
 };
-use crate::cluster::client::{client_for, Clients, ReloadingClient, Role, Timeouts};
 use crate::cluster::identity::{self, CredentialError};
 use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions, EvictionApi, PodTerminator};
 use crate::config::{CompletionPolicy, Settings};
@@ -488,7 +488,13 @@ where
     for warning in &verified.warnings {
         tracing::warn!(node = %node, "{warning}");
     }
-    let unknown = |who: &str| if who.is_empty() { "unknown".to_string() } else { who.to_string() };
+    let unknown = |who: &str| {
+        if who.is_empty() {
+            "unknown".to_string()
+        } else {
+            who.to_string()
+        }
+    };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
     let requester = eviction_requests
         .then(|| crate::api::node_requester(&node))

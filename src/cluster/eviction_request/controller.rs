@@ -131,7 +131,11 @@ impl Reconciler {
     /// Labels an unlabelled request for `node` (its pod is in `node`'s pod cache) before
     /// this node acts on it: the admission policy lets a node write the status only of
     /// requests labelled for it. `None` when the request changed meanwhile.
-    pub async fn claim(&self, request: &EvictionRequest, node: &str) -> Result<Option<EvictionRequest>> {
+    pub async fn claim(
+        &self,
+        request: &EvictionRequest,
+        node: &str,
+    ) -> Result<Option<EvictionRequest>> {
         let api: Api<EvictionRequest> = Api::namespaced(
             self.client.clone(),
             request.metadata.namespace.as_deref().unwrap_or_default(),
@@ -145,13 +149,18 @@ impl Reconciler {
             ..Default::default()
         };
         let name = request.metadata.name.as_deref().unwrap_or_default();
-        match api.patch(name, &params, &kube::api::Patch::Merge(&patch)).await {
+        match api
+            .patch(name, &params, &kube::api::Patch::Merge(&patch))
+            .await
+        {
             Ok(claimed) => {
                 info!(request = %key_of(request), node, "labelled an EvictionRequest of this node's pod for this node");
                 Ok(Some(claimed))
             }
             Err(err) if matches!(api_error_code(&err), Some(409 | 404)) => Ok(None),
-            Err(err) => Err(err).with_context(|| format!("labelling EvictionRequest {}", key_of(request))),
+            Err(err) => {
+                Err(err).with_context(|| format!("labelling EvictionRequest {}", key_of(request)))
+            }
         }
     }
 
@@ -659,7 +668,11 @@ struct Owned {
 
 impl Owned {
     fn ownership(&self, request: &EvictionRequest) -> Ownership {
-        let label = request.metadata.labels.as_ref().and_then(|l| l.get(NODE_LABEL));
+        let label = request
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(NODE_LABEL));
         match label {
             Some(n) if *n == self.node => Ownership::Ours,
             Some(other) if self.cached_pod(request).is_some() => Ownership::Foreign(other.clone()),

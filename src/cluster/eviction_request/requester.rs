@@ -80,6 +80,9 @@ pub struct Requester {
     client: Client,
     node: String,
     name: String,
+    /// A node's daemon (not [`Requester::named`]): it keeps off requests labelled for
+    /// another node.
+    node_bound: bool,
     heartbeat_deadline_seconds: i32,
 }
 
@@ -91,13 +94,20 @@ impl Requester {
             client,
             node: node.to_owned(),
             name: crate::api::node_requester(node).unwrap_or_else(|| REQUESTER_SUFFIX.to_owned()),
+            node_bound: true,
             heartbeat_deadline_seconds: HEARTBEAT_DEADLINE_DEFAULT_SECONDS,
         }
+    }
+
+    /// The node `request` is labelled for, when this node's daemon must keep off it.
+    fn foreign<'a>(&self, request: &'a EvictionRequest) -> Option<&'a str> {
+        labelled_for_another(request, &self.node).filter(|_| self.node_bound)
     }
 
     /// The same, under another requester name (a DNS subdomain).
     pub fn named(mut self, name: &str) -> Self {
         name.clone_into(&mut self.name);
+        self.node_bound = false;
         self
     }
 
@@ -157,7 +167,7 @@ impl Requester {
                 try_create = true;
                 continue;
             };
-            if let Some(other) = labelled_for_another(&request, &self.node) {
+            if let Some(other) = self.foreign(&request) {
                 return Ok(Requested::Foreign {
                     node: other.to_owned(),
                 });
@@ -283,9 +293,7 @@ impl Requester {
             let Some(request) = existing else {
                 return Ok(Withdrawn::NotRequested);
             };
-            if !request.has_requester(&self.name)
-                || labelled_for_another(&request, &self.node).is_some()
-            {
+            if !request.has_requester(&self.name) || self.foreign(&request).is_some() {
                 return Ok(Withdrawn::NotRequested);
             }
             if request.is_complete() {
@@ -368,13 +376,13 @@ impl Requester {
         request: &EvictionRequest,
         requesters: &[RequesterRef],
     ) -> kube::Result<()> {
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": request.metadata.resource_version,
-                "labels": { NODE_LABEL: self.node },
-            },
+        let mut patch = json!({
+            "metadata": { "resourceVersion": request.metadata.resource_version },
             "spec": { "requesters": requesters },
         });
+        if self.node_bound {
+            patch["metadata"]["labels"] = json!({ NODE_LABEL: self.node });
+        }
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
