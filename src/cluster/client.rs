@@ -186,9 +186,12 @@ impl From<kube::Client> for Clients {
     }
 }
 
+/// (device, inode, mtime seconds, mtime nanoseconds, size) of a file.
+type FileStamp = (u64, u64, i64, i64, u64);
+
 /// The files a kubeconfig reads and what they were when last looked at.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Fingerprint(Vec<(PathBuf, Option<(u64, u64, i64, i64, u64)>)>);
+struct Fingerprint(Vec<(PathBuf, Option<FileStamp>)>);
 
 fn fingerprint(path: &Path) -> Fingerprint {
     use std::os::unix::fs::MetadataExt;

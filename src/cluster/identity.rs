@@ -276,7 +276,7 @@ pub async fn verify(
             Err(kube::Error::Api(s)) if s.code == 401 => {
                 return Err(CredentialError(unauthorized(role, path, chrono::Utc::now())).into())
             }
-            Err(kube::Error::Api(s)) if matches!(s.code, 403 | 404 | 405) => String::new(),
+            Err(kube::Error::Api(s)) if (403..=405).contains(&s.code) => String::new(),
             Err(err) => {
                 return Err(anyhow::Error::from(err)
                     .context(format!("asking the apiserver who {} is", role.describe())))

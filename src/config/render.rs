@@ -11,7 +11,9 @@ use crate::plan::PodType;
 fn dur(d: Duration) -> Value {
     // humantime's months and years are averages (30.44 and 365.25 days): whole hours say
     // a long duration exactly, as "8760h".
-    if d >= Duration::from_secs(30 * 24 * 3600) && d.as_secs() % 3600 == 0 && d.subsec_nanos() == 0
+    if d >= Duration::from_secs(30 * 24 * 3600)
+        && d.as_secs().is_multiple_of(3600)
+        && d.subsec_nanos() == 0
     {
         return Value::String(format!("{}h", d.as_secs() / 3600));
     }

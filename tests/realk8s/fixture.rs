@@ -40,7 +40,11 @@ impl Fixture {
         let admin = cp.admin().await;
         let name = super::unique(prefix);
         workload::create_namespace(&admin, &name).await;
-        let node = TestNode::new(&name, cp.nodegrace_identity(&name));
+        let node = TestNode::new(
+            &name,
+            cp.nodegrace_identity(&name),
+            cp.kubelet_identity(&name),
+        );
         let kubelet = Kubelet::start(
             &cp.kubelet_identity(&name),
             &name,

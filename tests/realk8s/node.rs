@@ -1,8 +1,8 @@
 //! A Kubernetes node for the real control plane: a booted Debian (systemd-nspawn, the host's
 //! network so it reaches the apiserver on 127.0.0.1) whose host name is the node name,
 //! running nodegrace as the package installs it — the repository's unit, the shipped
-//! `config/nodegrace.toml` unchanged, and nodegrace's own identity at the kubeconfig path
-//! that configuration names — beside a `kubelet.service` stand-in unit (the kubelet's API
+//! `config/nodegrace.toml` unchanged, and nodegrace's own identity and the kubelet's at the
+//! kubeconfig paths that configuration names — beside a `kubelet.service` stand-in unit (the kubelet's API
 //! side is played from the host by [`super::kubelet::Kubelet`]).
 //!
 //! The manifest and state directories live on the host, so they outlive a boot: booting
@@ -41,14 +41,17 @@ pub struct TestNode {
     pub state: PathBuf,
     dirs: tempfile::TempDir,
     kubeconfig: PathBuf,
+    /// The kubelet's identity, at `node.kubelet_kubeconfig`: nodegrace evicts with it.
+    kubelet_kubeconfig: PathBuf,
     /// Drop-ins in `/etc/nodegrace/config.d/` (file name, contents); none by default.
     pub config_dropins: Vec<(String, String)>,
     pub container: Option<Container>,
 }
 
 impl TestNode {
-    /// A node named `name` with nodegrace's identity `kubeconfig`; not booted yet.
-    pub fn new(name: &str, kubeconfig: PathBuf) -> TestNode {
+    /// A node named `name` with nodegrace's identity `kubeconfig` and the kubelet's
+    /// `kubelet_kubeconfig`; not booted yet.
+    pub fn new(name: &str, kubeconfig: PathBuf, kubelet_kubeconfig: PathBuf) -> TestNode {
         let dirs = tempfile::Builder::new()
             .prefix(&format!("nodegrace-node-{name}-"))
             .tempdir()
@@ -63,6 +66,7 @@ impl TestNode {
             state,
             dirs,
             kubeconfig,
+            kubelet_kubeconfig,
             config_dropins: Vec::new(),
             container: None,
         }
@@ -83,6 +87,10 @@ impl TestNode {
                 real::repo_file("config/nodegrace.toml"),
             )
             .bind(&shipped_value("node", "kubeconfig"), &self.kubeconfig)
+            .bind(
+                &shipped_value("node", "kubelet_kubeconfig"),
+                &self.kubelet_kubeconfig,
+            )
             .file("/etc/hostname", format!("{}\n", self.name))
             .file(
                 "/etc/systemd/system/marker.service",

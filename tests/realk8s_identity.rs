@@ -1,0 +1,539 @@
+//! Real-control-plane tier: what a stolen credential of node A can do to node B, row by row
+//! as packaging/rbac/README.md ("What a stolen credential can do") tables it, with the
+//! packaged ClusterRole and admission policy applied (v1beta1 form on 1.28). Node A holds
+//! two credentials: nodegrace's identity (`nodegrace:node:A`) and the kubelet's
+//! (`system:node:A`, which the Node authorizer and NodeRestriction confine). Each refusal is
+//! checked against who refused it (RBAC, NodeRestriction or the named policy), and each
+//! refused write has a control that the same write on A's own object is accepted, so a
+//! malformed request cannot pass for a refusal. Writes are server-side dry runs.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
+
+mod real;
+mod realk8s;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use nodegrace::api::{EvictionRequest, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION};
+use nodegrace::cluster::eviction_request::NODE_LABEL;
+use serde_json::{json, Value};
+
+const NS: &str = "default";
+const MAINTENANCES: &str = "nodegrace-node-restriction-nodemaintenances";
+const REQUESTS: &str = "nodegrace-node-restriction-evictionrequests";
+
+/// Who refused a request, told by the apiserver's message.
+#[derive(Clone, Copy, Debug)]
+enum By {
+    /// RBAC: the identity has no grant for the verb at all.
+    Rbac,
+    /// The NodeRestriction admission plugin or the Node authorizer (the kubelet's identity).
+    NodeRestriction,
+    /// The named ValidatingAdmissionPolicy of packaging/admission.
+    Policy(&'static str),
+}
+
+fn refused<T: std::fmt::Debug>(what: &str, by: By, r: kube::Result<T>) {
+    let e = match r {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => e,
+        other => panic!("{what}: expected a refusal by {by:?}, got {other:?}"),
+    };
+    let m = &e.message;
+    let ok = match by {
+        By::Rbac => e.code == 403 && m.contains("cannot"),
+        By::NodeRestriction => {
+            e.code == 403 && m.contains(" is forbidden: node ") && !m.contains("cannot")
+        }
+        // A rule's verdict, not an expression that failed to evaluate (which denies too).
+        By::Policy(name) => {
+            m.contains(&format!("ValidatingAdmissionPolicy '{name}'"))
+                && !m.contains("resulted in error")
+        }
+    };
+    assert!(ok, "{what}: refused, but not by {by:?}: {e:?}");
+}
+
+fn accepted<T>(what: &str, r: kube::Result<T>) {
+    if let Err(e) = r {
+        panic!("{what}: expected it accepted (the control), got {e:?}");
+    }
+}
+
+fn dry_patch() -> PatchParams {
+    PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    }
+}
+
+fn dry_post() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+fn dry_delete() -> DeleteParams {
+    DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    }
+}
+
+fn dry_evict() -> EvictParams {
+    EvictParams {
+        delete_options: Some(dry_delete()),
+        post_options: dry_post(),
+    }
+}
+
+fn requester(node: &str) -> String {
+    nodegrace::api::node_requester(node).unwrap()
+}
+
+/// Nodes A and B, a pod bound to each, and A's two credentials.
+struct Cluster {
+    admin: Client,
+    a: String,
+    b: String,
+    /// nodegrace's identity on A.
+    ng: Client,
+    /// The kubelet's identity on A.
+    kubelet: Client,
+    pods: Vec<String>,
+    maintenances: Vec<String>,
+}
+
+impl Cluster {
+    async fn new() -> Cluster {
+        let cp = tokio::task::spawn_blocking(|| {
+            let cp = realk8s::control_plane();
+            cp.ensure_running();
+            cp
+        })
+        .await
+        .expect("control plane");
+        let admin = cp.admin().await;
+        let (a, b) = (realk8s::unique("ng-id-a"), realk8s::unique("ng-id-b"));
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+        for name in [&a, &b] {
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            }))
+            .unwrap();
+            nodes.create(&PostParams::default(), &node).await.unwrap();
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("p-{name}")},
+                "spec": {"nodeName": name, "containers": [{"name": "c", "image": "registry.invalid/x:1"}]},
+            }))
+            .unwrap();
+            pods.create(&PostParams::default(), &pod).await.unwrap();
+        }
+        let ng = realk8s::client_from(&cp.nodegrace_identity(&a)).await;
+        let kubelet = realk8s::client_from(&cp.kubelet_identity(&a)).await;
+        Cluster {
+            admin,
+            pods: vec![format!("p-{a}"), format!("p-{b}")],
+            a,
+            b,
+            ng,
+            kubelet,
+            maintenances: Vec::new(),
+        }
+    }
+
+    fn pod_of(&self, node: &str) -> String {
+        format!("p-{node}")
+    }
+
+    /// An EvictionRequest the admin makes for `node`'s pod, labelled for `node`, with a
+    /// status the controller of `node` would write.
+    async fn request_for(&self, node: &str) -> EvictionRequest {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
+        let pod = pods.get(&self.pod_of(node)).await.unwrap();
+        let mut r = EvictionRequest::for_pod(
+            NS,
+            &pod.name_any(),
+            &pod.uid().unwrap(),
+            &requester(node),
+            vec![],
+        );
+        r.metadata.labels = Some([(NODE_LABEL.to_owned(), node.to_owned())].into());
+        let api: Api<EvictionRequest> = Api::namespaced(self.admin.clone(), NS);
+        api.create(&PostParams::default(), &r).await.unwrap()
+    }
+
+    /// A NodeMaintenance the admin makes selecting `node` with `term`, with the nodegrace
+    /// finalizer, a label, and `node`'s status entry saying it is still draining.
+    async fn maintenance(&mut self, name: &str, node: &str, term: Value) -> NodeMaintenance {
+        let api: Api<NodeMaintenance> = Api::all(self.admin.clone());
+        let m: NodeMaintenance = serde_json::from_value(json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "labels": {"team": "ops"},
+                         "finalizers": [FINALIZER_MAINTENANCE_COMPLETION]},
+            "spec": {"nodeSelector": {"nodeSelectorTerms": [term]}, "stage": "Drain"},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &m).await.unwrap();
+        self.maintenances.push(name.to_owned());
+        let mut entry = nodegrace::api::NodeMaintenanceNodeStatus::for_node(node);
+        entry.drain_message = "Draining".into();
+        entry.pods_remaining = 1;
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "stageStatuses": [{"name": "Cordon"}, {"name": "Drain"}],
+                "nodeStatuses": [entry],
+            }})),
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn cleanup(&self) {
+        let nms: Api<NodeMaintenance> = Api::all(self.admin.clone());
+        for m in &self.maintenances {
+            let _ = nms
+                .patch(
+                    m,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+            let _ = nms.delete(m, &DeleteParams::default()).await;
+        }
+        let ers: Api<EvictionRequest> = Api::namespaced(self.admin.clone(), NS);
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
+        for p in &self.pods {
+            if let Ok(pod) = pods.get(p).await {
+                let _ = ers
+                    .delete(&pod.uid().unwrap_or_default(), &DeleteParams::default())
+                    .await;
+            }
+            let _ = pods.delete(p, &DeleteParams::default()).await;
+        }
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        for n in [&self.a, &self.b] {
+            let _ = nodes.delete(n, &DeleteParams::default()).await;
+        }
+    }
+}
+
+/// Rows "evict a pod bound to B" and "delete a pod bound to B": nodegrace's identity has no
+/// pod writes at all; the kubelet's is confined to A's pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credential_of_a_node_evicts_or_deletes_another_nodes_pod() {
+    if !realk8s::enabled(
+        "realk8s_identity::no_credential_of_a_node_evicts_or_deletes_another_nodes_pod",
+    ) {
+        return;
+    }
+    let c = Cluster::new().await;
+    let (own, theirs) = (c.pod_of(&c.a), c.pod_of(&c.b));
+    let ng: Api<Pod> = Api::namespaced(c.ng.clone(), NS);
+    let kubelet: Api<Pod> = Api::namespaced(c.kubelet.clone(), NS);
+
+    refused(
+        "nodegrace:node:A evicts B's pod",
+        By::Rbac,
+        ng.evict(&theirs, &dry_evict()).await,
+    );
+    refused(
+        "nodegrace:node:A evicts its own pod",
+        By::Rbac,
+        ng.evict(&own, &dry_evict()).await,
+    );
+    refused(
+        "nodegrace:node:A deletes B's pod",
+        By::Rbac,
+        ng.delete(&theirs, &dry_delete()).await,
+    );
+
+    accepted(
+        "system:node:A evicts its own pod",
+        kubelet.evict(&own, &dry_evict()).await,
+    );
+    refused(
+        "system:node:A evicts B's pod",
+        By::NodeRestriction,
+        kubelet.evict(&theirs, &dry_evict()).await,
+    );
+    accepted(
+        "system:node:A deletes its own pod",
+        kubelet.delete(&own, &dry_delete()).await,
+    );
+    refused(
+        "system:node:A deletes B's pod",
+        By::NodeRestriction,
+        kubelet.delete(&theirs, &dry_delete()).await,
+    );
+    c.cleanup().await;
+}
+
+/// Row "write B's Node": cordon, taint, label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credential_of_a_node_writes_another_node() {
+    if !realk8s::enabled("realk8s_identity::no_credential_of_a_node_writes_another_node") {
+        return;
+    }
+    let c = Cluster::new().await;
+    let taint = json!({"spec": {"unschedulable": true, "taints": [
+        {"key": "nodegrace.dev/maintenance", "effect": "NoSchedule"}]}});
+    let label = json!({"metadata": {"labels": {"x": "y"}}});
+    let ng: Api<Node> = Api::all(c.ng.clone());
+    accepted(
+        "nodegrace:node:A cordons and taints A",
+        ng.patch(&c.a, &dry_patch(), &Patch::Merge(&taint)).await,
+    );
+    for (what, patch) in [("cordons and taints", &taint), ("labels", &label)] {
+        refused(
+            &format!("nodegrace:node:A {what} B"),
+            By::Policy("nodegrace-node-restriction-nodes"),
+            ng.patch(&c.b, &dry_patch(), &Patch::Merge(patch)).await,
+        );
+    }
+    let kubelet: Api<Node> = Api::all(c.kubelet.clone());
+    for (what, patch) in [("cordons and taints", &taint), ("labels", &label)] {
+        refused(
+            &format!("system:node:A {what} B"),
+            By::NodeRestriction,
+            kubelet
+                .patch(&c.b, &dry_patch(), &Patch::Merge(patch))
+                .await,
+        );
+    }
+    c.cleanup().await;
+}
+
+/// Rows "make an EvictionRequest for a pod bound to B" and "change B's EvictionRequests,
+/// their status included".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions() {
+    if !realk8s::enabled(
+        "realk8s_identity::no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions",
+    ) {
+        return;
+    }
+    let c = Cluster::new().await;
+    let ng: Api<EvictionRequest> = Api::namespaced(c.ng.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(c.admin.clone(), NS);
+    let b_pod = pods.get(&c.pod_of(&c.b)).await.unwrap();
+    let new_for_b_pod = |label: Option<&str>, requester_node: &str| {
+        let mut r = EvictionRequest::for_pod(
+            NS,
+            &b_pod.name_any(),
+            &b_pod.uid().unwrap(),
+            &requester(requester_node),
+            vec![],
+        );
+        r.metadata.labels = label.map(|l| [(NODE_LABEL.to_owned(), l.to_owned())].into());
+        r
+    };
+    refused(
+        "nodegrace:node:A requests B's pod's eviction for B to carry out",
+        By::Policy(REQUESTS),
+        ng.create(&dry_post(), &new_for_b_pod(Some(&c.b), &c.a))
+            .await,
+    );
+    refused(
+        "nodegrace:node:A requests B's pod's eviction, unlabelled",
+        By::Policy(REQUESTS),
+        ng.create(&dry_post(), &new_for_b_pod(None, &c.a)).await,
+    );
+    // Accepted: admission cannot tell the pod's node. Nobody acts on it: B's daemon keeps
+    // off requests labelled for another node, and A's kubelet may not evict B's pod (above).
+    accepted(
+        "nodegrace:node:A requests B's pod's eviction labelled for itself",
+        ng.create(&dry_post(), &new_for_b_pod(Some(&c.a), &c.a))
+            .await,
+    );
+    let kubelet: Api<EvictionRequest> = Api::namespaced(c.kubelet.clone(), NS);
+    refused(
+        "system:node:A makes an EvictionRequest",
+        By::Rbac,
+        kubelet
+            .create(&dry_post(), &new_for_b_pod(Some(&c.a), &c.a))
+            .await,
+    );
+
+    let own = c.request_for(&c.a).await;
+    let theirs = c.request_for(&c.b).await;
+    let (own, theirs) = (own.name_any(), theirs.name_any());
+    let status = json!({"status": {
+        "evictionRequestCancellationPolicy": "Forbid",
+        "message": "set by another node",
+        "conditions": [{"type": "Complete", "status": "True", "reason": "Evicted",
+                        "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    }});
+    accepted(
+        "nodegrace:node:A writes the status of its own request",
+        ng.patch_status(&own, &dry_patch(), &Patch::Merge(&status))
+            .await,
+    );
+    refused(
+        "nodegrace:node:A writes the status of B's request",
+        By::Policy(REQUESTS),
+        ng.patch_status(&theirs, &dry_patch(), &Patch::Merge(&status))
+            .await,
+    );
+    refused(
+        "system:node:A writes the status of B's request",
+        By::Rbac,
+        kubelet
+            .patch_status(&theirs, &dry_patch(), &Patch::Merge(&status))
+            .await,
+    );
+    let relabel = json!({"metadata": {"labels": {NODE_LABEL: c.a}}});
+    refused(
+        "nodegrace:node:A labels B's request for itself",
+        By::Policy(REQUESTS),
+        ng.patch(&theirs, &dry_patch(), &Patch::Merge(&relabel))
+            .await,
+    );
+    let withdraw_b = json!({"spec": {"requesters": [{"name": requester(&c.a)}]}});
+    accepted(
+        "nodegrace:node:A replaces the requesters of its own request by itself",
+        ng.patch(&own, &dry_patch(), &Patch::Merge(&withdraw_b))
+            .await,
+    );
+    refused(
+        "nodegrace:node:A withdraws B's requester",
+        By::Policy(REQUESTS),
+        ng.patch(&theirs, &dry_patch(), &Patch::Merge(&withdraw_b))
+            .await,
+    );
+    refused(
+        "nodegrace:node:A deletes B's request",
+        By::Policy(REQUESTS),
+        ng.delete(&theirs, &dry_delete()).await,
+    );
+    c.cleanup().await;
+}
+
+/// Row "change a NodeMaintenance that does not select A": metadata, finalizer, spec,
+/// aggregate status and B's entry. The same writes on a maintenance of A alone are the
+/// control.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credential_of_a_node_changes_another_nodes_maintenance() {
+    if !realk8s::enabled(
+        "realk8s_identity::no_credential_of_a_node_changes_another_nodes_maintenance",
+    ) {
+        return;
+    }
+    let mut c = Cluster::new().await;
+    let (a, b) = (c.a.clone(), c.b.clone());
+    let own = format!("own-{a}");
+    let pinned =
+        json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [a]}]});
+    c.maintenance(&own, &a, pinned).await;
+    let by_label = format!("by-label-{b}");
+    let label_term = json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [b]}]});
+    c.maintenance(&by_label, &b, label_term).await;
+    let b_node = Api::<Node>::all(c.admin.clone()).get(&b).await.unwrap();
+
+    let ng: Api<NodeMaintenance> = Api::all(c.ng.clone());
+    let condition = |t: &str, s: &str| {
+        json!({"type": t, "status": s, "reason": "Set", "message": "x",
+               "lastTransitionTime": "2026-01-01T00:00:00Z"})
+    };
+    let mut b_entry = nodegrace::api::NodeMaintenanceNodeStatus::for_node(&b);
+    b_entry.drain_message = "Completed".into();
+    let writes: Vec<(&str, bool, Value)> = vec![
+        (
+            "labels",
+            false,
+            json!({"metadata": {"labels": {"team": "mine"}}}),
+        ),
+        (
+            "annotations",
+            false,
+            json!({"metadata": {"annotations": {"x": "y"}}}),
+        ),
+        (
+            "ownerReferences",
+            false,
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Node",
+                "name": b, "uid": b_node.uid().unwrap()}]}}),
+        ),
+        (
+            "the finalizer",
+            false,
+            json!({"metadata": {"finalizers": null}}),
+        ),
+        ("the spec", false, json!({"spec": {"stage": "Complete"}})),
+        (
+            "drainStatus",
+            true,
+            json!({"status": {"drainStatus": {"drainMessage": "Drained",
+                "podsPendingEvictionRequest": 0, "activeEvictionRequests": 0}}}),
+        ),
+        (
+            "the Drained condition",
+            true,
+            json!({"status": {"conditions": [condition("Drained", "True")]}}),
+        ),
+        (
+            "a stage beyond the current one",
+            true,
+            json!({"status": {"stageStatuses": [{"name": "Cordon"}, {"name": "Drain"}, {"name": "Complete"}]}}),
+        ),
+    ];
+    for (what, status, patch) in &writes {
+        let on = |name: &str| {
+            let ng = ng.clone();
+            let name = name.to_owned();
+            let patch = patch.clone();
+            async move {
+                if *status {
+                    ng.patch_status(&name, &dry_patch(), &Patch::Merge(&patch))
+                        .await
+                } else {
+                    ng.patch(&name, &dry_patch(), &Patch::Merge(&patch)).await
+                }
+            }
+        };
+        accepted(
+            &format!("nodegrace:node:A writes {what} of its own maintenance"),
+            on(&own).await,
+        );
+        refused(
+            &format!("nodegrace:node:A writes {what} of a maintenance selecting B by label"),
+            By::Policy(MAINTENANCES),
+            on(&by_label).await,
+        );
+    }
+    refused(
+        "nodegrace:node:A writes B's status entry",
+        By::Policy(MAINTENANCES),
+        ng.patch_status(
+            &by_label,
+            &dry_patch(),
+            &Patch::Merge(json!({"status": {"nodeStatuses": [b_entry]}})),
+        )
+        .await,
+    );
+    refused(
+        "nodegrace:node:A deletes a maintenance selecting B",
+        By::Policy(MAINTENANCES),
+        ng.delete(&by_label, &dry_delete()).await,
+    );
+    let kubelet: Api<NodeMaintenance> = Api::all(c.kubelet.clone());
+    refused(
+        "system:node:A changes a maintenance",
+        By::Rbac,
+        kubelet
+            .patch(&by_label, &dry_patch(), &Patch::Merge(&writes[0].2))
+            .await,
+    );
+    refused(
+        "system:node:A writes a maintenance's status",
+        By::Rbac,
+        kubelet
+            .patch_status(&by_label, &dry_patch(), &Patch::Merge(&writes[5].2))
+            .await,
+    );
+    c.cleanup().await;
+}
