@@ -213,7 +213,7 @@ impl Merge for RawConfig {
 
 impl Merge for RawNode {
     fn merge(&mut self, later: Self, file: usize) {
-        merge_leaves!(self, later, file; name, kubeconfig);
+        merge_leaves!(self, later, file; name, kubeconfig, kubelet_kubeconfig, renew_credential, credential_lifetime);
     }
 }
 

@@ -103,6 +103,9 @@ state_dir = "/srv/nodegrace"
 [node]
 name = "worker-1.example"
 kubeconfig = ""
+kubelet_kubeconfig = "/srv/kubelet.conf"
+renew_credential = false
+credential_lifetime = "2h"
 
 [shutdown]
 max_delay = "1h 30s"
@@ -165,6 +168,12 @@ fn every_key_is_applied() {
     assert_eq!(s.state_dir, PathBuf::from("/srv/nodegrace"));
     assert_eq!(s.node.name, "worker-1.example");
     assert_eq!(s.node.kubeconfig, None);
+    assert_eq!(
+        s.node.kubelet_kubeconfig,
+        Some(PathBuf::from("/srv/kubelet.conf"))
+    );
+    assert!(!s.node.renew_credential);
+    assert_eq!(s.node.credential_lifetime, secs(7200));
     assert_eq!(s.shutdown.max_delay, secs(3630));
     assert!(!s.shutdown.manage_logind_dropin);
     assert_eq!(

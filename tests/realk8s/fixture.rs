@@ -65,9 +65,18 @@ impl Fixture {
         format!("nodegrace:node:{}", self.name)
     }
 
-    /// nodegrace's requests since the fixture was made.
+    /// nodegrace's requests since the fixture was made, under its own identity and (pod
+    /// writes) under the kubelet's, which the kubelet stand-in also uses.
     pub fn requests(&self) -> Vec<Request> {
-        audit::requests_of(&self.cp.audit_log(), &self.user(), self.started)
+        let log = self.cp.audit_log();
+        let mut all = audit::requests_of(&log, &self.user(), self.started);
+        all.extend(
+            audit::requests_of(&log, &format!("system:node:{}", self.name), self.started)
+                .into_iter()
+                .filter(|r| r.user_agent.starts_with("nodegrace/")),
+        );
+        all.sort_by(|a, b| a.received.total_cmp(&b.received));
+        all
     }
 
     pub async fn cleanup(&self) {

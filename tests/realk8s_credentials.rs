@@ -1,0 +1,248 @@
+//! Real-control-plane tier: `nodegrace credentials request` issues nodegrace's identity from
+//! the kubelet's credential (a CertificateSigningRequest the real kube-controller-manager
+//! signs once an administrator approves it), and `nodegrace credentials approve` approves a
+//! node's request for its own identity but never one node's request for another's.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
+
+mod real;
+mod realk8s;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+struct Node1 {
+    admin: Client,
+    cp: &'static realk8s::ControlPlane,
+    name: String,
+    dir: tempfile::TempDir,
+}
+
+impl Node1 {
+    async fn new(prefix: &str) -> Node1 {
+        let cp = tokio::task::spawn_blocking(|| {
+            let cp = realk8s::control_plane();
+            cp.ensure_running();
+            cp
+        })
+        .await
+        .expect("control plane");
+        let admin = cp.admin().await;
+        let name = realk8s::unique(prefix);
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        Api::<Node>::all(admin.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!(
+            "[node]\nname = \"{name}\"\nkubeconfig = \"{}\"\nkubelet_kubeconfig = \"{}\"\ncredential_lifetime = \"1h\"\n",
+            dir.path().join("etc/kubeconfig").display(),
+            cp.kubelet_identity(&name).display(),
+        );
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join("config.toml"), config).unwrap();
+        Node1 {
+            admin,
+            cp,
+            name,
+            dir,
+        }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("etc/kubeconfig")
+    }
+
+    fn request(&self, extra: &[&str]) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .args(["credentials", "request", "--wait", "60s"])
+            .args(extra)
+            .env_remove("KUBECONFIG")
+            .env_remove("NODEGRACE_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// The pending request `nodegrace credentials request` made with this node's kubelet
+    /// credential, once there is one.
+    async fn pending_request(&self) -> CertificateSigningRequest {
+        let api: Api<CertificateSigningRequest> = Api::all(self.admin.clone());
+        for _ in 0..150 {
+            let found = api
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|c| {
+                    c.name_any().starts_with("nodegrace-")
+                        && c.spec.username.as_deref() == Some(&format!("system:node:{}", self.name))
+                        && c.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_none_or(|cs| cs.is_empty())
+                });
+            if let Some(csr) = found {
+                return csr;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("no CertificateSigningRequest by system:node:{}", self.name);
+    }
+
+    async fn cleanup(&self) {
+        let api: Api<CertificateSigningRequest> = Api::all(self.admin.clone());
+        for c in api.list(&ListParams::default()).await.unwrap().items {
+            if c.name_any().contains(&self.name) {
+                let _ = api.delete(&c.name_any(), &DeleteParams::default()).await;
+            }
+        }
+        let _ = Api::<Node>::all(self.admin.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+    }
+}
+
+fn finish(child: Child) -> (i32, String) {
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+async fn who(kubeconfig: &Path) -> (String, Vec<String>) {
+    let client = realk8s::client_from(kubeconfig).await;
+    let review = Api::<SelfSubjectReview>::all(client)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap();
+    let info = review.status.unwrap().user_info.unwrap();
+    (info.username.unwrap(), info.groups.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_made_with_the_kubelet_credential_and_approved_gives_the_node_its_identity() {
+    if !realk8s::enabled("realk8s_credentials::a_request_made_with_the_kubelet_credential_and_approved_gives_the_node_its_identity") {
+        return;
+    }
+    let n = Node1::new("ng-cred").await;
+    let child = n.request(&[]);
+    let csr = n.pending_request().await;
+    assert_eq!(csr.spec.signer_name, "kubernetes.io/kube-apiserver-client");
+    assert_eq!(csr.spec.expiration_seconds, Some(3600));
+    n.cp.kubectl_ok(&["certificate", "approve", &csr.name_any()]);
+    let (code, text) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{text}");
+    let mode = std::fs::metadata(n.kubeconfig())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{text}");
+    let (user, groups) = who(&n.kubeconfig()).await;
+    assert_eq!(user, format!("nodegrace:node:{}", n.name));
+    assert!(groups.contains(&"nodegrace:nodes".to_owned()), "{groups:?}");
+    assert!(
+        text.contains("(mode 0600)") && text.contains(&user),
+        "{text}"
+    );
+
+    // Not due for renewal: nothing is requested.
+    let (code, text) = finish(n.request(&[]));
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("already holds"), "{text}");
+
+    // A denied renewal is a clear error and keeps the working credential.
+    let before = std::fs::read(n.kubeconfig()).unwrap();
+    let child = n.request(&["--force"]);
+    let csr = n.pending_request().await;
+    n.cp.kubectl_ok(&["certificate", "deny", &csr.name_any()]);
+    let (code, text) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!("nodegrace:node:{}", n.name)) && text.contains("was denied"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read(n.kubeconfig()).unwrap(), before);
+    n.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approver_approves_a_nodes_own_request_only() {
+    if !realk8s::enabled("realk8s_credentials::the_approver_approves_a_nodes_own_request_only") {
+        return;
+    }
+    let a = Node1::new("ng-appr-a").await;
+    let b = Node1::new("ng-appr-b").await;
+    let kubelet_a = realk8s::client_from(&a.cp.kubelet_identity(&a.name)).await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(kubelet_a);
+    // Node A's kubelet asks for node B's nodegrace identity (a stolen kubelet credential).
+    let key = rcgen::KeyPair::generate().unwrap();
+    let pem = nodegrace::credentials::issue::request_pem(&b.name, &key).unwrap();
+    let theft: CertificateSigningRequest = serde_json::from_value(json!({
+        "metadata": {"name": format!("theft-{}", a.name)},
+        "spec": {"request": base64(pem.as_bytes()), "signerName": "kubernetes.io/kube-apiserver-client",
+                 "usages": ["digital signature", "client auth"], "expirationSeconds": 3600},
+    }))
+    .unwrap();
+    csrs.create(&PostParams::default(), &theft).await.unwrap();
+    let child = a.request(&[]);
+    let own = a.pending_request().await;
+
+    let approve = Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .args(["credentials", "approve", "--kubeconfig"])
+        .arg(a.cp.admin_kubeconfig())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&approve.stdout).into_owned()
+        + &String::from_utf8_lossy(&approve.stderr);
+    assert!(approve.status.success(), "{said}");
+    let (code, text) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{text}\napprover: {said}");
+
+    let admin: Api<CertificateSigningRequest> = Api::all(a.admin.clone());
+    let conditions = |c: &CertificateSigningRequest| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.type_)
+            .collect::<Vec<_>>()
+    };
+    let own = admin.get(&own.name_any()).await.unwrap();
+    assert!(conditions(&own).contains(&"Approved".to_owned()), "{said}");
+    let theft = admin.get(&format!("theft-{}", a.name)).await.unwrap();
+    assert!(conditions(&theft).is_empty(), "{said}");
+    assert!(said.contains(&format!("theft-{}", a.name)), "{said}");
+    a.cleanup().await;
+    b.cleanup().await;
+}
+
+fn base64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
