@@ -246,3 +246,85 @@ fn base64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// What the daemon checks when it connects (`identity::verify`), against the real
+/// apiserver: another node's identity, and a kubelet credential the Node authorizer does not
+/// recognise, are one error naming the identity, the key and what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_names_a_wrong_identity_and_a_missing_permission() {
+    if !realk8s::enabled(
+        "realk8s_credentials::the_daemon_names_a_wrong_identity_and_a_missing_permission",
+    ) {
+        return;
+    }
+    let n = Node1::new("ng-ident").await;
+    let other = realk8s::unique("ng-ident-other");
+    let connect = |nodegrace: PathBuf, kubelet: PathBuf| {
+        let node = n.name.clone();
+        async move {
+            let mut settings = nodegrace::config::Settings::default();
+            settings.node.name = node.clone();
+            settings.node.kubeconfig = Some(nodegrace.clone());
+            settings.node.kubelet_kubeconfig = Some(kubelet.clone());
+            let clients =
+                nodegrace::daemon::node::daemon_clients(&settings, Duration::from_secs(5)).await?;
+            nodegrace::cluster::identity::verify(
+                &clients,
+                [Some(nodegrace.as_path()), Some(kubelet.as_path())],
+                &node,
+                true,
+                true,
+            )
+            .await
+        }
+    };
+    let own = n.cp.nodegrace_identity(&n.name);
+    let kubelet = n.cp.kubelet_identity(&n.name);
+    let verified = connect(own.clone(), kubelet.clone())
+        .await
+        .expect("this node's two identities");
+    assert!(
+        verified
+            .nodegrace
+            .starts_with(&format!("nodegrace:node:{}", n.name)),
+        "{verified:?}"
+    );
+    assert!(
+        verified
+            .kubelet
+            .starts_with(&format!("system:node:{}", n.name)),
+        "{verified:?}"
+    );
+
+    let err = format!(
+        "{:#}",
+        connect(n.cp.nodegrace_identity(&other), kubelet.clone())
+            .await
+            .unwrap_err()
+    );
+    assert!(
+        err.contains(&format!("nodegrace:node:{other}"))
+            && err.contains(&format!("this node is {}", n.name))
+            && err.contains("nodegrace credentials request"),
+        "{err}"
+    );
+
+    // The kubelet's user name without the system:nodes group: the Node authorizer grants it
+    // nothing.
+    let groupless = n.dir.path().join("groupless.kubeconfig");
+    let minted = Command::new("bash")
+        .arg(n.cp.scripts.join("mint-kubeconfig.sh"))
+        .args([&format!("system:node:{}", n.name), ""])
+        .arg(&groupless)
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{minted:?}");
+    let err = format!("{:#}", connect(own, groupless).await.unwrap_err());
+    assert!(
+        err.contains(&format!("system:node:{}", n.name))
+            && err.contains("node.kubelet_kubeconfig")
+            && err.contains("may not create pods/eviction"),
+        "{err}"
+    );
+    n.cleanup().await;
+}
