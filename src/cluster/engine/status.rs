@@ -268,15 +268,26 @@ impl Shared {
         if patch.is_empty() {
             return Ok(());
         }
+        // Every selected node writes the aggregate from the entries it read: the
+        // resourceVersion precondition makes a write computed from an older read fail (409)
+        // instead of overwriting a newer one; the watch then brings the newer object and the
+        // next pass computes again from it.
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let body = json!({
+            "metadata": {"resourceVersion": m.resource_version()},
+            "status": patch,
+        });
         let r = api
-            .patch_status(
-                &name,
-                &merge_params(),
-                &Patch::Merge(json!({"status": patch})),
-            )
-            .await
-            .with_context(|| format!("writing the status of NodeMaintenance {name}"));
+            .patch_status(&name, &merge_params(), &Patch::Merge(body))
+            .await;
+        if let Err(kube::Error::Api(e)) = &r {
+            if e.code == 409 {
+                tracing::debug!(node = %self.node, maintenance = %name, "the maintenance changed since it was read; its aggregate status is written from the newer one");
+                st.nm_overlay.remove(&name);
+                return Ok(());
+            }
+        }
+        let r = r.with_context(|| format!("writing the status of NodeMaintenance {name}"));
         self.note(&r);
         let updated = r?;
         st.nm_overlay.insert(name, Arc::new(updated));
