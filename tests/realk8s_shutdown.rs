@@ -227,6 +227,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
                     context()
                 );
                 assert_eq!(del.len(), 1, "{name}: one escalation\n{}", context());
+                assert_marked_before_deletes(&reqs, &name);
                 let at = del[0].received - signal;
                 assert!(
                     (FIRST_BAND_ESCALATION - 0.5..FIRST_BAND_END).contains(&at),
@@ -241,6 +242,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
                     "{name}: deleted once\n{}",
                     context()
                 );
+                assert_marked_before_deletes(&reqs, &name);
             }
             "etcd" => assert!(
                 ev.is_empty() && del.is_empty(),

@@ -159,6 +159,11 @@ impl Engine {
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let offline = offline.filter(|o| o.boot_id != boot_id);
+        if let Some(record) = offline {
+            if sh.wait_ready(|r| r.pods).await.is_ok() {
+                sh.report_offline_stopped(record).await;
+            }
+        }
         let name = shutdown_maintenance_name(&sh.node);
         let api: Api<NodeMaintenance> = Api::all(sh.client.clone());
         let found = api

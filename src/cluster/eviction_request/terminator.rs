@@ -77,7 +77,7 @@ impl PodTerminator for EvictionRequestTerminator {
         match request {
             Request::Delete { grace_seconds } => {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-                evict::delete(&api, &pod.name, &pod.uid, grace_seconds).await
+                evict::delete(&api, &pod.name, &pod.uid, grace_seconds, maintenance).await
             }
             Request::Cooperative => {
                 let key = PodKey::from(pod);
