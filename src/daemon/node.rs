@@ -463,13 +463,15 @@ where
             "unknown".to_string()
         }
     };
-    let terminator: Option<Arc<dyn PodTerminator>> = eviction_requests.then(|| {
+    let er_terminator = eviction_requests.then(|| {
         tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
         Arc::new(EvictionRequestTerminator::new(
             client.clone(),
             Requester::new(client.clone(), &node),
-        )) as Arc<dyn PodTerminator>
+        ))
     });
+    let intent = er_terminator.as_ref().map(|t| t.intent());
+    let terminator = er_terminator.map(|t| t as Arc<dyn PodTerminator>);
     let run_controller = eviction_requests && !settings.drain.external_eviction_request_controller;
     let config = ControllerConfig::from_settings(&settings, &node);
     let engine = Engine::start(EngineOptions {
@@ -483,7 +485,10 @@ where
     });
     if run_controller {
         let (controller, handle) = Controller::new(client, engine.pod_store(), config);
-        let controller = controller.reporting_blocks_to(engine.eviction_block_sink());
+        let mut controller = controller.reporting_blocks_to(engine.eviction_block_sink());
+        if let Some(intent) = intent {
+            controller = controller.reasserting(intent);
+        }
         engine.attach_eviction_request_controller(handle);
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {
