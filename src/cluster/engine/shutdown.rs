@@ -232,6 +232,30 @@ pub async fn complete_shutdown_maintenance(client: &Client, node: &str) -> Resul
     Ok(true)
 }
 
+/// The active maintenances (Cordon or Drain, not being deleted) other than `shutdown-<node>`
+/// that select `node`: while one is, the node stays cordoned and its static pods gated.
+pub async fn other_active_maintenances(client: &Client, node: &str) -> Result<Vec<String>> {
+    let own = shutdown_maintenance_name(node);
+    let the_node = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .with_context(|| format!("reading Node {node}"))?;
+    let list = Api::<NodeMaintenance>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .context("listing NodeMaintenances")?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|m| {
+            m.name_any() != own
+                && super::is_active(m)
+                && crate::cluster::nodesel::selects(&m.spec.node_selector, &the_node)
+        })
+        .map(|m| m.name_any())
+        .collect())
+}
+
 impl Shared {
     /// Cordon, the load-balancer exclusion label and the maintenance taint in one patch of
     /// the Node. The taint goes on now rather than before the DaemonSet band: in a shutdown
