@@ -52,6 +52,59 @@ async fn complete(config: &Path) -> Output {
     .unwrap()
 }
 
+fn maintenance(name: &str, selector: serde_json::Value, stage: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": selector, "stage": stage, "reason": "test"},
+    })
+}
+
+#[tokio::test]
+async fn static_pods_stay_gated_while_another_maintenance_drains_the_node() {
+    let cluster = FakeCluster::start().await.unwrap();
+    cluster
+        .install_crd(&node_maintenance_crd().unwrap())
+        .unwrap();
+    cluster.add_node(NODE).unwrap();
+    let pinned = json!({"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]});
+    let by_hostname = json!({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}]}]});
+    let elsewhere = json!({"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["node-b"]}]}]});
+    for m in [
+        maintenance("shutdown-node-a", pinned.clone(), "Drain"),
+        maintenance("upgrade", by_hostname, "Drain"),
+        maintenance("other-node", elsewhere, "Drain"),
+        maintenance("done", pinned, "Complete"),
+    ] {
+        cluster.insert(&m).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = cluster.api.kube_config().unwrap().cluster_url.to_string();
+    let config = write_config(dir.path(), server.trim_end_matches('/'));
+
+    let out = complete(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let m = cluster
+        .store
+        .get_obj("nodegrace.dev", "nodemaintenances", "", "shutdown-node-a")
+        .unwrap();
+    assert_eq!(m["spec"]["stage"], json!("Complete"));
+    assert!(
+        dir.path().join("state/gated/etcd.yaml").exists(),
+        "{stdout}"
+    );
+    assert!(!dir.path().join("manifests/etcd.yaml").exists());
+    assert!(
+        stdout.contains("1 manifest(s) stay gated while NodeMaintenance upgrade is active"),
+        "{stdout}"
+    );
+    rbac::assert_cluster_role_allows(&cluster.api.requests());
+}
+
 #[tokio::test]
 async fn completes_the_shutdown_maintenance_and_restores_static_pods() {
     let cluster = FakeCluster::start().await.unwrap();

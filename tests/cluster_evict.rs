@@ -67,18 +67,46 @@ async fn delete_bypasses_the_budget_and_respects_the_uid() {
     let (_cluster, pods) = cluster_with_db_pods().await;
     let uid = pods.get("db-1").await.unwrap().uid().unwrap();
     assert_eq!(
-        evict::delete(&pods, "db-1", "someone-else", 5)
+        evict::delete(&pods, "db-1", "someone-else", 5, "upgrade")
             .await
             .unwrap(),
         Outcome::Gone
     );
+    let untouched = pods.get("db-1").await.unwrap();
+    assert_eq!(untouched.uid().as_deref(), Some(uid.as_str()));
+    assert!(
+        disruption_target(&untouched).is_none(),
+        "another pod's request marks nothing"
+    );
     assert_eq!(
-        evict::delete(&pods, "db-1", &uid, 5).await.unwrap(),
+        evict::delete(&pods, "db-1", &uid, 5, "upgrade")
+            .await
+            .unwrap(),
         Outcome::Accepted
     );
     let pod = pods.get("db-1").await.unwrap();
     assert!(pod.metadata.deletion_timestamp.is_some());
     assert_eq!(pod.metadata.deletion_grace_period_seconds, Some(5));
+    let condition = disruption_target(&pod).expect("a deleted pod is marked a disruption target");
+    assert_eq!(condition.status, "True");
+    assert_eq!(
+        condition.reason.as_deref(),
+        Some("DeletionByNodeMaintenance")
+    );
+    assert_eq!(
+        condition.message.as_deref(),
+        Some("Pod was deleted for NodeMaintenance upgrade.")
+    );
+}
+
+fn disruption_target(pod: &Pod) -> Option<k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget")
+        .cloned()
 }
 
 /// A grace period beyond 32 bits is saturated, never wrapped: 2^32 s once became 0, a
@@ -88,7 +116,9 @@ async fn a_delete_grace_beyond_32_bits_saturates() {
     let (_cluster, pods) = cluster_with_db_pods().await;
     let uid = pods.get("db-1").await.unwrap().uid().unwrap();
     assert_eq!(
-        evict::delete(&pods, "db-1", &uid, 1 << 32).await.unwrap(),
+        evict::delete(&pods, "db-1", &uid, 1 << 32, "upgrade")
+            .await
+            .unwrap(),
         Outcome::Accepted
     );
     let pod = pods.get("db-1").await.unwrap();

@@ -715,6 +715,7 @@ mod rbac {
             [
                 "/nodes/status: patch",
                 "/nodes: get,list,watch,patch",
+                "/pods/status: patch",
                 "/pods: get,list,watch",
                 "apiextensions.k8s.io/customresourcedefinitions[evictionrequests.nodegrace.dev,nodemaintenances.nodegrace.dev]: get",
                 "events.k8s.io/events: create,patch",
@@ -1034,6 +1035,59 @@ mod rbac {
         assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, pod("one")), Ok(()));
         denied(admit(&p, ME, "DELETE", "", Value::Null, pod("two")));
         denied(admit(&p, ME, "UPDATE", "", pod("one"), pod("one")));
+    }
+
+    #[test]
+    fn a_node_may_mark_only_its_own_pods_as_disruption_targets() {
+        let p = policy("pods");
+        let pod = |node: &str, conditions: Value| {
+            json!({"metadata": {"name": "web-0", "namespace": "shop"}, "spec": {"nodeName": node},
+                "status": {"phase": "Running", "conditions": conditions}})
+        };
+        let ready = json!([{"type": "Ready", "status": "True"}]);
+        let marked = json!([{"type": "Ready", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByNodeMaintenance"}]);
+        let mut failed = pod("one", marked.clone());
+        failed["status"]["phase"] = json!("Failed");
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "status",
+                pod("one", marked.clone()),
+                pod("one", ready.clone())
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "status",
+                failed,
+                pod("one", ready.clone())
+            ),
+            Ok(())
+        );
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "status",
+            pod("two", marked),
+            pod("two", ready.clone()),
+        ));
+        let unready = json!([{"type": "Ready", "status": "False"}]);
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "status",
+            pod("one", unready),
+            pod("one", ready),
+        ));
     }
 
     fn maintenance(selector: Value) -> Value {

@@ -750,11 +750,33 @@ async fn an_admin_drain_taints_before_the_daemonset_band_and_reports_tolerate_al
     .await;
 }
 
-#[tokio::test]
-async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
+/// Writes `node`'s status entry of `maintenance` as that node's daemon would: draining the
+/// first entry (priority 100 Default pods) with `remaining` pods left.
+async fn report_as(env: &Env, maintenance: &str, node: &str, remaining: i32, message: &str) {
     use nodegrace::api::{node_status_apply_patch, node_status_patch_params};
     use nodegrace::api::{NodeMaintenance, NodeMaintenanceNodeStatus};
 
+    let api: kube::Api<NodeMaintenance> = kube::Api::all(env.cluster.client().unwrap());
+    let mut entry = NodeMaintenanceNodeStatus::for_node(node);
+    entry.drain_targets = vec![nodegrace::plan::DrainPlanEntry {
+        pod_selector: None,
+        pod_priority: 100,
+        pod_type: nodegrace::plan::PodType::Default,
+    }];
+    entry.drain_message = message.into();
+    entry.pods_remaining = remaining;
+    let body = node_status_apply_patch(maintenance, &entry).unwrap();
+    api.patch_status(
+        maintenance,
+        &node_status_patch_params(node),
+        &kube::api::Patch::Apply(&body),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
     let env = Env::new(kubelet(50)).await;
     env.pod("p50", Kind::Default, 50, 30, json!({}));
     env.pod("p500", Kind::Default, 500, 30, json!({}));
@@ -780,34 +802,10 @@ async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
     );
 
     // node-b's daemon reports its first entry finished.
-    let api: kube::Api<NodeMaintenance> = kube::Api::all(env.cluster.client().unwrap());
-    let mut entry = NodeMaintenanceNodeStatus::for_node("node-b");
-    entry.drain_targets = vec![nodegrace::plan::DrainPlanEntry {
-        pod_selector: None,
-        pod_priority: 100,
-        pod_type: nodegrace::plan::PodType::Default,
-    }];
-    entry.drain_message = "Draining".into();
-    entry.pods_remaining = 1;
-    let apply = |e: &NodeMaintenanceNodeStatus| {
-        let body = node_status_apply_patch("pair", e).unwrap();
-        let api = api.clone();
-        async move {
-            api.patch_status(
-                "pair",
-                &node_status_patch_params("node-b"),
-                &kube::api::Patch::Apply(&body),
-            )
-            .await
-            .unwrap();
-        }
-    };
-    apply(&entry).await;
+    report_as(&env, "pair", "node-b", 1, "Draining").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(env.evictions(), ["p50"], "node-b still drains entry 0");
-    entry.pods_remaining = 0;
-    entry.drain_message = "Waiting for pair.".into();
-    apply(&entry).await;
+    report_as(&env, "pair", "node-b", 0, "Waiting for pair.").await;
     eventually(10, "p500 evicted", || env.evictions().len() == 2).await;
     // node-b's entry survived node-a's writes (one field manager per node).
     let m = env.maintenance("pair").unwrap();
@@ -927,4 +925,51 @@ async fn an_invalid_drain_plan_is_reported_on_the_maintenance() {
     })
     .await;
     assert!(env.pod_exists("web") && env.evictions().is_empty());
+}
+
+#[tokio::test]
+async fn a_label_selected_maintenance_waits_for_every_node_its_labels_select() {
+    let env = Env::new(kubelet(50)).await;
+    env.cluster
+        .store
+        .update_in_process("", "nodes", "", NODE, |n| {
+            n["metadata"]["labels"]["pool"] = json!("blue")
+        })
+        .unwrap();
+    for (name, pool) in [("node-b", "blue"), ("node-c", "green")] {
+        env.cluster
+            .insert(&json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"pool": pool}}, "spec": {}}))
+            .unwrap();
+    }
+    env.pod("p50", Kind::Default, 50, 30, json!({}));
+    env.pod("p500", Kind::Default, 500, 30, json!({}));
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "blue-pool"},
+            "spec": {
+                "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "pool", "operator": "In", "values": ["blue"]}]}]},
+                "stage": "Drain",
+                "drainPlan": [{"podType": "Default", "podPriority": 100}],
+            },
+        }))
+        .unwrap();
+    let _engine = env.engine(env.settings());
+    eventually(10, "p50 gone", || !env.pod_exists("p50")).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        env.evictions(),
+        ["p50"],
+        "node-b (pool=blue) has not reported: no advance"
+    );
+    let m = env.maintenance("blue-pool").unwrap();
+    assert_ne!(m.drained(), Some("True"));
+    let own = m.node_status(NODE).map(|e| e.drain_message.clone());
+    assert_eq!(own.as_deref(), Some("Waiting for blue-pool."));
+    assert!(m.node_status("node-c").is_none(), "node-c is not selected");
+
+    report_as(&env, "blue-pool", "node-b", 0, "Waiting for blue-pool.").await;
+    eventually(10, "p500 evicted", || env.evictions().len() == 2).await;
 }

@@ -133,10 +133,19 @@ fn start_controller_with_handle(
     cluster: &FakeCluster,
     backoff_max: Duration,
 ) -> (CancellationToken, ControllerHandle) {
+    start_controller_for(cluster, backoff_max, None)
+}
+
+/// The controller, putting the requester of `intent` back where it was removed.
+fn start_controller_for(
+    cluster: &FakeCluster,
+    backoff_max: Duration,
+    intent: Option<nodegrace::cluster::eviction_request::Intent>,
+) -> (CancellationToken, ControllerHandle) {
     let client = cluster.client().unwrap();
     let stop = CancellationToken::new();
     let (pods, writer) = reflector::store::<Pod>();
-    let (controller, handle) = Controller::new(
+    let (mut controller, handle) = Controller::new(
         client.clone(),
         pods,
         ControllerConfig {
@@ -173,6 +182,9 @@ fn start_controller_with_handle(
             }
         }
     });
+    if let Some(intent) = intent {
+        controller = controller.reasserting(intent);
+    }
     let run_stop = stop.clone();
     tokio::spawn(async move { controller.run(run_stop).await.unwrap() });
     (stop, returned)
@@ -975,4 +987,67 @@ async fn an_evicted_pod_is_not_evicted_again_while_the_pod_watch_lags() {
             .unwrap();
     }
     assert_eq!(evictions_of(&cluster.api.requests(), "web-0"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_removed_requester_is_put_back_while_its_maintenance_wants_the_pod() {
+    use nodegrace::cluster::eviction_request::EvictionRequestTerminator;
+    use nodegrace::cluster::terminate::{PodTerminator, Request};
+
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    // An interceptor keeps the Eviction API out of the way while requesters come and go.
+    let pod = add_pod(
+        &cluster,
+        "db-0",
+        NODE,
+        &[("db-operator.example.com", "100")],
+    );
+    let terminator =
+        EvictionRequestTerminator::new(client.clone(), Requester::new(client.clone(), NODE));
+    let (stop, _) =
+        start_controller_for(&cluster, Duration::from_secs(60), Some(terminator.intent()));
+    terminator
+        .terminate(&pod_info(&pod), None, Request::Cooperative, "m-a")
+        .await
+        .unwrap();
+    until(
+        &client,
+        &pod,
+        Duration::from_secs(5),
+        "interceptor selected",
+        |r| active(r).is_some(),
+    )
+    .await;
+
+    // Someone else takes every requester off.
+    let requests: Api<EvictionRequest> = Api::namespaced(client.clone(), NS);
+    requests
+        .patch(
+            &pod.uid,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"requesters": []}})),
+        )
+        .await
+        .unwrap();
+    let back = until(
+        &client,
+        &pod,
+        Duration::from_secs(5),
+        "requester back",
+        |r| !r.spec.requesters.is_empty(),
+    )
+    .await;
+    assert_eq!(requester_names(&back), [OURS]);
+    assert_eq!(complete_reason(&back), None, "not cancelled");
+
+    // Once the maintenance withdraws, the request is let go.
+    terminator.withdraw("m-a").await.unwrap();
+    let done = until(&client, &pod, Duration::from_secs(5), "cancelled", |r| {
+        complete_reason(r).is_some()
+    })
+    .await;
+    assert_eq!(complete_reason(&done).as_deref(), Some("Cancelled"));
+    assert!(done.spec.requesters.is_empty());
+    stop.cancel();
 }

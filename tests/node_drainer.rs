@@ -21,7 +21,7 @@ use nodegrace::state::PodCache;
 use nodegrace::state::{BootIdSource, OfflineDrain};
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[derive(Default)]
 struct RecordingKubelet(Mutex<Vec<&'static str>>);
@@ -315,7 +315,11 @@ async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenan
         );
         settings.shutdown.after_boot = policy;
         let runtime = FakeRuntime::new();
-        runtime.add_pod("work", "web", "uid-web", Duration::from_millis(50));
+        let web_uid = pod_status(&env, "web")["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        runtime.add_pod("work", "web", &web_uid, Duration::from_millis(50));
         runtime.add_pod(
             "work",
             "etcd-node-a",
@@ -362,6 +366,27 @@ async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenan
         let stopped = summary["stopped"].as_array().unwrap();
         assert!(stopped.contains(&json!("work/web")), "{summary}");
         assert!(stopped.contains(&json!("work/etcd-node-a")), "{summary}");
+        // The pod stopped offline reads as the kubelet's graceful shutdown leaves it.
+        let web = pod_status(&env, "web");
+        assert_eq!(web["status"]["phase"], "Failed", "{web}");
+        assert_eq!(web["status"]["reason"], "Terminated", "{web}");
+        assert_eq!(
+            web["status"]["message"],
+            "Pod was terminated in response to imminent node shutdown."
+        );
+        let conditions = web["status"]["conditions"].as_array().unwrap();
+        let target = conditions
+            .iter()
+            .find(|c| c["type"] == "DisruptionTarget")
+            .expect("a DisruptionTarget condition");
+        assert_eq!(
+            (&target["status"], &target["reason"]),
+            (&json!("True"), &json!("TerminationByKubelet"))
+        );
+        assert!(
+            conditions.iter().any(|c| c["type"] == "Ready"),
+            "the other conditions are kept"
+        );
         eventually(
             5,
             "a FallbackUsed event on the node and the maintenance",
@@ -396,10 +421,13 @@ async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenan
             }
             CompletionPolicy::Keep => {
                 assert_eq!(m.spec.stage, Stage::Drain);
-                eventually(10, "the kept maintenance holds the node", || {
-                    env.node()["spec"]["unschedulable"] == true && !env.pod_exists("web")
+                // web stopped offline and now Failed: terminated, nothing left to evict.
+                eventually(10, "the kept maintenance holds the drained node", || {
+                    env.node()["spec"]["unschedulable"] == true
+                        && env.maintenance("shutdown-node-a").unwrap().drained() == Some("True")
                 })
                 .await;
+                assert!(env.evictions().is_empty(), "{:?}", env.evictions());
                 assert_eq!(
                     env.gate.gated_files(),
                     ["etcd.yaml"],
@@ -592,4 +620,8 @@ async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_p
     })
     .await;
     assert!(env.pod_exists("db"));
+}
+
+fn pod_status(env: &Env, name: &str) -> Value {
+    env.cluster.store.get_obj("", "pods", "work", name).unwrap()
 }

@@ -252,6 +252,36 @@ async fn no_credential_of_a_node_evicts_or_deletes_another_nodes_pod() {
         ng.delete(&theirs, &dry_delete()).await,
     );
 
+    // pods/status: the DisruptionTarget condition nodegrace records for pods it stopped
+    // offline.
+    let pods: Api<Pod> = Api::namespaced(c.admin.clone(), NS);
+    let own_uid = pods.get(&own).await.unwrap().uid().unwrap();
+    let their_uid = pods.get(&theirs).await.unwrap().uid().unwrap();
+    let disruption = |uid: &str| {
+        Patch::Strategic(json!({"metadata": {"uid": uid}, "status": {"conditions": [{
+            "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+            "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}))
+    };
+    accepted(
+        "nodegrace:node:A marks its own pod a disruption target",
+        ng.patch_status(&own, &dry_patch(), &disruption(&own_uid))
+            .await,
+    );
+    refused(
+        "nodegrace:node:A marks B's pod a disruption target",
+        By::Policy("nodegrace-node-restriction-pods"),
+        ng.patch_status(&theirs, &dry_patch(), &disruption(&their_uid))
+            .await,
+    );
+    let kubelet_status = kubelet
+        .patch_status(&theirs, &dry_patch(), &disruption(&their_uid))
+        .await;
+    refused(
+        "system:node:A marks B's pod a disruption target",
+        By::NodeRestriction,
+        kubelet_status,
+    );
+
     accepted(
         "system:node:A evicts its own pod",
         kubelet.evict(&own, &dry_evict()).await,

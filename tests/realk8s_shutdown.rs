@@ -38,6 +38,7 @@ const FIRST_BAND_END: f64 = 20.0;
 const BANDS: &[(&str, usize)] = &[
     ("web", 0),
     ("db", 0),
+    ("batch", 0),
     ("crit", 1),
     ("nodecrit", 2),
     ("agent", 3),
@@ -60,6 +61,8 @@ async fn workloads(f: &Fixture) {
     workload::deployment(c, ns, node, 3, PodShape::new("web").exits_after_ms(800)).await;
     workload::deployment(c, ns, node, 1, PodShape::new("db").exits_after_ms(500)).await;
     workload::blocking_pdb(c, ns, "db").await;
+    workload::job(c, ns, node, PodShape::new("batch").exits_after_ms(500)).await;
+    workload::blocking_pdb(c, ns, "batch").await;
     workload::deployment(
         c,
         ns,
@@ -85,10 +88,10 @@ async fn workloads(f: &Fixture) {
     );
     f.kubelet
         .wait_for(
-            "10 pods running",
+            "11 pods running",
             Duration::from_secs(90),
             |records, live| {
-                live.len() == 10
+                live.len() == 11
                     && live.iter().all(|p| {
                         records.iter().any(|r| {
                             Some(r.uid.as_str()) == p.metadata.uid.as_deref()
@@ -99,6 +102,7 @@ async fn workloads(f: &Fixture) {
         )
         .await;
     workload::wait_pdb_blocking(c, ns, "db").await;
+    workload::wait_pdb_blocking(c, ns, "batch").await;
 }
 
 fn skip(test: &str) -> bool {
@@ -133,7 +137,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
         .into_iter()
         .map(|p| (p.uid().unwrap_or_default(), p))
         .collect();
-    assert_eq!(originals.len(), 10);
+    assert_eq!(originals.len(), 11);
     let c = f
         .node
         .shutdown("poweroff", Duration::from_secs(BUDGET_SECS as u64 + 30));
@@ -219,7 +223,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
                     context()
                 );
             }
-            "db" => {
+            "db" | "batch" => {
                 assert_eq!(accepted, 0, "{name} evicted past its budget\n{}", context());
                 assert!(
                     ev.iter().any(|r| r.code == 429),
@@ -227,6 +231,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
                     context()
                 );
                 assert_eq!(del.len(), 1, "{name}: one escalation\n{}", context());
+                assert_marked_before_deletes(&reqs, &name);
                 let at = del[0].received - signal;
                 assert!(
                     (FIRST_BAND_ESCALATION - 0.5..FIRST_BAND_END).contains(&at),
@@ -241,6 +246,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
                     "{name}: deleted once\n{}",
                     context()
                 );
+                assert_marked_before_deletes(&reqs, &name);
             }
             "etcd" => assert!(
                 ev.is_empty() && del.is_empty(),
@@ -320,6 +326,41 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
         .next()
         .is_none());
     assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
+
+    // The Job's escalated pod counts as a disruption (its podFailurePolicy ignores
+    // DisruptionTarget), not against backoffLimit 0: the Job controller replaces it.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(f.admin.clone(), &f.name);
+    let pods: Api<Pod> = Api::namespaced(f.admin.clone(), &f.name);
+    let mut job = jobs.get("batch").await.unwrap();
+    for _ in 0..200 {
+        let failed = job
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .any(|c| c.type_ == "Failed" && c.status == "True");
+        let replaced = pods
+            .list(&kube::api::ListParams::default().labels("job-name=batch"))
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|p| !originals.contains_key(&p.uid().unwrap_or_default()));
+        if failed || replaced {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        job = jobs.get("batch").await.unwrap();
+    }
+    let status = job.status.clone().unwrap_or_default();
+    assert!(
+        !status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Failed" && c.status == "True"),
+        "the Job failed on a disrupted pod: {status:?}"
+    );
+    assert_eq!(status.failed.unwrap_or(0), 0, "{status:?}");
 
     audit::assert_allowed_by_cluster_role(&reqs);
     f.cleanup().await;

@@ -22,12 +22,17 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
 
     // The maintenance first: while it is active the daemon keeps static pods gated, so
     // restoring them without completing it would be undone.
-    let completed = runtime()?
+    let (completed, others) = runtime()?
         .block_on(async {
             let client = kube_client(&settings, APISERVER_TIMEOUT).await?;
-            crate::cluster::complete_shutdown_maintenance(&client, &node).await
-        })
-        .with_context(|| format!("completing NodeMaintenance {name} (nothing was changed; retry once the apiserver answers)"))?;
+            let completed = crate::cluster::complete_shutdown_maintenance(&client, &node)
+                .await
+                .with_context(|| format!("completing NodeMaintenance {name} (nothing was changed; retry once the apiserver answers)"))?;
+            let others = crate::cluster::other_active_maintenances(&client, &node)
+                .await
+                .with_context(|| format!("finding the other maintenances of {node} (static pods stay gated; run it again once the apiserver answers)"))?;
+            anyhow::Ok((completed, others))
+        })?;
     let mut out = if completed {
         format!(
             "NodeMaintenance {name}: stage Complete. The daemon uncordons {node} if nodegrace cordoned it and no other maintenance is active.\n"
@@ -41,6 +46,17 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
     gate.recover()
         .context("settling interrupted static pod moves")?;
     let gated = gate.gated().context("listing gated static pods")?;
+    if !others.is_empty() {
+        // Another maintenance still drains this node: its drain keeps static pods gated
+        // (§Uncordon); the daemon restores them when the last one completes.
+        out.push_str(&format!(
+            "Static pods: {} manifest(s) stay gated while NodeMaintenance {} is active on {node}; the daemon restores them when it completes.\n",
+            gated.len(),
+            others.join(", ")
+        ));
+        print_stdout(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let kept = gate.restore_all().context("restoring static pods")?;
     let restored = gated.len().saturating_sub(kept.len());
     out.push_str(&format!(

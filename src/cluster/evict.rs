@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::Api;
 
@@ -24,6 +24,9 @@ pub enum Outcome {
         message: String,
     },
 }
+
+/// The reason of the `DisruptionTarget` condition of a pod nodegrace deleted.
+pub const DELETION_BY_NODE_MAINTENANCE: &str = "DeletionByNodeMaintenance";
 
 fn preconditions(uid: &str) -> Preconditions {
     Preconditions {
@@ -57,8 +60,64 @@ pub async fn evict(
     classify(result.map(|_| ())).with_context(|| format!("evicting pod {name}"))
 }
 
-/// DELETEs the pod with a bounded grace period, bypassing disruption budgets.
-pub async fn delete(api: &Api<Pod>, name: &str, uid: &str, grace_seconds: i64) -> Result<Outcome> {
+/// The pod condition that tells Job `podFailurePolicy`, disruption accounting and `kubectl`
+/// that a pod was ended by a disruption, not by a failure of its own.
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// A `DisruptionTarget` condition (status True, now).
+pub fn disruption_condition(reason: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+    })
+}
+
+/// Strategic-merge-patches the status of the pod `name` (conditions merge by type), with
+/// its UID in the patch so that a pod recreated under the same name is refused (the UID is
+/// immutable). `Ok(false)`: the pod is gone or is another pod now.
+pub async fn patch_pod_status(
+    api: &Api<Pod>,
+    name: &str,
+    uid: &str,
+    status: serde_json::Value,
+) -> kube::Result<bool> {
+    let body = serde_json::json!({"metadata": {"uid": uid}, "status": status});
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(body))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// DELETEs the pod with a bounded grace period, bypassing disruption budgets. The pod first
+/// gets the `DisruptionTarget` condition, as the Eviction API would give it (a DELETE does
+/// not), naming the maintenance it is deleted for; when that write fails the pod is deleted
+/// all the same.
+pub async fn delete(
+    api: &Api<Pod>,
+    name: &str,
+    uid: &str,
+    grace_seconds: i64,
+    maintenance: &str,
+) -> Result<Outcome> {
+    let condition = disruption_condition(
+        DELETION_BY_NODE_MAINTENANCE,
+        &format!("Pod was deleted for NodeMaintenance {maintenance}."),
+    );
+    let status = serde_json::json!({"conditions": [condition]});
+    match patch_pod_status(api, name, uid, status).await {
+        Ok(true) => {}
+        Ok(false) => return Ok(Outcome::Gone),
+        Err(err) => {
+            tracing::warn!(pod = %name, maintenance = %maintenance, error = %err, "could not mark the pod as a disruption target before deleting it");
+        }
+    }
     let params = DeleteParams {
         // Saturate: a wrapped 2^32 s would be 0, a forced delete.
         grace_period_seconds: Some(u32::try_from(grace_seconds.max(0)).unwrap_or(u32::MAX)),

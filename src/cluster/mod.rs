@@ -12,8 +12,8 @@ pub mod nodesel;
 pub mod terminate;
 
 pub use engine::{
-    complete_shutdown_maintenance, shutdown_maintenance_name, AfterBoot, Engine, EngineError,
-    EngineOptions, FallbackSummary, ShutdownTimings,
+    complete_shutdown_maintenance, other_active_maintenances, shutdown_maintenance_name, AfterBoot,
+    Engine, EngineError, EngineOptions, FallbackSummary, ShutdownTimings,
 };
 pub use terminate::{EvictionApi, PodTerminator, Request};
 

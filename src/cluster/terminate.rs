@@ -69,13 +69,13 @@ impl PodTerminator for EvictionApi {
         pod: &PodInfo,
         _object: Option<&Pod>,
         request: Request,
-        _maintenance: &str,
+        maintenance: &str,
     ) -> Result<Outcome> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
         match request {
             Request::Cooperative => evict::evict(&api, &pod.name, &pod.uid, None).await,
             Request::Delete { grace_seconds } => {
-                evict::delete(&api, &pod.name, &pod.uid, grace_seconds).await
+                evict::delete(&api, &pod.name, &pod.uid, grace_seconds, maintenance).await
             }
         }
     }

@@ -502,14 +502,17 @@ where
     if eviction_requests && requester.is_none() {
         tracing::warn!(node = %node, "the node name is too long for an EvictionRequest requester name (<node>.nodemaintenance.nodegrace.dev, at most 253 characters): pods are evicted through the Eviction API directly");
     }
-    let terminator: Arc<dyn PodTerminator> = if requester.is_some() {
+    let er_terminator = requester.is_some().then(|| {
         tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
         Arc::new(EvictionRequestTerminator::new(
             clients.kubelet.clone(),
             Requester::new(clients.nodegrace.clone(), &node),
         ))
-    } else {
-        Arc::new(EvictionApi::new(clients.kubelet.clone()))
+    });
+    let intent = er_terminator.as_ref().map(|t| t.intent());
+    let terminator: Arc<dyn PodTerminator> = match er_terminator {
+        Some(t) => t,
+        None => Arc::new(EvictionApi::new(clients.kubelet.clone())),
     };
     let run_controller = requester.is_some() && controller_wanted;
     let config = ControllerConfig::from_settings(&settings, &node);
@@ -525,9 +528,12 @@ where
     if run_controller {
         let (controller, handle) =
             Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
-        let controller = controller
+        let mut controller = controller
             .evicting_with(clients.kubelet.clone())
             .reporting_blocks_to(engine.eviction_block_sink());
+        if let Some(intent) = intent {
+            controller = controller.reasserting(intent);
+        }
         engine.attach_eviction_request_controller(handle);
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {

@@ -60,6 +60,7 @@ pub fn assert_cluster_role_allows(reqs: &[RecordedRequest]) {
                     (verb.as_str(), group.as_str(), resource.as_str()),
                     ("create", "", "pods/eviction")
                         | ("delete", "", "pods")
+                        | ("patch", "", "pods/status")
                         | ("create", "authentication.k8s.io", "selfsubjectreviews")
                         | ("create", "authorization.k8s.io", "selfsubjectaccessreviews")
                 ),

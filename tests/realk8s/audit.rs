@@ -140,6 +140,7 @@ pub fn assert_allowed_by_cluster_role(requests: &[Request]) {
                     ),
                     ("create", "", "pods/eviction")
                         | ("delete", "", "pods")
+                        | ("patch", "", "pods/status")
                         | ("create", "authentication.k8s.io", "selfsubjectreviews")
                         | ("create", "authorization.k8s.io", "selfsubjectaccessreviews")
                         | (

@@ -133,6 +133,25 @@ pub fn deletes<'a>(reqs: &'a [Request], pod: &str) -> Vec<&'a Request> {
         .collect()
 }
 
+/// Asserts that every DELETE of `pod` came right after an admitted patch of its status (the
+/// DisruptionTarget condition a DELETE does not add itself).
+pub fn assert_marked_before_deletes(reqs: &[Request], pod: &str) {
+    for del in deletes(reqs, pod) {
+        let marked = reqs.iter().any(|r| {
+            r.verb == "patch"
+                && r.resource == "pods"
+                && r.subresource == "status"
+                && r.name == pod
+                && r.code == 200
+                && r.completed <= del.received
+        });
+        assert!(
+            marked,
+            "{pod} deleted without a DisruptionTarget condition first"
+        );
+    }
+}
+
 /// Waits (polling the apiserver) until `check` holds for the NodeMaintenance `name`.
 pub async fn wait_maintenance(
     admin: &Client,

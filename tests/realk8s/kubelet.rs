@@ -535,9 +535,41 @@ async fn finisher(client: Client, node: String, state: Arc<Mutex<State>>, wake: 
     }
 }
 
-/// Deletes a pod that exited, with grace 0 and its UID as precondition.
+/// Deletes a pod that exited, with grace 0 and its UID as precondition. A run-to-completion
+/// pod (restartPolicy Never or OnFailure: a Job's) is first given its terminal status, as
+/// the kubelet does: phase Failed, its containers terminated by SIGTERM (exit code 143).
 async fn remove(client: &Client, node: &str, pod: Arc<Pod>, uid: String) {
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let restart = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+    if matches!(restart, Some("Never" | "OnFailure")) {
+        let now = rfc3339(now_unix());
+        let containers: Vec<Value> = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| {
+                json!({"name": c.name, "ready": false, "started": false, "restartCount": 0,
+                       "image": c.image.clone().unwrap_or_default(), "imageID": "",
+                       "containerID": format!("fake://{}", c.name),
+                       "state": {"terminated": {"exitCode": 143, "reason": "Error",
+                                                "startedAt": now, "finishedAt": now}}})
+            })
+            .collect();
+        let status = json!({"metadata": {"uid": uid},
+                            "status": {"phase": "Failed", "containerStatuses": containers}});
+        if let Err(e) = api
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(status),
+            )
+            .await
+        {
+            eprintln!("kubelet {node}: marking {} Failed: {e}", pod.name_any());
+        }
+    }
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, PostParams};
@@ -92,6 +93,27 @@ pub async fn deployment(client: &Client, ns: &str, node: &str, replicas: i32, sh
     api.create(&PostParams::default(), &d)
         .await
         .unwrap_or_else(|e| panic!("creating deployment {}: {e}", shape.app));
+}
+
+/// A one-pod Job on `node` that may not fail (backoffLimit 0) but whose podFailurePolicy
+/// ignores disruptions (a pod with the DisruptionTarget condition), as batch users set it.
+pub async fn job(client: &Client, ns: &str, node: &str, shape: PodShape<'_>) {
+    let api: Api<Job> = Api::namespaced(client.clone(), ns);
+    let mut template = shape.template(node);
+    template["spec"]["restartPolicy"] = json!("Never");
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": shape.app},
+        "spec": {
+            "backoffLimit": 0,
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+            "template": template,
+        },
+    }))
+    .expect("job");
+    api.create(&PostParams::default(), &job)
+        .await
+        .unwrap_or_else(|e| panic!("creating job {}: {e}", shape.app));
 }
 
 /// A DaemonSet on `node`; `tolerate_all` adds `{operator: Exists}` (a CNI-like agent that

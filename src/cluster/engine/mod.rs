@@ -20,7 +20,7 @@ mod terminate;
 
 pub use offline::FallbackSummary;
 use reflect::spawn_reflector;
-pub use shutdown::complete_shutdown_maintenance;
+pub use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

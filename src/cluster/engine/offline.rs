@@ -42,6 +42,11 @@ pub struct FallbackSummary {
     pub not_reached: Vec<String>,
 }
 
+/// The status the kubelet's graceful node shutdown gives the pods it stops (KEP-2000).
+const GNS_REASON: &str = "Terminated";
+const GNS_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
+const TERMINATION_BY_KUBELET: &str = "TerminationByKubelet";
+
 /// Pods listed by name in the annotation; the counts stay exact beyond it.
 const SUMMARY_MAX_NAMES: usize = 200;
 
@@ -175,6 +180,59 @@ impl Shared {
             .with_context(|| format!("recording the offline drain on NodeMaintenance {name}"))?;
         self.event_offline_record(&updated, &summary);
         Ok(())
+    }
+
+    /// Gives the pods the fallback stopped through the CRI runtime the status the kubelet's
+    /// graceful shutdown would have written (phase Failed unless Succeeded, reason
+    /// Terminated, a DisruptionTarget condition), so that Job `podFailurePolicy` and
+    /// disruption accounting read them as disruptions. Pods the kubelet already reported
+    /// (terminal, or marked) and pods gone or replaced are left alone. Returns how many
+    /// were written.
+    pub(super) async fn report_offline_stopped(&self, record: &OfflineDrain) -> usize {
+        use crate::cluster::evict::{disruption_condition, patch_pod_status, DISRUPTION_TARGET};
+        use crate::fallback::PodOutcome;
+        let pods = self.pods.state();
+        let mut written = 0;
+        for report in record.reports.iter().flat_map(|r| &r.pods) {
+            if report.outcome != PodOutcome::Stopped {
+                continue;
+            }
+            let Some(pod) = pods
+                .iter()
+                .find(|p| p.metadata.uid.as_deref() == Some(report.uid.as_str()))
+            else {
+                continue;
+            };
+            let status = pod.status.clone().unwrap_or_default();
+            let phase = status.phase.as_deref().unwrap_or_default();
+            let marked = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == DISRUPTION_TARGET);
+            if marked || phase == "Failed" || phase == "Succeeded" {
+                continue;
+            }
+            let body = json!({
+                "phase": "Failed",
+                "reason": GNS_REASON,
+                "message": GNS_MESSAGE,
+                "conditions": [disruption_condition(TERMINATION_BY_KUBELET, GNS_MESSAGE)],
+            });
+            let api: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(self.client.clone(), &report.namespace);
+            match patch_pod_status(&api, &report.name, &report.uid, body).await {
+                Ok(true) => written += 1,
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(node = %self.node, pod = %format!("{}/{}", report.namespace, report.name), error = %err, "could not record the offline stop in the pod's status");
+                }
+            }
+        }
+        if written > 0 {
+            tracing::info!(node = %self.node, pods = written, "recorded the offline stops in the pods' status, as the kubelet's graceful shutdown does");
+        }
+        written
     }
 
     pub(super) fn event_offline_record(&self, m: &NodeMaintenance, summary: &FallbackSummary) {

@@ -159,6 +159,11 @@ impl Engine {
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let offline = offline.filter(|o| o.boot_id != boot_id);
+        if let Some(record) = offline {
+            if sh.wait_ready(|r| r.pods).await.is_ok() {
+                sh.report_offline_stopped(record).await;
+            }
+        }
         let name = shutdown_maintenance_name(&sh.node);
         let api: Api<NodeMaintenance> = Api::all(sh.client.clone());
         let found = api
@@ -225,6 +230,30 @@ pub async fn complete_shutdown_maintenance(client: &Client, node: &str) -> Resul
         .with_context(|| format!("moving NodeMaintenance {name} to stage Complete"))?;
     }
     Ok(true)
+}
+
+/// The active maintenances (Cordon or Drain, not being deleted) other than `shutdown-<node>`
+/// that select `node`: while one is, the node stays cordoned and its static pods gated.
+pub async fn other_active_maintenances(client: &Client, node: &str) -> Result<Vec<String>> {
+    let own = shutdown_maintenance_name(node);
+    let the_node = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .with_context(|| format!("reading Node {node}"))?;
+    let list = Api::<NodeMaintenance>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .context("listing NodeMaintenances")?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|m| {
+            m.name_any() != own
+                && super::is_active(m)
+                && crate::cluster::nodesel::selects(&m.spec.node_selector, &the_node)
+        })
+        .map(|m| m.name_any())
+        .collect())
 }
 
 impl Shared {

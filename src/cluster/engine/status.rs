@@ -279,19 +279,23 @@ impl Shared {
         if patch.is_empty() {
             return Ok(());
         }
-        let mut body = json!({"status": patch});
-        if !pinned {
-            // What the condition follows from must not change under the write: 409, and
-            // the watch brings the newer version.
-            body["metadata"] = json!({"resourceVersion": m.metadata.resource_version});
-        }
+        // Every selected node writes the aggregate from the entries it read: the
+        // resourceVersion precondition makes a write computed from an older read fail (409)
+        // instead of overwriting a newer one; the watch then brings the newer object and the
+        // next pass computes again from it.
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let body = json!({
+            "metadata": {"resourceVersion": m.resource_version()},
+            "status": patch,
+        });
         let r = api
             .patch_status(&name, &merge_params(), &Patch::Merge(body))
             .await;
         if let Err(e) = &r {
             if api_error_code(e) == Some(409) {
+                tracing::debug!(node = %self.node, maintenance = %name, "the maintenance changed since it was read; its aggregate status is written from the newer one");
                 self.mark_reachable();
+                st.nm_overlay.remove(&name);
                 return Ok(());
             }
         }

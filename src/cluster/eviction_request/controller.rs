@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::decide::{self, Action, EvictionResult, Inputs, Release, Transition};
-use super::{PodState, WallClock, NODE_LABEL};
+use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
 use crate::cluster::{api_error_code, evict, FIELD_MANAGER};
 use crate::config::Settings;
@@ -74,6 +74,7 @@ pub struct Reconciler {
     /// show its deletionTimestamp a moment later; until then it is not evicted again.
     evicted: Mutex<HashMap<String, String>>,
     blocks: Option<BlockSink>,
+    intent: Option<Intent>,
 }
 
 /// What one reconcile left behind.
@@ -119,6 +120,7 @@ impl Reconciler {
             not_before: Mutex::new(HashMap::new()),
             evicted: Mutex::new(HashMap::new()),
             blocks: None,
+            intent: None,
         }
     }
 
@@ -267,6 +269,19 @@ impl Reconciler {
             state = PodState::Terminating;
         }
         let pod_key = format!("{namespace}/{}", pod_ref.name);
+        if matches!(state, PodState::Present { .. }) {
+            if let Some((intent, pod)) = self
+                .intent
+                .as_ref()
+                .and_then(|i| Some((i, i.removed(request)?)))
+            {
+                // Someone took this node's requester off while a maintenance still wants
+                // the pod gone: ask again; the watch brings the request back here.
+                let again = intent.reassert(&pod).await?;
+                tracing::info!(pod = %pod_key, outcome = ?again, "this node's requester was removed from the pod's EvictionRequest while a maintenance still targets the pod; requested again");
+                return Ok(Reconciled::default());
+            }
+        }
         let mut current = request.clone();
         let mut written = None;
         // An eviction answer whose status write lost a race: recorded again on the fresh
@@ -615,6 +630,13 @@ impl Controller {
     /// Evicts with `client` (the kubelet's credential in the daemon).
     pub fn evicting_with(mut self, client: Client) -> Self {
         self.reconciler = self.reconciler.evicting_with(client);
+        self
+    }
+
+    /// Puts this node's requester back on requests someone took it off while the drain
+    /// still wants their pods evicted.
+    pub fn reasserting(mut self, intent: Intent) -> Self {
+        self.reconciler.intent = Some(intent);
         self
     }
 

@@ -47,7 +47,7 @@ pub use controller::{
     BlockSink, Controller, ControllerConfig, ControllerHandle, Reconciled, Reconciler,
 };
 pub use requester::{labelled_for_another, Requested, Requester, Withdrawn};
-pub use terminator::EvictionRequestTerminator;
+pub use terminator::{EvictionRequestTerminator, Intent};
 
 /// Label on the EvictionRequests nodegrace creates or joins: the node whose daemon acts
 /// as their controller. It lets a restarted daemon recognise its requests after the pod

@@ -3,7 +3,7 @@
 //! takes it through interceptors and the Eviction API); DELETE stays a DELETE.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 use async_trait::async_trait;
@@ -17,6 +17,9 @@ use crate::cluster::terminate::{PodTerminator, Request};
 use crate::metrics::TerminationMethod;
 use crate::plan::PodInfo;
 
+/// Pod UID -> (pod, maintenances that requested it).
+type Wanted = Arc<Mutex<HashMap<String, (PodKey, BTreeSet<String>)>>>;
+
 /// Terminates pods through EvictionRequests, remembering which maintenance asked for
 /// which pod so that a completed maintenance withdraws only what no other one still wants.
 pub struct EvictionRequestTerminator {
@@ -24,8 +27,7 @@ pub struct EvictionRequestTerminator {
     /// kubelet's credential in the daemon.
     client: Client,
     requester: Requester,
-    /// Pod UID -> (pod, maintenances that requested it).
-    wanted: Mutex<HashMap<String, (PodKey, BTreeSet<String>)>>,
+    wanted: Wanted,
     /// Maintenances seen asking since this daemon started.
     seen: Mutex<BTreeSet<String>>,
 }
@@ -35,8 +37,17 @@ impl EvictionRequestTerminator {
         Self {
             client,
             requester,
-            wanted: Mutex::new(HashMap::new()),
+            wanted: Wanted::default(),
             seen: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// What this node's maintenances still want evicted, for the eviction-request
+    /// controller to put this requester back on a request someone else took it off.
+    pub fn intent(&self) -> Intent {
+        Intent {
+            requester: self.requester.clone(),
+            wanted: self.wanted.clone(),
         }
     }
 
@@ -67,6 +78,32 @@ impl EvictionRequestTerminator {
     }
 }
 
+/// The pods this node's requester asked to evict on behalf of maintenances that still want
+/// them (see [`EvictionRequestTerminator::intent`]).
+#[derive(Clone)]
+pub struct Intent {
+    requester: Requester,
+    wanted: Wanted,
+}
+
+impl Intent {
+    /// `pod` of `request` when a maintenance still wants it evicted and this requester is no
+    /// longer on the request.
+    pub fn removed(&self, request: &crate::api::EvictionRequest) -> Option<PodKey> {
+        if request.has_requester(self.requester.name()) {
+            return None;
+        }
+        let uid = &request.pod_ref()?.uid;
+        let wanted = self.wanted.lock().unwrap_or_else(|p| p.into_inner());
+        wanted.get(uid).map(|(pod, _)| pod.clone())
+    }
+
+    /// Asks for `pod` again (joins its request, or replaces a cancelled one).
+    pub async fn reassert(&self, pod: &PodKey) -> Result<Requested> {
+        self.requester.request(pod).await
+    }
+}
+
 #[async_trait]
 impl PodTerminator for EvictionRequestTerminator {
     async fn terminate(
@@ -79,7 +116,7 @@ impl PodTerminator for EvictionRequestTerminator {
         match request {
             Request::Delete { grace_seconds } => {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-                evict::delete(&api, &pod.name, &pod.uid, grace_seconds).await
+                evict::delete(&api, &pod.name, &pod.uid, grace_seconds, maintenance).await
             }
             Request::Cooperative => {
                 let key = PodKey::from(pod);

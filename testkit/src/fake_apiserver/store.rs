@@ -1369,6 +1369,15 @@ impl Store {
                 "the body of the request must be an object",
             ));
         }
+        if let Some(uid) = meta(&new, "uid").filter(|u| !u.is_empty()) {
+            if meta(old, "uid") != Some(uid) {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    format!("metadata.uid: Invalid value: \"{uid}\": field is immutable"),
+                ));
+            }
+        }
         if ri.has_status {
             if sub == "status" {
                 let mut out = old.clone();
