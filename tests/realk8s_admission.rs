@@ -9,7 +9,7 @@ mod real;
 mod realk8s;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PostParams};
 use kube::{Api, Client};
 use nodegrace::api::NodeMaintenance;
 use serde_json::json;
@@ -65,27 +65,6 @@ impl Two {
     }
 }
 
-fn dry_patch() -> PatchParams {
-    PatchParams {
-        dry_run: true,
-        ..PatchParams::default()
-    }
-}
-
-fn dry_post() -> PostParams {
-    PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    }
-}
-
-fn dry_delete() -> DeleteParams {
-    DeleteParams {
-        dry_run: true,
-        ..DeleteParams::default()
-    }
-}
-
 fn refused<T: std::fmt::Debug>(what: &str, r: kube::Result<T>) {
     match r {
         Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {}
@@ -114,17 +93,17 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
     let nodes: Api<Node> = Api::all(t.a.clone());
     let cordon = Patch::Merge(json!({"spec": {"unschedulable": true}}));
     nodes
-        .patch(a, &dry_patch(), &cordon)
+        .patch(a, &realk8s::dry::patch(), &cordon)
         .await
         .expect("cordon itself");
     refused(
         "cordon another node",
-        nodes.patch(b, &dry_patch(), &cordon).await,
+        nodes.patch(b, &realk8s::dry::patch(), &cordon).await,
     );
     let label = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
     refused(
         "label another node",
-        nodes.patch(b, &dry_patch(), &label).await,
+        nodes.patch(b, &realk8s::dry::patch(), &label).await,
     );
 
     // Pods are the kubelet's credential's to delete (tests/realk8s_identity.rs): nodegrace's
@@ -132,27 +111,35 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
     let pods: Api<Pod> = Api::namespaced(t.a.clone(), "default");
     refused(
         "delete its own pod",
-        pods.delete(&format!("p-{a}"), &dry_delete()).await,
+        pods.delete(&format!("p-{a}"), &realk8s::dry::delete())
+            .await,
     );
     refused(
         "delete another node's pod",
-        pods.delete(&format!("p-{b}"), &dry_delete()).await,
+        pods.delete(&format!("p-{b}"), &realk8s::dry::delete())
+            .await,
     );
 
     let nms: Api<NodeMaintenance> = Api::all(t.a.clone());
     let pin = |n: &str| json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]});
-    nms.create(&dry_post(), &maintenance(&format!("shutdown-{a}"), pin(a)))
-        .await
-        .expect("create its own maintenance");
+    nms.create(
+        &realk8s::dry::post(),
+        &maintenance(&format!("shutdown-{a}"), pin(a)),
+    )
+    .await
+    .expect("create its own maintenance");
     refused(
         "create a maintenance for another node",
-        nms.create(&dry_post(), &maintenance(&format!("shutdown-{b}"), pin(b)))
-            .await,
+        nms.create(
+            &realk8s::dry::post(),
+            &maintenance(&format!("shutdown-{b}"), pin(b)),
+        )
+        .await,
     );
     refused(
         "create a maintenance by label",
         nms.create(
-            &dry_post(),
+            &realk8s::dry::post(),
             &maintenance(
                 &format!("by-label-{a}"),
                 json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [a]}]}),
@@ -171,14 +158,14 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
         "move another node's maintenance",
         nms.patch(
             &theirs,
-            &dry_patch(),
+            &realk8s::dry::patch(),
             &Patch::Merge(json!({"spec": {"stage": "Complete"}})),
         )
         .await,
     );
     refused(
         "delete another node's maintenance",
-        nms.delete(&theirs, &dry_delete()).await,
+        nms.delete(&theirs, &realk8s::dry::delete()).await,
     );
     let _ = admin_nms.delete(&theirs, &DeleteParams::default()).await;
     t.cleanup().await;

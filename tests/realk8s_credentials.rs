@@ -20,6 +20,10 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
+/// The approver approves every node's pending request: the tests that wait for a person's
+/// decision run one at a time with it.
+static APPROVALS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Node1 {
     admin: Client,
     cp: &'static realk8s::ControlPlane,
@@ -29,13 +33,7 @@ struct Node1 {
 
 impl Node1 {
     async fn new(prefix: &str) -> Node1 {
-        let cp = tokio::task::spawn_blocking(|| {
-            let cp = realk8s::control_plane();
-            cp.ensure_running();
-            cp
-        })
-        .await
-        .expect("control plane");
+        let cp = realk8s::running_control_plane().await;
         let admin = cp.admin().await;
         let name = realk8s::unique(prefix);
         let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
@@ -143,6 +141,7 @@ async fn a_request_made_with_the_kubelet_credential_and_approved_gives_the_node_
     if !realk8s::enabled("realk8s_credentials::a_request_made_with_the_kubelet_credential_and_approved_gives_the_node_its_identity") {
         return;
     }
+    let _serial = APPROVALS.lock().await;
     let n = Node1::new("ng-cred").await;
     let child = n.request(&[]);
     let csr = n.pending_request().await;
@@ -193,6 +192,7 @@ async fn the_approver_approves_a_nodes_own_request_only() {
     if !realk8s::enabled("realk8s_credentials::the_approver_approves_a_nodes_own_request_only") {
         return;
     }
+    let _serial = APPROVALS.lock().await;
     let a = Node1::new("ng-appr-a").await;
     let b = Node1::new("ng-appr-b").await;
     let kubelet_a = realk8s::client_from(&a.cp.kubelet_identity(&a.name)).await;

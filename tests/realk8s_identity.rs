@@ -60,31 +60,10 @@ fn accepted<T>(what: &str, r: kube::Result<T>) {
     }
 }
 
-fn dry_patch() -> PatchParams {
-    PatchParams {
-        dry_run: true,
-        ..PatchParams::default()
-    }
-}
-
-fn dry_post() -> PostParams {
-    PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    }
-}
-
-fn dry_delete() -> DeleteParams {
-    DeleteParams {
-        dry_run: true,
-        ..DeleteParams::default()
-    }
-}
-
 fn dry_evict() -> EvictParams {
     EvictParams {
-        delete_options: Some(dry_delete()),
-        post_options: dry_post(),
+        delete_options: Some(realk8s::dry::delete()),
+        post_options: realk8s::dry::post(),
     }
 }
 
@@ -107,13 +86,7 @@ struct Cluster {
 
 impl Cluster {
     async fn new() -> Cluster {
-        let cp = tokio::task::spawn_blocking(|| {
-            let cp = realk8s::control_plane();
-            cp.ensure_running();
-            cp
-        })
-        .await
-        .expect("control plane");
+        let cp = realk8s::running_control_plane().await;
         let admin = cp.admin().await;
         let (a, b) = (realk8s::unique("ng-id-a"), realk8s::unique("ng-id-b"));
         let nodes: Api<Node> = Api::all(admin.clone());
@@ -249,7 +222,7 @@ async fn no_credential_of_a_node_evicts_or_deletes_another_nodes_pod() {
     refused(
         "nodegrace:node:A deletes B's pod",
         By::Rbac,
-        ng.delete(&theirs, &dry_delete()).await,
+        ng.delete(&theirs, &realk8s::dry::delete()).await,
     );
 
     // pods/status: the DisruptionTarget condition nodegrace records for pods it stopped
@@ -264,17 +237,17 @@ async fn no_credential_of_a_node_evicts_or_deletes_another_nodes_pod() {
     };
     accepted(
         "nodegrace:node:A marks its own pod a disruption target",
-        ng.patch_status(&own, &dry_patch(), &disruption(&own_uid))
+        ng.patch_status(&own, &realk8s::dry::patch(), &disruption(&own_uid))
             .await,
     );
     refused(
         "nodegrace:node:A marks B's pod a disruption target",
         By::Policy("nodegrace-node-restriction-pods"),
-        ng.patch_status(&theirs, &dry_patch(), &disruption(&their_uid))
+        ng.patch_status(&theirs, &realk8s::dry::patch(), &disruption(&their_uid))
             .await,
     );
     let kubelet_status = kubelet
-        .patch_status(&theirs, &dry_patch(), &disruption(&their_uid))
+        .patch_status(&theirs, &realk8s::dry::patch(), &disruption(&their_uid))
         .await;
     refused(
         "system:node:A marks B's pod a disruption target",
@@ -293,12 +266,12 @@ async fn no_credential_of_a_node_evicts_or_deletes_another_nodes_pod() {
     );
     accepted(
         "system:node:A deletes its own pod",
-        kubelet.delete(&own, &dry_delete()).await,
+        kubelet.delete(&own, &realk8s::dry::delete()).await,
     );
     refused(
         "system:node:A deletes B's pod",
         By::NodeRestriction,
-        kubelet.delete(&theirs, &dry_delete()).await,
+        kubelet.delete(&theirs, &realk8s::dry::delete()).await,
     );
     c.cleanup().await;
 }
@@ -316,13 +289,15 @@ async fn no_credential_of_a_node_writes_another_node() {
     let ng: Api<Node> = Api::all(c.ng.clone());
     accepted(
         "nodegrace:node:A cordons and taints A",
-        ng.patch(&c.a, &dry_patch(), &Patch::Merge(&taint)).await,
+        ng.patch(&c.a, &realk8s::dry::patch(), &Patch::Merge(&taint))
+            .await,
     );
     for (what, patch) in [("cordons and taints", &taint), ("labels", &label)] {
         refused(
             &format!("nodegrace:node:A {what} B"),
             By::Policy("nodegrace-node-restriction-nodes"),
-            ng.patch(&c.b, &dry_patch(), &Patch::Merge(patch)).await,
+            ng.patch(&c.b, &realk8s::dry::patch(), &Patch::Merge(patch))
+                .await,
         );
     }
     let kubelet: Api<Node> = Api::all(c.kubelet.clone());
@@ -331,7 +306,7 @@ async fn no_credential_of_a_node_writes_another_node() {
             &format!("system:node:A {what} B"),
             By::NodeRestriction,
             kubelet
-                .patch(&c.b, &dry_patch(), &Patch::Merge(patch))
+                .patch(&c.b, &realk8s::dry::patch(), &Patch::Merge(patch))
                 .await,
         );
     }
@@ -365,19 +340,20 @@ async fn no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions() {
     refused(
         "nodegrace:node:A requests B's pod's eviction for B to carry out",
         By::Policy(REQUESTS),
-        ng.create(&dry_post(), &new_for_b_pod(Some(&c.b), &c.a))
+        ng.create(&realk8s::dry::post(), &new_for_b_pod(Some(&c.b), &c.a))
             .await,
     );
     refused(
         "nodegrace:node:A requests B's pod's eviction, unlabelled",
         By::Policy(REQUESTS),
-        ng.create(&dry_post(), &new_for_b_pod(None, &c.a)).await,
+        ng.create(&realk8s::dry::post(), &new_for_b_pod(None, &c.a))
+            .await,
     );
     // Accepted: admission cannot tell the pod's node. Nobody acts on it: B's daemon keeps
     // off requests labelled for another node, and A's kubelet may not evict B's pod (above).
     accepted(
         "nodegrace:node:A requests B's pod's eviction labelled for itself",
-        ng.create(&dry_post(), &new_for_b_pod(Some(&c.a), &c.a))
+        ng.create(&realk8s::dry::post(), &new_for_b_pod(Some(&c.a), &c.a))
             .await,
     );
     let kubelet: Api<EvictionRequest> = Api::namespaced(c.kubelet.clone(), NS);
@@ -385,7 +361,7 @@ async fn no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions() {
         "system:node:A makes an EvictionRequest",
         By::Rbac,
         kubelet
-            .create(&dry_post(), &new_for_b_pod(Some(&c.a), &c.a))
+            .create(&realk8s::dry::post(), &new_for_b_pod(Some(&c.a), &c.a))
             .await,
     );
 
@@ -400,45 +376,45 @@ async fn no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions() {
     }});
     accepted(
         "nodegrace:node:A writes the status of its own request",
-        ng.patch_status(&own, &dry_patch(), &Patch::Merge(&status))
+        ng.patch_status(&own, &realk8s::dry::patch(), &Patch::Merge(&status))
             .await,
     );
     refused(
         "nodegrace:node:A writes the status of B's request",
         By::Policy(REQUESTS),
-        ng.patch_status(&theirs, &dry_patch(), &Patch::Merge(&status))
+        ng.patch_status(&theirs, &realk8s::dry::patch(), &Patch::Merge(&status))
             .await,
     );
     refused(
         "system:node:A writes the status of B's request",
         By::Rbac,
         kubelet
-            .patch_status(&theirs, &dry_patch(), &Patch::Merge(&status))
+            .patch_status(&theirs, &realk8s::dry::patch(), &Patch::Merge(&status))
             .await,
     );
     let relabel = json!({"metadata": {"labels": {NODE_LABEL: c.a}}});
     refused(
         "nodegrace:node:A labels B's request for itself",
         By::Policy(REQUESTS),
-        ng.patch(&theirs, &dry_patch(), &Patch::Merge(&relabel))
+        ng.patch(&theirs, &realk8s::dry::patch(), &Patch::Merge(&relabel))
             .await,
     );
     let withdraw_b = json!({"spec": {"requesters": [{"name": requester(&c.a)}]}});
     accepted(
         "nodegrace:node:A replaces the requesters of its own request by itself",
-        ng.patch(&own, &dry_patch(), &Patch::Merge(&withdraw_b))
+        ng.patch(&own, &realk8s::dry::patch(), &Patch::Merge(&withdraw_b))
             .await,
     );
     refused(
         "nodegrace:node:A withdraws B's requester",
         By::Policy(REQUESTS),
-        ng.patch(&theirs, &dry_patch(), &Patch::Merge(&withdraw_b))
+        ng.patch(&theirs, &realk8s::dry::patch(), &Patch::Merge(&withdraw_b))
             .await,
     );
     refused(
         "nodegrace:node:A deletes B's request",
         By::Policy(REQUESTS),
-        ng.delete(&theirs, &dry_delete()).await,
+        ng.delete(&theirs, &realk8s::dry::delete()).await,
     );
     c.cleanup().await;
 }
@@ -518,10 +494,11 @@ async fn no_credential_of_a_node_changes_another_nodes_maintenance() {
             let patch = patch.clone();
             async move {
                 if *status {
-                    ng.patch_status(&name, &dry_patch(), &Patch::Merge(&patch))
+                    ng.patch_status(&name, &realk8s::dry::patch(), &Patch::Merge(&patch))
                         .await
                 } else {
-                    ng.patch(&name, &dry_patch(), &Patch::Merge(&patch)).await
+                    ng.patch(&name, &realk8s::dry::patch(), &Patch::Merge(&patch))
+                        .await
                 }
             }
         };
@@ -540,7 +517,7 @@ async fn no_credential_of_a_node_changes_another_nodes_maintenance() {
         By::Policy(MAINTENANCES),
         ng.patch_status(
             &by_label,
-            &dry_patch(),
+            &realk8s::dry::patch(),
             &Patch::Merge(json!({"status": {"nodeStatuses": [b_entry]}})),
         )
         .await,
@@ -548,21 +525,29 @@ async fn no_credential_of_a_node_changes_another_nodes_maintenance() {
     refused(
         "nodegrace:node:A deletes a maintenance selecting B",
         By::Policy(MAINTENANCES),
-        ng.delete(&by_label, &dry_delete()).await,
+        ng.delete(&by_label, &realk8s::dry::delete()).await,
     );
     let kubelet: Api<NodeMaintenance> = Api::all(c.kubelet.clone());
     refused(
         "system:node:A changes a maintenance",
         By::Rbac,
         kubelet
-            .patch(&by_label, &dry_patch(), &Patch::Merge(&writes[0].2))
+            .patch(
+                &by_label,
+                &realk8s::dry::patch(),
+                &Patch::Merge(&writes[0].2),
+            )
             .await,
     );
     refused(
         "system:node:A writes a maintenance's status",
         By::Rbac,
         kubelet
-            .patch_status(&by_label, &dry_patch(), &Patch::Merge(&writes[5].2))
+            .patch_status(
+                &by_label,
+                &realk8s::dry::patch(),
+                &Patch::Merge(&writes[5].2),
+            )
             .await,
     );
     c.cleanup().await;

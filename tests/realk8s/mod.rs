@@ -268,6 +268,43 @@ impl ControlPlane {
     }
 }
 
+/// The control plane, started again if an outage test stopped part of it, from async code.
+pub async fn running_control_plane() -> &'static ControlPlane {
+    tokio::task::spawn_blocking(|| {
+        let cp = control_plane();
+        cp.ensure_running();
+        cp
+    })
+    .await
+    .expect("control plane")
+}
+
+/// Server-side dry runs: admission runs, nothing is stored.
+pub mod dry {
+    use kube::api::{DeleteParams, PatchParams, PostParams};
+
+    pub fn patch() -> PatchParams {
+        PatchParams {
+            dry_run: true,
+            ..PatchParams::default()
+        }
+    }
+
+    pub fn post() -> PostParams {
+        PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        }
+    }
+
+    pub fn delete() -> DeleteParams {
+        DeleteParams {
+            dry_run: true,
+            ..DeleteParams::default()
+        }
+    }
+}
+
 pub async fn client_from(kubeconfig: &Path) -> Client {
     let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
