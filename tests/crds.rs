@@ -868,12 +868,15 @@ mod rbac {
             .or(old_object["metadata"]["name"].as_str())
             .unwrap_or_default()
             .to_owned();
-        let request = json!({
+        let mut request = json!({
             "operation": operation,
-            "subResource": sub_resource,
             "name": name,
             "userInfo": {"username": user, "groups": ["nodegrace:nodes", "system:authenticated"]},
         });
+        // The apiserver leaves subResource out of the request when there is none.
+        if !sub_resource.is_empty() {
+            request["subResource"] = json!(sub_resource);
+        }
         let mut ctx = Context::default();
         ctx.register_all();
         ctx.add_variable_from_value("request", cel_of(&request));

@@ -119,6 +119,28 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
         pods.delete(&format!("p-{b}"), &realk8s::dry::delete())
             .await,
     );
+    let target = Patch::Strategic(
+        json!({"status": {"conditions": [{"type": "DisruptionTarget",
+        "status": "True", "reason": "DeletionByNodeMaintenance", "message": "test"}]}}),
+    );
+    pods.patch_status(&format!("p-{a}"), &dry_patch(), &target)
+        .await
+        .expect("mark its own pod a disruption target");
+    refused(
+        "mark another node's pod",
+        pods.patch_status(&format!("p-{b}"), &dry_patch(), &target)
+            .await,
+    );
+    refused(
+        "change another condition of its own pod",
+        pods.patch_status(
+            &format!("p-{a}"),
+            &dry_patch(),
+            &Patch::Strategic(json!({"status": {"conditions": [
+                {"type": "Ready", "status": "False", "reason": "test"}]}})),
+        )
+        .await,
+    );
 
     let nms: Api<NodeMaintenance> = Api::all(t.a.clone());
     let pin = |n: &str| json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]});

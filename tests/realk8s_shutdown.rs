@@ -157,13 +157,19 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
         )
     };
 
-    // Every original pod was asked to go and is gone; the inhibitor went right after.
+    // Every original pod was asked to go and is gone (the Job's: terminal, its finalizer
+    // is the Job controller's to remove); the inhibitor went right after.
+    let finished = |r: &PodRecord| {
+        if r.name.starts_with("batch-") {
+            r.exited_at
+        } else {
+            r.gone_at
+        }
+    };
     let mut last_gone = 0f64;
     for (uid, pod) in &originals {
         let r = &records[uid];
-        let gone = r
-            .gone_at
-            .unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
+        let gone = finished(r).unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
         last_gone = last_gone.max(gone);
         assert!(
             r.stop_seen.is_some(),
@@ -192,7 +198,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
         }
         let before_gone = by_band[&(band - 1)]
             .iter()
-            .filter_map(|r| r.gone_at)
+            .filter_map(|r| finished(r))
             .fold(0f64, f64::max);
         for r in pods {
             let asked = r.stop_seen.unwrap_or_default();

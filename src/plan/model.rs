@@ -72,12 +72,6 @@ impl ClusterModel {
         Ok(())
     }
 
-    /// Completes (removes) a maintenance.
-    pub fn remove_maintenance(&mut self, name: &str) {
-        self.maintenances.retain(|m| m.name != name);
-        self.reports.retain(|(m, _), _| m != name);
-    }
-
     pub fn set_pods(&mut self, node: &str, pods: Vec<PodInfo>) {
         self.pods.insert(node.into(), pods);
     }

@@ -377,21 +377,6 @@ impl FsGate {
         Ok(scan)
     }
 
-    /// Every active manifest whose mirror pod is `pod_namespace/pod_name` on `node_name`.
-    pub fn find_manifests_for_mirror(
-        &self,
-        pod_namespace: &str,
-        pod_name: &str,
-        node_name: &str,
-    ) -> Result<Vec<StaticManifest>> {
-        Ok(self
-            .scan(Place::Manifests)?
-            .manifests
-            .into_iter()
-            .filter(|m| m.is_mirrored_by(pod_namespace, pod_name, node_name))
-            .collect())
-    }
-
     /// Restores every gated manifest it can; the report says what happened to each.
     pub fn restore_report(&self) -> Result<RestoreReport> {
         let _lock = self.lock()?;
