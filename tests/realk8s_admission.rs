@@ -123,19 +123,19 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
         json!({"status": {"conditions": [{"type": "DisruptionTarget",
         "status": "True", "reason": "DeletionByNodeMaintenance", "message": "test"}]}}),
     );
-    pods.patch_status(&format!("p-{a}"), &dry_patch(), &target)
+    pods.patch_status(&format!("p-{a}"), &realk8s::dry::patch(), &target)
         .await
         .expect("mark its own pod a disruption target");
     refused(
         "mark another node's pod",
-        pods.patch_status(&format!("p-{b}"), &dry_patch(), &target)
+        pods.patch_status(&format!("p-{b}"), &realk8s::dry::patch(), &target)
             .await,
     );
     refused(
         "change another condition of its own pod",
         pods.patch_status(
             &format!("p-{a}"),
-            &dry_patch(),
+            &realk8s::dry::patch(),
             &Patch::Strategic(json!({"status": {"conditions": [
                 {"type": "Ready", "status": "False", "reason": "test"}]}})),
         )
