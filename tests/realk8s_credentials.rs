@@ -43,7 +43,8 @@ impl Node1 {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let config = format!(
-            "[node]\nname = \"{name}\"\nkubeconfig = \"{}\"\nkubelet_kubeconfig = \"{}\"\ncredential_lifetime = \"1h\"\n",
+            "state_dir = \"{}\"\n[node]\nname = \"{name}\"\nkubeconfig = \"{}\"\nkubelet_kubeconfig = \"{}\"\ncredential_lifetime = \"1h\"\n",
+            dir.path().join("state").display(),
             dir.path().join("etc/kubeconfig").display(),
             cp.kubelet_identity(&name).display(),
         );
@@ -163,6 +164,34 @@ async fn a_request_made_with_the_kubelet_credential_and_approved_gives_the_node_
     assert!(
         text.contains("(mode 0600)") && text.contains(&user),
         "{text}"
+    );
+
+    // `nodegrace status` names the identity and when its certificate expires.
+    let status = Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .arg("--config")
+        .arg(n.dir.path().join("config.toml"))
+        .args(["status", "-o", "json"])
+        .env("NODEGRACE_STATUS_FILE", n.dir.path().join("no-daemon.json"))
+        .env_remove("NODEGRACE_CONFIG")
+        .output()
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&status.stdout).unwrap_or_else(|e| panic!("{e}: {status:?}"));
+    let own = report["credentials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["key"] == "node.kubeconfig")
+        .unwrap_or_else(|| panic!("{report:#}"))
+        .clone();
+    assert_eq!(own["state"], "ok", "{own:#}");
+    assert!(own["identity"].as_str().unwrap().contains(&user), "{own:#}");
+    let expires: chrono::DateTime<chrono::Utc> =
+        own["expiresAt"].as_str().unwrap().parse().unwrap();
+    let left = (expires - chrono::Utc::now()).num_minutes();
+    assert!(
+        (50..=61).contains(&left),
+        "the 1h certificate expires in {left} min: {own:#}"
     );
 
     // Not due for renewal: nothing is requested.
