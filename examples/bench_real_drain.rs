@@ -714,9 +714,11 @@ async fn main() {
                 (l.at - release) * 1000.0
             );
             println!(
-                "daemon memory: peak RSS (VmHWM) {:.1} MiB; RSS before the poweroff {:.1} MiB [idle target ≤ 15 MiB]",
+                "daemon memory: peak RSS (VmHWM) {:.1} MiB; RSS before the poweroff {:.1} MiB (anonymous {:.1} MiB, mapped files {:.1} MiB) [idle target ≤ 15 MiB]",
                 mib(l.usage.peak_rss_kib),
-                mib(before.rss_kib)
+                mib(before.rss_kib),
+                mib(before.rss_anon_kib),
+                mib(before.rss_file_kib)
             );
         }
         _ => println!("daemon CPU and memory: no sample (the process went at once)"),

@@ -689,3 +689,116 @@ async fn maintenance_lifecycle_cordon_invalid_plan_complete_and_delete() {
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
 }
+
+/// A maintenance selecting nodes by a label: the node drains its first entry, then waits
+/// for the other selected node (no daemon runs there) to report it before the next; once
+/// that node's daemon would have reported (its own identity writes its own entry), the
+/// drain goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_selected_maintenance_waits_for_every_selected_node() {
+    if skip("a_label_selected_maintenance_waits_for_every_selected_node") {
+        return;
+    }
+    let mut f = Fixture::new("ng-pool").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let nodes: Api<Node> = Api::all(c.clone());
+    let pool = serde_json::json!({"metadata": {"labels": {"pool": node}}});
+    nodes
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&pool))
+        .await
+        .unwrap();
+    let other = format!("{node}-b");
+    let other_node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": other, "labels": {"pool": node}},
+    }))
+    .unwrap();
+    nodes
+        .create(&Default::default(), &other_node)
+        .await
+        .unwrap();
+    workload::deployment(c, &ns, &node, 2, PodShape::new("web")).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        PodShape::new("crit").priority("system-cluster-critical"),
+    )
+    .await;
+    f.kubelet
+        .wait_for("3 pods running", Duration::from_secs(90), |_, live| {
+            live.len() == 3
+        })
+        .await;
+    f.node.boot();
+
+    let name = format!("pool-{node}");
+    let m: NodeMaintenance = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "pool", "operator": "In", "values": [node]}]}]},
+            "stage": "Drain",
+            "reason": "pool upgrade",
+        },
+    }))
+    .unwrap();
+    let nms: Api<NodeMaintenance> = Api::all(c.clone());
+    nms.create(&Default::default(), &m).await.unwrap();
+    f.kubelet
+        .wait_for(
+            "the first band's web pods gone",
+            Duration::from_secs(60),
+            |_, live| !live.iter().any(|p| app_of(p) == "web"),
+        )
+        .await;
+    let waiting = wait_maintenance(
+        c,
+        &name,
+        "this node waiting for the other",
+        Duration::from_secs(30),
+        |m| {
+            m.node_status(&node)
+                .is_some_and(|e| e.drain_message == format!("Waiting for {name}."))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        f.kubelet.live_pods().iter().any(|p| app_of(p) == "crit"),
+        "the next band started before {other} reported"
+    );
+    assert_ne!(waiting.drained(), Some("True"));
+
+    // The other node's daemon reports the first entry done, with its own identity.
+    let mine = waiting.node_status(&node).unwrap().clone();
+    let theirs = realk8s::client_from(&f.cp.nodegrace_identity(&other)).await;
+    let mut entry = nodegrace::api::NodeMaintenanceNodeStatus::for_node(&other);
+    entry.drain_targets = mine.drain_targets.clone();
+    entry.drain_message = format!("Waiting for {name}.");
+    Api::<NodeMaintenance>::all(theirs)
+        .patch_status(
+            &name,
+            &nodegrace::api::node_status_patch_params(&other),
+            &Patch::Apply(nodegrace::api::node_status_apply_patch(&name, &entry).unwrap()),
+        )
+        .await
+        .unwrap();
+    f.kubelet
+        .wait_for("the next band gone", Duration::from_secs(60), |_, live| {
+            !live.iter().any(|p| app_of(p) == "crit")
+        })
+        .await;
+    let after = nms.get(&name).await.unwrap();
+    assert!(
+        after.node_status(&other).is_some(),
+        "the other node's entry kept"
+    );
+
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = nms.delete(&name, &DeleteParams::default()).await;
+    let _ = nodes.delete(&other, &DeleteParams::default()).await;
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}

@@ -396,6 +396,10 @@ pub struct ProcUsage {
     pub rss_kib: u64,
     /// VmHWM (peak resident set size), in KiB.
     pub peak_rss_kib: u64,
+    /// RssAnon (heap and stacks) and RssFile (mapped files: mostly the binary's own code),
+    /// in KiB.
+    pub rss_anon_kib: u64,
+    pub rss_file_kib: u64,
 }
 
 /// None once the process is gone.
@@ -419,6 +423,8 @@ pub fn proc_usage(pid: i32) -> Option<ProcUsage> {
         cpu_seconds: ticks as f64 / 100.0,
         rss_kib: kib("VmRSS:")?,
         peak_rss_kib: kib("VmHWM:")?,
+        rss_anon_kib: kib("RssAnon:")?,
+        rss_file_kib: kib("RssFile:")?,
     })
 }
 

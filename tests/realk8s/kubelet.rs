@@ -391,22 +391,25 @@ async fn watch_pods(client: Client, node: String, state: Arc<Mutex<State>>, wake
     }
 }
 
-async fn mark_running(client: &Client, pod: &Pod) {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    let now = rfc3339(now_unix());
-    let containers: Vec<Value> = pod
-        .spec
+/// Every container of `pod` in `state`, ready (and started) or not.
+fn container_statuses(pod: &Pod, ready: bool, state: Value) -> Vec<Value> {
+    pod.spec
         .as_ref()
         .map(|s| s.containers.as_slice())
         .unwrap_or_default()
         .iter()
         .map(|c| {
-            json!({"name": c.name, "ready": true, "started": true, "restartCount": 0,
+            json!({"name": c.name, "ready": ready, "started": ready, "restartCount": 0,
                    "image": c.image.clone().unwrap_or_default(), "imageID": "",
-                   "containerID": format!("fake://{}", c.name),
-                   "state": {"running": {"startedAt": now}}})
+                   "containerID": format!("fake://{}", c.name), "state": state})
         })
-        .collect();
+        .collect()
+}
+
+async fn mark_running(client: &Client, pod: &Pod) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let now = rfc3339(now_unix());
+    let containers = container_statuses(pod, true, json!({"running": {"startedAt": now}}));
     let condition = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
     let status = json!({"status": {
         "phase": "Running",
@@ -543,20 +546,9 @@ async fn remove(client: &Client, node: &str, pod: Arc<Pod>, uid: String) {
     let restart = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
     if matches!(restart, Some("Never" | "OnFailure")) {
         let now = rfc3339(now_unix());
-        let containers: Vec<Value> = pod
-            .spec
-            .as_ref()
-            .map(|s| s.containers.as_slice())
-            .unwrap_or_default()
-            .iter()
-            .map(|c| {
-                json!({"name": c.name, "ready": false, "started": false, "restartCount": 0,
-                       "image": c.image.clone().unwrap_or_default(), "imageID": "",
-                       "containerID": format!("fake://{}", c.name),
-                       "state": {"terminated": {"exitCode": 143, "reason": "Error",
-                                                "startedAt": now, "finishedAt": now}}})
-            })
-            .collect();
+        let terminated = json!({"terminated": {"exitCode": 143, "reason": "Error",
+                                               "startedAt": now, "finishedAt": now}});
+        let containers = container_statuses(&pod, false, terminated);
         let status = json!({"metadata": {"uid": uid},
                             "status": {"phase": "Failed", "containerStatuses": containers}});
         if let Err(e) = api
