@@ -9,22 +9,22 @@ use anyhow::{Context, Result};
 use nix::sys::stat::{FileStat, SFlag};
 
 /// Largest configuration file (main file or drop-in) read.
-pub const CONFIG_FILE_LIMIT: u64 = 1 << 20;
+pub(crate) const CONFIG_FILE_LIMIT: u64 = 1 << 20;
 /// Largest pod list (`plan --pods`): `kubectl get pods -o json` of a full node is a few MiB.
-pub const POD_LIST_LIMIT: u64 = 64 << 20;
+pub(crate) const POD_LIST_LIMIT: u64 = 64 << 20;
 /// Largest file read from the state directory or the daemon's status file.
-pub const STATE_FILE_LIMIT: u64 = 8 << 20;
+pub(crate) const STATE_FILE_LIMIT: u64 = 8 << 20;
 
 /// Whether [`read_regular`] follows a symlink in the last component of the path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Symlinks {
+pub(crate) enum Symlinks {
     Follow,
     Refuse,
 }
 
 /// Why [`read_regular`] read nothing.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error("no such file")]
     NotFound,
     /// A FIFO, device, directory, socket or (with [`Symlinks::Refuse`]) symlink.
@@ -39,7 +39,7 @@ pub enum ReadError {
 impl ReadError {
     /// The file is there but cannot be what it should be (as opposed to missing or an I/O
     /// error that may pass).
-    pub fn is_bad_file(&self) -> bool {
+    pub(crate) fn is_bad_file(&self) -> bool {
         matches!(self, ReadError::NotRegular(_) | ReadError::TooLarge { .. })
     }
 }
@@ -60,7 +60,11 @@ pub fn kind_of(st: &FileStat) -> &'static str {
 /// Reads a whole regular file of at most `limit` bytes. Opening never blocks (a FIFO is
 /// opened non-blocking, then refused like every other non-regular file), and no more than
 /// `limit` bytes are ever read, whatever the file claims its size is (`/proc` files say 0).
-pub fn read_regular(path: &Path, limit: u64, symlinks: Symlinks) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn read_regular(
+    path: &Path,
+    limit: u64,
+    symlinks: Symlinks,
+) -> Result<Vec<u8>, ReadError> {
     let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC;
     if symlinks == Symlinks::Refuse {
         flags |= nix::libc::O_NOFOLLOW;
@@ -92,7 +96,7 @@ pub fn read_regular(path: &Path, limit: u64, symlinks: Symlinks) -> Result<Vec<u
 
 /// Renames a file that cannot be used to `<name>.corrupt-<UTC time>` beside it, so that
 /// nothing is lost and the next start does not trip over it again. Returns the new path.
-pub fn set_aside(path: &Path) -> Result<PathBuf> {
+pub(crate) fn set_aside(path: &Path) -> Result<PathBuf> {
     let name = path
         .file_name()
         .with_context(|| format!("{} has no file name", path.display()))?
@@ -116,7 +120,7 @@ pub fn set_aside(path: &Path) -> Result<PathBuf> {
 
 /// Replaces `path` with `contents` so that a crash leaves either the old or the new
 /// file, never a torn one: write a temporary sibling, fsync it, rename, fsync the dir.
-pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     let dir = path
         .parent()
         .with_context(|| format!("{} has no parent directory", path.display()))?;
@@ -152,7 +156,7 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
 }
 
 /// Makes a directory entry change (create, rename, unlink) durable.
-pub fn fsync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .with_context(|| format!("syncing directory {}", dir.display()))

@@ -172,21 +172,21 @@ impl Metrics {
         }
     }
 
-    pub fn shutdown_started(&self, at: chrono::DateTime<chrono::Utc>) {
+    pub(crate) fn shutdown_started(&self, at: chrono::DateTime<chrono::Utc>) {
         self.shutdown_start.set(unix_seconds(at));
     }
 
-    pub fn shutdown_ended(&self, at: chrono::DateTime<chrono::Utc>) {
+    pub(crate) fn shutdown_ended(&self, at: chrono::DateTime<chrono::Utc>) {
         self.shutdown_end.set(unix_seconds(at));
     }
 
-    pub fn band_finished(&self, band: &str, took: std::time::Duration) {
+    pub(crate) fn band_finished(&self, band: &str, took: std::time::Duration) {
         self.band_duration
             .get_or_create(&BandLabel { band: band.into() })
             .set(took.as_secs_f64());
     }
 
-    pub fn pod_terminated(&self, method: TerminationMethod) {
+    pub(crate) fn pod_terminated(&self, method: TerminationMethod) {
         self.pods_terminated
             .get_or_create(&MethodLabel {
                 method: method.label().into(),
@@ -198,19 +198,19 @@ impl Metrics {
         self.escalations.inc();
     }
 
-    pub fn fallback_used(&self) {
+    pub(crate) fn fallback_used(&self) {
         self.fallback_used.inc();
     }
 
-    pub fn set_inhibitor_held(&self, held: bool) {
+    pub(crate) fn set_inhibitor_held(&self, held: bool) {
         self.inhibitor_held.set(i64::from(held));
     }
 
-    pub fn set_effective_budget(&self, budget: std::time::Duration) {
+    pub(crate) fn set_effective_budget(&self, budget: std::time::Duration) {
         self.effective_budget.set(budget.as_secs_f64());
     }
 
-    pub fn api_error(&self, operation: &str) {
+    pub(crate) fn api_error(&self, operation: &str) {
         self.api_errors
             .get_or_create(&OperationLabel {
                 operation: operation.into(),
@@ -219,7 +219,7 @@ impl Metrics {
     }
 
     /// When `role`'s client certificate expires; None removes the series.
-    pub fn set_credential_expiry(
+    pub(crate) fn set_credential_expiry(
         &self,
         role: crate::cluster::client::Role,
         at: Option<chrono::DateTime<chrono::Utc>>,

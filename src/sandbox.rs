@@ -17,11 +17,11 @@ use anyhow::{Context, Result};
 use crate::config::Settings;
 
 /// The drop-in the generator writes, in `<generator dir>/nodegrace.service.d/`.
-pub const DROPIN_NAME: &str = "50-nodegrace-paths.conf";
+pub(crate) const DROPIN_NAME: &str = "50-nodegrace-paths.conf";
 
 /// A directory the daemon writes, with the key that configures it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WrittenDir {
+pub(crate) struct WrittenDir {
     pub key: &'static str,
     pub path: PathBuf,
     /// The daemon creates it when missing (so its parent must exist and be writable, or
@@ -36,7 +36,7 @@ pub struct WrittenDir {
 }
 
 /// Every directory the daemon writes under these settings.
-pub fn written_dirs(s: &Settings) -> Vec<WrittenDir> {
+pub(crate) fn written_dirs(s: &Settings) -> Vec<WrittenDir> {
     let mut dirs = vec![
         WrittenDir {
             key: "state_dir",
@@ -100,7 +100,7 @@ fn unit_safe(path: &Path) -> bool {
 
 /// The generator's drop-in for `s`, and the directories it had to leave out (names a unit
 /// file cannot carry safely; the start check then names them).
-pub fn dropin(s: &Settings, config: &Path) -> (String, Vec<WrittenDir>) {
+pub(crate) fn dropin(s: &Settings, config: &Path) -> (String, Vec<WrittenDir>) {
     let (safe, unsafe_): (Vec<WrittenDir>, Vec<WrittenDir>) = written_dirs(s)
         .into_iter()
         .partition(|d| unit_safe(&d.path));
@@ -183,7 +183,7 @@ fn refusal(d: &WrittenDir, probe: &Path, err: &std::io::Error) -> String {
 
 /// The start check: every directory the daemon writes can be written (a missing one that
 /// the daemon creates needs a writable parent). `writable` probes one existing directory.
-pub fn check_writable_with(
+pub(crate) fn check_writable_with(
     s: &Settings,
     writable: impl Fn(&Path) -> std::io::Result<()>,
 ) -> Result<(), String> {
@@ -209,7 +209,7 @@ pub fn check_writable_with(
 }
 
 /// [`check_writable_with`] through `access(W_OK)`, which says EROFS for a read-only mount.
-pub fn check_writable(s: &Settings) -> Result<(), String> {
+pub(crate) fn check_writable(s: &Settings) -> Result<(), String> {
     check_writable_with(s, |p| {
         nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).map_err(std::io::Error::from)
     })

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::fsutil::{read_regular, set_aside, write_atomic, ReadError, Symlinks, STATE_FILE_LIMIT};
 use crate::plan::PodInfo;
 
-pub const POD_CACHE_FILE: &str = "pods.json";
+pub(crate) const POD_CACHE_FILE: &str = "pods.json";
 
 /// Writes `value` as JSON to `state_dir/file`: fsynced and renamed into place, the
 /// directory created if needed.
@@ -185,7 +185,7 @@ impl PodCache {
 
     /// Reads the cache for the daemon: a corrupt one is set aside (see `load_or_set_aside`)
     /// and the cache is empty.
-    pub fn load_or_set_aside(state_dir: &Path) -> Result<Self> {
+    pub(crate) fn load_or_set_aside(state_dir: &Path) -> Result<Self> {
         Ok(load_or_set_aside(state_dir, POD_CACHE_FILE, "pod cache")?.unwrap_or_default())
     }
 
@@ -194,7 +194,7 @@ impl PodCache {
     }
 }
 
-pub const SHUTDOWN_STATE_FILE: &str = "state.json";
+pub(crate) const SHUTDOWN_STATE_FILE: &str = "state.json";
 
 /// Where a shutdown stands, as persisted for a restarted daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,7 +262,7 @@ impl ShutdownState {
 
     /// Reads the state for the daemon: a corrupt one is set aside (see `load_or_set_aside`)
     /// and there is none.
-    pub fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
+    pub(crate) fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
         load_or_set_aside(state_dir, SHUTDOWN_STATE_FILE, "shutdown state")
     }
 
@@ -281,7 +281,7 @@ impl ShutdownState {
     /// Writes and renames into place without waiting for the disk: at once visible to a
     /// restarted daemon, which is all a shutdown in progress needs (after a power loss the
     /// boot id differs and the file is ignored). Call [`ShutdownState::sync`] afterwards.
-    pub fn store_unsynced(&self, state_dir: &Path) -> Result<()> {
+    pub(crate) fn store_unsynced(&self, state_dir: &Path) -> Result<()> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let bytes = serde_json::to_vec_pretty(self).context("encoding shutdown state")?;
@@ -315,7 +315,7 @@ impl ShutdownState {
     }
 }
 
-pub const OFFLINE_DRAIN_FILE: &str = "offline-drain.json";
+pub(crate) const OFFLINE_DRAIN_FILE: &str = "offline-drain.json";
 
 /// What the offline fallback did in a shutdown, kept until a NodeMaintenance records it
 /// (after the reboot when the apiserver stayed unreachable). One report per fallback run:
@@ -362,7 +362,7 @@ impl OfflineDrain {
 
     /// Reads the record for the daemon: a corrupt one is set aside (see
     /// `load_or_set_aside`) and there is none.
-    pub fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
+    pub(crate) fn load_or_set_aside(state_dir: &Path) -> Result<Option<Self>> {
         load_or_set_aside(state_dir, OFFLINE_DRAIN_FILE, "offline drain record")
     }
 
@@ -372,7 +372,7 @@ impl OfflineDrain {
 
     /// Removes the record if it is still the one of `boot_id`. A corrupt one is set aside,
     /// never deleted; an unreadable one is left to the operator.
-    pub fn remove_if_boot(state_dir: &Path, boot_id: &str) -> Result<()> {
+    pub(crate) fn remove_if_boot(state_dir: &Path, boot_id: &str) -> Result<()> {
         match Self::load_or_set_aside(state_dir)? {
             Some(r) if r.boot_id == boot_id => Self::remove(state_dir),
             _ => Ok(()),

@@ -30,7 +30,7 @@ pub trait SystemdManager: Send + Sync + 'static {
 }
 
 /// The kind of shutdown a queued job starts, if one is queued.
-pub fn shutdown_kind_from_jobs(jobs: &[Job]) -> Option<ShutdownKind> {
+pub(crate) fn shutdown_kind_from_jobs(jobs: &[Job]) -> Option<ShutdownKind> {
     let starts = |unit: &str| jobs.iter().any(|j| j.unit == unit && j.job_type == "start");
     if starts("reboot.target") || starts("kexec.target") || starts("soft-reboot.target") {
         Some(ShutdownKind::Reboot)
@@ -44,7 +44,7 @@ pub fn shutdown_kind_from_jobs(jobs: &[Job]) -> Option<ShutdownKind> {
 }
 
 /// Best guess of the shutdown under way; Unknown when systemd cannot tell (yet).
-pub async fn shutdown_kind(systemd: &dyn SystemdManager) -> ShutdownKind {
+pub(crate) async fn shutdown_kind(systemd: &dyn SystemdManager) -> ShutdownKind {
     match systemd.list_jobs().await {
         Ok(jobs) => shutdown_kind_from_jobs(&jobs).unwrap_or(ShutdownKind::Unknown),
         Err(e) => {
@@ -55,7 +55,7 @@ pub async fn shutdown_kind(systemd: &dyn SystemdManager) -> ShutdownKind {
 }
 
 /// The system is going down: systemd is stopping, or a shutdown job is queued.
-pub async fn is_system_stopping(systemd: &dyn SystemdManager) -> Result<bool> {
+pub(crate) async fn is_system_stopping(systemd: &dyn SystemdManager) -> Result<bool> {
     if systemd.system_state().await? == "stopping" {
         return Ok(true);
     }
@@ -68,7 +68,7 @@ pub async fn is_system_stopping(systemd: &dyn SystemdManager) -> Result<bool> {
     default_path = "/org/freedesktop/systemd1",
     gen_blocking = false
 )]
-pub trait Systemd1Manager {
+pub(crate) trait Systemd1Manager {
     fn kill_unit(&self, name: &str, whom: &str, signal: i32) -> zbus::Result<()>;
     fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<zbus::zvariant::OwnedObjectPath>;
     fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<zbus::zvariant::OwnedObjectPath>;
@@ -89,7 +89,7 @@ pub trait Systemd1Manager {
     fn system_state(&self) -> zbus::Result<String>;
 }
 
-pub struct ZbusSystemd {
+pub(crate) struct ZbusSystemd {
     proxy: Systemd1ManagerProxy<'static>,
 }
 
@@ -171,7 +171,7 @@ pub trait Notifier: Send + Sync + 'static {
 
 /// sd_notify(3) through `$NOTIFY_SOCKET`; a no-op when not run by systemd.
 #[derive(Debug, Default)]
-pub struct SdNotifier;
+pub(crate) struct SdNotifier;
 
 impl Notifier for SdNotifier {
     fn notify(&self, msg: Notify) {
@@ -214,18 +214,18 @@ impl Notifier for SdNotifier {
 }
 
 /// `SD_LISTEN_FDS_START`: the first fd systemd passes.
-pub const LISTEN_FDS_START: RawFd = 3;
+pub(crate) const LISTEN_FDS_START: RawFd = 3;
 
 /// `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES` as systemd set them.
 #[derive(Debug, Clone, Default)]
-pub struct ListenEnv {
+pub(crate) struct ListenEnv {
     pub pid: Option<String>,
     pub fds: Option<String>,
     pub names: Option<String>,
 }
 
 impl ListenEnv {
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         ListenEnv {
             pid: std::env::var("LISTEN_PID").ok(),
             fds: std::env::var("LISTEN_FDS").ok(),
@@ -237,7 +237,12 @@ impl ListenEnv {
 /// Takes the fd named `name` among those systemd passed (numbered from `start`), with
 /// FD_CLOEXEC set. Every other passed fd is closed: a stray copy of an inhibitor left open
 /// would hold the shutdown back.
-pub fn take_passed_fd(env: &ListenEnv, my_pid: u32, start: RawFd, name: &str) -> Option<OwnedFd> {
+pub(crate) fn take_passed_fd(
+    env: &ListenEnv,
+    my_pid: u32,
+    start: RawFd,
+    name: &str,
+) -> Option<OwnedFd> {
     let pid = env.pid.as_deref()?.trim().parse::<u32>().ok()?;
     if pid != my_pid {
         return None;
@@ -289,7 +294,7 @@ pub fn take_passed_fd(env: &ListenEnv, my_pid: u32, start: RawFd, name: &str) ->
 /// The fd named `name` that systemd passed back from the unit's fd store, if any; the
 /// `LISTEN_*` variables are then removed so that no child mistakes them for its own.
 /// Call while the process has a single thread.
-pub fn take_stored_fd(name: &str) -> Option<OwnedFd> {
+pub(crate) fn take_stored_fd(name: &str) -> Option<OwnedFd> {
     let env = ListenEnv::from_env();
     let fd = take_passed_fd(&env, std::process::id(), LISTEN_FDS_START, name);
     for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
@@ -412,7 +417,7 @@ mod tests {
 /// connection, opened on first use: the fallback runs rarely and must not depend on the
 /// daemon's logind connection being up.
 #[derive(Default)]
-pub struct SystemdKubelet {
+pub(crate) struct SystemdKubelet {
     systemd: tokio::sync::OnceCell<ZbusSystemd>,
 }
 

@@ -13,7 +13,7 @@ pub enum LogTarget {
 }
 
 /// Journald when systemd connected our output to the journal (`$JOURNAL_STREAM`).
-pub fn preferred_target() -> LogTarget {
+pub(crate) fn preferred_target() -> LogTarget {
     if std::env::var_os("JOURNAL_STREAM").is_some() {
         LogTarget::Journald
     } else {
@@ -25,7 +25,7 @@ pub fn preferred_target() -> LogTarget {
 /// failed connection attempt (dozens a second while the apiserver is away); nodegrace says
 /// once when the apiserver becomes unusable, reminds, and says when it is back, so theirs
 /// are off unless `RUST_LOG` asks for them.
-pub const DEFAULT_FILTER: &str = "info,kube_client=off,kube_runtime=off";
+pub(crate) const DEFAULT_FILTER: &str = "info,kube_client=off,kube_runtime=off";
 
 /// Installs the global subscriber; a second call is a no-op. Returns where logs go.
 pub fn init() -> LogTarget {

@@ -9,10 +9,8 @@ use serde::{Deserialize, Serialize};
 pub const DNS1123_SUBDOMAIN_PATTERN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
-pub const HEARTBEAT_DEADLINE_MIN_SECONDS: i32 = 600;
-pub const HEARTBEAT_DEADLINE_MAX_SECONDS: i32 = 86_400;
-pub const HEARTBEAT_DEADLINE_DEFAULT_SECONDS: i32 = 1_800;
-pub const MAX_INTERCEPTORS: usize = 100;
+pub(crate) const HEARTBEAT_DEADLINE_DEFAULT_SECONDS: i32 = 1_800;
+pub(crate) const MAX_INTERCEPTORS: usize = 100;
 
 /// Request to evict one pod, named after the pod's UID (KEP-4563 EvictionRequestSpec).
 // Repeated `type_ = "string"` inside the printcolumns reads as a duplicated attribute.
@@ -226,12 +224,12 @@ impl EvictionRequest {
         self.spec.target.pod_ref.as_ref()
     }
 
-    pub fn has_requester(&self, requester: &str) -> bool {
+    pub(crate) fn has_requester(&self, requester: &str) -> bool {
         self.spec.requesters.iter().any(|r| r.name == requester)
     }
 
     /// `Complete=True`: no interceptor works on it any more (pod gone, terminal or cancelled).
-    pub fn is_complete(&self) -> bool {
+    pub(crate) fn is_complete(&self) -> bool {
         self.status.as_ref().is_some_and(|s| {
             s.conditions
                 .iter()
@@ -240,7 +238,7 @@ impl EvictionRequest {
     }
 
     /// The effective cancellation policy (absent means `Allow`).
-    pub fn cancellation_policy(&self) -> EvictionRequestCancellationPolicy {
+    pub(crate) fn cancellation_policy(&self) -> EvictionRequestCancellationPolicy {
         self.status
             .as_ref()
             .and_then(|s| s.eviction_request_cancellation_policy)

@@ -40,7 +40,8 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 4] = [Stage::Idle, Stage::Cordon, Stage::Drain, Stage::Complete];
+    #[cfg(test)]
+    pub(crate) const ALL: [Stage; 4] = [Stage::Idle, Stage::Cordon, Stage::Drain, Stage::Complete];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -52,7 +53,8 @@ impl Stage {
     }
 
     /// Whether the CRD admits a change of `spec.stage` from `self` to `next`.
-    pub fn may_become(self, next: Stage) -> bool {
+    #[cfg(test)]
+    pub(crate) fn may_become(self, next: Stage) -> bool {
         next >= self
     }
 }
@@ -249,7 +251,7 @@ pub fn node_selector_for(node: &str) -> NodeSelector {
 /// nodeSelectorTerm pins `metadata.name In [<node>]`. Such a maintenance is the node's own to
 /// drive: spec, metadata and the aggregate status; on any other a node's identity writes
 /// only its `status.nodeStatuses` entry and what follows from the entries.
-pub fn is_pinned_to(selector: &NodeSelector, node: &str) -> bool {
+pub(crate) fn is_pinned_to(selector: &NodeSelector, node: &str) -> bool {
     !selector.node_selector_terms.is_empty()
         && selector.node_selector_terms.iter().all(|t| {
             t.match_fields.iter().flatten().any(|f| {
@@ -262,7 +264,7 @@ pub fn is_pinned_to(selector: &NodeSelector, node: &str) -> bool {
 
 /// Whether every node that reported to a maintenance says it is drained (or has completed
 /// it): the only `Drained` condition a node may write on a maintenance not pinned to it.
-pub fn entries_drained(status: Option<&NodeMaintenanceStatus>) -> bool {
+pub(crate) fn entries_drained(status: Option<&NodeMaintenanceStatus>) -> bool {
     status.is_some_and(|s| {
         !s.node_statuses.is_empty()
             && s.node_statuses.iter().all(|e| {

@@ -6,12 +6,12 @@ pub const EXIT_FAILURE: u8 = 1;
 /// The configuration is invalid.
 pub const EXIT_CONFIG: u8 = 2;
 /// `status`: the daemon is not running (or its status cannot be read).
-pub const EXIT_NOT_RUNNING: u8 = 3;
+pub(crate) const EXIT_NOT_RUNNING: u8 = 3;
 /// `status`: the daemon runs but holds no shutdown delay inhibitor.
-pub const EXIT_NO_INHIBITOR: u8 = 4;
+pub(crate) const EXIT_NO_INHIBITOR: u8 = 4;
 /// `status`: the shutdown budget is below what the drain plan's reserves need for the
 /// node's pods.
-pub const EXIT_BUDGET_SHORT: u8 = 5;
+pub(crate) const EXIT_BUDGET_SHORT: u8 = 5;
 
 pub use crate::api::crds_command as crds;
 

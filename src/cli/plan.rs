@@ -33,7 +33,7 @@ pub struct PlanOptions {
 /// What `plan -o json` prints.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PlanReport {
+pub(crate) struct PlanReport {
     /// The node planned for; None when the pods come from a file and no node name is known.
     pub node: Option<String>,
     /// `file:<path>` or `apiserver`.
@@ -52,7 +52,7 @@ pub struct PlanReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BudgetChoice {
+pub(crate) struct BudgetChoice {
     pub seconds: f64,
     /// `flag` (--budget), `status-file` (the running daemon's effective budget) or `config`
     /// (`shutdown.max_delay`).
@@ -62,7 +62,7 @@ pub struct BudgetChoice {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ReservesReport {
+pub(crate) struct ReservesReport {
     pub critical_seconds: f64,
     pub daemonset_seconds: f64,
     pub static_seconds: f64,
@@ -75,7 +75,7 @@ pub struct ReservesReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StepReport {
+pub(crate) struct StepReport {
     /// Position in the normalized plan, from 0.
     pub index: usize,
     pub entry: DrainPlanEntry,
@@ -93,7 +93,7 @@ pub struct StepReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PodPlan {
+pub(crate) struct PodPlan {
     /// 1-based position in the drain order.
     pub order: usize,
     pub pod: String,
@@ -113,7 +113,7 @@ pub struct PodPlan {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct IgnoredPod {
+pub(crate) struct IgnoredPod {
     pub pod: String,
     pub reason: String,
 }
@@ -121,7 +121,7 @@ pub struct IgnoredPod {
 /// The offline fallback: the kubelet's priority bands through the CRI runtime.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OfflineReport {
+pub(crate) struct OfflineReport {
     /// `fallback.enabled`.
     pub enabled: bool,
     pub bands: Vec<OfflineBand>,
@@ -132,7 +132,7 @@ pub struct OfflineReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OfflineBand {
+pub(crate) struct OfflineBand {
     pub priority: i32,
     pub shutdown_grace_period_seconds: f64,
     pub pods: Vec<OfflinePod>,
@@ -140,7 +140,7 @@ pub struct OfflineBand {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OfflinePod {
+pub(crate) struct OfflinePod {
     pub pod: String,
     pub priority: i32,
     pub grace_seconds: f64,

@@ -28,12 +28,12 @@ use crate::state::{OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::{FsGate, StaticPodGate};
 
 /// How long the apiserver probe (and each list after it) may take.
-pub const APISERVER_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const APISERVER_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What `status -o json` prints.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     pub node: Option<String>,
     pub node_error: Option<String>,
     pub daemon: DaemonSection,
@@ -49,7 +49,7 @@ pub struct StatusReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct DaemonSection {
+pub(crate) struct DaemonSection {
     pub status_file: PathBuf,
     /// `running`, `not-running` (no status file), `stale` (its process is gone) or
     /// `unreadable`.
@@ -67,7 +67,7 @@ pub struct DaemonSection {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BudgetSection {
+pub(crate) struct BudgetSection {
     /// `daemon` (established by the running daemon) or `config` (daemon not running: only
     /// the configured maximum is known).
     pub source: String,
@@ -85,7 +85,7 @@ pub struct BudgetSection {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ApiserverSection {
+pub(crate) struct ApiserverSection {
     pub reachable: bool,
     pub version: Option<String>,
     pub error: Option<String>,
@@ -94,7 +94,7 @@ pub struct ApiserverSection {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct CredentialReport {
+pub(crate) struct CredentialReport {
     /// `node.kubeconfig` or `node.kubelet_kubeconfig`.
     pub key: String,
     /// None: in-cluster config or `$KUBECONFIG` (or, for the kubelet's, node.kubeconfig's).
@@ -111,7 +111,7 @@ pub struct CredentialReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MaintenanceSection {
+pub(crate) struct MaintenanceSection {
     /// False when the apiserver could not be asked.
     pub known: bool,
     pub error: Option<String>,
@@ -121,7 +121,7 @@ pub struct MaintenanceSection {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MaintenanceReport {
+pub(crate) struct MaintenanceReport {
     pub name: String,
     pub stage: String,
     pub reason: Option<String>,
@@ -140,7 +140,7 @@ pub struct MaintenanceReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct BandReport {
+pub(crate) struct BandReport {
     pub index: usize,
     pub description: String,
     /// Covered by this node's drain targets: these pods are being drained now.
@@ -151,7 +151,7 @@ pub struct BandReport {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StaticPodSection {
+pub(crate) struct StaticPodSection {
     pub manifest_dir: PathBuf,
     pub gate_dir: PathBuf,
     pub gated: Vec<GatedManifest>,
@@ -160,7 +160,7 @@ pub struct StaticPodSection {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct GatedManifest {
+pub(crate) struct GatedManifest {
     pub file_name: String,
     pub namespace: String,
     pub pod_name: String,
@@ -168,7 +168,7 @@ pub struct GatedManifest {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PodCacheSection {
+pub(crate) struct PodCacheSection {
     pub pods: Option<usize>,
     pub written_at: Option<chrono::DateTime<chrono::Utc>>,
     pub error: Option<String>,
@@ -176,7 +176,7 @@ pub struct PodCacheSection {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ShutdownSection {
+pub(crate) struct ShutdownSection {
     /// `state.json`: the last shutdown handled (persisted across restarts).
     pub persisted: Option<ShutdownState>,
     pub persisted_error: Option<String>,
@@ -192,7 +192,7 @@ pub struct ShutdownSection {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct OfflineDrainSummary {
+pub(crate) struct OfflineDrainSummary {
     pub boot_id: String,
     pub kind: crate::shutdown::ShutdownKind,
     pub started_at: Option<chrono::DateTime<chrono::Utc>>,
@@ -230,7 +230,7 @@ pub fn status_command(config: &Path, output: OutputFormat) -> Result<ExitCode> {
 
 /// Why the node is not protected against a shutdown right now.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Unprotected {
+pub(crate) enum Unprotected {
     /// No daemon (no status file, its process gone, or the file unreadable).
     NotRunning(String),
     /// The daemon runs but holds no delay inhibitor: a shutdown would not wait.
@@ -252,7 +252,7 @@ impl Unprotected {
 /// Whether a shutdown now would be drained as configured: the daemon runs, holds its
 /// inhibitor, and its budget covers the reserves the shutdown plan needs for the pods of
 /// the pod cache (the daemon's last view of the node). The first gap found, in that order.
-pub fn protection(settings: &Settings, report: &StatusReport) -> Result<(), Unprotected> {
+pub(crate) fn protection(settings: &Settings, report: &StatusReport) -> Result<(), Unprotected> {
     let d = &report.daemon;
     if d.state != "running" {
         return Err(Unprotected::NotRunning(
@@ -359,7 +359,7 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
 }
 
 /// What `role`'s kubeconfig holds, read from disk (the apiserver is not asked).
-pub fn credential_report(
+pub(crate) fn credential_report(
     settings: &Settings,
     role: Role,
     now: chrono::DateTime<chrono::Utc>,

@@ -22,7 +22,7 @@ use crate::credentials::kubeconfig::KubeconfigFile;
 pub const USER_AGENT: &str = concat!("nodegrace/", env!("CARGO_PKG_VERSION"));
 
 /// How often a daemon client looks at its kubeconfig's files for a change.
-pub const RELOAD_CHECK: Duration = Duration::from_secs(60);
+pub(crate) const RELOAD_CHECK: Duration = Duration::from_secs(60);
 
 /// Which identity a client holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub struct Timeouts {
 }
 
 /// A client for `role`'s kubeconfig at `path` (None: in-cluster config or `$KUBECONFIG`).
-pub async fn client_for(
+pub(crate) async fn client_for(
     path: Option<&Path>,
     role: Role,
     timeouts: Timeouts,
@@ -256,9 +256,8 @@ impl tower::Service<http::Request<kube::client::Body>> for Forward {
 /// new inner client is built, checked with `accept` and swapped in. Requests already under
 /// way finish on the old one. A kubeconfig that cannot be used keeps the current client
 /// (and is said once).
-pub struct ReloadingClient {
+pub(crate) struct ReloadingClient {
     client: kube::Client,
-    state: Arc<Reloading>,
 }
 
 impl ReloadingClient {
@@ -286,17 +285,12 @@ impl ReloadingClient {
             .to_owned();
         let client = kube::Client::new(Forward(state.clone()), namespace);
         tokio::spawn(watch_files(Arc::downgrade(&state)));
-        Ok(ReloadingClient { client, state })
+        Ok(ReloadingClient { client })
     }
 
     /// The client to use (clones share the reloading).
     pub fn client(&self) -> kube::Client {
         self.client.clone()
-    }
-
-    /// Looks at the files now (after writing a new credential).
-    pub async fn check_now(&self) {
-        check(&self.state).await;
     }
 }
 

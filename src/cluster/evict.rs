@@ -26,7 +26,7 @@ pub enum Outcome {
 }
 
 /// The reason of the `DisruptionTarget` condition of a pod nodegrace deleted.
-pub const DELETION_BY_NODE_MAINTENANCE: &str = "DeletionByNodeMaintenance";
+pub(crate) const DELETION_BY_NODE_MAINTENANCE: &str = "DeletionByNodeMaintenance";
 
 fn preconditions(uid: &str) -> Preconditions {
     Preconditions {
@@ -62,10 +62,10 @@ pub async fn evict(
 
 /// The pod condition that tells Job `podFailurePolicy`, disruption accounting and `kubectl`
 /// that a pod was ended by a disruption, not by a failure of its own.
-pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+pub(crate) const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
 /// A `DisruptionTarget` condition (status True, now).
-pub fn disruption_condition(reason: &str, message: &str) -> serde_json::Value {
+pub(crate) fn disruption_condition(reason: &str, message: &str) -> serde_json::Value {
     serde_json::json!({
         "type": DISRUPTION_TARGET,
         "status": "True",
@@ -78,7 +78,7 @@ pub fn disruption_condition(reason: &str, message: &str) -> serde_json::Value {
 /// Strategic-merge-patches the status of the pod `name` (conditions merge by type), with
 /// its UID in the patch so that a pod recreated under the same name is refused (the UID is
 /// immutable). `Ok(false)`: the pod is gone or is another pod now.
-pub async fn patch_pod_status(
+pub(crate) async fn patch_pod_status(
     api: &Api<Pod>,
     name: &str,
     uid: &str,
@@ -148,7 +148,7 @@ fn classify(result: kube::Result<()>) -> kube::Result<Outcome> {
 /// The PodDisruptionBudget named in a 429 from the eviction subresource. The apiserver puts
 /// it in a cause of reason `DisruptionBudget` whose message starts
 /// "The disruption budget <name> ...".
-pub fn blocking_budget(status: &Status) -> Option<String> {
+pub(crate) fn blocking_budget(status: &Status) -> Option<String> {
     let causes = status.details.as_ref()?.causes.iter();
     causes
         .filter(|c| c.reason == "DisruptionBudget")
@@ -162,7 +162,7 @@ pub fn blocking_budget(status: &Status) -> Option<String> {
 }
 
 /// Delay before eviction attempt `attempt` (0-based) after 429s: 1 s doubling, capped.
-pub fn backoff(attempt: u32, cap: Duration) -> Duration {
+pub(crate) fn backoff(attempt: u32, cap: Duration) -> Duration {
     let secs = 1u64.checked_shl(attempt.min(63)).unwrap_or(u64::MAX);
     Duration::from_secs(secs).min(cap)
 }

@@ -18,11 +18,11 @@ use crate::credentials::kubeconfig::{Credential, KubeconfigFile};
 /// A credential the cluster path cannot work with, said in one line.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct CredentialError(pub String);
+pub(crate) struct CredentialError(pub String);
 
 /// What a credential's identity means for this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Finding {
+pub(crate) enum Finding {
     /// The identity the model expects.
     Expected,
     /// Works, but outside the model (the shipped RBAC and admission policy do not apply).
@@ -31,15 +31,15 @@ pub enum Finding {
     Unusable(String),
 }
 
-pub const NODEGRACE_USER_PREFIX: &str = "nodegrace:node:";
-pub const NODEGRACE_GROUP: &str = "nodegrace:nodes";
-pub const KUBELET_USER_PREFIX: &str = "system:node:";
+pub(crate) const NODEGRACE_USER_PREFIX: &str = "nodegrace:node:";
+pub(crate) const NODEGRACE_GROUP: &str = "nodegrace:nodes";
+pub(crate) const KUBELET_USER_PREFIX: &str = "system:node:";
 
 const ISSUE: &str =
     "issue this node's identity with `nodegrace credentials request` (run on this node)";
 
 /// Judges the identity the apiserver reported for `role`'s credential on `node`.
-pub fn judge(role: Role, node: &str, user: &str, groups: &[String]) -> Finding {
+pub(crate) fn judge(role: Role, node: &str, user: &str, groups: &[String]) -> Finding {
     let key = role.key();
     match role {
         Role::Nodegrace => match (
@@ -86,7 +86,11 @@ pub fn judge(role: Role, node: &str, user: &str, groups: &[String]) -> Finding {
 }
 
 /// Why the apiserver answered 401 to `role`'s credential, and what to do.
-pub fn unauthorized(role: Role, path: Option<&Path>, now: chrono::DateTime<chrono::Utc>) -> String {
+pub(crate) fn unauthorized(
+    role: Role,
+    path: Option<&Path>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> String {
     let key = role.key();
     let file = path.map_or_else(
         || "in-cluster or $KUBECONFIG".into(),

@@ -12,16 +12,17 @@ pub mod nodesel;
 pub mod terminate;
 
 pub use engine::{
-    complete_shutdown_maintenance, other_active_maintenances, shutdown_maintenance_name, AfterBoot,
-    Engine, EngineError, EngineOptions, FallbackSummary, ShutdownTimings,
+    complete_shutdown_maintenance, shutdown_maintenance_name, AfterBoot, Engine, EngineError,
+    EngineOptions,
 };
+pub(crate) use engine::{other_active_maintenances, FallbackSummary};
 pub use terminate::{EvictionApi, PodTerminator, Request};
 
 /// Field manager for writes that are not per-node server-side applies.
-pub const FIELD_MANAGER: &str = "nodegrace";
+pub(crate) const FIELD_MANAGER: &str = "nodegrace";
 
 /// Status code of a kube API error, if it is one.
-pub fn api_error_code(err: &kube::Error) -> Option<u16> {
+pub(crate) fn api_error_code(err: &kube::Error) -> Option<u16> {
     match err {
         kube::Error::Api(status) => Some(status.code),
         _ => None,

@@ -13,12 +13,12 @@ use super::{api_error_code, FIELD_MANAGER};
 
 /// Present while nodegrace holds the node cordoned; its value is `spec.unschedulable` as it
 /// was before, so completing a maintenance restores exactly that.
-pub const PREVIOUS_UNSCHEDULABLE_ANNOTATION: &str = "nodegrace.dev/previous-unschedulable";
+pub(crate) const PREVIOUS_UNSCHEDULABLE_ANNOTATION: &str = "nodegrace.dev/previous-unschedulable";
 /// Present while nodegrace added the load-balancer exclusion label (and so must remove it).
-pub const ADDED_LB_EXCLUSION_ANNOTATION: &str = "nodegrace.dev/added-lb-exclusion";
-pub const MAINTENANCE_TAINT_KEY: &str = "nodegrace.dev/maintenance";
-pub const SHUTDOWN_CONDITION: &str = "GracefulNodeShutdownInProgress";
-pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+pub(crate) const ADDED_LB_EXCLUSION_ANNOTATION: &str = "nodegrace.dev/added-lb-exclusion";
+pub(crate) const MAINTENANCE_TAINT_KEY: &str = "nodegrace.dev/maintenance";
+pub(crate) const SHUTDOWN_CONDITION: &str = "GracefulNodeShutdownInProgress";
+pub(crate) const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
 const MAX_CONFLICT_RETRIES: usize = 8;
 
@@ -42,7 +42,7 @@ fn unschedulable(node: &Node) -> bool {
 /// completion leaves it cordoned. A node uncordoned by someone while nodegrace holds it is
 /// cordoned again (KEP-4212 reconciles the cordon while a maintenance is active); what was
 /// recorded before stays.
-pub fn cordon_patch(node: &Node) -> Option<Value> {
+pub(crate) fn cordon_patch(node: &Node) -> Option<Value> {
     if annotation(node, PREVIOUS_UNSCHEDULABLE_ANNOTATION).is_some() {
         return (!unschedulable(node)).then(|| json!({"spec": {"unschedulable": true}}));
     }
@@ -56,7 +56,7 @@ pub fn cordon_patch(node: &Node) -> Option<Value> {
 
 /// The patch that undoes nodegrace's cordon, or None when nodegrace does not hold one.
 /// The caller decides whether another active maintenance still needs the node cordoned.
-pub fn uncordon_patch(node: &Node) -> Option<Value> {
+pub(crate) fn uncordon_patch(node: &Node) -> Option<Value> {
     let previous = annotation(node, PREVIOUS_UNSCHEDULABLE_ANNOTATION)?;
     let restore = previous == "true";
     Some(json!({
@@ -74,7 +74,7 @@ fn taints(node: &Node) -> Vec<Taint> {
 
 /// Adds (`present`) or removes the `nodegrace.dev/maintenance:NoSchedule` taint. Taints have
 /// no merge key, so the whole list is written back.
-pub fn maintenance_taint_patch(node: &Node, present: bool) -> Option<Value> {
+pub(crate) fn maintenance_taint_patch(node: &Node, present: bool) -> Option<Value> {
     let mut list = taints(node);
     let has = list.iter().any(|t| t.key == MAINTENANCE_TAINT_KEY);
     if has == present {
@@ -94,7 +94,7 @@ pub fn maintenance_taint_patch(node: &Node, present: bool) -> Option<Value> {
 }
 
 /// Adds or removes the load-balancer exclusion label, never removing one nodegrace did not add.
-pub fn lb_exclusion_patch(node: &Node, present: bool) -> Option<Value> {
+pub(crate) fn lb_exclusion_patch(node: &Node, present: bool) -> Option<Value> {
     let labelled = node
         .metadata
         .labels
@@ -119,7 +119,12 @@ pub fn lb_exclusion_patch(node: &Node, present: bool) -> Option<Value> {
 
 /// Reads the node, computes a patch from what it read, and applies it with that read's
 /// resourceVersion; on 409 reads again. Returns whether anything was written.
-pub async fn patch_node_with<F>(api: &Api<Node>, name: &str, what: &str, compute: F) -> Result<bool>
+pub(crate) async fn patch_node_with<F>(
+    api: &Api<Node>,
+    name: &str,
+    what: &str,
+    compute: F,
+) -> Result<bool>
 where
     F: Fn(&Node) -> Option<Value>,
 {
@@ -151,7 +156,7 @@ where
 
 /// Sets or clears the `GracefulNodeShutdownInProgress` condition through the status
 /// subresource; conditions merge by type, so the kubelet's own conditions are untouched.
-pub async fn set_shutdown_condition(
+pub(crate) async fn set_shutdown_condition(
     api: &Api<Node>,
     name: &str,
     in_progress: bool,

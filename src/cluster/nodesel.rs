@@ -66,7 +66,7 @@ fn requirement_holds(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
 /// term of `In`/`NotIn`/`Exists`/`DoesNotExist` label requirements; None when the apiserver
 /// cannot narrow it down (several terms, `Gt`/`Lt`, field requirements), and every node
 /// must be read. Either way [`selects`] decides.
-pub fn label_query(selector: &NodeSelector) -> Option<String> {
+pub(crate) fn label_query(selector: &NodeSelector) -> Option<String> {
     let [term] = selector.node_selector_terms.as_slice() else {
         return None;
     };
@@ -95,7 +95,7 @@ pub fn label_query(selector: &NodeSelector) -> Option<String> {
 
 /// The exact set of nodes a selector names, when every term pins `metadata.name` (as the
 /// shutdown maintenance does); None when it selects by labels and so the set is open.
-pub fn exact_nodes(selector: &NodeSelector) -> Option<Vec<String>> {
+pub(crate) fn exact_nodes(selector: &NodeSelector) -> Option<Vec<String>> {
     let mut names = Vec::new();
     for term in &selector.node_selector_terms {
         if term

@@ -19,7 +19,7 @@ use crate::plan::PodType;
 
 /// The result of [`load_report`]: the settings and how they were found.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     pub settings: Settings,
     /// Every file that was read, in merge order (main file first, if it exists).
     pub files: Vec<PathBuf>,
@@ -29,7 +29,7 @@ pub struct Loaded {
 
 /// One configuration text and the name errors use for it.
 #[derive(Debug, Clone)]
-pub struct Fragment {
+pub(crate) struct Fragment {
     pub name: PathBuf,
     pub text: String,
 }
@@ -53,7 +53,7 @@ pub fn load(main: &Path) -> Result<Settings, ConfigError> {
 /// scalars replace. Drop-ins whose names start with `.` or do not end in `.toml` are
 /// skipped; a drop-in that is a symlink or not a regular file is an error. A missing main
 /// file is not an error: the result says so and holds the defaults plus the drop-ins.
-pub fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
+pub(crate) fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
     let mut fragments = Vec::new();
     // The main file may be a symlink (configuration management often makes it one).
     let main_missing = match read_regular(main, CONFIG_FILE_LIMIT, Symlinks::Follow) {
@@ -78,12 +78,13 @@ pub fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
 }
 
 /// Parses one TOML text on top of the defaults; errors name the file `<string>`.
-pub fn load_str(text: &str) -> Result<Settings, ConfigError> {
+#[cfg(test)]
+pub(crate) fn load_str(text: &str) -> Result<Settings, ConfigError> {
     load_fragments(&[Fragment::new("<string>", text)])
 }
 
 /// Merges fragments in the given order on top of the defaults and validates the result.
-pub fn load_fragments(fragments: &[Fragment]) -> Result<Settings, ConfigError> {
+pub(crate) fn load_fragments(fragments: &[Fragment]) -> Result<Settings, ConfigError> {
     let mut merged = RawConfig::default();
     for (index, fragment) in fragments.iter().enumerate() {
         let raw = parse_fragment(fragment)?;

@@ -39,21 +39,21 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-pub use error::ConfigError;
-pub use load::{load, load_fragments, load_report, load_str, Fragment, Loaded};
-pub use render::{to_toml_string, to_toml_table};
+pub use load::load;
+pub(crate) use load::{load_report, Loaded};
+pub(crate) use render::to_toml_string;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/nodegrace/config.toml";
 /// Where nodegrace's own identity lives unless `node.kubeconfig` says otherwise.
-pub const DEFAULT_KUBECONFIG: &str = "/etc/nodegrace/kubeconfig";
+pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/nodegrace/kubeconfig";
 
 /// Shortest `node.credential_lifetime`: the CertificateSigningRequest API's minimum.
-pub const MIN_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(600);
+pub(crate) const MIN_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(600);
 /// Longest `node.credential_lifetime` (ten years).
-pub const MAX_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+pub(crate) const MAX_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// The longest `shutdown.max_delay`, so the longest budget a shutdown can have.
-pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 /// What to do with the shutdown NodeMaintenance after a cancelled shutdown or after boot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,7 +256,7 @@ impl Settings {
 
 /// Keys whose value differs between `running` and `reloaded` but only take effect after a
 /// restart (see the module documentation).
-pub fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static str> {
+pub(crate) fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static str> {
     let (a, b) = (running, reloaded);
     let checks = [
         ("state_dir", a.state_dir != b.state_dir),
@@ -311,7 +311,7 @@ pub fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static
 }
 
 /// What `check-config` prints on success; valid TOML (the file list is in comments).
-pub fn check_config_report(main: &Path, loaded: &Loaded) -> String {
+pub(crate) fn check_config_report(main: &Path, loaded: &Loaded) -> String {
     let mut out = String::new();
     if loaded.main_missing {
         out.push_str(&format!(

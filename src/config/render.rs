@@ -57,7 +57,7 @@ fn table<const N: usize>(fields: [(&str, Value); N]) -> Value {
 }
 
 /// Every key, defaults included; durations as humantime strings.
-pub fn to_toml_table(s: &Settings) -> Table {
+pub(crate) fn to_toml_table(s: &Settings) -> Table {
     let node = table([
         ("name", Value::String(s.node.name.clone())),
         (
@@ -180,7 +180,7 @@ pub fn to_toml_table(s: &Settings) -> Table {
 }
 
 /// The effective settings as a TOML document, sections in the order of the documented file.
-pub fn to_toml_string(s: &Settings) -> String {
+pub(crate) fn to_toml_string(s: &Settings) -> String {
     let mut all = to_toml_table(s);
     let order = [
         "state_dir",

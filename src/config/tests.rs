@@ -3,6 +3,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::error::ConfigError;
+use super::load::load_str;
+use super::render::to_toml_table;
 use super::*;
 
 fn secs(n: u64) -> Duration {

@@ -34,7 +34,7 @@ use crate::cluster::identity::{KUBELET_USER_PREFIX, NODEGRACE_GROUP, NODEGRACE_U
 
 /// What the approver makes of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Not a request for a nodegrace identity (or already decided): not looked at.
     NotOurs,
     /// Approve: it is `node`'s own request for its identity, if the Node exists.
@@ -54,7 +54,7 @@ fn decided(csr: &CertificateSigningRequest) -> bool {
 }
 
 /// Judges `csr` by the rules in the module documentation (all but the Node's existence).
-pub fn judge(csr: &CertificateSigningRequest, max_lifetime: Duration) -> Verdict {
+pub(crate) fn judge(csr: &CertificateSigningRequest, max_lifetime: Duration) -> Verdict {
     let spec = &csr.spec;
     if spec.signer_name != SIGNER || decided(csr) {
         return Verdict::NotOurs;

@@ -26,9 +26,9 @@ use crate::fsutil::{read_regular, Symlinks, CONFIG_FILE_LIMIT};
 
 /// The signer of client certificates the apiserver accepts (kube-controller-manager signs
 /// them with the cluster CA).
-pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+pub(crate) const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
 /// What an ECDSA client certificate is for.
-pub const USAGES: [&str; 2] = ["digital signature", "client auth"];
+pub(crate) const USAGES: [&str; 2] = ["digital signature", "client auth"];
 
 /// What to issue and where.
 #[derive(Debug, Clone)]
@@ -48,7 +48,7 @@ impl Issue {
         format!("{NODEGRACE_USER_PREFIX}{}", self.node)
     }
 
-    pub fn pending_key_path(&self) -> PathBuf {
+    pub(crate) fn pending_key_path(&self) -> PathBuf {
         let mut name = self
             .kubeconfig
             .file_name()
@@ -62,7 +62,7 @@ impl Issue {
 /// The request was refused: a new one is needed, by someone's decision.
 #[derive(Debug, thiserror::Error)]
 #[error("CertificateSigningRequest {name} for {user} was {verdict} ({reason}: {message}); {todo}")]
-pub struct Refused {
+pub(crate) struct Refused {
     pub name: String,
     pub user: String,
     /// "denied" or "not signed".
@@ -74,7 +74,7 @@ pub struct Refused {
 
 /// The request's name: unique to the key, so nothing another node made can be mistaken for
 /// it, and short enough for any node name.
-pub fn request_name(node: &str, key: &rcgen::KeyPair) -> String {
+pub(crate) fn request_name(node: &str, key: &rcgen::KeyPair) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, &key.subject_public_key_info());
     let hex: String = digest.as_ref()[..8]
         .iter()
@@ -105,7 +105,7 @@ pub fn request_pem(node: &str, key: &rcgen::KeyPair) -> Result<String> {
 }
 
 /// The key waiting for its certificate, made (and stored 0600) when there is none.
-pub fn pending_key(issue: &Issue) -> Result<rcgen::KeyPair> {
+pub(crate) fn pending_key(issue: &Issue) -> Result<rcgen::KeyPair> {
     let path = issue.pending_key_path();
     match read_regular(&path, CONFIG_FILE_LIMIT, Symlinks::Refuse) {
         Ok(bytes) => {
@@ -167,7 +167,7 @@ fn refused(issue: &Issue, csr: &CertificateSigningRequest) -> Option<Refused> {
 
 /// What [`submit`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Submitted {
+pub(crate) enum Submitted {
     Created(String),
     /// Made earlier (by this command or the daemon) and still pending or approved.
     Existing(String),
@@ -184,7 +184,7 @@ impl Submitted {
 /// Creates the request for `key` with `kubelet` (the kubelet's client), or finds the one
 /// made earlier. A denied or failed earlier request is [`Refused`] and its key dropped, so
 /// that the next attempt is a new request.
-pub async fn submit(
+pub(crate) async fn submit(
     kubelet: &kube::Client,
     issue: &Issue,
     key: &rcgen::KeyPair,
@@ -253,7 +253,7 @@ fn request_matches(csr: &CertificateSigningRequest, spki: &[u8]) -> bool {
 
 /// Waits (watching the request) until its certificate is issued, it is refused, or
 /// `timeout` passes (`Ok(None)`).
-pub async fn wait_issued(
+pub(crate) async fn wait_issued(
     kubelet: &kube::Client,
     issue: &Issue,
     name: &str,

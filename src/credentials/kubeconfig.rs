@@ -26,7 +26,7 @@ pub struct CertInfo {
 
 impl CertInfo {
     /// The first certificate in `pem` (a chain may follow it).
-    pub fn from_pem(pem: &[u8]) -> Result<CertInfo> {
+    pub(crate) fn from_pem(pem: &[u8]) -> Result<CertInfo> {
         let (_, parsed) =
             x509_parser::pem::parse_x509_pem(pem).context("no PEM certificate found")?;
         let cert = parsed
@@ -57,7 +57,7 @@ impl CertInfo {
 
     /// When two thirds of the validity have passed: renewing then leaves a third of the
     /// lifetime for the request to be approved (kubelets rotate at 70 to 90 %).
-    pub fn renew_at(&self) -> DateTime<Utc> {
+    pub(crate) fn renew_at(&self) -> DateTime<Utc> {
         let lifetime = self.not_after - self.not_before;
         self.not_before + lifetime * 2 / 3
     }
@@ -83,7 +83,7 @@ pub enum Credential {
 
 /// A kubeconfig read from disk, with its relative paths made absolute.
 #[derive(Debug, Clone)]
-pub struct KubeconfigFile {
+pub(crate) struct KubeconfigFile {
     pub path: PathBuf,
     pub config: Kubeconfig,
 }
@@ -210,7 +210,7 @@ impl KubeconfigFile {
     }
 
     /// The current cluster as a self-contained entry: a CA file is embedded.
-    pub fn embedded_cluster(&self) -> Result<kube::config::Cluster> {
+    pub(crate) fn embedded_cluster(&self) -> Result<kube::config::Cluster> {
         let mut cluster = self
             .cluster()
             .and_then(|c| c.cluster.clone())

@@ -76,7 +76,7 @@ fn read(path: &std::path::Path) -> Option<Result<Credential>> {
 }
 
 /// Sets the expiry metric of `role`'s credential (cleared when it has no certificate).
-pub fn export_expiry(settings: &Settings, role: Role, metrics: &Metrics) {
+pub(crate) fn export_expiry(settings: &Settings, role: Role, metrics: &Metrics) {
     let expiry = role
         .path(settings)
         .and_then(read)

@@ -23,7 +23,7 @@ pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
 /// Pod annotation (copied to the sandbox) naming where the kubelet got the pod from;
 /// `file` for static pods.
-pub const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
+pub(crate) const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxState {
@@ -102,7 +102,7 @@ fn id_suffix(id: &Option<String>) -> String {
 
 impl CriError {
     /// The runtime could not be reached at all (socket missing, daemon gone).
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         match self {
             CriError::Endpoint { .. } => true,
             CriError::Call { status_code, .. } => *status_code == tonic::Code::Unavailable,
@@ -111,7 +111,7 @@ impl CriError {
     }
 
     /// The object no longer exists: for a stop, that is success.
-    pub fn is_not_found(&self) -> bool {
+    pub(crate) fn is_not_found(&self) -> bool {
         matches!(self, CriError::Call { status_code, .. } if *status_code == tonic::Code::NotFound)
     }
 }
@@ -169,7 +169,7 @@ impl std::fmt::Debug for CriClient {
 }
 
 /// The socket path of a `unix:///path` endpoint (a bare absolute path is accepted too).
-pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
+pub(crate) fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
     let bad = |reason: &str| CriError::Endpoint {
         endpoint: endpoint.to_string(),
         reason: reason.to_string(),

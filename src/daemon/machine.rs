@@ -41,7 +41,7 @@ pub struct DaemonPaths {
 
 impl DaemonPaths {
     /// The standard paths; `$NODEGRACE_STATUS_FILE` overrides the status file.
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         DaemonPaths {
             status_file: std::env::var_os("NODEGRACE_STATUS_FILE")
                 .map(PathBuf::from)
@@ -62,7 +62,7 @@ pub enum Control {
 
 /// Reads the configuration again (on SIGHUP). It runs on a blocking thread, never on the
 /// state machine's: a file on a hung filesystem must not stop the drain or the watchdog.
-pub type Reloader = Box<dyn Fn() -> Result<Settings> + Send + Sync>;
+pub(crate) type Reloader = Box<dyn Fn() -> Result<Settings> + Send + Sync>;
 
 /// The daemon with its adapters injected; [`Daemon::run`] runs it until it is terminated.
 pub struct Daemon {

@@ -40,7 +40,7 @@ pub trait Drainer: Send + Sync + 'static {
 /// The drainer the daemon uses: the cluster engine with the CRI fallback. With the
 /// `test-hooks` feature, `NODEGRACE_TEST_DRAIN_SECONDS=N` replaces it by a drain that takes
 /// N seconds, for tests against a real logind without a cluster.
-pub fn build_drainer(
+pub(crate) fn build_drainer(
     settings: &Settings,
     metrics: crate::metrics::Metrics,
 ) -> anyhow::Result<Arc<dyn Drainer>> {
@@ -56,9 +56,11 @@ pub fn build_drainer(
 }
 
 /// A drain that takes a fixed time (test hook).
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, Clone, Copy)]
-pub struct SleepDrainer(pub Duration);
+struct SleepDrainer(Duration);
 
+#[cfg(feature = "test-hooks")]
 #[async_trait]
 impl Drainer for SleepDrainer {
     async fn drain(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {

@@ -172,7 +172,7 @@ impl NodeDrainer {
     }
 
     /// A token cancelled when the drainer goes, for tasks that live as long as it.
-    pub fn stop_token(&self) -> CancellationToken {
+    pub(crate) fn stop_token(&self) -> CancellationToken {
         self.stop.child_token()
     }
 
@@ -595,7 +595,7 @@ pub async fn daemon_clients(settings: &Settings, connect_timeout: Duration) -> R
 }
 
 /// The drainer `nodegrace run` uses on a real node.
-pub fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result<NodeDrainer> {
+pub(crate) fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result<NodeDrainer> {
     let node = settings.node_name().context("determining the node name")?;
     let gate = crate::staticpods::FsGate::new(&settings.static_pods, &settings.state_dir)
         .context("opening the static pod gate")?;

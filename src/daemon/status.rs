@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::ShutdownKind;
 use crate::logind::budget::BudgetReport;
 
-pub const DEFAULT_STATUS_FILE: &str = "/run/nodegrace/status.json";
+pub(crate) const DEFAULT_STATUS_FILE: &str = "/run/nodegrace/status.json";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

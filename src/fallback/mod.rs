@@ -69,7 +69,7 @@ pub struct FallbackOptions {
 }
 
 impl FallbackOptions {
-    pub fn from_settings(settings: &Settings, node: &str) -> Self {
+    pub(crate) fn from_settings(settings: &Settings, node: &str) -> Self {
         let f = &settings.fallback;
         FallbackOptions {
             node: node.to_string(),

@@ -11,15 +11,15 @@ use crate::config::ShutdownSettings;
 use crate::fsutil::write_atomic;
 use crate::systemd::SystemdManager;
 
-pub const LOGIND_UNIT: &str = "systemd-logind.service";
+pub(crate) const LOGIND_UNIT: &str = "systemd-logind.service";
 /// First line of every drop-in nodegrace writes; how it recognises its own files.
-pub const DROPIN_MARKER: &str = "# Managed by nodegrace";
+pub(crate) const DROPIN_MARKER: &str = "# Managed by nodegrace";
 const SIGHUP: i32 = 1;
 /// logind applies a reload asynchronously; how long to keep re-reading the property.
 const RELOAD_WAIT: Duration = Duration::from_secs(8);
 
 /// Where logind reads drop-ins from, highest priority first.
-pub fn default_search_dirs() -> Vec<PathBuf> {
+pub(crate) fn default_search_dirs() -> Vec<PathBuf> {
     ["/etc", "/run", "/usr/local/lib", "/usr/lib"]
         .iter()
         .map(|p| Path::new(p).join("systemd/logind.conf.d"))
@@ -61,7 +61,7 @@ mod secs {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -144,7 +144,7 @@ fn scan(search_dirs: &[PathBuf], own_dir: &Path) -> Vec<DropinFile> {
 }
 
 /// A name that sorts after every drop-in that is not ours.
-pub fn name_sorting_last<'a>(wanted: &str, others: impl Iterator<Item = &'a str>) -> String {
+pub(crate) fn name_sorting_last<'a>(wanted: &str, others: impl Iterator<Item = &'a str>) -> String {
     let mut name = wanted.to_string();
     if let Some(max) = others.max() {
         while name.as_str() <= max {
@@ -166,7 +166,7 @@ fn dropin_contents(max_delay: Duration) -> String {
 /// Reads logind's limit, raises it through a drop-in when it is too low and allowed to,
 /// and returns the budget. Only an unusable logind is an error; a drop-in that cannot be
 /// written leaves the lower budget and says why in [`BudgetReport::error`].
-pub async fn establish(
+pub(crate) async fn establish(
     logind: &dyn Logind,
     systemd: &dyn SystemdManager,
     cfg: &ShutdownSettings,

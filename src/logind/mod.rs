@@ -27,7 +27,7 @@ pub struct InhibitorInfo {
 
 impl InhibitorInfo {
     /// A shutdown delay lock that the kubelet's Graceful Node Shutdown would hold.
-    pub fn looks_like_kubelet(&self) -> bool {
+    pub(crate) fn looks_like_kubelet(&self) -> bool {
         if self.mode != "delay" || !self.what.split(':').any(|w| w == "shutdown") {
             return false;
         }
@@ -58,7 +58,7 @@ pub enum LogindEvent {
 }
 
 /// The `type` of `PrepareForShutdownWithMetadata` ("poweroff", "reboot", "kexec", ...).
-pub fn shutdown_kind_from_type(t: &str) -> ShutdownKind {
+pub(crate) fn shutdown_kind_from_type(t: &str) -> ShutdownKind {
     match t {
         "reboot" | "kexec" | "soft-reboot" => ShutdownKind::Reboot,
         "poweroff" | "halt" => ShutdownKind::Poweroff,
@@ -154,7 +154,7 @@ impl InhibitorLock {
     }
 
     /// logind still holds the read end: a fifo whose reader is gone polls POLLERR.
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let Some(fd) = &self.fd else { return false };
         let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
@@ -196,7 +196,7 @@ impl Drop for InhibitorLock {
     default_path = "/org/freedesktop/login1",
     gen_blocking = false
 )]
-pub trait Login1Manager {
+pub(crate) trait Login1Manager {
     fn inhibit(
         &self,
         what: &str,
@@ -228,7 +228,7 @@ pub trait Login1Manager {
 }
 
 /// logind over a zbus connection.
-pub struct ZbusLogind {
+pub(crate) struct ZbusLogind {
     proxy: Login1ManagerProxy<'static>,
 }
 

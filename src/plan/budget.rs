@@ -31,7 +31,7 @@ use super::{DrainPlanEntry, PodInfo, PodType};
 
 /// The reserves of [`DrainSettings`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BudgetReserves {
+pub(crate) struct BudgetReserves {
     pub daemonset: Duration,
     pub static_pods: Duration,
     pub critical: Duration,
@@ -138,7 +138,7 @@ pub struct StepSchedule {
 /// The time the reserves of the classes that have pods take out of a budget. A budget below
 /// it scales every reserve down and leaves regular pods no time at all (rule 3): the plan
 /// needs at least this much.
-pub fn reserves_needed(schedule: &[StepSchedule], reserves: &BudgetReserves) -> Duration {
+pub(crate) fn reserves_needed(schedule: &[StepSchedule], reserves: &BudgetReserves) -> Duration {
     let has = |class: StepClass| {
         schedule
             .iter()
@@ -157,7 +157,7 @@ pub fn reserves_needed(schedule: &[StepSchedule], reserves: &BudgetReserves) -> 
 
 /// Grace period for a pod deleted on escalation at `now`: what is left of its step's share,
 /// never more than its own.
-pub fn escalation_grace(pod_grace: Duration, now: Duration, step_end: Duration) -> Duration {
+pub(crate) fn escalation_grace(pod_grace: Duration, now: Duration, step_end: Duration) -> Duration {
     pod_grace.min(step_end.saturating_sub(now))
 }
 
@@ -175,7 +175,7 @@ fn scale(total: u128, part: u128, whole: u128) -> u128 {
 }
 
 /// Splits `budget` over `steps` (see the module documentation for the rule).
-pub fn split_budget(
+pub(crate) fn split_budget(
     budget: Duration,
     steps: &[PlanStep],
     reserves: &BudgetReserves,

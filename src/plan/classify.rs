@@ -6,14 +6,14 @@ use super::{PodInfo, PodType};
 
 /// Set by the kubelet on the mirror pod it creates in the apiserver for a static pod; the value
 /// is the static pod's config hash.
-pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub(crate) const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Set by the kubelet on every pod it runs: `file` and `http` for static pods, `api` for pods
 /// from the apiserver. A pod the apiserver holds with a non-`api` source is a static pod's
 /// mirror even when the mirror annotation is missing (the kubelet's `IsStaticPod`).
-pub const SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
-pub const HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
+pub(crate) const SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+pub(crate) const HASH_ANNOTATION: &str = "kubernetes.io/config.hash";
 /// The apiserver's default for `terminationGracePeriodSeconds`.
-pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+pub(crate) const DEFAULT_GRACE_SECONDS: i64 = 30;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClassifyError {

@@ -122,7 +122,7 @@ pub struct Decision {
 
 impl Decision {
     /// A DaemonSet pod is deleted now: the node must carry the maintenance taint first.
-    pub fn deletes_daemonset_pods(&self) -> bool {
+    pub(crate) fn deletes_daemonset_pods(&self) -> bool {
         self.actions
             .iter()
             .any(|(p, a)| p.pod_type == PodType::DaemonSet && matches!(a, Action::Delete { .. }))
@@ -136,7 +136,7 @@ fn min_wake(wake: &mut Option<Duration>, at: Duration) {
 /// The UIDs of tolerate-all DaemonSet pods that are replacements: created after the second
 /// in which the drain began (so it holds across restarts of the daemon), or another pod of
 /// a DaemonSet whose pod this drain already terminated.
-pub fn daemonset_replacements(
+pub(crate) fn daemonset_replacements(
     pods: &[NodePod],
     drain_began: Option<i64>,
     terminated: &HashMap<String, String>,

@@ -13,7 +13,7 @@ use super::{DrainPlanEntry, PodType};
 
 /// The priorities of the entries injected for each pod type: the highest user priority class,
 /// `system-cluster-critical`, `system-node-critical` and the int32 maximum.
-pub const DEFAULT_PLAN_PRIORITIES: [i32; 4] =
+pub(crate) const DEFAULT_PLAN_PRIORITIES: [i32; 4] =
     [1_000_000_000, 2_000_000_000, 2_000_001_000, i32::MAX];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,7 +40,7 @@ pub enum PlanError {
 /// A plan entry with its selector compiled. `selector` is None for "every pod of the type";
 /// an empty `podSelector: {}` is the same thing and compiles to None.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompiledEntry {
+pub(crate) struct CompiledEntry {
     pub pod_type: PodType,
     pub priority: i32,
     pub selector: Option<Selector>,
@@ -67,7 +67,7 @@ impl CompiledEntry {
         })
     }
 
-    pub fn to_entry(&self) -> DrainPlanEntry {
+    pub(crate) fn to_entry(&self) -> DrainPlanEntry {
         DrainPlanEntry {
             pod_selector: self.selector.as_ref().map(|s| s.label_selector().clone()),
             pod_priority: self.priority,
@@ -77,7 +77,7 @@ impl CompiledEntry {
 
     /// The plan order: pod type, ascending priority, concrete selectors before plain entries,
     /// then selectors by their canonical form.
-    pub fn plan_cmp(&self, other: &Self) -> Ordering {
+    pub(crate) fn plan_cmp(&self, other: &Self) -> Ordering {
         (self.pod_type, self.priority)
             .cmp(&(other.pod_type, other.priority))
             .then_with(|| match (&self.selector, &other.selector) {
@@ -167,7 +167,7 @@ pub fn shutdown_drain_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>, P
 }
 
 /// The 12 entries injected into every plan, in plan order.
-pub fn default_plan_entries() -> Vec<DrainPlanEntry> {
+pub(crate) fn default_plan_entries() -> Vec<DrainPlanEntry> {
     [PodType::Default, PodType::DaemonSet, PodType::Static]
         .into_iter()
         .flat_map(|pod_type| {
@@ -182,7 +182,7 @@ pub fn default_plan_entries() -> Vec<DrainPlanEntry> {
 
 /// Compiles every entry, rejecting invalid selectors and duplicates (same type, priority and
 /// selector, whatever its spelling).
-pub fn compile_plan(entries: &[DrainPlanEntry]) -> Result<Vec<CompiledEntry>, PlanError> {
+pub(crate) fn compile_plan(entries: &[DrainPlanEntry]) -> Result<Vec<CompiledEntry>, PlanError> {
     let compiled = entries
         .iter()
         .enumerate()
@@ -223,9 +223,10 @@ pub(crate) fn normalize_compiled(
     Ok(plan)
 }
 
+#[cfg(test)]
 /// What the CRD validation enforces on a stored plan: it is exactly what normalization makes of
 /// it (defaults present, ordered, no duplicates, valid selectors).
-pub fn validate_drain_plan(entries: &[DrainPlanEntry]) -> Result<(), PlanError> {
+pub(crate) fn validate_drain_plan(entries: &[DrainPlanEntry]) -> Result<(), PlanError> {
     let given = compile_plan(entries)?;
     let normalized = normalize_compiled(entries)?;
     if let Some(missing) = normalized.iter().find(|e| !given.contains(e)) {
@@ -246,9 +247,10 @@ pub fn validate_drain_plan(entries: &[DrainPlanEntry]) -> Result<(), PlanError> 
     Ok(())
 }
 
+#[cfg(test)]
 /// True when `new` is a different plan from `old` (the spec field is immutable). Spelling
 /// differences (selector order, an empty selector vs none, injected defaults) are not changes.
-pub fn drain_plan_changed(old: &[DrainPlanEntry], new: &[DrainPlanEntry]) -> bool {
+pub(crate) fn drain_plan_changed(old: &[DrainPlanEntry], new: &[DrainPlanEntry]) -> bool {
     match (normalize_compiled(old), normalize_compiled(new)) {
         (Ok(a), Ok(b)) => a != b,
         _ => old != new,

@@ -15,8 +15,9 @@ use crate::config::PriorityGracePeriod;
 
 use super::PodInfo;
 
+#[cfg(test)]
 /// `system-cluster-critical`, the kubelet's critical band for the simple configuration form.
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+pub(crate) const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GnsError {
@@ -24,6 +25,7 @@ pub enum GnsError {
     NoBands,
     #[error("shutdown_grace_period_by_pod_priority lists priority {0} twice")]
     DuplicatePriority(i32),
+    #[cfg(test)]
     #[error("shutdown_grace_period_critical_pods ({critical:?}) exceeds shutdown_grace_period ({total:?})")]
     CriticalExceedsTotal { total: Duration, critical: Duration },
 }
@@ -53,6 +55,7 @@ impl<T> GnsCandidate<T> {
         }
     }
 
+    #[cfg(test)]
     pub fn unknown(item: T) -> GnsCandidate<T> {
         GnsCandidate {
             item,
@@ -104,10 +107,11 @@ impl GnsBands {
         }
     }
 
+    #[cfg(test)]
     /// The kubelet's conversion of `shutdownGracePeriod` + `shutdownGracePeriodCriticalPods`:
     /// priority 0 gets the difference, `system-cluster-critical` the critical time. A zero
     /// total means GNS is off (no bands).
-    pub fn from_simple(
+    pub(crate) fn from_simple(
         total: Duration,
         critical: Duration,
     ) -> Result<Vec<PriorityGracePeriod>, GnsError> {
@@ -142,12 +146,12 @@ impl GnsBands {
     }
 
     /// The band for pods the cache does not know: the lowest.
-    pub fn band_for_unknown(&self) -> usize {
+    pub(crate) fn band_for_unknown(&self) -> usize {
         0
     }
 
     /// min(band grace, pod grace); the band grace when the pod's is unknown.
-    pub fn pod_grace(&self, band: usize, pod_grace: Option<Duration>) -> Duration {
+    pub(crate) fn pod_grace(&self, band: usize, pod_grace: Option<Duration>) -> Duration {
         let band_grace = self.bands[band.min(self.bands.len() - 1)].shutdown_grace_period;
         pod_grace.map_or(band_grace, |g| g.min(band_grace))
     }
@@ -181,7 +185,7 @@ impl GnsBands {
     }
 
     /// The longest the shutdown can take with these pods: the sum of the non-empty bands.
-    pub fn max_duration<T>(groups: &[GnsGroup<T>]) -> Duration {
+    pub(crate) fn max_duration<T>(groups: &[GnsGroup<T>]) -> Duration {
         groups
             .iter()
             .filter(|g| !g.members.is_empty())

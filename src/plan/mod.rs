@@ -25,7 +25,8 @@ pub mod classify;
 pub mod drain;
 pub mod drainplan;
 pub mod gns;
-pub mod model;
+#[cfg(test)]
+pub(crate) mod model;
 #[cfg(test)]
 mod proptests;
 pub mod selector;
@@ -33,22 +34,15 @@ pub mod targets;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use budget::{
-    escalation_grace, plan_steps, reserves_needed, split_budget, BudgetReserves, PlanStep,
-    StepSchedule,
+pub use budget::plan_steps;
+pub(crate) use budget::{
+    escalation_grace, reserves_needed, split_budget, BudgetReserves, StepSchedule,
 };
-pub use classify::ClassifyError;
-pub use drainplan::{
-    default_plan_entries, drain_plan_changed, normalize_drain_plan, shutdown_drain_plan,
-    validate_drain_plan, PlanError, DEFAULT_PLAN_PRIORITIES,
-};
-pub use gns::{GnsBands, GnsCandidate, GnsGroup};
-pub use selector::{selector_matches, Selector, SelectorError};
-pub use targets::{
-    evaluate_node, fast_forward, least_powerful, maintenance_blockers, maintenance_message,
-    node_message, node_targets, plan_position, reached_drain_targets, Blockers, DrainTargets,
-    MaintenanceInput, NodeEvaluation, NodeProgress, NodeReport, NodeTargets, PlanPosition,
-};
+pub(crate) use drainplan::PlanError;
+pub use drainplan::{normalize_drain_plan, shutdown_drain_plan};
+pub use gns::GnsBands;
+pub(crate) use gns::GnsCandidate;
+pub(crate) use targets::{reached_drain_targets, DrainTargets, NodeReport};
 
 /// KEP-4212 `podType`: which kind of pod a drain plan entry targets. The declaration order
 /// is the drain order.

@@ -21,7 +21,7 @@ struct Maintenance {
 
 /// What the statuses of a maintenance say after [`ClusterModel::settle`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct MaintenanceView {
+pub(crate) struct MaintenanceView {
     pub index: usize,
     pub drained: bool,
     pub targets: DrainTargets,
@@ -31,20 +31,20 @@ pub struct MaintenanceView {
 
 /// What a node's status says after [`ClusterModel::settle`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct NodeView {
+pub(crate) struct NodeView {
     pub targets: DrainTargets,
     pub holders: Vec<String>,
     pub message: String,
 }
 
 /// Every maintenance's and every node's view, by name.
-pub type ClusterViews = (
+pub(crate) type ClusterViews = (
     BTreeMap<String, MaintenanceView>,
     BTreeMap<String, NodeView>,
 );
 
 #[derive(Debug, Clone, Default)]
-pub struct ClusterModel {
+pub(crate) struct ClusterModel {
     /// Oldest first.
     maintenances: Vec<Maintenance>,
     pods: BTreeMap<String, Vec<PodInfo>>,
@@ -58,7 +58,7 @@ impl ClusterModel {
     }
 
     /// Adds a maintenance (newer than every one added before) selecting `nodes`.
-    pub fn add_maintenance(
+    pub(crate) fn add_maintenance(
         &mut self,
         name: &str,
         plan: &[DrainPlanEntry],
@@ -72,19 +72,19 @@ impl ClusterModel {
         Ok(())
     }
 
-    pub fn set_pods(&mut self, node: &str, pods: Vec<PodInfo>) {
+    pub(crate) fn set_pods(&mut self, node: &str, pods: Vec<PodInfo>) {
         self.pods.insert(node.into(), pods);
     }
 
     /// Pods on `node` that `pred` selects finish (are removed).
-    pub fn finish_pods(&mut self, node: &str, pred: impl Fn(&PodInfo) -> bool) {
+    pub(crate) fn finish_pods(&mut self, node: &str, pred: impl Fn(&PodInfo) -> bool) {
         if let Some(pods) = self.pods.get_mut(node) {
             pods.retain(|p| !pred(p));
         }
     }
 
     /// Finishes every pod the node currently targets.
-    pub fn drain_node(&mut self, node: &str) {
+    pub(crate) fn drain_node(&mut self, node: &str) {
         let targets = self
             .nodes
             .get(node)
@@ -119,7 +119,7 @@ impl ClusterModel {
     }
 
     /// Runs every engine until nothing changes and returns what the statuses then say.
-    pub fn settle(&mut self) -> Result<ClusterViews, PlanError> {
+    pub(crate) fn settle(&mut self) -> Result<ClusterViews, PlanError> {
         for _ in 0..10_000 {
             let targets = self.maintenance_targets()?;
             let mut changed = false;

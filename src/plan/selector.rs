@@ -46,7 +46,7 @@ impl fmt::Display for Operator {
 
 /// One canonical requirement: values sorted and deduplicated.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Requirement {
+pub(crate) struct Requirement {
     pub key: String,
     pub operator: Operator,
     pub values: Vec<String>,
@@ -69,7 +69,7 @@ impl Requirement {
 /// so `matchLabels: {app: db}` equals `matchExpressions: [{key: app, operator: In, values: [db]}]`.
 /// The original spelling is kept for writing it back into API objects.
 #[derive(Debug, Clone)]
-pub struct Selector {
+pub(crate) struct Selector {
     requirements: Vec<Requirement>,
     original: LabelSelector,
 }
@@ -99,7 +99,7 @@ impl Selector {
     }
 
     /// True for a selector without requirements: it selects everything.
-    pub fn is_everything(&self) -> bool {
+    pub(crate) fn is_everything(&self) -> bool {
         self.requirements.is_empty()
     }
 
@@ -107,12 +107,8 @@ impl Selector {
         self.requirements.iter().all(|r| r.matches(labels))
     }
 
-    pub fn requirements(&self) -> &[Requirement] {
-        &self.requirements
-    }
-
     /// The selector as it was written.
-    pub fn label_selector(&self) -> &LabelSelector {
+    pub(crate) fn label_selector(&self) -> &LabelSelector {
         &self.original
     }
 }
@@ -160,8 +156,9 @@ impl fmt::Display for Selector {
     }
 }
 
+#[cfg(test)]
 /// Matches `labels` against a raw selector, validating it first.
-pub fn selector_matches(
+pub(crate) fn selector_matches(
     selector: &LabelSelector,
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, SelectorError> {

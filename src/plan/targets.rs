@@ -36,7 +36,7 @@ impl DrainTargets {
 
     /// Reads targets from a status field. Several entries for the same (type, selector) merge
     /// to the highest priority.
-    pub fn from_entries(entries: &[DrainPlanEntry]) -> Result<DrainTargets, PlanError> {
+    pub(crate) fn from_entries(entries: &[DrainPlanEntry]) -> Result<DrainTargets, PlanError> {
         let mut t = DrainTargets::none();
         for (i, e) in entries.iter().enumerate() {
             let c = CompiledEntry::compile(i, e)?;
@@ -54,7 +54,10 @@ impl DrainTargets {
     /// `plan[..=index]`. Selector entries of a reached type appear at least at the type's plain
     /// priority, as in the KEP's progression example. `plan` should be normalized; an index past
     /// the end means the whole plan.
-    pub fn for_plan(plan: &[DrainPlanEntry], index: usize) -> Result<DrainTargets, PlanError> {
+    pub(crate) fn for_plan(
+        plan: &[DrainPlanEntry],
+        index: usize,
+    ) -> Result<DrainTargets, PlanError> {
         let compiled = compile_plan(plan)?;
         Ok(Self::for_compiled_plan(&compiled, index))
     }
@@ -95,7 +98,7 @@ impl DrainTargets {
     }
 
     /// The status form: by pod type, the plain entry first, then selector entries.
-    pub fn to_entries(&self) -> Vec<DrainPlanEntry> {
+    pub(crate) fn to_entries(&self) -> Vec<DrainPlanEntry> {
         self.entries
             .iter()
             .map(|((t, s), p)| DrainPlanEntry {
@@ -133,7 +136,7 @@ impl DrainTargets {
     }
 
     /// Active (non-terminal) pods targeted; terminating pods are active.
-    pub fn active_targeted<'a>(
+    pub(crate) fn active_targeted<'a>(
         &'a self,
         pods: &'a [PodInfo],
     ) -> impl Iterator<Item = &'a PodInfo> + 'a {
@@ -194,7 +197,7 @@ impl DrainTargets {
 
     /// A conservative combination: targets a pod only if both target it (possibly fewer pods
     /// than the exact intersection when the two use different selectors).
-    pub fn meet(&self, other: &DrainTargets) -> DrainTargets {
+    pub(crate) fn meet(&self, other: &DrainTargets) -> DrainTargets {
         self.combine(other, |a, b| a.min(b))
     }
 
@@ -218,7 +221,7 @@ pub struct NodeTargets {
 /// incomparable by different selectors, the lowest in a total order consistent with inclusion,
 /// the first (oldest) on a tie. An exact intersection would deadlock there: each maintenance
 /// would wait for pods only the other one targets.
-pub fn least_powerful<'a>(
+pub(crate) fn least_powerful<'a>(
     targets: impl IntoIterator<Item = &'a DrainTargets>,
 ) -> Option<&'a DrainTargets> {
     targets.into_iter().min_by_key(|t| t.rank())
@@ -228,7 +231,7 @@ pub fn least_powerful<'a>(
 /// every active maintenance selecting the node, never below `previous` (drain targets never
 /// backtrack). With no maintenance the previous targets stay (the caller drops the node status
 /// then). `maintenances` is (name, targets), oldest first.
-pub fn node_targets(
+pub(crate) fn node_targets(
     previous: Option<&DrainTargets>,
     maintenances: &[(&str, &DrainTargets)],
 ) -> NodeTargets {
@@ -248,7 +251,7 @@ pub fn node_targets(
 }
 
 /// The lowest targets among a maintenance's nodes (`status.drainStatus.reachedDrainTargets`).
-pub fn reached_drain_targets<'a>(
+pub(crate) fn reached_drain_targets<'a>(
     nodes: impl IntoIterator<Item = &'a DrainTargets>,
 ) -> DrainTargets {
     nodes
@@ -283,7 +286,7 @@ pub struct PlanPosition {
 /// The current entry of a maintenance from the reports of every node it selects (None: the
 /// node has not reported yet). The base is the highest index reported, so it never goes back;
 /// it moves to the next entry only when every node reports the base entry finished.
-pub fn plan_position(plan_len: usize, reports: &[Option<NodeReport>]) -> PlanPosition {
+pub(crate) fn plan_position(plan_len: usize, reports: &[Option<NodeReport>]) -> PlanPosition {
     let last = plan_len.saturating_sub(1);
     let base = reports
         .iter()
@@ -312,9 +315,10 @@ pub fn plan_position(plan_len: usize, reports: &[Option<NodeReport>]) -> PlanPos
     }
 }
 
+#[cfg(test)]
 /// For a maintenance selecting only this node (the shutdown maintenance): skip every entry that
 /// is already finished at once, instead of one status round trip per entry.
-pub fn fast_forward(
+pub(crate) fn fast_forward(
     plan: &[DrainPlanEntry],
     index: usize,
     pods: &[PodInfo],
@@ -360,12 +364,15 @@ pub struct NodeEvaluation {
     /// targets, and this node's new report for it.
     pub positions: Vec<PlanPosition>,
     pub maintenance_targets: Vec<DrainTargets>,
+    // The engine writes its status entries itself; the multi-node model tests read these.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub reports: Vec<NodeReport>,
     /// Active pods to terminate now (targeted by the effective targets), in plan order: by pod
     /// type, then ascending priority.
     pub to_terminate: Vec<PodInfo>,
 }
 
+#[cfg(test)]
 impl NodeEvaluation {
     /// The node still has active targeted pods.
     pub fn draining(&self) -> bool {
@@ -377,7 +384,7 @@ impl NodeEvaluation {
 /// entries this node finishes whenever the other nodes' reports allow it, so a maintenance of
 /// this node alone runs through finished entries at once), the effective targets (never below
 /// `previous`) and this node's reports. `maintenances` oldest first.
-pub fn evaluate_node(
+pub(crate) fn evaluate_node(
     previous: Option<&DrainTargets>,
     maintenances: &[MaintenanceInput<'_>],
     pods: &[PodInfo],
@@ -446,9 +453,10 @@ pub fn evaluate_node(
     ))
 }
 
+#[cfg(test)]
 /// How one node of a maintenance stands, as read from the maintenance's status.
 #[derive(Debug, Clone)]
-pub struct NodeProgress<'a> {
+pub(crate) struct NodeProgress<'a> {
     /// The node's effective targets.
     pub targets: &'a DrainTargets,
     /// Finished the maintenance's current targets.
@@ -459,9 +467,10 @@ pub struct NodeProgress<'a> {
     pub holders: &'a [String],
 }
 
+#[cfg(test)]
 /// Why a maintenance has not advanced yet.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Blockers {
+pub(crate) struct Blockers {
     /// Some node still drains pods within the maintenance's own targets.
     pub draining_self: bool,
     /// Maintenances holding some node of this one below its targets.
@@ -472,9 +481,10 @@ pub struct Blockers {
     pub complete: bool,
 }
 
+#[cfg(test)]
 impl Blockers {
     /// Who has to make progress before this maintenance can advance.
-    pub fn waiting_for(&self, own_name: &str) -> Vec<String> {
+    pub(crate) fn waiting_for(&self, own_name: &str) -> Vec<String> {
         let mut names = self.limited_by.clone();
         if self.draining_self || names.is_empty() {
             push_unique(&mut names, own_name);
@@ -483,16 +493,18 @@ impl Blockers {
     }
 }
 
+#[cfg(test)]
 fn push_unique(names: &mut Vec<String>, name: &str) {
     if !names.iter().any(|n| n == name) {
         names.push(name.to_string());
     }
 }
 
+#[cfg(test)]
 /// Computes what holds a maintenance back: for each of its nodes not finished with its
 /// targets, either the maintenance itself drains there, or the node's holders keep the node
 /// below the maintenance's targets.
-pub fn maintenance_blockers(
+pub(crate) fn maintenance_blockers(
     targets: &DrainTargets,
     at_last_entry: bool,
     nodes: &[NodeProgress<'_>],
@@ -514,10 +526,11 @@ pub fn maintenance_blockers(
     b
 }
 
+#[cfg(test)]
 /// `status.drainStatus.drainMessage` of a maintenance. `older` names the maintenances created
 /// before it: as in the KEP's example, a maintenance reports being limited only by older ones
 /// (a newer maintenance that holds it back shows on the node instead).
-pub fn maintenance_message(name: &str, blockers: &Blockers, older: &[&str]) -> String {
+pub(crate) fn maintenance_message(name: &str, blockers: &Blockers, older: &[&str]) -> String {
     if blockers.complete {
         return "Drained".into();
     }
@@ -533,11 +546,12 @@ pub fn maintenance_message(name: &str, blockers: &Blockers, older: &[&str]) -> S
     waiting_message(&blockers.waiting_for(name))
 }
 
+#[cfg(test)]
 /// The node's `drainMessage`. `oldest` is the targets of the oldest active maintenance on the
 /// node: a draining node is "limited" when it is held below them (the KEP's example reads the
 /// node from its oldest maintenance's point of view). `holder_blockers` has the blockers of
 /// each of `node.holders`, in the same order.
-pub fn node_message(
+pub(crate) fn node_message(
     node: &NodeTargets,
     draining: bool,
     oldest: Option<&DrainTargets>,
@@ -564,6 +578,7 @@ pub fn node_message(
     waiting_message(&waiting)
 }
 
+#[cfg(test)]
 fn draining_message(limited_by: &[&str]) -> String {
     if limited_by.is_empty() {
         "Draining".into()
@@ -572,6 +587,7 @@ fn draining_message(limited_by: &[&str]) -> String {
     }
 }
 
+#[cfg(test)]
 fn waiting_message(names: &[String]) -> String {
     format!("Waiting for {}.", names.join(", "))
 }

@@ -12,7 +12,7 @@ pub fn entry(pod_type: PodType, prio: i32) -> DrainPlanEntry {
     }
 }
 
-pub fn sel_entry(pod_type: PodType, prio: i32, k: &str, v: &str) -> DrainPlanEntry {
+pub(crate) fn sel_entry(pod_type: PodType, prio: i32, k: &str, v: &str) -> DrainPlanEntry {
     DrainPlanEntry {
         pod_selector: Some(LabelSelector {
             match_labels: Some([(k.to_string(), v.to_string())].into()),
@@ -38,7 +38,7 @@ pub fn pod(name: &str, pod_type: PodType, priority: i32) -> PodInfo {
     }
 }
 
-pub fn pod_l(name: &str, pod_type: PodType, priority: i32, k: &str, v: &str) -> PodInfo {
+pub(crate) fn pod_l(name: &str, pod_type: PodType, priority: i32, k: &str, v: &str) -> PodInfo {
     let mut p = pod(name, pod_type, priority);
     p.labels.insert(k.into(), v.into());
     p

@@ -30,13 +30,13 @@ pub enum Place {
 
 /// Which directory a primitive step changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepDir {
+pub(crate) enum StepDir {
     Dir(Place),
     State,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepKind {
+pub(crate) enum StepKind {
     JournalWrite,
     Mkdir,
     Rename,
@@ -60,11 +60,11 @@ pub struct Step<'a> {
 
 /// Called before every step that changes the disk. Tests return an error to simulate a
 /// crash (every later step fails too) or a failure such as EROFS.
-pub trait StepHook: Send + Sync {
+pub(crate) trait StepHook: Send + Sync {
     fn before(&self, step: &Step<'_>) -> std::result::Result<(), Errno>;
 }
 
-pub struct NoHook;
+pub(crate) struct NoHook;
 
 impl StepHook for NoHook {
     fn before(&self, _: &Step<'_>) -> std::result::Result<(), Errno> {
@@ -72,18 +72,18 @@ impl StepHook for NoHook {
     }
 }
 
-pub type Hook = Arc<dyn StepHook>;
+pub(crate) type Hook = Arc<dyn StepHook>;
 
 /// Suffix of the temporary file of a cross-filesystem copy: `.<name>.nodegrace-tmp`,
 /// a dot-file, so the kubelet never reads it.
-pub const TEMP_SUFFIX: &str = ".nodegrace-tmp";
+pub(crate) const TEMP_SUFFIX: &str = ".nodegrace-tmp";
 
-pub fn temp_name(name: &str) -> String {
+pub(crate) fn temp_name(name: &str) -> String {
     format!(".{name}{TEMP_SUFFIX}")
 }
 
 /// The manifest name a temporary file belongs to, if `name` is one of ours.
-pub fn temp_owner(name: &str) -> Option<&str> {
+pub(crate) fn temp_owner(name: &str) -> Option<&str> {
     name.strip_prefix('.')?
         .strip_suffix(TEMP_SUFFIX)
         .filter(|n| !n.is_empty())
@@ -91,7 +91,7 @@ pub fn temp_owner(name: &str) -> Option<&str> {
 
 /// Names we will move: what the kubelet would read (no leading dot), a single path
 /// component, nothing that could climb out of the directory.
-pub fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     if name.is_empty()
         || name.starts_with('.')
         || name.contains('/')
@@ -103,14 +103,14 @@ pub fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, bytes);
     d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A regular file read through `O_NOFOLLOW`.
 #[derive(Debug, Clone)]
-pub struct FileData {
+pub(crate) struct FileData {
     pub bytes: Vec<u8>,
     pub sha256: String,
     /// Permission bits including setuid/setgid/sticky.
@@ -122,7 +122,7 @@ pub struct FileData {
 
 /// What a name in a directory is.
 #[derive(Debug)]
-pub enum Entry {
+pub(crate) enum Entry {
     Absent,
     Regular(FileData),
     /// A symlink, FIFO, device, socket or directory: never opened, never moved.
@@ -131,7 +131,7 @@ pub enum Entry {
 
 pub use crate::fsutil::kind_of;
 
-pub struct DirHandle {
+pub(crate) struct DirHandle {
     pub fd: OwnedFd,
     pub path: PathBuf,
     pub place: Place,
@@ -244,7 +244,7 @@ impl DirHandle {
 }
 
 /// The primitive steps, each announced to the hook first.
-pub struct Ops {
+pub(crate) struct Ops {
     pub hook: Hook,
 }
 
@@ -264,7 +264,7 @@ impl Ops {
 
     /// `renameat2(RENAME_NOREPLACE)`; EEXIST if `to` exists, EINVAL where the filesystem
     /// lacks the flag, EXDEV across filesystems.
-    pub fn rename_noreplace(
+    pub(crate) fn rename_noreplace(
         &self,
         from: &DirHandle,
         from_name: &str,
@@ -287,7 +287,7 @@ impl Ops {
     }
 
     /// A hard link never replaces an existing name: the fallback for `RENAME_NOREPLACE`.
-    pub fn link(
+    pub(crate) fn link(
         &self,
         from: &DirHandle,
         from_name: &str,
@@ -298,19 +298,24 @@ impl Ops {
         nix::unistd::linkat(&from.fd, from_name, &to.fd, to_name, AtFlags::empty())
     }
 
-    pub fn unlink(&self, dir: &DirHandle, name: &str) -> nix::Result<()> {
+    pub(crate) fn unlink(&self, dir: &DirHandle, name: &str) -> nix::Result<()> {
         self.announce(StepKind::Unlink, step_dir(dir), name)?;
         nix::unistd::unlinkat(&dir.fd, name, UnlinkatFlags::NoRemoveDir)
     }
 
-    pub fn fsync_dir(&self, dir: &DirHandle) -> nix::Result<()> {
+    pub(crate) fn fsync_dir(&self, dir: &DirHandle) -> nix::Result<()> {
         self.announce(StepKind::Fsync, step_dir(dir), ".")?;
         nix::unistd::fsync(&dir.fd)
     }
 
     /// Writes `data` into a new file `name` (which must not exist) with the original's
     /// owner and mode, and fsyncs it. A partial file may remain on error.
-    pub fn write_copy(&self, dir: &DirHandle, name: &str, data: &FileData) -> nix::Result<()> {
+    pub(crate) fn write_copy(
+        &self,
+        dir: &DirHandle,
+        name: &str,
+        data: &FileData,
+    ) -> nix::Result<()> {
         self.announce(StepKind::Copy, step_dir(dir), name)?;
         let fd = nix::fcntl::openat(
             &dir.fd,
@@ -343,7 +348,7 @@ impl Ops {
             .with_context(|| format!("creating {}", path.display()))
     }
 
-    pub fn journal_write(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub(crate) fn journal_write(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
         self.announce(StepKind::JournalWrite, StepDir::State, "journal")
             .context("writing the static-pod journal")?;
         f()

@@ -15,7 +15,7 @@ use crate::fsutil::{read_regular, ReadError, Symlinks, STATE_FILE_LIMIT};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Op {
+pub(crate) enum Op {
     Gate,
     Restore,
 }
@@ -39,7 +39,7 @@ pub struct Intent {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "lowercase")]
-pub enum Record {
+pub(crate) enum Record {
     Intent(Intent),
     /// The move finished, or was settled after a failure.
     Done {
@@ -116,7 +116,7 @@ pub fn append(path: &Path, record: &Record) -> Result<()> {
 }
 
 /// Replaces the journal with just `keep` (intents still unsettled).
-pub fn rewrite(path: &Path, keep: &[Intent]) -> Result<()> {
+pub(crate) fn rewrite(path: &Path, keep: &[Intent]) -> Result<()> {
     let mut out = Vec::new();
     for i in keep {
         serde_json::to_writer(&mut out, &Record::Intent(i.clone()))

@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use serde_yaml::Value;
 
 /// Value of the built-in PriorityClass `system-node-critical`.
-pub const SYSTEM_NODE_CRITICAL: i32 = 2_000_001_000;
+pub(crate) const SYSTEM_NODE_CRITICAL: i32 = 2_000_001_000;
 /// Value of the built-in PriorityClass `system-cluster-critical`.
-pub const SYSTEM_CLUSTER_CRITICAL: i32 = 2_000_000_000;
+pub(crate) const SYSTEM_CLUSTER_CRITICAL: i32 = 2_000_000_000;
 
 /// What nodegrace needs to know about a static pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedPod {
+pub(crate) struct ParsedPod {
     pub namespace: String,
     pub name: String,
     pub labels: BTreeMap<String, String>,
@@ -24,7 +24,7 @@ pub struct ParsedPod {
 /// (`system-node-critical`, `system-cluster-critical`); otherwise 0. The kubelet never
 /// resolves other PriorityClasses for static pods (admission does that only for the
 /// mirror pod), so neither do we.
-pub fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
+pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err("file is empty".into());
     }

@@ -42,10 +42,9 @@ use fsio::Hook;
 use fsio::{check_name, temp_name, temp_owner, DirHandle, Entry, FileData, NoHook, Ops};
 use journal::{Intent, Op, Record};
 
-pub use fsio::Place;
-pub use manifest::{
-    mirror_pod_name, parse_manifest, ParsedPod, SYSTEM_CLUSTER_CRITICAL, SYSTEM_NODE_CRITICAL,
-};
+pub(crate) use fsio::Place;
+pub use manifest::mirror_pod_name;
+pub(crate) use manifest::parse_manifest;
 
 /// One static pod manifest, identified by parsing it (not by its file name).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +60,12 @@ pub struct StaticManifest {
 
 impl StaticManifest {
     /// Whether the mirror pod `pod_namespace/pod_name` on `node_name` is this manifest's.
-    pub fn is_mirrored_by(&self, pod_namespace: &str, pod_name: &str, node_name: &str) -> bool {
+    pub(crate) fn is_mirrored_by(
+        &self,
+        pod_namespace: &str,
+        pod_name: &str,
+        node_name: &str,
+    ) -> bool {
         self.namespace == pod_namespace && mirror_pod_name(&self.pod_name, node_name) == pod_name
     }
 }
@@ -117,7 +121,7 @@ pub struct Scan {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RestoreReport {
+pub(crate) struct RestoreReport {
     pub restored: Vec<String>,
     /// A file of the same name is in the manifest directory: the gated one stays in the
     /// gate directory for the operator to decide.
@@ -128,7 +132,7 @@ pub struct RestoreReport {
 
 /// Where `recover` left a journaled file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// The move had finished (or was finished from a complete copy).
     AtDestination,
     /// The move had not happened; the file is where it was.
@@ -139,7 +143,7 @@ pub enum Settled {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecoveryReport {
+pub(crate) struct RecoveryReport {
     pub settled: Vec<(String, Settled)>,
     /// Journal entries that could not be settled; they stay in the journal.
     pub unsettled: Vec<Problem>,
@@ -165,7 +169,7 @@ pub struct FsGate {
 }
 
 /// Name of the journal inside the state directory.
-pub const JOURNAL_FILE: &str = "static-pods.journal";
+pub(crate) const JOURNAL_FILE: &str = "static-pods.journal";
 const LOCK_FILE: &str = "static-pods.lock";
 
 fn lexically_clean(p: &Path, what: &str) -> Result<()> {
@@ -237,7 +241,8 @@ impl FsGate {
         self
     }
 
-    pub fn journal_path(&self) -> &Path {
+    #[cfg(test)]
+    pub(crate) fn journal_path(&self) -> &Path {
         &self.journal
     }
 
@@ -378,7 +383,7 @@ impl FsGate {
     }
 
     /// Restores every gated manifest it can; the report says what happened to each.
-    pub fn restore_report(&self) -> Result<RestoreReport> {
+    pub(crate) fn restore_report(&self) -> Result<RestoreReport> {
         let _lock = self.lock()?;
         let mut report = RestoreReport::default();
         if std::fs::symlink_metadata(&self.gate_dir).is_err() {
@@ -434,7 +439,7 @@ impl FsGate {
     }
 
     /// Settles the journal; see `RecoveryReport`.
-    pub fn recover_report(&self) -> Result<RecoveryReport> {
+    pub(crate) fn recover_report(&self) -> Result<RecoveryReport> {
         let _lock = self.lock()?;
         let records = journal::read(&self.journal)?;
         let pending = journal::pending(&records);

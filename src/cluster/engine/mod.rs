@@ -53,11 +53,11 @@ use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
 /// The boot that created the shutdown maintenance (`/proc/sys/kernel/random/boot_id`).
-pub const BOOT_ID_ANNOTATION: &str = "nodegrace.dev/boot-id";
+pub(crate) const BOOT_ID_ANNOTATION: &str = "nodegrace.dev/boot-id";
 /// poweroff | reboot | bypass | unknown.
-pub const SHUTDOWN_KIND_ANNOTATION: &str = "nodegrace.dev/shutdown-kind";
+pub(crate) const SHUTDOWN_KIND_ANNOTATION: &str = "nodegrace.dev/shutdown-kind";
 /// A summary of the offline (CRI) drain, written once the apiserver is back.
-pub const FALLBACK_ANNOTATION: &str = "nodegrace.dev/fallback-report";
+pub(crate) const FALLBACK_ANNOTATION: &str = "nodegrace.dev/fallback-report";
 /// `drainMessage` of a node that carried out a maintenance's Complete stage.
 pub const COMPLETED_MESSAGE: &str = "Completed";
 
@@ -529,7 +529,7 @@ impl Engine {
 
     /// The node's pods as the engine's watch holds them (the eviction-request controller's
     /// pod cache: one watch of the node's pods serves both).
-    pub fn pod_store(&self) -> Store<Pod> {
+    pub(crate) fn pod_store(&self) -> Store<Pod> {
         self.shared.pods.clone()
     }
 
@@ -544,7 +544,7 @@ impl Engine {
     }
 
     /// Where this node's eviction-request controller reports what blocks a pod's eviction.
-    pub fn eviction_block_sink(&self) -> crate::cluster::eviction_request::BlockSink {
+    pub(crate) fn eviction_block_sink(&self) -> crate::cluster::eviction_request::BlockSink {
         let shared = Arc::downgrade(&self.shared);
         Arc::new(move |uid: &str, by: Option<String>| {
             if let Some(shared) = shared.upgrade() {
@@ -556,7 +556,7 @@ impl Engine {
 
     /// Feeds this node's eviction-request controller: pod events, and the shorter eviction
     /// back-off cap while a shutdown runs.
-    pub fn attach_eviction_request_controller(&self, handle: ControllerHandle) {
+    pub(crate) fn attach_eviction_request_controller(&self, handle: ControllerHandle) {
         *lock(&self.shared.eviction_requests) = Some(handle);
         self.shared.bump();
     }

@@ -52,7 +52,7 @@ const SUMMARY_MAX_NAMES: usize = 200;
 
 impl FallbackSummary {
     /// One summary over every fallback run of a shutdown, in order.
-    pub fn of_runs(runs: &[crate::fallback::FallbackReport]) -> Self {
+    pub(crate) fn of_runs(runs: &[crate::fallback::FallbackReport]) -> Self {
         use crate::fallback::PodOutcome;
         let mut s = FallbackSummary {
             started_at: runs.iter().find_map(|r| r.started_at),

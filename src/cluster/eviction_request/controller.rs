@@ -44,7 +44,7 @@ pub struct ControllerConfig {
 impl ControllerConfig {
     /// `node` is the resolved node name (`Settings::node_name`): `node.name` is empty by
     /// default and must never be used as it is.
-    pub fn from_settings(settings: &Settings, node: &str) -> Self {
+    pub(crate) fn from_settings(settings: &Settings, node: &str) -> Self {
         Self {
             node: node.to_owned(),
             backoff_max: settings.drain.eviction_backoff_max,
@@ -57,7 +57,7 @@ impl ControllerConfig {
 /// Told what blocks the eviction of a pod (by UID): `Some` with the budget or the
 /// apiserver's message after a refusal, `None` once it is evicted or gone. The drain engine
 /// names the blocker on the NodeMaintenance, as it does for its own evictions.
-pub type BlockSink = Arc<dyn Fn(&str, Option<String>) + Send + Sync>;
+pub(crate) type BlockSink = Arc<dyn Fn(&str, Option<String>) + Send + Sync>;
 
 /// Carries out the decisions for one EvictionRequest at a time.
 pub struct Reconciler {
@@ -125,7 +125,7 @@ impl Reconciler {
     }
 
     /// Evicts with `client` (the kubelet's) instead of the client that writes requests.
-    pub fn evicting_with(mut self, client: Client) -> Self {
+    pub(crate) fn evicting_with(mut self, client: Client) -> Self {
         self.evictor = client;
         self
     }
@@ -133,7 +133,7 @@ impl Reconciler {
     /// Labels an unlabelled request for `node` (its pod is in `node`'s pod cache) before
     /// this node acts on it: the admission policy lets a node write the status only of
     /// requests labelled for it. `None` when the request changed meanwhile.
-    pub async fn claim(
+    pub(crate) async fn claim(
         &self,
         request: &EvictionRequest,
         node: &str,
@@ -232,7 +232,7 @@ impl Reconciler {
     }
 
     /// Forgets a deleted request.
-    pub fn forget(&self, request: &EvictionRequest) {
+    pub(crate) fn forget(&self, request: &EvictionRequest) {
         let key = key_of(request);
         self.set_not_before(&key, None);
         self.evicted
@@ -562,7 +562,7 @@ impl ControllerHandle {
     }
 
     /// Changes how many requests are reconciled at once (a reloaded configuration).
-    pub fn set_concurrency(&self, n: usize) {
+    pub(crate) fn set_concurrency(&self, n: usize) {
         let _ = self.tx.send(Message::Concurrency(n.max(1)));
     }
 }
@@ -628,7 +628,7 @@ impl Queue {
 
 impl Controller {
     /// Evicts with `client` (the kubelet's credential in the daemon).
-    pub fn evicting_with(mut self, client: Client) -> Self {
+    pub(crate) fn evicting_with(mut self, client: Client) -> Self {
         self.reconciler = self.reconciler.evicting_with(client);
         self
     }
@@ -641,7 +641,7 @@ impl Controller {
     }
 
     /// Reports what blocks each pod's eviction to `sink` (the drain engine).
-    pub fn reporting_blocks_to(mut self, sink: BlockSink) -> Self {
+    pub(crate) fn reporting_blocks_to(mut self, sink: BlockSink) -> Self {
         self.reconciler.blocks = Some(sink);
         self
     }

@@ -176,7 +176,7 @@ pub fn decide(request: &EvictionRequest, inputs: &Inputs) -> Action {
 
 /// When the active interceptor's heartbeat runs out: `heartbeatDeadlineSeconds` after
 /// `heartbeatTime`, or after the creation when no heartbeat was ever written.
-pub fn heartbeat_deadline(
+pub(crate) fn heartbeat_deadline(
     request: &EvictionRequest,
     status: &EvictionRequestStatus,
 ) -> Option<Timestamp> {
@@ -257,7 +257,7 @@ fn complete(
 
 /// The Eviction API's answer for the request's pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EvictionResult {
+pub(crate) enum EvictionResult {
     /// The pod is now terminating.
     Accepted,
     /// 404, or the UID precondition failed: the pod is gone.
@@ -286,7 +286,7 @@ impl From<evict::Outcome> for EvictionResult {
 /// The status to write after an eviction attempt, and how long to wait before the next
 /// attempt (failed attempts only: 1 s doubling up to `backoff_cap`, counted from the
 /// persisted `failedAPIEvictionCounter`, so a restarted daemon keeps backing off).
-pub fn after_eviction(
+pub(crate) fn after_eviction(
     request: &EvictionRequest,
     released: Option<&(String, Release)>,
     result: &EvictionResult,

@@ -43,10 +43,9 @@ use kube::Client;
 
 use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 
-pub use controller::{
-    BlockSink, Controller, ControllerConfig, ControllerHandle, Reconciled, Reconciler,
-};
-pub use requester::{labelled_for_another, Requested, Requester, Withdrawn};
+pub(crate) use controller::BlockSink;
+pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciler};
+pub use requester::{Requested, Requester, Withdrawn};
 pub use terminator::{EvictionRequestTerminator, Intent};
 
 /// Label on the EvictionRequests nodegrace creates or joins: the node whose daemon acts
@@ -105,7 +104,7 @@ pub async fn is_crd_installed(client: &Client) -> Result<bool> {
 /// that is not a DNS subdomain are skipped (the CRD would reject the whole request). Equal
 /// priorities run in name order. At most [`crate::api::MAX_INTERCEPTORS`], the highest
 /// priorities kept.
-pub fn interceptors_from_annotations(
+pub(crate) fn interceptors_from_annotations(
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Vec<Interceptor> {
     let mut found: Vec<(i64, &str)> = annotations

@@ -64,7 +64,10 @@ pub enum Withdrawn {
 }
 
 /// The node `request` is labelled for ([`NODE_LABEL`]), when that is not `node`.
-pub fn labelled_for_another<'a>(request: &'a EvictionRequest, node: &str) -> Option<&'a str> {
+pub(crate) fn labelled_for_another<'a>(
+    request: &'a EvictionRequest,
+    node: &str,
+) -> Option<&'a str> {
     request
         .metadata
         .labels
@@ -345,7 +348,7 @@ impl Requester {
     /// The pods of the requests this requester holds on this node (labelled
     /// [`NODE_LABEL`]), complete ones included: what a restarted daemon may still have to
     /// withdraw.
-    pub async fn own_requests(&self) -> Result<Vec<PodKey>> {
+    pub(crate) async fn own_requests(&self) -> Result<Vec<PodKey>> {
         let api: Api<EvictionRequest> = Api::all(self.client.clone());
         let params = ListParams::default().labels(&format!("{NODE_LABEL}={}", self.node));
         let list = api

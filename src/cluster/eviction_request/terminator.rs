@@ -99,7 +99,7 @@ impl Intent {
     }
 
     /// Asks for `pod` again (joins its request, or replaces a cancelled one).
-    pub async fn reassert(&self, pod: &PodKey) -> Result<Requested> {
+    pub(crate) async fn reassert(&self, pod: &PodKey) -> Result<Requested> {
         self.requester.request(pod).await
     }
 }
