@@ -802,3 +802,176 @@ async fn a_label_selected_maintenance_waits_for_every_selected_node() {
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
 }
+
+/// KEP-4563 on the real apiserver: while a maintenance still wants a pod evicted, this
+/// node's requester is put back on the pod's EvictionRequest when someone else removes it
+/// (an interceptor holds the eviction meanwhile); once the maintenance completes, it is
+/// withdrawn and the request is cancelled, the pod left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
+    if skip("a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod") {
+        return;
+    }
+    use nodegrace::api::EvictionRequest;
+    fn complete(r: &EvictionRequest) -> bool {
+        r.status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .any(|c| c.type_ == "Complete" && c.status == "True")
+    }
+    let mut f = Fixture::new("ng-req").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        PodShape::new("db").intercepted_by("db-operator.example.com"),
+    )
+    .await;
+    f.kubelet
+        .wait_for("1 pod running", Duration::from_secs(90), |_, live| {
+            live.len() == 1
+        })
+        .await;
+    let pod_uid = f.kubelet.live_pods()[0].uid().unwrap();
+    f.node.boot();
+    let name = format!("req-{node}");
+    let nms: Api<NodeMaintenance> = Api::all(c.clone());
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&name, &node, "Drain", serde_json::json!([])),
+    )
+    .await
+    .unwrap();
+
+    let requester = nodegrace::api::node_requester(&node).unwrap();
+    let requests: Api<EvictionRequest> = Api::namespaced(c.clone(), &ns);
+    let wait_request = |what: &'static str, check: Box<dyn Fn(&EvictionRequest) -> bool>| {
+        let requests = requests.clone();
+        let uid = pod_uid.clone();
+        async move {
+            for _ in 0..300 {
+                if let Some(r) = requests.get_opt(&uid).await.unwrap() {
+                    if check(&r) {
+                        return r;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("EvictionRequest {uid}: timed out waiting for {what}");
+        }
+    };
+    let mine = requester.clone();
+    wait_request(
+        "this node's requester",
+        Box::new(move |r| r.spec.requesters.iter().any(|q| q.name == mine)),
+    )
+    .await;
+
+    // Someone else takes every requester off.
+    requests
+        .patch(
+            &pod_uid,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"requesters": []}})),
+        )
+        .await
+        .unwrap();
+    let mine = requester.clone();
+    let back = wait_request(
+        "the requester back",
+        Box::new(move |r| r.spec.requesters.iter().any(|q| q.name == mine)),
+    )
+    .await;
+    assert!(!complete(&back), "cancelled instead: {back:?}");
+    assert_eq!(f.kubelet.live_pods().len(), 1, "the interceptor holds it");
+
+    // The maintenance completes: the request is withdrawn and cancelled, the pod stays.
+    nms.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"stage": "Complete"}})),
+    )
+    .await
+    .unwrap();
+    let done = wait_request("cancelled", Box::new(complete)).await;
+    assert!(done.spec.requesters.is_empty(), "{done:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.kubelet.live_pods().len(), 1);
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = nms.delete(&name, &DeleteParams::default()).await;
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}
+
+/// §Uncordon: `nodegrace complete` on a node another maintenance still drains leaves its
+/// static pods gated (and says why); they come back when that maintenance completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodegrace_complete_keeps_static_pods_gated_under_another_maintenance() {
+    if skip("nodegrace_complete_keeps_static_pods_gated_under_another_maintenance") {
+        return;
+    }
+    let mut f = Fixture::new("ng-cmp").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    f.kubelet
+        .wait_for(
+            "the static pod's mirror",
+            Duration::from_secs(90),
+            |_, live| live.len() == 1,
+        )
+        .await;
+    f.node.boot();
+    let name = format!("hold-{node}");
+    let nms: Api<NodeMaintenance> = Api::all(c.clone());
+    nms.create(
+        &Default::default(),
+        &maintenance_by_label(&name, &node, "Drain", serde_json::json!([])),
+    )
+    .await
+    .unwrap();
+    wait_maintenance(c, &name, "Drained", Duration::from_secs(60), |m| {
+        m.drained() == Some("True")
+    })
+    .await;
+    assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
+
+    let out = f.node.container().exec(&["nodegrace", "complete"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "1 manifest(s) stay gated while NodeMaintenance {name} is active"
+        )),
+        "{stdout}"
+    );
+    assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
+    assert!(!f.node.manifests.join("etcd.yaml").exists());
+
+    nms.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"stage": "Complete"}})),
+    )
+    .await
+    .unwrap();
+    for _ in 0..300 {
+        if f.node.manifests.join("etcd.yaml").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        f.node.manifests.join("etcd.yaml").exists(),
+        "restored once the maintenance completed"
+    );
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = nms.delete(&name, &DeleteParams::default()).await;
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}

@@ -21,6 +21,8 @@ pub struct PodShape<'a> {
     /// How long the pod takes to exit once asked to (the kubelet stand-in plays it).
     pub exit_after_ms: u64,
     pub grace_seconds: i64,
+    /// An EvictionRequest interceptor the pod declares (annotation), by name.
+    pub interceptor: Option<&'a str>,
 }
 
 impl<'a> PodShape<'a> {
@@ -30,7 +32,15 @@ impl<'a> PodShape<'a> {
             priority_class: None,
             exit_after_ms: 300,
             grace_seconds: 30,
+            interceptor: None,
         }
+    }
+
+    /// Declares the interceptor `name` (priority 100): the pod's EvictionRequest waits for
+    /// it instead of going straight to the Eviction API.
+    pub fn intercepted_by(mut self, name: &'a str) -> Self {
+        self.interceptor = Some(name);
+        self
     }
 
     pub fn priority(mut self, class: &'a str) -> Self {
@@ -57,9 +67,13 @@ impl<'a> PodShape<'a> {
         if let Some(class) = self.priority_class {
             spec["priorityClassName"] = json!(class);
         }
+        let mut annotations = json!({EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()});
+        if let Some(name) = self.interceptor {
+            annotations[format!("{}{name}", nodegrace::api::INTERCEPTOR_ANNOTATION_PREFIX)] =
+                json!("100");
+        }
         json!({
-            "metadata": {"labels": {"app": self.app},
-                         "annotations": {EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()}},
+            "metadata": {"labels": {"app": self.app}, "annotations": annotations},
             "spec": spec,
         })
     }
