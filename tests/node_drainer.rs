@@ -625,3 +625,32 @@ async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_p
 fn pod_status(env: &Env, name: &str) -> Value {
     env.cluster.store.get_obj("", "pods", "work", name).unwrap()
 }
+
+/// An apiserver that is away is looked for every few seconds at most (a shutdown waits only
+/// `fallback.apiserver_timeout` for it), not at a back-off that grows to half a minute.
+#[tokio::test]
+async fn an_unreachable_apiserver_is_retried_every_few_seconds() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let settings = env.settings();
+    let runtime = FakeRuntime::new();
+    let kubelet = Arc::new(RecordingKubelet::default());
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    tokio::time::pause();
+    let seen = attempts.clone();
+    let _drainer = NodeDrainer::start(parts(&env, settings, &runtime, &kubelet), move || {
+        seen.lock().unwrap().push(tokio::time::Instant::now());
+        async { Err::<kube::Client, _>(anyhow::anyhow!("connection refused")) }
+    });
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let at = attempts.lock().unwrap().clone();
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter().all(|g| *g <= Duration::from_millis(4100)),
+        "gaps between attempts: {gaps:?}"
+    );
+    assert!(
+        (25..=40).contains(&at.len()),
+        "{} attempts in 2 minutes",
+        at.len()
+    );
+}

@@ -52,6 +52,13 @@ async fn a_restarting_apiserver_is_waited_for_not_drained_around() {
         })
         .await;
     f.node.boot();
+    // A restart of the apiserver the daemon is connected to: connected (its pod cache
+    // written) before the apiserver goes.
+    real::wait_until("the pod cache with 3 pods", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
+        let cache: Value = serde_json::from_str(&text).ok()?;
+        (cache["pods"].as_array()?.len() == 3).then_some(())
+    });
 
     f.cp.stop_apiserver();
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -27,6 +27,7 @@ use crate::staticpods::StaticPodGate;
 
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+const RETRY_MAX_UNREACHABLE: Duration = Duration::from_secs(4);
 
 /// The pieces the drainer works with; tests and the simulator pass fakes.
 pub struct NodeParts {
@@ -481,7 +482,14 @@ where
                 said = Some(text);
                 failures += 1;
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(RETRY_MAX);
+                // An apiserver that is away is looked for often (a shutdown waits at most
+                // fallback.apiserver_timeout for it); one that refuses the credential less so.
+                let cap = if credential {
+                    RETRY_MAX
+                } else {
+                    RETRY_MAX_UNREACHABLE
+                };
+                delay = (delay * 2).min(cap);
             }
         }
     };
