@@ -901,6 +901,17 @@ async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
     assert_eq!(f.kubelet.live_pods().len(), 1);
     audit::assert_allowed_by_cluster_role(&f.requests());
     let _ = nms.delete(&name, &DeleteParams::default()).await;
+    // The interceptor never finishes: take the workload away before the poweroff.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c.clone(), &ns);
+    deployments
+        .delete("db", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    f.kubelet
+        .wait_for("the pod gone", Duration::from_secs(60), |_, live| {
+            live.is_empty()
+        })
+        .await;
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
 }
