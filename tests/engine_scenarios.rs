@@ -775,31 +775,46 @@ async fn report_as(env: &Env, maintenance: &str, node: &str, remaining: i32, mes
     .unwrap();
 }
 
-#[tokio::test]
-async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
-    let env = Env::new(kubelet(50)).await;
+/// Pods p50 and p500 and a Drain maintenance `name` of the nodes `terms` select whose plan
+/// first takes Default pods up to priority 100: the engine evicts p50, and, another
+/// selected node not having reported that entry, nothing more (`why`).
+async fn drain_first_entry_only(
+    env: &Env,
+    name: &str,
+    terms: Value,
+    why: &str,
+) -> nodegrace::cluster::Engine {
     env.pod("p50", Kind::Default, 50, 30, json!({}));
     env.pod("p500", Kind::Default, 500, 30, json!({}));
-    let term = |n: &str| json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]});
     env.cluster
         .insert(&json!({
             "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": "pair"},
+            "metadata": {"name": name},
             "spec": {
-                "nodeSelector": {"nodeSelectorTerms": [term(NODE), term("node-b")]},
+                "nodeSelector": {"nodeSelectorTerms": terms},
                 "stage": "Drain",
                 "drainPlan": [{"podType": "Default", "podPriority": 100}],
             },
         }))
         .unwrap();
-    let _engine = env.engine(env.settings());
+    let engine = env.engine(env.settings());
     eventually(10, "p50 gone", || !env.pod_exists("p50")).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(
-        env.evictions(),
-        ["p50"],
-        "node-b has not reported: no advance"
-    );
+    assert_eq!(env.evictions(), ["p50"], "{why}");
+    engine
+}
+
+#[tokio::test]
+async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
+    let env = Env::new(kubelet(50)).await;
+    let term = |n: &str| json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]});
+    let _engine = drain_first_entry_only(
+        &env,
+        "pair",
+        json!([term(NODE), term("node-b")]),
+        "node-b has not reported: no advance",
+    )
+    .await;
 
     // node-b's daemon reports its first entry finished.
     report_as(&env, "pair", "node-b", 1, "Draining").await;
@@ -942,28 +957,13 @@ async fn a_label_selected_maintenance_waits_for_every_node_its_labels_select() {
                 "metadata": {"name": name, "labels": {"pool": pool}}, "spec": {}}))
             .unwrap();
     }
-    env.pod("p50", Kind::Default, 50, 30, json!({}));
-    env.pod("p500", Kind::Default, 500, 30, json!({}));
-    env.cluster
-        .insert(&json!({
-            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": "blue-pool"},
-            "spec": {
-                "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "pool", "operator": "In", "values": ["blue"]}]}]},
-                "stage": "Drain",
-                "drainPlan": [{"podType": "Default", "podPriority": 100}],
-            },
-        }))
-        .unwrap();
-    let _engine = env.engine(env.settings());
-    eventually(10, "p50 gone", || !env.pod_exists("p50")).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(
-        env.evictions(),
-        ["p50"],
-        "node-b (pool=blue) has not reported: no advance"
-    );
+    let _engine = drain_first_entry_only(
+        &env,
+        "blue-pool",
+        json!([{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["blue"]}]}]),
+        "node-b (pool=blue) has not reported: no advance",
+    )
+    .await;
     let m = env.maintenance("blue-pool").unwrap();
     assert_ne!(m.drained(), Some("True"));
     let own = m.node_status(NODE).map(|e| e.drain_message.clone());

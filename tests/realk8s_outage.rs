@@ -26,6 +26,19 @@ fn skip(test: &str) -> bool {
     false
 }
 
+/// Waits until the daemon's pod cache (written while it is connected) lists `pods` pods.
+fn wait_pod_cache(f: &Fixture, pods: usize) {
+    real::wait_until(
+        &format!("the pod cache with {pods} pods"),
+        Duration::from_secs(30),
+        || {
+            let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
+            let cache: Value = serde_json::from_str(&text).ok()?;
+            (cache["pods"].as_array()?.len() == pods).then_some(())
+        },
+    );
+}
+
 async fn start_apiserver(f: &Fixture) {
     let cp = f.cp;
     tokio::task::spawn_blocking(move || cp.up())
@@ -54,11 +67,7 @@ async fn a_restarting_apiserver_is_waited_for_not_drained_around() {
     f.node.boot();
     // A restart of the apiserver the daemon is connected to: connected (its pod cache
     // written) before the apiserver goes.
-    real::wait_until("the pod cache with 3 pods", Duration::from_secs(30), || {
-        let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
-        let cache: Value = serde_json::from_str(&text).ok()?;
-        (cache["pods"].as_array()?.len() == 3).then_some(())
-    });
+    wait_pod_cache(&f, 3);
 
     f.cp.stop_apiserver();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -143,11 +152,7 @@ async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
         .collect();
     f.node.boot();
     // The offline fallback works from the pod cache the daemon keeps while online.
-    real::wait_until("the pod cache with 4 pods", Duration::from_secs(30), || {
-        let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
-        let cache: Value = serde_json::from_str(&text).ok()?;
-        (cache["pods"].as_array()?.len() == 4).then_some(())
-    });
+    wait_pod_cache(&f, 4);
 
     f.cp.stop_apiserver();
     let mut c1 = f.node.container.take().expect("booted");
