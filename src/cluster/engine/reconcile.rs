@@ -324,6 +324,9 @@ impl Shared {
     ) -> Result<Vec<Prepared>> {
         let prev = previous.cloned().unwrap_or_default();
         let mut out = Vec::new();
+        // Node lists are kept only for maintenances still draining.
+        st.selected_nodes
+            .retain(|uid, _| draining.iter().any(|m| m.uid().as_deref() == Some(uid)));
         for m in draining {
             let name = m.name_any();
             let plan = match normalize_drain_plan(&m.spec.drain_plan) {
