@@ -4,11 +4,16 @@
 //!
 //! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
 
+#[path = "real/harness.rs"]
+mod harness;
 mod real;
 mod realk8s;
 
 use std::time::Duration;
 
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 use realk8s::audit;
 use realk8s::fixture::*;
@@ -221,4 +226,167 @@ async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
     audit::assert_allowed_by_cluster_role(&f.requests());
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
+}
+
+/// The apiserver is down at the poweroff of a node whose pods run in a real containerd (at
+/// the shipped `fallback.cri_endpoint`): the fallback stops them through the CRI, and once
+/// the apiserver is back after the reboot each gets the status the kubelet's graceful node
+/// shutdown writes. The Job controller then reads its pod as a disruption: the Job's
+/// podFailurePolicy ignores DisruptionTarget, so backoffLimit 0 is not spent and the pod is
+/// replaced instead of the Job failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reboot() {
+    if skip("pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reboot") {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let containerd = tokio::task::spawn_blocking(harness::Containerd::start)
+        .await
+        .expect("containerd");
+    let mut f = Fixture::new("ng-gns").await;
+    f.node.cri_dir = Some(containerd.dir.clone());
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
+    workload::job(c, &ns, &node, PodShape::new("batch")).await;
+    f.kubelet
+        .wait_for("2 pods running", Duration::from_secs(90), |_, live| {
+            live.len() == 2
+        })
+        .await;
+    // The runtime side of the same pods, as the kubelet would have started them.
+    let live = f.kubelet.live_pods();
+    let mut marks = Vec::new();
+    for pod in &live {
+        let name = pod.name_any();
+        containerd
+            .run_pod(&harness::PodSpec {
+                namespace: ns.clone(),
+                name: name.clone(),
+                uid: pod.uid().expect("uid"),
+                containers: vec![(
+                    "main".into(),
+                    harness::script(&name, harness::OnTerm::ExitAfter(0.0)),
+                )],
+            })
+            .await;
+        marks.push(name);
+    }
+    containerd.wait_started(&marks).await;
+    let originals: Vec<String> = live.iter().filter_map(|p| p.uid()).collect();
+    f.node.boot();
+    wait_pod_cache(&f, 2);
+
+    f.cp.stop_apiserver();
+    let mut c1 = f.node.container.take().expect("booted");
+    let _ = c1.exec(&["systemctl", "poweroff"]);
+    c1.wait_exit(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", c1.journal_text()));
+    let journal = c1.journal_text();
+    assert!(
+        c1.journal_of("nodegrace")
+            .iter()
+            .any(|l| l.contains("draining locally")),
+        "{journal}"
+    );
+    for name in &marks {
+        assert!(
+            containerd.uptime_mark(&format!("{name}.term")).is_some(),
+            "{name} was not stopped through the CRI:\n{journal}\n{}",
+            containerd.log_tail()
+        );
+    }
+
+    f.kubelet.stop();
+    start_apiserver(&f).await;
+    f.kubelet = Kubelet::start(
+        &f.cp.kubelet_identity(&node),
+        &node,
+        Some(f.node.manifests.clone()),
+    )
+    .await;
+    f.node.boot();
+
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let stopped = loop {
+        let now: Vec<Pod> = pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| originals.contains(&p.uid().unwrap_or_default()))
+            .collect();
+        let failed = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
+        if now.len() == originals.len() && now.iter().all(failed) {
+            break now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stopped pods are not Failed 60 s after the reboot: {:#?}\n{}",
+            now.iter()
+                .map(|p| (p.name_any(), p.status.clone()))
+                .collect::<Vec<_>>(),
+            f.node.container().journal_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for p in &stopped {
+        let status = p.status.clone().unwrap_or_default();
+        assert_eq!(status.reason.as_deref(), Some("Terminated"), "{status:?}");
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was terminated in response to imminent node shutdown."),
+            "{status:?}"
+        );
+        let target = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "DisruptionTarget")
+            .unwrap_or_else(|| panic!("no DisruptionTarget on {}: {status:?}", p.name_any()));
+        assert_eq!(target.status, "True");
+        assert_eq!(target.reason.as_deref(), Some("TerminationByKubelet"));
+    }
+
+    // The Job replaces its disrupted pod instead of failing.
+    let jobs: Api<Job> = Api::namespaced(c.clone(), &ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let replaced = pods
+            .list(&ListParams::default().labels("job-name=batch"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .iter()
+            .any(|p| !originals.contains(&p.uid().unwrap_or_default()));
+        if replaced {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Job did not replace its disrupted pod: {:?}",
+            jobs.get("batch").await.ok().and_then(|j| j.status)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = jobs
+        .get("batch")
+        .await
+        .expect("the Job")
+        .status
+        .unwrap_or_default();
+    assert!(
+        !status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Failed" && c.status == "True"),
+        "the Job failed on a pod stopped by the shutdown: {status:?}"
+    );
+    assert_eq!(status.failed.unwrap_or(0), 0, "{status:?}");
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+    drop(containerd);
 }

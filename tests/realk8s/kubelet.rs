@@ -370,8 +370,9 @@ async fn watch_pods(client: Client, node: String, state: Arc<Mutex<State>>, wake
                     false
                 }
                 None => {
+                    // A pod that ended (Failed, Succeeded) is never started again.
                     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-                    phase != Some("Running") && rec.running_at.is_none()
+                    matches!(phase, None | Some("Pending")) && rec.running_at.is_none()
                 }
             }
         };

@@ -43,6 +43,9 @@ pub struct TestNode {
     kubeconfig: PathBuf,
     /// The kubelet's identity, at `node.kubelet_kubeconfig`: nodegrace evicts with it.
     kubelet_kubeconfig: PathBuf,
+    /// Host directory holding a CRI runtime's `containerd.sock`, mounted where the shipped
+    /// `fallback.cri_endpoint` looks for it; none by default (no runtime on the node).
+    pub cri_dir: Option<PathBuf>,
     /// Drop-ins in `/etc/nodegrace/config.d/` (file name, contents); none by default.
     pub config_dropins: Vec<(String, String)>,
     pub container: Option<Container>,
@@ -67,6 +70,7 @@ impl TestNode {
             dirs,
             kubeconfig,
             kubelet_kubeconfig,
+            cri_dir: None,
             config_dropins: Vec::new(),
             container: None,
         }
@@ -108,6 +112,17 @@ impl TestNode {
             .want("kubelet.service")
             .want("nodegrace.service")
             .want("marker.service");
+        if let Some(dir) = &self.cri_dir {
+            let endpoint = shipped_value("fallback", "cri_endpoint");
+            let socket = Path::new(endpoint.trim_start_matches("unix://"));
+            let parent = socket.parent().expect("the CRI socket's directory");
+            assert_eq!(
+                socket.file_name(),
+                Some(std::ffi::OsStr::new("containerd.sock")),
+                "the shipped cri_endpoint is not a containerd.sock"
+            );
+            spec.bind_rw(&parent.display().to_string(), dir);
+        }
         for (name, text) in &self.config_dropins {
             spec.file(&format!("/etc/nodegrace/config.d/{name}"), text.clone());
         }
