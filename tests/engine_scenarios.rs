@@ -826,6 +826,25 @@ async fn a_maintenance_of_two_nodes_advances_only_when_both_finished() {
     let m = env.maintenance("pair").unwrap();
     assert!(m.node_status("node-b").is_some());
     assert!(m.node_status(NODE).is_some());
+    // The aggregate (drain status, Drained condition) both nodes compute is never written
+    // last-writer-wins: each write names the resourceVersion it was computed from, so one
+    // computed before node-b's report is refused (409) instead of overwriting a newer one.
+    let aggregate: Vec<Value> = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.ends_with("/nodemaintenances/pair/status"))
+        .filter(|r| r.content_type.as_deref() == Some("application/merge-patch+json"))
+        .filter_map(|r| r.body_json())
+        .collect();
+    assert!(!aggregate.is_empty(), "no aggregate status write");
+    for body in &aggregate {
+        assert!(
+            body.pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|rv| !rv.is_empty()),
+            "an aggregate status write without a resourceVersion precondition: {body}"
+        );
+    }
 }
 
 #[tokio::test]
