@@ -655,6 +655,102 @@ async fn a_blocking_budget_is_counted_named_and_backed_off_until_it_allows() {
     stop.cancel();
 }
 
+fn status_writes_of(requests: &[RecordedRequest], pod: &PodKey) -> usize {
+    let path = format!("/namespaces/{NS}/evictionrequests/{}/status", pod.uid);
+    requests
+        .iter()
+        .filter(|r| matches!(r.method.as_str(), "PUT" | "PATCH") && r.path.ends_with(&path))
+        .count()
+}
+
+/// A request owned by its pod (as this node's requester makes them) is marked Complete
+/// only if the garbage collector has not deleted it 2 s after the pod went: when a band of
+/// pods goes, the next band's evictions do not compete with writes to requests about to
+/// be collected. One that stays is marked Complete.
+#[tokio::test(start_paused = true)]
+async fn a_request_collected_with_its_pod_is_not_written_after_the_pod_went() {
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    let _kubelet = cluster.kubelet(KubeletConfig::node(NODE));
+    let collected = add_pod(&cluster, "db-0", NODE, &[]);
+    let kept = add_pod(&cluster, "db-1", NODE, &[]);
+    let stop = start_controller(&cluster, Duration::from_secs(8));
+    let asked = tokio::time::Instant::now();
+    request_eviction(&client, &collected).await;
+    request_eviction(&client, &kept).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let start = tokio::time::Instant::now();
+    loop {
+        let left = pods.list(&ListParams::default()).await.unwrap().items;
+        if left
+            .iter()
+            .all(|p| p.metadata.name.as_deref() == Some("other"))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "pods not evicted: {left:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The garbage collector deletes db-0's request a second after its pod.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    requests_api(&client)
+        .delete(&collected.uid, &Default::default())
+        .await
+        .unwrap();
+    let done = until(&client, &kept, Duration::from_secs(5), "complete", |r| {
+        complete_reason(r).is_some()
+    })
+    .await;
+    assert!(
+        asked.elapsed() >= Duration::from_secs(2),
+        "Complete {:?} after the eviction was asked for",
+        asked.elapsed()
+    );
+    assert_eq!(complete_reason(&done).as_deref(), Some("PodDeleted"));
+    let requests = cluster.api.requests();
+    assert_eq!(
+        status_writes_of(&requests, &collected),
+        0,
+        "a write to a request being collected"
+    );
+    assert_eq!(status_writes_of(&requests, &kept), 1);
+    stop.cancel();
+}
+
+/// The requester hands the requests it creates to this node's controller, which evicts
+/// at once instead of waiting for its watch to bring them (here 5 s late).
+#[tokio::test(start_paused = true)]
+async fn a_request_created_here_is_acted_on_before_the_watch_brings_it() {
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    let pod = add_pod(&cluster, "db-0", NODE, &[]);
+    cluster.api.delay(
+        Some("GET"),
+        "/apis/nodegrace.dev/v1alpha1/evictionrequests",
+        Duration::from_secs(5),
+    );
+    let (stop, handle) = start_controller_with_handle(&cluster, Duration::from_secs(8));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let requester = Requester::new(client.clone(), NODE);
+    requester.announce_to(handle);
+    let asked = tokio::time::Instant::now();
+    requester.request(&pod).await.unwrap();
+    while evictions_of(&cluster.api.requests(), "db-0") == 0 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "not evicted within 1 s of its request"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Once the watch brings it, nothing is done twice.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(evictions_of(&cluster.api.requests(), "db-0"), 1);
+    stop.cancel();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_pod_that_goes_away_by_itself_completes_the_request() {
     let cluster = cluster().await;

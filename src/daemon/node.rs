@@ -510,11 +510,12 @@ where
     if eviction_requests && requester.is_none() {
         tracing::warn!(node = %node, "the node name is too long for an EvictionRequest requester name (<node>.nodemaintenance.nodegrace.dev, at most 253 characters): pods are evicted through the Eviction API directly");
     }
+    let node_requester = Requester::new(clients.nodegrace.clone(), &node);
     let er_terminator = requester.is_some().then(|| {
         tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
         Arc::new(EvictionRequestTerminator::new(
             clients.kubelet.clone(),
-            Requester::new(clients.nodegrace.clone(), &node),
+            node_requester.clone(),
         ))
     });
     let intent = er_terminator.as_ref().map(|t| t.intent());
@@ -542,6 +543,7 @@ where
         if let Some(intent) = intent {
             controller = controller.reasserting(intent);
         }
+        node_requester.announce_to(handle.clone());
         engine.attach_eviction_request_controller(handle);
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {

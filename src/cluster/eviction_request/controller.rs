@@ -29,6 +29,11 @@ use crate::config::Settings;
 
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
 const MAX_ROUNDS: usize = 8;
+/// How long a request owned by its pod waits, once the pod has terminated or gone, for the garbage
+/// collector to delete it before it is marked Complete. When a band of pods goes, the
+/// next band's requests and evictions go out at once: Complete writes for requests about
+/// to be collected would only compete with them for the apiserver.
+const COMPLETE_AFTER_COLLECTOR: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
@@ -537,6 +542,7 @@ fn log_eviction(
 
 enum Message {
     PodChanged { namespace: String, uid: String },
+    Created(Box<EvictionRequest>),
     BackoffMax(Duration),
     Concurrency(usize),
 }
@@ -554,6 +560,11 @@ impl ControllerHandle {
             namespace: namespace.to_owned(),
             uid: uid.to_owned(),
         });
+    }
+
+    /// This node's requester created `request` (the create's answer): reconciled at once.
+    pub(crate) fn created(&self, request: EvictionRequest) {
+        let _ = self.tx.send(Message::Created(Box::new(request)));
     }
 
     /// Changes the eviction back-off cap (shorter under a shutdown deadline).
@@ -788,6 +799,8 @@ impl Controller {
         let mut again: HashSet<Key> = HashSet::new();
         // Requests labelled for another node, reported once.
         let mut reported: HashSet<Key> = HashSet::new();
+        // Requests whose pod is gone, given time to be garbage collected.
+        let mut awaiting_collector: HashMap<Key, Instant> = HashMap::new();
         info!(node = %this.node, "eviction-request controller started");
         loop {
             while running.len() < concurrency {
@@ -797,15 +810,19 @@ impl Controller {
                     continue;
                 }
                 let cached = cache.get(&ObjectRef::new(&key.1).within(&key.0));
-                let Some(cached) = cached else {
+                let request = match (&cached, written.get(&key)) {
+                    (_, Some(ours)) => ours.clone(),
+                    (Some(cached), None) => (**cached).clone(),
+                    (None, None) => {
+                        queue.set_timer(&key, None);
+                        continue;
+                    }
+                };
+                if cached.is_none() {
+                    // Created here, not watched yet: reconciled from the create's answer,
+                    // and kept again only as its own status write returns it.
                     written.remove(&key);
-                    queue.set_timer(&key, None);
-                    continue;
-                };
-                let request = match written.get(&key) {
-                    Some(ours) => ours.clone(),
-                    None => (*cached).clone(),
-                };
+                }
                 let claim = match this.ownership(&request) {
                     Ownership::Ours => false,
                     Ownership::Unclaimed => true,
@@ -818,6 +835,16 @@ impl Controller {
                     Ownership::NotOurs => continue,
                 };
                 let pod = this.cached_pod(&request);
+                if !request.is_complete() && collected_with_its_pod(&request, pod.as_deref()) {
+                    let now = Instant::now();
+                    let until = *awaiting_collector
+                        .entry(key.clone())
+                        .or_insert(now + COMPLETE_AFTER_COLLECTOR);
+                    if now < until {
+                        queue.set_timer(&key, Some(until));
+                        continue;
+                    }
+                }
                 in_flight.insert(key.clone());
                 let reconciler = &reconciler;
                 let node = this.node.as_str();
@@ -848,6 +875,7 @@ impl Controller {
                 }
                 Some((key, result)) = running.next(), if !running.is_empty() => {
                     in_flight.remove(&key);
+                    awaiting_collector.remove(&key);
                     match result {
                         Ok(done) => {
                             if let Some(stored) = done.written {
@@ -877,6 +905,7 @@ impl Controller {
                     Some(Ok(watcher::Event::Delete(r))) => {
                         let key = key_pair(&r);
                         reported.remove(&key);
+                        awaiting_collector.remove(&key);
                         reconciler.forget(&r);
                         written.remove(&key);
                         queue.set_timer(&key, None);
@@ -888,7 +917,10 @@ impl Controller {
                         }
                     }
                     // A re-list shows the latest state, our writes included.
-                    Some(Ok(watcher::Event::Init)) => written.clear(),
+                    Some(Ok(watcher::Event::Init)) => {
+                        written.clear();
+                        awaiting_collector.clear();
+                    }
                     // The drain engine reports an apiserver that cannot be used, once.
                     Some(Err(err)) => debug!(error = %err, "EvictionRequest watch failed; retrying"),
                     None => anyhow::bail!("the EvictionRequest watch ended"),
@@ -897,6 +929,18 @@ impl Controller {
                     Some(Message::PodChanged { namespace, uid }) => {
                         let key = (namespace, uid);
                         if cache.get(&ObjectRef::new(&key.1).within(&key.0)).is_some() {
+                            queue.push(key);
+                        }
+                    }
+                    Some(Message::Created(request)) => {
+                        let key = key_pair(&request);
+                        let newer = |known: &EvictionRequest| rv_number(known) >= rv_number(&request);
+                        let known = cache
+                            .get(&ObjectRef::new(&key.1).within(&key.0))
+                            .is_some_and(|c| newer(&c))
+                            || written.get(&key).is_some_and(newer);
+                        if !known {
+                            written.insert(key.clone(), *request);
                             queue.push(key);
                         }
                     }
@@ -914,6 +958,23 @@ impl Controller {
             }
         }
     }
+}
+
+/// Whether `request`'s pod has terminated or gone and `request` has it as owner: the
+/// garbage collector deletes it with the pod (which the kubelet deletes once terminated).
+fn collected_with_its_pod(request: &EvictionRequest, pod: Option<&Pod>) -> bool {
+    let Some(target) = request.pod_ref() else {
+        return false;
+    };
+    matches!(
+        PodState::of(pod, &target.uid),
+        PodState::Absent | PodState::Terminal
+    ) && request
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "Pod" && o.api_version == "v1" && o.uid == target.uid)
 }
 
 fn rv_number(request: &EvictionRequest) -> u64 {

@@ -4,6 +4,8 @@
 //! someone else changed the request meanwhile, so it is read again and the change
 //! recomputed. No requester is ever lost to a concurrent update.
 
+use std::sync::{Arc, OnceLock};
+
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -12,7 +14,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tracing::{debug, info};
 
-use super::{interceptors_from_annotations, PodKey, PodState, NODE_LABEL};
+use super::{interceptors_from_annotations, ControllerHandle, PodKey, PodState, NODE_LABEL};
 use crate::api::{
     EvictionRequest, EvictionRequestCancellationPolicy, Requester as RequesterRef,
     HEARTBEAT_DEADLINE_DEFAULT_SECONDS, REQUESTER_SUFFIX,
@@ -87,6 +89,9 @@ pub struct Requester {
     /// another node.
     node_bound: bool,
     heartbeat_deadline_seconds: i32,
+    /// This node's eviction-request controller, once it runs: told of every request created
+    /// here, it acts on it without waiting for its watch to bring it.
+    announce: Arc<OnceLock<ControllerHandle>>,
 }
 
 impl Requester {
@@ -99,6 +104,7 @@ impl Requester {
             name: crate::api::node_requester(node).unwrap_or_else(|| REQUESTER_SUFFIX.to_owned()),
             node_bound: true,
             heartbeat_deadline_seconds: HEARTBEAT_DEADLINE_DEFAULT_SECONDS,
+            announce: Arc::default(),
         }
     }
 
@@ -123,6 +129,12 @@ impl Requester {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Tells `controller` of every request this requester (and its clones) creates from
+    /// now on; the first controller set stays.
+    pub fn announce_to(&self, controller: ControllerHandle) {
+        let _ = self.announce.set(controller);
     }
 
     fn requests(&self, namespace: &str) -> Api<EvictionRequest> {
@@ -268,7 +280,10 @@ impl Requester {
             ..PostParams::default()
         };
         match api.create(&params, &request).await {
-            Ok(_) => {
+            Ok(created) => {
+                if let Some(controller) = self.announce.get() {
+                    controller.created(created);
+                }
                 info!(
                     pod = %pod,
                     requester = %self.name,

@@ -56,10 +56,19 @@ pub struct Fault {
     pub remaining: usize,
 }
 
+/// Extra time before requests matching method and path glob are handled.
+#[derive(Debug, Clone)]
+pub struct Delay {
+    pub method: Option<String>,
+    pub path_glob: String,
+    pub delay: Duration,
+}
+
 pub struct Shared {
     pub store: Arc<Store>,
     pub faults: Mutex<Vec<Fault>>,
     pub latency: Mutex<Duration>,
+    pub delays: Mutex<Vec<Delay>>,
     pub log: Mutex<Vec<RecordedRequest>>,
     pub address: String,
 }
@@ -192,18 +201,30 @@ pub async fn handle(
             user_agent: user_agent.clone(),
         });
     }
-    let latency = shared.latency.lock().map(|l| *l).unwrap_or_default();
+    let matches = |method: &Option<String>, glob: &str| {
+        method
+            .as_deref()
+            .is_none_or(|m| m.eq_ignore_ascii_case(parts.method.as_str()))
+            && glob_match(glob, &path)
+    };
+    let latency: Duration = shared.latency.lock().map(|l| *l).unwrap_or_default()
+        + shared
+            .delays
+            .lock()
+            .map(|d| {
+                d.iter()
+                    .filter(|d| matches(&d.method, &d.path_glob))
+                    .map(|d| d.delay)
+                    .sum::<Duration>()
+            })
+            .unwrap_or_default();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
     let fault = shared.faults.lock().ok().and_then(|mut faults| {
-        let f = faults.iter_mut().find(|f| {
-            f.remaining > 0
-                && f.method
-                    .as_deref()
-                    .is_none_or(|m| m.eq_ignore_ascii_case(parts.method.as_str()))
-                && glob_match(&f.path_glob, &path)
-        })?;
+        let f = faults
+            .iter_mut()
+            .find(|f| f.remaining > 0 && matches(&f.method, &f.path_glob))?;
         f.remaining -= 1;
         Some(f.status)
     });

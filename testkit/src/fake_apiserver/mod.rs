@@ -139,6 +139,7 @@ impl FakeApiServer {
             store,
             faults: Mutex::new(Vec::new()),
             latency: Mutex::new(Duration::ZERO),
+            delays: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
             address: addr.to_string(),
         });
@@ -234,9 +235,13 @@ impl FakeApiServer {
         }
     }
 
+    /// Drops the injected errors and delays.
     pub fn clear_faults(&self) {
         if let Ok(mut f) = self.inner.shared.faults.lock() {
             f.clear();
+        }
+        if let Ok(mut d) = self.inner.shared.delays.lock() {
+            d.clear();
         }
     }
 
@@ -244,6 +249,18 @@ impl FakeApiServer {
     pub fn set_latency(&self, latency: Duration) {
         if let Ok(mut l) = self.inner.shared.latency.lock() {
             *l = latency;
+        }
+    }
+
+    /// Requests whose path matches `path_glob` (as [`Self::inject_errors`]) and whose
+    /// method matches (any when None) are handled `delay` later, on top of the latency.
+    pub fn delay(&self, method: Option<&str>, path_glob: &str, delay: Duration) {
+        if let Ok(mut d) = self.inner.shared.delays.lock() {
+            d.push(http::Delay {
+                method: method.map(String::from),
+                path_glob: path_glob.to_string(),
+                delay,
+            });
         }
     }
 
