@@ -208,11 +208,13 @@ fn is_accepted_termination(r: &Request, pod: &PodInfo) -> bool {
             || (r.verb == "delete" && r.subresource.is_empty() && r.code == 200))
 }
 
-/// The kubelet's DELETE that removed the pod.
+/// The stand-in's DELETE that removed `pod`: the last one with the kubelet's identity
+/// (nodegrace deletes DaemonSet pods with that identity too, earlier).
 fn final_delete<'a>(kubelet: &'a [Request], pod: &PodInfo) -> Option<&'a Request> {
     kubelet
         .iter()
-        .find(|r| r.verb == "delete" && r.resource == "pods" && r.name == pod.name && r.code == 200)
+        .filter(|r| r.verb == "delete" && r.resource == "pods" && r.name == pod.name && r.code == 200)
+        .max_by(|a, b| a.received.total_cmp(&b.received))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -328,6 +330,7 @@ async fn main() {
         .host_pid_of("/usr/bin/nodegrace")
         .expect("nodegrace runs in the node");
     let before = real::proc_usage(pid).expect("nodegrace's /proc");
+    let mappings = resident_by_mapping(pid);
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = sample(pid, stop.clone());
 
@@ -723,6 +726,15 @@ async fn main() {
         }
         _ => println!("daemon CPU and memory: no sample (the process went at once)"),
     }
+    println!(
+        "  resident before the poweroff, by mapping (KiB): {}",
+        mappings
+            .iter()
+            .take(8)
+            .map(|(name, kib)| format!("{name} {kib}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 
     // The stand-in's own delays, beside the apiserver's. Watch: from the answer to
     // nodegrace's eviction or DELETE (the deletion is committed) to the stand-in seeing it;
@@ -822,4 +834,32 @@ fn summarize(requests: &[&Request]) -> String {
         .map(|(kind, n)| format!("{n}× {kind}"))
         .collect();
     format!(" ({})", parts.join(", "))
+}
+
+/// Resident KiB per mapping of `pid` (file path, or `[heap]`, `[anon]`, `[stack]`...),
+/// largest first.
+fn resident_by_mapping(pid: i32) -> Vec<(String, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
+            current = match fields.get(5) {
+                Some(path) if path.starts_with('/') => path
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(path)
+                    .to_string(),
+                Some(name) => (*name).to_string(),
+                None => "[anon]".to_string(),
+            };
+        } else if fields.first() == Some(&"Rss:") {
+            let kib: u64 = fields.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+            *by.entry(current.clone()).or_default() += kib;
+        }
+    }
+    let mut all: Vec<(String, u64)> = by.into_iter().collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1));
+    all
 }
