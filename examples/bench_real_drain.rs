@@ -213,7 +213,9 @@ fn is_accepted_termination(r: &Request, pod: &PodInfo) -> bool {
 fn final_delete<'a>(kubelet: &'a [Request], pod: &PodInfo) -> Option<&'a Request> {
     kubelet
         .iter()
-        .filter(|r| r.verb == "delete" && r.resource == "pods" && r.name == pod.name && r.code == 200)
+        .filter(|r| {
+            r.verb == "delete" && r.resource == "pods" && r.name == pod.name && r.code == 200
+        })
         .max_by(|a, b| a.received.total_cmp(&b.received))
 }
 
@@ -844,13 +846,14 @@ fn resident_by_mapping(pid: i32) -> Vec<(String, u64)> {
     let mut current = String::new();
     for line in text.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.first().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
             current = match fields.get(5) {
-                Some(path) if path.starts_with('/') => path
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or(path)
-                    .to_string(),
+                Some(path) if path.starts_with('/') => {
+                    path.rsplit('/').next().unwrap_or(path).to_string()
+                }
                 Some(name) => (*name).to_string(),
                 None => "[anon]".to_string(),
             };
@@ -860,6 +863,6 @@ fn resident_by_mapping(pid: i32) -> Vec<(String, u64)> {
         }
     }
     let mut all: Vec<(String, u64)> = by.into_iter().collect();
-    all.sort_by(|a, b| b.1.cmp(&a.1));
+    all.sort_by_key(|(_, kib)| std::cmp::Reverse(*kib));
     all
 }

@@ -32,7 +32,14 @@ where
 {
     tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+        // managedFields are the larger part of a pod as the apiserver sends it, and
+        // nothing here reads them.
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, config)
+                .default_backoff()
+                .modify(|o: &mut K| o.meta_mut().managed_fields = None),
+        );
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
             match item {

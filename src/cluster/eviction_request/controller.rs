@@ -33,7 +33,7 @@ const MAX_ROUNDS: usize = 8;
 /// collector to delete it before it is marked Complete. When a band of pods goes, the
 /// next band's requests and evictions go out at once: Complete writes for requests about
 /// to be collected would only compete with them for the apiserver.
-const COMPLETE_AFTER_COLLECTOR: Duration = Duration::from_secs(2);
+const COMPLETE_AFTER_COLLECTOR: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
@@ -786,9 +786,13 @@ impl Controller {
         let mut rx = Some(rx);
         let api: Api<EvictionRequest> = Api::all(client);
         let (cache, writer) = reflector::store();
-        let mut events = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .boxed();
+        let mut events = reflector::reflector(
+            writer,
+            watcher(api, watcher::Config::default())
+                .modify(|r: &mut EvictionRequest| r.metadata.managed_fields = None),
+        )
+        .default_backoff()
+        .boxed();
         let mut queue = Queue::default();
         // Our own latest write per request, until the watch delivers it (events come in
         // resourceVersion order, so anything cached before that is older than the write).
