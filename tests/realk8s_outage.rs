@@ -11,7 +11,6 @@ mod realk8s;
 
 use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
@@ -49,6 +48,34 @@ async fn start_apiserver(f: &Fixture) {
     tokio::task::spawn_blocking(move || cp.up())
         .await
         .expect("up.sh");
+}
+
+/// Powers the node off with the apiserver down (the local fallback runs), then brings the
+/// apiserver, the kubelet stand-in and the node back: the boot after an offline shutdown.
+/// Returns the first boot's container, exited.
+async fn poweroff_offline_then_reboot(f: &mut Fixture) -> real::Container {
+    f.cp.stop_apiserver();
+    let mut c1 = f.node.container.take().expect("booted");
+    let _ = c1.exec(&["systemctl", "poweroff"]);
+    c1.wait_exit(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", c1.journal_text()));
+    assert!(
+        c1.journal_of("nodegrace")
+            .iter()
+            .any(|l| l.contains("draining locally")),
+        "{}",
+        c1.journal_text()
+    );
+    f.kubelet.stop();
+    start_apiserver(f).await;
+    f.kubelet = Kubelet::start(
+        &f.cp.kubelet_identity(&f.name),
+        &f.name,
+        Some(f.node.manifests.clone()),
+    )
+    .await;
+    f.node.boot();
+    c1
 }
 
 /// An apiserver that restarts around the poweroff (stopped 1 s before, started 2 s after;
@@ -159,27 +186,7 @@ async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
     // The offline fallback works from the pod cache the daemon keeps while online.
     wait_pod_cache(&f, 4);
 
-    f.cp.stop_apiserver();
-    let mut c1 = f.node.container.take().expect("booted");
-    let _ = c1.exec(&["systemctl", "poweroff"]);
-    c1.wait_exit(Duration::from_secs(120))
-        .unwrap_or_else(|| panic!("no poweroff:\n{}", c1.journal_text()));
-    assert!(
-        c1.journal_of("nodegrace")
-            .iter()
-            .any(|l| l.contains("draining locally")),
-        "{}",
-        c1.journal_text()
-    );
-    f.kubelet.stop();
-    start_apiserver(&f).await;
-    f.kubelet = Kubelet::start(
-        &f.cp.kubelet_identity(&node),
-        &node,
-        Some(f.node.manifests.clone()),
-    )
-    .await;
-    f.node.boot();
+    poweroff_offline_then_reboot(&mut f).await;
 
     let name = format!("shutdown-{node}");
     let m = wait_maintenance(
@@ -276,35 +283,15 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
     f.node.boot();
     wait_pod_cache(&f, 2);
 
-    f.cp.stop_apiserver();
-    let mut c1 = f.node.container.take().expect("booted");
-    let _ = c1.exec(&["systemctl", "poweroff"]);
-    c1.wait_exit(Duration::from_secs(120))
-        .unwrap_or_else(|| panic!("no poweroff:\n{}", c1.journal_text()));
-    let journal = c1.journal_text();
-    assert!(
-        c1.journal_of("nodegrace")
-            .iter()
-            .any(|l| l.contains("draining locally")),
-        "{journal}"
-    );
+    let c1 = poweroff_offline_then_reboot(&mut f).await;
     for name in &marks {
         assert!(
             containerd.uptime_mark(&format!("{name}.term")).is_some(),
-            "{name} was not stopped through the CRI:\n{journal}\n{}",
+            "{name} was not stopped through the CRI:\n{}\n{}",
+            c1.journal_text(),
             containerd.log_tail()
         );
     }
-
-    f.kubelet.stop();
-    start_apiserver(&f).await;
-    f.kubelet = Kubelet::start(
-        &f.cp.kubelet_identity(&node),
-        &node,
-        Some(f.node.manifests.clone()),
-    )
-    .await;
-    f.node.boot();
 
     let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -350,41 +337,7 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
     }
 
     // The Job replaces its disrupted pod instead of failing.
-    let jobs: Api<Job> = Api::namespaced(c.clone(), &ns);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let replaced = pods
-            .list(&ListParams::default().labels("job-name=batch"))
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-            .iter()
-            .any(|p| !originals.contains(&p.uid().unwrap_or_default()));
-        if replaced {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the Job did not replace its disrupted pod: {:?}",
-            jobs.get("batch").await.ok().and_then(|j| j.status)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let status = jobs
-        .get("batch")
-        .await
-        .expect("the Job")
-        .status
-        .unwrap_or_default();
-    assert!(
-        !status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "Failed" && c.status == "True"),
-        "the Job failed on a pod stopped by the shutdown: {status:?}"
-    );
-    assert_eq!(status.failed.unwrap_or(0), 0, "{status:?}");
+    assert_job_replaced_its_disrupted_pod(c, &ns, "batch", &originals).await;
     audit::assert_allowed_by_cluster_role(&f.requests());
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;

@@ -335,38 +335,8 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
 
     // The Job's escalated pod counts as a disruption (its podFailurePolicy ignores
     // DisruptionTarget), not against backoffLimit 0: the Job controller replaces it.
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(f.admin.clone(), &f.name);
-    let pods: Api<Pod> = Api::namespaced(f.admin.clone(), &f.name);
-    let mut job = jobs.get("batch").await.unwrap();
-    for _ in 0..200 {
-        let failed = job
-            .status
-            .iter()
-            .flat_map(|s| s.conditions.iter().flatten())
-            .any(|c| c.type_ == "Failed" && c.status == "True");
-        let replaced = pods
-            .list(&kube::api::ListParams::default().labels("job-name=batch"))
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|p| !originals.contains_key(&p.uid().unwrap_or_default()));
-        if failed || replaced {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        job = jobs.get("batch").await.unwrap();
-    }
-    let status = job.status.clone().unwrap_or_default();
-    assert!(
-        !status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "Failed" && c.status == "True"),
-        "the Job failed on a disrupted pod: {status:?}"
-    );
-    assert_eq!(status.failed.unwrap_or(0), 0, "{status:?}");
+    let uids: Vec<String> = originals.keys().cloned().collect();
+    assert_job_replaced_its_disrupted_pod(&f.admin, &f.name, "batch", &uids).await;
 
     audit::assert_allowed_by_cluster_role(&reqs);
     f.cleanup().await;

@@ -211,3 +211,50 @@ pub fn has_finalizer(m: &NodeMaintenance) -> bool {
         .iter()
         .any(|f| f == nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION)
 }
+
+/// Waits until the Job `name` has a pod whose UID is not among `originals`, then checks
+/// that the Job neither failed nor counted a failure: its podFailurePolicy ignores
+/// DisruptionTarget, so a pod disrupted by the shutdown is replaced, not held against
+/// backoffLimit 0.
+pub async fn assert_job_replaced_its_disrupted_pod(
+    c: &Client,
+    ns: &str,
+    name: &str,
+    originals: &[String],
+) {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(c.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let selector = kube::api::ListParams::default().labels(&format!("job-name={name}"));
+    let failed = |job: &k8s_openapi::api::batch::v1::Job| {
+        job.status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .any(|c| c.type_ == "Failed" && c.status == "True")
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let job = loop {
+        let job = jobs.get(name).await.expect("the Job");
+        let replaced = pods
+            .list(&selector)
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .iter()
+            .any(|p| !originals.contains(&p.uid().unwrap_or_default()));
+        if failed(&job) || replaced {
+            break job;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Job did not replace its disrupted pod: {:?}",
+            job.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let status = job.status.clone().unwrap_or_default();
+    assert!(
+        !failed(&job),
+        "the Job failed on a disrupted pod: {status:?}"
+    );
+    assert_eq!(status.failed.unwrap_or(0), 0, "{status:?}");
+}
