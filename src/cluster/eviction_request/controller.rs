@@ -29,10 +29,10 @@ use crate::config::Settings;
 
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
 const MAX_ROUNDS: usize = 8;
-/// How long a request owned by its pod waits, once the pod has terminated or gone, for the garbage
-/// collector to delete it before it is marked Complete. When a band of pods goes, the
-/// next band's requests and evictions go out at once: Complete writes for requests about
-/// to be collected would only compete with them for the apiserver.
+/// How long a request owned by its pod waits, once the pod has terminated or gone, for
+/// the garbage collector to delete it before it is marked Complete. When a band of pods
+/// goes, the next band's requests and evictions go out at once: Complete writes for
+/// requests about to be collected would only compete with them for the apiserver.
 const COMPLETE_AFTER_COLLECTOR: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
@@ -803,7 +803,7 @@ impl Controller {
         let mut again: HashSet<Key> = HashSet::new();
         // Requests labelled for another node, reported once.
         let mut reported: HashSet<Key> = HashSet::new();
-        // Requests whose pod is gone, given time to be garbage collected.
+        // Requests whose pod has terminated or gone, given time to be garbage collected.
         let mut awaiting_collector: HashMap<Key, Instant> = HashMap::new();
         info!(node = %this.node, "eviction-request controller started");
         loop {

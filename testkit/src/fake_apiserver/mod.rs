@@ -18,6 +18,7 @@
 //! cluster.install_crd(&NodeMaintenance::crd())?;        // served at once; uninstall_crd(name)
 //! let kubelet = cluster.kubelet(KubeletConfig::node("n1")); // finishes deleted pods
 //! cluster.api.inject_errors(Some("POST"), "/api/v1/namespaces/*/pods/*/eviction", 429, 3);
+//! cluster.api.delay(Some("GET"), "/api/v1/pods", Duration::from_secs(5)); // held back
 //! cluster.api.set_reachable(false).await?;             // connection refused, watches cut
 //! cluster.store.compact();                             // open watches get ERROR 410
 //! let sent = cluster.api.writes();                     // what the apiserver received
