@@ -91,11 +91,7 @@ async fn a_restarting_apiserver_is_waited_for_not_drained_around() {
     let mut f = Fixture::new("ng-rst").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     workload::deployment(c, &ns, &node, 3, PodShape::new("web")).await;
-    f.kubelet
-        .wait_for("3 pods running", Duration::from_secs(90), |_, live| {
-            live.len() == 3
-        })
-        .await;
+    f.kubelet.wait_running(3).await;
     f.node.boot();
     // A restart of the apiserver the daemon is connected to: connected (its pod cache
     // written) before the apiserver goes.
@@ -171,11 +167,7 @@ async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
     )
     .await;
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
-    f.kubelet
-        .wait_for("4 pods running", Duration::from_secs(90), |_, live| {
-            live.len() == 4
-        })
-        .await;
+    f.kubelet.wait_running(4).await;
     let pods: Vec<String> = f
         .kubelet
         .live_pods()
@@ -255,11 +247,7 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
     workload::job(c, &ns, &node, PodShape::new("batch")).await;
-    f.kubelet
-        .wait_for("2 pods running", Duration::from_secs(90), |_, live| {
-            live.len() == 2
-        })
-        .await;
+    f.kubelet.wait_running(2).await;
     // The runtime side of the same pods, as the kubelet would have started them.
     let live = f.kubelet.live_pods();
     let mut marks = Vec::new();

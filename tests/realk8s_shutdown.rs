@@ -366,11 +366,7 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     .await;
     workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
-    f.kubelet
-        .wait_for("6 pods running", Duration::from_secs(90), |_, live| {
-            live.len() == 6
-        })
-        .await;
+    f.kubelet.wait_running(6).await;
     workload::wait_pdb_blocking(c, &ns, "db").await;
     f.node.boot();
 
@@ -487,11 +483,7 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
-    f.kubelet
-        .wait_for("2 pods running", Duration::from_secs(90), |_, live| {
-            live.len() == 2
-        })
-        .await;
+    f.kubelet.wait_running(2).await;
     f.node.boot();
     let _ = f.node.shutdown("poweroff", Duration::from_secs(120));
     let name = format!("shutdown-{node}");
@@ -572,11 +564,7 @@ async fn maintenance_lifecycle_cordon_invalid_plan_complete_and_delete() {
     let mut f = Fixture::new("ng-life").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
-    f.kubelet
-        .wait_for("1 pod running", Duration::from_secs(90), |_, live| {
-            live.len() == 1
-        })
-        .await;
+    f.kubelet.wait_running(1).await;
     f.node.boot();
     let nms: Api<NodeMaintenance> = Api::all(c.clone());
     let nodes: Api<Node> = Api::all(c.clone());
@@ -695,11 +683,7 @@ async fn a_label_selected_maintenance_waits_for_every_selected_node() {
         PodShape::new("crit").priority("system-cluster-critical"),
     )
     .await;
-    f.kubelet
-        .wait_for("3 pods running", Duration::from_secs(90), |_, live| {
-            live.len() == 3
-        })
-        .await;
+    f.kubelet.wait_running(3).await;
     f.node.boot();
 
     let name = format!("pool-{node}");
@@ -799,11 +783,7 @@ async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
         PodShape::new("db").intercepted_by("db-operator.example.com"),
     )
     .await;
-    f.kubelet
-        .wait_for("1 pod running", Duration::from_secs(90), |_, live| {
-            live.len() == 1
-        })
-        .await;
+    f.kubelet.wait_running(1).await;
     let pod_uid = f.kubelet.live_pods()[0].uid().unwrap();
     f.node.boot();
     let name = format!("req-{node}");

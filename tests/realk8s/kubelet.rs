@@ -210,6 +210,14 @@ impl Kubelet {
             .collect()
     }
 
+    /// Waits (up to 90 s) until exactly `pods` pods are bound to the node and not being
+    /// deleted ([`Kubelet::live_pods`]), as the tests wait for their workloads to run.
+    pub async fn wait_running(&self, pods: usize) {
+        let what = format!("{pods} pod{} running", if pods == 1 { "" } else { "s" });
+        self.wait_for(&what, Duration::from_secs(90), |_, live| live.len() == pods)
+            .await;
+    }
+
     /// Waits until `check` holds on the records (polled at each kubelet event).
     pub async fn wait_for(
         &self,
