@@ -150,6 +150,49 @@ pub struct Container {
     pub pid1: i32,
     /// Host directory bound at `/results`; `journal/` inside it is the container's journal.
     pub results: tempfile::TempDir,
+    /// This container's own cgroups (one per hierarchy nspawn uses), removed on drop.
+    cgroups: Vec<PathBuf>,
+}
+
+/// A fresh cgroup, named after the results dir, in each hierarchy systemd-nspawn places its
+/// container in: the v1 `name=systemd` one and the v2 one (hybrid hosts have both).
+fn own_cgroups(results: &Path) -> Vec<PathBuf> {
+    let name = results
+        .file_name()
+        .expect("results dir has a name")
+        .to_string_lossy()
+        .into_owned();
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    let v1_systemd = Path::new("/sys/fs/cgroup/systemd");
+    let roots: Vec<&Path> = if unified.join("cgroup.procs").exists() {
+        [unified, v1_systemd]
+            .into_iter()
+            .filter(|r| r.join("cgroup.procs").exists())
+            .collect()
+    } else {
+        vec![Path::new("/sys/fs/cgroup")]
+    };
+    roots
+        .into_iter()
+        .map(|root| {
+            let dir = root.join("nodegrace-tests").join(&name);
+            fs::create_dir_all(&dir)
+                .unwrap_or_else(|e| panic!("create the container's cgroup {dir:?}: {e}"));
+            dir
+        })
+        .collect()
+}
+
+/// Removes a cgroup and what nspawn and the container's systemd left below it (empty by now).
+fn remove_cgroup(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup(&entry.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
 }
 
 /// A oneshot marker unit: its `ExecStop` records (in `/results/NAME-stop`) when systemd began
@@ -218,7 +261,19 @@ impl Container {
         }
 
         let console = fs::File::create(results.path().join("console.log")).expect("console log");
-        let nspawn = Command::new("systemd-nspawn")
+        // nspawn (with --keep-unit) puts the container's systemd in the cgroup it was started
+        // in. Containers booted side by side from one cgroup share /payload/system.slice/...
+        // and one's poweroff removes the other's unit cgroups (its ExecStop then fails with
+        // "Failed to attach to cgroup"), so each is started from a cgroup of its own.
+        let cgroups = own_cgroups(results.path());
+        let mut join = String::new();
+        for dir in &cgroups {
+            join.push_str(&format!("echo $$ > '{}/cgroup.procs' && ", dir.display()));
+        }
+        let nspawn = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{join}exec systemd-nspawn \"$@\""))
+            .arg("sh")
             .args(&args)
             .env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
             .stdin(Stdio::null())
@@ -232,6 +287,7 @@ impl Container {
             exit: None,
             nspawn,
             results,
+            cgroups,
         };
         let nspawn_pid = container.nspawn.id() as i32;
         container.pid1 = wait_until("the container's PID 1", Duration::from_secs(30), || {
@@ -440,6 +496,9 @@ impl Drop for Container {
                 let _ = self.nspawn.kill();
                 let _ = self.nspawn.wait();
             }
+        }
+        for dir in &self.cgroups {
+            remove_cgroup(dir);
         }
         if std::thread::panicking() || std::env::var_os("NODEGRACE_KEEP_RESULTS").is_some() {
             // Keep the evidence of a failed run.
