@@ -333,6 +333,7 @@ async fn main() {
         .expect("nodegrace runs in the node");
     let before = real::proc_usage(pid).expect("nodegrace's /proc");
     let mappings = resident_by_mapping(pid);
+    let connections = real::tcp_connections(pid);
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = sample(pid, stop.clone());
 
@@ -737,6 +738,7 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    println!("  TCP connections held before the poweroff (to the apiserver, its watches included): {connections}");
 
     // The stand-in's own delays, beside the apiserver's. Watch: from the answer to
     // nodegrace's eviction or DELETE (the deletion is committed) to the stand-in seeing it;

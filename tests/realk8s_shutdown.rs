@@ -105,6 +105,25 @@ async fn workloads(f: &Fixture) {
     workload::wait_pdb_blocking(c, ns, "batch").await;
 }
 
+/// The running daemon holds one connection per identity (nodegrace's and the kubelet's),
+/// each carrying all its watches and requests over HTTP/2, over two seconds of sampling.
+async fn assert_one_connection_per_identity(f: &Fixture) {
+    let pid = f
+        .node
+        .container()
+        .host_pid_of("/usr/bin/nodegrace")
+        .expect("nodegrace runs in the node");
+    let mut most = 0;
+    for _ in 0..20 {
+        most = most.max(real::tcp_connections(pid));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        (1..=2).contains(&most),
+        "nodegrace held up to {most} TCP connections to the apiserver (one per identity expected)"
+    );
+}
+
 fn skip(test: &str) -> bool {
     if !realk8s::enabled(&format!("realk8s_shutdown::{test}")) {
         return true;
@@ -138,6 +157,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
         .map(|p| (p.uid().unwrap_or_default(), p))
         .collect();
     assert_eq!(originals.len(), 11);
+    assert_one_connection_per_identity(&f).await;
     let c = f
         .node
         .shutdown("poweroff", Duration::from_secs(BUDGET_SECS as u64 + 30));

@@ -114,7 +114,60 @@ pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Resul
         HeaderName::from_static("user-agent"),
         HeaderValue::from_static(USER_AGENT),
     ));
-    kube::Client::try_from(config).context("cannot build the apiserver client")
+    over_http2(config).context("cannot build the apiserver client")
+}
+
+/// How often an HTTP/2 connection with nothing received is pinged, and how long the answer
+/// may take before the connection counts as dead (client-go's values).
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The client kube would build from `config`, but speaking HTTP/2 where the apiserver offers
+/// it (kube's own speaks HTTP/1.1 only). Over HTTP/1.1 every request in flight needs a
+/// connection of its own: a band of evictions opened one TLS connection per pod at the
+/// apiserver just when it is busiest, and every watch held one for good. Over HTTP/2 one
+/// connection per identity carries the watches and a whole band's requests, as client-go's
+/// does. Plain `http://` endpoints stay HTTP/1.1.
+fn over_http2(config: kube::Config) -> Result<kube::Client> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    use kube::client::ConfigExt;
+    use tower::ServiceBuilder;
+
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    // Many streams share the connection: a small frame must not wait for the previous one's
+    // acknowledgement (Nagle's algorithm against delayed ACKs).
+    http.set_nodelay(true);
+    let tls = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_or_http();
+    let tls = match &config.tls_server_name {
+        Some(name) => {
+            let name = rustls_pki_types::ServerName::try_from(name.clone())
+                .with_context(|| format!("invalid tls-server-name {name:?}"))?;
+            tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+        None => tls,
+    };
+    let mut connector = hyper_timeout::TimeoutConnector::new(
+        tls.enable_http1().enable_http2().wrap_connector(http),
+    );
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    let transport = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .http2_keep_alive_interval(HTTP2_PING_INTERVAL)
+        .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
+        .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(transport);
+    Ok(kube::Client::new(service, config.default_namespace))
 }
 
 /// A one-shot client for `node.kubeconfig` (the CLI's commands).

@@ -443,6 +443,38 @@ impl Container {
     }
 }
 
+/// How many established TCP connections `pid` holds: its sockets, looked up in the TCP
+/// tables of its network namespace.
+pub fn tcp_connections(pid: i32) -> usize {
+    let sockets: std::collections::HashSet<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|fd| fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    ["tcp", "tcp6"]
+        .iter()
+        .flat_map(|table| {
+            let text = fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+            text.lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+        })
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // State 01 is ESTABLISHED; the tenth field is the socket's inode.
+            fields.get(3) == Some(&"01") && fields.get(9).is_some_and(|i| sockets.contains(*i))
+        })
+        .count()
+}
+
 /// CPU time and memory of a process, from the host's /proc.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcUsage {
