@@ -3,14 +3,62 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
 use tokio::task::JoinHandle;
 
+use crate::api::NodeMaintenance;
+
 use crate::cluster::api_error_code;
 
 use super::{is_unusable, lock, Ready, Shared};
+
+/// What a reflector keeps of an object: what the daemon reads of it. The caches live as long
+/// as the daemon, on every node.
+pub(super) trait Slim: Resource {
+    fn slim(&mut self) {
+        // managedFields are the larger part of an object as the apiserver sends it, and
+        // nothing here reads them.
+        self.meta_mut().managed_fields = None;
+    }
+}
+
+impl Slim for Node {}
+impl Slim for NodeMaintenance {}
+impl Slim for VolumeAttachment {}
+
+impl Slim for Pod {
+    /// A pod keeps its metadata, what the drain plan and the eviction paths read of its spec
+    /// (node, priority, grace period, tolerations) and its phase and conditions. Containers,
+    /// volumes and container statuses go: they were most of a cached pod's memory (a
+    /// `Container` alone takes 2.3 KiB before any of its strings), and nothing writes a cached
+    /// pod back.
+    fn slim(&mut self) {
+        self.metadata.managed_fields = None;
+        if let Some(spec) = self.spec.take() {
+            self.spec = Some(PodSpec {
+                node_name: spec.node_name,
+                priority: spec.priority,
+                priority_class_name: spec.priority_class_name,
+                termination_grace_period_seconds: spec.termination_grace_period_seconds,
+                tolerations: spec.tolerations,
+                ..PodSpec::default()
+            });
+        }
+        if let Some(status) = self.status.take() {
+            self.status = Some(PodStatus {
+                phase: status.phase,
+                reason: status.reason,
+                message: status.message,
+                conditions: status.conditions,
+                ..PodStatus::default()
+            });
+        }
+    }
+}
 
 pub(super) fn spawn_reflector<K>(
     shared: Arc<Shared>,
@@ -23,6 +71,7 @@ pub(super) fn spawn_reflector<K>(
 ) -> JoinHandle<()>
 where
     K: Resource<DynamicType = ()>
+        + Slim
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
@@ -32,13 +81,9 @@ where
 {
     tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
-        // managedFields are the larger part of a pod as the apiserver sends it, and
-        // nothing here reads them.
         let stream = reflector::reflector(
             writer,
-            watcher(api, config)
-                .default_backoff()
-                .modify(|o: &mut K| o.meta_mut().managed_fields = None),
+            watcher(api, config).default_backoff().modify(K::slim),
         );
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -83,4 +128,122 @@ where
             shared.bump();
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::eviction_request::PodState;
+    use crate::plan::PodInfo;
+
+    /// A Deployment's pod as kube-apiserver v1.28 sends it in a watch event.
+    fn pod_as_sent() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web-7d9f8b6c5-x2kqp", "namespace": "shop",
+                "uid": "0b1c6a5e-1111-4c1e-9a61-000000000001", "resourceVersion": "4242",
+                "labels": {"app": "web", "pod-template-hash": "7d9f8b6c5"},
+                "annotations": {"interceptor.nodegrace.dev/backup": "backup.example.com"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "web-7d9f8b6c5", "uid": "5f0c1a2b-aaaa", "controller": true,
+                    "blockOwnerDeletion": true}],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                    "apiVersion": "v1", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}}}}}]
+            },
+            "spec": {
+                "nodeName": "node-a", "priority": 1000, "priorityClassName": "high",
+                "terminationGracePeriodSeconds": 45, "serviceAccountName": "default",
+                "schedulerName": "default-scheduler", "dnsPolicy": "ClusterFirst",
+                "restartPolicy": "Always", "enableServiceLinks": true,
+                "containers": [{
+                    "name": "web", "image": "nginx:1.27", "imagePullPolicy": "IfNotPresent",
+                    "args": ["--port", "8080"],
+                    "env": [{"name": "MODE", "value": "production"}],
+                    "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080},
+                        "periodSeconds": 5},
+                    "volumeMounts": [{"name": "kube-api-access-abcde",
+                        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                        "readOnly": true}],
+                    "terminationMessagePath": "/dev/termination-log"
+                }],
+                "tolerations": [
+                    {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                        "effect": "NoExecute", "tolerationSeconds": 300},
+                    {"operator": "Exists"}
+                ],
+                "volumes": [{"name": "kube-api-access-abcde", "projected": {"sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace",
+                        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+                ], "defaultMode": 420}}]
+            },
+            "status": {
+                "phase": "Running", "qosClass": "Burstable", "hostIP": "10.0.0.7",
+                "podIP": "10.244.1.9", "startTime": "2026-11-24T05:00:00Z",
+                "conditions": [
+                    {"type": "Ready", "status": "True",
+                        "lastTransitionTime": "2026-11-24T05:00:02Z"},
+                    {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                        "lastTransitionTime": "2026-11-24T05:01:00Z"}
+                ],
+                "containerStatuses": [{"name": "web", "ready": true, "restartCount": 0,
+                    "image": "nginx:1.27", "imageID": "sha256:abc", "containerID": "containerd://abc",
+                    "started": true,
+                    "state": {"running": {"startedAt": "2026-11-24T05:00:01Z"}}}]
+            }
+        }))
+        .expect("a valid pod")
+    }
+
+    #[test]
+    fn a_slim_pod_keeps_what_the_daemon_reads() {
+        let sent = pod_as_sent();
+        let mut kept = sent.clone();
+        kept.slim();
+
+        assert_eq!(
+            PodInfo::from_pod(&kept).expect("classifies"),
+            PodInfo::from_pod(&sent).expect("classifies")
+        );
+        assert_eq!(kept.metadata.annotations, sent.metadata.annotations);
+        assert_eq!(
+            kept.metadata.resource_version,
+            sent.metadata.resource_version
+        );
+        assert!(super::super::tolerates_everything(&kept));
+        let spec = kept.spec.as_ref().expect("spec");
+        let sent_spec = sent.spec.as_ref().expect("spec");
+        assert_eq!(spec.node_name, sent_spec.node_name);
+        assert_eq!(spec.priority_class_name, sent_spec.priority_class_name);
+        assert_eq!(spec.tolerations, sent_spec.tolerations);
+        let status = kept.status.as_ref().expect("status");
+        let sent_status = sent.status.as_ref().expect("status");
+        assert_eq!(status.phase, sent_status.phase);
+        assert_eq!(status.conditions, sent_status.conditions);
+        let uid = "0b1c6a5e-1111-4c1e-9a61-000000000001";
+        assert_eq!(
+            PodState::of(Some(&kept), uid),
+            PodState::of(Some(&sent), uid)
+        );
+    }
+
+    #[test]
+    fn a_slim_pod_drops_what_nothing_reads() {
+        let mut pod = pod_as_sent();
+        let before = serde_json::to_vec(&pod).expect("serializes").len();
+        pod.slim();
+        let after = serde_json::to_vec(&pod).expect("serializes").len();
+
+        assert!(pod.metadata.managed_fields.is_none());
+        let spec = pod.spec.as_ref().expect("spec");
+        assert!(spec.volumes.is_none() && spec.containers.is_empty());
+        let status = pod.status.as_ref().expect("status");
+        assert!(status.container_statuses.is_none() && status.pod_ip.is_none());
+        assert!(after * 2 < before, "{before} bytes as sent, {after} kept");
+    }
 }
