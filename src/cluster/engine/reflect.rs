@@ -133,7 +133,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::eviction_request::PodState;
+    use crate::cluster::eviction_request::{interceptors_from_annotations, PodState};
     use crate::plan::PodInfo;
 
     /// A Deployment's pod as kube-apiserver v1.28 sends it in a watch event.
@@ -143,7 +143,10 @@ mod tests {
                 "name": "web-7d9f8b6c5-x2kqp", "namespace": "shop",
                 "uid": "0b1c6a5e-1111-4c1e-9a61-000000000001", "resourceVersion": "4242",
                 "labels": {"app": "web", "pod-template-hash": "7d9f8b6c5"},
-                "annotations": {"interceptor.nodegrace.dev/backup": "backup.example.com"},
+                "annotations": {
+                    "interceptor.evictionrequest.coordination.k8s.io/priority_backup.example.com":
+                        "10000/backup"
+                },
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
                     "name": "web-7d9f8b6c5", "uid": "5f0c1a2b-aaaa", "controller": true,
                     "blockOwnerDeletion": true}],
@@ -210,7 +213,12 @@ mod tests {
             PodInfo::from_pod(&kept).expect("classifies"),
             PodInfo::from_pod(&sent).expect("classifies")
         );
-        assert_eq!(kept.metadata.annotations, sent.metadata.annotations);
+        let interceptors = interceptors_from_annotations(kept.metadata.annotations.as_ref());
+        assert_eq!(interceptors.len(), 1);
+        assert_eq!(
+            interceptors,
+            interceptors_from_annotations(sent.metadata.annotations.as_ref())
+        );
         assert_eq!(
             kept.metadata.resource_version,
             sent.metadata.resource_version
