@@ -491,6 +491,65 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     f.cleanup().await;
 }
 
+/// A node idle for longer than the apiserver keeps an idle connection (90 s): the evicting
+/// identity's connection is gone, and the shutdown's band of evictions goes over one new
+/// connection, not one per pod opened at once when the apiserver is busiest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_idle_for_minutes_drains_over_the_connections_it_holds() {
+    if skip("a_node_idle_for_minutes_drains_over_the_connections_it_holds") {
+        return;
+    }
+    let mut f = Fixture::new("ng-idle").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 24, PodShape::new("web").exits_after_ms(300)).await;
+    f.kubelet.wait_running(24).await;
+    f.node.boot();
+    let pid = f
+        .node
+        .container()
+        .host_pid_of("/usr/bin/nodegrace")
+        .expect("nodegrace runs in the node");
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    let idle = real::tcp_connections(pid);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(real::tcp_connections(pid));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            most
+        })
+    };
+    let down = f.node.shutdown("poweroff", Duration::from_secs(120));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let during = sampler.join().expect("sampler");
+    let evicted = f
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "create" && r.subresource == "eviction" && r.code == 201)
+        .count();
+    assert_eq!(
+        evicted,
+        24,
+        "the drain evicts the 24 pods:\n{}",
+        down.journal_text()
+    );
+    // The apiserver closes a connection idle for 90 s: the kubelet identity's (no watch).
+    assert_eq!(
+        idle, 1,
+        "after 100 s idle nodegrace held {idle} connections (its watches' expected)"
+    );
+    assert!(
+        during <= 2,
+        "the drain after the idle time opened a connection per request: up to {during} held"
+    );
+    f.cleanup().await;
+}
+
 /// The boot after a poweroff: nodegrace finds its shutdown maintenance of the earlier boot
 /// and completes it (the shipped `after_boot = "complete"`): the node is uncordoned and the
 /// gated static pod comes back.

@@ -117,8 +117,8 @@ pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Resul
     over_http2(config).context("cannot build the apiserver client")
 }
 
-/// How often an HTTP/2 connection with nothing received is pinged, and how long the answer
-/// may take before the connection counts as dead (client-go's values).
+/// How often an HTTP/2 connection with nothing received is pinged (busy or idle), and how long
+/// the answer may take before the connection counts as dead (client-go's values).
 const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -156,10 +156,15 @@ fn over_http2(config: kube::Config) -> Result<kube::Client> {
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
+    // The kubelet identity's connection carries no watch: idle for days, it must still be
+    // there when the shutdown's evictions go out (a band would otherwise open a connection
+    // per pod at once). Kept without an idle timeout; the pings find it dead instead.
     let transport = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
+        .pool_idle_timeout(None)
         .http2_keep_alive_interval(HTTP2_PING_INTERVAL)
         .http2_keep_alive_timeout(HTTP2_PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
         .build(connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())

@@ -35,6 +35,12 @@ pub trait PodTerminator: Send + Sync + 'static {
         maintenance: &str,
     ) -> Result<Outcome>;
 
+    /// Opens the connection the terminations go over, ahead of them. The apiserver closes a
+    /// connection idle for 90 s, and the client that evicts carries no watch: at a shutdown
+    /// after a quiet day, a band's requests would each open a connection of their own at
+    /// once (nothing tells them the first will be HTTP/2 and shared).
+    async fn connect(&self) {}
+
     /// The maintenance completed: withdraw what was requested on its behalf and is still
     /// pending (EvictionRequests). Nothing to withdraw for a plain eviction.
     async fn withdraw(&self, _maintenance: &str) -> Result<()> {
@@ -62,8 +68,19 @@ impl EvictionApi {
     }
 }
 
+/// One cheap request (`GET /version`) over `client`, so that its connection is open.
+pub(crate) async fn open_connection(client: &Client) {
+    if let Err(err) = client.apiserver_version().await {
+        tracing::debug!(error = %err, "opening the connection for evictions failed");
+    }
+}
+
 #[async_trait]
 impl PodTerminator for EvictionApi {
+    async fn connect(&self) {
+        open_connection(&self.client).await;
+    }
+
     async fn terminate(
         &self,
         pod: &PodInfo,

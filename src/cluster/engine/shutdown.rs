@@ -35,6 +35,9 @@ use super::{
     SHUTDOWN_KIND_ANNOTATION,
 };
 
+/// How long the drain waits, beside the cordon, for the evicting identity's connection.
+const CONNECT_AHEAD_MAX: Duration = Duration::from_secs(2);
+
 impl Engine {
     /// Drains the node for a shutdown through `shutdown-<node>` and returns once the node is
     /// empty, its VolumeAttachments are gone (bounded) and the last status update reached
@@ -50,7 +53,12 @@ impl Engine {
             crate::plan::shutdown_drain_plan(&sh.settings()).context("normalizing drain.plan")?;
         let name = shutdown_maintenance_name(&sh.node);
         // Cordon first: nothing new lands on the node while the maintenance is set up.
-        sh.cordon_for_shutdown().await?;
+        // Meanwhile the evicting identity's connection opens, so that the first band's
+        // requests share it (`PodTerminator::connect`); a slow apiserver does not hold the
+        // drain for it.
+        let connect = tokio::time::timeout(CONNECT_AHEAD_MAX, sh.terminator.connect());
+        let (cordoned, _) = tokio::join!(sh.cordon_for_shutdown(), connect);
+        cordoned?;
         lock(&sh.timings).cordoned = Some(t0.elapsed());
         let (condition, adopted) = tokio::join!(sh.set_condition_for_shutdown(req), async {
             let r = sh.ensure_shutdown_maintenance(req, &plan).await;

@@ -106,6 +106,10 @@ impl Intent {
 
 #[async_trait]
 impl PodTerminator for EvictionRequestTerminator {
+    async fn connect(&self) {
+        crate::cluster::terminate::open_connection(&self.client).await;
+    }
+
     async fn terminate(
         &self,
         pod: &PodInfo,
