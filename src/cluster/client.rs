@@ -156,9 +156,9 @@ fn over_http2(config: kube::Config) -> Result<kube::Client> {
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
-    // The kubelet identity's connection carries no watch: idle for days, it must still be
-    // there when the shutdown's evictions go out (a band would otherwise open a connection
-    // per pod at once). Kept without an idle timeout; the pings find it dead instead.
+    // Idleness is the apiserver's to judge (it closes a connection idle for 90 s; the
+    // shutdown opens the evicting identity's again ahead of its requests, see
+    // `PodTerminator::connect`); the pings find a dead connection, busy or idle.
     let transport = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_idle_timeout(None)
