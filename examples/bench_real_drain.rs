@@ -326,11 +326,7 @@ async fn main() {
         .collect();
     let others = other_nodes(&f.name);
     let load_before = load_average();
-    let pid = f
-        .node
-        .container()
-        .host_pid_of("/usr/bin/nodegrace")
-        .expect("nodegrace runs in the node");
+    let pid = f.node.nodegrace_pid();
     let before = real::proc_usage(pid).expect("nodegrace's /proc");
     let mappings = resident_by_mapping(pid);
     let connections = real::tcp_connections(pid);

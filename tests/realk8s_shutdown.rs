@@ -108,11 +108,7 @@ async fn workloads(f: &Fixture) {
 /// The running daemon holds one connection per identity (nodegrace's and the kubelet's),
 /// each carrying all its watches and requests over HTTP/2, over two seconds of sampling.
 async fn assert_one_connection_per_identity(f: &Fixture) {
-    let pid = f
-        .node
-        .container()
-        .host_pid_of("/usr/bin/nodegrace")
-        .expect("nodegrace runs in the node");
+    let pid = f.node.nodegrace_pid();
     let mut most = 0;
     for _ in 0..20 {
         most = most.max(real::tcp_connections(pid));
@@ -504,11 +500,7 @@ async fn a_node_idle_for_minutes_drains_over_the_connections_it_holds() {
     workload::deployment(c, &ns, &node, 24, PodShape::new("web").exits_after_ms(300)).await;
     f.kubelet.wait_running(24).await;
     f.node.boot();
-    let pid = f
-        .node
-        .container()
-        .host_pid_of("/usr/bin/nodegrace")
-        .expect("nodegrace runs in the node");
+    let pid = f.node.nodegrace_pid();
     tokio::time::sleep(Duration::from_secs(100)).await;
     let idle = real::tcp_connections(pid);
 

@@ -9,6 +9,7 @@ pub mod eviction_request;
 pub mod identity;
 pub mod node;
 pub mod nodesel;
+mod slim;
 pub mod terminate;
 
 pub use engine::{
@@ -16,6 +17,7 @@ pub use engine::{
     EngineOptions,
 };
 pub(crate) use engine::{other_active_maintenances, FallbackSummary};
+pub(crate) use slim::Slim;
 pub use terminate::{EvictionApi, PodTerminator, Request};
 
 /// Field manager for writes that are not per-node server-side applies.

@@ -154,6 +154,13 @@ impl TestNode {
         self.container.as_ref().expect("node is running")
     }
 
+    /// The running daemon's PID on the host.
+    pub fn nodegrace_pid(&self) -> i32 {
+        self.container()
+            .host_pid_of("/usr/bin/nodegrace")
+            .expect("nodegrace runs in the node")
+    }
+
     /// `systemctl poweroff` (or `reboot`) inside, then waits until the container is gone.
     /// Returns the container (for its journal and results).
     pub fn shutdown(&mut self, verb: &str, timeout: Duration) -> Container {

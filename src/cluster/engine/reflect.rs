@@ -3,62 +3,14 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
 use tokio::task::JoinHandle;
 
-use crate::api::NodeMaintenance;
-
-use crate::cluster::api_error_code;
+use crate::cluster::{api_error_code, Slim};
 
 use super::{is_unusable, lock, Ready, Shared};
-
-/// What a reflector keeps of an object: what the daemon reads of it. The caches live as long
-/// as the daemon, on every node.
-pub(super) trait Slim: Resource {
-    fn slim(&mut self) {
-        // managedFields are the larger part of an object as the apiserver sends it, and
-        // nothing here reads them.
-        self.meta_mut().managed_fields = None;
-    }
-}
-
-impl Slim for Node {}
-impl Slim for NodeMaintenance {}
-impl Slim for VolumeAttachment {}
-
-impl Slim for Pod {
-    /// A pod keeps its metadata, what the drain plan and the eviction paths read of its spec
-    /// (node, priority, grace period, tolerations) and its phase and conditions. Containers,
-    /// volumes and container statuses go: they were most of a cached pod's memory (a
-    /// `Container` alone takes 2.3 KiB before any of its strings), and nothing writes a cached
-    /// pod back.
-    fn slim(&mut self) {
-        self.metadata.managed_fields = None;
-        if let Some(spec) = self.spec.take() {
-            self.spec = Some(PodSpec {
-                node_name: spec.node_name,
-                priority: spec.priority,
-                priority_class_name: spec.priority_class_name,
-                termination_grace_period_seconds: spec.termination_grace_period_seconds,
-                tolerations: spec.tolerations,
-                ..PodSpec::default()
-            });
-        }
-        if let Some(status) = self.status.take() {
-            self.status = Some(PodStatus {
-                phase: status.phase,
-                reason: status.reason,
-                message: status.message,
-                conditions: status.conditions,
-                ..PodStatus::default()
-            });
-        }
-    }
-}
 
 pub(super) fn spawn_reflector<K>(
     shared: Arc<Shared>,
@@ -132,6 +84,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+
     use super::*;
     use crate::cluster::eviction_request::{interceptors_from_annotations, PodState};
     use crate::plan::PodInfo;

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use super::decide::{self, Action, EvictionResult, Inputs, Release, Transition};
 use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
-use crate::cluster::{api_error_code, evict, FIELD_MANAGER};
+use crate::cluster::{api_error_code, evict, Slim, FIELD_MANAGER};
 use crate::config::Settings;
 
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
@@ -788,8 +788,7 @@ impl Controller {
         let (cache, writer) = reflector::store();
         let mut events = reflector::reflector(
             writer,
-            watcher(api, watcher::Config::default())
-                .modify(|r: &mut EvictionRequest| r.metadata.managed_fields = None),
+            watcher(api, watcher::Config::default()).modify(EvictionRequest::slim),
         )
         .default_backoff()
         .boxed();
