@@ -46,6 +46,11 @@ enum Command {
         /// budget from its status file, else `shutdown.max_delay`.
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         budget: Option<Duration>,
+        /// Plan a shutdown that lost this much of its budget before its drain could go on
+        /// (e.g. `20s` to an unreachable apiserver): what is left is split over the pods, as
+        /// the daemon does when the apiserver answers again.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        lost: Option<Duration>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
         output: cli::OutputFormat,
@@ -209,12 +214,14 @@ fn main() -> ExitCode {
         Command::Plan {
             pods,
             budget,
+            lost,
             output,
         } => cli::plan(
             &args.config,
             &cli::PlanOptions {
                 pods,
                 budget,
+                lost,
                 output,
             },
         ),

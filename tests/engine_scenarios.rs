@@ -866,6 +866,65 @@ async fn a_short_apiserver_blip_does_not_end_the_drain() {
     assert!(!env.pod_exists("slow"));
 }
 
+/// The issue-17 fault: the apiserver is away when the shutdown begins and comes back 1.5 s
+/// later. The drain goes on at once (the watches do not wait out a back-off built up during
+/// the outage), and the time lost is planned again over what is left of the budget instead
+/// of being charged to the first band: its pod, terminating gracefully, is not deleted.
+#[tokio::test]
+async fn time_lost_to_an_outage_is_planned_again_not_charged_to_the_first_band() {
+    let env = Env::new(kubelet(1000)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.cluster.api.set_reachable(false).await.unwrap();
+    let api = env.cluster.api.clone();
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        api.set_reachable(true).await.unwrap();
+        std::time::Instant::now()
+    });
+    // 6 s: planned at the start, the only band would escalate at 3 s; planned again when
+    // the apiserver is back (1.5 s), at 6 - min(30 s, 4.5 s / 2) = 3.75 s.
+    let started = std::time::Instant::now();
+    engine
+        .shutdown_drain(&request(ShutdownKind::Poweroff, Duration::from_secs(6)))
+        .await
+        .expect("an outage shorter than fallback.apiserver_timeout is ridden out");
+    let back = back.await.unwrap();
+    assert!(!env.pod_exists("web"));
+    assert_eq!(env.evictions(), ["web"], "evicted once");
+    assert!(env.deletes().is_empty(), "web deleted: {:?}", env.deletes());
+    assert!(env.events("Escalated").is_empty());
+    // Gone 1 s after its eviction: the drain went on within about half a second.
+    let took = started.elapsed();
+    let resumed = took.saturating_sub(back - started);
+    assert!(
+        resumed < Duration::from_millis(1600),
+        "drained {resumed:?} after the apiserver came back"
+    );
+    let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
+    let replan = m
+        .node_status(NODE)
+        .and_then(|e| e.deadline_replan.clone())
+        .expect("the re-plan in the node's status entry");
+    assert!(replan.lost_seconds >= 1, "{replan:?}");
+    // Each rounded to the nearest second.
+    assert!(
+        (5..=7).contains(&(replan.at_seconds + replan.budget_left_seconds)),
+        "{replan:?}"
+    );
+    let replanned = env.events("Replanned");
+    assert_eq!(
+        replanned.len(),
+        2,
+        "on the maintenance and the node: {replanned:?}"
+    );
+    assert!(replanned[0]["note"]
+        .as_str()
+        .unwrap()
+        .contains("split again"));
+}
+
 #[tokio::test]
 async fn a_shutdown_cuts_a_long_eviction_back_off_to_its_own_cap() {
     let env = Env::new(kubelet(100)).await;

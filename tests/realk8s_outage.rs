@@ -331,3 +331,216 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
     f.cleanup().await;
     drop(containerd);
 }
+
+/// The shutdown budget of the fault tests: the shipped reserves (30 s each for critical,
+/// DaemonSet and static pods) leave the first band 20 s, whose escalation the first plan
+/// puts at 10 s (half its share). The only change to the shipped configuration.
+const FAULT_BUDGET_SECS: u64 = 110;
+
+/// When the apiserver goes away, relative to the shutdown.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Outage {
+    /// Killed 1 s before `systemctl poweroff`, started again 2 s after it.
+    AroundTheSignal,
+    /// Killed once the first band's evictions were accepted, started again 1 s later.
+    DuringTheFirstBand,
+}
+
+/// One row of the fault table: the apiserver killed (SIGKILL) and started again around or
+/// during a poweroff of a node with pods in four bands. Whatever the moment: the drain goes
+/// through the NodeMaintenance, never locally; no pod that nothing blocks is deleted (the
+/// time lost is planned again, not charged to the band that was current); no pod is evicted
+/// twice; the static manifest is gated byte for byte; the inhibitor is released within the
+/// budget and within 2 s of the last pod's going; the maintenance and the node's events say
+/// what was lost.
+async fn apiserver_killed(outage: Outage) {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut f = Fixture::new("ng-kill").await;
+    f.node.config_dropins.push((
+        "50-budget.toml".into(),
+        format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n"),
+    ));
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(3000)).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        PodShape::new("crit")
+            .priority("system-cluster-critical")
+            .exits_after_ms(500),
+    )
+    .await;
+    workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    let manifest = std::fs::read(f.node.manifests.join("etcd.yaml")).expect("manifest");
+    f.kubelet.wait_running(6).await;
+    f.node.boot();
+    wait_pod_cache(&f, 6);
+
+    let container = f.node.container.take().expect("booted");
+    let killed_at = match outage {
+        Outage::AroundTheSignal => {
+            let at = realk8s::now_unix();
+            f.cp.stop_apiserver();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = container.exec(&["systemctl", "poweroff"]);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            at
+        }
+        Outage::DuringTheFirstBand => {
+            let _ = container.exec(&["systemctl", "poweroff"]);
+            f.kubelet
+                .wait_for(
+                    "the first band asked to stop",
+                    Duration::from_secs(30),
+                    |r, _| {
+                        r.iter()
+                            .filter(|r| r.name.starts_with("web-") && r.stop_seen.is_some())
+                            .count()
+                            == 3
+                    },
+                )
+                .await;
+            let at = realk8s::now_unix();
+            f.cp.stop_apiserver();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            at
+        }
+    };
+    start_apiserver(&f).await;
+    let mut container = container;
+    container
+        .wait_exit(Duration::from_secs(FAULT_BUDGET_SECS + 30))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", container.journal_text()));
+    let (signal, release) = signal_and_release(&container);
+    let journal = container.journal_text();
+    let reqs = f.requests();
+    let context = || {
+        format!(
+            "{outage:?}\nrequests: {:#?}\njournal:\n{journal}",
+            audit::count_by_kind(&reqs)
+        )
+    };
+
+    assert!(
+        !container
+            .journal_of("nodegrace")
+            .iter()
+            .any(|l| l.contains("draining locally")),
+        "went to the local fallback\n{}",
+        context()
+    );
+    let records = f.kubelet.records();
+    let mut last_gone = 0f64;
+    for r in records
+        .iter()
+        .filter(|r| {
+            ["web-", "crit-", "agent-"]
+                .iter()
+                .any(|p| r.name.starts_with(p))
+        })
+        .filter(|r| r.running_at.is_some_and(|t| t < signal))
+    {
+        let gone = r
+            .gone_at
+            .unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
+        last_gone = last_gone.max(gone);
+        if r.name.starts_with("agent-") {
+            continue;
+        }
+        let accepted = evictions(&reqs, &r.name)
+            .iter()
+            .filter(|e| e.code == 201)
+            .count();
+        assert_eq!(
+            accepted,
+            1,
+            "{} evicted {accepted} times\n{}",
+            r.key(),
+            context()
+        );
+        assert!(
+            deletes(&reqs, &r.name).is_empty(),
+            "{} deleted: its graceful termination was cut\n{}",
+            r.key(),
+            context()
+        );
+    }
+    assert!(
+        release - signal < FAULT_BUDGET_SECS as f64,
+        "released {:.1} s after the signal\n{}",
+        release - signal,
+        context()
+    );
+    assert!(
+        release - last_gone < 2.0,
+        "released {:.3} s after the last pod went\n{}",
+        release - last_gone,
+        context()
+    );
+    let gated = f.node.state.join("gated-manifests").join("etcd.yaml");
+    assert_eq!(
+        std::fs::read(&gated).ok().as_deref(),
+        Some(manifest.as_slice()),
+        "the static manifest is not gated byte for byte at {}\n{}",
+        gated.display(),
+        context()
+    );
+
+    // The drain went on within a second of the apiserver answering again (the watches did
+    // not wait out a back-off from the outage).
+    if outage == Outage::AroundTheSignal {
+        let back = reqs
+            .iter()
+            .find(|r| r.received > killed_at && r.code > 0 && r.code < 400)
+            .unwrap_or_else(|| panic!("no answer after the outage\n{}", context()));
+        let first_eviction = reqs
+            .iter()
+            .find(|r| r.subresource == "eviction" && r.code == 201)
+            .unwrap_or_else(|| panic!("no eviction\n{}", context()));
+        let resumed = first_eviction.received - back.received;
+        assert!(
+            resumed < 1.0,
+            "first eviction {resumed:.3} s after the apiserver answered again\n{}",
+            context()
+        );
+    }
+
+    let nm = wait_maintenance(
+        c,
+        &format!("shutdown-{node}"),
+        "written",
+        Duration::from_secs(10),
+        |_| true,
+    )
+    .await;
+    let replan = nm
+        .node_status(&node)
+        .and_then(|e| e.deadline_replan.clone())
+        .unwrap_or_else(|| panic!("no deadlineReplan in the status\n{}", context()));
+    assert!(replan.lost_seconds >= 1, "{replan:?}");
+    assert!(
+        journal.contains("split again") || journal.contains("split over the pods left"),
+        "{}",
+        context()
+    );
+    f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_killed_around_the_signal_costs_no_pod_its_grace() {
+    if skip("an_apiserver_killed_around_the_signal_costs_no_pod_its_grace") {
+        return;
+    }
+    apiserver_killed(Outage::AroundTheSignal).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_killed_during_the_first_band_costs_no_pod_its_grace() {
+    if skip("an_apiserver_killed_during_the_first_band_costs_no_pod_its_grace") {
+        return;
+    }
+    apiserver_killed(Outage::DuringTheFirstBand).await;
+}

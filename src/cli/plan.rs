@@ -15,7 +15,7 @@ use crate::daemon::{DaemonPaths, Status};
 use crate::fsutil::{read_regular, Symlinks, POD_LIST_LIMIT};
 use crate::plan::budget::StepClass;
 use crate::plan::{
-    escalation_grace, plan_steps, reserves_needed, shutdown_drain_plan, split_budget,
+    escalation_grace, plan_steps, reserves_needed, shutdown_drain_plan, split_remaining,
     BudgetReserves, DrainPlanEntry, GnsBands, GnsCandidate, PodInfo, PodType, StepSchedule,
 };
 
@@ -27,6 +27,8 @@ pub struct PlanOptions {
     /// `kubectl get pods -o yaml|json` output; None reads the node's pods from the apiserver.
     pub pods: Option<PathBuf>,
     pub budget: Option<Duration>,
+    /// Plan a shutdown that lost this much of its budget before its drain could go on.
+    pub lost: Option<Duration>,
     pub output: OutputFormat,
 }
 
@@ -58,6 +60,14 @@ pub(crate) struct BudgetChoice {
     /// (`shutdown.max_delay`).
     pub source: String,
     pub detail: String,
+    /// Seconds lost before the drain could go on (`--lost`): what is left of the budget is
+    /// split over the pods, as the daemon does after an apiserver outage.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub lost_seconds: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -169,7 +179,8 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
             (Some(node), "apiserver".to_string(), pods, Vec::new())
         }
     };
-    let budget = choose_budget(opts.budget, &settings, &DaemonPaths::from_env().status_file);
+    let mut budget = choose_budget(opts.budget, &settings, &DaemonPaths::from_env().status_file);
+    budget.lost_seconds = opts.lost.map_or(0.0, secs);
     let report = build_report(&settings, node, source, &pods, unbound, budget)?;
     let text = match opts.output {
         OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
@@ -324,6 +335,7 @@ fn choose_budget(flag: Option<Duration>, settings: &Settings, status_file: &Path
             seconds: secs(b),
             source: "flag".into(),
             detail: "--budget".into(),
+            lost_seconds: 0.0,
         };
     }
     let configured = settings.shutdown.max_delay;
@@ -333,6 +345,7 @@ fn choose_budget(flag: Option<Duration>, settings: &Settings, status_file: &Path
                 return BudgetChoice {
                     seconds: secs(report.budget),
                     source: "status-file".into(),
+                    lost_seconds: 0.0,
                     detail: format!(
                         "the daemon's effective budget from {} (min of shutdown.max_delay {} and logind's delay {})",
                         status_file.display(),
@@ -350,6 +363,7 @@ fn choose_budget(flag: Option<Duration>, settings: &Settings, status_file: &Path
         seconds: secs(configured),
         source: "config".into(),
         detail: format!("shutdown.max_delay from the configuration; {why_not}"),
+        lost_seconds: 0.0,
     }
 }
 
@@ -404,7 +418,8 @@ pub fn build_report(
     let steps = plan_steps(&plan, &infos).context("invalid drain plan")?;
     let reserves = BudgetReserves::from(&settings.drain);
     let budget_duration = Duration::from_millis((budget.seconds * 1000.0).round() as u64);
-    let schedule = split_budget(budget_duration, &steps, &reserves);
+    let lost = Duration::from_millis((budget.lost_seconds * 1000.0).round() as u64);
+    let schedule = split_remaining(budget_duration, lost, &steps, &reserves);
 
     let needed = reserves_needed(&schedule, &reserves);
     let mut order = Vec::new();
@@ -449,7 +464,7 @@ pub fn build_report(
             static_seconds: secs(reserves.static_pods),
             critical_priority: reserves.critical_priority,
             needed_seconds: secs(needed),
-            below_reserves: budget_duration < needed,
+            below_reserves: budget_duration.saturating_sub(lost) < needed,
         },
         budget,
         steps: step_reports,
@@ -564,6 +579,14 @@ pub fn render_table(r: &PlanReport) -> String {
         human(budget),
         r.budget.detail
     ));
+    if r.budget.lost_seconds > 0.0 {
+        let lost = Duration::from_millis((r.budget.lost_seconds * 1000.0).round() as u64);
+        out.push_str(&format!(
+            "Lost before the drain could go on: {} (--lost); the {} left is split over the pods, as after an apiserver outage\n",
+            human(lost),
+            human(budget.saturating_sub(lost))
+        ));
+    }
     let res = &r.reserves;
     let d = |s: f64| human(Duration::from_millis((s * 1000.0).round() as u64));
     out.push_str(&format!(

@@ -25,6 +25,9 @@ use crate::shutdown::ShutdownRequest;
 use crate::state::{BootIdSource, OfflineDrain, PodCache};
 use crate::staticpods::StaticPodGate;
 
+use crate::plan::reachability::retry_delay;
+use rand::Rng as _;
+
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 const RETRY_MAX_UNREACHABLE: Duration = Duration::from_secs(4);
@@ -120,6 +123,9 @@ pub struct NodeDrainer {
     /// When connecting began: a shutdown after the apiserver has been unreachable for
     /// `fallback.apiserver_timeout` since then does not wait that long again.
     connecting_since: tokio::time::Instant,
+    /// True once a shutdown began: a connection still being tried is tried at once, then at
+    /// most about a second apart.
+    shutting_down: watch::Sender<bool>,
 }
 
 impl Drop for NodeDrainer {
@@ -145,10 +151,20 @@ impl NodeDrainer {
         let gate = parts.gate.clone();
         let metrics = parts.metrics.clone();
         let task_stop = stop.clone();
+        let (shutting_down, shutdown_rx) = watch::channel(false);
         tokio::spawn(async move {
+            let connecting = connect_engine(
+                connect,
+                settings,
+                node,
+                gate,
+                metrics,
+                task_stop.clone(),
+                shutdown_rx,
+            );
             let started = tokio::select! {
                 _ = task_stop.cancelled() => return,
-                engine = connect_engine(connect, settings, node, gate, metrics, task_stop.clone()) => engine,
+                engine = connecting => engine,
             };
             let engine = Arc::new(started);
             tx.send_replace(Some(engine.clone()));
@@ -169,6 +185,7 @@ impl NodeDrainer {
             fallback: Mutex::new(None),
             stop,
             connecting_since: tokio::time::Instant::now(),
+            shutting_down,
         }
     }
 
@@ -298,6 +315,7 @@ impl NodeDrainer {
 #[async_trait]
 impl Drainer for NodeDrainer {
     async fn drain(&self, req: &ShutdownRequest) -> Result<()> {
+        self.shutting_down.send_replace(true);
         let timeout = self.settings().fallback.apiserver_timeout;
         let mut engine = self
             .engine_within(timeout.saturating_sub(self.connecting_since.elapsed()))
@@ -435,6 +453,7 @@ async fn connect_engine<F, Fut, C>(
     gate: Arc<dyn StaticPodGate>,
     metrics: Metrics,
     stop: CancellationToken,
+    mut shutting_down: watch::Receiver<bool>,
 ) -> Engine
 where
     F: Fn() -> Fut,
@@ -480,8 +499,20 @@ where
                     tracing::warn!(node = %node, apiserver = %endpoint, error = %text, retry_in = ?delay, "cannot reach the apiserver yet");
                 }
                 said = Some(text);
+                // During a shutdown an apiserver that is away is looked for at most about a
+                // second apart (a refused credential does not mend itself meanwhile).
+                let wait = if *shutting_down.borrow_and_update() && !credential {
+                    retry_delay(failures, true, rand::rng().random::<f64>())
+                } else {
+                    delay
+                };
                 failures += 1;
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    changed = shutting_down.changed() => if changed.is_err() {
+                        tokio::time::sleep(wait).await;
+                    },
+                }
                 // An apiserver that is away is looked for often (a shutdown waits at most
                 // fallback.apiserver_timeout for it); one that refuses the credential less so.
                 let cap = if credential {

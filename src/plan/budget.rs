@@ -180,13 +180,37 @@ pub(crate) fn split_budget(
     steps: &[PlanStep],
     reserves: &BudgetReserves,
 ) -> Vec<StepSchedule> {
+    split_remaining(budget, Duration::ZERO, steps, reserves)
+}
+
+/// The schedule of a drain that could not go on until `elapsed` into its `budget` (time lost
+/// to an unusable apiserver, or a daemon restarted mid-drain): what is left of the budget is
+/// split over `steps` (the pods still there) by the same rule, starting at `elapsed`. Later
+/// classes keep their reserves whenever what is left covers them; the lost time comes out of
+/// the earliest class's surplus first. Times stay offsets from the start of the drain.
+pub(crate) fn split_remaining(
+    budget: Duration,
+    elapsed: Duration,
+    steps: &[PlanStep],
+    reserves: &BudgetReserves,
+) -> Vec<StepSchedule> {
+    let origin = ms(elapsed.min(budget));
+    split_ms(origin, ms(budget) - origin, steps, reserves)
+}
+
+/// The split of `b` ms that start `origin` ms into the drain.
+fn split_ms(
+    origin: u128,
+    b: u128,
+    steps: &[PlanStep],
+    reserves: &BudgetReserves,
+) -> Vec<StepSchedule> {
     const CLASSES: [StepClass; 4] = [
         StepClass::Regular,
         StepClass::Critical,
         StepClass::DaemonSet,
         StepClass::Static,
     ];
-    let b = ms(budget);
     let classes: Vec<StepClass> = steps
         .iter()
         .map(|s| StepClass::of(&s.entry, reserves.critical_priority))
@@ -207,13 +231,14 @@ pub(crate) fn split_budget(
     let mut windows: Vec<(StepClass, u128, u128)> = Vec::new();
     let mut cumulative = 0u128;
     for c in &active {
-        let start = windows.last().map_or(0, |w| w.2);
+        let start = windows.last().map_or(origin, |w| w.2);
         cumulative += ms(c.reserve(reserves));
-        let end = if scaled {
-            scale(b, cumulative, reserve_sum)
-        } else {
-            b - reserve_sum + cumulative
-        };
+        let end = origin
+            + if scaled {
+                scale(b, cumulative, reserve_sum)
+            } else {
+                b - reserve_sum + cumulative
+            };
         windows.push((*c, start, end));
     }
 
@@ -245,9 +270,12 @@ pub(crate) fn split_budget(
                 start,
                 end,
                 grace_ms(&steps[i]),
-                b,
-                reserve_sum,
-                scaled,
+                Split {
+                    origin,
+                    budget: b,
+                    reserve_sum,
+                    scaled,
+                },
             ));
             start = end;
         }
@@ -260,24 +288,38 @@ pub(crate) fn split_budget(
                 .filter(|s| s.index < step.index)
                 .map(|s| ms(s.end))
                 .max()
-                .unwrap_or(0);
-            out.push(schedule(step, *class, at, at, 0, b, reserve_sum, scaled));
+                .unwrap_or(origin);
+            let split = Split {
+                origin,
+                budget: b,
+                reserve_sum,
+                scaled,
+            };
+            out.push(schedule(step, *class, at, at, 0, split));
         }
     }
     out.sort_by_key(|s| s.index);
     out
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a step's window was cut from.
+#[derive(Clone, Copy)]
+struct Split {
+    /// When the split starts: 0, or the time lost before the drain could go on.
+    origin: u128,
+    /// What was split: the budget, less `origin`.
+    budget: u128,
+    reserve_sum: u128,
+    scaled: bool,
+}
+
 fn schedule(
     step: &PlanStep,
     class: StepClass,
     start: u128,
     end: u128,
     grace: u128,
-    budget: u128,
-    reserve_sum: u128,
-    scaled: bool,
+    split: Split,
 ) -> StepSchedule {
     let end = end.max(start);
     let share = end - start;
@@ -296,11 +338,18 @@ fn schedule(
             fmt(escalate_at),
             fmt(end),
         );
-        if scaled {
+        if split.scaled {
             text.push_str(&format!(
                 " (budget {} is below the reserves {}: reserves scaled down)",
-                fmt(budget),
-                fmt(reserve_sum)
+                fmt(split.budget),
+                fmt(split.reserve_sum)
+            ));
+        }
+        if split.origin > 0 {
+            text.push_str(&format!(
+                " (planned again at {}: the {} left of the budget split over the pods left)",
+                fmt(split.origin),
+                fmt(split.budget)
             ));
         }
         text
@@ -499,6 +548,72 @@ mod tests {
             })
     }
 
+    /// The scenario of an apiserver that came back 20 s into a 60 s shutdown: the first band
+    /// gets a window after the outage (not one that ended during it), and the later classes
+    /// keep their reserves.
+    #[test]
+    fn time_lost_before_the_drain_comes_out_of_the_surplus_not_out_of_the_first_band() {
+        let mut web = pod("web", PodType::Default, 0);
+        web.termination_grace_period_seconds = 10;
+        let pods = vec![
+            web,
+            pod("dns", PodType::Default, 2_000_000_000),
+            pod("proxy", PodType::DaemonSet, 2_000_001_000),
+        ];
+        let r = BudgetReserves {
+            daemonset: secs(5),
+            static_pods: secs(5),
+            critical: secs(10),
+            critical_priority: 2_000_000_000,
+        };
+        let s = steps(&[], &pods);
+        let first = split_budget(secs(60), &s, &r);
+        assert_eq!((first[0].escalate_at, first[0].end), (secs(35), secs(45)));
+        let again = split_remaining(secs(60), secs(50), &s, &r);
+        // 10 s left cannot cover the 15 s of reserves: scaled, regular pods get nothing.
+        assert_eq!(again[0].end, secs(50));
+        let again = split_remaining(secs(60), secs(20), &s, &r);
+        // 40 s left: regular gets 40 - 15 = 25 s from 20 s on, half of it cooperative.
+        assert_eq!(
+            (again[0].start, again[0].escalate_at, again[0].end),
+            (secs(20), secs(35), secs(45))
+        );
+        let critical = again
+            .iter()
+            .find(|x| x.class == StepClass::Critical && !x.pods.is_empty())
+            .unwrap();
+        assert_eq!((critical.start, critical.end), (secs(45), secs(55)));
+        let ds = again
+            .iter()
+            .find(|x| x.class == StepClass::DaemonSet && !x.pods.is_empty())
+            .unwrap();
+        assert_eq!((ds.start, ds.end), (secs(55), secs(60)));
+        assert!(
+            again[0]
+                .explanation
+                .contains("planned again at 20s: the 40s left of the budget"),
+            "{}",
+            again[0].explanation
+        );
+        assert!(!first[0].explanation.contains("planned again"));
+    }
+
+    #[test]
+    fn nothing_lost_is_the_plain_split() {
+        let s = steps(&[entry(PodType::Default, 50)], &node_pods());
+        assert_eq!(
+            split_remaining(secs(300), Duration::ZERO, &s, &reserves()),
+            split_budget(secs(300), &s, &reserves())
+        );
+        // More lost than the budget: every step at the end of the budget.
+        for x in split_remaining(secs(300), secs(400), &s, &reserves()) {
+            assert_eq!(
+                (x.start, x.escalate_at, x.end),
+                (secs(300), secs(300), secs(300))
+            );
+        }
+    }
+
     proptest! {
         #[test]
         fn split_is_bounded_ordered_monotone_and_keeps_reserves(
@@ -537,6 +652,27 @@ mod tests {
                     let window: Duration = small.iter().filter(|x| x.class == c).map(|x| x.end - x.start).sum();
                     prop_assert!(window >= reserve_of(c), "{:?} got {:?} < {:?}", c, window, reserve_of(c));
                 }
+            }
+        }
+
+        /// A split after time was lost is the split of what is left, shifted to start then:
+        /// nothing before the moment of the new plan, nothing past the budget.
+        #[test]
+        fn a_new_plan_is_the_split_of_what_is_left(
+            pods in arb_pods(),
+            r in arb_reserves(),
+            b in 0u64..600_000,
+            lost in 0u64..700_000,
+        ) {
+            let s = steps(&[], &pods);
+            let (budget, lost) = (Duration::from_millis(b), Duration::from_millis(lost));
+            let again = split_remaining(budget, lost, &s, &r);
+            let at = lost.min(budget);
+            let plain = split_budget(budget - at, &s, &r);
+            prop_assert_eq!(again.len(), plain.len());
+            for (x, y) in again.iter().zip(&plain) {
+                prop_assert!(at <= x.start && x.start <= x.escalate_at && x.escalate_at <= x.end && x.end <= budget);
+                prop_assert_eq!((x.start, x.escalate_at, x.end), (y.start + at, y.escalate_at + at, y.end + at));
             }
         }
     }

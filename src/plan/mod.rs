@@ -12,6 +12,8 @@
 //! - [`budget`]: the shutdown deadline split over plan steps (`nodegrace plan` prints it).
 //! - [`drain`]: the drain decision for the node ([`drain::decide`]): targets, what is asked
 //!   of each pod and which are escalated, from a snapshot the engine builds.
+//! - [`reachability`]: whether the apiserver can be used, the back-off between tries, when a
+//!   shutdown falls back offline and when time lost to an outage is planned again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +31,7 @@ pub mod gns;
 pub(crate) mod model;
 #[cfg(test)]
 mod proptests;
+pub(crate) mod reachability;
 pub mod selector;
 pub mod targets;
 #[cfg(test)]
@@ -36,7 +39,7 @@ pub(crate) mod testutil;
 
 pub use budget::plan_steps;
 pub(crate) use budget::{
-    escalation_grace, reserves_needed, split_budget, BudgetReserves, StepSchedule,
+    escalation_grace, reserves_needed, split_budget, split_remaining, BudgetReserves, StepSchedule,
 };
 pub(crate) use drainplan::PlanError;
 pub use drainplan::{normalize_drain_plan, shutdown_drain_plan};

@@ -47,8 +47,9 @@ use super::FIELD_MANAGER;
 use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
 use crate::config::Settings;
 use crate::metrics::Metrics;
-use crate::plan::budget::StepSchedule;
-use crate::plan::{DrainTargets, PodInfo};
+use crate::plan::budget::{BudgetReserves, StepSchedule};
+use crate::plan::reachability::{self, Change, Reachability};
+use crate::plan::{DrainPlanEntry, DrainTargets, PodInfo};
 use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
@@ -65,6 +66,13 @@ const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
 const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Between tries of a shutdown step the apiserver did not take.
+const RETRY_IN_SHUTDOWN: Duration = Duration::from_millis(200);
+
+/// `d` to whole milliseconds, for messages.
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 pub use crate::api::shutdown_maintenance_name;
 
@@ -145,8 +153,14 @@ struct Shared {
     /// Origin of the drain clock (`plan::drain` works on offsets from it).
     epoch: Instant,
     endpoint: String,
-    /// Since when every request to the apiserver has failed (see [`is_unusable`]).
-    failing: Mutex<Option<Failing>>,
+    /// Whether the apiserver can be used (see [`is_unusable`]), on the drain clock.
+    reach: Mutex<Reachability>,
+    /// Bumped when the apiserver answers again after an outage, and when a shutdown starts:
+    /// the watches waiting out a back-off try again at once.
+    reconnect: watch::Sender<u64>,
+    /// A shutdown drain runs (from its first request, before its schedule exists): failed
+    /// watches try again at most about a second apart.
+    shutting_down: std::sync::atomic::AtomicBool,
     shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
     progress: watch::Sender<Progress>,
     recorder: Recorder,
@@ -179,15 +193,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Whether a kube error says the apiserver cannot be used now, as opposed to an answer
-/// about the request itself (404, 409, 422, ...): no answer at all, or an answer that
-/// fails or refuses this client whatever it asks. An apiserver that is starting answers
-/// 403 to everything until its RBAC caches are loaded, and 5xx while its storage is not
-/// ready; such answers are retried, and only their persistence past
-/// `fallback.apiserver_timeout` sends a shutdown to the offline fallback.
+/// about the request itself (404, 409, 422, ...): no answer at all, an answer that fails or
+/// refuses this client whatever it asks, or one that cannot be read (a proxy's HTML page, a
+/// truncated body: nothing is decided on what could not be read). An apiserver that is
+/// starting answers 403 to everything until its RBAC caches are loaded, and 5xx while its
+/// storage is not ready; such answers are retried, and only their persistence past
+/// `fallback.apiserver_timeout` sends a shutdown to the offline fallback
+/// ([`crate::plan::reachability`]).
 fn is_unusable(err: &kube::Error) -> bool {
     match err {
         kube::Error::Api(status) => matches!(status.code, 401 | 403 | 429 | 500..=599),
-        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
+        kube::Error::BuildRequest(_) => false,
         _ => true,
     }
 }
@@ -196,16 +212,6 @@ fn anyhow_is_unusable(err: &anyhow::Error) -> bool {
     err.chain()
         .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_unusable))
 }
-
-/// Since when the apiserver cannot be used, and what it last said.
-struct Failing {
-    since: Instant,
-    last_error: String,
-    reminded: Instant,
-}
-
-/// How often a still unusable apiserver is mentioned in the log again.
-const UNUSABLE_REMINDER: Duration = Duration::from_secs(60);
 
 fn rv_number<K: Resource>(k: &K) -> u64 {
     k.meta()
@@ -370,6 +376,29 @@ fn strip_empty(v: &Value) -> Value {
     }
 }
 
+impl Replan {
+    fn status(&self) -> crate::api::DeadlineReplan {
+        let secs = |d: Duration| i64::try_from((d.as_millis() + 500) / 1000).unwrap_or(i64::MAX);
+        crate::api::DeadlineReplan {
+            at_seconds: secs(self.at),
+            lost_seconds: secs(self.lost),
+            budget_left_seconds: secs(self.left),
+            reason: self.cause.clone(),
+        }
+    }
+
+    fn note(&self) -> String {
+        let fmt = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
+        format!(
+            "{} ({} lost): the {} left of the shutdown budget, from {} on, split again over the pods left",
+            self.cause,
+            fmt(self.lost),
+            fmt(self.left),
+            fmt(self.at)
+        )
+    }
+}
+
 fn describe_targets(t: &DrainTargets) -> String {
     let parts: Vec<String> = t
         .to_entries()
@@ -410,6 +439,10 @@ struct DrainState {
     /// The eviction back-off cap and concurrency last given to the eviction-request
     /// controller.
     eviction_requests_tuned: Option<(Duration, usize)>,
+    /// The shutdown maintenance's name and its latest re-plan, for its status entry.
+    shutdown_replan: Option<(String, Replan)>,
+    /// The re-plan last told in an event.
+    replan_announced: Option<Replan>,
 }
 
 struct MaintView {
@@ -421,12 +454,30 @@ struct MaintView {
     targets: DrainTargets,
 }
 
+#[derive(Clone)]
 struct ShutdownCtx {
     name: String,
+    plan: Vec<DrainPlanEntry>,
     step_targets: Vec<DrainTargets>,
+    budget: Duration,
+    reserves: BudgetReserves,
     schedule: Vec<StepSchedule>,
     /// Tokio instant of `ShutdownRequest::started_at`.
     start: Instant,
+    /// The last time the schedule was split again over what was left of the budget.
+    replanned: Option<Replan>,
+}
+
+/// A new split of a shutdown's budget after time was lost.
+#[derive(Debug, Clone, PartialEq)]
+struct Replan {
+    /// Since the start of the shutdown.
+    at: Duration,
+    lost: Duration,
+    /// What was left of the budget, split again.
+    left: Duration,
+    /// What was lost to, for the log, the status and the event.
+    cause: String,
 }
 
 impl ShutdownCtx {
@@ -470,7 +521,9 @@ impl Engine {
             wake,
             epoch: Instant::now(),
             endpoint: opts.endpoint,
-            failing: Mutex::new(None),
+            reach: Mutex::new(Reachability::default()),
+            reconnect: watch::channel(0u64).0,
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
             shutdown: Mutex::new(None),
             progress,
             recorder,
@@ -589,7 +642,7 @@ impl Engine {
 
     /// Whether the apiserver answers (the last request or watch event succeeded).
     pub fn reachable(&self) -> bool {
-        self.shared.unreachable_for() == Duration::ZERO
+        lock(&self.shared.reach).usable()
     }
 
     /// Waits until the apiserver answers again and the watches have listed (after
@@ -603,7 +656,7 @@ impl Engine {
                 let r = lock(&sh.ready);
                 r.node && r.pods && r.maintenances
             };
-            if ready && sh.unreachable_for() == Duration::ZERO {
+            if ready && lock(&sh.reach).usable() {
                 return;
             }
             tokio::select! {
@@ -635,53 +688,92 @@ impl Shared {
         self.wake.send_modify(|g| *g = g.wrapping_add(1));
     }
 
+    /// Now on the drain clock.
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// A usable answer. The first after an outage wakes the watches (no back-off inherited
+    /// from the outage) and has a shutdown under way plan the time it lost.
     fn mark_reachable(&self) {
-        if let Some(was) = lock(&self.failing).take() {
-            tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?was.since.elapsed(), "the apiserver answers again");
+        let change = lock(&self.reach).answered(self.now());
+        if let Change::CameBack { lost } = change {
+            tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
+            self.reconnect.send_modify(|g| *g = g.wrapping_add(1));
+            if reachability::replan_after(lost) {
+                self.replan_shutdown(
+                    lost,
+                    format!(
+                        "the apiserver could not be used for {}",
+                        humantime::format_duration(round_ms(lost))
+                    ),
+                );
+            }
+            self.bump();
         }
     }
 
-    /// Every request failed this way since the last good answer (see [`is_unusable`]).
+    /// An unusable answer, or none (see [`is_unusable`]).
     fn mark_unreachable(&self, error: &dyn std::fmt::Display) {
-        let now = Instant::now();
         let error = error.to_string();
-        let mut failing = lock(&self.failing);
-        match failing.as_mut() {
-            None => {
+        let change = lock(&self.reach).failed(self.now(), error.clone());
+        match change {
+            Change::WentAway => {
                 tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, "the apiserver cannot be used; retrying");
-                *failing = Some(Failing {
-                    since: now,
-                    last_error: error,
-                    reminded: now,
-                });
             }
-            Some(f) => {
-                if now.duration_since(f.reminded) >= UNUSABLE_REMINDER {
-                    tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?f.since.elapsed(), "the apiserver still cannot be used");
-                    f.reminded = now;
-                }
-                f.last_error = error;
+            Change::StillAway { for_, remind: true } => {
+                tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?for_, "the apiserver still cannot be used");
             }
+            _ => {}
         }
     }
 
-    fn unreachable_for(&self) -> Duration {
-        lock(&self.failing)
-            .as_ref()
-            .map_or(Duration::ZERO, |f| f.since.elapsed())
-    }
-
+    /// When a shutdown must go to the offline fallback, if the apiserver cannot be used.
     fn unreachable_deadline(&self) -> Option<Instant> {
-        lock(&self.failing)
-            .as_ref()
-            .map(|f| f.since + self.settings().fallback.apiserver_timeout)
+        let timeout = self.settings().fallback.apiserver_timeout;
+        lock(&self.reach)
+            .fallback_at(timeout)
+            .map(|at| self.epoch + at)
     }
 
     fn unusable_error(&self) -> EngineError {
-        let last = lock(&self.failing)
-            .as_ref()
-            .map_or_else(|| "no answer yet".to_string(), |f| f.last_error.clone());
-        EngineError::ApiserverUnreachable(self.settings().fallback.apiserver_timeout, last)
+        let reach = lock(&self.reach);
+        let last = reach
+            .last_error()
+            .map_or_else(|| "no answer yet".to_string(), str::to_owned);
+        let unusable_for = reach
+            .unusable_for(self.now())
+            .max(self.settings().fallback.apiserver_timeout);
+        EngineError::ApiserverUnreachable(round_ms(unusable_for), last)
+    }
+
+    /// Splits what is left of the shutdown's budget again over the pods left, after `lost`
+    /// (see [`crate::plan::budget::split_remaining`]). No shutdown under way: nothing to do.
+    fn replan_shutdown(&self, lost: Duration, cause: String) {
+        let mut slot = lock(&self.shutdown);
+        let Some(ctx) = slot.as_ref() else {
+            return;
+        };
+        let at = ctx.start.elapsed();
+        let steps = match crate::plan::plan_steps(&ctx.plan, &self.pod_infos()) {
+            Ok(steps) => steps,
+            Err(err) => {
+                tracing::warn!(node = %self.node, maintenance = %ctx.name, error = %err, "cannot plan the shutdown again; keeping its schedule");
+                return;
+            }
+        };
+        let schedule = crate::plan::budget::split_remaining(ctx.budget, at, &steps, &ctx.reserves);
+        let left = ctx.budget.saturating_sub(at);
+        tracing::info!(node = %self.node, maintenance = %ctx.name, lost = ?lost, at = ?at, left = ?left, cause = %cause, "time lost: the rest of the shutdown budget is split again over the pods left");
+        let mut next = (**ctx).clone();
+        next.schedule = schedule;
+        next.replanned = Some(Replan {
+            at,
+            lost,
+            left,
+            cause,
+        });
+        *slot = Some(Arc::new(next));
     }
 
     /// One cheap request to learn whether the apiserver answers.
@@ -709,10 +801,10 @@ impl Shared {
     /// once the apiserver has not been usable for `fallback.apiserver_timeout`.
     async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
         let timeout = self.settings().fallback.apiserver_timeout;
-        if started.elapsed() >= timeout || self.unreachable_for() >= timeout {
+        if started.elapsed() >= timeout || lock(&self.reach).must_fall_back(self.now(), timeout) {
             return Err(self.unusable_error());
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(RETRY_IN_SHUTDOWN).await;
         Ok(())
     }
 
@@ -870,6 +962,42 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            serde_json::from_value(json!({"code": code, "message": "m"})).unwrap(),
+        ))
+    }
+
+    #[test]
+    fn answers_about_the_request_leave_the_apiserver_usable() {
+        for code in [400, 404, 409, 410, 422] {
+            assert!(!is_unusable(&api(code)), "{code}");
+        }
+    }
+
+    #[test]
+    fn refusals_of_everything_no_answer_and_unreadable_answers_make_it_unusable() {
+        // 401/403 while its RBAC caches load, 429 throttling, 5xx while its storage is away.
+        for code in [401, 403, 429, 500, 502, 503, 504] {
+            assert!(is_unusable(&api(code)), "{code}");
+        }
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(is_unusable(&kube::Error::Service(Box::new(refused))));
+        // A 200 whose body is a proxy's HTML page, or cut short.
+        for body in [
+            "<html><body>502 Bad Gateway</body></html>",
+            "{\"kind\":\"Node\",\"meta",
+        ] {
+            let garbage = serde_json::from_str::<Node>(body).unwrap_err();
+            assert!(is_unusable(&kube::Error::SerdeError(garbage)), "{body}");
+        }
+        let through_context = anyhow::Error::from(api(503)).context("patching node n1");
+        assert!(anyhow_is_unusable(&through_context));
+        assert!(!anyhow_is_unusable(&anyhow::anyhow!(
+            "no kube error at all"
+        )));
+    }
 
     #[test]
     fn merged_patches_keep_both() {

@@ -160,6 +160,9 @@ impl Shared {
             })
         });
 
+        st.shutdown_replan = ctx
+            .as_ref()
+            .and_then(|c| c.replanned.clone().map(|r| (c.name.clone(), r)));
         self.take_eviction_blocks(st, &node, &prepared);
         let now = self.epoch.elapsed();
         let node_pods = self.node_pods(&classified, now);
@@ -213,6 +216,20 @@ impl Shared {
                 .await?;
             if force && !written {
                 all_written = false;
+            }
+        }
+
+        if let Some((name, replan)) = st.shutdown_replan.clone() {
+            if st.replan_announced.as_ref() != Some(&replan) {
+                let m = active.iter().find(|m| m.name_any() == name);
+                self.event_both(
+                    &node,
+                    m.map(|m| m.as_ref()),
+                    true,
+                    "Replanned",
+                    replan.note(),
+                );
+                st.replan_announced = Some(replan);
             }
         }
 

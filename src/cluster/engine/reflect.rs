@@ -1,14 +1,22 @@
 //! The watches: one reflector per resource feeding the reconcile loop.
+//!
+//! A failed watch waits before it tries again ([`retry_delay`]), but not past the moment the
+//! apiserver is known to answer again, or a shutdown starts: then it tries at once. A
+//! watcher's own back-off would keep what it built up during an outage, and a shutdown
+//! would wait for it after the apiserver came back.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
+use rand::Rng as _;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{api_error_code, Slim};
+use crate::plan::reachability::retry_delay;
 
 use super::{is_unusable, lock, Ready, Shared};
 
@@ -33,12 +41,15 @@ where
 {
     tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
-        let stream = reflector::reflector(
-            writer,
-            watcher(api, config).default_backoff().modify(K::slim),
-        );
+        let stream = reflector::reflector(writer, watcher(api, config).modify(K::slim));
         futures::pin_mut!(stream);
+        let mut reconnect = shared.reconnect.subscribe();
+        let mut failures = 0u32;
         while let Some(item) = stream.next().await {
+            if item.is_ok() {
+                failures = 0;
+            }
+            let failed = item.is_err();
             match item {
                 Ok(watcher::Event::InitDone) => {
                     *flag(&mut lock(&shared.ready)) = true;
@@ -78,6 +89,16 @@ where
                 }
             }
             shared.bump();
+            if failed {
+                let shutdown = shared.shutting_down.load(Ordering::Relaxed);
+                let delay = retry_delay(failures, shutdown, rand::rng().random::<f64>());
+                failures = failures.saturating_add(1);
+                reconnect.borrow_and_update();
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    r = reconnect.changed() => if r.is_err() { return },
+                }
+            }
         }
     })
 }

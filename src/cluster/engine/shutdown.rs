@@ -2,6 +2,7 @@
 //! adopted, the deadline schedule, waiting for the node to be empty; cancel and the boot after.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,15 +24,16 @@ use crate::cluster::node::{
 };
 use crate::cluster::{api_error_code, FIELD_MANAGER};
 use crate::config::CompletionPolicy;
-use crate::plan::budget::{plan_steps, split_budget, BudgetReserves};
+use crate::plan::budget::{plan_steps, split_remaining, BudgetReserves};
+use crate::plan::reachability;
 use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets};
 use crate::shutdown::{ShutdownKind, ShutdownRequest};
 use crate::state::OfflineDrain;
 
 use super::{
     anyhow_is_unusable, is_deleting, is_unusable, kind_str, lock, merge_params, merge_values,
-    shutdown_maintenance_name, sleep_until_opt, AfterBoot, Engine, EngineError, Progress, Shared,
-    ShutdownCtx, ShutdownTimings, BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL,
+    shutdown_maintenance_name, sleep_until_opt, AfterBoot, Engine, EngineError, Progress, Replan,
+    Shared, ShutdownCtx, ShutdownTimings, BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL,
     SHUTDOWN_KIND_ANNOTATION,
 };
 
@@ -46,6 +48,9 @@ impl Engine {
         let sh = &self.shared;
         let t0 = Instant::now();
         *lock(&sh.timings) = ShutdownTimings::default();
+        // A watch waiting out a long back-off tries again now, then at most a second apart.
+        sh.shutting_down.store(true, Ordering::Relaxed);
+        sh.reconnect.send_modify(|g| *g = g.wrapping_add(1));
         sh.wait_ready(|r| r.node && r.pods && r.maintenances)
             .await?;
 
@@ -73,11 +78,7 @@ impl Engine {
         let plan = normalize_drain_plan(&maintenance.spec.drain_plan).unwrap_or(plan);
         let pods = sh.pod_infos();
         let steps = plan_steps(&plan, &pods).context("splitting the pods over the drain plan")?;
-        let schedule = split_budget(
-            req.budget,
-            &steps,
-            &BudgetReserves::from(&sh.settings().drain),
-        );
+        let reserves = BudgetReserves::from(&sh.settings().drain);
         let step_targets = (0..plan.len())
             .map(|i| DrainTargets::for_plan(&plan, i))
             .collect::<Result<Vec<_>, _>>()
@@ -88,11 +89,32 @@ impl Engine {
         let start = Instant::now()
             .checked_sub(elapsed)
             .unwrap_or_else(Instant::now);
+        // Time already gone (an apiserver that answered late, a restart, the offline
+        // fallback) comes out of what is left, split over the pods still there; it is not
+        // charged to the first band.
+        let schedule = split_remaining(req.budget, elapsed, &steps, &reserves);
+        let replanned = reachability::replan_after(elapsed).then(|| Replan {
+            at: elapsed,
+            lost: elapsed,
+            left: req.budget.saturating_sub(elapsed),
+            cause: if req.resumed {
+                "the drain went on after the offline fallback or a restart".into()
+            } else {
+                "the drain could not start earlier (the apiserver answered late)".into()
+            },
+        });
+        if let Some(r) = &replanned {
+            tracing::info!(node = %sh.node, maintenance = %name, lost = ?r.lost, left = ?req.budget.saturating_sub(elapsed), cause = %r.cause, "time lost: the rest of the shutdown budget is split over the pods left");
+        }
         *lock(&sh.shutdown) = Some(Arc::new(ShutdownCtx {
             name: name.clone(),
+            plan: plan.clone(),
             step_targets,
+            budget: req.budget,
+            reserves,
             schedule,
             start,
+            replanned,
         }));
         sh.progress.send_replace(Progress::default());
         sh.bump();
@@ -116,7 +138,7 @@ impl Engine {
                 // A watch event may have changed the apiserver's reachability.
                 _ = events.changed() => {},
                 _ = sleep_until_opt(deadline) => {
-                    if sh.unreachable_for() >= sh.settings().fallback.apiserver_timeout {
+                    if lock(&sh.reach).must_fall_back(sh.now(), sh.settings().fallback.apiserver_timeout) {
                         return Err(sh.unusable_error());
                     }
                 }
@@ -142,6 +164,7 @@ impl Engine {
     pub async fn cancel_shutdown(&self, policy: CompletionPolicy) -> Result<()> {
         let sh = &self.shared;
         *lock(&sh.shutdown) = None;
+        sh.shutting_down.store(false, Ordering::Relaxed);
         sh.bump();
         sh.clear_shutdown_marks().await?;
         if policy == CompletionPolicy::Complete {

@@ -102,6 +102,10 @@ impl Shared {
             entry.pods_not_targeted = pods.iter().filter(|p| p.is_active()).count() as i32;
         }
 
+        if let Some((_, replan)) = st.shutdown_replan.as_ref().filter(|(n, _)| *n == name) {
+            entry.deadline_replan = Some(replan.status());
+        }
+
         let mut current = m.node_status(&self.node).cloned();
         if let Some(c) = current.as_mut() {
             c.last_update_time = None;

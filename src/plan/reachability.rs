@@ -1,0 +1,291 @@
+//! Can the apiserver be used, and what the node does about it. One state, fed the outcome of
+//! every request and watch event (usable or not, and when), answers every question the
+//! engine, the drainer and the watches ask about the apiserver:
+//!
+//! - an outage begins with the first unusable answer after a usable one ([`Change::WentAway`],
+//!   said once in the log, then once a minute: [`Change::StillAway`]);
+//! - it ends with the next usable answer ([`Change::CameBack`]): the watches retry at once,
+//!   without the back-off they built up during it, and a shutdown under way splits what is
+//!   left of its budget again over the steps left ([`replan_after`]);
+//! - a shutdown falls back offline once the apiserver has been unusable for
+//!   `fallback.apiserver_timeout` ([`Reachability::fallback_at`]);
+//! - between tries: [`retry_delay`] (short and capped at about a second while a shutdown
+//!   runs, client-go's reflector back-off otherwise).
+//!
+//! "Unusable" is decided by the adapter that saw the answer (no answer; an answer that fails
+//! or refuses whatever is asked: 401, 403, 429, 5xx; a body that cannot be read). Times are
+//! offsets on the caller's monotonic clock.
+
+use std::time::Duration;
+
+/// How often a still unusable apiserver is mentioned in the log again.
+pub(crate) const REMINDER: Duration = Duration::from_secs(60);
+
+/// An outage shorter than this leaves a shutdown's schedule as it is: a throttled request or
+/// a restarted watch costs less than the churn of moving every deadline.
+pub(crate) const REPLAN_MIN_LOST: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outage {
+    since: Duration,
+    last_error: String,
+    reminded: Duration,
+}
+
+/// The apiserver's usability as this node last saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Reachability {
+    outage: Option<Outage>,
+}
+
+/// What an outcome changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Usable and still usable.
+    Same,
+    /// The first unusable answer after a usable one.
+    WentAway,
+    /// Unusable for `for_` now; `remind`: say so again in the log.
+    StillAway { for_: Duration, remind: bool },
+    /// Usable again after `lost`.
+    CameBack { lost: Duration },
+}
+
+impl Reachability {
+    /// A usable answer at `now`.
+    pub(crate) fn answered(&mut self, now: Duration) -> Change {
+        match self.outage.take() {
+            Some(o) => Change::CameBack {
+                lost: now.saturating_sub(o.since),
+            },
+            None => Change::Same,
+        }
+    }
+
+    /// An unusable answer (or none) at `now`.
+    pub(crate) fn failed(&mut self, now: Duration, error: String) -> Change {
+        match &mut self.outage {
+            None => {
+                self.outage = Some(Outage {
+                    since: now,
+                    last_error: error,
+                    reminded: now,
+                });
+                Change::WentAway
+            }
+            Some(o) => {
+                o.last_error = error;
+                let remind = now.saturating_sub(o.reminded) >= REMINDER;
+                if remind {
+                    o.reminded = now;
+                }
+                Change::StillAway {
+                    for_: now.saturating_sub(o.since),
+                    remind,
+                }
+            }
+        }
+    }
+
+    pub(crate) fn usable(&self) -> bool {
+        self.outage.is_none()
+    }
+
+    /// How long every answer has been unusable, at `now`; zero while usable.
+    pub(crate) fn unusable_for(&self, now: Duration) -> Duration {
+        self.outage
+            .as_ref()
+            .map_or(Duration::ZERO, |o| now.saturating_sub(o.since))
+    }
+
+    pub(crate) fn last_error(&self) -> Option<&str> {
+        self.outage.as_ref().map(|o| o.last_error.as_str())
+    }
+
+    /// When a shutdown must go to the offline fallback: `timeout` after the outage began.
+    /// None while the apiserver is usable.
+    pub(crate) fn fallback_at(&self, timeout: Duration) -> Option<Duration> {
+        self.outage.as_ref().map(|o| o.since + timeout)
+    }
+
+    /// Whether a shutdown must go to the offline fallback at `now`.
+    pub(crate) fn must_fall_back(&self, now: Duration, timeout: Duration) -> bool {
+        self.fallback_at(timeout).is_some_and(|at| now >= at)
+    }
+}
+
+/// Whether a shutdown under way splits its budget again after `lost` to an outage.
+pub(crate) fn replan_after(lost: Duration) -> bool {
+    lost >= REPLAN_MIN_LOST
+}
+
+/// The wait before try `failures + 1` of a failed watch or request. While a shutdown runs the
+/// node must see the apiserver come back within about a second: 200 ms doubling, capped at
+/// 1 s. Otherwise client-go's reflector back-off: 800 ms doubling, capped at 30 s. `jitter`
+/// in `[0, 1)` stretches the wait by up to half (so a fleet whose apiserver restarts does not
+/// come back in step), never past the shutdown's cap.
+pub(crate) fn retry_delay(failures: u32, shutdown: bool, jitter: f64) -> Duration {
+    let (first, cap) = if shutdown {
+        (Duration::from_millis(200), Duration::from_secs(1))
+    } else {
+        (Duration::from_millis(800), Duration::from_secs(30))
+    };
+    let doubled = first.saturating_mul(1u32 << failures.min(16));
+    let base = doubled.min(cap);
+    let stretched = base.mul_f64(1.0 + jitter.clamp(0.0, 0.999) / 2.0);
+    if shutdown {
+        stretched.min(cap)
+    } else {
+        stretched
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn an_outage_is_said_once_and_then_once_a_minute() {
+        let mut r = Reachability::default();
+        assert_eq!(r.answered(S(1)), Change::Same);
+        assert_eq!(r.failed(S(2), "refused".into()), Change::WentAway);
+        assert_eq!(
+            r.failed(S(3), "refused".into()),
+            Change::StillAway {
+                for_: S(1),
+                remind: false
+            }
+        );
+        assert_eq!(
+            r.failed(S(62), "timed out".into()),
+            Change::StillAway {
+                for_: S(60),
+                remind: true
+            }
+        );
+        assert_eq!(
+            r.failed(S(63), "timed out".into()),
+            Change::StillAway {
+                for_: S(61),
+                remind: false
+            }
+        );
+        assert_eq!(r.last_error(), Some("timed out"));
+    }
+
+    #[test]
+    fn the_first_usable_answer_ends_the_outage_and_says_how_long_it_was() {
+        let mut r = Reachability::default();
+        r.failed(S(10), "x".into());
+        r.failed(S(12), "x".into());
+        assert!(!r.usable());
+        assert_eq!(r.unusable_for(S(14)), S(4));
+        assert_eq!(r.answered(MS(17_500)), Change::CameBack { lost: MS(7_500) });
+        assert!(r.usable());
+        assert_eq!(r.unusable_for(S(20)), Duration::ZERO);
+        assert_eq!(r.answered(S(21)), Change::Same);
+        assert_eq!(r.last_error(), None);
+    }
+
+    #[test]
+    fn the_fallback_is_due_the_timeout_after_the_outage_began_not_after_the_last_error() {
+        let mut r = Reachability::default();
+        let timeout = S(10);
+        assert_eq!(r.fallback_at(timeout), None);
+        assert!(!r.must_fall_back(S(100), timeout));
+        r.failed(S(5), "x".into());
+        r.failed(S(14), "x".into());
+        assert_eq!(r.fallback_at(timeout), Some(S(15)));
+        assert!(!r.must_fall_back(MS(14_999), timeout));
+        assert!(r.must_fall_back(S(15), timeout));
+        // One usable answer starts the count again.
+        r.answered(S(15));
+        r.failed(S(16), "x".into());
+        assert!(!r.must_fall_back(S(25), timeout));
+        assert!(r.must_fall_back(S(26), timeout));
+    }
+
+    #[test]
+    fn only_an_outage_of_a_second_or_more_replans() {
+        assert!(!replan_after(MS(999)));
+        assert!(replan_after(S(1)));
+        assert!(replan_after(S(30)));
+    }
+
+    #[test]
+    fn retries_during_a_shutdown_are_at_most_a_second_apart() {
+        let delays: Vec<Duration> = (0..6).map(|f| retry_delay(f, true, 0.0)).collect();
+        assert_eq!(delays, [MS(200), MS(400), MS(800), S(1), S(1), S(1)]);
+        assert_eq!(retry_delay(40, true, 0.99), S(1));
+    }
+
+    #[test]
+    fn retries_otherwise_back_off_like_client_go() {
+        let delays: Vec<Duration> = (0..8).map(|f| retry_delay(f, false, 0.0)).collect();
+        assert_eq!(
+            delays,
+            [
+                MS(800),
+                MS(1600),
+                MS(3200),
+                MS(6400),
+                MS(12_800),
+                MS(25_600),
+                S(30),
+                S(30)
+            ]
+        );
+        assert_eq!(retry_delay(3, false, 0.5), MS(8000));
+        assert_eq!(retry_delay(u32::MAX, false, 0.0), S(30));
+    }
+
+    proptest! {
+        /// Every wait is within its bounds, and more failures never wait less.
+        #[test]
+        fn retry_delays_are_bounded_and_grow(failures in 0u32..64, shutdown: bool, jitter in 0.0f64..1.0) {
+            let d = retry_delay(failures, shutdown, jitter);
+            let (first, cap) = if shutdown { (MS(200), S(1)) } else { (MS(800), S(45)) };
+            prop_assert!(d >= first && d <= cap, "{d:?}");
+            prop_assert!(retry_delay(failures + 1, shutdown, 0.0) >= retry_delay(failures, shutdown, 0.0));
+        }
+
+        /// Over any sequence of outcomes: the outage is as long as the time since its first
+        /// failure; it ends at the first usable answer, which reports exactly that length;
+        /// the fallback is due exactly `timeout` after the outage began.
+        #[test]
+        fn an_outage_is_measured_from_its_first_failure(
+            steps in proptest::collection::vec((0u64..5_000, any::<bool>()), 1..40),
+            timeout_ms in 1u64..20_000,
+        ) {
+            let mut r = Reachability::default();
+            let mut now = Duration::ZERO;
+            let mut began: Option<Duration> = None;
+            for (advance, usable) in steps {
+                now += MS(advance);
+                if usable {
+                    let change = r.answered(now);
+                    match began.take() {
+                        Some(b) => prop_assert_eq!(change, Change::CameBack { lost: now - b }),
+                        None => prop_assert_eq!(change, Change::Same),
+                    }
+                } else {
+                    let change = r.failed(now, "e".into());
+                    if began.is_none() {
+                        prop_assert_eq!(change, Change::WentAway);
+                        began = Some(now);
+                    }
+                }
+                prop_assert_eq!(r.usable(), began.is_none());
+                prop_assert_eq!(r.unusable_for(now), began.map_or(Duration::ZERO, |b| now - b));
+                prop_assert_eq!(
+                    r.must_fall_back(now, MS(timeout_ms)),
+                    began.is_some_and(|b| now - b >= MS(timeout_ms))
+                );
+            }
+        }
+    }
+}
