@@ -248,9 +248,19 @@ impl ControlPlane {
 
     /// Stops the apiserver process only (etcd and the controllers keep running).
     pub fn stop_apiserver(&self) {
-        let pid_file = self.run.join("kube-apiserver.pid");
+        self.kill("kube-apiserver");
+    }
+
+    /// Stops etcd only: the apiserver keeps running and answers errors or late.
+    pub fn stop_etcd(&self) {
+        self.kill("etcd");
+    }
+
+    /// SIGKILL to the control-plane process `name` (its `<name>.pid`); returns once it is gone.
+    fn kill(&self, name: &str) {
+        let pid_file = self.run.join(format!("{name}.pid"));
         let pid: i32 = std::fs::read_to_string(&pid_file)
-            .expect("kube-apiserver.pid")
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()))
             .trim()
             .parse()
             .expect("pid");
@@ -264,7 +274,7 @@ impl ControlPlane {
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        panic!("kube-apiserver (pid {pid}) did not stop");
+        panic!("{name} (pid {pid}) did not stop");
     }
 }
 
