@@ -903,15 +903,12 @@ async fn time_lost_to_an_outage_is_planned_again_not_charged_to_the_first_band()
         "drained {resumed:?} after the apiserver came back"
     );
     let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
-    let replan = m
-        .node_status(NODE)
-        .and_then(|e| e.deadline_replan.clone())
-        .expect("the re-plan in the node's status entry");
-    assert!(replan.lost_seconds >= 1, "{replan:?}");
-    // Each rounded to the nearest second.
+    let message = &m.node_status(NODE).unwrap().drain_message;
     assert!(
-        (5..=7).contains(&(replan.at_seconds + replan.budget_left_seconds)),
-        "{replan:?}"
+        message.starts_with("Drained; planned again at 1s: ")
+            && message.contains("the apiserver answered late")
+            && message.ends_with("left of the shutdown budget split over the pods left"),
+        "{message}"
     );
     let replanned = env.events("Replanned");
     assert_eq!(
@@ -919,10 +916,11 @@ async fn time_lost_to_an_outage_is_planned_again_not_charged_to_the_first_band()
         2,
         "on the maintenance and the node: {replanned:?}"
     );
-    assert!(replanned[0]["note"]
-        .as_str()
-        .unwrap()
-        .contains("split again"));
+    assert_eq!(
+        replanned[0]["note"].as_str(),
+        message.strip_prefix("Drained; "),
+        "the event says what the status says"
+    );
 }
 
 #[tokio::test]

@@ -216,30 +216,6 @@ pub struct NodeMaintenanceNodeStatus {
     /// When this node's daemon last wrote the entry; lets readers spot a silent node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_update_time: Option<Time>,
-    /// A shutdown's deadline schedule split again over what was left of its budget after
-    /// time was lost (the apiserver could not be used, the daemon restarted): the latest.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline_replan: Option<DeadlineReplan>,
-}
-
-/// How a shutdown planned time it lost: what was left of its budget was split again over the
-/// pods left, instead of being charged to the step that happened to be current.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DeadlineReplan {
-    /// Seconds into the shutdown when the schedule was split again.
-    #[schemars(range(min = 0))]
-    pub at_seconds: i64,
-    /// Seconds lost.
-    #[schemars(range(min = 0))]
-    pub lost_seconds: i64,
-    /// Seconds of the budget that were left and split again.
-    #[schemars(range(min = 0))]
-    pub budget_left_seconds: i64,
-    /// What the time was lost to.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(max = 1024))]
-    pub reason: String,
 }
 
 impl NodeMaintenanceNodeStatus {

@@ -2,8 +2,10 @@
 //! every request and watch event (usable or not, and when), answers every question the
 //! engine, the drainer and the watches ask about the apiserver:
 //!
-//! - an outage begins with the first unusable answer after a usable one ([`Change::WentAway`],
-//!   said once in the log, then once a minute: [`Change::StillAway`]);
+//! - an outage begins with the first unusable answer after a usable one; once it has lasted a
+//!   second it is said in the log ([`Change::WentAway`]), then once a minute
+//!   ([`Change::StillAway`]). Shorter ones (one refused request among good ones while an
+//!   apiserver starts) are not worth a warning;
 //! - it ends with the next usable answer ([`Change::CameBack`]): the watches retry at once,
 //!   without the back-off they built up during it, and a shutdown under way splits what is
 //!   left of its budget again over the steps left ([`replan_after`]);
@@ -21,6 +23,9 @@ use std::time::Duration;
 /// How often a still unusable apiserver is mentioned in the log again.
 pub(crate) const REMINDER: Duration = Duration::from_secs(60);
 
+/// How long an outage lasts before it is said in the log.
+pub(crate) const ANNOUNCE_AFTER: Duration = Duration::from_secs(1);
+
 /// An outage shorter than this leaves a shutdown's schedule as it is: a throttled request or
 /// a restarted watch costs less than the churn of moving every deadline.
 pub(crate) const REPLAN_MIN_LOST: Duration = Duration::from_secs(1);
@@ -29,7 +34,8 @@ pub(crate) const REPLAN_MIN_LOST: Duration = Duration::from_secs(1);
 struct Outage {
     since: Duration,
     last_error: String,
-    reminded: Duration,
+    /// When it was last said in the log; None: not yet.
+    said: Option<Duration>,
 }
 
 /// The apiserver's usability as this node last saw it.
@@ -41,14 +47,14 @@ pub(crate) struct Reachability {
 /// What an outcome changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Change {
-    /// Usable and still usable.
+    /// Nothing to say: usable and still usable, or an outage too short to tell yet.
     Same,
-    /// The first unusable answer after a usable one.
-    WentAway,
+    /// Unusable for [`ANNOUNCE_AFTER`] now (`for_`): say so.
+    WentAway { for_: Duration },
     /// Unusable for `for_` now; `remind`: say so again in the log.
     StillAway { for_: Duration, remind: bool },
-    /// Usable again after `lost`.
-    CameBack { lost: Duration },
+    /// Usable again after `lost`; `said`: the outage was said in the log.
+    CameBack { lost: Duration, said: bool },
 }
 
 impl Reachability {
@@ -57,6 +63,7 @@ impl Reachability {
         match self.outage.take() {
             Some(o) => Change::CameBack {
                 lost: now.saturating_sub(o.since),
+                said: o.said.is_some(),
             },
             None => Change::Same,
         }
@@ -64,25 +71,25 @@ impl Reachability {
 
     /// An unusable answer (or none) at `now`.
     pub(crate) fn failed(&mut self, now: Duration, error: String) -> Change {
-        match &mut self.outage {
-            None => {
-                self.outage = Some(Outage {
-                    since: now,
-                    last_error: error,
-                    reminded: now,
-                });
-                Change::WentAway
+        let o = self.outage.get_or_insert(Outage {
+            since: now,
+            last_error: String::new(),
+            said: None,
+        });
+        o.last_error = error;
+        let for_ = now.saturating_sub(o.since);
+        match o.said {
+            None if for_ >= ANNOUNCE_AFTER => {
+                o.said = Some(now);
+                Change::WentAway { for_ }
             }
-            Some(o) => {
-                o.last_error = error;
-                let remind = now.saturating_sub(o.reminded) >= REMINDER;
+            None => Change::Same,
+            Some(said) => {
+                let remind = now.saturating_sub(said) >= REMINDER;
                 if remind {
-                    o.reminded = now;
+                    o.said = Some(now);
                 }
-                Change::StillAway {
-                    for_: now.saturating_sub(o.since),
-                    remind,
-                }
+                Change::StillAway { for_, remind }
             }
         }
     }
@@ -149,32 +156,51 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     #[test]
-    fn an_outage_is_said_once_and_then_once_a_minute() {
+    fn an_outage_is_said_once_it_lasted_a_second_and_then_once_a_minute() {
         let mut r = Reachability::default();
         assert_eq!(r.answered(S(1)), Change::Same);
-        assert_eq!(r.failed(S(2), "refused".into()), Change::WentAway);
+        assert_eq!(r.failed(S(2), "refused".into()), Change::Same);
+        assert_eq!(r.failed(MS(2_999), "refused".into()), Change::Same);
         assert_eq!(
             r.failed(S(3), "refused".into()),
-            Change::StillAway {
-                for_: S(1),
-                remind: false
-            }
+            Change::WentAway { for_: S(1) }
         );
         assert_eq!(
-            r.failed(S(62), "timed out".into()),
+            r.failed(S(4), "refused".into()),
             Change::StillAway {
-                for_: S(60),
-                remind: true
+                for_: S(2),
+                remind: false
             }
         );
         assert_eq!(
             r.failed(S(63), "timed out".into()),
             Change::StillAway {
                 for_: S(61),
+                remind: true
+            }
+        );
+        assert_eq!(
+            r.failed(S(64), "timed out".into()),
+            Change::StillAway {
+                for_: S(62),
                 remind: false
             }
         );
         assert_eq!(r.last_error(), Some("timed out"));
+    }
+
+    #[test]
+    fn a_blip_is_not_said() {
+        let mut r = Reachability::default();
+        r.failed(S(2), "403 while RBAC loads".into());
+        assert!(!r.usable());
+        assert_eq!(
+            r.answered(MS(2_300)),
+            Change::CameBack {
+                lost: MS(300),
+                said: false
+            }
+        );
     }
 
     #[test]
@@ -184,7 +210,13 @@ mod tests {
         r.failed(S(12), "x".into());
         assert!(!r.usable());
         assert_eq!(r.unusable_for(S(14)), S(4));
-        assert_eq!(r.answered(MS(17_500)), Change::CameBack { lost: MS(7_500) });
+        assert_eq!(
+            r.answered(MS(17_500)),
+            Change::CameBack {
+                lost: MS(7_500),
+                said: true
+            }
+        );
         assert!(r.usable());
         assert_eq!(r.unusable_for(S(20)), Duration::ZERO);
         assert_eq!(r.answered(S(21)), Change::Same);
@@ -264,20 +296,31 @@ mod tests {
             let mut r = Reachability::default();
             let mut now = Duration::ZERO;
             let mut began: Option<Duration> = None;
+            let mut said = false;
             for (advance, usable) in steps {
                 now += MS(advance);
                 if usable {
                     let change = r.answered(now);
                     match began.take() {
-                        Some(b) => prop_assert_eq!(change, Change::CameBack { lost: now - b }),
+                        Some(b) => prop_assert!(
+                            matches!(change, Change::CameBack { lost, .. } if lost == now - b),
+                            "{:?}", change
+                        ),
                         None => prop_assert_eq!(change, Change::Same),
                     }
                 } else {
                     let change = r.failed(now, "e".into());
                     if began.is_none() {
-                        prop_assert_eq!(change, Change::WentAway);
                         began = Some(now);
                     }
+                    // Said exactly once, the first time it has lasted a second.
+                    if matches!(change, Change::WentAway { .. }) {
+                        prop_assert!(!said && now - began.unwrap_or(now) >= ANNOUNCE_AFTER);
+                        said = true;
+                    }
+                }
+                if began.is_none() {
+                    said = false;
                 }
                 prop_assert_eq!(r.usable(), began.is_none());
                 prop_assert_eq!(r.unusable_for(now), began.map_or(Duration::ZERO, |b| now - b));

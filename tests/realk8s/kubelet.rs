@@ -579,10 +579,34 @@ async fn remove(client: &Client, node: &str, pod: Arc<Pod>, uid: String) {
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&pod.name_any(), &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-        Err(e) => eprintln!("kubelet {node}: deleting {}: {e}", pod.name_any()),
+    // Retried while the apiserver cannot take it (away, starting: 403, 5xx), as the
+    // kubelet's status manager does: a pod that exited during an outage is removed once the
+    // apiserver is back, not left terminating.
+    // A 404 is believed only when a read agrees: an apiserver that just restarted answers
+    // 404 for pods it still has.
+    let give_up = now_unix() + 120.0;
+    loop {
+        match api.delete(&pod.name_any(), &params).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 409 => return,
+            Err(kube::Error::Api(e))
+                if e.code == 404
+                    && matches!(api.get_opt(&pod.name_any()).await, Ok(ref p)
+                        if p.as_ref().and_then(|p| p.uid()).as_deref() != pod.uid().as_deref()) =>
+            {
+                return
+            }
+            Err(e) => {
+                if now_unix() > give_up {
+                    eprintln!(
+                        "kubelet {node}: deleting {}: {e}; giving up",
+                        pod.name_any()
+                    );
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
     }
 }
 

@@ -66,6 +66,8 @@ const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
 const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// How long the shutdown maintenance from its create's answer stands in for the watch's copy.
+const CREATED_KEPT: Duration = Duration::from_secs(5);
 /// Between tries of a shutdown step the apiserver did not take.
 const RETRY_IN_SHUTDOWN: Duration = Duration::from_millis(200);
 
@@ -162,6 +164,8 @@ struct Shared {
     /// watches try again at most about a second apart.
     shutting_down: std::sync::atomic::AtomicBool,
     shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
+    /// The shutdown maintenance as its create (or adoption) returned it, and when.
+    created_maintenance: Mutex<Option<(Arc<NodeMaintenance>, Instant)>>,
     progress: watch::Sender<Progress>,
     recorder: Recorder,
     fallback: Mutex<Option<FallbackSummary>>,
@@ -202,11 +206,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// ([`crate::plan::reachability`]).
 fn is_unusable(err: &kube::Error) -> bool {
     match err {
+        // A server-side apply the schema refuses (a CRD older than this nodegrace): an answer
+        // about the request, however its code reads.
+        kube::Error::Api(status)
+            if status.code == 500 && status.message.starts_with(TYPED_PATCH_REFUSED) =>
+        {
+            false
+        }
         kube::Error::Api(status) => matches!(status.code, 401 | 403 | 429 | 500..=599),
         kube::Error::BuildRequest(_) => false,
         _ => true,
     }
 }
+
+/// How kube-apiserver begins the 500 it answers to an apply its schema refuses.
+const TYPED_PATCH_REFUSED: &str = "failed to create typed patch object";
 
 fn anyhow_is_unusable(err: &anyhow::Error) -> bool {
     err.chain()
@@ -377,24 +391,16 @@ fn strip_empty(v: &Value) -> Value {
 }
 
 impl Replan {
-    fn status(&self) -> crate::api::DeadlineReplan {
-        let secs = |d: Duration| i64::try_from((d.as_millis() + 500) / 1000).unwrap_or(i64::MAX);
-        crate::api::DeadlineReplan {
-            at_seconds: secs(self.at),
-            lost_seconds: secs(self.lost),
-            budget_left_seconds: secs(self.left),
-            reason: self.cause.clone(),
-        }
-    }
-
-    fn note(&self) -> String {
-        let fmt = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
+    /// For the node's entry in the maintenance's status (after its drain message) and the
+    /// event: what was lost, to what, and what was left.
+    fn summary(&self) -> String {
+        let secs = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
         format!(
-            "{} ({} lost): the {} left of the shutdown budget, from {} on, split again over the pods left",
+            "planned again at {}: {} ({} lost); the {} left of the shutdown budget split over the pods left",
+            secs(self.at),
             self.cause,
-            fmt(self.lost),
-            fmt(self.left),
-            fmt(self.at)
+            secs(self.lost),
+            secs(self.left)
         )
     }
 }
@@ -525,6 +531,7 @@ impl Engine {
             reconnect: watch::channel(0u64).0,
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             shutdown: Mutex::new(None),
+            created_maintenance: Mutex::new(None),
             progress,
             recorder,
             fallback: Mutex::new(None),
@@ -697,8 +704,12 @@ impl Shared {
     /// from the outage) and has a shutdown under way plan the time it lost.
     fn mark_reachable(&self) {
         let change = lock(&self.reach).answered(self.now());
-        if let Change::CameBack { lost } = change {
-            tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
+        if let Change::CameBack { lost, said } = change {
+            if said {
+                tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
+            } else {
+                tracing::debug!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
+            }
             self.reconnect.send_modify(|g| *g = g.wrapping_add(1));
             if reachability::replan_after(lost) {
                 self.replan_shutdown(
@@ -718,8 +729,8 @@ impl Shared {
         let error = error.to_string();
         let change = lock(&self.reach).failed(self.now(), error.clone());
         match change {
-            Change::WentAway => {
-                tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, "the apiserver cannot be used; retrying");
+            Change::WentAway { for_ } => {
+                tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?for_, "the apiserver cannot be used; retrying");
             }
             Change::StillAway { for_, remind: true } => {
                 tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?for_, "the apiserver still cannot be used");
@@ -864,8 +875,21 @@ impl Shared {
     }
 
     fn maintenance_objs(&self, st: &mut DrainState) -> Vec<Arc<NodeMaintenance>> {
-        let stored = self.maintenances.state();
-        let names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
+        let mut stored = self.maintenances.state();
+        let mut names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
+        {
+            // The shutdown maintenance from its create's answer, until the watch has it: the
+            // drain does not wait for a watch that may still be reconnecting.
+            let mut created = lock(&self.created_maintenance);
+            match created.as_ref() {
+                Some((m, at)) if !names.contains(&m.name_any()) && at.elapsed() < CREATED_KEPT => {
+                    names.insert(m.name_any());
+                    stored.push(m.clone());
+                }
+                Some(_) => *created = None,
+                None => {}
+            }
+        }
         st.nm_overlay.retain(|n, _| names.contains(n));
         let mut out: Vec<Arc<NodeMaintenance>> = stored
             .into_iter()
@@ -974,6 +998,14 @@ mod tests {
         for code in [400, 404, 409, 410, 422] {
             assert!(!is_unusable(&api(code)), "{code}");
         }
+        // What kube-apiserver v1.28 answered to a status apply with a field an older CRD
+        // lacks.
+        let older_crd = kube::Error::Api(Box::new(
+            serde_json::from_value(json!({"code": 500, "message":
+                "failed to create typed patch object (/shutdown-n1; nodegrace.dev/v1alpha1, Kind=NodeMaintenance): .status.nodeStatuses[nodeName=\"n1\"].deadlineReplan: field not declared in schema"}))
+            .unwrap(),
+        ));
+        assert!(!is_unusable(&older_crd));
     }
 
     #[test]

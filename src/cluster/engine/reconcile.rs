@@ -227,7 +227,7 @@ impl Shared {
                     m.map(|m| m.as_ref()),
                     true,
                     "Replanned",
-                    replan.note(),
+                    replan.summary(),
                 );
                 st.replan_announced = Some(replan);
             }

@@ -96,7 +96,14 @@ where
                 reconnect.borrow_and_update();
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    r = reconnect.changed() => if r.is_err() { return },
+                    r = reconnect.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        // The apiserver answers again (or a shutdown began): what was built
+                        // up before says nothing about now.
+                        failures = 0;
+                    }
                 }
             }
         }

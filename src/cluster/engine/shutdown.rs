@@ -71,6 +71,7 @@ impl Engine {
             r
         });
         let maintenance = adopted?;
+        *lock(&sh.created_maintenance) = Some((Arc::new(maintenance.clone()), Instant::now()));
         if let Err(e) = condition {
             tracing::warn!(node = %sh.node, error = format!("{e:#}"), "setting the shutdown condition failed");
         }

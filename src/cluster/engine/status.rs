@@ -102,8 +102,10 @@ impl Shared {
             entry.pods_not_targeted = pods.iter().filter(|p| p.is_active()).count() as i32;
         }
 
+        // The maintenance's schema has no field for it (a field a CRD installed earlier lacks
+        // would fail every status write): said after the drain message.
         if let Some((_, replan)) = st.shutdown_replan.as_ref().filter(|(n, _)| *n == name) {
-            entry.deadline_replan = Some(replan.status());
+            entry.drain_message = format!("{}; {}", entry.drain_message, replan.summary());
         }
 
         let mut current = m.node_status(&self.node).cloned();

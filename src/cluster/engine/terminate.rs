@@ -156,8 +156,12 @@ impl Shared {
                 Ok(Outcome::Gone) => {
                     self.mark_reachable();
                     track.asked = true;
-                    track.accepted = true;
                     track.escalated |= escalated;
+                    // Not taken as done: an apiserver that just restarted answers 404 for a
+                    // pod it still has. Gone, the watch drops it before the retry; still
+                    // there and not terminating, it is asked again.
+                    track.last_try = Some((now, RETRY_AFTER_ERROR));
+                    retry_at(now + RETRY_AFTER_ERROR);
                 }
                 Ok(Outcome::Blocked { budget, message }) => {
                     self.mark_reachable();
