@@ -337,7 +337,7 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
 /// puts at 10 s (half its share). The only change to the shipped configuration.
 const FAULT_BUDGET_SECS: u64 = 110;
 
-/// When the apiserver goes away, relative to the shutdown.
+/// What goes wrong, and when, relative to the shutdown.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
     /// Killed 1 s before `systemctl poweroff`, started again 2 s after it.
@@ -503,6 +503,11 @@ async fn killed_mid_shutdown(outage: Fault) {
         release - last_gone,
         context()
     );
+    eprintln!(
+        "{outage:?}: signal -> release {:.2} s, last pod gone -> release {:.3} s",
+        release - signal,
+        release - last_gone
+    );
     let gated = f.node.state.join("gated-manifests").join("etcd.yaml");
     assert_eq!(
         std::fs::read(&gated).ok().as_deref(),
@@ -524,6 +529,7 @@ async fn killed_mid_shutdown(outage: Fault) {
             .find(|r| r.subresource == "eviction" && r.code == 201)
             .unwrap_or_else(|| panic!("no eviction\n{}", context()));
         let resumed = first_eviction.received - back.received;
+        eprintln!("{outage:?}: first eviction {resumed:.3} s after the apiserver answered again");
         assert!(
             resumed < 1.0,
             "first eviction {resumed:.3} s after the apiserver answered again\n{}",
