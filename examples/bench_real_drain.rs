@@ -22,6 +22,9 @@
 //! BENCH_DIRECT=1 cargo run --release --example bench_real_drain    # direct Eviction API path
 //! ```
 //!
+//! `BENCH_FAULT=apiserver-around-signal|apiserver-first-band|etcd-first-band` kills the
+//! apiserver (or etcd) around the poweroff and starts it again, and prints total − ideal −
+//! outage (it stops the shared control plane: run it alone).
 //! `BENCH_PODS` (default 110, at least 4), `BENCH_EXIT_MS` (default 1000), `BENCH_VERBOSE=1`
 //! (every pod's timeline too).
 //! `BENCH_DIRECT=1` measures the direct Eviction API path: it deletes the cluster-wide
@@ -219,11 +222,63 @@ fn final_delete<'a>(kubelet: &'a [Request], pod: &PodInfo) -> Option<&'a Request
         .max_by(|a, b| a.received.total_cmp(&b.received))
 }
 
+/// `BENCH_FAULT` values: the apiserver killed 1 s before the poweroff; the apiserver, or
+/// etcd, killed once the first band was asked to go. Each is started again at once (up.sh).
+const FAULTS: [&str; 3] = [
+    "apiserver-around-signal",
+    "apiserver-first-band",
+    "etcd-first-band",
+];
+
+/// `systemctl poweroff` with `fault` injected; returns the exited node and how long the
+/// control plane was away (from the kill until up.sh saw the apiserver ready).
+async fn poweroff_with_fault(f: &mut Fixture, fault: &str) -> (real::Container, f64) {
+    let mut c = f.node.container.take().expect("booted");
+    let killed = if fault == "apiserver-around-signal" {
+        let at = realk8s::now_unix();
+        f.cp.stop_apiserver();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = c.exec(&["systemctl", "poweroff"]);
+        at
+    } else {
+        let _ = c.exec(&["systemctl", "poweroff"]);
+        f.kubelet
+            .wait_for(
+                "the first band asked to go",
+                Duration::from_secs(60),
+                |r, _| r.iter().any(|r| r.stop_seen.is_some()),
+            )
+            .await;
+        let at = realk8s::now_unix();
+        if fault == "etcd-first-band" {
+            f.cp.stop_etcd();
+        } else {
+            f.cp.stop_apiserver();
+        }
+        at
+    };
+    let cp = f.cp;
+    tokio::task::spawn_blocking(move || cp.up())
+        .await
+        .expect("up.sh");
+    let outage = realk8s::now_unix() - killed;
+    c.wait_exit(Duration::from_secs(20 * 60))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", c.journal_text()));
+    (c, outage)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let pods: usize = env_or("BENCH_PODS", 110);
     let exit_ms: u64 = env_or("BENCH_EXIT_MS", 1000);
     let direct = std::env::var("BENCH_DIRECT").as_deref() == Ok("1");
+    let fault = std::env::var("BENCH_FAULT").ok().filter(|f| !f.is_empty());
+    if let Some(fault) = &fault {
+        assert!(
+            FAULTS.contains(&fault.as_str()),
+            "BENCH_FAULT must be one of {FAULTS:?}"
+        );
+    }
     assert!(pods >= BANDS.len(), "BENCH_PODS must be at least 4");
     real::require_prerequisites();
     let binary = real::nodegrace_binary();
@@ -333,7 +388,16 @@ async fn main() {
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = sample(pid, stop.clone());
 
-    let c = f.node.shutdown("poweroff", Duration::from_secs(20 * 60));
+    let (c, outage) = match fault.as_deref() {
+        None => (
+            f.node.shutdown("poweroff", Duration::from_secs(20 * 60)),
+            None,
+        ),
+        Some(fault) => {
+            let (c, outage) = poweroff_with_fault(&mut f, fault).await;
+            (c, Some(outage))
+        }
+    };
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.join().expect("sampler");
     let (signal, release) = signal_and_release(&c);
@@ -415,6 +479,12 @@ async fn main() {
         "total {total:.3} s, ideal {ideal:.3} s (4 bands × {exit_ms} ms), total − ideal {}{target}",
         ms(total - ideal)
     );
+    if let (Some(fault), Some(outage)) = (&fault, outage) {
+        println!(
+            "fault {fault}: the control plane away {outage:.3} s; total − ideal − outage {}",
+            ms(total - ideal - outage)
+        );
+    }
     println!(
         "released {} after the last pod was gone",
         ms(release - last_gone)

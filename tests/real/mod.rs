@@ -598,6 +598,10 @@ pub fn first_with<'a>(lines: &'a [JournalLine], needle: &str) -> Option<&'a Jour
     lines.iter().find(|l| l.contains(needle))
 }
 
+pub fn last_with<'a>(lines: &'a [JournalLine], needle: &str) -> Option<&'a JournalLine> {
+    lines.iter().rev().find(|l| l.contains(needle))
+}
+
 /// The container's init: the child of systemd-nspawn that is PID 1 in its own namespace.
 fn find_container_init(nspawn_pid: i32) -> Option<i32> {
     for entry in fs::read_dir("/proc").ok()?.flatten() {
