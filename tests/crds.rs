@@ -724,7 +724,6 @@ mod rbac {
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
                 "policy/poddisruptionbudgets: list",
-                "storage.k8s.io/volumeattachments: list,watch",
             ]
         );
         let binding = docs

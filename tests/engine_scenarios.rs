@@ -473,16 +473,35 @@ async fn a_statefulset_pod_recreated_under_the_same_name_is_not_evicted() {
     assert!(env.pod_exists("db-0"), "the replacement keeps running");
 }
 
+/// Sets what the attach-detach controller (`volumesAttached`) and the kubelet
+/// (`volumesInUse`) report of the node's volumes.
+fn set_node_volumes(env: &Env, volumes: &[&str]) {
+    let attached: Vec<Value> = volumes
+        .iter()
+        .map(|v| json!({"name": v, "devicePath": ""}))
+        .collect();
+    env.cluster
+        .store
+        .update_in_process("", "nodes", "", NODE, |n| {
+            n["status"]["volumesAttached"] = json!(attached);
+            n["status"]["volumesInUse"] = json!(volumes);
+        })
+        .unwrap();
+}
+
 #[tokio::test]
-async fn volume_attachments_are_awaited_but_bounded() {
+async fn volumes_are_awaited_from_the_node_status_but_bounded() {
+    const VOLUME: &str = "kubernetes.io/csi/csi.example.com^vol-1";
+    // Another node's attachment: not this node's business, and never listed.
+    let foreign_va = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": "va-other"},
+        "spec": {"attacher": "csi.example.com", "nodeName": "node-b", "source": {"persistentVolumeName": "pv-2"}},
+    });
     let env = Env::new(kubelet(50)).await;
     env.pod("app", Kind::Default, 0, 30, json!({}));
-    let va = json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
-        "metadata": {"name": "va-1"},
-        "spec": {"attacher": "csi.example.com", "nodeName": NODE, "source": {"persistentVolumeName": "pv-1"}},
-    });
-    env.cluster.insert(&va).unwrap();
+    env.cluster.insert(&foreign_va).unwrap();
+    set_node_volumes(&env, &[VOLUME]);
     let mut settings = env.settings();
     settings.drain.volume_detach_timeout = Duration::from_secs(1);
     let engine = env.engine(settings);
@@ -491,24 +510,42 @@ async fn volume_attachments_are_awaited_but_bounded() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(3),
         "bounded wait: {took:?}"
     );
+    let cluster_wide: Vec<String> = env
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("volumeattachments"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(cluster_wide.is_empty(), "{cluster_wide:?}");
 
-    // Detached quickly: released as soon as it is gone.
+    // Unmounted by the kubelet, then detached: released as soon as the Node says so, not
+    // before.
     let env = Env::new(kubelet(50)).await;
     env.pod("app", Kind::Default, 0, 30, json!({}));
-    env.cluster.insert(&va).unwrap();
+    set_node_volumes(&env, &[VOLUME]);
     let mut settings = env.settings();
     settings.drain.volume_detach_timeout = Duration::from_secs(10);
     let engine = env.engine(settings);
     let store = env.cluster.store.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let ri = store
-            .find_resource("storage.k8s.io", "v1", "volumeattachments")
+        store
+            .update_in_process("", "nodes", "", NODE, |n| {
+                n["status"]["volumesInUse"] = json!([]);
+            })
             .unwrap();
-        store.delete(&ri, "", "va-1", &Default::default()).unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        store
+            .update_in_process("", "nodes", "", NODE, |n| {
+                n["status"]["volumesAttached"] = json!([]);
+            })
+            .unwrap();
     });
     let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(2),
+        "took {took:?}"
+    );
 }
 
 #[tokio::test]

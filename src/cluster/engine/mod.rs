@@ -1,7 +1,6 @@
 //! The drain engine for the daemon's own node.
 //!
-//! Four reflectors (the Node, its pods, every NodeMaintenance, VolumeAttachments) feed one
-//! reconcile loop that wakes on a watch event or on a timer it set itself (eviction
+//! Three reflectors (the Node, its pods, every NodeMaintenance) feed one reconcile loop that wakes on a watch event or on a timer it set itself (eviction
 //! back-off, escalation deadline, debounced status): there is no polling. Each pass computes
 //! everything from the reflected state (plus the objects our own writes returned, so a write
 //! is never repeated before its watch event arrives) and issues only the requests that
@@ -29,7 +28,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -125,7 +123,6 @@ struct Ready {
     node: bool,
     pods: bool,
     maintenances: bool,
-    volumes: bool,
 }
 
 struct Shared {
@@ -139,7 +136,6 @@ struct Shared {
     nodes: Store<Node>,
     pods: Store<Pod>,
     maintenances: Store<NodeMaintenance>,
-    volumes: Store<VolumeAttachment>,
     ready: Mutex<Ready>,
     wake: watch::Sender<u64>,
     /// Origin of the drain clock (`plan::drain` works on offsets from it).
@@ -255,6 +251,19 @@ fn now_rfc3339() -> String {
 
 fn min_wake(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
+/// The volumes the Node says are attached to it or in use by its kubelet, by name.
+fn node_volumes(node: &Node) -> Vec<String> {
+    let Some(status) = node.status.as_ref() else {
+        return Vec::new();
+    };
+    let attached = status.volumes_attached.iter().flatten().map(|v| &v.name);
+    let in_use = status.volumes_in_use.iter().flatten();
+    let mut names: Vec<String> = attached.chain(in_use).cloned().collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 fn daemonset_owner(pod: &Pod) -> Option<&str> {
@@ -442,7 +451,6 @@ impl Engine {
         let (nodes_r, nodes_w) = reflector::store::<Node>();
         let (pods_r, pods_w) = reflector::store::<Pod>();
         let (nms_r, nms_w) = reflector::store::<NodeMaintenance>();
-        let (vas_r, vas_w) = reflector::store::<VolumeAttachment>();
         let (wake, _) = watch::channel(0u64);
         let (progress, _) = watch::channel(Progress::default());
         let terminator = opts
@@ -465,7 +473,6 @@ impl Engine {
             nodes: nodes_r,
             pods: pods_r,
             maintenances: nms_r,
-            volumes: vas_r,
             ready: Mutex::new(Ready::default()),
             wake,
             epoch: Instant::now(),
@@ -488,7 +495,6 @@ impl Engine {
                 watcher::Config::default().fields(&format!("metadata.name={node}")),
                 nodes_w,
                 |r| &mut r.node,
-                false,
                 |_, _| {},
             ),
             spawn_reflector(
@@ -497,7 +503,6 @@ impl Engine {
                 watcher::Config::default().fields(&format!("spec.nodeName={node}")),
                 pods_w,
                 |r| &mut r.pods,
-                false,
                 Shared::pod_changed,
             ),
             spawn_reflector(
@@ -506,16 +511,6 @@ impl Engine {
                 watcher::Config::default(),
                 nms_w,
                 |r| &mut r.maintenances,
-                false,
-                |_, _| {},
-            ),
-            spawn_reflector(
-                shared.clone(),
-                Api::<VolumeAttachment>::all(c.clone()),
-                watcher::Config::default(),
-                vas_w,
-                |r| &mut r.volumes,
-                true,
                 |_, _| {},
             ),
             tokio::spawn(run_loop(shared.clone())),
@@ -881,5 +876,23 @@ mod tests {
         assert_eq!(m["metadata"]["labels"]["l"], "");
         assert_eq!(m["spec"]["unschedulable"], true);
         assert_eq!(merge_values(None, None), None);
+    }
+
+    #[test]
+    fn node_volumes_are_those_attached_or_in_use() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "status": {
+                "volumesAttached": [{"name": "kubernetes.io/csi/d^a", "devicePath": ""}],
+                "volumesInUse": ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"],
+            },
+        }))
+        .unwrap();
+        assert_eq!(
+            node_volumes(&node),
+            ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"]
+        );
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap();
+        assert!(node_volumes(&bare).is_empty());
     }
 }

@@ -18,7 +18,6 @@ pub(super) fn spawn_reflector<K>(
     config: watcher::Config,
     writer: reflector::store::Writer<K>,
     flag: fn(&mut Ready) -> &mut bool,
-    optional: bool,
     on_object: fn(&Shared, &K),
 ) -> JoinHandle<()>
 where
@@ -61,11 +60,7 @@ where
                         _ => None,
                     };
                     let code = inner.and_then(api_error_code);
-                    if optional && matches!(code, Some(403 | 404)) {
-                        // Not allowed or not served: nothing to wait for.
-                        *flag(&mut lock(&shared.ready)) = true;
-                        shared.mark_reachable();
-                    } else if code == Some(404) {
+                    if code == Some(404) {
                         shared.mark_unreachable(&format_args!(
                             "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
                         ));

@@ -40,7 +40,7 @@ const CONNECT_AHEAD_MAX: Duration = Duration::from_secs(2);
 
 impl Engine {
     /// Drains the node for a shutdown through `shutdown-<node>` and returns once the node is
-    /// empty, its VolumeAttachments are gone (bounded) and the last status update reached
+    /// empty, its volumes are detached (bounded) and the last status update reached
     /// the apiserver. Cancel-safe: dropping the future leaves the maintenance in place.
     pub async fn shutdown_drain(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
         let sh = &self.shared;
@@ -528,25 +528,29 @@ impl Shared {
         }
     }
 
+    /// Waits (bounded by `drain.volume_detach_timeout`) until the Node reports no volume in
+    /// use by the kubelet (`status.volumesInUse`) and none attached (`status.volumesAttached`):
+    /// the attach-detach controller drops a volume from the latter as it starts to detach
+    /// it, once the kubelet has unmounted it. The Node is watched by name already, so this
+    /// costs no watch of the cluster's VolumeAttachments.
     pub(super) async fn wait_volumes_detached(&self) {
         let timeout = self.settings().drain.volume_detach_timeout;
         let deadline = Instant::now() + timeout;
         let mut rx = self.wake.subscribe();
         loop {
             rx.borrow_and_update();
-            let ready = lock(&self.ready).volumes;
-            let left: Vec<String> = self
-                .volumes
+            let left = self
+                .nodes
                 .state()
                 .iter()
-                .filter(|va| va.spec.node_name == self.node)
-                .map(|va| va.name_any())
-                .collect();
-            if ready && left.is_empty() {
+                .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))
+                .map(|n| super::node_volumes(n))
+                .unwrap_or_default();
+            if left.is_empty() {
                 return;
             }
             if Instant::now() >= deadline {
-                tracing::warn!(node = %self.node, attachments = ?left, "VolumeAttachments still present after {timeout:?}; releasing anyway");
+                tracing::warn!(node = %self.node, volumes = ?left, "volumes still attached or in use after {timeout:?}; releasing anyway");
                 return;
             }
             tokio::select! {
