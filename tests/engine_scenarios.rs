@@ -6,7 +6,7 @@ mod engine_support;
 use std::time::Duration;
 
 use engine_support::*;
-use nodegrace::api::Stage;
+use nodegrace::api::{Stage, NODE_LABEL};
 use nodegrace::cluster::{shutdown_maintenance_name, AfterBoot, EngineError};
 use nodegrace::config::CompletionPolicy;
 use nodegrace::daemon::ShutdownKind;
@@ -546,6 +546,72 @@ async fn volumes_are_awaited_from_the_node_status_but_bounded() {
         took >= Duration::from_millis(800) && took < Duration::from_secs(2),
         "took {took:?}"
     );
+}
+
+/// The node watches the maintenances labelled for it and the unlabelled ones (an admin's,
+/// selecting nodes by label), never those labelled for another node (its shutdown
+/// maintenance, with its status churn); its own shutdown maintenance is labelled for it.
+#[tokio::test]
+async fn only_this_nodes_and_unlabelled_maintenances_are_watched() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 0, 30, json!({}));
+    env.admin_maintenance("upgrade", "Cordon", json!([]));
+    // Labelled for another node: not this node's, even if its selector would pick this node.
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "shutdown-node-b", "labels": {NODE_LABEL: "node-b"}},
+            "spec": {
+                "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}
+                ]}]},
+                "stage": "Drain",
+            },
+        }))
+        .unwrap();
+    let engine = env.engine(env.settings());
+    eventually(5, "the admin maintenance's cordon", || {
+        env.node()["spec"]["unschedulable"] == true
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        env.evictions().is_empty(),
+        "drained for another node's maintenance"
+    );
+    assert!(env.maintenance("shutdown-node-b").unwrap().status.is_none());
+
+    drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
+    assert_eq!(env.evictions(), ["app"]);
+    let own = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
+    assert_eq!(
+        own.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(NODE_LABEL))
+            .map(String::as_str),
+        Some(NODE)
+    );
+    let own_selector = format!("{NODE_LABEL}={NODE}");
+    let unlabelled = format!("!{NODE_LABEL}");
+    let selectors: Vec<Option<String>> = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/nodemaintenances"))
+        .map(|r| r.param("labelSelector"))
+        .collect();
+    for wanted in [&own_selector, &unlabelled] {
+        assert!(
+            selectors.iter().any(|s| s.as_ref() == Some(wanted)),
+            "no list or watch with {wanted}: {selectors:?}"
+        );
+    }
+    for selector in &selectors {
+        assert!(
+            selector.as_ref() == Some(&own_selector) || selector.as_ref() == Some(&unlabelled),
+            "a list or watch of NodeMaintenances not confined to this node's: {selector:?}"
+        );
+    }
 }
 
 #[tokio::test]

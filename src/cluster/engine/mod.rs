@@ -1,6 +1,8 @@
 //! The drain engine for the daemon's own node.
 //!
-//! Three reflectors (the Node, its pods, every NodeMaintenance) feed one reconcile loop that wakes on a watch event or on a timer it set itself (eviction
+//! Reflectors of the Node, its pods and the NodeMaintenances that may concern it (those
+//! labelled for it, and the unlabelled ones: an admin's, selecting nodes by a nodeSelector the
+//! engine evaluates) feed one reconcile loop that wakes on a watch event or on a timer it set itself (eviction
 //! back-off, escalation deadline, debounced status): there is no polling. Each pass computes
 //! everything from the reflected state (plus the objects our own writes returned, so a write
 //! is never repeated before its watch event arrives) and issues only the requests that
@@ -122,7 +124,66 @@ struct Progress {
 struct Ready {
     node: bool,
     pods: bool,
+    /// Both maintenance watches below have listed.
     maintenances: bool,
+    own_maintenances: bool,
+    shared_maintenances: bool,
+}
+
+impl Ready {
+    fn settle(&mut self) {
+        self.maintenances = self.own_maintenances && self.shared_maintenances;
+    }
+}
+
+/// The NodeMaintenances the node watches: those labelled for it ([`crate::api::NODE_LABEL`]:
+/// its shutdown maintenance) and the unlabelled ones. Maintenances labelled for other nodes
+/// (their shutdown maintenances, pinned to them, with their status churn) never reach it.
+struct Maintenances {
+    own: Store<NodeMaintenance>,
+    shared: Store<NodeMaintenance>,
+}
+
+impl Maintenances {
+    /// Both caches, one object per name (the later version where both hold it: a
+    /// maintenance that was relabelled).
+    fn state(&self) -> Vec<Arc<NodeMaintenance>> {
+        let mut by_name: HashMap<String, Arc<NodeMaintenance>> = HashMap::new();
+        for m in self.shared.state().into_iter().chain(self.own.state()) {
+            let name = m.name_any();
+            let m = fresher(m, by_name.get(&name));
+            by_name.insert(name, m);
+        }
+        by_name.into_values().collect()
+    }
+}
+
+/// The label selectors of the two maintenance watches of `node`.
+fn maintenance_selectors(node: &str) -> Vec<String> {
+    let unlabelled = format!("!{}", crate::api::NODE_LABEL);
+    match crate::api::node_label_value(node) {
+        Some(value) => vec![format!("{}={value}", crate::api::NODE_LABEL), unlabelled],
+        None => vec![unlabelled],
+    }
+}
+
+/// The NodeMaintenances that may select `node`, as the engine watches them (one list per
+/// selector of [`maintenance_selectors`]), for the CLI.
+pub(crate) async fn list_maintenances_for(
+    client: &Client,
+    node: &str,
+) -> Result<Vec<NodeMaintenance>> {
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let mut all = Vec::new();
+    for selector in maintenance_selectors(node) {
+        let params = kube::api::ListParams::default().labels(&selector);
+        let list = api
+            .list(&params)
+            .await
+            .with_context(|| format!("listing NodeMaintenances ({selector})"))?;
+        all.extend(list.items);
+    }
+    Ok(all)
 }
 
 struct Shared {
@@ -135,7 +196,7 @@ struct Shared {
     terminator: Arc<dyn PodTerminator>,
     nodes: Store<Node>,
     pods: Store<Pod>,
-    maintenances: Store<NodeMaintenance>,
+    maintenances: Maintenances,
     ready: Mutex<Ready>,
     wake: watch::Sender<u64>,
     /// Origin of the drain clock (`plan::drain` works on offsets from it).
@@ -450,7 +511,8 @@ impl Engine {
     pub fn start(opts: EngineOptions) -> Engine {
         let (nodes_r, nodes_w) = reflector::store::<Node>();
         let (pods_r, pods_w) = reflector::store::<Pod>();
-        let (nms_r, nms_w) = reflector::store::<NodeMaintenance>();
+        let (own_nms_r, own_nms_w) = reflector::store::<NodeMaintenance>();
+        let (shared_nms_r, shared_nms_w) = reflector::store::<NodeMaintenance>();
         let (wake, _) = watch::channel(0u64);
         let (progress, _) = watch::channel(Progress::default());
         let terminator = opts
@@ -472,7 +534,10 @@ impl Engine {
             terminator,
             nodes: nodes_r,
             pods: pods_r,
-            maintenances: nms_r,
+            maintenances: Maintenances {
+                own: own_nms_r,
+                shared: shared_nms_r,
+            },
             ready: Mutex::new(Ready::default()),
             wake,
             epoch: Instant::now(),
@@ -488,7 +553,7 @@ impl Engine {
         });
         let c = &opts.client;
         let node = &opts.node;
-        let tasks = vec![
+        let mut tasks = vec![
             spawn_reflector(
                 shared.clone(),
                 Api::<Node>::all(c.clone()),
@@ -508,13 +573,30 @@ impl Engine {
             spawn_reflector(
                 shared.clone(),
                 Api::<NodeMaintenance>::all(c.clone()),
-                watcher::Config::default(),
-                nms_w,
-                |r| &mut r.maintenances,
+                watcher::Config::default().labels(&format!("!{}", crate::api::NODE_LABEL)),
+                shared_nms_w,
+                |r| &mut r.shared_maintenances,
                 |_, _| {},
             ),
             tokio::spawn(run_loop(shared.clone())),
         ];
+        match crate::api::node_label_value(node) {
+            Some(value) => tasks.push(spawn_reflector(
+                shared.clone(),
+                Api::<NodeMaintenance>::all(c.clone()),
+                watcher::Config::default().labels(&format!("{}={value}", crate::api::NODE_LABEL)),
+                own_nms_w,
+                |r| &mut r.own_maintenances,
+                |_, _| {},
+            )),
+            // A node name too long for a label value: its shutdown maintenance is
+            // unlabelled, in the shared watch.
+            None => {
+                let mut ready = lock(&shared.ready);
+                ready.own_maintenances = true;
+                ready.settle();
+            }
+        }
         Engine { shared, tasks }
     }
 

@@ -40,7 +40,11 @@ where
         while let Some(item) = stream.next().await {
             match item {
                 Ok(watcher::Event::InitDone) => {
-                    *flag(&mut lock(&shared.ready)) = true;
+                    {
+                        let mut ready = lock(&shared.ready);
+                        *flag(&mut ready) = true;
+                        ready.settle();
+                    }
                     shared.mark_reachable();
                 }
                 Ok(

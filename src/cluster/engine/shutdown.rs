@@ -248,12 +248,8 @@ pub async fn other_active_maintenances(client: &Client, node: &str) -> Result<Ve
         .get(node)
         .await
         .with_context(|| format!("reading Node {node}"))?;
-    let list = Api::<NodeMaintenance>::all(client.clone())
-        .list(&Default::default())
-        .await
-        .context("listing NodeMaintenances")?;
+    let list = super::list_maintenances_for(client, node).await?;
     Ok(list
-        .items
         .into_iter()
         .filter(|m| {
             m.name_any() != own
@@ -344,6 +340,13 @@ impl Shared {
             (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
         ]));
         m.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
+        // Only this node's daemon watches it, and its status churn.
+        if let Some(value) = crate::api::node_label_value(&self.node) {
+            m.metadata.labels = Some(BTreeMap::from([(
+                crate::api::NODE_LABEL.to_string(),
+                value.to_string(),
+            )]));
+        }
         m
     }
 
