@@ -1,0 +1,192 @@
+//! Real-control-plane tier: what a node's daemon asks the apiserver to send it. Every list
+//! and watch it makes, read from the real apiserver's audit log through a boot and a
+//! poweroff drained through EvictionRequests, is confined to its own node: the Node by name,
+//! the pods by `spec.nodeName`, NodeMaintenances and EvictionRequests by the
+//! `nodegrace.dev/node` label (its own, or unlabelled), and no VolumeAttachment at all.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
+
+mod real;
+mod realk8s;
+
+use std::time::Duration;
+
+use kube::api::PostParams;
+use kube::{Api, ResourceExt};
+use nodegrace::api::{shutdown_maintenance_name, NodeMaintenance, NODE_LABEL};
+use realk8s::audit::Request;
+use realk8s::fixture::*;
+use realk8s::workload::{self, PodShape};
+use serde_json::json;
+
+/// The decoded query parameter `name` of a request URI.
+fn param(uri: &str, name: &str) -> Option<String> {
+    let query = uri.split_once('?')?.1;
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = (bytes[i] == b'%')
+            .then(|| bytes.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match hex {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What a list or watch of the daemon is confined to, or None when it would bring every
+/// object of its kind in the cluster.
+fn confinement(r: &Request, node: &str) -> Option<String> {
+    let fields = param(&r.uri, "fieldSelector").unwrap_or_default();
+    let labels = param(&r.uri, "labelSelector").unwrap_or_default();
+    let own_label = format!("{NODE_LABEL}={node}");
+    let unlabelled = format!("!{NODE_LABEL}");
+    let ok = match (r.api_group.as_str(), r.resource.as_str()) {
+        ("", "nodes") => fields == format!("metadata.name={node}"),
+        ("", "pods") => fields == format!("spec.nodeName={node}"),
+        // The budget blocking one of its pods, in that pod's namespace.
+        ("policy", "poddisruptionbudgets") => !r.namespace.is_empty(),
+        ("nodegrace.dev", "nodemaintenances" | "evictionrequests") => {
+            labels == own_label || labels == unlabelled
+        }
+        _ => false,
+    };
+    ok.then(|| format!("{fields}{labels}"))
+}
+
+/// A node booted, idle, then powered off with pods drained through EvictionRequests, beside
+/// another node's shutdown maintenance and EvictionRequest: each of the daemon's lists and
+/// watches carries its node's selector, and its own shutdown maintenance carries the label
+/// that keeps it out of every other node's watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_lists_and_watches_only_what_concerns_it() {
+    if !realk8s::enabled("realk8s_watches::a_node_lists_and_watches_only_what_concerns_it") {
+        return;
+    }
+    let mut f = Fixture::new("ng-watch").await;
+    let (admin, ns, node) = (f.admin.clone(), f.name.clone(), f.name.clone());
+    // Another node's shutdown maintenance, as its daemon labels it: never this node's.
+    let other = realk8s::unique("ng-watch-other");
+    let foreign: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": shutdown_maintenance_name(&other), "labels": {NODE_LABEL: other}},
+        "spec": {"nodeSelector": nodegrace::api::node_selector_for(&other), "stage": "Drain"},
+    }))
+    .expect("maintenance");
+    let nms: Api<NodeMaintenance> = Api::all(admin.clone());
+    nms.create(&PostParams::default(), &foreign)
+        .await
+        .expect("another node's maintenance");
+    workload::deployment(
+        &admin,
+        &ns,
+        &node,
+        3,
+        PodShape::new("web").exits_after_ms(200),
+    )
+    .await;
+    f.kubelet.wait_running(3).await;
+    f.node.boot();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let down = f.node.shutdown("poweroff", Duration::from_secs(120));
+
+    let requests = f.requests();
+    let evictions = requests
+        .iter()
+        .filter(|r| r.verb == "create" && r.subresource == "eviction" && r.code == 201)
+        .count();
+    assert_eq!(
+        evictions,
+        3,
+        "the drain evicts the 3 pods:\n{}",
+        down.journal_text()
+    );
+    let reads: Vec<&Request> = requests
+        .iter()
+        .filter(|r| r.verb == "list" || r.verb == "watch")
+        .collect();
+    for r in &reads {
+        println!(
+            "{:<40} {}",
+            r.kind(),
+            confinement(r, &node).unwrap_or_else(|| "(every object)".into())
+        );
+    }
+    let unconfined: Vec<String> = reads
+        .iter()
+        .filter(|r| confinement(r, &node).is_none())
+        .map(|r| format!("{} {}", r.kind(), r.uri))
+        .collect();
+    assert!(
+        unconfined.is_empty(),
+        "lists and watches not confined to node {node}:\n{}",
+        unconfined.join("\n")
+    );
+    for (group, resource) in [
+        ("nodegrace.dev", "nodemaintenances"),
+        ("nodegrace.dev", "evictionrequests"),
+    ] {
+        let watched: Vec<String> = reads
+            .iter()
+            .filter(|r| r.is_watch() && r.api_group == group && r.resource == resource)
+            .filter_map(|r| param(&r.uri, "labelSelector"))
+            .collect();
+        for selector in [format!("{NODE_LABEL}={node}"), format!("!{NODE_LABEL}")] {
+            assert!(
+                watched.contains(&selector),
+                "no watch of {resource} with {selector}: {watched:?}"
+            );
+        }
+    }
+    let volumes: Vec<String> = requests
+        .iter()
+        .filter(|r| r.resource == "volumeattachments")
+        .map(|r| r.uri.clone())
+        .collect();
+    assert!(volumes.is_empty(), "VolumeAttachments read: {volumes:?}");
+    let foreign_reads: Vec<String> = requests
+        .iter()
+        .filter(|r| r.name == foreign.name_any())
+        .map(|r| format!("{} {}", r.kind(), r.uri))
+        .collect();
+    assert!(
+        foreign_reads.is_empty(),
+        "another node's maintenance read: {foreign_reads:?}"
+    );
+
+    let own = nms
+        .get(&shutdown_maintenance_name(&node))
+        .await
+        .expect("the shutdown maintenance");
+    assert_eq!(
+        own.labels().get(NODE_LABEL),
+        Some(&node),
+        "the shutdown maintenance is labelled for its node"
+    );
+    let _ = nms
+        .patch(
+            &foreign.name_any(),
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+    let _ = nms.delete(&foreign.name_any(), &Default::default()).await;
+    f.cleanup().await;
+}
