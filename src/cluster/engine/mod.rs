@@ -168,20 +168,30 @@ fn maintenance_selectors(node: &str) -> Vec<String> {
 }
 
 /// The NodeMaintenances that may select `node`, as the engine watches them (one list per
-/// selector of [`maintenance_selectors`]), for the CLI.
+/// selector of [`maintenance_selectors`]), for the CLI. One object per name: a maintenance
+/// relabelled between the two lists is in both, and the later version counts.
 pub(crate) async fn list_maintenances_for(
     client: &Client,
     node: &str,
 ) -> Result<Vec<NodeMaintenance>> {
     let api: Api<NodeMaintenance> = Api::all(client.clone());
-    let mut all = Vec::new();
+    let mut all: Vec<NodeMaintenance> = Vec::new();
     for selector in maintenance_selectors(node) {
         let params = kube::api::ListParams::default().labels(&selector);
         let list = api
             .list(&params)
             .await
             .with_context(|| format!("listing NodeMaintenances ({selector})"))?;
-        all.extend(list.items);
+        for m in list.items {
+            match all
+                .iter_mut()
+                .find(|known| known.name_any() == m.name_any())
+            {
+                Some(known) if rv_number(&m) > rv_number(known) => *known = m,
+                Some(_) => {}
+                None => all.push(m),
+            }
+        }
     }
     Ok(all)
 }
