@@ -190,3 +190,155 @@ async fn a_node_lists_and_watches_only_what_concerns_it() {
     let _ = nms.delete(&foreign.name_any(), &Default::default()).await;
     f.cleanup().await;
 }
+
+/// The Node's volumes as the real attach-detach controller reports them: a pod on the node
+/// with a CSI volume (the test plays the CSI external attacher and the kubelet's
+/// `volumesInUse`). At poweroff the daemon releases its inhibitor only once the volume is no
+/// longer in use and the controller has taken it off `volumesAttached`: not when the pod is
+/// gone, and well before `drain.volume_detach_timeout` (20 s shipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poweroff_waits_for_the_nodes_volumes_as_the_node_reports_them() {
+    if !realk8s::enabled(
+        "realk8s_watches::poweroff_waits_for_the_nodes_volumes_as_the_node_reports_them",
+    ) {
+        return;
+    }
+    use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::api::{Patch, PatchParams};
+
+    let mut f = Fixture::new("ng-vol").await;
+    let (admin, ns, node) = (f.admin.clone(), f.name.clone(), f.name.clone());
+    let nodes: Api<Node> = Api::all(admin.clone());
+    // The kubelet sets this on registration when the controller attaches its volumes.
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true"}}})),
+        )
+        .await
+        .expect("annotate node");
+    let pv_name = format!("pv-{node}");
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "csi": {"driver": "volumes.test.nodegrace.dev", "volumeHandle": format!("h-{node}")}},
+    }))
+    .expect("pv");
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    pvs.create(&PostParams::default(), &pv).await.expect("pv");
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .expect("pvc");
+    Api::<PersistentVolumeClaim>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .expect("pvc");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "db"},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 5,
+                 "containers": [{"name": "c", "image": "registry.invalid/db:1"}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]},
+    }))
+    .expect("pod");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("pod");
+    f.kubelet.wait_running(1).await;
+
+    // The external attacher: the controller's VolumeAttachment is attached.
+    let vas: Api<VolumeAttachment> = Api::all(admin.clone());
+    let volume = loop {
+        let list = vas
+            .list(&Default::default())
+            .await
+            .expect("list VolumeAttachments");
+        if let Some(va) = list.items.iter().find(|v| v.spec.node_name == node) {
+            vas.patch_status(
+                &va.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"attached": true}})),
+            )
+            .await
+            .expect("attach");
+            break format!("kubernetes.io/csi/volumes.test.nodegrace.dev^h-{node}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The kubelet: mounted, in use.
+    nodes
+        .patch_status(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"volumesInUse": [volume]}})),
+        )
+        .await
+        .expect("volumesInUse");
+    let attached = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.volumes_attached.as_ref())
+            .is_some_and(|v| !v.is_empty())
+    };
+    wait_node(
+        &admin,
+        &node,
+        "the controller reports the volume attached",
+        attached,
+    )
+    .await;
+    f.node.boot();
+
+    // Once the pod is gone, the kubelet unmounts after 3 s; then the controller detaches.
+    let unmount = {
+        let (pods, nodes) = (pods.clone(), nodes.clone());
+        let node = node.clone();
+        tokio::spawn(async move {
+            while pods.get_opt("db").await.ok().flatten().is_some() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let gone = realk8s::now_unix();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let unmounted = realk8s::now_unix();
+            nodes
+                .patch_status(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"volumesInUse": null}})),
+                )
+                .await
+                .expect("unmount");
+            (gone, unmounted)
+        })
+    };
+    let c = tokio::task::block_in_place(|| f.node.shutdown("poweroff", Duration::from_secs(120)));
+    let (_, release) = signal_and_release(&c);
+    let (gone, unmounted) = unmount.await.expect("unmount task");
+    println!(
+        "pod gone at +0, unmounted at +{:.2} s, released at +{:.2} s",
+        unmounted - gone,
+        release - gone
+    );
+    assert!(
+        release >= unmounted,
+        "released {:.2} s before the volume was unmounted:\n{}",
+        unmounted - release,
+        c.journal_text()
+    );
+    assert!(
+        release - unmounted < 10.0,
+        "released {:.2} s after the unmount: the controller's detach was not seen",
+        release - unmounted
+    );
+    let after = nodes.get(&node).await.expect("node");
+    assert!(!attached(&after), "the controller still reports the volume");
+    let _ = pvs.delete(&pv_name, &Default::default()).await;
+    f.cleanup().await;
+}
