@@ -896,8 +896,8 @@ impl Controller {
                         queue.push(key);
                     }
                     // An unlabelled request stops matching its watch when a node labels it
-                        // (the watch says Deleted), and nothing is kept of a request before
-                        // this node has labelled it: look it up again.
+                    // (the watch says Deleted), and nothing is kept of a request before this
+                    // node has labelled it: look it up again.
                     Some((Watch::Unclaimed, Ok(watcher::Event::Delete(r)))) => {
                         queue.push(key_pair(&r));
                     }
