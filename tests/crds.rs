@@ -724,7 +724,6 @@ mod rbac {
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
                 "policy/poddisruptionbudgets: list",
-                "storage.k8s.io/volumeattachments: list,watch",
             ]
         );
         let binding = docs
@@ -1110,6 +1109,40 @@ mod rbac {
 
     fn by_label() -> Value {
         json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["blue"]}]}]})
+    }
+
+    /// The label that confines a maintenance to one node's watch: only with the node's own
+    /// name (a node cannot push its maintenance's churn onto another node).
+    #[test]
+    fn a_node_labels_maintenances_only_for_itself() {
+        let p = policy("nodemaintenances");
+        let labelled = |node: &str| {
+            let mut m = maintenance(pinned("one"));
+            m["metadata"]["labels"] = json!({nodegrace::api::NODE_LABEL: node});
+            m
+        };
+        assert_eq!(
+            admit(&p, ME, "CREATE", "", labelled("one"), Value::Null),
+            Ok(())
+        );
+        assert!(
+            denied(admit(&p, ME, "CREATE", "", labelled("two"), Value::Null))
+                .contains("may label a NodeMaintenance nodegrace.dev/node only with its own name")
+        );
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "",
+            labelled("two"),
+            maintenance(pinned("one")),
+        ));
+        // Its own status entry on a maintenance an admin labelled otherwise.
+        let mut admins = maintenance(by_label());
+        admins["metadata"]["labels"] = json!({nodegrace::api::NODE_LABEL: "two"});
+        let mut entry = admins.clone();
+        entry["status"]["nodeStatuses"][0]["podsRemaining"] = json!(0);
+        assert_eq!(admit(&p, ME, "UPDATE", "status", entry, admins), Ok(()));
     }
 
     #[test]

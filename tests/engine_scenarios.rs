@@ -6,7 +6,7 @@ mod engine_support;
 use std::time::Duration;
 
 use engine_support::*;
-use nodegrace::api::Stage;
+use nodegrace::api::{Stage, NODE_LABEL};
 use nodegrace::cluster::{shutdown_maintenance_name, AfterBoot, EngineError};
 use nodegrace::config::CompletionPolicy;
 use nodegrace::daemon::ShutdownKind;
@@ -473,16 +473,35 @@ async fn a_statefulset_pod_recreated_under_the_same_name_is_not_evicted() {
     assert!(env.pod_exists("db-0"), "the replacement keeps running");
 }
 
+/// Sets what the attach-detach controller (`volumesAttached`) and the kubelet
+/// (`volumesInUse`) report of the node's volumes.
+fn set_node_volumes(env: &Env, volumes: &[&str]) {
+    let attached: Vec<Value> = volumes
+        .iter()
+        .map(|v| json!({"name": v, "devicePath": ""}))
+        .collect();
+    env.cluster
+        .store
+        .update_in_process("", "nodes", "", NODE, |n| {
+            n["status"]["volumesAttached"] = json!(attached);
+            n["status"]["volumesInUse"] = json!(volumes);
+        })
+        .unwrap();
+}
+
 #[tokio::test]
-async fn volume_attachments_are_awaited_but_bounded() {
+async fn volumes_are_awaited_from_the_node_status_but_bounded() {
+    const VOLUME: &str = "kubernetes.io/csi/csi.example.com^vol-1";
+    // Another node's attachment: not this node's business, and never listed.
+    let foreign_va = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": "va-other"},
+        "spec": {"attacher": "csi.example.com", "nodeName": "node-b", "source": {"persistentVolumeName": "pv-2"}},
+    });
     let env = Env::new(kubelet(50)).await;
     env.pod("app", Kind::Default, 0, 30, json!({}));
-    let va = json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
-        "metadata": {"name": "va-1"},
-        "spec": {"attacher": "csi.example.com", "nodeName": NODE, "source": {"persistentVolumeName": "pv-1"}},
-    });
-    env.cluster.insert(&va).unwrap();
+    env.cluster.insert(&foreign_va).unwrap();
+    set_node_volumes(&env, &[VOLUME]);
     let mut settings = env.settings();
     settings.drain.volume_detach_timeout = Duration::from_secs(1);
     let engine = env.engine(settings);
@@ -491,24 +510,108 @@ async fn volume_attachments_are_awaited_but_bounded() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(3),
         "bounded wait: {took:?}"
     );
+    let cluster_wide: Vec<String> = env
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("volumeattachments"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(cluster_wide.is_empty(), "{cluster_wide:?}");
 
-    // Detached quickly: released as soon as it is gone.
+    // Unmounted by the kubelet, then detached: released as soon as the Node says so, not
+    // before.
     let env = Env::new(kubelet(50)).await;
     env.pod("app", Kind::Default, 0, 30, json!({}));
-    env.cluster.insert(&va).unwrap();
+    set_node_volumes(&env, &[VOLUME]);
     let mut settings = env.settings();
     settings.drain.volume_detach_timeout = Duration::from_secs(10);
     let engine = env.engine(settings);
     let store = env.cluster.store.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let ri = store
-            .find_resource("storage.k8s.io", "v1", "volumeattachments")
+        store
+            .update_in_process("", "nodes", "", NODE, |n| {
+                n["status"]["volumesInUse"] = json!([]);
+            })
             .unwrap();
-        store.delete(&ri, "", "va-1", &Default::default()).unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        store
+            .update_in_process("", "nodes", "", NODE, |n| {
+                n["status"]["volumesAttached"] = json!([]);
+            })
+            .unwrap();
     });
     let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
-    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(2),
+        "took {took:?}"
+    );
+}
+
+/// The node watches the maintenances labelled for it and the unlabelled ones (an admin's,
+/// selecting nodes by label), never those labelled for another node (its shutdown
+/// maintenance, with its status churn); its own shutdown maintenance is labelled for it.
+#[tokio::test]
+async fn only_this_nodes_and_unlabelled_maintenances_are_watched() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("app", Kind::Default, 0, 30, json!({}));
+    env.admin_maintenance("upgrade", "Cordon", json!([]));
+    // Labelled for another node: not this node's, even if its selector would pick this node.
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "shutdown-node-b", "labels": {NODE_LABEL: "node-b"}},
+            "spec": {
+                "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE]}
+                ]}]},
+                "stage": "Drain",
+            },
+        }))
+        .unwrap();
+    let engine = env.engine(env.settings());
+    eventually(5, "the admin maintenance's cordon", || {
+        env.node()["spec"]["unschedulable"] == true
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        env.evictions().is_empty(),
+        "drained for another node's maintenance"
+    );
+    assert!(env.maintenance("shutdown-node-b").unwrap().status.is_none());
+
+    drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
+    assert_eq!(env.evictions(), ["app"]);
+    let own = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
+    assert_eq!(
+        own.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(NODE_LABEL))
+            .map(String::as_str),
+        Some(NODE)
+    );
+    let own_selector = format!("{NODE_LABEL}={NODE}");
+    let unlabelled = format!("!{NODE_LABEL}");
+    let selectors: Vec<Option<String>> = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/nodemaintenances"))
+        .map(|r| r.param("labelSelector"))
+        .collect();
+    for wanted in [&own_selector, &unlabelled] {
+        assert!(
+            selectors.iter().any(|s| s.as_ref() == Some(wanted)),
+            "no list or watch with {wanted}: {selectors:?}"
+        );
+    }
+    for selector in &selectors {
+        assert!(
+            selector.as_ref() == Some(&own_selector) || selector.as_ref() == Some(&unlabelled),
+            "a list or watch of NodeMaintenances not confined to this node's: {selector:?}"
+        );
+    }
 }
 
 #[tokio::test]

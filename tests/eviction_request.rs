@@ -816,6 +816,79 @@ async fn requests_for_other_nodes_pods_are_left_alone() {
     stop.cancel();
 }
 
+/// Another requester's request (unlabelled) for this node's pod is labelled for the node and
+/// acted on; one for another node's pod is left to that node. The controller watches only
+/// the requests labelled for its node and the unlabelled ones: requests labelled for other
+/// nodes (their drains' churn) never reach it.
+#[tokio::test(start_paused = true)]
+async fn unlabelled_requests_are_claimed_and_only_this_nodes_requests_are_watched() {
+    let cluster = cluster().await;
+    let client = cluster.client().unwrap();
+    let ours = add_pod(&cluster, "db-0", NODE, &[("db-operator.example.com", "1")]);
+    let theirs = add_pod(&cluster, "web-0", "n2", &[]);
+    for pod in [&ours, &theirs] {
+        let mut request =
+            EvictionRequest::for_pod(&pod.namespace, &pod.name, &pod.uid, DESCHEDULER, vec![]);
+        if pod == &ours {
+            request.spec.interceptors = vec![nodegrace::api::Interceptor {
+                name: "db-operator.example.com".into(),
+            }];
+        }
+        requests_api(&client)
+            .create(&PostParams::default(), &request)
+            .await
+            .unwrap();
+    }
+    let stop = start_controller(&cluster, Duration::from_secs(60));
+    let claimed = until(
+        &client,
+        &ours,
+        Duration::from_secs(5),
+        "claimed and handled",
+        |r| active(r).is_some(),
+    )
+    .await;
+    assert_eq!(
+        claimed
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(NODE_LABEL))
+            .map(String::as_str),
+        Some(NODE)
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let left = get(&client, &theirs).await;
+    assert!(
+        left.status.is_none()
+            && left
+                .metadata
+                .labels
+                .as_ref()
+                .is_none_or(|l| !l.contains_key(NODE_LABEL)),
+        "n2's pod's request untouched: {left:?}"
+    );
+
+    let selectors: Vec<Option<String>> = cluster
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/evictionrequests"))
+        .map(|r| r.param("labelSelector"))
+        .collect();
+    assert!(!selectors.is_empty());
+    let ours_selector = format!("{NODE_LABEL}={NODE}");
+    let unlabelled = format!("!{NODE_LABEL}");
+    for selector in &selectors {
+        assert!(
+            selector.as_deref() == Some(ours_selector.as_str())
+                || selector.as_deref() == Some(unlabelled.as_str()),
+            "a list or watch of EvictionRequests not confined to this node's: {selector:?}"
+        );
+    }
+    stop.cancel();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restarted_controller_resumes_from_the_persisted_heartbeat() {
     let cluster = cluster().await;

@@ -158,6 +158,20 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
         )
         .await,
     );
+    // Labelled for its node (only its daemon watches it), not for another's.
+    let labelled = |node: &str| {
+        let mut m = maintenance(&format!("shutdown-{a}"), pin(a));
+        m.metadata.labels =
+            Some([(nodegrace::api::NODE_LABEL.to_string(), node.to_string())].into());
+        m
+    };
+    nms.create(&realk8s::dry::post(), &labelled(a))
+        .await
+        .expect("create its own maintenance labelled for itself");
+    refused(
+        "label its maintenance for another node",
+        nms.create(&realk8s::dry::post(), &labelled(b)).await,
+    );
     refused(
         "create a maintenance by label",
         nms.create(

@@ -40,6 +40,18 @@ pub fn node_requester(node: &str) -> Option<String> {
     let name = format!("{node}.{REQUESTER_SUFFIX}");
     (name.len() <= 253 && crate::cluster::eviction_request::is_dns_subdomain(&name)).then_some(name)
 }
+/// Label naming one node: on a NodeMaintenance, the node it drains alone (a node's shutdown
+/// maintenance; only that node's daemon watches it); on an EvictionRequest, the node whose
+/// daemon controls it. A node's daemon watches the objects labelled for it and the
+/// unlabelled ones, never those labelled for another node.
+pub const NODE_LABEL: &str = "nodegrace.dev/node";
+
+/// The [`NODE_LABEL`] value for `node`; None when the name is too long for a label value
+/// (63 characters; node names are DNS subdomains of up to 253).
+pub fn node_label_value(node: &str) -> Option<&str> {
+    (!node.is_empty() && node.len() <= 63).then_some(node)
+}
+
 /// Pod annotation prefix declaring an interceptor: `<prefix><name>: "<priority>"`.
 pub const INTERCEPTOR_ANNOTATION_PREFIX: &str =
     "interceptor.evictionrequest.coordination.k8s.io/priority_";

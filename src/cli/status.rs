@@ -684,8 +684,7 @@ async fn cluster_sections(
         return (api, unknown("the node name is not known".into()));
     };
     let maintenances = bounded("listing NodeMaintenances", async {
-        let nm: kube::Api<NodeMaintenance> = kube::Api::all(client.clone());
-        Ok(nm.list(&Default::default()).await?.items)
+        crate::cluster::list_maintenances_for(&client, node).await
     })
     .await;
     let maintenances = match maintenances {

@@ -16,7 +16,7 @@ pub use engine::{
     complete_shutdown_maintenance, shutdown_maintenance_name, AfterBoot, Engine, EngineError,
     EngineOptions,
 };
-pub(crate) use engine::{other_active_maintenances, FallbackSummary};
+pub(crate) use engine::{list_maintenances_for, other_active_maintenances, FallbackSummary};
 pub(crate) use slim::Slim;
 pub use terminate::{EvictionApi, PodTerminator, Request};
 

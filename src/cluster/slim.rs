@@ -1,7 +1,6 @@
 //! What the daemon's caches (reflectors) keep of the objects they watch.
 
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Resource;
 
 use crate::api::{EvictionRequest, NodeMaintenance};
@@ -18,7 +17,6 @@ pub(crate) trait Slim: Resource {
 
 impl Slim for Node {}
 impl Slim for NodeMaintenance {}
-impl Slim for VolumeAttachment {}
 impl Slim for EvictionRequest {}
 
 impl Slim for Pod {

@@ -139,7 +139,8 @@ pub struct DrainSettings {
     pub external_eviction_request_controller: bool,
     /// Requests to the apiserver in flight at once when a band's pods are asked to go.
     pub max_concurrent_requests: usize,
-    /// How long to wait for this node's VolumeAttachments before releasing.
+    /// How long to wait for the Node to report no volume attached or in use before
+    /// releasing.
     pub volume_detach_timeout: Duration,
 }
 

@@ -1,7 +1,8 @@
 //! The drain engine for the daemon's own node.
 //!
-//! Four reflectors (the Node, its pods, every NodeMaintenance, VolumeAttachments) feed one
-//! reconcile loop that wakes on a watch event or on a timer it set itself (eviction
+//! Reflectors of the Node, its pods and the NodeMaintenances that may concern it (those
+//! labelled for it, and the unlabelled ones: an admin's, selecting nodes by a nodeSelector the
+//! engine evaluates) feed one reconcile loop that wakes on a watch event or on a timer it set itself (eviction
 //! back-off, escalation deadline, debounced status): there is no polling. Each pass computes
 //! everything from the reflected state (plus the objects our own writes returned, so a write
 //! is never repeated before its watch event arrives) and issues only the requests that
@@ -29,7 +30,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -134,8 +134,76 @@ struct Progress {
 struct Ready {
     node: bool,
     pods: bool,
+    /// Both maintenance watches below have listed.
     maintenances: bool,
-    volumes: bool,
+    own_maintenances: bool,
+    shared_maintenances: bool,
+}
+
+impl Ready {
+    fn settle(&mut self) {
+        self.maintenances = self.own_maintenances && self.shared_maintenances;
+    }
+}
+
+/// The NodeMaintenances the node watches: those labelled for it ([`crate::api::NODE_LABEL`]:
+/// its shutdown maintenance) and the unlabelled ones. Maintenances labelled for other nodes
+/// (their shutdown maintenances, pinned to them, with their status churn) never reach it.
+struct Maintenances {
+    own: Store<NodeMaintenance>,
+    shared: Store<NodeMaintenance>,
+}
+
+impl Maintenances {
+    /// Both caches, one object per name (the later version where both hold it: a
+    /// maintenance that was relabelled).
+    fn state(&self) -> Vec<Arc<NodeMaintenance>> {
+        let mut by_name: HashMap<String, Arc<NodeMaintenance>> = HashMap::new();
+        for m in self.shared.state().into_iter().chain(self.own.state()) {
+            let name = m.name_any();
+            let m = fresher(m, by_name.get(&name));
+            by_name.insert(name, m);
+        }
+        by_name.into_values().collect()
+    }
+}
+
+/// The label selectors of the two maintenance watches of `node`.
+fn maintenance_selectors(node: &str) -> Vec<String> {
+    let unlabelled = format!("!{}", crate::api::NODE_LABEL);
+    match crate::api::node_label_value(node) {
+        Some(value) => vec![format!("{}={value}", crate::api::NODE_LABEL), unlabelled],
+        None => vec![unlabelled],
+    }
+}
+
+/// The NodeMaintenances that may select `node`, as the engine watches them (one list per
+/// selector of [`maintenance_selectors`]), for the CLI. One object per name: a maintenance
+/// relabelled between the two lists is in both, and the later version counts.
+pub(crate) async fn list_maintenances_for(
+    client: &Client,
+    node: &str,
+) -> Result<Vec<NodeMaintenance>> {
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let mut all: Vec<NodeMaintenance> = Vec::new();
+    for selector in maintenance_selectors(node) {
+        let params = kube::api::ListParams::default().labels(&selector);
+        let list = api
+            .list(&params)
+            .await
+            .with_context(|| format!("listing NodeMaintenances ({selector})"))?;
+        for m in list.items {
+            match all
+                .iter_mut()
+                .find(|known| known.name_any() == m.name_any())
+            {
+                Some(known) if rv_number(&m) > rv_number(known) => *known = m,
+                Some(_) => {}
+                None => all.push(m),
+            }
+        }
+    }
+    Ok(all)
 }
 
 struct Shared {
@@ -148,8 +216,7 @@ struct Shared {
     terminator: Arc<dyn PodTerminator>,
     nodes: Store<Node>,
     pods: Store<Pod>,
-    maintenances: Store<NodeMaintenance>,
-    volumes: Store<VolumeAttachment>,
+    maintenances: Maintenances,
     ready: Mutex<Ready>,
     wake: watch::Sender<u64>,
     /// Origin of the drain clock (`plan::drain` works on offsets from it).
@@ -275,6 +342,19 @@ fn now_rfc3339() -> String {
 
 fn min_wake(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
+}
+
+/// The volumes the Node says are attached to it or in use by its kubelet, by name.
+fn node_volumes(node: &Node) -> Vec<String> {
+    let Some(status) = node.status.as_ref() else {
+        return Vec::new();
+    };
+    let attached = status.volumes_attached.iter().flatten().map(|v| &v.name);
+    let in_use = status.volumes_in_use.iter().flatten();
+    let mut names: Vec<String> = attached.chain(in_use).cloned().collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 fn daemonset_owner(pod: &Pod) -> Option<&str> {
@@ -498,8 +578,8 @@ impl Engine {
     pub fn start(opts: EngineOptions) -> Engine {
         let (nodes_r, nodes_w) = reflector::store::<Node>();
         let (pods_r, pods_w) = reflector::store::<Pod>();
-        let (nms_r, nms_w) = reflector::store::<NodeMaintenance>();
-        let (vas_r, vas_w) = reflector::store::<VolumeAttachment>();
+        let (own_nms_r, own_nms_w) = reflector::store::<NodeMaintenance>();
+        let (shared_nms_r, shared_nms_w) = reflector::store::<NodeMaintenance>();
         let (wake, _) = watch::channel(0u64);
         let (progress, _) = watch::channel(Progress::default());
         let terminator = opts
@@ -521,8 +601,10 @@ impl Engine {
             terminator,
             nodes: nodes_r,
             pods: pods_r,
-            maintenances: nms_r,
-            volumes: vas_r,
+            maintenances: Maintenances {
+                own: own_nms_r,
+                shared: shared_nms_r,
+            },
             ready: Mutex::new(Ready::default()),
             wake,
             epoch: Instant::now(),
@@ -541,14 +623,13 @@ impl Engine {
         });
         let c = &opts.client;
         let node = &opts.node;
-        let tasks = vec![
+        let mut tasks = vec![
             spawn_reflector(
                 shared.clone(),
                 Api::<Node>::all(c.clone()),
                 watcher::Config::default().fields(&format!("metadata.name={node}")),
                 nodes_w,
                 |r| &mut r.node,
-                false,
                 |_, _| {},
             ),
             spawn_reflector(
@@ -557,29 +638,35 @@ impl Engine {
                 watcher::Config::default().fields(&format!("spec.nodeName={node}")),
                 pods_w,
                 |r| &mut r.pods,
-                false,
                 Shared::pod_changed,
             ),
             spawn_reflector(
                 shared.clone(),
                 Api::<NodeMaintenance>::all(c.clone()),
-                watcher::Config::default(),
-                nms_w,
-                |r| &mut r.maintenances,
-                false,
-                |_, _| {},
-            ),
-            spawn_reflector(
-                shared.clone(),
-                Api::<VolumeAttachment>::all(c.clone()),
-                watcher::Config::default(),
-                vas_w,
-                |r| &mut r.volumes,
-                true,
+                watcher::Config::default().labels(&format!("!{}", crate::api::NODE_LABEL)),
+                shared_nms_w,
+                |r| &mut r.shared_maintenances,
                 |_, _| {},
             ),
             tokio::spawn(run_loop(shared.clone())),
         ];
+        match crate::api::node_label_value(node) {
+            Some(value) => tasks.push(spawn_reflector(
+                shared.clone(),
+                Api::<NodeMaintenance>::all(c.clone()),
+                watcher::Config::default().labels(&format!("{}={value}", crate::api::NODE_LABEL)),
+                own_nms_w,
+                |r| &mut r.own_maintenances,
+                |_, _| {},
+            )),
+            // A node name too long for a label value: its shutdown maintenance is
+            // unlabelled, in the shared watch.
+            None => {
+                let mut ready = lock(&shared.ready);
+                ready.own_maintenances = true;
+                ready.settle();
+            }
+        }
         Engine { shared, tasks }
     }
 
@@ -1041,5 +1128,23 @@ mod tests {
         assert_eq!(m["metadata"]["labels"]["l"], "");
         assert_eq!(m["spec"]["unschedulable"], true);
         assert_eq!(merge_values(None, None), None);
+    }
+
+    #[test]
+    fn node_volumes_are_those_attached_or_in_use() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "status": {
+                "volumesAttached": [{"name": "kubernetes.io/csi/d^a", "devicePath": ""}],
+                "volumesInUse": ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"],
+            },
+        }))
+        .unwrap();
+        assert_eq!(
+            node_volumes(&node),
+            ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"]
+        );
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap();
+        assert!(node_volumes(&bare).is_empty());
     }
 }

@@ -26,7 +26,6 @@ pub(super) fn spawn_reflector<K>(
     config: watcher::Config,
     writer: reflector::store::Writer<K>,
     flag: fn(&mut Ready) -> &mut bool,
-    optional: bool,
     on_object: fn(&Shared, &K),
 ) -> JoinHandle<()>
 where
@@ -52,7 +51,11 @@ where
             let failed = item.is_err();
             match item {
                 Ok(watcher::Event::InitDone) => {
-                    *flag(&mut lock(&shared.ready)) = true;
+                    {
+                        let mut ready = lock(&shared.ready);
+                        *flag(&mut ready) = true;
+                        ready.settle();
+                    }
                     shared.mark_reachable();
                 }
                 Ok(
@@ -72,11 +75,7 @@ where
                         _ => None,
                     };
                     let code = inner.and_then(api_error_code);
-                    if optional && matches!(code, Some(403 | 404)) {
-                        // Not allowed or not served: nothing to wait for.
-                        *flag(&mut lock(&shared.ready)) = true;
-                        shared.mark_reachable();
-                    } else if code == Some(404) {
+                    if code == Some(404) {
                         shared.mark_unreachable(&format_args!(
                             "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
                         ));

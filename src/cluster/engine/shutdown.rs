@@ -42,7 +42,7 @@ const CONNECT_AHEAD_MAX: Duration = Duration::from_secs(2);
 
 impl Engine {
     /// Drains the node for a shutdown through `shutdown-<node>` and returns once the node is
-    /// empty, its VolumeAttachments are gone (bounded) and the last status update reached
+    /// empty, its volumes are detached (bounded) and the last status update reached
     /// the apiserver. Cancel-safe: dropping the future leaves the maintenance in place.
     pub async fn shutdown_drain(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
         let sh = &self.shared;
@@ -272,12 +272,8 @@ pub async fn other_active_maintenances(client: &Client, node: &str) -> Result<Ve
         .get(node)
         .await
         .with_context(|| format!("reading Node {node}"))?;
-    let list = Api::<NodeMaintenance>::all(client.clone())
-        .list(&Default::default())
-        .await
-        .context("listing NodeMaintenances")?;
+    let list = super::list_maintenances_for(client, node).await?;
     Ok(list
-        .items
         .into_iter()
         .filter(|m| {
             m.name_any() != own
@@ -368,6 +364,13 @@ impl Shared {
             (SHUTDOWN_KIND_ANNOTATION.to_string(), kind.to_string()),
         ]));
         m.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
+        // Only this node's daemon watches it, and its status churn.
+        if let Some(value) = crate::api::node_label_value(&self.node) {
+            m.metadata.labels = Some(BTreeMap::from([(
+                crate::api::NODE_LABEL.to_string(),
+                value.to_string(),
+            )]));
+        }
         m
     }
 
@@ -552,25 +555,29 @@ impl Shared {
         }
     }
 
+    /// Waits (bounded by `drain.volume_detach_timeout`) until the Node reports no volume in
+    /// use by the kubelet (`status.volumesInUse`) and none attached (`status.volumesAttached`):
+    /// the attach-detach controller drops a volume from the latter as it starts to detach
+    /// it, once the kubelet has unmounted it. The Node is watched by name already, so this
+    /// costs no watch of the cluster's VolumeAttachments.
     pub(super) async fn wait_volumes_detached(&self) {
         let timeout = self.settings().drain.volume_detach_timeout;
         let deadline = Instant::now() + timeout;
         let mut rx = self.wake.subscribe();
         loop {
             rx.borrow_and_update();
-            let ready = lock(&self.ready).volumes;
-            let left: Vec<String> = self
-                .volumes
+            let left = self
+                .nodes
                 .state()
                 .iter()
-                .filter(|va| va.spec.node_name == self.node)
-                .map(|va| va.name_any())
-                .collect();
-            if ready && left.is_empty() {
+                .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))
+                .map(|n| super::node_volumes(n))
+                .unwrap_or_default();
+            if left.is_empty() {
                 return;
             }
             if Instant::now() >= deadline {
-                tracing::warn!(node = %self.node, attachments = ?left, "VolumeAttachments still present after {timeout:?}; releasing anyway");
+                tracing::warn!(node = %self.node, volumes = ?left, "volumes still attached or in use after {timeout:?}; releasing anyway");
                 return;
             }
             tokio::select! {

@@ -1,7 +1,10 @@
 //! The eviction-request controller for this node's pods: [`Reconciler`] carries out
-//! [`decide`](super::decide::decide) for one request, [`Controller`] drives it from a
-//! watch of every EvictionRequest, pod changes reported by the drain engine, and tokio
-//! timers for heartbeat deadlines and eviction back-off. Nothing polls.
+//! [`decide`](super::decide::decide) for one request, [`Controller`] drives it from two
+//! watches of EvictionRequests (those labelled for this node, and the unlabelled ones that
+//! another requester made, until their pod's node labels them), pod changes reported by the
+//! drain engine, and tokio timers for heartbeat deadlines and eviction back-off. Nothing
+//! polls. Requests labelled for other nodes, and their status writes, never reach this
+//! node.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -169,21 +172,6 @@ impl Reconciler {
                 Err(err).with_context(|| format!("labelling EvictionRequest {}", key_of(request)))
             }
         }
-    }
-
-    /// Says once that a request for this node's pod is labelled for another node.
-    async fn report_foreign(&self, request: &EvictionRequest, other: &str) {
-        warn!(request = %key_of(request), labelled_for = other, "an EvictionRequest of this node's pod is labelled for another node (made with that node's identity): ignored");
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "LabelledForAnotherNode".to_owned(),
-            note: Some(format!(
-                "labelled {NODE_LABEL}={other}, but the pod is not on that node: nodegrace ignores this request; the node whose identity made it may be compromised"
-            )),
-            action: "Ignore".to_owned(),
-            secondary: None,
-        };
-        self.publish(request, &event).await;
     }
 
     /// A shorter cap under a shutdown deadline, the configured one otherwise.
@@ -688,8 +676,7 @@ enum Ownership {
     /// Unlabelled (made by something other than a node) for a pod in this node's cache:
     /// labelled for this node, then ours.
     Unclaimed,
-    /// For a pod in this node's cache but labelled for `0`: ignored and reported.
-    Foreign(String),
+    /// Unlabelled for a pod not in this node's cache (another node's to claim).
     NotOurs,
 }
 
@@ -708,7 +695,6 @@ impl Owned {
             .and_then(|l| l.get(NODE_LABEL));
         match label {
             Some(n) if *n == self.node => Ownership::Ours,
-            Some(other) if self.cached_pod(request).is_some() => Ownership::Foreign(other.clone()),
             None if self.cached_pod(request).is_some() => Ownership::Unclaimed,
             _ => Ownership::NotOurs,
         }
@@ -767,7 +753,8 @@ impl Controller {
 }
 
 impl Controller {
-    /// Watches every EvictionRequest and reconciles this node's until `shutdown`.
+    /// Watches the EvictionRequests labelled for this node and the unlabelled ones, and
+    /// reconciles this node's until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let Controller {
             client,
@@ -785,12 +772,23 @@ impl Controller {
         let this = Owned { node, pods };
         let mut rx = Some(rx);
         let api: Api<EvictionRequest> = Api::all(client);
-        let (cache, writer) = reflector::store();
-        let mut events = reflector::reflector(
-            writer,
-            watcher(api, watcher::Config::default()).modify(EvictionRequest::slim),
+        let watch = |selector: String| {
+            let (cache, writer) = reflector::store();
+            let events = reflector::reflector(
+                writer,
+                watcher(api.clone(), watcher::Config::default().labels(&selector))
+                    .modify(EvictionRequest::slim),
+            )
+            .default_backoff();
+            (cache, events)
+        };
+        let (ours, ours_events) = watch(format!("{NODE_LABEL}={}", this.node));
+        let (unclaimed, unclaimed_events) = watch(format!("!{NODE_LABEL}"));
+        let cache = Caches { ours, unclaimed };
+        let mut events = futures::stream::select(
+            ours_events.map(|e| (Watch::Ours, e)),
+            unclaimed_events.map(|e| (Watch::Unclaimed, e)),
         )
-        .default_backoff()
         .boxed();
         let mut queue = Queue::default();
         // Our own latest write per request, until the watch delivers it (events come in
@@ -800,8 +798,6 @@ impl Controller {
         let mut running = futures::stream::FuturesUnordered::new();
         let mut in_flight: HashSet<Key> = HashSet::new();
         let mut again: HashSet<Key> = HashSet::new();
-        // Requests labelled for another node, reported once.
-        let mut reported: HashSet<Key> = HashSet::new();
         // Requests whose pod has terminated or gone, given time to be garbage collected.
         let mut awaiting_collector: HashMap<Key, Instant> = HashMap::new();
         info!(node = %this.node, "eviction-request controller started");
@@ -812,7 +808,7 @@ impl Controller {
                     again.insert(key);
                     continue;
                 }
-                let cached = cache.get(&ObjectRef::new(&key.1).within(&key.0));
+                let cached = cache.get(&key);
                 let request = match (&cached, written.get(&key)) {
                     (_, Some(ours)) => ours.clone(),
                     (Some(cached), None) => (**cached).clone(),
@@ -829,12 +825,6 @@ impl Controller {
                 let claim = match this.ownership(&request) {
                     Ownership::Ours => false,
                     Ownership::Unclaimed => true,
-                    Ownership::Foreign(other) => {
-                        if reported.insert(key.clone()) {
-                            reconciler.report_foreign(&request, &other).await;
-                        }
-                        continue;
-                    }
                     Ownership::NotOurs => continue,
                 };
                 let pod = this.cached_pod(&request);
@@ -896,7 +886,7 @@ impl Controller {
                     }
                 }
                 event = events.next() => match event {
-                    Some(Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r))) => {
+                    Some((_, Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r)))) => {
                         let key = key_pair(&r);
                         // The watch caught up with our write, or went past it (someone else
                         // changed the request since): its version is the one to build on.
@@ -905,33 +895,39 @@ impl Controller {
                         }
                         queue.push(key);
                     }
-                    Some(Ok(watcher::Event::Delete(r))) => {
+                    // An unlabelled request stops matching its watch when a node labels it
+                    // (the watch says Deleted), and nothing is kept of a request before this
+                    // node has labelled it: look it up again.
+                    Some((Watch::Unclaimed, Ok(watcher::Event::Delete(r)))) => {
+                        queue.push(key_pair(&r));
+                    }
+                    Some((Watch::Ours, Ok(watcher::Event::Delete(r)))) => {
                         let key = key_pair(&r);
-                        reported.remove(&key);
                         awaiting_collector.remove(&key);
                         reconciler.forget(&r);
                         written.remove(&key);
                         queue.set_timer(&key, None);
                     }
-                    Some(Ok(watcher::Event::InitDone)) => {
+                    Some((_, Ok(watcher::Event::InitDone))) => {
                         // A re-list may have replaced what was cached; look at everything.
-                        for r in cache.state() {
-                            queue.push(key_pair(&r));
+                        for key in cache.keys() {
+                            queue.push(key);
                         }
                     }
                     // A re-list shows the latest state, our writes included.
-                    Some(Ok(watcher::Event::Init)) => {
+                    Some((Watch::Ours, Ok(watcher::Event::Init))) => {
                         written.clear();
                         awaiting_collector.clear();
                     }
+                    Some((Watch::Unclaimed, Ok(watcher::Event::Init))) => {}
                     // The drain engine reports an apiserver that cannot be used, once.
-                    Some(Err(err)) => debug!(error = %err, "EvictionRequest watch failed; retrying"),
+                    Some((_, Err(err))) => debug!(error = %err, "EvictionRequest watch failed; retrying"),
                     None => anyhow::bail!("the EvictionRequest watch ended"),
                 },
                 message = recv_opt(&mut rx) => match message {
                     Some(Message::PodChanged { namespace, uid }) => {
                         let key = (namespace, uid);
-                        if cache.get(&ObjectRef::new(&key.1).within(&key.0)).is_some() {
+                        if cache.get(&key).is_some() {
                             queue.push(key);
                         }
                     }
@@ -939,7 +935,7 @@ impl Controller {
                         let key = key_pair(&request);
                         let newer = |known: &EvictionRequest| rv_number(known) >= rv_number(&request);
                         let known = cache
-                            .get(&ObjectRef::new(&key.1).within(&key.0))
+                            .get(&key)
                             .is_some_and(|c| newer(&c))
                             || written.get(&key).is_some_and(newer);
                         if !known {
@@ -950,8 +946,8 @@ impl Controller {
                     Some(Message::Concurrency(n)) => concurrency = n,
                     Some(Message::BackoffMax(cap)) => {
                         reconciler.set_backoff_max(cap);
-                        for r in cache.state() {
-                            queue.push(key_pair(&r));
+                        for key in cache.keys() {
+                            queue.push(key);
                         }
                     }
                     // Every handle dropped: no more pod changes, keep watching requests.
@@ -960,6 +956,45 @@ impl Controller {
                 () = sleep_until_opt(next_timer) => queue.fire_due(Instant::now()),
             }
         }
+    }
+}
+
+/// Which of the two EvictionRequest watches an event came from.
+#[derive(Debug, Clone, Copy)]
+enum Watch {
+    /// Labelled for this node.
+    Ours,
+    /// Unlabelled.
+    Unclaimed,
+}
+
+/// What the two watches hold. A request this node labels moves from `unclaimed` to `ours`;
+/// while both hold it, the later version counts.
+struct Caches {
+    ours: Store<EvictionRequest>,
+    unclaimed: Store<EvictionRequest>,
+}
+
+impl Caches {
+    fn get(&self, key: &Key) -> Option<Arc<EvictionRequest>> {
+        let at = ObjectRef::new(&key.1).within(&key.0);
+        match (self.ours.get(&at), self.unclaimed.get(&at)) {
+            (Some(a), Some(b)) if rv_number(&b) > rv_number(&a) => Some(b),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn keys(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self
+            .ours
+            .state()
+            .iter()
+            .chain(self.unclaimed.state().iter())
+            .map(|r| key_pair(r))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
     }
 }
 
