@@ -30,6 +30,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const LOGIND_DEFAULT_DELAY: Duration = Duration::from_secs(5);
 /// How long a configuration reload may take before the running settings are kept.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often logind's inhibitors are read again for a kubelet delay lock: the kubelet takes
+/// its lock once its runtime is up, often after nodegrace has connected.
+const KUBELET_INHIBITOR_CHECK: Duration = Duration::from_secs(30);
 
 /// Files the daemon writes besides the state directory of its settings.
 #[derive(Debug, Clone)]
@@ -188,6 +191,14 @@ impl Daemon {
             ready_sent: false,
             side_tasks: Vec::new(),
             watchdog,
+            kubelet_check: {
+                let mut i = tokio::time::interval_at(
+                    Instant::now() + KUBELET_INHIBITOR_CHECK,
+                    KUBELET_INHIBITOR_CHECK,
+                );
+                i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                i
+            },
         };
         let result = m.run().await;
         m.stop(result.as_ref().err().map(|e| format!("{e:#}")));
@@ -211,6 +222,7 @@ enum Step {
     ReloadTimedOut,
     Deadline,
     Watchdog,
+    KubeletCheck,
 }
 
 #[derive(PartialEq, Eq)]
@@ -251,6 +263,7 @@ struct Machine {
     ready_sent: bool,
     side_tasks: Vec<JoinHandle<()>>,
     watchdog: Option<Interval>,
+    kubelet_check: Interval,
 }
 
 async fn join_opt<T>(h: &mut Option<JoinHandle<T>>) -> Result<T, JoinError> {
@@ -300,6 +313,7 @@ impl Machine {
                 r = join_opt(&mut self.drain) => Step::DrainDone(r),
                 () = sleep_opt(self.deadline) => Step::Deadline,
                 () = tick_opt(&mut self.watchdog) => Step::Watchdog,
+                _ = self.kubelet_check.tick(), if self.bus.is_some() => Step::KubeletCheck,
             };
             let flow = match step {
                 Step::Control(Some(Control::Terminate)) | Step::Control(None) => {
@@ -356,6 +370,16 @@ impl Machine {
                 }
                 Step::Watchdog => {
                     self.notifier.notify(Notify::Watchdog);
+                    Flow::Continue
+                }
+                Step::KubeletCheck => {
+                    if let Some(bus) = self.bus.clone() {
+                        let before = self.status.kubelet_inhibitor.clone();
+                        self.check_kubelet_inhibitor(&bus).await;
+                        if self.status.kubelet_inhibitor != before {
+                            self.publish();
+                        }
+                    }
                     Flow::Continue
                 }
             };
@@ -579,7 +603,8 @@ impl Machine {
         match bus.logind.list_inhibitors().await {
             Ok(list) => {
                 let found = list.iter().find(|i| i.looks_like_kubelet());
-                if let Some(k) = found {
+                let seen = found.map(|k| format!("{} ({}), pid {}", k.who, k.why, k.pid));
+                if let Some(k) = found.filter(|_| seen != self.status.kubelet_inhibitor) {
                     tracing::warn!(
                         who = %k.who, why = %k.why, pid = k.pid,
                         "the kubelet holds a shutdown delay inhibitor too: its Graceful Node Shutdown \
@@ -587,8 +612,7 @@ impl Machine {
                          the kubelet configuration"
                     );
                 }
-                self.status.kubelet_inhibitor =
-                    found.map(|k| format!("{} ({}), pid {}", k.who, k.why, k.pid));
+                self.status.kubelet_inhibitor = seen;
             }
             Err(e) => tracing::debug!(error = %format!("{e:#}"), "cannot list inhibitors"),
         }
