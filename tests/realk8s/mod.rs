@@ -12,6 +12,7 @@ pub mod audit;
 pub mod fixture;
 pub mod kubelet;
 pub mod node;
+pub mod real_kubelet;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
