@@ -18,7 +18,7 @@ use super::status::{Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
 use super::{Drainer, ShutdownKind, ShutdownRequest};
 use crate::config::Settings;
 use crate::logind::budget::{self, BudgetReport};
-use crate::logind::{InhibitorLock, LogindError, LogindEvent};
+use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
 use crate::state::{current_boot_id, ShutdownPhase, ShutdownState};
 use crate::systemd::{self, Notifier, Notify, INHIBITOR_FDNAME};
 
@@ -199,6 +199,7 @@ impl Daemon {
                 i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 i
             },
+            kubelet_listing: None,
         };
         let result = m.run().await;
         m.stop(result.as_ref().err().map(|e| format!("{e:#}")));
@@ -223,6 +224,7 @@ enum Step {
     Deadline,
     Watchdog,
     KubeletCheck,
+    KubeletListed(Result<Result<Vec<InhibitorInfo>>, JoinError>),
 }
 
 #[derive(PartialEq, Eq)]
@@ -264,6 +266,9 @@ struct Machine {
     side_tasks: Vec<JoinHandle<()>>,
     watchdog: Option<Interval>,
     kubelet_check: Interval,
+    /// The periodic read of logind's inhibitors, off the loop: a logind slow to answer must
+    /// not hold back a PrepareForShutdown or the budget's end.
+    kubelet_listing: Option<JoinHandle<Result<Vec<InhibitorInfo>>>>,
 }
 
 async fn join_opt<T>(h: &mut Option<JoinHandle<T>>) -> Result<T, JoinError> {
@@ -314,6 +319,7 @@ impl Machine {
                 () = sleep_opt(self.deadline) => Step::Deadline,
                 () = tick_opt(&mut self.watchdog) => Step::Watchdog,
                 _ = self.kubelet_check.tick(), if self.bus.is_some() => Step::KubeletCheck,
+                r = join_opt(&mut self.kubelet_listing) => Step::KubeletListed(r),
             };
             let flow = match step {
                 Step::Control(Some(Control::Terminate)) | Step::Control(None) => {
@@ -374,8 +380,22 @@ impl Machine {
                 }
                 Step::KubeletCheck => {
                     if let Some(bus) = self.bus.clone() {
+                        if self.kubelet_listing.is_none()
+                            && self.settings.shutdown.warn_kubelet_inhibitor
+                        {
+                            self.kubelet_listing =
+                                Some(tokio::spawn(
+                                    async move { bus.logind.list_inhibitors().await },
+                                ));
+                        }
+                    }
+                    Flow::Continue
+                }
+                Step::KubeletListed(r) => {
+                    self.kubelet_listing = None;
+                    if let Ok(listed) = r {
                         let before = self.status.kubelet_inhibitor.clone();
-                        self.check_kubelet_inhibitor(&bus).await;
+                        self.note_kubelet_inhibitor(listed);
                         if self.status.kubelet_inhibitor != before {
                             self.publish();
                         }
@@ -600,7 +620,12 @@ impl Machine {
         if !self.settings.shutdown.warn_kubelet_inhibitor {
             return;
         }
-        match bus.logind.list_inhibitors().await {
+        let listed = bus.logind.list_inhibitors().await;
+        self.note_kubelet_inhibitor(listed);
+    }
+
+    fn note_kubelet_inhibitor(&mut self, listed: Result<Vec<InhibitorInfo>>) {
+        match listed {
             Ok(list) => {
                 let found = list.iter().find(|i| i.looks_like_kubelet());
                 let seen = found.map(|k| format!("{} ({}), pid {}", k.who, k.why, k.pid));

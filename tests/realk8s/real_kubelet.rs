@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
 use super::audit::{self, Request};
@@ -369,7 +369,9 @@ impl PodWatch {
         let seen: Arc<Mutex<BTreeMap<String, PodSeen>>> = Arc::default();
         let record = seen.clone();
         let task = tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default()).boxed();
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(event) = events.next().await {
                 let pods = match event {
                     Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => vec![p],
