@@ -228,15 +228,17 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         let name = p.name_any();
         let took = gone[&name] - asked[&name];
         match app_of(p).as_str() {
-            // Killed by the kubelet at its 3 s grace period, not earlier, not much later.
+            // Killed by the kubelet at its 3 s grace period: not earlier, and long before it
+            // would exit (60 s) or a default 30 s grace would end (a loaded machine: 6 s).
             "slow" => assert!(
-                (3.0..6.0).contains(&took),
+                (3.0..15.0).contains(&took),
                 "{name} gone {took:.2} s after its eviction (grace 3 s)\n{}",
                 context()
             ),
-            // Exited 0.3 s after SIGTERM, far inside its 30 s grace.
+            // Exited 0.3 s after SIGTERM, far inside its 30 s grace (the static pod once the
+            // kubelet looked at its staticPodPath again: every second).
             _ => assert!(
-                took < 3.0,
+                took < 5.0,
                 "{name} gone {took:.2} s after it was asked\n{}",
                 context()
             ),
@@ -280,18 +282,18 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         context()
     );
     let lag = release - last;
+    // The part of [last deletion, release] spent waiting on those writes.
     let writes: f64 = ours
         .iter()
         .filter(|r| r.resource == "nodemaintenances" && r.subresource == "status")
-        .filter(|r| r.received >= last && r.completed <= release)
-        .map(|r| r.completed - r.received)
+        .map(|r| (r.completed.min(release) - r.received.max(last)).max(0.0))
         .sum();
     eprintln!(
         "real kubelet poweroff: signal -> release {:.3} s; the kubelet's last deletion -> release {lag:.3} s, of which the apiserver answering nodegrace's status writes {writes:.3} s",
         release - signal,
     );
     assert!(
-        (0.0..=1.0).contains(&lag) && lag - writes <= 0.2,
+        (0.0..=2.0).contains(&lag) && lag - writes <= 0.2,
         "released {lag:.3} s after the kubelet's last deletion ({writes:.3} s of it in nodegrace's requests)\n{}",
         context()
     );
