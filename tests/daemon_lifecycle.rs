@@ -377,6 +377,34 @@ async fn a_kubelet_delay_inhibitor_is_reported() {
     assert!(st.kubelet_inhibitor.unwrap().contains("kubelet"));
 }
 
+/// The kubelet takes its delay lock once its runtime is up, often after nodegrace armed:
+/// logind's inhibitors are read again (every 30 s) and a lock taken later is reported too.
+#[tokio::test]
+async fn a_kubelet_delay_inhibitor_taken_after_arming_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let d = env.spawn(env.daemon(
+        env.settings(),
+        Arc::new(ScriptedDrainer::new(DrainMode::Immediate)),
+    ));
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    assert!(d.handle.status().kubelet_inhibitor.is_none());
+    env.fakes.add_foreign_inhibitor(
+        "kubelet",
+        "Kubelet needs time to handle node shutdown",
+        4242,
+    );
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(31)).await;
+    tokio::time::resume();
+    let st = within(d.handle.wait_for(|s| s.kubelet_inhibitor.is_some()))
+        .await
+        .unwrap();
+    assert!(st.kubelet_inhibitor.unwrap().contains("kubelet"));
+}
+
 /// A state.json whose budget no clock can hold (found by fuzzing: it panicked the daemon at
 /// every start, so systemd restarted it in a loop) is set aside, and the shutdown logind is
 /// preparing is drained afresh with the negotiated budget.

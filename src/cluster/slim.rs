@@ -1,6 +1,8 @@
 //! What the daemon's caches (reflectors) keep of the objects they watch.
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStatus, Node, Pod, PodSpec, PodStatus,
+};
 use kube::Resource;
 
 use crate::api::{EvictionRequest, NodeMaintenance};
@@ -21,10 +23,11 @@ impl Slim for EvictionRequest {}
 
 impl Slim for Pod {
     /// A pod keeps its metadata, what the drain plan and the eviction paths read of its spec
-    /// (node, priority, grace period, tolerations) and its phase and conditions. Containers,
-    /// volumes and container statuses go: they were most of a cached pod's memory (a
-    /// `Container` alone takes 2.3 KiB before any of its strings), and nothing writes a cached
-    /// pod back.
+    /// (node, priority, grace period, tolerations), its phase and conditions, and when each
+    /// running container started (whether the kubelet runs a pod again after an offline
+    /// shutdown). Containers, volumes and the rest of the container statuses go: they were
+    /// most of a cached pod's memory (a `Container` alone takes 2.3 KiB before any of its
+    /// strings), and nothing writes a cached pod back.
     fn slim(&mut self) {
         self.metadata.managed_fields = None;
         if let Some(spec) = self.spec.take() {
@@ -43,6 +46,23 @@ impl Slim for Pod {
                 reason: status.reason,
                 message: status.message,
                 conditions: status.conditions,
+                container_statuses: status.container_statuses.map(|all| {
+                    all.into_iter()
+                        .filter_map(|c| {
+                            let started = c.state?.running?.started_at?;
+                            Some(ContainerStatus {
+                                name: c.name,
+                                state: Some(ContainerState {
+                                    running: Some(ContainerStateRunning {
+                                        started_at: Some(started),
+                                    }),
+                                    ..ContainerState::default()
+                                }),
+                                ..ContainerStatus::default()
+                            })
+                        })
+                        .collect()
+                }),
                 ..PodStatus::default()
             });
         }

@@ -18,7 +18,7 @@ use super::status::{Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
 use super::{Drainer, ShutdownKind, ShutdownRequest};
 use crate::config::Settings;
 use crate::logind::budget::{self, BudgetReport};
-use crate::logind::{InhibitorLock, LogindError, LogindEvent};
+use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
 use crate::state::{current_boot_id, ShutdownPhase, ShutdownState};
 use crate::systemd::{self, Notifier, Notify, INHIBITOR_FDNAME};
 
@@ -30,6 +30,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const LOGIND_DEFAULT_DELAY: Duration = Duration::from_secs(5);
 /// How long a configuration reload may take before the running settings are kept.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often logind's inhibitors are read again for a kubelet delay lock: the kubelet takes
+/// its lock once its runtime is up, often after nodegrace has connected.
+const KUBELET_INHIBITOR_CHECK: Duration = Duration::from_secs(30);
 
 /// Files the daemon writes besides the state directory of its settings.
 #[derive(Debug, Clone)]
@@ -188,6 +191,15 @@ impl Daemon {
             ready_sent: false,
             side_tasks: Vec::new(),
             watchdog,
+            kubelet_check: {
+                let mut i = tokio::time::interval_at(
+                    Instant::now() + KUBELET_INHIBITOR_CHECK,
+                    KUBELET_INHIBITOR_CHECK,
+                );
+                i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                i
+            },
+            kubelet_listing: None,
         };
         let result = m.run().await;
         m.stop(result.as_ref().err().map(|e| format!("{e:#}")));
@@ -211,6 +223,8 @@ enum Step {
     ReloadTimedOut,
     Deadline,
     Watchdog,
+    KubeletCheck,
+    KubeletListed(Result<Result<Vec<InhibitorInfo>>, JoinError>),
 }
 
 #[derive(PartialEq, Eq)]
@@ -251,6 +265,10 @@ struct Machine {
     ready_sent: bool,
     side_tasks: Vec<JoinHandle<()>>,
     watchdog: Option<Interval>,
+    kubelet_check: Interval,
+    /// The periodic read of logind's inhibitors, off the loop: a logind slow to answer must
+    /// not hold back a PrepareForShutdown or the budget's end.
+    kubelet_listing: Option<JoinHandle<Result<Vec<InhibitorInfo>>>>,
 }
 
 async fn join_opt<T>(h: &mut Option<JoinHandle<T>>) -> Result<T, JoinError> {
@@ -300,6 +318,8 @@ impl Machine {
                 r = join_opt(&mut self.drain) => Step::DrainDone(r),
                 () = sleep_opt(self.deadline) => Step::Deadline,
                 () = tick_opt(&mut self.watchdog) => Step::Watchdog,
+                _ = self.kubelet_check.tick(), if self.bus.is_some() => Step::KubeletCheck,
+                r = join_opt(&mut self.kubelet_listing) => Step::KubeletListed(r),
             };
             let flow = match step {
                 Step::Control(Some(Control::Terminate)) | Step::Control(None) => {
@@ -356,6 +376,30 @@ impl Machine {
                 }
                 Step::Watchdog => {
                     self.notifier.notify(Notify::Watchdog);
+                    Flow::Continue
+                }
+                Step::KubeletCheck => {
+                    if let Some(bus) = self.bus.clone() {
+                        if self.kubelet_listing.is_none()
+                            && self.settings.shutdown.warn_kubelet_inhibitor
+                        {
+                            self.kubelet_listing =
+                                Some(tokio::spawn(
+                                    async move { bus.logind.list_inhibitors().await },
+                                ));
+                        }
+                    }
+                    Flow::Continue
+                }
+                Step::KubeletListed(r) => {
+                    self.kubelet_listing = None;
+                    if let Ok(listed) = r {
+                        let before = self.status.kubelet_inhibitor.clone();
+                        self.note_kubelet_inhibitor(listed);
+                        if self.status.kubelet_inhibitor != before {
+                            self.publish();
+                        }
+                    }
                     Flow::Continue
                 }
             };
@@ -576,10 +620,16 @@ impl Machine {
         if !self.settings.shutdown.warn_kubelet_inhibitor {
             return;
         }
-        match bus.logind.list_inhibitors().await {
+        let listed = bus.logind.list_inhibitors().await;
+        self.note_kubelet_inhibitor(listed);
+    }
+
+    fn note_kubelet_inhibitor(&mut self, listed: Result<Vec<InhibitorInfo>>) {
+        match listed {
             Ok(list) => {
                 let found = list.iter().find(|i| i.looks_like_kubelet());
-                if let Some(k) = found {
+                let seen = found.map(|k| format!("{} ({}), pid {}", k.who, k.why, k.pid));
+                if let Some(k) = found.filter(|_| seen != self.status.kubelet_inhibitor) {
                     tracing::warn!(
                         who = %k.who, why = %k.why, pid = k.pid,
                         "the kubelet holds a shutdown delay inhibitor too: its Graceful Node Shutdown \
@@ -587,8 +637,7 @@ impl Machine {
                          the kubelet configuration"
                     );
                 }
-                self.status.kubelet_inhibitor =
-                    found.map(|k| format!("{} ({}), pid {}", k.who, k.why, k.pid));
+                self.status.kubelet_inhibitor = seen;
             }
             Err(e) => tracing::debug!(error = %format!("{e:#}"), "cannot list inhibitors"),
         }

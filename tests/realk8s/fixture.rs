@@ -80,28 +80,34 @@ impl Fixture {
     }
 
     pub async fn cleanup(&self) {
-        let nms: Api<NodeMaintenance> = Api::all(self.admin.clone());
-        for m in nms
-            .list(&Default::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            if m.name_any().contains(&self.name) {
-                let _ = nms
-                    .patch(
-                        &m.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
-                    )
-                    .await;
-                let _ = nms.delete(&m.name_any(), &DeleteParams::default()).await;
-            }
-        }
-        workload::delete_namespace(&self.admin, &self.name).await;
-        let nodes: Api<Node> = Api::all(self.admin.clone());
-        let _ = nodes.delete(&self.name, &DeleteParams::default()).await;
+        cleanup_node(&self.admin, &self.name).await;
     }
+}
+
+/// Removes what a test made for node `name`: its maintenances (finalizers dropped), its
+/// namespace and its Node.
+pub async fn cleanup_node(admin: &Client, name: &str) {
+    let nms: Api<NodeMaintenance> = Api::all(admin.clone());
+    for m in nms
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if m.name_any().contains(name) {
+            let _ = nms
+                .patch(
+                    &m.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+            let _ = nms.delete(&m.name_any(), &DeleteParams::default()).await;
+        }
+    }
+    workload::delete_namespace(admin, name).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let _ = nodes.delete(name, &DeleteParams::default()).await;
 }
 
 /// When logind announced the poweroff, and when nodegrace released its inhibitor.
@@ -186,9 +192,11 @@ pub async fn wait_node(
 ) -> Node {
     let api: Api<Node> = Api::all(admin.clone());
     for _ in 0..300 {
-        let node = api.get(name).await.expect("get node");
-        if check(&node) {
-            return node;
+        // An apiserver another test restarts answers again within seconds.
+        if let Ok(node) = api.get(name).await {
+            if check(&node) {
+                return node;
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

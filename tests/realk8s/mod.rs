@@ -12,6 +12,7 @@ pub mod audit;
 pub mod fixture;
 pub mod kubelet;
 pub mod node;
+pub mod real_kubelet;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -222,12 +223,19 @@ impl ControlPlane {
             .path()
             .join(format!("{}.kubeconfig", user.replace(':', "_")));
         if !path.exists() {
+            // One at a time, across test threads and binaries: openssl's -CAcreateserial
+            // rewrites the CA's serial file, and two at once fail.
+            let lock =
+                std::fs::File::create("/tmp/nodegrace-realk8s-mint.lock").expect("lock file");
+            let guard = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+                .unwrap_or_else(|(_, e)| panic!("locking /tmp/nodegrace-realk8s-mint.lock: {e}"));
             check(
                 Command::new("bash")
                     .arg(self.scripts.join("mint-kubeconfig.sh"))
                     .args([user, groups])
                     .arg(&path),
             );
+            drop(guard);
         }
         path
     }

@@ -33,6 +33,16 @@ pub fn shipped_value(section: &str, key: &str) -> String {
         .to_owned()
 }
 
+/// A `kubelet.service` for the node with the files and directories it uses.
+#[derive(Clone, Default)]
+pub struct KubeletUnit {
+    pub unit: String,
+    /// (container path, contents), bound read-only.
+    pub files: Vec<(String, String)>,
+    /// (container path, host directory), bound writable.
+    pub rw_dirs: Vec<(String, PathBuf)>,
+}
+
 pub struct TestNode {
     pub name: String,
     /// Host side of the node's `static_pods.manifest_dir`.
@@ -48,6 +58,9 @@ pub struct TestNode {
     pub cri_dir: Option<PathBuf>,
     /// Drop-ins in `/etc/nodegrace/config.d/` (file name, contents); none by default.
     pub config_dropins: Vec<(String, String)>,
+    /// The node's `kubelet.service` and what it needs (container path, host path of a
+    /// writable directory; files); a stand-in that only records its stop by default.
+    pub kubelet_unit: Option<KubeletUnit>,
     pub container: Option<Container>,
 }
 
@@ -72,6 +85,7 @@ impl TestNode {
             kubelet_kubeconfig,
             cri_dir: None,
             config_dropins: Vec::new(),
+            kubelet_unit: None,
             container: None,
         }
     }
@@ -102,7 +116,10 @@ impl TestNode {
             )
             .file(
                 "/etc/systemd/system/kubelet.service",
-                real::long_running_unit("kubelet"),
+                self.kubelet_unit
+                    .as_ref()
+                    .map(|u| u.unit.clone())
+                    .unwrap_or_else(|| real::long_running_unit("kubelet")),
             )
             .bind_rw(
                 &shipped_value("static_pods", "manifest_dir"),
@@ -122,6 +139,14 @@ impl TestNode {
                 "the shipped cri_endpoint is not a containerd.sock"
             );
             spec.bind_rw(&parent.display().to_string(), dir);
+        }
+        if let Some(unit) = &self.kubelet_unit {
+            for (path, text) in &unit.files {
+                spec.file(path, text.clone());
+            }
+            for (path, host) in &unit.rw_dirs {
+                spec.bind_rw(path, host);
+            }
         }
         for (name, text) in &self.config_dropins {
             spec.file(&format!("/etc/nodegrace/config.d/{name}"), text.clone());

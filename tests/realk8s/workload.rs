@@ -23,6 +23,10 @@ pub struct PodShape<'a> {
     pub grace_seconds: i64,
     /// An EvictionRequest interceptor the pod declares (annotation), by name.
     pub interceptor: Option<&'a str>,
+    /// For a real kubelet ([`super::real_kubelet`]): a busybox container that exits
+    /// `exit_after_ms` after SIGTERM (so the kubelet kills it at its grace period when that
+    /// is shorter), on the host's network, from the locally imported image.
+    pub real: bool,
 }
 
 impl<'a> PodShape<'a> {
@@ -33,7 +37,14 @@ impl<'a> PodShape<'a> {
             exit_after_ms: 300,
             grace_seconds: 30,
             interceptor: None,
+            real: false,
         }
+    }
+
+    /// A pod the real kubelet runs (see [`PodShape::real`]).
+    pub fn on_real_kubelet(mut self) -> Self {
+        self.real = true;
+        self
     }
 
     /// Declares the interceptor `name` (priority 100): the pod's EvictionRequest waits for
@@ -66,6 +77,22 @@ impl<'a> PodShape<'a> {
         });
         if let Some(class) = self.priority_class {
             spec["priorityClassName"] = json!(class);
+        }
+        if self.real {
+            let on_term = format!(
+                "sleep {}.{:03}; exit 0",
+                self.exit_after_ms / 1000,
+                self.exit_after_ms % 1000
+            );
+            spec["hostNetwork"] = json!(true);
+            spec["automountServiceAccountToken"] = json!(false);
+            spec["containers"] = json!([{
+                "name": "main",
+                "image": super::real_kubelet::IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", format!(
+                    "trap '{on_term}' TERM; while :; do sleep 1 & wait $!; done")],
+            }]);
         }
         let mut annotations = json!({EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()});
         if let Some(name) = self.interceptor {

@@ -193,7 +193,20 @@ impl Shared {
         use crate::fallback::PodOutcome;
         let pods = self.pods.state();
         let mut written = 0;
-        for report in record.reports.iter().flat_map(|r| &r.pods) {
+        let runs_pods: Vec<(
+            Option<chrono::DateTime<chrono::Utc>>,
+            &crate::fallback::PodReport,
+        )> = record
+            .reports
+            .iter()
+            .flat_map(|r| {
+                r.pods
+                    .iter()
+                    .map(|p| (r.finished_at, p))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (finished_at, report) in runs_pods {
             if report.outcome != PodOutcome::Stopped {
                 continue;
             }
@@ -212,6 +225,15 @@ impl Shared {
                 .any(|c| c.type_ == DISRUPTION_TARGET);
             if marked || phase == "Failed" || phase == "Succeeded" {
                 continue;
+            }
+            // The kubelet starts at boot before nodegrace reaches the apiserver and runs again
+            // what the apiserver still has as Running; once it reported that, a Failed
+            // status would make it stop the pod a second time (or be overwritten).
+            if let Some(stopped) = report.stop_started_at.or(finished_at) {
+                if run_again_since(&status, stopped) {
+                    tracing::info!(node = %self.node, pod = %format!("{}/{}", report.namespace, report.name), "the kubelet runs the pod again since the reboot; its status is left as the kubelet reported it");
+                    continue;
+                }
             }
             let body = json!({
                 "phase": "Failed",
@@ -289,9 +311,48 @@ impl Shared {
     }
 }
 
+/// Whether the pod's status shows a container started after `since` (the kubelet runs it
+/// again).
+fn run_again_since(
+    status: &k8s_openapi::api::core::v1::PodStatus,
+    since: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|cs| cs.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+        .any(|started| started.0.as_second() > since.timestamp())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_started_after_the_offline_stop_is_a_pod_run_again() {
+        let stopped = chrono::DateTime::parse_from_rfc3339("2026-11-24T10:39:12.5Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let status = |started: &str| -> k8s_openapi::api::core::v1::PodStatus {
+            serde_json::from_value(serde_json::json!({
+                "phase": "Running",
+                "containerStatuses": [{
+                    "name": "main", "image": "i", "imageID": "", "ready": true,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": started}},
+                }],
+            }))
+            .unwrap()
+        };
+        assert!(run_again_since(&status("2026-11-24T10:39:48Z"), stopped));
+        // The container of the boot that was shut down, as the apiserver last heard of it.
+        assert!(!run_again_since(&status("2026-11-24T10:38:02Z"), stopped));
+        assert!(!run_again_since(&status("2026-11-24T10:39:12Z"), stopped));
+        let no_containers: k8s_openapi::api::core::v1::PodStatus =
+            serde_json::from_value(serde_json::json!({"phase": "Running"})).unwrap();
+        assert!(!run_again_since(&no_containers, stopped));
+    }
 
     #[test]
     fn the_fallback_summary_spans_every_run_and_caps_the_names() {

@@ -66,7 +66,9 @@ where
                     shared.mark_reachable();
                     on_object(&shared, &obj);
                 }
-                Ok(watcher::Event::Init) => shared.mark_reachable(),
+                // Emitted when a (re)list begins, before any request: no answer (a watch
+                // retrying against a refusing apiserver emits one at every attempt).
+                Ok(watcher::Event::Init) => {}
                 Err(err) => {
                     let inner = match &err {
                         watcher::Error::InitialListFailed(e)
@@ -214,6 +216,14 @@ mod tests {
         let sent_status = sent.status.as_ref().expect("status");
         assert_eq!(status.phase, sent_status.phase);
         assert_eq!(status.conditions, sent_status.conditions);
+        let started = |s: &k8s_openapi::api::core::v1::PodStatus| {
+            s.container_statuses.as_ref().map(|all| {
+                all.iter()
+                    .map(|c| c.state.as_ref()?.running.as_ref()?.started_at.clone())
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(started(status), started(sent_status));
         let uid = "0b1c6a5e-1111-4c1e-9a61-000000000001";
         assert_eq!(
             PodState::of(Some(&kept), uid),
@@ -232,7 +242,13 @@ mod tests {
         let spec = pod.spec.as_ref().expect("spec");
         assert!(spec.volumes.is_none() && spec.containers.is_empty());
         let status = pod.status.as_ref().expect("status");
-        assert!(status.container_statuses.is_none() && status.pod_ip.is_none());
+        assert!(status.pod_ip.is_none());
+        let containers = status
+            .container_statuses
+            .as_ref()
+            .expect("container statuses");
+        assert_eq!(containers.len(), 1);
+        assert!(containers[0].image.is_empty() && containers[0].container_id.is_none());
         assert!(after * 2 < before, "{before} bytes as sent, {after} kept");
     }
 }

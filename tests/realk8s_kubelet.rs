@@ -1,0 +1,844 @@
+//! The real-kubelet tier: nodegrace in a booted Debian node (real logind, the repository's
+//! unit, the shipped configuration unchanged) beside a real kubelet v1.28.4 with its own
+//! containerd (`../shared/realk8s/kubelet-up.sh`), against the real control plane. The
+//! kubelet runs on the host (see `realk8s/real_kubelet.rs` for why and how the node is wired
+//! to it); the pods are real busybox containers that exit a set time after SIGTERM.
+//! Asserted from the apiserver's audit log (nodegrace's and the kubelet's requests), the
+//! objects it holds, the runtime's containers and the node's journal.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`). Each test has its own
+//! node name, kubelet port and containerd, so they run side by side; none stops the shared
+//! apiserver (the offline test cuts its own node off through a proxy of its own).
+
+mod real;
+mod realk8s;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use nodegrace::cri::v1 as cri;
+use nodegrace::cri::{CriClient, CriTimeouts};
+use realk8s::audit::{self, Request};
+use realk8s::fixture::*;
+use realk8s::real_kubelet::{self as rk, ApiProxy, PodWatch, RealFixture};
+use realk8s::workload::{self, PodShape};
+use serde_json::Value;
+
+fn skip(test: &str) -> bool {
+    if !realk8s::enabled(&format!("realk8s_kubelet::{test}")) {
+        return true;
+    }
+    real::require_prerequisites();
+    false
+}
+
+/// When logind announced the shutdown (poweroff or reboot) and when nodegrace released.
+fn signal_and_release_of(c: &real::Container) -> (f64, f64) {
+    let logind = c.journal_of("systemd-logind");
+    let signal = logind
+        .iter()
+        .find(|l| l.contains("The system will"))
+        .unwrap_or_else(|| panic!("logind never announced the shutdown:\n{}", c.journal_text()))
+        .time;
+    let release = c
+        .journal_of("nodegrace")
+        .iter()
+        .find(|l| l.contains("phase change") && l.field("PHASE") == Some("Released"))
+        .unwrap_or_else(|| panic!("nodegrace never released:\n{}", c.journal_text()))
+        .time;
+    (signal, release)
+}
+
+/// The first request in `reqs` about pod `name` matching `pick`.
+fn first<'a>(
+    reqs: &'a [Request],
+    name: &str,
+    pick: impl Fn(&Request) -> bool,
+) -> Option<&'a Request> {
+    reqs.iter().find(|r| r.name == name && pick(r))
+}
+
+/// When the kubelet had stopped pod `name`, as the apiserver recorded it: the completion of
+/// its last status write before its DELETE (the pod's terminal status: from then on nothing
+/// of the pod runs, and its DELETE follows once the kubelet has cleaned up); for the mirror
+/// pod of a static pod, whose status it does not write then, the DELETE.
+fn stopped(kubelets: &[Request], name: &str, mirror: &str) -> Option<f64> {
+    let delete = first(kubelets, name, is_pod_delete)?;
+    if name == mirror {
+        return Some(delete.completed);
+    }
+    kubelets
+        .iter()
+        .filter(|r| r.name == name && r.verb == "patch" && r.subresource == "status")
+        .filter(|r| r.received < delete.received)
+        .map(|r| r.completed)
+        .reduce(f64::max)
+}
+
+fn is_eviction(r: &Request) -> bool {
+    r.verb == "create" && r.resource == "pods" && r.subresource == "eviction" && r.code == 201
+}
+
+fn is_pod_delete(r: &Request) -> bool {
+    r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty() && r.code == 200
+}
+
+/// Waits until the daemon's pod cache lists `pods` pods (the offline fallback's priorities).
+fn wait_pod_cache(f: &RealFixture, pods: usize) {
+    real::wait_until(
+        &format!("the pod cache with {pods} pods"),
+        Duration::from_secs(30),
+        || {
+            let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
+            let cache: Value = serde_json::from_str(&text).ok()?;
+            (cache["pods"].as_array()?.len() == pods).then_some(())
+        },
+    );
+}
+
+/// (a) `systemctl poweroff` on a node run by the real kubelet: Deployment pods in two
+/// priority bands evicted (never DELETEd) and stopped by the kubelet with their own grace
+/// period, band after band; then the DaemonSet pod (DELETEd with its own grace); then the
+/// static pod, whose manifest is gated out of the kubelet's staticPodPath so the kubelet
+/// stops it and deletes its mirror pod; the inhibitor released right after the kubelet's
+/// last deletion. After the reboot nodegrace completes the maintenance: the manifest is
+/// back byte for byte and the kubelet runs it again, mirror pod included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_its_static_pod() {
+    if skip("poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_its_static_pod")
+    {
+        return;
+    }
+    let mut f = RealFixture::new("ng-rka", "", false).await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let watch = PodWatch::start(c, &ns);
+    let real = |app| PodShape::new(app).on_real_kubelet();
+    workload::deployment(c, &ns, &node, 2, real("web").exits_after_ms(300)).await;
+    // Ignores SIGTERM past its 3 s grace period: the kubelet kills it at 3 s.
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        real("slow").exits_after_ms(60_000).grace(3),
+    )
+    .await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        real("crit")
+            .priority("system-cluster-critical")
+            .exits_after_ms(300),
+    )
+    .await;
+    workload::daemonset(c, &ns, &node, false, real("agent").exits_after_ms(300)).await;
+    workload::static_pod(
+        &f.kubelet.manifests(),
+        &ns,
+        real("etcd").exits_after_ms(300),
+    );
+    let manifest = std::fs::read(f.kubelet.manifests().join("etcd.yaml")).expect("manifest");
+    let apps = [
+        ("web", 2),
+        ("slow", 1),
+        ("crit", 1),
+        ("agent", 1),
+        ("etcd", 1),
+    ];
+    let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
+    let mirror = format!("etcd-{node}");
+    f.node.boot();
+
+    let container = f.node.shutdown("poweroff", Duration::from_secs(120));
+    let (signal, release) = signal_and_release_of(&container);
+    let ours = f.nodegrace_requests();
+    let kubelets = f.kubelet_requests();
+    let journal = container.journal_text();
+    let context = || {
+        format!(
+            "nodegrace: {:#?}\nkubelet: {:#?}\njournal:\n{journal}\nkubelet log:\n{}",
+            audit::count_by_kind(&ours),
+            audit::count_by_kind(&kubelets),
+            f.kubelet.log_tail()
+        )
+    };
+
+    // How each original pod was asked to go (nodegrace's request, or the gate for the
+    // static pod) and when the kubelet's final DELETE of it completed.
+    let gated = container
+        .journal_of("nodegrace")
+        .iter()
+        .find(|l| l.contains("static pod manifest gated"))
+        .unwrap_or_else(|| panic!("the static pod was not gated\n{}", context()))
+        .time;
+    let mut asked: BTreeMap<String, f64> = BTreeMap::new();
+    let mut gone: BTreeMap<String, f64> = BTreeMap::new();
+    for p in &originals {
+        let name = p.name_any();
+        let app = app_of(p);
+        let ask = match app.as_str() {
+            "etcd" => gated,
+            "agent" => {
+                first(&ours, &name, is_pod_delete)
+                    .unwrap_or_else(|| panic!("{name} was not DELETEd by nodegrace\n{}", context()))
+                    .received
+            }
+            _ => {
+                assert!(
+                    first(&ours, &name, is_pod_delete).is_none(),
+                    "nodegrace DELETEd {name}, which nothing blocks\n{}",
+                    context()
+                );
+                first(&ours, &name, is_eviction)
+                    .unwrap_or_else(|| panic!("{name} was not evicted\n{}", context()))
+                    .received
+            }
+        };
+        let done = stopped(&kubelets, &name, &mirror)
+            .unwrap_or_else(|| panic!("the kubelet never stopped {name}\n{}", context()));
+        assert!(
+            done > ask,
+            "{name}: stopped before it was asked to go\n{}",
+            context()
+        );
+        asked.insert(name.clone(), ask);
+        gone.insert(name, done);
+    }
+    // Their own grace period, from what the apiserver recorded when each began terminating;
+    // the mirror pod is the kubelet's to delete at once.
+    let seen = watch.seen();
+    for p in originals.iter().filter(|p| p.name_any() != mirror) {
+        let s = &seen[&p.uid().unwrap_or_default()];
+        assert_eq!(
+            s.deletion_grace,
+            s.termination_grace,
+            "{}: deleted with grace {:?}, its own is {:?}\n{}",
+            s.name,
+            s.deletion_grace,
+            s.termination_grace,
+            context()
+        );
+    }
+    for p in &originals {
+        let name = p.name_any();
+        let took = gone[&name] - asked[&name];
+        match app_of(p).as_str() {
+            // Killed by the kubelet at its 3 s grace period: not earlier, and long before it
+            // would exit (60 s) or a default 30 s grace would end (a loaded machine: 6 s).
+            "slow" => assert!(
+                (3.0..15.0).contains(&took),
+                "{name} gone {took:.2} s after its eviction (grace 3 s)\n{}",
+                context()
+            ),
+            // Exited 0.3 s after SIGTERM, far inside its 30 s grace (the static pod once the
+            // kubelet looked at its staticPodPath again: every second).
+            _ => assert!(
+                took < 5.0,
+                "{name} gone {took:.2} s after it was asked\n{}",
+                context()
+            ),
+        }
+    }
+    // Band after band: nothing of a band is asked before the previous band is gone.
+    let band = |app: &str| match app {
+        "web" | "slow" => 0,
+        "crit" => 1,
+        "agent" => 2,
+        "etcd" => 3,
+        other => panic!("no band for {other}"),
+    };
+    for b in 1..=3 {
+        let last_before = originals
+            .iter()
+            .filter(|p| band(&app_of(p)) == b - 1)
+            .map(|p| gone[&p.name_any()])
+            .fold(0f64, f64::max);
+        let first_of = originals
+            .iter()
+            .filter(|p| band(&app_of(p)) == b)
+            .map(|p| asked[&p.name_any()])
+            .fold(f64::MAX, f64::min);
+        assert!(
+            first_of >= last_before - 0.01,
+            "band {b} asked {:.3} s before band {} was gone\n{}",
+            last_before - first_of,
+            b - 1,
+            context()
+        );
+    }
+    // Released right after the kubelet's last deletion (the mirror pod's: it is the last
+    // to stop). Between the two nodegrace writes the drain's end onto the maintenance (it
+    // waits for those answers); the rest is its own reaction time.
+    let last = gone.values().copied().fold(0f64, f64::max);
+    assert_eq!(
+        last,
+        gone[&mirror],
+        "the mirror pod was not the last to go\n{}",
+        context()
+    );
+    let lag = release - last;
+    // The part of [last deletion, release] spent waiting on those writes.
+    let writes: f64 = ours
+        .iter()
+        .filter(|r| r.resource == "nodemaintenances" && r.subresource == "status")
+        .map(|r| (r.completed.min(release) - r.received.max(last)).max(0.0))
+        .sum();
+    eprintln!(
+        "real kubelet poweroff: signal -> release {:.3} s; the kubelet's last deletion -> release {lag:.3} s, of which the apiserver answering nodegrace's status writes {writes:.3} s",
+        release - signal,
+    );
+    assert!(
+        (0.0..=2.0).contains(&lag) && lag - writes <= 0.2,
+        "released {lag:.3} s after the kubelet's last deletion ({writes:.3} s of it in nodegrace's requests)\n{}",
+        context()
+    );
+    audit::assert_allowed_by_cluster_role(&ours);
+
+    // The reboot: the machine's containers go, the kubelet comes back, then the node.
+    f.restart_kubelet().await;
+    f.node.boot();
+    wait_maintenance(
+        c,
+        &format!("shutdown-{node}"),
+        "completed after the boot",
+        Duration::from_secs(60),
+        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+    )
+    .await;
+    wait_node(c, &node, "uncordoned", |n| {
+        !cordoned(n) && !maintenance_tainted(n)
+    })
+    .await;
+    assert_eq!(
+        std::fs::read(f.kubelet.manifests().join("etcd.yaml")).expect("the manifest is back"),
+        manifest,
+        "the restored manifest differs"
+    );
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+    let old_uid = originals
+        .iter()
+        .find(|p| p.name_any() == mirror)
+        .and_then(|p| p.uid());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let back = pods.get_opt(&mirror).await.ok().flatten();
+        let running = back.as_ref().is_some_and(|p| {
+            p.uid() != old_uid
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        });
+        if running {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the kubelet does not run the restored static pod: {back:#?}\n{}",
+            f.kubelet.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(f.node.container.take());
+    f.kubelet.down();
+    f.cleanup().await;
+}
+
+/// (d) A node `kubectl drain` already emptied and cordoned (kured's way) before `systemctl
+/// reboot`: nodegrace has nothing to evict and releases at once; after the boot it
+/// completes its maintenance without uncordoning the node it did not cordon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_kubectl_drained_before_the_reboot_is_released_at_once_and_stays_cordoned() {
+    if skip("a_node_kubectl_drained_before_the_reboot_is_released_at_once_and_stays_cordoned") {
+        return;
+    }
+    let mut f = RealFixture::new("ng-rkd", "", false).await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let real = |app| PodShape::new(app).on_real_kubelet();
+    workload::deployment(c, &ns, &node, 2, real("web").exits_after_ms(300)).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        real("crit")
+            .priority("system-cluster-critical")
+            .exits_after_ms(300),
+    )
+    .await;
+    rk::wait_running(
+        c,
+        &ns,
+        &node,
+        &[("web", 2), ("crit", 1)],
+        Duration::from_secs(90),
+    )
+    .await;
+    f.node.boot();
+
+    let cp = f.cp;
+    let drained = node.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        cp.kubectl(&[
+            "drain",
+            &drained,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=60s",
+        ])
+    })
+    .await
+    .expect("kubectl drain");
+    assert!(
+        out.status.success(),
+        "kubectl drain failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rk::live_pods(c, &ns, &node).await.is_empty());
+    let drained_at = realk8s::now_unix();
+
+    let container = f.node.shutdown("reboot", Duration::from_secs(60));
+    let (signal, release) = signal_and_release_of(&container);
+    let ours: Vec<Request> = f
+        .nodegrace_requests()
+        .into_iter()
+        .filter(|r| r.received >= drained_at)
+        .collect();
+    eprintln!(
+        "real kubelet, node drained by kubectl: signal -> release {:.3} s",
+        release - signal
+    );
+    assert!(
+        release - signal < 1.0,
+        "released {:.3} s after the signal on an empty node\n{}",
+        release - signal,
+        container.journal_text()
+    );
+    assert!(
+        !ours
+            .iter()
+            .any(|r| r.resource == "pods" && (r.verb == "delete" || r.subresource == "eviction")),
+        "nodegrace evicted or deleted pods on an empty node: {:#?}",
+        audit::count_by_kind(&ours)
+    );
+
+    f.restart_kubelet().await;
+    f.node.boot();
+    wait_maintenance(
+        c,
+        &format!("shutdown-{node}"),
+        "completed after the boot",
+        Duration::from_secs(60),
+        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+    )
+    .await;
+    // Its own marks go; the cordon, which was kubectl's, stays.
+    wait_node(c, &node, "nodegrace's taint gone", |n| {
+        !maintenance_tainted(n)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = wait_node(c, &node, "the node", |_| true).await;
+    assert!(
+        cordoned(&n),
+        "nodegrace uncordoned a node kubectl had cordoned\n{}",
+        f.node.container().journal_text()
+    );
+    drop(f.node.container.take());
+    f.kubelet.down();
+    f.cleanup().await;
+}
+
+/// A container as the runtime reports it, with its pod.
+#[derive(Debug)]
+struct Ctr {
+    pod: String,
+    attempt: u32,
+    state: i32,
+    finished: f64,
+}
+
+async fn containers(endpoint: &str) -> Vec<Ctr> {
+    let mut rt = CriClient::new(endpoint, CriTimeouts::default())
+        .expect("CRI client")
+        .raw();
+    let list = rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+    let mut all = Vec::new();
+    for c in list {
+        let status = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: c.id.clone(),
+                verbose: false,
+            })
+            .await
+            .expect("ContainerStatus")
+            .into_inner()
+            .status
+            .expect("status");
+        all.push(Ctr {
+            pod: c
+                .labels
+                .get(nodegrace::cri::LABEL_POD_NAME)
+                .cloned()
+                .unwrap_or_default(),
+            attempt: c.metadata.map(|m| m.attempt).unwrap_or_default(),
+            state: status.state,
+            finished: status.finished_at as f64 / 1e9,
+        });
+    }
+    all
+}
+
+/// What became of a pod stopped by the offline fallback, after the reboot.
+#[derive(Debug, PartialEq)]
+enum AfterReboot {
+    /// Failed with the status of the kubelet's graceful shutdown (`DisruptionTarget`/
+    /// `TerminationByKubelet`; reason `Terminated` unless the kubelet's next status write
+    /// replaced it), not run again.
+    ShutdownStatus,
+    /// Run again by the kubelet, in containers started in this boot.
+    RunAgain,
+    /// Run again by the kubelet, then stopped when the shutdown status reached it: Failed
+    /// with `DisruptionTarget`/`TerminationByKubelet` (the kubelet's own write replaced
+    /// the reason), its container restarted and ended.
+    RunAgainThenStopped,
+    Gone,
+    /// Anything else (not settled yet, or wrong), with the status.
+    Other(String),
+}
+
+fn after_reboot(
+    status: Option<k8s_openapi::api::core::v1::PodStatus>,
+    rebooted: f64,
+) -> AfterReboot {
+    let Some(status) = status else {
+        return AfterReboot::Gone;
+    };
+    let containers = status.container_statuses.clone().unwrap_or_default();
+    let running = containers
+        .iter()
+        .any(|cs| cs.state.as_ref().is_some_and(|s| s.running.is_some()));
+    let of_this_boot = |cs: &k8s_openapi::api::core::v1::ContainerStatus| {
+        let state = cs.state.clone().unwrap_or_default();
+        let started = state
+            .running
+            .and_then(|r| r.started_at)
+            .or_else(|| state.terminated.and_then(|t| t.started_at));
+        started.is_some_and(|t| t.0.as_second() as f64 >= rebooted.floor())
+    };
+    let restarted = !containers.is_empty() && containers.iter().all(of_this_boot);
+    let disrupted = status.conditions.iter().flatten().any(|c| {
+        c.type_ == "DisruptionTarget"
+            && c.status == "True"
+            && c.reason.as_deref() == Some("TerminationByKubelet")
+    });
+    match status.phase.as_deref() {
+        Some("Failed") if disrupted && !running && !restarted => AfterReboot::ShutdownStatus,
+        Some("Failed") if disrupted && !running && restarted => AfterReboot::RunAgainThenStopped,
+        Some("Running") if running && restarted => AfterReboot::RunAgain,
+        _ => AfterReboot::Other(format!("{status:?}")),
+    }
+}
+
+/// (b) The apiserver unreachable from the node at `systemctl poweroff` (its kubeconfigs and
+/// the kubelet's go through a proxy the test closes; the shared apiserver keeps running):
+/// after `fallback.apiserver_timeout` nodegrace stops the node's kubelet unit, and so the
+/// real kubelet, then stops the kubelet's containers through its containerd, band by band
+/// with each pod's grace; no container runs or was restarted afterwards. After the reboot
+/// (the apiserver reachable again, the kubelet back and running the pods again, as it does
+/// with what the apiserver still has as Running) the maintenance records what the fallback
+/// did, and nodegrace leaves the pods the kubelet runs again as the kubelet reported them
+/// (a Failed status would make the kubelet stop them a second time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_containers_by_band() {
+    if skip(
+        "an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_containers_by_band",
+    ) {
+        return;
+    }
+    let mut f = RealFixture::new("ng-rkb", "", true).await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let real = |app| PodShape::new(app).on_real_kubelet();
+    workload::deployment(c, &ns, &node, 2, real("web").exits_after_ms(300)).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        real("slow").exits_after_ms(60_000).grace(3),
+    )
+    .await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        real("crit")
+            .priority("system-cluster-critical")
+            .exits_after_ms(300),
+    )
+    .await;
+    let apps = [("web", 2), ("slow", 1), ("crit", 1)];
+    let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
+    f.node.boot();
+    wait_pod_cache(&f, 4);
+    let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
+
+    let port = f.proxy.as_ref().expect("proxy").port;
+    f.proxy.as_mut().expect("proxy").close();
+    let mut c1 = f.node.container.take().expect("booted");
+    let _ = c1.exec(&["systemctl", "poweroff"]);
+    c1.wait_exit(Duration::from_secs(150))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", c1.journal_text()));
+    let journal = c1.journal_text();
+    assert!(
+        c1.journal_of("nodegrace")
+            .iter()
+            .any(|l| l.contains("draining locally")),
+        "{journal}"
+    );
+    // A watch retrying against the closed port is no answer: the fallback is not handed
+    // back to a drain through the apiserver (nor the kubelet started again).
+    assert!(
+        !c1.journal_of("nodegrace")
+            .iter()
+            .any(|l| l.contains("apiserver reachable again")),
+        "{journal}"
+    );
+    let kubelet_stopped = f
+        .kubelet
+        .stopped_by_unit()
+        .unwrap_or_else(|| panic!("the kubelet unit was never stopped\n{journal}"));
+    assert!(!f.kubelet.running(), "the kubelet still runs");
+    let ctrs = containers(&endpoint).await;
+    let of = |app: &str| -> Vec<&Ctr> {
+        ctrs.iter()
+            .filter(|c| c.pod.starts_with(&format!("{app}-")))
+            .collect()
+    };
+    let context = || format!("containers: {ctrs:#?}\njournal:\n{journal}");
+    for p in &originals {
+        let mine: Vec<&Ctr> = ctrs.iter().filter(|c| c.pod == p.name_any()).collect();
+        assert_eq!(mine.len(), 1, "{}: {mine:?}\n{}", p.name_any(), context());
+        assert_eq!(mine[0].attempt, 0, "restarted: {mine:?}");
+        assert_eq!(
+            mine[0].state,
+            cri::ContainerState::ContainerExited as i32,
+            "{} was not stopped\n{}",
+            p.name_any(),
+            context()
+        );
+        assert!(
+            mine[0].finished > kubelet_stopped,
+            "{} stopped before the kubelet was\n{}",
+            p.name_any(),
+            context()
+        );
+    }
+    // Band 0 (priority 0, 60 s) together: web exits at 0.3 s, slow is killed at its own 3 s;
+    // band 1 (system-cluster-critical) only after.
+    let web_end = of("web").iter().map(|c| c.finished).fold(0f64, f64::max);
+    let slow_end = of("slow")[0].finished;
+    let crit_end = of("crit")[0].finished;
+    assert!(
+        (2.5..5.0).contains(&(slow_end - web_end)),
+        "slow stopped {:.2} s after web (its grace is 3 s)\n{}",
+        slow_end - web_end,
+        context()
+    );
+    assert!(
+        crit_end > slow_end,
+        "band 1 ended before band 0\n{}",
+        context()
+    );
+    assert!(crit_end - slow_end < 3.0, "{}", context());
+    let (signal, release) = signal_and_release_of(&c1);
+    eprintln!(
+        "real kubelet, apiserver unreachable: signal -> kubelet stopped {:.3} s, -> release {:.3} s",
+        kubelet_stopped - signal,
+        release - signal
+    );
+
+    // The reboot: the apiserver reachable again, the kubelet back. The kubelet runs again
+    // what the apiserver still has as Running; here it has done so for every pod before
+    // nodegrace starts (a race otherwise: see the README), so nodegrace must leave their
+    // status as the kubelet reported it, not mark them Failed for the kubelet to stop again.
+    f.proxy = Some(ApiProxy::open(port));
+    f.restart_kubelet().await;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+    let snapshot = || async {
+        let now: Vec<Pod> = pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        originals
+            .iter()
+            .map(|o| {
+                let status = now
+                    .iter()
+                    .find(|p| p.uid() == o.uid())
+                    .and_then(|p| p.status.clone());
+                (o.name_any(), after_reboot(status, release))
+            })
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = snapshot().await;
+        if now.iter().all(|(_, s)| *s == AfterReboot::RunAgain) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the kubelet did not run the pods again after the reboot: {now:#?}\n{}",
+            f.kubelet.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let booted = realk8s::now_unix();
+    f.node.boot();
+    let m = wait_maintenance(
+        c,
+        &format!("shutdown-{node}"),
+        "recorded and completed",
+        Duration::from_secs(60),
+        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+    )
+    .await;
+    let report: Value = serde_json::from_str(
+        m.annotations()
+            .get("nodegrace.dev/fallback-report")
+            .expect("the fallback report"),
+    )
+    .expect("report JSON");
+    assert_eq!(report["podsStopped"].as_u64(), Some(4), "{report:#}");
+    // A moment for any status write nodegrace would make after recording the maintenance.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let settled = snapshot().await;
+    let marked: Vec<String> = f
+        .nodegrace_requests()
+        .into_iter()
+        .filter(|r| r.received >= booted && r.resource == "pods" && r.subresource == "status")
+        .map(|r| r.name)
+        .collect();
+    assert!(
+        marked.is_empty() && settled.iter().all(|(_, s)| *s == AfterReboot::RunAgain),
+        "nodegrace wrote the status of pods the kubelet runs again: {marked:?}; pods: {settled:#?}\n{}",
+        f.node.container().journal_text()
+    );
+    eprintln!("real kubelet, apiserver unreachable: the pods after the reboot: {settled:?}");
+    audit::assert_allowed_by_cluster_role(&f.nodegrace_requests());
+    drop(f.node.container.take());
+    f.kubelet.down();
+    f.cleanup().await;
+}
+
+/// The kubelet's Graceful Node Shutdown takes this delay lock (kubelet v1.28
+/// `pkg/kubelet/nodeshutdown/systemd`): who and why as it sets them.
+const KUBELET_INHIBIT: &[&str] = &[
+    "systemd-inhibit",
+    "--what=shutdown",
+    "--mode=delay",
+    "--who=kubelet",
+    "--why=Kubelet needs time to handle node shutdown",
+];
+
+/// (c) The kubelet's Graceful Node Shutdown beside nodegrace on one logind. Both would act
+/// on the same `PrepareForShutdown` and nodegrace cannot hold the kubelet's GNS back (it kills
+/// pods by priority at once, PDBs or not), so the decided behaviour is: GNS off
+/// (`shutdownGracePeriod: 0s`, README "Kubelet settings to change"), and nodegrace reports a
+/// kubelet delay lock beside its own in its journal and in `nodegrace status`, also one
+/// taken after nodegrace started (the kubelet takes it once its runtime is up, and the unit
+/// starts nodegrace after the kubelet's unit, not after its lock). The lock here is the
+/// kubelet's, who and why, taken with `systemd-inhibit` in the node; the real kubelet cannot
+/// take it from the host (see the ignored test below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_gns_lock_beside_nodegrace_is_reported() {
+    if skip("a_kubelet_gns_lock_beside_nodegrace_is_reported") {
+        return;
+    }
+    let mut f = RealFixture::new("ng-rkc", "", false).await;
+    f.node.boot();
+    let mut argv: Vec<&str> = vec!["systemd-run", "--unit=kubelet-gns-lock", "--"];
+    argv.extend_from_slice(KUBELET_INHIBIT);
+    argv.extend_from_slice(&["sleep", "infinity"]);
+    f.node.container().run(&argv);
+    let c = f.node.container();
+    real::wait_until(
+        "nodegrace's warning about the kubelet's lock",
+        Duration::from_secs(90),
+        || {
+            c.journal_of("nodegrace")
+                .iter()
+                .any(|l| l.contains("the kubelet holds a shutdown delay inhibitor too"))
+                .then_some(())
+        },
+    );
+    let status: Value =
+        serde_json::from_str(&c.run(&["nodegrace", "status", "-o", "json"])).expect("status JSON");
+    let reported = status["daemon"]["kubeletInhibitor"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reported.contains("kubelet"), "{status:#}");
+    drop(f.node.container.take());
+    f.kubelet.down();
+    f.cleanup().await;
+}
+
+/// (c) The real kubelet's GNS and nodegrace on one logind, the same pods: nodegrace warns,
+/// no pod is killed twice, no PodDisruptionBudget is bypassed earlier than with nodegrace
+/// alone, the shutdown takes no longer than the longer of the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the real kubelet's GNS cannot take a lock on the node's logind: from the host logind answers Inhibit with 'Protocol error' (caller outside the node's PID namespace), and inside the node the kubelet exits on /dev/kmsg (../shared/realk8s/README.md)"]
+async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
+    if skip("the_real_kubelets_gns_beside_nodegrace_on_one_logind") {
+        return;
+    }
+    let mut f = RealFixture::new(
+        "ng-rkg",
+        "shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s",
+        false,
+    )
+    .await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let real = |app| PodShape::new(app).on_real_kubelet();
+    workload::deployment(c, &ns, &node, 2, real("web").exits_after_ms(300)).await;
+    workload::blocking_pdb(c, &ns, "web").await;
+    rk::wait_running(c, &ns, &node, &[("web", 2)], Duration::from_secs(90)).await;
+    f.node.boot();
+    let locks = f
+        .node
+        .container()
+        .run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
+    assert!(
+        locks
+            .lines()
+            .any(|l| l.contains("kubelet") && l.contains("delay")),
+        "the kubelet holds no delay lock on the node's logind: {locks}\n{}",
+        f.kubelet.log_tail()
+    );
+    let container = f.node.shutdown("poweroff", Duration::from_secs(120));
+    assert!(container
+        .journal_of("nodegrace")
+        .iter()
+        .any(|l| l.contains("the kubelet holds a shutdown delay inhibitor too")));
+    let kubelets = f.kubelet_requests();
+    for p in rk::live_pods(c, &ns, &node).await {
+        let deletes = kubelets
+            .iter()
+            .filter(|r| r.name == p.name_any() && is_pod_delete(r))
+            .count();
+        assert!(deletes <= 1, "{} deleted {deletes} times", p.name_any());
+    }
+    drop(container);
+    f.kubelet.down();
+    f.cleanup().await;
+}
