@@ -158,10 +158,14 @@ use --pods), 2 invalid configuration or usage.";
 
 const COMPLETE_HELP: &str = "\
 A static pod manifest whose name is back in the manifest directory is never overwritten: it
-stays in the gate directory and is listed.
+stays in the gate directory and is listed. An interrupted move that the files on disk cannot
+settle (the file is in neither directory, or the journal record is impossible or unreadable)
+touches nothing: its journal record is moved to static-pods.journal.set-aside in state_dir,
+listed with what to do, and every other gated manifest is still restored.
 
-Exit codes: 0 done, 1 the apiserver could not be reached (nothing changed) or a manifest was
-kept aside, 2 invalid configuration or usage.";
+Exit codes: 0 done, 1 the apiserver could not be reached (nothing changed), or something was
+left for you to decide (a manifest kept aside or not restored, a journal record set aside or
+not settled), 2 invalid configuration or usage.";
 
 const STATUS_HELP: &str = "\
 Each section is read on its own; one that cannot be read says why and the others are still

@@ -28,6 +28,15 @@ pub enum Place {
     Gate,
 }
 
+impl Place {
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Place::Manifests => "static pod manifest",
+            Place::Gate => "gate",
+        }
+    }
+}
+
 /// Which directory a primitive step changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StepDir {
@@ -136,6 +145,7 @@ pub(crate) struct DirHandle {
     pub path: PathBuf,
     pub place: Place,
     pub dev: u64,
+    pub ino: u64,
 }
 
 impl DirHandle {
@@ -164,7 +174,14 @@ impl DirHandle {
             path: path.to_path_buf(),
             place,
             dev: st.st_dev,
+            ino: st.st_ino,
         })
+    }
+
+    /// Whether both handles are one directory (the same path, a bind mount, a symlinked
+    /// parent), whatever their names say.
+    pub fn same_dir(&self, other: &DirHandle) -> bool {
+        self.dev == other.dev && self.ino == other.ino
     }
 
     pub fn display(&self, name: &str) -> String {
