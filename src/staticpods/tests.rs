@@ -1021,3 +1021,170 @@ fn unreadable_journal_lines_are_set_aside_and_torn_ones_skipped() {
         "the journal is compacted"
     );
 }
+
+/// Where a journaled file is before recovery, relative to its intent's source and
+/// destination (for an intent that names one directory twice or none of ours: the manifest
+/// and gate directories).
+#[derive(Debug, Clone, Copy)]
+enum OnDisk {
+    SourceOnly,
+    DestinationOnly,
+    BothSame,
+    BothDiffering,
+    Neither,
+    /// Only our complete temporary copy, in the destination.
+    TemporaryOnly,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Journaled {
+    Move { restore: bool },
+    MoveDone { restore: bool },
+    SameDirectory { gate: bool },
+    UnknownDirectory,
+    BadSha,
+    Torn(usize),
+    Nothing,
+}
+
+fn on_disk() -> impl Strategy<Value = OnDisk> {
+    prop_oneof![
+        Just(OnDisk::SourceOnly),
+        Just(OnDisk::DestinationOnly),
+        Just(OnDisk::BothSame),
+        Just(OnDisk::BothDiffering),
+        Just(OnDisk::Neither),
+        Just(OnDisk::TemporaryOnly),
+    ]
+}
+
+fn journaled() -> impl Strategy<Value = Journaled> {
+    prop_oneof![
+        any::<bool>().prop_map(|restore| Journaled::Move { restore }),
+        any::<bool>().prop_map(|restore| Journaled::MoveDone { restore }),
+        any::<bool>().prop_map(|gate| Journaled::SameDirectory { gate }),
+        Just(Journaled::UnknownDirectory),
+        Just(Journaled::BadSha),
+        (1usize..200).prop_map(Journaled::Torn),
+        Just(Journaled::Nothing),
+    ]
+}
+
+/// Every regular file's bytes in both directories, temporaries included.
+fn all_bytes(f: &Fixture) -> Vec<Vec<u8>> {
+    f.contents()
+        .into_iter()
+        .map(|(_, _, bytes, _)| bytes)
+        .collect()
+}
+
+fn journal_then_complete(files: &[(OnDisk, Journaled)]) -> std::result::Result<(), TestCaseError> {
+    let f = Fixture::new();
+    fs::create_dir(&f.g).unwrap();
+    fs::set_permissions(&f.g, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir_all(&f.state).unwrap();
+    let mut journal = String::new();
+    let mut impossible = 0;
+    for (i, (disk, journaled)) in files.iter().enumerate() {
+        let name = format!("f{i}.yaml");
+        let ours = pod(&format!("p{i}"), None, "ours");
+        let theirs = pod(&format!("p{i}"), None, "theirs");
+        let (from, to) = match journaled {
+            Journaled::Move { restore: true } | Journaled::MoveDone { restore: true } => {
+                ("gate", "manifests")
+            }
+            Journaled::SameDirectory { gate: true } => ("gate", "gate"),
+            Journaled::SameDirectory { gate: false } => ("manifests", "manifests"),
+            _ => ("manifests", "gate"),
+        };
+        let dir = |p: &str| if p == "gate" { &f.g } else { &f.m };
+        let (src, dst) = if from == to {
+            (&f.m, &f.g)
+        } else {
+            (dir(from), dir(to))
+        };
+        match disk {
+            OnDisk::SourceOnly => f.write(src, &name, &ours, 0o600),
+            OnDisk::DestinationOnly => f.write(dst, &name, &ours, 0o600),
+            OnDisk::BothSame => {
+                f.write(src, &name, &ours, 0o600);
+                f.write(dst, &name, &ours, 0o600);
+            }
+            OnDisk::BothDiffering => {
+                f.write(src, &name, &theirs, 0o600);
+                f.write(dst, &name, &ours, 0o600);
+            }
+            OnDisk::Neither => {}
+            OnDisk::TemporaryOnly => f.write(dst, &format!(".{name}{TEMP_SUFFIX}"), &ours, 0o600),
+        }
+        let line = intent_line(&name, from, to, &ours).replace("\"id\":7", &format!("\"id\":{i}"));
+        match journaled {
+            Journaled::Move { .. } | Journaled::SameDirectory { .. } => journal.push_str(&line),
+            Journaled::MoveDone { .. } => {
+                journal.push_str(&line);
+                journal.push_str(&format!("{{\"record\":\"done\",\"id\":{i}}}\n"));
+            }
+            Journaled::UnknownDirectory => {
+                journal.push_str(&line.replace("\"to\":\"gate\"", "\"to\":\"../etc\""));
+                impossible += 1;
+            }
+            Journaled::BadSha => {
+                journal.push_str(&line.replace("\"sha256\":\"", "\"sha256\":\"00"));
+            }
+            Journaled::Torn(at) => {
+                journal.push_str(&line[..(*at).min(line.len() - 2)]);
+                journal.push('\n');
+            }
+            Journaled::Nothing => {}
+        }
+        if matches!(journaled, Journaled::SameDirectory { .. }) {
+            impossible += 1;
+        }
+    }
+    fs::write(f.state.join(JOURNAL_FILE), &journal).unwrap();
+    let before = all_bytes(&f);
+
+    let gate = f.gate();
+    let recovery = gate
+        .recover_report()
+        .map_err(|e| TestCaseError::fail(format!("recovery failed: {e:#}")))?;
+    prop_assert!(recovery.unsettled.is_empty(), "{:?}", recovery);
+    prop_assert!(recovery.set_aside.len() >= impossible, "{:?}", recovery);
+    let restore = gate
+        .restore_report()
+        .map_err(|e| TestCaseError::fail(format!("restore failed: {e:#}")))?;
+    prop_assert!(restore.failed.is_empty(), "{:?}", restore);
+
+    let after = all_bytes(&f);
+    for bytes in &before {
+        prop_assert!(
+            after.contains(bytes),
+            "lost {:?}\nbefore {:?}\nafter {:?}\njournal {}\n{:?}",
+            String::from_utf8_lossy(bytes),
+            f.contents(),
+            after.len(),
+            journal,
+            recovery
+        );
+    }
+    prop_assert_eq!(f.pending_intents(), 0);
+    let aside = fs::read_to_string(gate.set_aside_file()).unwrap_or_default();
+    prop_assert_eq!(aside.lines().count(), recovery.set_aside.len(), "{}", aside);
+    // Recovery has nothing left to do: running it (and `complete`) again changes nothing.
+    let settled_contents = f.contents();
+    let again = gate.recover_report().unwrap();
+    prop_assert!(again.set_aside.is_empty() && again.unsettled.is_empty());
+    prop_assert_eq!(f.contents(), settled_contents);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn recovery_and_complete_lose_no_manifest_whatever_the_journal_says(
+        files in proptest::collection::vec((on_disk(), journaled()), 1..5),
+    ) {
+        journal_then_complete(&files)?;
+    }
+}
