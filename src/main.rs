@@ -196,6 +196,9 @@ const EXIT_CODES: &str =
 fn main() -> ExitCode {
     cli::record_panics();
     let args = Cli::parse();
+    if !matches!(args.command, Command::Run) {
+        nodegrace::telemetry::init_cli();
+    }
     let result = match args.command {
         Command::Run => cli::run(&args.config),
         Command::CheckConfig => cli::check_config(&args.config),

@@ -57,8 +57,32 @@ pub fn init() -> LogTarget {
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                // A closed or full stderr loses the record; reporting that on stderr
+                // again would panic.
+                .log_internal_errors(false)
                 .with_filter(filter()),
         )
         .try_init();
     LogTarget::Stderr
+}
+
+/// What commands other than `run` log: warnings and errors, the daemon's own records (a
+/// journal record set aside, a manifest left in place), for the operator at the terminal.
+pub const CLI_FILTER: &str = "warn,kube_client=off,kube_runtime=off";
+
+/// Logging for commands other than `run`: stderr, filtered by `RUST_LOG` (default
+/// [`CLI_FILTER`]), without timestamps. A second call is a no-op.
+pub fn init_cli() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(CLI_FILTER));
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_target(false)
+                .without_time()
+                .log_internal_errors(false)
+                .with_filter(filter),
+        )
+        .try_init();
 }

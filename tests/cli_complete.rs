@@ -219,6 +219,11 @@ async fn journal_records_recovery_cannot_settle_are_set_aside_and_the_rest_resto
     assert!(stdout.contains("gone.yaml"), "{stdout}");
     assert!(stdout.contains("kube-apiserver.yaml"), "{stdout}");
     assert!(stdout.contains("put its manifest back"), "{stdout}");
+    // The daemon's log lines reach the operator too.
+    assert!(
+        stderr.contains("ERROR") && stderr.contains("journal record is set aside"),
+        "{stderr}"
+    );
     let aside =
         std::fs::read_to_string(dir.path().join("state/static-pods.journal.set-aside")).unwrap();
     assert_eq!(aside.lines().count(), 3, "{aside}");

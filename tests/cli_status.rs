@@ -412,3 +412,32 @@ fn a_fifo_or_a_device_in_place_of_a_file_is_reported_at_once() {
     // `status` only reports: nothing is renamed.
     assert!(env.path("state/state.json").is_dir());
 }
+
+#[test]
+fn warnings_the_daemon_would_log_reach_stderr() {
+    let env = Env::new();
+    std::fs::write(env.path("gate/broken.yaml"), b"kind: Deployment\n").unwrap();
+    let out = env.run(&["status"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("WARN")
+            && stderr.contains("does not parse")
+            && stderr.contains("broken.yaml"),
+        "{stderr}"
+    );
+    // RUST_LOG still decides.
+    let quiet = std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .arg("--config")
+        .arg(env.path("config.toml"))
+        .arg("status")
+        .env("NODEGRACE_STATUS_FILE", env.path("status.json"))
+        .env("RUST_LOG", "off")
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&quiet.stderr).contains("does not parse"),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+}
