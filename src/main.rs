@@ -203,15 +203,7 @@ fn main() -> ExitCode {
         Command::Run => cli::run(&args.config),
         Command::CheckConfig => cli::check_config(&args.config),
         Command::Crds => cli::crds(),
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "nodegrace",
-                &mut std::io::stdout(),
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Completions { shell } => completions(shell),
         Command::Man => man_page(),
         Command::Plan {
             pods,
@@ -253,9 +245,17 @@ fn main() -> ExitCode {
     cli::exit_code("nodegrace", result)
 }
 
+// Both generators are written into memory first: clap_complete panics when its writer fails.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "nodegrace", &mut out);
+    cli::print_stdout(&String::from_utf8_lossy(&out))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn man_page() -> anyhow::Result<ExitCode> {
     let mut out = Vec::new();
     clap_mangen::Man::new(Cli::command()).render(&mut out)?;
-    std::io::Write::write_all(&mut std::io::stdout(), &out)?;
+    cli::print_stdout(&String::from_utf8_lossy(&out))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -138,17 +138,17 @@ pub fn generator_command(config: &Path, normal_dir: &Path) -> Result<ExitCode> {
     let settings = match crate::config::load(config) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("nodegrace-generator: not adding directories to the unit: invalid configuration: {e}");
+            crate::cli::print_stderr(&format!("nodegrace-generator: not adding directories to the unit: invalid configuration: {e}"));
             return Ok(ExitCode::SUCCESS);
         }
     };
     let (text, left_out) = dropin(&settings, config);
     for d in &left_out {
-        eprintln!(
+        crate::cli::print_stderr(&format!(
             "nodegrace-generator: {} {} cannot be written into a unit file safely; add it to ReadWritePaths= in a drop-in by hand",
             d.key,
             d.path.display()
-        );
+        ));
     }
     let dir = normal_dir.join("nodegrace.service.d");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

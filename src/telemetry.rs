@@ -49,7 +49,9 @@ pub fn init() -> LogTarget {
                 }
                 return target;
             }
-            Err(e) => eprintln!("nodegrace: journald unavailable ({e}); logging to stderr"),
+            Err(e) => crate::cli::print_stderr(&format!(
+                "nodegrace: journald unavailable ({e}); logging to stderr"
+            )),
         }
     }
     let _ = tracing_subscriber::registry()

@@ -42,7 +42,7 @@ pub fn load_settings(
     path: &std::path::Path,
 ) -> Result<crate::config::Settings, std::process::ExitCode> {
     crate::config::load(path).map_err(|err| {
-        eprintln!("nodegrace: invalid configuration: {err}");
+        crate::cli::print_stderr(&format!("nodegrace: invalid configuration: {err}"));
         std::process::ExitCode::from(EXIT_CONFIG)
     })
 }
@@ -59,7 +59,9 @@ pub fn run(config: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     // A directory the sandbox keeps read-only would only fail at the first write, in the
     // middle of a shutdown.
     if let Err(why) = crate::sandbox::check_writable(&settings) {
-        eprintln!("nodegrace: cannot run with this configuration: {why}");
+        crate::cli::print_stderr(&format!(
+            "nodegrace: cannot run with this configuration: {why}"
+        ));
         return Ok(std::process::ExitCode::from(EXIT_CONFIG));
     }
     crate::daemon::run(settings, config, stored_inhibitor)?;
@@ -70,11 +72,11 @@ pub fn run(config: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
 pub fn check_config(path: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     match crate::config::load_report(path) {
         Ok(loaded) => {
-            print!("{}", crate::config::check_config_report(path, &loaded));
+            print_stdout(&crate::config::check_config_report(path, &loaded))?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Err(err) => {
-            eprintln!("nodegrace: invalid configuration: {err}");
+            crate::cli::print_stderr(&format!("nodegrace: invalid configuration: {err}"));
             Ok(std::process::ExitCode::from(EXIT_CONFIG))
         }
     }
@@ -139,14 +141,25 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Writes a command's output; a closed pipe (`| head`) is not an error worth a panic.
+/// Writes a command's output. A closed pipe (`| head`) means the reader has what it
+/// wanted; any other failure (`> /dev/full`) is the command's error.
 pub fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.map_err(Into::into),
+        r => r.context("writing to stdout"),
     }
+}
+
+/// Writes one line to stderr. When stderr is closed or full there is nowhere left to say
+/// anything, so that error is dropped (`eprintln!` would panic).
+pub fn print_stderr(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{line}\n").as_bytes());
 }
 
 #[cfg(test)]

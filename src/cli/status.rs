@@ -213,7 +213,11 @@ pub fn status_command(config: &Path, output: OutputFormat) -> Result<ExitCode> {
         OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
         OutputFormat::Table => render_table(&report) + &protection_line(&protection),
     };
-    super::print_stdout(&text)?;
+    // The exit code answers "is this node protected?" whether or not the report could
+    // be written.
+    if let Err(err) = super::print_stdout(&text) {
+        super::print_stderr(&format!("nodegrace: {err:#}"));
+    }
     let determined = report.daemon.state != "unreadable"
         || report.apiserver.reachable
         || report.last_shutdown.persisted_error.is_none()
