@@ -461,3 +461,45 @@ fn a_fifo_as_status_file_is_not_waited_for() {
         r["budget"]
     );
 }
+
+#[test]
+fn pod_and_node_names_reach_the_terminal_escaped() {
+    let env = Env::new();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "PodList", "items": [{
+        "metadata": {"name": "web\u{1b}[2J\nStep 9 forged", "namespace": "shop\u{202e}",
+            "uid": "u1"},
+        "spec": {"nodeName": "node-a\u{1b}]0;x\u{7}", "priority": 0,
+            "terminationGracePeriodSeconds": 30, "containers": [{"name": "c"}]},
+        "status": {"phase": "Running"}
+    }]});
+    let pods = env.path("pods.json");
+    std::fs::write(&pods, serde_json::to_vec(&list).unwrap()).unwrap();
+    for args in [
+        vec!["plan", "--pods", pods.to_str().unwrap()],
+        vec!["plan", "--pods", pods.to_str().unwrap(), "-o", "json"],
+    ] {
+        let out = env.run(&args);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+        for text in [&stdout, &stderr] {
+            assert!(
+                !text
+                    .chars()
+                    .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+                "{args:?}: {text:?}"
+            );
+        }
+        assert!(!stdout.lines().any(|l| l.starts_with("Step 9")), "{stdout}");
+        if args.len() == 3 {
+            assert!(
+                stdout.contains("shop\\u202e/web\\u001b[2J\\u000aStep 9 forged"),
+                "{stdout}"
+            );
+            assert!(stdout.contains("node-a\\u001b]0;x\\u0007"), "{stdout}");
+        } else {
+            let r: Value = serde_json::from_str(&stdout).unwrap();
+            assert_eq!(r["node"], "node-a\u{1b}]0;x\u{7}", "{stdout}");
+        }
+    }
+}

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 
 use super::{kube_client, load_settings, print_stdout, runtime};
 use crate::staticpods::{FsGate, StaticPodGate};
+use crate::text::escape;
 
 const APISERVER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -57,7 +58,11 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
             gate.set_aside_file().display()
         ));
         for p in &recovery.set_aside {
-            out.push_str(&format!("  {}: {}\n", p.file_name, p.reason));
+            out.push_str(&format!(
+                "  {}: {}\n",
+                escape(&p.file_name),
+                escape(&p.reason)
+            ));
         }
         out.push_str(
             "  Check the manifest and gate directories for these files; once they are where they belong, the set-aside file can be deleted.\n",
@@ -71,7 +76,11 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
             gate.journal_file().display()
         ));
         for p in &recovery.unsettled {
-            out.push_str(&format!("  {}: {}\n", p.file_name, p.reason));
+            out.push_str(&format!(
+                "  {}: {}\n",
+                escape(&p.file_name),
+                escape(&p.reason)
+            ));
         }
     }
     let gated = gate.gated().context("listing gated static pods")?;
@@ -94,16 +103,17 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
     ));
     for name in &restore.kept_aside {
         out.push_str(&format!(
-            "  kept in {}: {name} (a file of that name is back in the manifest directory; decide which to keep)\n",
-            settings.static_pods.gate_dir.display()
+            "  kept in {}: {} (a file of that name is back in the manifest directory; decide which to keep)\n",
+            settings.static_pods.gate_dir.display(),
+            escape(name)
         ));
     }
     for p in &restore.failed {
         out.push_str(&format!(
             "  not restored, still in {}: {}: {}\n",
             settings.static_pods.gate_dir.display(),
-            p.file_name,
-            p.reason
+            escape(&p.file_name),
+            escape(&p.reason)
         ));
     }
     attention |= !restore.kept_aside.is_empty() || !restore.failed.is_empty();

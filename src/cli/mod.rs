@@ -82,8 +82,13 @@ pub fn check_config(path: &std::path::Path) -> anyhow::Result<std::process::Exit
     }
 }
 
-/// Left-aligned columns separated by two spaces; the last column is not padded.
+/// Left-aligned columns separated by two spaces; the last column is not padded. Every
+/// cell is one line: control characters in it (a name someone else chose) are escaped.
 pub fn align(rows: &[Vec<String>]) -> Vec<String> {
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| crate::text::escape(c)).collect())
+        .collect();
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -98,10 +103,8 @@ pub fn align(rows: &[Vec<String>]) -> Vec<String> {
         .map(|row| {
             let mut line = String::new();
             for (c, cell) in row.iter().enumerate() {
-                if c + 1 == row.len() {
-                    line.push_str(cell);
-                } else {
-                    line.push_str(cell);
+                line.push_str(cell);
+                if c + 1 < row.len() {
                     let pad = widths[c] - cell.chars().count() + 2;
                     line.extend(std::iter::repeat_n(' ', pad));
                 }
@@ -141,11 +144,13 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Writes a command's output. A closed pipe (`| head`) means the reader has what it
+/// Writes a command's output, control characters other than line breaks and tabs escaped
+/// (values that may hold a line break are escaped where they are put in). A closed pipe (`| head`) means the reader has what it
 /// wanted; any other failure (`> /dev/full`) is the command's error.
 pub fn print_stdout(text: &str) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::io::Write;
+    let text = crate::text::escape_keeping_lines(text);
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -157,6 +162,7 @@ pub fn print_stdout(text: &str) -> anyhow::Result<()> {
 /// anything, so that error is dropped (`eprintln!` would panic).
 pub fn print_stderr(line: &str) {
     use std::io::Write;
+    let line = crate::text::escape_keeping_lines(line);
     let _ = std::io::stderr()
         .lock()
         .write_all(format!("{line}\n").as_bytes());

@@ -547,9 +547,9 @@ fn type_name(t: PodType) -> &'static str {
 /// The human form: one header per step with pods, one aligned line per pod.
 pub fn render_table(r: &PlanReport) -> String {
     let mut out = String::new();
-    let node = r.node.as_deref().unwrap_or("(unknown node)");
+    let node = crate::text::escape(r.node.as_deref().unwrap_or("(unknown node)"));
     let source = match r.source.strip_prefix("file:") {
-        Some(path) => format!("pods from {path}"),
+        Some(path) => format!("pods from {}", crate::text::escape(path)),
         None => "pods from the apiserver".to_string(),
     };
     out.push_str(&format!(
