@@ -37,14 +37,16 @@ enum Command {
     /// which share of the budget and grace period, and which would be escalated.
     #[command(after_help = PLAN_HELP)]
     Plan {
-        /// Plan for the pods in FILE: `kubectl get pods -o yaml` or `-o json` output (a List,
-        /// a PodList, a single Pod, or a multi-document YAML stream). Without it, the node's
-        /// pods are read from the apiserver with the configured kubeconfig.
+        /// Plan for the pods in FILE (`-`: standard input): `kubectl get pods -o yaml` or `-o
+        /// json` output (a List, a PodList, a single Pod, or a multi-document YAML stream).
+        /// Without it, the node's pods are read from the apiserver with the configured
+        /// kubeconfig.
         #[arg(long, value_name = "FILE")]
         pods: Option<PathBuf>,
-        /// Shutdown budget, e.g. `5m` or `90s`. Default: the running daemon's effective
-        /// budget from its status file, else `shutdown.max_delay`.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        /// Shutdown budget, e.g. `5m` or `90s`, at most 24h (the longest `shutdown.max_delay`).
+        /// Default: the running daemon's effective budget from its status file, else
+        /// `shutdown.max_delay`.
+        #[arg(long, value_name = "DURATION", value_parser = cli::parse_budget)]
         budget: Option<Duration>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]

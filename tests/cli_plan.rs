@@ -503,3 +503,48 @@ fn pod_and_node_names_reach_the_terminal_escaped() {
         }
     }
 }
+
+#[test]
+fn pods_from_standard_input_with_a_dash() {
+    use std::io::Write;
+    let env = Env::new();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .arg("--config")
+        .arg(env.path("config.toml"))
+        .args(["plan", "--pods", "-", "-o", "json"])
+        .env("NODEGRACE_STATUS_FILE", env.status_file())
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let list = std::fs::read(data("pods-node-a.yaml")).unwrap();
+    child.stdin.take().unwrap().write_all(&list).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let piped: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let from_file = env.json(&["plan", "--pods", &data("pods-node-a.yaml")]);
+    assert_eq!(piped["source"], "stdin");
+    assert_eq!(piped["order"], from_file["order"]);
+    assert!(!piped["order"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn budget_longer_than_the_daemon_can_have_is_a_usage_error() {
+    let env = Env::new();
+    let pods = data("pods-node-a.yaml");
+    let out = env.run(&["plan", "--pods", &pods, "--budget", "25h"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("longer than any shutdown budget"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = env.json(&["plan", "--pods", &pods, "--budget", "24h"]);
+    assert_eq!(r["budget"]["seconds"], 86400.0);
+}

@@ -23,7 +23,7 @@ mod status;
 pub use complete::complete_command as complete;
 pub use panics::{exit_code, record_panics};
 
-pub use plan::{parse_pod_list, plan_command as plan, PlanOptions};
+pub use plan::{parse_budget, parse_pod_list, plan_command as plan, PlanOptions};
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.

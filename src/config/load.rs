@@ -52,7 +52,8 @@ pub fn load(main: &Path) -> Result<Settings, ConfigError> {
 /// their names after the main file; later files win, tables merge key by key, arrays and
 /// scalars replace. Drop-ins whose names start with `.` or do not end in `.toml` are
 /// skipped; a drop-in that is a symlink or not a regular file is an error. A missing main
-/// file is not an error: the result says so and holds the defaults plus the drop-ins.
+/// file is not an error (a dangling symlink in its place is): the result says so and holds
+/// the defaults plus the drop-ins.
 pub(crate) fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
     let mut fragments = Vec::new();
     // The main file may be a symlink (configuration management often makes it one).
@@ -60,6 +61,13 @@ pub(crate) fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
         Ok(bytes) => {
             fragments.push(fragment_from_bytes(main, bytes)?);
             false
+        }
+        // A symlink to nothing is a configuration that went missing, not no configuration.
+        Err(ReadError::NotFound) if std::fs::symlink_metadata(main).is_ok() => {
+            return Err(ConfigError::file(
+                main,
+                "cannot read: a symlink to a file that does not exist".to_string(),
+            ))
         }
         Err(ReadError::NotFound) => true,
         Err(err) => return Err(ConfigError::file(main, format!("cannot read: {err}"))),

@@ -796,6 +796,20 @@ fn unreadable_main_file_is_an_error() {
 }
 
 #[test]
+fn a_main_file_symlinked_to_nothing_is_an_error_not_the_defaults() {
+    let dir = Dir::new();
+    std::os::unix::fs::symlink(dir.0.path().join("gone.toml"), dir.main()).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert_eq!(e.file, dir.main());
+    assert!(e.message.contains("symlink"), "{e}");
+    // The symlink to a real file still works.
+    let target = dir.write("real.toml", "[node]\nname = \"x\"\n");
+    fs::remove_file(dir.main()).unwrap();
+    std::os::unix::fs::symlink(&target, dir.main()).unwrap();
+    assert_eq!(load(&dir.main()).unwrap().node.name, "x");
+}
+
+#[test]
 fn non_utf8_file_is_an_error() {
     let dir = Dir::new();
     fs::write(dir.main(), b"state_dir = \"/\xff\"\n").unwrap();
