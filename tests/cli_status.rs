@@ -518,3 +518,28 @@ fn strings_from_outside_reach_the_terminal_escaped() {
     let r: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(r["daemon"]["kubeletInhibitor"], forged, "{json}");
 }
+
+#[test]
+fn files_in_the_gate_that_are_not_manifests_and_set_aside_records_are_shown() {
+    let env = Env::new();
+    std::fs::write(env.path("gate/broken.yaml"), b"kind: Deployment\n").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", env.path("gate/link.yaml")).unwrap();
+    let r = env.json_exiting(3);
+    assert_eq!(r["staticPods"]["gated"], serde_json::json!([]));
+    let others = r["staticPods"]["otherFiles"].as_array().unwrap();
+    assert_eq!(others.len(), 2, "{r}");
+    assert_eq!(r["staticPods"]["setAsideJournal"], Value::Null);
+
+    std::fs::write(
+        env.path("state/static-pods.journal.set-aside"),
+        b"{\"reason\":\"x\"}\n",
+    )
+    .unwrap();
+    let table = env.table_exiting(3);
+    assert!(table.contains("not a manifest  broken.yaml"), "{table}");
+    assert!(table.contains("link.yaml: is a symlink"), "{table}");
+    assert!(
+        table.contains("static-pods.journal.set-aside (check them"),
+        "{table}"
+    );
+}

@@ -43,7 +43,7 @@ use nix::errno::Errno;
 use crate::config::StaticPodSettings;
 #[cfg(test)]
 use fsio::Hook;
-use fsio::{check_name, temp_name, temp_owner, DirHandle, Entry, FileData, NoHook, Ops};
+use fsio::{check_name, temp_name, temp_owner, DirHandle, Entry, FileData, NoHook, Ops, TOO_LARGE};
 use journal::{Intent, Op, Record};
 
 pub(crate) use fsio::Place;
@@ -412,7 +412,11 @@ impl FsGate {
                 Entry::Other("directory") => {}
                 Entry::Other(kind) => scan.refused.push(Problem {
                     file_name: name,
-                    reason: format!("is a {kind}, not a regular file"),
+                    reason: if kind == TOO_LARGE {
+                        format!("is a {kind}; not read")
+                    } else {
+                        format!("is a {kind}, not a regular file")
+                    },
                 }),
                 Entry::Regular(data) => match parse_manifest(&data.bytes) {
                     Ok(p) => scan.manifests.push(StaticManifest {

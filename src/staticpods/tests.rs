@@ -1188,3 +1188,21 @@ proptest! {
         journal_then_complete(&files)?;
     }
 }
+
+#[test]
+fn a_huge_file_is_never_read_whole_nor_moved() {
+    let f = Fixture::new();
+    f.write(&f.m, "a.yaml", &pod("a", None, ""), 0o600);
+    // Sparse: a gigabyte that costs nothing on disk, and would cost a gigabyte to read.
+    let huge = fs::File::create(f.m.join("huge.yaml")).unwrap();
+    huge.set_len(1 << 30).unwrap();
+    let gate = f.gate();
+    let scan = gate.scan(Place::Manifests).unwrap();
+    assert_eq!(scan.manifests.len(), 1);
+    assert_eq!(scan.refused.len(), 1, "{scan:?}");
+    assert!(scan.refused[0].reason.contains("larger than"), "{scan:?}");
+    assert!(gate.gate("huge.yaml").is_err());
+    gate.gate("a.yaml").unwrap();
+    assert_eq!(fs::metadata(f.m.join("huge.yaml")).unwrap().len(), 1 << 30);
+    assert!(!f.g.join("huge.yaml").exists());
+}
