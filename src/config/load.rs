@@ -925,10 +925,24 @@ fn check_reserves(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Co
     ))
 }
 
+/// The most `drain.plan` entries: plans have a handful, and the planner's work (at
+/// shutdown too) grows with entries times pods.
+pub(crate) const MAX_PLAN_ENTRIES: usize = 64;
+
 fn drain_plan(
     ctx: &Ctx<'_>,
     plan: &Leaf<Vec<Spanned<RawPlanEntry>>>,
 ) -> Result<Vec<DrainPlanEntrySetting>, ConfigError> {
+    if plan.get().len() > MAX_PLAN_ENTRIES {
+        return Err(ctx.leaf(
+            plan,
+            "drain.plan",
+            &format!(
+                "has {} entries; at most {MAX_PLAN_ENTRIES} are allowed",
+                plan.get().len()
+            ),
+        ));
+    }
     let mut out: Vec<DrainPlanEntrySetting> = Vec::new();
     for (i, entry) in plan.get().iter().enumerate() {
         let key = format!("drain.plan[{i}]");

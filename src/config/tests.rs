@@ -796,6 +796,23 @@ fn unreadable_main_file_is_an_error() {
 }
 
 #[test]
+fn drain_plan_entries_are_capped() {
+    let entries = |n: usize| {
+        (0..n)
+            .map(|i| format!("[[drain.plan]]\npod_priority = {i}\n"))
+            .collect::<String>()
+    };
+    let dir = Dir::new();
+    fs::write(dir.main(), entries(64)).unwrap();
+    assert_eq!(load(&dir.main()).unwrap().drain.plan.len(), 64);
+    fs::write(dir.main(), entries(65)).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("drain.plan"), "{e}");
+    assert!(e.message.contains("at most 64"), "{e}");
+    assert!(e.location.is_some(), "{e}");
+}
+
+#[test]
 fn a_main_file_symlinked_to_nothing_is_an_error_not_the_defaults() {
     let dir = Dir::new();
     std::os::unix::fs::symlink(dir.0.path().join("gone.toml"), dir.main()).unwrap();
