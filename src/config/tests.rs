@@ -796,6 +796,20 @@ fn unreadable_main_file_is_an_error() {
 }
 
 #[test]
+fn a_huge_bad_value_is_not_echoed_whole() {
+    let dir = Dir::new();
+    let value = "9".repeat(900_000);
+    fs::write(
+        dir.main(),
+        format!("[shutdown]\nmax_delay = \"{value}x\"\n"),
+    )
+    .unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert!(e.to_string().len() < 1000, "{} bytes", e.to_string().len());
+    assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
+}
+
+#[test]
 fn drain_plan_entries_are_capped() {
     let entries = |n: usize| {
         (0..n)
