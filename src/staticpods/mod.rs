@@ -745,8 +745,9 @@ impl FsGate {
     }
 
     /// Unlinks manifest `name` from `dir` because `keep`, another directory, holds the same
-    /// content under the same name: checked again right before, since this is the only way
-    /// a manifest (not a temporary of ours) is ever removed.
+    /// content (`sha256`, which the file removed holds too) under the same name: checked
+    /// again right before, since this is the only way a manifest (not a temporary of ours)
+    /// is ever removed.
     fn remove_duplicate(
         &self,
         dir: &DirHandle,
@@ -761,13 +762,15 @@ impl FsGate {
                 keep.path.display()
             )));
         }
-        match keep.entry(name)? {
-            Entry::Regular(k) if k.sha256 == sha256 => {}
-            _ => bail!(
-                "not removing {}: {} is not a complete copy of it",
+        let holds = |d: &DirHandle| -> Result<bool> {
+            Ok(matches!(d.entry(name)?, Entry::Regular(f) if f.sha256 == sha256))
+        };
+        if !holds(dir)? || !holds(keep)? {
+            bail!(
+                "not removing {}: it and {} are not the same complete manifest",
                 dir.display(name),
                 keep.display(name)
-            ),
+            );
         }
         self.ops
             .unlink(dir, name)
