@@ -810,6 +810,48 @@ fn a_huge_bad_value_is_not_echoed_whole() {
 }
 
 #[test]
+fn pod_selector_labels_are_what_the_apiserver_accepts() {
+    let dir = Dir::new();
+    let with = |selector: &str| {
+        fs::write(
+            dir.main(),
+            format!("[[drain.plan]]\npod_priority = 1\npod_selector = {selector}\n"),
+        )
+        .unwrap();
+        load(&dir.main())
+    };
+    for good in [
+        r#"{ app = "web" }"#,
+        r#"{ "app.kubernetes.io/component" = "front-end_1.2" }"#,
+        r#"{ "example.com/tier" = "" }"#,
+        r#"{ A_b-1 = "x" }"#,
+    ] {
+        assert!(with(good).is_ok(), "{good}: {:?}", with(good));
+    }
+    for bad in [
+        r#"{ "" = "x" }"#,
+        r#"{ "-app" = "x" }"#,
+        r#"{ "app/" = "x" }"#,
+        r#"{ "Example.com/app" = "x" }"#,
+        r#"{ "a/b/c" = "x" }"#,
+        r#"{ "app name" = "x" }"#,
+        r#"{ app = "has space" }"#,
+        r#"{ app = "-leading" }"#,
+    ] {
+        let e = with(bad).unwrap_err();
+        assert_eq!(
+            e.key.as_deref(),
+            Some("drain.plan[0].pod_selector"),
+            "{bad}: {e}"
+        );
+        assert!(e.location.is_some(), "{bad}: {e}");
+        assert!(e.message.contains("label"), "{bad}: {e}");
+    }
+    let long = format!(r#"{{ app = "{}" }}"#, "a".repeat(64));
+    assert!(with(&long).is_err());
+}
+
+#[test]
 fn drain_plan_entries_are_capped() {
     let entries = |n: usize| {
         (0..n)
@@ -941,7 +983,11 @@ mod roundtrip {
         let entry = (
             pod_type(),
             any::<i32>(),
-            btree_map("[a-z.]{1,8}/?[a-z]{0,4}", "[ -~]{0,6}", 0..3),
+            btree_map(
+                "([a-z0-9]{1,4}(\\.[a-z0-9]{1,4}){0,2}/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,5}[A-Za-z0-9])?",
+                "([A-Za-z0-9]([A-Za-z0-9._-]{0,4}[A-Za-z0-9])?)?",
+                0..3,
+            ),
         )
             .prop_map(
                 |(pod_type, pod_priority, pod_selector)| DrainPlanEntrySetting {
