@@ -21,3 +21,4 @@ pub mod state;
 pub mod staticpods;
 pub mod systemd;
 pub mod telemetry;
+pub mod text;

@@ -37,14 +37,16 @@ enum Command {
     /// which share of the budget and grace period, and which would be escalated.
     #[command(after_help = PLAN_HELP)]
     Plan {
-        /// Plan for the pods in FILE: `kubectl get pods -o yaml` or `-o json` output (a List,
-        /// a PodList, a single Pod, or a multi-document YAML stream). Without it, the node's
-        /// pods are read from the apiserver with the configured kubeconfig.
+        /// Plan for the pods in FILE (`-`: standard input): `kubectl get pods -o yaml` or `-o
+        /// json` output (a List, a PodList, a single Pod, or a multi-document YAML stream).
+        /// Without it, the node's pods are read from the apiserver with the configured
+        /// kubeconfig.
         #[arg(long, value_name = "FILE")]
         pods: Option<PathBuf>,
-        /// Shutdown budget, e.g. `5m` or `90s`. Default: the running daemon's effective
-        /// budget from its status file, else `shutdown.max_delay`.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        /// Shutdown budget, e.g. `5m` or `90s`, at most 24h (the longest `shutdown.max_delay`).
+        /// Default: the running daemon's effective budget from its status file, else
+        /// `shutdown.max_delay`.
+        #[arg(long, value_name = "DURATION", value_parser = cli::parse_budget)]
         budget: Option<Duration>,
         /// Plan a shutdown that lost this much of its budget before its drain could go on
         /// (e.g. `20s` to an unreachable apiserver): what is left is split over the pods, as
@@ -163,10 +165,14 @@ use --pods), 2 invalid configuration or usage.";
 
 const COMPLETE_HELP: &str = "\
 A static pod manifest whose name is back in the manifest directory is never overwritten: it
-stays in the gate directory and is listed.
+stays in the gate directory and is listed. An interrupted move that the files on disk cannot
+settle (the file is in neither directory, or the journal record is impossible or unreadable)
+touches nothing: its journal record is moved to static-pods.journal.set-aside in state_dir,
+listed with what to do, and every other gated manifest is still restored.
 
-Exit codes: 0 done, 1 the apiserver could not be reached (nothing changed) or a manifest was
-kept aside, 2 invalid configuration or usage.";
+Exit codes: 0 done, 1 the apiserver could not be reached (nothing changed), or something was
+left for you to decide (a manifest kept aside or not restored, a journal record set aside or
+not settled), 2 invalid configuration or usage.";
 
 const STATUS_HELP: &str = "\
 Each section is read on its own; one that cannot be read says why and the others are still
@@ -197,19 +203,14 @@ const EXIT_CODES: &str =
 fn main() -> ExitCode {
     cli::record_panics();
     let args = Cli::parse();
+    if !matches!(args.command, Command::Run) {
+        nodegrace::telemetry::init_cli();
+    }
     let result = match args.command {
         Command::Run => cli::run(&args.config),
         Command::CheckConfig => cli::check_config(&args.config),
         Command::Crds => cli::crds(),
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "nodegrace",
-                &mut std::io::stdout(),
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Completions { shell } => completions(shell),
         Command::Man => man_page(),
         Command::Plan {
             pods,
@@ -253,9 +254,17 @@ fn main() -> ExitCode {
     cli::exit_code("nodegrace", result)
 }
 
+// Both generators are written into memory first: clap_complete panics when its writer fails.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "nodegrace", &mut out);
+    cli::print_stdout(&String::from_utf8_lossy(&out))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn man_page() -> anyhow::Result<ExitCode> {
     let mut out = Vec::new();
     clap_mangen::Man::new(Cli::command()).render(&mut out)?;
-    std::io::Write::write_all(&mut std::io::stdout(), &out)?;
+    cli::print_stdout(&String::from_utf8_lossy(&out))?;
     Ok(ExitCode::SUCCESS)
 }

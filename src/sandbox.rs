@@ -108,7 +108,8 @@ pub(crate) fn dropin(s: &Settings, config: &Path) -> (String, Vec<WrittenDir>) {
         "# Written by nodegrace's systemd generator from {} (and config.d): the directories\n\
          # the daemon writes, created and made writable under ProtectSystem=strict. Edit the\n\
          # configuration and run `systemctl daemon-reload`, not this file.\n[Service]\n",
-        config.display()
+        // A line break in the path would end the comment and start a directive.
+        crate::text::escape(&config.display().to_string())
     );
     for (private, mode) in [(true, "0700"), (false, "0755")] {
         let created: Vec<String> = safe
@@ -138,17 +139,17 @@ pub fn generator_command(config: &Path, normal_dir: &Path) -> Result<ExitCode> {
     let settings = match crate::config::load(config) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("nodegrace-generator: not adding directories to the unit: invalid configuration: {e}");
+            crate::cli::print_stderr(&format!("nodegrace-generator: not adding directories to the unit: invalid configuration: {e}"));
             return Ok(ExitCode::SUCCESS);
         }
     };
     let (text, left_out) = dropin(&settings, config);
     for d in &left_out {
-        eprintln!(
+        crate::cli::print_stderr(&format!(
             "nodegrace-generator: {} {} cannot be written into a unit file safely; add it to ReadWritePaths= in a drop-in by hand",
             d.key,
             d.path.display()
-        );
+        ));
     }
     let dir = normal_dir.join("nodegrace.service.d");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -282,6 +283,23 @@ mod tests {
         s.node.renew_credential = false;
         let (text, _) = dropin(&s, Path::new("/c"));
         assert!(!text.contains("/etc/k8s"), "{text}");
+    }
+
+    #[test]
+    fn a_line_break_in_the_config_path_stays_in_the_comment() {
+        let (text, _) = dropin(
+            &settings(),
+            Path::new("/etc/x\nExecStartPre=/bin/evil\n/config.toml"),
+        );
+        assert!(
+            text.lines()
+                .all(|l| !l.starts_with("ExecStartPre=/bin/evil")),
+            "{text}"
+        );
+        assert!(
+            text.contains("/etc/x\\u000aExecStartPre=/bin/evil"),
+            "{text}"
+        );
     }
 
     #[test]

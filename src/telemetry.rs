@@ -49,16 +49,64 @@ pub fn init() -> LogTarget {
                 }
                 return target;
             }
-            Err(e) => eprintln!("nodegrace: journald unavailable ({e}); logging to stderr"),
+            Err(e) => crate::cli::print_stderr(&format!(
+                "nodegrace: journald unavailable ({e}); logging to stderr"
+            )),
         }
     }
     let _ = tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_writer(|| EscapedStderr)
+                .with_ansi(false)
+                // A closed or full stderr loses the record; reporting that on stderr
+                // again would panic.
+                .log_internal_errors(false)
                 .with_filter(filter()),
         )
         .try_init();
     LogTarget::Stderr
+}
+
+/// Stderr for log records: each record is one line, whatever its fields hold (a name
+/// someone else chose): control characters, line breaks included, are escaped but the
+/// record's own final line break.
+struct EscapedStderr;
+
+impl std::io::Write for EscapedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        let (body, end) = match text.strip_suffix('\n') {
+            Some(body) => (body, "\n"),
+            None => (&*text, ""),
+        };
+        let line = format!("{}{end}", crate::text::escape_keeping_tabs(body));
+        std::io::stderr().lock().write_all(line.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().lock().flush()
+    }
+}
+
+/// What commands other than `run` log: warnings and errors, the daemon's own records (a
+/// journal record set aside, a manifest left in place), for the operator at the terminal.
+pub const CLI_FILTER: &str = "warn,kube_client=off,kube_runtime=off";
+
+/// Logging for commands other than `run`: stderr, filtered by `RUST_LOG` (default
+/// [`CLI_FILTER`]), without timestamps. A second call is a no-op.
+pub fn init_cli() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(CLI_FILTER));
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(|| EscapedStderr)
+                .with_ansi(false)
+                .with_target(false)
+                .without_time()
+                .log_internal_errors(false)
+                .with_filter(filter),
+        )
+        .try_init();
 }

@@ -161,3 +161,88 @@ async fn an_unreachable_apiserver_changes_nothing() {
     );
     assert!(!dir.path().join("manifests/etcd.yaml").exists());
 }
+
+/// A journal intent line as a corrupted or hand-edited journal could hold it.
+fn intent_line(file: &str, from: &str, to: &str, bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let sha = digest.as_ref().iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    });
+    format!(
+        "{{\"record\":\"intent\",\"id\":1,\"op\":\"gate\",\"file\":\"{file}\",\"from\":\"{from}\",\"to\":\"{to}\",\"size\":{},\"sha256\":\"{sha}\",\"mode\":384,\"uid\":0,\"gid\":0,\"copy\":false}}\n",
+        bytes.len()
+    )
+}
+
+#[tokio::test]
+async fn journal_records_recovery_cannot_settle_are_set_aside_and_the_rest_restored() {
+    let cluster = FakeCluster::start().await.unwrap();
+    cluster
+        .install_crd(&node_maintenance_crd().unwrap())
+        .unwrap();
+    cluster.add_node(NODE).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let server = cluster.api.kube_config().unwrap().cluster_url.to_string();
+    let config = write_config(dir.path(), server.trim_end_matches('/'));
+    // The recipe: an intent naming the manifest directory as source and destination
+    // of the only copy; then a gated manifest removed by hand after an interrupted move.
+    let apiserver = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-apiserver\n  namespace: kube-system\nspec:\n  containers: []\n";
+    std::fs::write(dir.path().join("manifests/kube-apiserver.yaml"), apiserver).unwrap();
+    let journal = format!(
+        "{}{}{}",
+        intent_line("kube-apiserver.yaml", "manifests", "manifests", apiserver),
+        intent_line("gone.yaml", "manifests", "gate", b"gone"),
+        "{\"record\":\"intent\",\"id\":3,\"from\":\"elsewhere\"}\n",
+    );
+    std::fs::write(dir.path().join("state/static-pods.journal"), journal).unwrap();
+
+    let out = complete(&config).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert_eq!(
+        std::fs::read(dir.path().join("manifests/kube-apiserver.yaml")).unwrap(),
+        apiserver,
+        "the only copy is never removed"
+    );
+    assert!(
+        dir.path().join("manifests/etcd.yaml").exists(),
+        "the other gated manifest is still restored: {stdout}"
+    );
+    assert!(stdout.contains("1 manifest(s) restored"), "{stdout}");
+    assert!(
+        stdout.contains("3 record(s) could not be settled and were set aside"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("gone.yaml"), "{stdout}");
+    assert!(stdout.contains("kube-apiserver.yaml"), "{stdout}");
+    assert!(stdout.contains("put its manifest back"), "{stdout}");
+    // The daemon's log lines reach the operator too.
+    assert!(
+        stderr.contains("ERROR") && stderr.contains("journal record is set aside"),
+        "{stderr}"
+    );
+    let aside =
+        std::fs::read_to_string(dir.path().join("state/static-pods.journal.set-aside")).unwrap();
+    assert_eq!(aside.lines().count(), 3, "{aside}");
+    assert!(
+        aside.contains("\"gone.yaml\"") && aside.contains("elsewhere"),
+        "{aside}"
+    );
+
+    // The set-aside records no longer block anything.
+    let again = complete(&config).await;
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("manifests/kube-apiserver.yaml")).unwrap(),
+        apiserver
+    );
+}

@@ -461,3 +461,90 @@ fn a_fifo_as_status_file_is_not_waited_for() {
         r["budget"]
     );
 }
+
+#[test]
+fn pod_and_node_names_reach_the_terminal_escaped() {
+    let env = Env::new();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "PodList", "items": [{
+        "metadata": {"name": "web\u{1b}[2J\nStep 9 forged", "namespace": "shop\u{202e}",
+            "uid": "u1"},
+        "spec": {"nodeName": "node-a\u{1b}]0;x\u{7}", "priority": 0,
+            "terminationGracePeriodSeconds": 30, "containers": [{"name": "c"}]},
+        "status": {"phase": "Running"}
+    }]});
+    let pods = env.path("pods.json");
+    std::fs::write(&pods, serde_json::to_vec(&list).unwrap()).unwrap();
+    for args in [
+        vec!["plan", "--pods", pods.to_str().unwrap()],
+        vec!["plan", "--pods", pods.to_str().unwrap(), "-o", "json"],
+    ] {
+        let out = env.run(&args);
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+        for text in [&stdout, &stderr] {
+            assert!(
+                !text
+                    .chars()
+                    .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+                "{args:?}: {text:?}"
+            );
+        }
+        assert!(!stdout.lines().any(|l| l.starts_with("Step 9")), "{stdout}");
+        if args.len() == 3 {
+            assert!(
+                stdout.contains("shop\\u202e/web\\u001b[2J\\u000aStep 9 forged"),
+                "{stdout}"
+            );
+            assert!(stdout.contains("node-a\\u001b]0;x\\u0007"), "{stdout}");
+        } else {
+            let r: Value = serde_json::from_str(&stdout).unwrap();
+            assert_eq!(r["node"], "node-a\u{1b}]0;x\u{7}", "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn pods_from_standard_input_with_a_dash() {
+    use std::io::Write;
+    let env = Env::new();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .arg("--config")
+        .arg(env.path("config.toml"))
+        .args(["plan", "--pods", "-", "-o", "json"])
+        .env("NODEGRACE_STATUS_FILE", env.status_file())
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let list = std::fs::read(data("pods-node-a.yaml")).unwrap();
+    child.stdin.take().unwrap().write_all(&list).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let piped: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let from_file = env.json(&["plan", "--pods", &data("pods-node-a.yaml")]);
+    assert_eq!(piped["source"], "stdin");
+    assert_eq!(piped["order"], from_file["order"]);
+    assert!(!piped["order"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn budget_longer_than_the_daemon_can_have_is_a_usage_error() {
+    let env = Env::new();
+    let pods = data("pods-node-a.yaml");
+    let out = env.run(&["plan", "--pods", &pods, "--budget", "25h"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("longer than any shutdown budget"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = env.json(&["plan", "--pods", &pods, "--budget", "24h"]);
+    assert_eq!(r["budget"]["seconds"], 86400.0);
+}

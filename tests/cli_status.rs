@@ -412,3 +412,134 @@ fn a_fifo_or_a_device_in_place_of_a_file_is_reported_at_once() {
     // `status` only reports: nothing is renamed.
     assert!(env.path("state/state.json").is_dir());
 }
+
+#[test]
+fn warnings_the_daemon_would_log_reach_stderr() {
+    let env = Env::new();
+    std::fs::write(env.path("gate/broken.yaml"), b"kind: Deployment\n").unwrap();
+    let out = env.run(&["status"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("WARN")
+            && stderr.contains("does not parse")
+            && stderr.contains("broken.yaml"),
+        "{stderr}"
+    );
+    // RUST_LOG still decides.
+    let quiet = std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .arg("--config")
+        .arg(env.path("config.toml"))
+        .arg("status")
+        .env("NODEGRACE_STATUS_FILE", env.path("status.json"))
+        .env("RUST_LOG", "off")
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&quiet.stderr).contains("does not parse"),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+}
+
+#[test]
+fn strings_from_outside_reach_the_terminal_escaped() {
+    let env = Env::new();
+    // logind's delay-lock holders are chosen by any local user; file names by whoever
+    // wrote them.
+    let forged = "kubelet\u{1b}[2J\u{1b}]0;owned\u{7}\nProtected       yes\u{202e}";
+    let mut status = Status::new();
+    status.pid = std::process::id();
+    status.bus_connected = true;
+    status.inhibitor_held = true;
+    status.kubelet_inhibitor = Some(forged.into());
+    status.enter(Phase::Armed, "inhibitor taken");
+    status.budget = Some(BudgetReport {
+        configured: Duration::from_secs(600),
+        logind_initial: Duration::from_secs(600),
+        logind_effective: Duration::from_secs(600),
+        budget: Duration::from_secs(600),
+        dropin_written: None,
+        reload_requested: false,
+        delay_dropins: vec![DelayDropin {
+            path: env.path("logind.conf.d/10-\u{1b}[31mred\n.conf"),
+            value: "30s".into(),
+            overrides_ours: false,
+        }],
+        error: None,
+    });
+    status.write(&env.path("status.json"));
+    std::fs::write(env.path("gate/\u{1b}[1mbold\u{7f}.yaml"), ETCD_MANIFEST).unwrap();
+    std::fs::write(
+        env.path("gate/x\nProtected: yes\u{1b}[8m.yaml"),
+        b"kind: Nope\n",
+    )
+    .unwrap();
+
+    let out = env.run(&["status"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    for text in [&table, &stderr] {
+        assert!(
+            !text
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{text:?}"
+        );
+    }
+    // The warning about the unparseable file is one log line.
+    assert!(
+        stderr.contains("x\\u000aProtected: yes\\u001b[8m.yaml"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .all(|l| l.trim_start().starts_with("WARN") || l.trim_start().starts_with("ERROR")),
+        "{stderr}"
+    );
+    assert!(
+        !table.lines().any(|l| l.starts_with("Protected       yes")),
+        "no line is forged: {table}"
+    );
+    assert!(
+        table.contains("kubelet\\u001b[2J\\u001b]0;owned\\u0007\\u000aProtected       yes\\u202e"),
+        "{table}"
+    );
+    assert!(table.contains("10-\\u001b[31mred\\u000a.conf"), "{table}");
+    assert!(table.contains("\\u001b[1mbold\\u007f.yaml"), "{table}");
+
+    // The JSON report stays valid and keeps the values as they are.
+    let out = env.run(&["status", "-o", "json"]);
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(!json
+        .chars()
+        .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'));
+    let r: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(r["daemon"]["kubeletInhibitor"], forged, "{json}");
+}
+
+#[test]
+fn files_in_the_gate_that_are_not_manifests_and_set_aside_records_are_shown() {
+    let env = Env::new();
+    std::fs::write(env.path("gate/broken.yaml"), b"kind: Deployment\n").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", env.path("gate/link.yaml")).unwrap();
+    let r = env.json_exiting(3);
+    assert_eq!(r["staticPods"]["gated"], serde_json::json!([]));
+    let others = r["staticPods"]["otherFiles"].as_array().unwrap();
+    assert_eq!(others.len(), 2, "{r}");
+    assert_eq!(r["staticPods"]["setAsideJournal"], Value::Null);
+
+    std::fs::write(
+        env.path("state/static-pods.journal.set-aside"),
+        b"{\"reason\":\"x\"}\n",
+    )
+    .unwrap();
+    let table = env.table_exiting(3);
+    assert!(table.contains("not a manifest  broken.yaml"), "{table}");
+    assert!(table.contains("link.yaml: is a symlink"), "{table}");
+    assert!(
+        table.contains("static-pods.journal.set-aside (check them"),
+        "{table}"
+    );
+}

@@ -6,7 +6,6 @@ mod eviction;
 mod maintenance;
 mod schema;
 
-use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
@@ -127,10 +126,7 @@ pub fn crds_yaml() -> Result<String> {
 /// `nodegrace crds`.
 pub fn crds_command() -> Result<ExitCode> {
     let yaml = crds_yaml()?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(yaml.as_bytes())
-        .and_then(|()| out.flush())
-        .context("writing the CRDs to stdout")?;
+    crate::cli::print_stdout(&yaml)?;
     Ok(ExitCode::SUCCESS)
 }
 

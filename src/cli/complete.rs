@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 
 use super::{kube_client, load_settings, print_stdout, runtime};
 use crate::staticpods::{FsGate, StaticPodGate};
+use crate::text::escape;
 
 const APISERVER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -43,8 +44,45 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
 
     let gate = FsGate::new(&settings.static_pods, &settings.state_dir)
         .context("opening the static pod gate")?;
-    gate.recover()
+    // An interrupted move that cannot be settled must not keep every other manifest gated:
+    // it is reported (and set aside, or left in the journal to retry) and the rest restored.
+    let recovery = gate
+        .recover_report()
         .context("settling interrupted static pod moves")?;
+    let mut attention = false;
+    if !recovery.set_aside.is_empty() {
+        attention = true;
+        out.push_str(&format!(
+            "Static pod journal: {} record(s) could not be settled and were set aside in {} (nothing deleted):\n",
+            recovery.set_aside.len(),
+            gate.set_aside_file().display()
+        ));
+        for p in &recovery.set_aside {
+            out.push_str(&format!(
+                "  {}: {}\n",
+                escape(&p.file_name),
+                escape(&p.reason)
+            ));
+        }
+        out.push_str(
+            "  Check the manifest and gate directories for these files; once they are where they belong, the set-aside file can be deleted.\n",
+        );
+    }
+    if !recovery.unsettled.is_empty() {
+        attention = true;
+        out.push_str(&format!(
+            "Static pod journal: {} interrupted move(s) not settled yet (kept in {}; tried again at the next start or `complete`):\n",
+            recovery.unsettled.len(),
+            gate.journal_file().display()
+        ));
+        for p in &recovery.unsettled {
+            out.push_str(&format!(
+                "  {}: {}\n",
+                escape(&p.file_name),
+                escape(&p.reason)
+            ));
+        }
+    }
     let gated = gate.gated().context("listing gated static pods")?;
     if !others.is_empty() {
         // Another maintenance still drains this node: its drain keeps static pods gated
@@ -55,24 +93,39 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
             others.join(", ")
         ));
         print_stdout(&out)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(exit(attention));
     }
-    let kept = gate.restore_all().context("restoring static pods")?;
-    let restored = gated.len().saturating_sub(kept.len());
+    let restore = gate.restore_report().context("restoring static pods")?;
     out.push_str(&format!(
-        "Static pods: {restored} manifest(s) restored to {}.\n",
+        "Static pods: {} manifest(s) restored to {}.\n",
+        restore.restored.len(),
         settings.static_pods.manifest_dir.display()
     ));
-    for name in &kept {
+    for name in &restore.kept_aside {
         out.push_str(&format!(
-            "  kept in {}: {name} (a file of that name is back in the manifest directory; decide which to keep)\n",
-            settings.static_pods.gate_dir.display()
+            "  kept in {}: {} (a file of that name is back in the manifest directory; decide which to keep)\n",
+            settings.static_pods.gate_dir.display(),
+            escape(name)
         ));
     }
+    for p in &restore.failed {
+        out.push_str(&format!(
+            "  not restored, still in {}: {}: {}\n",
+            settings.static_pods.gate_dir.display(),
+            escape(&p.file_name),
+            escape(&p.reason)
+        ));
+    }
+    attention |= !restore.kept_aside.is_empty() || !restore.failed.is_empty();
     print_stdout(&out)?;
-    Ok(if kept.is_empty() {
-        ExitCode::SUCCESS
-    } else {
+    Ok(exit(attention))
+}
+
+/// Success unless something was left for the operator to decide.
+fn exit(attention: bool) -> ExitCode {
+    if attention {
         ExitCode::from(super::EXIT_FAILURE)
-    })
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -23,7 +23,7 @@ mod status;
 pub use complete::complete_command as complete;
 pub use panics::{exit_code, record_panics};
 
-pub use plan::{parse_pod_list, plan_command as plan, PlanOptions};
+pub use plan::{parse_budget, parse_pod_list, plan_command as plan, PlanOptions};
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.
@@ -42,7 +42,7 @@ pub fn load_settings(
     path: &std::path::Path,
 ) -> Result<crate::config::Settings, std::process::ExitCode> {
     crate::config::load(path).map_err(|err| {
-        eprintln!("nodegrace: invalid configuration: {err}");
+        crate::cli::print_stderr(&format!("nodegrace: invalid configuration: {err}"));
         std::process::ExitCode::from(EXIT_CONFIG)
     })
 }
@@ -59,7 +59,9 @@ pub fn run(config: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     // A directory the sandbox keeps read-only would only fail at the first write, in the
     // middle of a shutdown.
     if let Err(why) = crate::sandbox::check_writable(&settings) {
-        eprintln!("nodegrace: cannot run with this configuration: {why}");
+        crate::cli::print_stderr(&format!(
+            "nodegrace: cannot run with this configuration: {why}"
+        ));
         return Ok(std::process::ExitCode::from(EXIT_CONFIG));
     }
     crate::daemon::run(settings, config, stored_inhibitor)?;
@@ -70,18 +72,23 @@ pub fn run(config: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
 pub fn check_config(path: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     match crate::config::load_report(path) {
         Ok(loaded) => {
-            print!("{}", crate::config::check_config_report(path, &loaded));
+            print_stdout(&crate::config::check_config_report(path, &loaded))?;
             Ok(std::process::ExitCode::SUCCESS)
         }
         Err(err) => {
-            eprintln!("nodegrace: invalid configuration: {err}");
+            crate::cli::print_stderr(&format!("nodegrace: invalid configuration: {err}"));
             Ok(std::process::ExitCode::from(EXIT_CONFIG))
         }
     }
 }
 
-/// Left-aligned columns separated by two spaces; the last column is not padded.
+/// Left-aligned columns separated by two spaces; the last column is not padded. Every
+/// cell is one line: control characters in it (a name someone else chose) are escaped.
 pub fn align(rows: &[Vec<String>]) -> Vec<String> {
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| crate::text::escape(c)).collect())
+        .collect();
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -96,10 +103,8 @@ pub fn align(rows: &[Vec<String>]) -> Vec<String> {
         .map(|row| {
             let mut line = String::new();
             for (c, cell) in row.iter().enumerate() {
-                if c + 1 == row.len() {
-                    line.push_str(cell);
-                } else {
-                    line.push_str(cell);
+                line.push_str(cell);
+                if c + 1 < row.len() {
                     let pad = widths[c] - cell.chars().count() + 2;
                     line.extend(std::iter::repeat_n(' ', pad));
                 }
@@ -139,14 +144,28 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Writes a command's output; a closed pipe (`| head`) is not an error worth a panic.
+/// Writes a command's output, control characters other than line breaks and tabs escaped
+/// (values that may hold a line break are escaped where they are put in). A closed pipe (`| head`) means the reader has what it
+/// wanted; any other failure (`> /dev/full`) is the command's error.
 pub fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
     use std::io::Write;
+    let text = crate::text::escape_keeping_lines(text);
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.map_err(Into::into),
+        r => r.context("writing to stdout"),
     }
+}
+
+/// Writes one line to stderr. When stderr is closed or full there is nowhere left to say
+/// anything, so that error is dropped (`eprintln!` would panic).
+pub fn print_stderr(line: &str) {
+    use std::io::Write;
+    let line = crate::text::escape_keeping_lines(line);
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{line}\n").as_bytes());
 }
 
 #[cfg(test)]

@@ -24,12 +24,14 @@ pub fn exit_code(program: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
     let code = match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("{program}: {err:#}");
+            crate::cli::print_stderr(&format!("{program}: {err:#}"));
             ExitCode::from(EXIT_FAILURE)
         }
     };
     if PANICKED.load(Ordering::SeqCst) {
-        eprintln!("{program}: exiting with an error: it panicked (a bug; the message is above)");
+        crate::cli::print_stderr(&format!(
+            "{program}: exiting with an error: it panicked (a bug; the message is above)"
+        ));
         return ExitCode::from(EXIT_FAILURE);
     }
     code

@@ -38,7 +38,7 @@ pub struct PlanOptions {
 pub(crate) struct PlanReport {
     /// The node planned for; None when the pods come from a file and no node name is known.
     pub node: Option<String>,
-    /// `file:<path>` or `apiserver`.
+    /// `file:<path>`, `stdin` or `apiserver`.
     pub source: String,
     pub budget: BudgetChoice,
     pub reserves: ReservesReport,
@@ -164,14 +164,30 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
     };
     let (node, source, pods, unbound) = match &opts.pods {
         Some(path) => {
-            let bytes = read_regular(path, POD_LIST_LIMIT, Symlinks::Follow)
-                .with_context(|| format!("cannot read pod list {}", path.display()))?;
+            let stdin = path.as_os_str() == "-";
+            let name = if stdin {
+                "standard input".to_string()
+            } else {
+                path.display().to_string()
+            };
+            let bytes = if stdin {
+                read_stdin(POD_LIST_LIMIT)
+                    .context("cannot read the pod list from standard input")?
+            } else {
+                read_regular(path, POD_LIST_LIMIT, Symlinks::Follow)
+                    .with_context(|| format!("cannot read pod list {name}"))?
+            };
             let text = String::from_utf8(bytes)
-                .with_context(|| format!("pod list {} is not UTF-8", path.display()))?;
+                .with_context(|| format!("pod list {name} is not UTF-8"))?;
             let (node, pods, unbound) = parse_pod_list(&text)
                 .and_then(|pods| pods_of_one_node(pods, settings.node_name().ok()))
-                .with_context(|| format!("invalid pod list {}", path.display()))?;
-            (node, format!("file:{}", path.display()), pods, unbound)
+                .with_context(|| format!("invalid pod list {name}"))?;
+            let source = if stdin {
+                "stdin".to_string()
+            } else {
+                format!("file:{name}")
+            };
+            (node, source, pods, unbound)
         }
         None => {
             let node = settings.node_name()?;
@@ -326,6 +342,36 @@ fn pods_of_one_node(
         })
         .collect();
     Ok((Some(node), bound, ignored))
+}
+
+/// At most `limit` bytes of standard input (`kubectl get pods -o yaml | nodegrace plan
+/// --pods -`), the same cap as a pod list file.
+fn read_stdin(limit: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        anyhow::bail!("larger than {limit} bytes, more than such a file can sensibly hold");
+    }
+    Ok(bytes)
+}
+
+/// `--budget`: a duration no longer than any budget the daemon can have (`shutdown.max_delay`
+/// is at most 24 h).
+pub fn parse_budget(s: &str) -> std::result::Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let max = crate::config::MAX_SHUTDOWN_DELAY;
+    if d > max {
+        return Err(format!(
+            "{} is longer than any shutdown budget (shutdown.max_delay is at most {})",
+            human(d),
+            human(max)
+        ));
+    }
+    Ok(d)
 }
 
 /// `--budget`, else the running daemon's effective budget, else `shutdown.max_delay`.
@@ -562,9 +608,10 @@ fn type_name(t: PodType) -> &'static str {
 /// The human form: one header per step with pods, one aligned line per pod.
 pub fn render_table(r: &PlanReport) -> String {
     let mut out = String::new();
-    let node = r.node.as_deref().unwrap_or("(unknown node)");
+    let node = crate::text::escape(r.node.as_deref().unwrap_or("(unknown node)"));
     let source = match r.source.strip_prefix("file:") {
-        Some(path) => format!("pods from {path}"),
+        Some(path) => format!("pods from {}", crate::text::escape(path)),
+        None if r.source == "stdin" => "pods from standard input".to_string(),
         None => "pods from the apiserver".to_string(),
     };
     out.push_str(&format!(

@@ -25,7 +25,7 @@ use crate::plan::{
     BudgetReserves, DrainTargets, PodInfo,
 };
 use crate::state::{OfflineDrain, PodCache, ShutdownState};
-use crate::staticpods::{FsGate, StaticPodGate};
+use crate::staticpods::FsGate;
 
 /// How long the apiserver probe (and each list after it) may take.
 pub(crate) const APISERVER_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -155,7 +155,19 @@ pub(crate) struct StaticPodSection {
     pub manifest_dir: PathBuf,
     pub gate_dir: PathBuf,
     pub gated: Vec<GatedManifest>,
+    /// Files in the gate directory that are not restorable manifests (they do not parse,
+    /// or are symlinks, FIFOs, ...): `complete` leaves them there.
+    pub other_files: Vec<OtherFile>,
+    /// Journal records recovery set aside, when there are any: for the operator to check.
+    pub set_aside_journal: Option<PathBuf>,
     pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct OtherFile {
+    pub file_name: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -213,7 +225,11 @@ pub fn status_command(config: &Path, output: OutputFormat) -> Result<ExitCode> {
         OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
         OutputFormat::Table => render_table(&report) + &protection_line(&protection),
     };
-    super::print_stdout(&text)?;
+    // The exit code answers "is this node protected?" whether or not the report could
+    // be written.
+    if let Err(err) = super::print_stdout(&text) {
+        super::print_stderr(&format!("nodegrace: {err:#}"));
+    }
     let determined = report.daemon.state != "unreadable"
         || report.apiserver.reachable
         || report.last_shutdown.persisted_error.is_none()
@@ -615,24 +631,44 @@ fn own_dropin(dir: &Path) -> Option<PathBuf> {
 
 fn static_pod_section(settings: &Settings) -> StaticPodSection {
     let sp = &settings.static_pods;
-    let gated = FsGate::new(sp, &settings.state_dir).and_then(|gate| gate.gated());
-    let (gated, error) = match gated {
-        Ok(list) => (
-            list.into_iter()
+    let gate = FsGate::new(sp, &settings.state_dir);
+    let scan = gate
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .and_then(|gate| gate.scan(crate::staticpods::Place::Gate));
+    let set_aside_journal = gate
+        .as_ref()
+        .ok()
+        .map(FsGate::set_aside_file)
+        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.len() > 0));
+    let (gated, other_files, error) = match scan {
+        Ok(scan) => (
+            scan.manifests
+                .into_iter()
                 .map(|m| GatedManifest {
                     file_name: m.file_name,
                     namespace: m.namespace,
                     pod_name: m.pod_name,
                 })
                 .collect(),
+            scan.unparseable
+                .into_iter()
+                .chain(scan.refused)
+                .map(|p| OtherFile {
+                    file_name: p.file_name,
+                    reason: p.reason,
+                })
+                .collect(),
             None,
         ),
-        Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        Err(e) => (Vec::new(), Vec::new(), Some(format!("{e:#}"))),
     };
     StaticPodSection {
         manifest_dir: sp.manifest_dir.clone(),
         gate_dir: sp.gate_dir.clone(),
         gated,
+        other_files,
+        set_aside_journal,
         error,
     }
 }
@@ -1001,6 +1037,21 @@ pub fn render_table(r: &StatusReport) -> String {
             ),
         },
     );
+    for o in &s.other_files {
+        row(
+            "  not a manifest",
+            format!("{}: {} (left in the gate directory)", o.file_name, o.reason),
+        );
+    }
+    if let Some(p) = &s.set_aside_journal {
+        row(
+            "  set aside",
+            format!(
+                "journal records recovery could not settle, in {} (check them, then delete the file)",
+                p.display()
+            ),
+        );
+    }
 
     let c = &r.pod_cache;
     row(

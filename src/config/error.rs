@@ -25,8 +25,22 @@ impl ConfigError {
     }
 }
 
+/// Longest message kept whole: an error may quote the offending value, which can be as
+/// long as the file (up to 1 MiB).
+const MESSAGE_MAX_CHARS: usize = 600;
+
 fn one_line(message: &str) -> String {
-    message.split_whitespace().collect::<Vec<_>>().join(" ")
+    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    let chars = line.chars().count();
+    if chars <= MESSAGE_MAX_CHARS {
+        return line;
+    }
+    let head: String = line.chars().take(400).collect();
+    let tail: String = line.chars().skip(chars - 100).collect();
+    format!(
+        "{head} [... {} characters left out ...] {tail}",
+        chars - 500
+    )
 }
 
 impl fmt::Display for ConfigError {
@@ -68,5 +82,33 @@ pub(super) fn located(
         location: offset.map(|offset| line_column(text, offset)),
         key,
         message: one_line(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_quoted_value_is_cut_in_the_middle() {
+        let value = "x".repeat(900_000);
+        let e = ConfigError::file(
+            "/c",
+            format!("invalid duration '{value}', expected e.g. 90s"),
+        );
+        assert!(e.message.len() < 700, "{}", e.message.len());
+        assert!(
+            e.message.starts_with("invalid duration 'xxx"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.ends_with("xx', expected e.g. 90s"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("characters left out"), "{}", e.message);
+        let short = ConfigError::file("/c", "bad\n  value");
+        assert_eq!(short.message, "bad value");
     }
 }

@@ -52,7 +52,8 @@ pub fn load(main: &Path) -> Result<Settings, ConfigError> {
 /// their names after the main file; later files win, tables merge key by key, arrays and
 /// scalars replace. Drop-ins whose names start with `.` or do not end in `.toml` are
 /// skipped; a drop-in that is a symlink or not a regular file is an error. A missing main
-/// file is not an error: the result says so and holds the defaults plus the drop-ins.
+/// file is not an error (a dangling symlink in its place is): the result says so and holds
+/// the defaults plus the drop-ins.
 pub(crate) fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
     let mut fragments = Vec::new();
     // The main file may be a symlink (configuration management often makes it one).
@@ -60,6 +61,13 @@ pub(crate) fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
         Ok(bytes) => {
             fragments.push(fragment_from_bytes(main, bytes)?);
             false
+        }
+        // A symlink to nothing is a configuration that went missing, not no configuration.
+        Err(ReadError::NotFound) if std::fs::symlink_metadata(main).is_ok() => {
+            return Err(ConfigError::file(
+                main,
+                "cannot read: a symlink to a file that does not exist".to_string(),
+            ))
         }
         Err(ReadError::NotFound) => true,
         Err(err) => return Err(ConfigError::file(main, format!("cannot read: {err}"))),
@@ -917,10 +925,76 @@ fn check_reserves(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Co
     ))
 }
 
+/// A label name or the name part of a key: 1 to 63 of `[A-Za-z0-9-_.]`, alphanumeric at
+/// both ends (what the apiserver accepts; a selector on anything else matches no pod).
+fn label_name_ok(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// A DNS subdomain (the prefix of a label key): at most 253 characters, dot-separated
+/// labels of lowercase alphanumerics and `-`, alphanumeric at both ends.
+fn dns_subdomain_ok(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|l| {
+            let b = l.as_bytes();
+            !b.is_empty()
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
+fn label_key_problem(key: &str) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let ok = label_name_ok(name) && prefix.is_none_or(dns_subdomain_ok);
+    (!ok).then(|| {
+        format!(
+            "{:?} is not a label key (an optional DNS subdomain and '/', then 1 to 63 of \
+             A-Z a-z 0-9 - _ . starting and ending with a letter or digit)",
+            crate::text::escape(key)
+        )
+    })
+}
+
+fn label_value_problem(key: &str, value: &str) -> Option<String> {
+    (!value.is_empty() && !label_name_ok(value)).then(|| {
+        format!(
+            "the value of {:?}, {:?}, is not a label value (empty, or 1 to 63 of A-Z a-z 0-9 \
+             - _ . starting and ending with a letter or digit)",
+            crate::text::escape(key),
+            crate::text::escape(value)
+        )
+    })
+}
+
+/// The most `drain.plan` entries: plans have a handful, and the planner's work (at
+/// shutdown too) grows with entries times pods.
+pub(crate) const MAX_PLAN_ENTRIES: usize = 64;
+
 fn drain_plan(
     ctx: &Ctx<'_>,
     plan: &Leaf<Vec<Spanned<RawPlanEntry>>>,
 ) -> Result<Vec<DrainPlanEntrySetting>, ConfigError> {
+    if plan.get().len() > MAX_PLAN_ENTRIES {
+        return Err(ctx.leaf(
+            plan,
+            "drain.plan",
+            &format!(
+                "has {} entries; at most {MAX_PLAN_ENTRIES} are allowed",
+                plan.get().len()
+            ),
+        ));
+    }
     let mut out: Vec<DrainPlanEntrySetting> = Vec::new();
     for (i, entry) in plan.get().iter().enumerate() {
         let key = format!("drain.plan[{i}]");
@@ -942,6 +1016,18 @@ fn drain_plan(
                 .map(|s| s.get_ref().clone())
                 .unwrap_or_default(),
         };
+        if let Some(selector) = &raw.pod_selector {
+            for (k, v) in selector.get_ref() {
+                if let Some(why) = label_key_problem(k).or_else(|| label_value_problem(k, v)) {
+                    return Err(ctx.at(
+                        plan.file,
+                        selector.span(),
+                        &format!("{key}.pod_selector"),
+                        &why,
+                    ));
+                }
+            }
+        }
         if let Some(first) = out.iter().position(|e| *e == setting) {
             return Err(ctx.at(
                 plan.file,

@@ -317,7 +317,7 @@ pub(crate) fn check_config_report(main: &Path, loaded: &Loaded) -> String {
     if loaded.main_missing {
         out.push_str(&format!(
             "# {} does not exist; using the defaults\n",
-            main.display()
+            crate::text::escape(&main.display().to_string())
         ));
     }
     if loaded.files.is_empty() {
@@ -325,7 +325,11 @@ pub(crate) fn check_config_report(main: &Path, loaded: &Loaded) -> String {
     } else {
         out.push_str("# files read, in order (later wins):\n");
         for file in &loaded.files {
-            out.push_str(&format!("#   {}\n", file.display()));
+            // A drop-in's name is whatever its author chose: one line of comment, always.
+            out.push_str(&format!(
+                "#   {}\n",
+                crate::text::escape(&file.display().to_string())
+            ));
         }
     }
     out.push_str("# effective settings:\n");

@@ -796,6 +796,93 @@ fn unreadable_main_file_is_an_error() {
 }
 
 #[test]
+fn a_huge_bad_value_is_not_echoed_whole() {
+    let dir = Dir::new();
+    let value = "9".repeat(900_000);
+    fs::write(
+        dir.main(),
+        format!("[shutdown]\nmax_delay = \"{value}x\"\n"),
+    )
+    .unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert!(e.to_string().len() < 1000, "{} bytes", e.to_string().len());
+    assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
+}
+
+#[test]
+fn pod_selector_labels_are_what_the_apiserver_accepts() {
+    let dir = Dir::new();
+    let with = |selector: &str| {
+        fs::write(
+            dir.main(),
+            format!("[[drain.plan]]\npod_priority = 1\npod_selector = {selector}\n"),
+        )
+        .unwrap();
+        load(&dir.main())
+    };
+    for good in [
+        r#"{ app = "web" }"#,
+        r#"{ "app.kubernetes.io/component" = "front-end_1.2" }"#,
+        r#"{ "example.com/tier" = "" }"#,
+        r#"{ A_b-1 = "x" }"#,
+    ] {
+        assert!(with(good).is_ok(), "{good}: {:?}", with(good));
+    }
+    for bad in [
+        r#"{ "" = "x" }"#,
+        r#"{ "-app" = "x" }"#,
+        r#"{ "app/" = "x" }"#,
+        r#"{ "Example.com/app" = "x" }"#,
+        r#"{ "a/b/c" = "x" }"#,
+        r#"{ "app name" = "x" }"#,
+        r#"{ app = "has space" }"#,
+        r#"{ app = "-leading" }"#,
+    ] {
+        let e = with(bad).unwrap_err();
+        assert_eq!(
+            e.key.as_deref(),
+            Some("drain.plan[0].pod_selector"),
+            "{bad}: {e}"
+        );
+        assert!(e.location.is_some(), "{bad}: {e}");
+        assert!(e.message.contains("label"), "{bad}: {e}");
+    }
+    let long = format!(r#"{{ app = "{}" }}"#, "a".repeat(64));
+    assert!(with(&long).is_err());
+}
+
+#[test]
+fn drain_plan_entries_are_capped() {
+    let entries = |n: usize| {
+        (0..n)
+            .map(|i| format!("[[drain.plan]]\npod_priority = {i}\n"))
+            .collect::<String>()
+    };
+    let dir = Dir::new();
+    fs::write(dir.main(), entries(64)).unwrap();
+    assert_eq!(load(&dir.main()).unwrap().drain.plan.len(), 64);
+    fs::write(dir.main(), entries(65)).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("drain.plan"), "{e}");
+    assert!(e.message.contains("at most 64"), "{e}");
+    assert!(e.location.is_some(), "{e}");
+}
+
+#[test]
+fn a_main_file_symlinked_to_nothing_is_an_error_not_the_defaults() {
+    let dir = Dir::new();
+    std::os::unix::fs::symlink(dir.0.path().join("gone.toml"), dir.main()).unwrap();
+    let e = load(&dir.main()).unwrap_err();
+    assert_eq!(e.file, dir.main());
+    assert!(e.message.contains("symlink"), "{e}");
+    // The symlink to a real file still works.
+    let target = dir.write("real.toml", "[node]\nname = \"x\"\n");
+    fs::remove_file(dir.main()).unwrap();
+    std::os::unix::fs::symlink(&target, dir.main()).unwrap();
+    assert_eq!(load(&dir.main()).unwrap().node.name, "x");
+}
+
+#[test]
 fn non_utf8_file_is_an_error() {
     let dir = Dir::new();
     fs::write(dir.main(), b"state_dir = \"/\xff\"\n").unwrap();
@@ -896,7 +983,11 @@ mod roundtrip {
         let entry = (
             pod_type(),
             any::<i32>(),
-            btree_map("[a-z.]{1,8}/?[a-z]{0,4}", "[ -~]{0,6}", 0..3),
+            btree_map(
+                "([a-z0-9]{1,4}(\\.[a-z0-9]{1,4}){0,2}/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,5}[A-Za-z0-9])?",
+                "([A-Za-z0-9]([A-Za-z0-9._-]{0,4}[A-Za-z0-9])?)?",
+                0..3,
+            ),
         )
             .prop_map(
                 |(pod_type, pod_priority, pod_selector)| DrainPlanEntrySetting {

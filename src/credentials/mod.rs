@@ -50,13 +50,13 @@ pub fn request_command(config: &Path, opts: &RequestOptions) -> Result<ExitCode>
     };
     if let (Some(current), false) = (issue::current(&kubeconfig, &node), opts.force) {
         if current.renew_at() > chrono::Utc::now() {
-            println!(
-                "{} already holds {}, valid until {} (due for renewal from {}); --force requests a new one",
+            let _ = crate::cli::print_stdout(&format!(
+                "{} already holds {}, valid until {} (due for renewal from {}); --force requests a new one\n",
                 kubeconfig.display(),
                 current.identity(),
                 current.not_after.to_rfc3339(),
                 current.renew_at().to_rfc3339()
-            );
+            ));
             return Ok(ExitCode::SUCCESS);
         }
     }
@@ -75,7 +75,7 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
     match identity(&kubelet).await {
         Ok((user, groups)) => match judge(Role::Kubelet, &issue.node, &user, &groups) {
             Finding::Expected => {}
-            Finding::Unusual(w) => eprintln!("nodegrace: warning: {w}"),
+            Finding::Unusual(w) => crate::cli::print_stderr(&format!("nodegrace: warning: {w}")),
             Finding::Unusable(e) => bail!("{e}"),
         },
         Err(kube::Error::Api(s)) if s.code == 401 => {
@@ -91,7 +91,7 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
     let key = issue::pending_key(issue)?;
     let submitted = issue::submit(&kubelet, issue, &key).await?;
     let name = submitted.name().to_owned();
-    eprintln!(
+    crate::cli::print_stderr(&format!(
         "{} CertificateSigningRequest {name} for {} ({}), signer {}; waiting up to {} for its approval:\n  kubectl certificate approve {name}",
         match submitted {
             Submitted::Created(_) => "created",
@@ -101,12 +101,12 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
         crate::cluster::identity::NODEGRACE_GROUP,
         issue::SIGNER,
         human(wait),
-    );
+    ));
     let Some(cert) = issue::wait_issued(&kubelet, issue, &name, Some(wait)).await? else {
-        eprintln!(
+        crate::cli::print_stderr(&format!(
             "nodegrace: CertificateSigningRequest {name} was not approved within {}; it stays pending (the controller-manager removes pending requests after 24 hours). Approve it, then run `nodegrace credentials request` again: it picks up the same request.",
             human(wait)
-        );
+        ));
         return Ok(ExitCode::from(crate::cli::EXIT_FAILURE));
     };
     let info = issue::install(issue, &key, &cert)?;
@@ -117,13 +117,13 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
     if let Finding::Unusable(e) = judge(Role::Nodegrace, &issue.node, &user, &groups) {
         bail!("the new credential does not work: {e}");
     }
-    println!(
-        "wrote {} (mode 0600): {} as the apiserver sees it, certificate valid until {}; the daemon uses it within a minute and renews it from {}",
+    let _ = crate::cli::print_stdout(&format!(
+        "wrote {} (mode 0600): {} as the apiserver sees it, certificate valid until {}; the daemon uses it within a minute and renews it from {}\n",
         issue.kubeconfig.display(),
         user,
         info.not_after.to_rfc3339(),
         info.renew_at().to_rfc3339()
-    );
+    ));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -136,7 +136,9 @@ pub fn approve_command(
         let client =
             crate::cluster::client::build(kubeconfig, "the approver's kubeconfig", TIMEOUTS)
                 .await?;
-        let mut out = |line: &str| println!("{line}");
+        let mut out = |line: &str| {
+            let _ = crate::cli::print_stdout(&format!("{line}\n"));
+        };
         let run = approve::run(client, opts, &mut out);
         if opts.watch {
             tokio::select! {

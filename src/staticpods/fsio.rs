@@ -28,6 +28,15 @@ pub enum Place {
     Gate,
 }
 
+impl Place {
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Place::Manifests => "static pod manifest",
+            Place::Gate => "gate",
+        }
+    }
+}
+
 /// Which directory a primitive step changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StepDir {
@@ -131,11 +140,20 @@ pub(crate) enum Entry {
 
 pub use crate::fsutil::kind_of;
 
+/// The most a file in the manifest or gate directory is read: far more than any pod
+/// manifest, and what `status` and a shutdown can afford per file.
+pub(crate) const MANIFEST_LIMIT: u64 = crate::fsutil::STATE_FILE_LIMIT;
+
+/// The "kind" of a regular file over [`MANIFEST_LIMIT`]: like a FIFO, never read whole,
+/// never moved.
+pub(crate) const TOO_LARGE: &str = "file larger than 8 MiB (no pod manifest is)";
+
 pub(crate) struct DirHandle {
     pub fd: OwnedFd,
     pub path: PathBuf,
     pub place: Place,
     pub dev: u64,
+    pub ino: u64,
 }
 
 impl DirHandle {
@@ -164,7 +182,14 @@ impl DirHandle {
             path: path.to_path_buf(),
             place,
             dev: st.st_dev,
+            ino: st.st_ino,
         })
+    }
+
+    /// Whether both handles are one directory (the same path, a bind mount, a symlinked
+    /// parent), whatever their names say.
+    pub fn same_dir(&self, other: &DirHandle) -> bool {
+        self.dev == other.dev && self.ino == other.ino
     }
 
     pub fn display(&self, name: &str) -> String {
@@ -204,10 +229,18 @@ impl DirHandle {
         if kind_of(&st) != "regular file" {
             return Ok(Entry::Other(kind_of(&st)));
         }
+        let limit = MANIFEST_LIMIT;
+        if u64::try_from(st.st_size).unwrap_or(u64::MAX) > limit {
+            return Ok(Entry::Other(TOO_LARGE));
+        }
         let mut bytes = Vec::with_capacity(usize::try_from(st.st_size).unwrap_or(0));
         File::from(fd)
+            .take(limit + 1)
             .read_to_end(&mut bytes)
             .with_context(|| format!("reading {}", self.display(name)))?;
+        if bytes.len() as u64 > limit {
+            return Ok(Entry::Other(TOO_LARGE));
+        }
         Ok(Entry::Regular(FileData {
             sha256: sha256_hex(&bytes),
             bytes,

@@ -47,14 +47,31 @@ pub(crate) enum Record {
     },
 }
 
+/// What the journal holds.
+#[derive(Debug, Default)]
+pub(crate) struct Contents {
+    pub records: Vec<Record>,
+    /// Lines that are whole but not a record this version writes (hand-edited or
+    /// corrupted): kept for the operator, never acted on.
+    pub unreadable: Vec<Unreadable>,
+    /// Lines that are not blank, torn ones included.
+    pub lines: usize,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Unreadable {
+    pub line: String,
+    pub why: String,
+}
+
 /// Reads the journal. One that is not a regular file or is larger than any journal gets
 /// (it is compacted at every recovery) is renamed out of the way and reported: the gate
 /// then works without it, and settles nothing it cannot see (it never deletes the only
 /// copy of a manifest, with or without a journal).
-pub fn read(path: &Path) -> Result<Vec<Record>> {
+pub(crate) fn read(path: &Path) -> Result<Contents> {
     let text = match read_regular(path, STATE_FILE_LIMIT, Symlinks::Refuse) {
         Ok(b) => b,
-        Err(ReadError::NotFound) => return Ok(Vec::new()),
+        Err(ReadError::NotFound) => return Ok(Contents::default()),
         Err(e) if e.is_bad_file() => {
             let aside = crate::fsutil::set_aside(path)
                 .with_context(|| format!("static pod journal {}: {e}", path.display()))?;
@@ -64,25 +81,84 @@ pub fn read(path: &Path) -> Result<Vec<Record>> {
                 error = %e,
                 "ignoring an unusable static pod journal: renamed it out of the way"
             );
-            return Ok(Vec::new());
+            return Ok(Contents::default());
         }
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let mut records = Vec::new();
+    let mut contents = Contents::default();
     for line in text.split(|b| *b == b'\n') {
         if line.iter().all(|b| b.is_ascii_whitespace()) {
             continue;
         }
+        contents.lines += 1;
         match serde_json::from_slice::<Record>(line) {
-            Ok(r) => records.push(r),
-            Err(e) => tracing::warn!(
+            Ok(r) => contents.records.push(r),
+            // Cut short by a crash while it was written: an intent is synced before its
+            // move starts, so that move never started.
+            Err(e) if e.is_eof() => tracing::warn!(
                 journal = %path.display(),
                 error = %e,
-                "skipping a torn or unreadable journal line"
+                "skipping a torn journal line (its move never started)"
             ),
+            Err(e) => contents.unreadable.push(Unreadable {
+                line: String::from_utf8_lossy(line).into_owned(),
+                why: format!("not a journal record: {e}"),
+            }),
         }
     }
-    Ok(records)
+    Ok(contents)
+}
+
+/// Name of the file, beside the journal, that keeps what recovery set aside.
+pub(crate) fn set_aside_path(journal: &Path) -> std::path::PathBuf {
+    let mut name = journal.as_os_str().to_owned();
+    name.push(".set-aside");
+    name.into()
+}
+
+/// Appends `(journal line, why)` pairs to the set-aside file and syncs it, so that a record
+/// leaves the journal only once the operator can read it there.
+pub(crate) fn set_aside(path: &Path, entries: &[(String, String)]) -> Result<()> {
+    use std::os::fd::AsFd;
+    let existed = path.exists();
+    let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut out = Vec::new();
+    for (line, reason) in entries {
+        let record = serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|_| serde_json::Value::String(line.clone()));
+        serde_json::to_writer(
+            &mut out,
+            &serde_json::json!({"set_aside_at": at, "reason": reason, "record": record}),
+        )
+        .context("encoding a set-aside record")?;
+        out.push(b'\n');
+    }
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let st =
+        nix::sys::stat::fstat(f.as_fd()).with_context(|| format!("stat {}", path.display()))?;
+    if crate::fsutil::kind_of(&st) != "regular file" {
+        anyhow::bail!(
+            "{} is a {}, not a regular file",
+            path.display(),
+            crate::fsutil::kind_of(&st)
+        );
+    }
+    f.write_all(&out)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))?;
+    if !existed {
+        if let Some(dir) = path.parent() {
+            crate::fsutil::fsync_dir(dir)?;
+        }
+    }
+    Ok(())
 }
 
 /// Appends one record. An intent is made durable before returning; a `Done` is not
@@ -185,7 +261,7 @@ mod tests {
             .unwrap();
         append(&p, &Record::Done { id: 1 }).unwrap();
         append(&p, &Record::Intent(intent(3, "b"))).unwrap();
-        let r = read(&p).unwrap();
+        let r = read(&p).unwrap().records;
         assert_eq!(r.len(), 3);
         assert_eq!(pending(&r), vec![intent(3, "b")]);
     }
@@ -195,7 +271,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("j");
         nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        assert_eq!(read(&p).unwrap(), Vec::new());
+        assert!(read(&p).unwrap().records.is_empty());
         assert!(!p.exists());
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()

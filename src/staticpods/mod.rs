@@ -8,7 +8,11 @@
 //! owner and mode, fsync, rename into place without replacing, fsync the directory, unlink
 //! the source, fsync its directory; then append `done`. After a crash, `recover` decides
 //! where each journaled file is by comparing content hashes, removes the redundant copy
-//! and temporaries, and never deletes the only copy of anything.
+//! and temporaries, and never deletes the only copy of anything. A record that names no
+//! possible move (one directory twice, an unreadable line), or whose file is in neither
+//! directory, is set aside (`static-pods.journal.set-aside`, with why) without touching
+//! any file, so that it never keeps the other manifests gated. A manifest is only ever
+//! removed by `remove_duplicate`, which checks that another directory holds its copy.
 //!
 //! Hostile paths: names are single components without a leading dot (what the kubelet
 //! reads); every file is reached through a directory fd with `O_NOFOLLOW` /
@@ -39,7 +43,7 @@ use nix::errno::Errno;
 use crate::config::StaticPodSettings;
 #[cfg(test)]
 use fsio::Hook;
-use fsio::{check_name, temp_name, temp_owner, DirHandle, Entry, FileData, NoHook, Ops};
+use fsio::{check_name, temp_name, temp_owner, DirHandle, Entry, FileData, NoHook, Ops, TOO_LARGE};
 use journal::{Intent, Op, Record};
 
 pub(crate) use fsio::Place;
@@ -145,10 +149,47 @@ pub(crate) enum Settled {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RecoveryReport {
     pub settled: Vec<(String, Settled)>,
-    /// Journal entries that could not be settled; they stay in the journal.
+    /// Journal entries that could not be settled for now (a directory could not be read or
+    /// changed); they stay in the journal and are tried again.
     pub unsettled: Vec<Problem>,
+    /// Journal entries that what is on disk can never settle (an impossible move, a file in
+    /// neither directory, an unreadable line): moved to the set-aside file beside the
+    /// journal, with why and what to do, so they stop blocking everything else. Nothing
+    /// on disk was touched for them.
+    pub set_aside: Vec<Problem>,
     /// Temporaries with no complete copy elsewhere, left in place.
     pub leftover_temporaries: Vec<String>,
+}
+
+/// Why an intent can never be settled from what is on disk; trying again cannot help.
+#[derive(Debug)]
+struct Unsettleable(String);
+
+impl std::fmt::Display for Unsettleable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unsettleable {}
+
+fn unsettleable(why: String) -> anyhow::Error {
+    Unsettleable(why).into()
+}
+
+/// A journaled move is between our two directories, one to the other: anything else comes
+/// from a corrupted or hand-edited journal and is never acted on.
+fn check_intent(intent: &Intent) -> Result<()> {
+    if intent.from == intent.to {
+        return Err(unsettleable(format!(
+            "the journal names the {} directory as both source and destination of {} (no move \
+             does that: a corrupted or hand-edited journal); nothing touched, the file stays \
+             where it is",
+            intent.from.describe(),
+            intent.file
+        )));
+    }
+    check_name(&intent.file).map_err(|e| unsettleable(format!("{e:#}; nothing touched")))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,13 +282,30 @@ impl FsGate {
         self
     }
 
-    #[cfg(test)]
-    pub(crate) fn journal_path(&self) -> &Path {
+    pub fn journal_file(&self) -> &Path {
         &self.journal
     }
 
     pub fn manifest_dir(&self) -> &Path {
         &self.manifest_dir
+    }
+
+    /// Where recovery keeps the journal records it could not settle.
+    pub fn set_aside_file(&self) -> PathBuf {
+        journal::set_aside_path(&self.journal)
+    }
+
+    /// The two directories must be two: through a bind mount or a symlinked parent, two
+    /// names can lead to one directory, where "the copy at the destination" is the source.
+    fn check_distinct(&self, m: &DirHandle, g: &DirHandle) -> Result<()> {
+        if m.same_dir(g) {
+            bail!(
+                "the gate directory {} is the static pod manifest directory {} (the same directory under two names); refused",
+                g.path.display(),
+                m.path.display()
+            );
+        }
+        Ok(())
     }
 
     pub fn gate_dir(&self) -> &Path {
@@ -354,7 +412,11 @@ impl FsGate {
                 Entry::Other("directory") => {}
                 Entry::Other(kind) => scan.refused.push(Problem {
                     file_name: name,
-                    reason: format!("is a {kind}, not a regular file"),
+                    reason: if kind == TOO_LARGE {
+                        format!("is a {kind}; not read")
+                    } else {
+                        format!("is a {kind}, not a regular file")
+                    },
                 }),
                 Entry::Regular(data) => match parse_manifest(&data.bytes) {
                     Ok(p) => scan.manifests.push(StaticManifest {
@@ -407,6 +469,7 @@ impl FsGate {
                 return Ok(report);
             }
         };
+        self.check_distinct(&m, &g)?;
         for name in names {
             if let Ok(Entry::Other("directory")) = g.entry(&name) {
                 continue;
@@ -441,25 +504,57 @@ impl FsGate {
     /// Settles the journal; see `RecoveryReport`.
     pub(crate) fn recover_report(&self) -> Result<RecoveryReport> {
         let _lock = self.lock()?;
-        let records = journal::read(&self.journal)?;
-        let pending = journal::pending(&records);
+        let contents = journal::read(&self.journal)?;
+        let pending = journal::pending(&contents.records);
         let mut report = RecoveryReport::default();
         let m = self.open(Place::Manifests);
         let g = self.open(Place::Gate);
+        if let (Ok(m), Ok(g)) = (&m, &g) {
+            self.check_distinct(m, g)?;
+        }
+        let aside_file = self.set_aside_file();
         let mut unsettled: Vec<Intent> = Vec::new();
+        let mut untouched: Vec<String> = Vec::new();
+        let mut aside: Vec<(String, String)> = Vec::new();
+        for u in &contents.unreadable {
+            tracing::error!(journal = %self.journal.display(), line = %u.line, reason = %u.why,
+                set_aside_in = %aside_file.display(),
+                "unreadable static pod journal line set aside; nothing done for it");
+            report.set_aside.push(Problem {
+                file_name: "(unreadable journal line)".into(),
+                reason: u.why.clone(),
+            });
+            aside.push((u.line.clone(), u.why.clone()));
+        }
         for intent in pending {
             let handle = |p: Place| match p {
                 Place::Manifests => m.as_ref(),
                 Place::Gate => g.as_ref(),
             };
-            let outcome = match (handle(intent.from), handle(intent.to)) {
-                (Ok(src), Ok(dst)) => self.settle(&intent, src, dst),
-                (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
-            };
+            let outcome = check_intent(&intent).and_then(|()| {
+                match (handle(intent.from), handle(intent.to)) {
+                    (Ok(src), Ok(dst)) => self.settle(&intent, src, dst),
+                    (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+                }
+            });
             match outcome {
                 Ok(s) => {
                     tracing::info!(file = %intent.file, outcome = ?s, "settled an interrupted static pod manifest move");
                     report.settled.push((intent.file.clone(), s));
+                }
+                Err(e) if e.downcast_ref::<Unsettleable>().is_some() => {
+                    let reason = format!("{e:#}");
+                    tracing::error!(file = %intent.file, reason = %reason,
+                        set_aside_in = %aside_file.display(),
+                        "an interrupted static pod manifest move cannot be settled: its journal record is set aside; nothing deleted");
+                    let line = serde_json::to_string(&Record::Intent(intent.clone()))
+                        .context("encoding a journal record")?;
+                    aside.push((line, reason.clone()));
+                    untouched.push(intent.file.clone());
+                    report.set_aside.push(Problem {
+                        file_name: intent.file.clone(),
+                        reason,
+                    });
                 }
                 Err(e) => {
                     tracing::error!(file = %intent.file, error = %format!("{e:#}"), "cannot settle an interrupted move; kept in the journal");
@@ -467,14 +562,20 @@ impl FsGate {
                         file_name: intent.file.clone(),
                         reason: format!("{e:#}"),
                     });
+                    untouched.push(intent.file.clone());
                     unsettled.push(intent);
                 }
             }
         }
         for dir in [&m, &g].into_iter().flatten() {
-            self.sweep_temporaries(dir, &m, &g, &unsettled, &mut report)?;
+            self.sweep_temporaries(dir, &m, &g, &untouched, &mut report)?;
         }
-        if !records.is_empty() {
+        if !aside.is_empty() {
+            self.ops
+                .journal_write(|| journal::set_aside(&aside_file, &aside))
+                .context("keeping the records recovery cannot settle")?;
+        }
+        if contents.lines > 0 {
             self.ops
                 .journal_write(|| journal::rewrite(&self.journal, &unsettled))?;
         }
@@ -487,14 +588,14 @@ impl FsGate {
         dir: &DirHandle,
         m: &Result<DirHandle>,
         g: &Result<DirHandle>,
-        unsettled: &[Intent],
+        untouched: &[String],
         report: &mut RecoveryReport,
     ) -> Result<()> {
         for name in dir.names()? {
             let Some(owner) = temp_owner(&name) else {
                 continue;
             };
-            if unsettled.iter().any(|i| i.file == owner) {
+            if untouched.iter().any(|f| f == owner) {
                 continue;
             }
             let Entry::Regular(tmp) = dir.entry(&name)? else {
@@ -526,6 +627,7 @@ impl FsGate {
     /// (so nothing waits for the next start) and the error returned.
     fn move_file(&self, op: Op, src: &DirHandle, dst: &DirHandle, name: &str) -> Result<Moved> {
         check_name(name)?;
+        self.check_distinct(src, dst)?;
         let data = match src.entry(name)? {
             Entry::Absent => bail!("{} does not exist", src.display(name)),
             Entry::Other(kind) => bail!(
@@ -600,7 +702,8 @@ impl FsGate {
                 Err(Errno::EINVAL) => match self.ops.link(src, name, dst, name) {
                     Ok(()) => {
                         self.ops.fsync_dir(dst).with_context(what)?;
-                        self.ops.unlink(src, name).with_context(what)?;
+                        self.remove_duplicate(src, dst, name, &intent.sha256)
+                            .with_context(what)?;
                         self.ops.fsync_dir(src).with_context(what)?;
                         return Ok(Moved::Yes);
                     }
@@ -635,9 +738,43 @@ impl FsGate {
                 dst.path.display()
             ),
         }
-        self.ops.unlink(src, name).with_context(what)?;
+        self.remove_duplicate(src, dst, name, &intent.sha256)
+            .with_context(what)?;
         self.ops.fsync_dir(src).with_context(what)?;
         Ok(Moved::Yes)
+    }
+
+    /// Unlinks manifest `name` from `dir` because `keep`, another directory, holds the same
+    /// content (`sha256`, which the file removed holds too) under the same name: checked
+    /// again right before, since this is the only way a manifest (not a temporary of ours)
+    /// is ever removed.
+    fn remove_duplicate(
+        &self,
+        dir: &DirHandle,
+        keep: &DirHandle,
+        name: &str,
+        sha256: &str,
+    ) -> Result<()> {
+        if dir.same_dir(keep) {
+            return Err(unsettleable(format!(
+                "{} and {} are one directory: {name} is the only copy; nothing touched",
+                dir.path.display(),
+                keep.path.display()
+            )));
+        }
+        let holds = |d: &DirHandle| -> Result<bool> {
+            Ok(matches!(d.entry(name)?, Entry::Regular(f) if f.sha256 == sha256))
+        };
+        if !holds(dir)? || !holds(keep)? {
+            bail!(
+                "not removing {}: it and {} are not the same complete manifest",
+                dir.display(name),
+                keep.display(name)
+            );
+        }
+        self.ops
+            .unlink(dir, name)
+            .with_context(|| format!("removing {}", dir.display(name)))
     }
 
     /// Renames the temporary into place without replacing anything.
@@ -677,7 +814,17 @@ impl FsGate {
     /// settled by running it again. Never removes the only copy of the journaled content.
     fn settle(&self, intent: &Intent, src: &DirHandle, dst: &DirHandle) -> Result<Settled> {
         let name = intent.file.as_str();
-        check_name(name)?;
+        check_intent(intent)?;
+        if src.place != intent.from || dst.place != intent.to {
+            bail!("internal error: settling {name} between the wrong directories");
+        }
+        if src.same_dir(dst) {
+            return Err(unsettleable(format!(
+                "{} and {} are one directory, so the move of {name} cannot be settled; nothing touched",
+                src.path.display(),
+                dst.path.display()
+            )));
+        }
         let tmp = temp_name(name);
         let s = src.entry(name)?;
         let d = dst.entry(name)?;
@@ -688,20 +835,18 @@ impl FsGate {
         if is_ours(&d) {
             if let (Entry::Regular(sf), Entry::Regular(df)) = (&s, &d) {
                 if sf.sha256 == intent.sha256 {
-                    if let Err(e) = self.ops.unlink(src, name) {
+                    if let Err(e) = self.remove_duplicate(src, dst, name, &intent.sha256) {
                         // Source cannot be removed (read-only?): undo our copy instead.
                         if sf.ino != df.ino || src.dev != dst.dev {
-                            tracing::warn!(file = %src.display(name), error = %e, "cannot remove the source; removing the copy instead");
-                            self.ops
-                                .unlink(dst, name)
-                                .with_context(|| format!("removing {}", dst.display(name)))?;
+                            tracing::warn!(file = %src.display(name), error = %format!("{e:#}"), "cannot remove the source; removing the copy instead");
+                            self.remove_duplicate(dst, src, name, &intent.sha256)?;
                             self.ops
                                 .fsync_dir(dst)
                                 .with_context(|| format!("syncing {}", dst.path.display()))?;
                             self.remove_temp(dst, &tmp, &t)?;
                             return Ok(Settled::AtSource);
                         }
-                        return Err(e).with_context(|| format!("removing {}", src.display(name)));
+                        return Err(e);
                     }
                     self.ops
                         .fsync_dir(src)
@@ -735,11 +880,12 @@ impl FsGate {
         }
         if is_ours(&t) {
             if present(&d) {
-                bail!(
-                    "the only complete copy of {name} is {} and {} is taken; left in place",
+                return Err(unsettleable(format!(
+                    "the only complete copy of {name} is {} and {} is taken; both left in place: \
+                     decide which to keep and rename it to {name} by hand",
                     dst.display(&tmp),
                     dst.display(name)
-                );
+                )));
             }
             self.place_temp(dst, &tmp, name)
                 .with_context(|| format!("renaming {} into place", dst.display(&tmp)))?;
@@ -753,12 +899,14 @@ impl FsGate {
             });
         }
         if !present(&s) && !present(&d) {
-            bail!(
-                "{name} (sha256 {}) is in neither {} nor {}; nothing touched",
+            return Err(unsettleable(format!(
+                "{name} (sha256 {}) is in neither {} nor {} (removed by hand?); nothing touched: \
+                 if its pod should run, put its manifest back into {}",
                 intent.sha256,
                 src.path.display(),
-                dst.path.display()
-            );
+                dst.path.display(),
+                self.manifest_dir.display()
+            )));
         }
         // Someone else replaced the file: what is there is theirs, our partial copy is not.
         self.remove_temp(dst, &tmp, &t)?;
@@ -800,6 +948,7 @@ impl StaticPodGate for FsGate {
         check_name(file_name)?;
         let m = self.open(Place::Manifests)?;
         let g = self.open_gate_creating()?;
+        self.check_distinct(&m, &g)?;
         if m.stat(file_name)?.is_none() {
             if let Entry::Regular(_) = g.entry(file_name)? {
                 tracing::debug!(file = %file_name, "already gated");

@@ -105,7 +105,12 @@ impl Fixture {
     }
 
     fn pending_intents(&self) -> usize {
-        journal::pending(&journal::read(&self.state.join(JOURNAL_FILE)).unwrap()).len()
+        journal::pending(
+            &journal::read(&self.state.join(JOURNAL_FILE))
+                .unwrap()
+                .records,
+        )
+        .len()
     }
 }
 
@@ -768,7 +773,7 @@ mod real {
         let gate = f.gate();
         f.write(&f.m, "a.yaml", &pod("a", None, ""), 0o640);
         gate.gate("a.yaml").unwrap();
-        let recs = journal::read(gate.journal_path()).unwrap();
+        let recs = journal::read(gate.journal_file()).unwrap().records;
         assert!(
             recs.iter()
                 .any(|r| matches!(r, journal::Record::Intent(i) if i.copy)),
@@ -881,4 +886,323 @@ fn gating_twice_is_harmless() {
     gate.gate("a.yaml").unwrap();
     assert!(f.g.join("a.yaml").exists());
     assert!(gate.gate("never-existed.yaml").is_err());
+}
+
+/// A journal line as a corrupted or hand-edited journal could hold it.
+fn intent_line(file: &str, from: &str, to: &str, bytes: &[u8]) -> String {
+    format!(
+        "{{\"record\":\"intent\",\"id\":7,\"op\":\"gate\",\"file\":\"{file}\",\"from\":\"{from}\",\"to\":\"{to}\",\"size\":{},\"sha256\":\"{}\",\"mode\":384,\"uid\":0,\"gid\":0,\"copy\":false}}\n",
+        bytes.len(),
+        fsio::sha256_hex(bytes)
+    )
+}
+
+#[test]
+fn an_intent_naming_one_directory_twice_deletes_nothing() {
+    for (dir, from_to) in [(0, "manifests"), (1, "gate")] {
+        let f = Fixture::new();
+        f.write(&f.m, "other.yaml", &pod("other", None, ""), 0o600);
+        f.gate().gate("other.yaml").unwrap();
+        let where_ = if dir == 0 { &f.m } else { &f.g };
+        let body = pod("etcd", Some("kube-system"), "");
+        f.write(where_, "etcd.yaml", &body, 0o600);
+        fs::create_dir_all(&f.state).unwrap();
+        fs::write(
+            f.state.join(JOURNAL_FILE),
+            intent_line("etcd.yaml", from_to, from_to, &body),
+        )
+        .unwrap();
+        let before = f.contents();
+        let _ = f.gate().recover();
+        assert_eq!(f.contents(), before, "{from_to} -> {from_to}");
+        assert_eq!(fs::read(where_.join("etcd.yaml")).unwrap(), body);
+    }
+}
+
+#[test]
+fn two_names_for_one_directory_delete_nothing() {
+    // The gate directory's parent becomes a symlink into the manifest directory's parent
+    // after the gate was set up: both names now lead to one directory.
+    let f = Fixture::new();
+    let root = f.m.parent().unwrap().to_path_buf();
+    let alias = root.join("alias");
+    let settings = StaticPodSettings {
+        manifest_dir: f.m.clone(),
+        gate_dir: alias.join("manifests"),
+    };
+    let gate = FsGate::new(&settings, &f.state).unwrap();
+    std::os::unix::fs::symlink(&root, &alias).unwrap();
+    let body = pod("etcd", Some("kube-system"), "");
+    f.write(&f.m, "etcd.yaml", &body, 0o600);
+    fs::create_dir_all(&f.state).unwrap();
+    fs::write(
+        f.state.join(JOURNAL_FILE),
+        intent_line("etcd.yaml", "manifests", "gate", &body),
+    )
+    .unwrap();
+    let err = gate.recover().unwrap_err();
+    assert!(format!("{err:#}").contains("same directory"), "{err:#}");
+    assert_eq!(fs::read(f.m.join("etcd.yaml")).unwrap(), body);
+    let err = gate.restore_all().unwrap_err();
+    assert!(format!("{err:#}").contains("same directory"), "{err:#}");
+    assert_eq!(fs::read(f.m.join("etcd.yaml")).unwrap(), body);
+}
+
+#[test]
+fn a_stale_intent_is_set_aside_and_everything_else_restored() {
+    let f = Fixture::new();
+    for n in ["a", "b", "c"] {
+        f.write(&f.m, &format!("{n}.yaml"), &pod(n, None, ""), 0o600);
+    }
+    // An interrupted move of b (its intent stays), then b removed by hand from the gate.
+    let crash = TestHook::crash_after(1, false);
+    let gate = f.gate();
+    gate.gate("a.yaml").unwrap();
+    let _ = f.gate_with(crash, false).gate("b.yaml");
+    gate.gate("c.yaml").unwrap();
+    assert_eq!(f.pending_intents(), 1, "setup: b's move was interrupted");
+    // The crash came before the rename: b is still in the manifest directory.
+    fs::remove_file(f.m.join("b.yaml")).unwrap();
+
+    let report = gate.recover_report().unwrap();
+    assert_eq!(report.set_aside.len(), 1, "{report:?}");
+    assert_eq!(report.set_aside[0].file_name, "b.yaml");
+    assert!(
+        report.set_aside[0].reason.contains("in neither"),
+        "{report:?}"
+    );
+    assert!(report.unsettled.is_empty());
+    assert_eq!(f.pending_intents(), 0);
+    let aside = fs::read_to_string(gate.set_aside_file()).unwrap();
+    assert!(
+        aside.contains("\"b.yaml\"") && aside.contains("in neither"),
+        "{aside}"
+    );
+    gate.recover().unwrap();
+    assert!(gate.restore_all().unwrap().is_empty());
+    assert!(f.m.join("a.yaml").exists() && f.m.join("c.yaml").exists());
+    assert_eq!(fs::read_to_string(gate.set_aside_file()).unwrap(), aside);
+}
+
+#[test]
+fn unreadable_journal_lines_are_set_aside_and_torn_ones_skipped() {
+    let f = Fixture::new();
+    let body = pod("a", None, "");
+    f.write(&f.m, "a.yaml", &body, 0o600);
+    fs::create_dir(&f.g).unwrap();
+    fs::set_permissions(&f.g, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir_all(&f.state).unwrap();
+    let good = intent_line("a.yaml", "manifests", "gate", &body);
+    let journal = format!(
+        "{}\n{}{}{}",
+        "{\"record\":\"intent\",\"id\":2,\"op",
+        good.replace("\"gate\",\"size\"", "\"/etc\",\"size\""),
+        "not json at all\n",
+        good,
+    );
+    fs::write(f.state.join(JOURNAL_FILE), journal).unwrap();
+    let gate = f.gate();
+    let report = gate.recover_report().unwrap();
+    assert_eq!(report.set_aside.len(), 2, "{report:?}");
+    assert_eq!(report.settled.len(), 1, "{report:?}");
+    let aside = fs::read_to_string(gate.set_aside_file()).unwrap();
+    assert!(
+        aside.contains("/etc") && aside.contains("not json at all"),
+        "{aside}"
+    );
+    assert!(
+        !aside.contains("\"id\":2"),
+        "a torn line is not set aside: {aside}"
+    );
+    assert_eq!(fs::read(f.m.join("a.yaml")).unwrap(), body);
+    assert_eq!(
+        fs::read_to_string(f.state.join(JOURNAL_FILE)).unwrap(),
+        "",
+        "the journal is compacted"
+    );
+}
+
+/// Where a journaled file is before recovery, relative to its intent's source and
+/// destination (for an intent that names one directory twice or none of ours: the manifest
+/// and gate directories).
+#[derive(Debug, Clone, Copy)]
+enum OnDisk {
+    SourceOnly,
+    DestinationOnly,
+    BothSame,
+    BothDiffering,
+    Neither,
+    /// Only our complete temporary copy, in the destination.
+    TemporaryOnly,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Journaled {
+    Move { restore: bool },
+    MoveDone { restore: bool },
+    SameDirectory { gate: bool },
+    UnknownDirectory,
+    BadSha,
+    Torn(usize),
+    Nothing,
+}
+
+fn on_disk() -> impl Strategy<Value = OnDisk> {
+    prop_oneof![
+        Just(OnDisk::SourceOnly),
+        Just(OnDisk::DestinationOnly),
+        Just(OnDisk::BothSame),
+        Just(OnDisk::BothDiffering),
+        Just(OnDisk::Neither),
+        Just(OnDisk::TemporaryOnly),
+    ]
+}
+
+fn journaled() -> impl Strategy<Value = Journaled> {
+    prop_oneof![
+        any::<bool>().prop_map(|restore| Journaled::Move { restore }),
+        any::<bool>().prop_map(|restore| Journaled::MoveDone { restore }),
+        any::<bool>().prop_map(|gate| Journaled::SameDirectory { gate }),
+        Just(Journaled::UnknownDirectory),
+        Just(Journaled::BadSha),
+        (1usize..200).prop_map(Journaled::Torn),
+        Just(Journaled::Nothing),
+    ]
+}
+
+/// Every regular file's bytes in both directories, temporaries included.
+fn all_bytes(f: &Fixture) -> Vec<Vec<u8>> {
+    f.contents()
+        .into_iter()
+        .map(|(_, _, bytes, _)| bytes)
+        .collect()
+}
+
+fn journal_then_complete(files: &[(OnDisk, Journaled)]) -> std::result::Result<(), TestCaseError> {
+    let f = Fixture::new();
+    fs::create_dir(&f.g).unwrap();
+    fs::set_permissions(&f.g, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir_all(&f.state).unwrap();
+    let mut journal = String::new();
+    let mut impossible = 0;
+    for (i, (disk, journaled)) in files.iter().enumerate() {
+        let name = format!("f{i}.yaml");
+        let ours = pod(&format!("p{i}"), None, "ours");
+        let theirs = pod(&format!("p{i}"), None, "theirs");
+        let (from, to) = match journaled {
+            Journaled::Move { restore: true } | Journaled::MoveDone { restore: true } => {
+                ("gate", "manifests")
+            }
+            Journaled::SameDirectory { gate: true } => ("gate", "gate"),
+            Journaled::SameDirectory { gate: false } => ("manifests", "manifests"),
+            _ => ("manifests", "gate"),
+        };
+        let dir = |p: &str| if p == "gate" { &f.g } else { &f.m };
+        let (src, dst) = if from == to {
+            (&f.m, &f.g)
+        } else {
+            (dir(from), dir(to))
+        };
+        match disk {
+            OnDisk::SourceOnly => f.write(src, &name, &ours, 0o600),
+            OnDisk::DestinationOnly => f.write(dst, &name, &ours, 0o600),
+            OnDisk::BothSame => {
+                f.write(src, &name, &ours, 0o600);
+                f.write(dst, &name, &ours, 0o600);
+            }
+            OnDisk::BothDiffering => {
+                f.write(src, &name, &theirs, 0o600);
+                f.write(dst, &name, &ours, 0o600);
+            }
+            OnDisk::Neither => {}
+            OnDisk::TemporaryOnly => f.write(dst, &format!(".{name}{TEMP_SUFFIX}"), &ours, 0o600),
+        }
+        let line = intent_line(&name, from, to, &ours).replace("\"id\":7", &format!("\"id\":{i}"));
+        match journaled {
+            Journaled::Move { .. } | Journaled::SameDirectory { .. } => journal.push_str(&line),
+            Journaled::MoveDone { .. } => {
+                journal.push_str(&line);
+                journal.push_str(&format!("{{\"record\":\"done\",\"id\":{i}}}\n"));
+            }
+            Journaled::UnknownDirectory => {
+                journal.push_str(&line.replace("\"to\":\"gate\"", "\"to\":\"../etc\""));
+                impossible += 1;
+            }
+            Journaled::BadSha => {
+                journal.push_str(&line.replace("\"sha256\":\"", "\"sha256\":\"00"));
+            }
+            Journaled::Torn(at) => {
+                journal.push_str(&line[..(*at).min(line.len() - 2)]);
+                journal.push('\n');
+            }
+            Journaled::Nothing => {}
+        }
+        if matches!(journaled, Journaled::SameDirectory { .. }) {
+            impossible += 1;
+        }
+    }
+    fs::write(f.state.join(JOURNAL_FILE), &journal).unwrap();
+    let before = all_bytes(&f);
+
+    let gate = f.gate();
+    let recovery = gate
+        .recover_report()
+        .map_err(|e| TestCaseError::fail(format!("recovery failed: {e:#}")))?;
+    prop_assert!(recovery.unsettled.is_empty(), "{:?}", recovery);
+    prop_assert!(recovery.set_aside.len() >= impossible, "{:?}", recovery);
+    let restore = gate
+        .restore_report()
+        .map_err(|e| TestCaseError::fail(format!("restore failed: {e:#}")))?;
+    prop_assert!(restore.failed.is_empty(), "{:?}", restore);
+
+    let after = all_bytes(&f);
+    for bytes in &before {
+        prop_assert!(
+            after.contains(bytes),
+            "lost {:?}\nbefore {:?}\nafter {:?}\njournal {}\n{:?}",
+            String::from_utf8_lossy(bytes),
+            f.contents(),
+            after.len(),
+            journal,
+            recovery
+        );
+    }
+    prop_assert_eq!(f.pending_intents(), 0);
+    let aside = fs::read_to_string(gate.set_aside_file()).unwrap_or_default();
+    prop_assert_eq!(aside.lines().count(), recovery.set_aside.len(), "{}", aside);
+    // Recovery has nothing left to do: running it (and `complete`) again changes nothing.
+    let settled_contents = f.contents();
+    let again = gate.recover_report().unwrap();
+    prop_assert!(again.set_aside.is_empty() && again.unsettled.is_empty());
+    prop_assert_eq!(f.contents(), settled_contents);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn recovery_and_complete_lose_no_manifest_whatever_the_journal_says(
+        files in proptest::collection::vec((on_disk(), journaled()), 1..5),
+    ) {
+        journal_then_complete(&files)?;
+    }
+}
+
+#[test]
+fn a_huge_file_is_never_read_whole_nor_moved() {
+    let f = Fixture::new();
+    f.write(&f.m, "a.yaml", &pod("a", None, ""), 0o600);
+    // Sparse: a gigabyte that costs nothing on disk, and would cost a gigabyte to read.
+    let huge = fs::File::create(f.m.join("huge.yaml")).unwrap();
+    huge.set_len(1 << 30).unwrap();
+    let gate = f.gate();
+    let scan = gate.scan(Place::Manifests).unwrap();
+    assert_eq!(scan.manifests.len(), 1);
+    assert_eq!(scan.refused.len(), 1, "{scan:?}");
+    assert!(scan.refused[0].reason.contains("larger than"), "{scan:?}");
+    assert!(gate.gate("huge.yaml").is_err());
+    gate.gate("a.yaml").unwrap();
+    assert_eq!(fs::metadata(f.m.join("huge.yaml")).unwrap().len(), 1 << 30);
+    assert!(!f.g.join("huge.yaml").exists());
 }

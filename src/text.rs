@@ -1,0 +1,81 @@
+//! Strings that came from outside (API objects, files and their names, logind, certificates)
+//! on their way to a terminal.
+
+use std::borrow::Cow;
+
+/// Control characters (C0, DEL, C1) and the bidirectional overrides and isolates: what can
+/// move the cursor, recolour, clear the screen, start a line that looks like ours, or
+/// reorder what is shown.
+fn is_unsafe(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn escape_where(s: &str, unsafe_char: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !s.chars().any(&unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `s` with every unsafe character written as `\u001b`, which is also how JSON and TOML
+/// strings spell it, so escaped reports stay valid: for one value (a name, a cell).
+pub fn escape(s: &str) -> Cow<'_, str> {
+    escape_where(s, is_unsafe)
+}
+
+/// The same for a whole text whose line breaks and tabs are its own (a report, an error):
+/// they are kept, everything else unsafe is escaped.
+pub fn escape_keeping_lines(s: &str) -> Cow<'_, str> {
+    escape_where(s, |c| c != '\n' && c != '\t' && is_unsafe(c))
+}
+
+/// The same for one line of text that may hold tabs (a log record without its final
+/// line break).
+pub fn escape_keeping_tabs(s: &str) -> Cow<'_, str> {
+    escape_where(s, |c| c != '\t' && is_unsafe(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_and_bidi_characters_are_shown_not_obeyed() {
+        assert_eq!(escape("etcd-node-a"), "etcd-node-a");
+        assert!(matches!(escape("plain"), Cow::Borrowed(_)));
+        assert_eq!(escape("a\u{1b}[2Jb"), "a\\u001b[2Jb");
+        assert_eq!(escape("x\nProtected: yes"), "x\\u000aProtected: yes");
+        assert_eq!(escape("\r\u{7f}\u{9b}"), "\\u000d\\u007f\\u009b");
+        assert_eq!(escape("abc\u{202e}fed"), "abc\\u202efed");
+        assert_eq!(escape("tab\there"), "tab\\u0009here");
+        assert_eq!(escape("日本\u{2069}"), "日本\\u2069");
+    }
+
+    #[test]
+    fn an_escaped_json_report_stays_json_with_the_same_values() {
+        let value = serde_json::json!({"who": "kubelet\u{7f}\u{9b}\u{202e}\\", "why": "a\nb"});
+        let text = serde_json::to_string(&value).unwrap();
+        let shown = escape_keeping_lines(&text);
+        assert!(!shown.chars().any(is_unsafe), "{shown}");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
+            value
+        );
+    }
+
+    #[test]
+    fn whole_texts_keep_their_lines() {
+        assert_eq!(
+            escape_keeping_lines("one\n\ttwo \u{1b}]0;title\u{7}\n"),
+            "one\n\ttwo \\u001b]0;title\\u0007\n"
+        );
+    }
+}
