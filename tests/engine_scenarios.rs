@@ -1152,3 +1152,26 @@ async fn a_label_selected_maintenance_waits_for_every_node_its_labels_select() {
     report_as(&env, "blue-pool", "node-b", 0, "Waiting for blue-pool.").await;
     eventually(10, "p500 evicted", || env.evictions().len() == 2).await;
 }
+
+/// A watch the apiserver keeps refusing backs off (800 ms doubling) instead of trying again
+/// about every second, outside a shutdown: a fleet whose apiserver is away must not hammer it.
+#[tokio::test]
+async fn a_refused_watch_backs_off_outside_a_shutdown() {
+    let env = Env::new(kubelet(100)).await;
+    env.cluster
+        .api
+        .inject_errors(Some("GET"), "/api/v1/pods*", 503, 1000);
+    let _engine = env.engine(env.settings());
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let tries = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods")
+        .count();
+    // 0, then after 0.8-1.2 s, 1.6-2.4 s more, 3.2-4.8 s more: at most 3 in 4.5 s (5 or
+    // more without the back-off growing).
+    assert!(
+        (2..=3).contains(&tries),
+        "{tries} lists of the pods in 4.5 s"
+    );
+}

@@ -6,9 +6,11 @@
 //!   second it is said in the log ([`Change::WentAway`]), then once a minute
 //!   ([`Change::StillAway`]). Shorter ones (one refused request among good ones while an
 //!   apiserver starts) are not worth a warning;
-//! - it ends with the next usable answer ([`Change::CameBack`]): the watches retry at once,
-//!   without the back-off they built up during it, and a shutdown under way splits what is
-//!   left of its budget again over the steps left ([`replan_after`]);
+//! - it ends with the next usable answer ([`Change::CameBack`]). When it lasted a second or
+//!   more ([`worth_acting_on`]) the watches retry at once, without the back-off they built up
+//!   during it, and a shutdown under way splits what is left of its budget again over the
+//!   steps left. A shorter one changes nothing: one resource refused while the rest answers
+//!   would otherwise have its watch retry at every good answer elsewhere;
 //! - a shutdown falls back offline once the apiserver has been unusable for
 //!   `fallback.apiserver_timeout` ([`Reachability::fallback_at`]);
 //! - between tries: [`retry_delay`] (short and capped at about a second while a shutdown
@@ -26,9 +28,9 @@ pub(crate) const REMINDER: Duration = Duration::from_secs(60);
 /// How long an outage lasts before it is said in the log.
 pub(crate) const ANNOUNCE_AFTER: Duration = Duration::from_secs(1);
 
-/// An outage shorter than this leaves a shutdown's schedule as it is: a throttled request or
-/// a restarted watch costs less than the churn of moving every deadline.
-pub(crate) const REPLAN_MIN_LOST: Duration = Duration::from_secs(1);
+/// An outage shorter than this is not acted on: a throttled request or a restarted watch
+/// costs less than the churn of moving every deadline and waking every watch.
+pub(crate) const ACT_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Outage {
@@ -121,9 +123,10 @@ impl Reachability {
     }
 }
 
-/// Whether a shutdown under way splits its budget again after `lost` to an outage.
-pub(crate) fn replan_after(lost: Duration) -> bool {
-    lost >= REPLAN_MIN_LOST
+/// Whether an outage that lost `lost` is acted on when it ends: the watches retry at once
+/// and a shutdown under way splits its budget again.
+pub(crate) fn worth_acting_on(lost: Duration) -> bool {
+    lost >= ACT_AFTER
 }
 
 /// The wait before try `failures + 1` of a failed watch or request. While a shutdown runs the
@@ -242,10 +245,10 @@ mod tests {
     }
 
     #[test]
-    fn only_an_outage_of_a_second_or_more_replans() {
-        assert!(!replan_after(MS(999)));
-        assert!(replan_after(S(1)));
-        assert!(replan_after(S(30)));
+    fn only_an_outage_of_a_second_or_more_is_acted_on() {
+        assert!(!worth_acting_on(MS(999)));
+        assert!(worth_acting_on(S(1)));
+        assert!(worth_acting_on(S(30)));
     }
 
     #[test]

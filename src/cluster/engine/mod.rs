@@ -787,8 +787,8 @@ impl Shared {
         self.epoch.elapsed()
     }
 
-    /// A usable answer. The first after an outage wakes the watches (no back-off inherited
-    /// from the outage) and has a shutdown under way plan the time it lost.
+    /// A usable answer. The first after an outage of a second or more wakes the watches (no
+    /// back-off inherited from the outage) and has a shutdown under way plan the time it lost.
     fn mark_reachable(&self) {
         let change = lock(&self.reach).answered(self.now());
         if let Change::CameBack { lost, said } = change {
@@ -797,8 +797,8 @@ impl Shared {
             } else {
                 tracing::debug!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
             }
-            self.reconnect.send_modify(|g| *g = g.wrapping_add(1));
-            if reachability::replan_after(lost) {
+            if reachability::worth_acting_on(lost) {
+                self.reconnect.send_modify(|g| *g = g.wrapping_add(1));
                 self.replan_shutdown(
                     lost,
                     format!(

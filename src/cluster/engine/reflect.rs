@@ -45,7 +45,8 @@ where
         let mut reconnect = shared.reconnect.subscribe();
         let mut failures = 0u32;
         while let Some(item) = stream.next().await {
-            if item.is_ok() {
+            // Only an answer ends a back-off (`Init` comes before every attempt).
+            if matches!(&item, Ok(e) if !matches!(e, watcher::Event::Init)) {
                 failures = 0;
             }
             let failed = item.is_err();

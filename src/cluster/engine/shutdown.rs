@@ -94,7 +94,7 @@ impl Engine {
         // fallback) comes out of what is left, split over the pods still there; it is not
         // charged to the first band.
         let schedule = split_remaining(req.budget, elapsed, &steps, &reserves);
-        let replanned = reachability::replan_after(elapsed).then(|| Replan {
+        let replanned = reachability::worth_acting_on(elapsed).then(|| Replan {
             at: elapsed,
             lost: elapsed,
             left: req.budget.saturating_sub(elapsed),
