@@ -344,6 +344,11 @@ enum Fault {
     ApiserverAroundTheSignal,
     /// Killed once the first band's evictions were accepted, started again 1 s later.
     ApiserverDuringTheFirstBand,
+    /// Killed once the DaemonSet pod was asked to go, started again 1 s later.
+    ApiserverDuringTheDaemonSetBand,
+    /// Killed once the static pod's manifest left the kubelet's directory (gated), started
+    /// again 1 s later.
+    ApiserverWhileStaticPodsAreGated,
     /// etcd killed once the first band's evictions were accepted, started again 2 s later:
     /// the apiserver stays up and answers errors, or late.
     EtcdDuringTheFirstBand,
@@ -450,6 +455,32 @@ async fn killed_mid_shutdown(outage: Fault) {
                 container.journal_text()
             );
             let _ = container.exec(&["systemctl", "poweroff"]);
+            at
+        }
+        Fault::ApiserverDuringTheDaemonSetBand | Fault::ApiserverWhileStaticPodsAreGated => {
+            let _ = container.exec(&["systemctl", "poweroff"]);
+            if outage == Fault::ApiserverDuringTheDaemonSetBand {
+                f.kubelet
+                    .wait_for(
+                        "the DaemonSet pod asked to go",
+                        Duration::from_secs(60),
+                        |r, _| {
+                            r.iter()
+                                .any(|r| r.name.starts_with("agent-") && r.stop_seen.is_some())
+                        },
+                    )
+                    .await;
+            } else {
+                let manifest = f.node.manifests.join("etcd.yaml");
+                real::wait_until(
+                    "the static pod's manifest gated",
+                    Duration::from_secs(60),
+                    || (!manifest.exists()).then_some(()),
+                );
+            }
+            let at = realk8s::now_unix();
+            f.cp.stop_apiserver();
+            tokio::time::sleep(Duration::from_secs(1)).await;
             at
         }
         Fault::ApiserverDuringTheFirstBand
@@ -664,4 +695,20 @@ async fn dbus_restarted_during_the_first_band_costs_no_pod_its_grace() {
         return;
     }
     killed_mid_shutdown(Fault::DbusRestartedDuringTheFirstBand).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_killed_during_the_daemonset_band_costs_no_pod_its_grace() {
+    if skip("an_apiserver_killed_during_the_daemonset_band_costs_no_pod_its_grace") {
+        return;
+    }
+    killed_mid_shutdown(Fault::ApiserverDuringTheDaemonSetBand).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_killed_while_static_pods_are_gated_costs_no_pod_its_grace() {
+    if skip("an_apiserver_killed_while_static_pods_are_gated_costs_no_pod_its_grace") {
+        return;
+    }
+    killed_mid_shutdown(Fault::ApiserverWhileStaticPodsAreGated).await;
 }
