@@ -262,6 +262,9 @@ async fn poweroff_with_fault(f: &mut Fixture, fault: &str) -> (real::Container, 
         .await
         .expect("up.sh");
     let outage = realk8s::now_unix() - killed;
+    tokio::task::spawn_blocking(move || cp.heal())
+        .await
+        .expect("up.sh");
     c.wait_exit(Duration::from_secs(20 * 60))
         .unwrap_or_else(|| panic!("no poweroff:\n{}", c.journal_text()));
     (c, outage)

@@ -45,7 +45,7 @@ fn wait_pod_cache(f: &Fixture, pods: usize) {
 
 async fn start_apiserver(f: &Fixture) {
     let cp = f.cp;
-    tokio::task::spawn_blocking(move || cp.up())
+    tokio::task::spawn_blocking(move || cp.heal())
         .await
         .expect("up.sh");
 }

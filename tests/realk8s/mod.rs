@@ -142,6 +142,40 @@ impl ControlPlane {
         }
     }
 
+    /// After an outage (apiserver or etcd stopped): up.sh, then waits until the
+    /// controller-manager and the scheduler have renewed their leader leases since. Either may
+    /// exit seconds after the apiserver is back, having lost its lease meanwhile, and nothing
+    /// would start it again: the next test's node would then never lose its not-ready taint.
+    pub fn heal(&self) {
+        self.up();
+        let since = chrono::Utc::now();
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        let renewed = |lease: &str| {
+            let out = self.kubectl(&[
+                "-n",
+                "kube-system",
+                "get",
+                "lease",
+                lease,
+                "-o",
+                "jsonpath={.spec.renewTime}",
+            ]);
+            chrono::DateTime::parse_from_rfc3339(String::from_utf8_lossy(&out.stdout).trim())
+                .is_ok_and(|t| t > since)
+        };
+        loop {
+            self.ensure_running();
+            if renewed("kube-controller-manager") && renewed("kube-scheduler") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the controller-manager or the scheduler did not renew its lease within 90 s of the outage"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.run.join("admin.kubeconfig")
     }
