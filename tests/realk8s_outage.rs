@@ -543,7 +543,7 @@ async fn killed_mid_shutdown(outage: Fault) {
     for r in records
         .iter()
         .filter(|r| {
-            ["web-", "crit-", "agent-"]
+            ["web-", "crit-", "agent-", "etcd-"]
                 .iter()
                 .any(|p| r.name.starts_with(p))
         })
@@ -553,7 +553,8 @@ async fn killed_mid_shutdown(outage: Fault) {
             .gone_at
             .unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
         last_gone = last_gone.max(gone);
-        if r.name.starts_with("agent-") {
+        // The DaemonSet pod is DELETEd, the static pod's mirror goes with its manifest.
+        if r.name.starts_with("agent-") || r.mirror {
             continue;
         }
         let accepted = evictions(&reqs, &r.name)

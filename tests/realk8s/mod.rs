@@ -142,11 +142,18 @@ impl ControlPlane {
         }
     }
 
-    /// After an outage (apiserver or etcd stopped): up.sh, then waits until the
-    /// controller-manager and the scheduler have renewed their leader leases since. Either may
-    /// exit seconds after the apiserver is back, having lost its lease meanwhile, and nothing
-    /// would start it again: the next test's node would then never lose its not-ready taint.
+    /// After an outage (apiserver or etcd stopped): up.sh, the controller-manager and the
+    /// scheduler started anew, and waits until both have taken their leader leases. Left as
+    /// they were, either may exit seconds after the apiserver is back (its lease lost
+    /// meanwhile) with nothing to start it again, or go on with stale informers: the next
+    /// test's node then never loses its not-ready taint.
     pub fn heal(&self) {
+        self.up();
+        // Their informers may stay stale for a minute after the apiserver restarted (every
+        // node update then conflicts: a new node keeps its not-ready taint): fresh ones.
+        for name in ["kube-controller-manager", "kube-scheduler"] {
+            self.kill(name);
+        }
         self.up();
         let since = chrono::Utc::now();
         let deadline = std::time::Instant::now() + Duration::from_secs(90);
