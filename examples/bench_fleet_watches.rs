@@ -27,6 +27,8 @@
 //! BENCH_NODES=1000 BENCH_WAVE=50 cargo run --release --example bench_fleet_watches
 //! ```
 
+#[path = "fleet_engines/mod.rs"]
+mod fleet_engines;
 #[path = "../tests/real/mod.rs"]
 mod real;
 #[path = "../tests/realk8s/mod.rs"]
@@ -216,6 +218,20 @@ async fn main() {
     f.node.boot();
     let pid = f.node.nodegrace_pid();
     tokio::time::sleep(Duration::from_secs(5)).await;
+
+    if std::env::var("BENCH_ENGINES").as_deref() == Ok("1") {
+        let watches = || [counters.now.get(), counters.before.get()];
+        let observer = fleet_engines::Observer {
+            fixture: &f,
+            pid,
+            watches: &watches,
+        };
+        fleet_engines::run(observer, nodes, wave, pods).await;
+        let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+        f.cleanup().await;
+        println!("cleaned up");
+        return;
+    }
 
     let idle_from = realk8s::now_unix();
     let (now0, before0) = (counters.now.get(), counters.before.get());
