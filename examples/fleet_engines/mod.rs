@@ -35,6 +35,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use nodegrace::api::{
+    shutdown_maintenance_name, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION,
+};
 use nodegrace::cluster::client::{build, Clients, Timeouts};
 use nodegrace::config::Settings;
 use nodegrace::daemon::node::{NodeDrainer, NodeParts};
@@ -292,7 +295,7 @@ impl FleetNode {
 
     /// The drain for a reboot, then the reboot: the daemon goes, a new boot starts it again
     /// and it reconciles. Returns the drain's seconds and when it ended (Unix seconds).
-    async fn reboot(&mut self) -> (f64, f64) {
+    async fn reboot(&mut self, admin: &Client) -> (f64, f64) {
         let started = realk8s::now_unix();
         let request = ShutdownRequest {
             kind: ShutdownKind::Reboot,
@@ -311,8 +314,35 @@ impl FleetNode {
         if let Err(e) = self.drainer().after_boot().await {
             eprintln!("{}: after boot: {e:#}", self.name);
         }
+        completed(admin, &self.name).await;
         (drained - started, drained)
     }
+}
+
+/// Waits until the daemon carried out its maintenance's Complete stage: the node
+/// uncordoned, the maintenance's completion finalizer gone.
+async fn completed(admin: &Client, node: &str) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let maintenances: Api<NodeMaintenance> = Api::all(admin.clone());
+    let name = shutdown_maintenance_name(node);
+    for _ in 0..300 {
+        let uncordoned = nodes
+            .get(node)
+            .await
+            .is_ok_and(|n| n.spec.and_then(|s| s.unschedulable) != Some(true));
+        let finished = maintenances.get_opt(&name).await.is_ok_and(|m| {
+            m.is_none_or(|m| {
+                !m.finalizers()
+                    .iter()
+                    .any(|f| f == FINALIZER_MAINTENANCE_COMPLETION)
+            })
+        });
+        if uncordoned && finished {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("{node}: its maintenance did not complete within 60 s");
 }
 
 fn node_object(name: &str) -> Node {
@@ -705,7 +735,8 @@ pub async fn run(observer: Observer<'_>, nodes: usize, wave: usize, pods: usize)
         let before = snap(&fleet);
         let t0 = realk8s::now_unix();
         let results =
-            futures::future::join_all(fleet[members.clone()].iter_mut().map(|n| n.reboot())).await;
+            futures::future::join_all(fleet[members.clone()].iter_mut().map(|n| n.reboot(&admin)))
+                .await;
         let t1 = realk8s::now_unix();
         wave_secs.push(t1 - t0);
         let after = snap(&fleet);
