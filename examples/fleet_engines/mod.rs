@@ -901,6 +901,12 @@ pub async fn run(observer: Observer<'_>, nodes: usize, wave: usize, pods: usize)
         );
     }
 
+    if apiserver_pid(cp) != api_pid {
+        println!(
+            "the apiserver was restarted during the run (another test's outage?): these figures include reconnections"
+        );
+    }
+
     for node in &mut fleet {
         node.drainer = None;
     }
