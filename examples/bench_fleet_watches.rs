@@ -18,6 +18,14 @@
 //! (audit log), its RSS and CPU before and after the fleet's objects exist, and the
 //! apiserver's.
 //!
+//! With `BENCH_ENGINES=1` the other nodes are daemons instead: each runs the daemon's cluster
+//! side in this process with its own identities, a stand-in registers their Nodes and binds
+//! `BENCH_PODS` pods to each, and they reboot in a rolling wave of `BENCH_WAVE` at a time
+//! (drain, restart with a new boot id, complete the maintenance). It prints per node the
+//! watches it holds, the watch events and bytes it receives idle and while the others
+//! reboot, its requests (per pod for its own drain), the memory a daemon adds, the observer's
+//! figures and the apiserver's CPU and RSS (header of `examples/fleet_engines/mod.rs`).
+//!
 //! As root, with the control plane's scripts at `../shared/realk8s` (or
 //! `$NODEGRACE_REALK8S`; started if not running, never stopped):
 //!
@@ -25,8 +33,11 @@
 //! cargo build --release --bin nodegrace    # or set NODEGRACE_TEST_BINARY
 //! cargo run --release --example bench_fleet_watches
 //! BENCH_NODES=1000 BENCH_WAVE=50 cargo run --release --example bench_fleet_watches
+//! BENCH_ENGINES=1 BENCH_NODES=100 BENCH_WAVE=10 BENCH_PODS=5 cargo run --release --example bench_fleet_watches
 //! ```
 
+#[path = "fleet_engines/mod.rs"]
+mod fleet_engines;
 #[path = "../tests/real/mod.rs"]
 mod real;
 #[path = "../tests/realk8s/mod.rs"]
@@ -204,10 +215,17 @@ async fn main() {
     let volumes = env_usize("BENCH_VOLUMES", 10);
     let pods = env_usize("BENCH_PODS", 10);
     let updates = env_usize("BENCH_UPDATES", 3);
-    println!(
-        "fleet: 1 observer node (real daemon) + {nodes} others in waves of {wave}; per other node \
-         {volumes} VolumeAttachments, 1 shutdown maintenance, {pods} EvictionRequests, {updates} updates each"
-    );
+    let engines = std::env::var("BENCH_ENGINES").as_deref() == Ok("1");
+    if engines {
+        println!(
+            "fleet: 1 observer node (real daemon) + {nodes} in-process daemons with {pods} pods each, rebooting {wave} at a time"
+        );
+    } else {
+        println!(
+            "fleet: 1 observer node (real daemon) + {nodes} others in waves of {wave}; per other node \
+             {volumes} VolumeAttachments, 1 shutdown maintenance, {pods} EvictionRequests, {updates} updates each"
+        );
+    }
     let mut f = Fixture::new("ng-fleet").await;
     let admin = f.admin.clone();
     let ns = f.name.clone();
@@ -216,6 +234,20 @@ async fn main() {
     f.node.boot();
     let pid = f.node.nodegrace_pid();
     tokio::time::sleep(Duration::from_secs(5)).await;
+
+    if engines {
+        let watches = || [counters.now.get(), counters.before.get()];
+        let observer = fleet_engines::Observer {
+            fixture: &f,
+            pid,
+            watches: &watches,
+        };
+        fleet_engines::run(observer, nodes, wave, pods).await;
+        let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+        f.cleanup().await;
+        println!("cleaned up");
+        return;
+    }
 
     let idle_from = realk8s::now_unix();
     let (now0, before0) = (counters.now.get(), counters.before.get());
