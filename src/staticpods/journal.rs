@@ -151,6 +151,11 @@ pub(crate) fn set_aside(path: &Path, entries: &[(String, String)]) -> Result<()>
     }
     f.write_all(&out)
         .with_context(|| format!("writing {}", path.display()))?;
+    sync(&f, path, existed)
+}
+
+/// Makes `f` at `path` durable, and its directory entry too when the file is new.
+fn sync(f: &std::fs::File, path: &Path, existed: bool) -> Result<()> {
     f.sync_all()
         .with_context(|| format!("syncing {}", path.display()))?;
     if !existed {
@@ -181,14 +186,7 @@ pub fn append(path: &Path, record: &Record) -> Result<()> {
     if matches!(record, Record::Done { .. }) {
         return Ok(());
     }
-    f.sync_all()
-        .with_context(|| format!("syncing {}", path.display()))?;
-    if !existed {
-        if let Some(dir) = path.parent() {
-            crate::fsutil::fsync_dir(dir)?;
-        }
-    }
-    Ok(())
+    sync(&f, path, existed)
 }
 
 /// Replaces the journal with just `keep` (intents still unsettled).

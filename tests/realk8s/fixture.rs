@@ -68,15 +68,7 @@ impl Fixture {
     /// nodegrace's requests since the fixture was made, under its own identity and (pod
     /// writes) under the kubelet's, which the kubelet stand-in also uses.
     pub fn requests(&self) -> Vec<Request> {
-        let log = self.cp.audit_log();
-        let mut all = audit::requests_of(&log, &self.user(), self.started);
-        all.extend(
-            audit::requests_of(&log, &format!("system:node:{}", self.name), self.started)
-                .into_iter()
-                .filter(|r| r.user_agent.starts_with("nodegrace/")),
-        );
-        all.sort_by(|a, b| a.received.total_cmp(&b.received));
-        all
+        nodegrace_requests(self.cp, &self.name, self.started)
     }
 
     pub async fn cleanup(&self) {
@@ -108,6 +100,20 @@ pub async fn cleanup_node(admin: &Client, name: &str) {
     workload::delete_namespace(admin, name).await;
     let nodes: Api<Node> = Api::all(admin.clone());
     let _ = nodes.delete(name, &DeleteParams::default()).await;
+}
+
+/// nodegrace's requests on node `node` since `since` (Unix seconds), under its own identity
+/// and (pod writes) under the kubelet's, in the order the apiserver received them.
+pub fn nodegrace_requests(cp: &ControlPlane, node: &str, since: f64) -> Vec<Request> {
+    let log = cp.audit_log();
+    let mut all = audit::requests_of(&log, &format!("nodegrace:node:{node}"), since);
+    all.extend(
+        audit::requests_of(&log, &format!("system:node:{node}"), since)
+            .into_iter()
+            .filter(|r| r.user_agent.starts_with("nodegrace/")),
+    );
+    all.sort_by(|a, b| a.received.total_cmp(&b.received));
+    all
 }
 
 /// When logind announced the poweroff, and when nodegrace released its inhibitor.

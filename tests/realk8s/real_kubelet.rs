@@ -539,15 +539,7 @@ impl RealFixture {
 
     /// nodegrace's requests (its own identity, and the kubelet's credential used by it).
     pub fn nodegrace_requests(&self) -> Vec<Request> {
-        let log = self.cp.audit_log();
-        let mut all = audit::requests_of(&log, &self.user(), self.started);
-        all.extend(
-            audit::requests_of(&log, &format!("system:node:{}", self.name), self.started)
-                .into_iter()
-                .filter(|r| r.user_agent.starts_with("nodegrace/")),
-        );
-        all.sort_by(|a, b| a.received.total_cmp(&b.received));
-        all
+        super::fixture::nodegrace_requests(self.cp, &self.name, self.started)
     }
 
     /// The real kubelet's own requests since the fixture began.
