@@ -62,20 +62,24 @@ fn first<'a>(
 }
 
 /// When the kubelet had stopped pod `name`, as the apiserver recorded it: the completion of
-/// its last status write before its DELETE (the pod's terminal status: from then on nothing
-/// of the pod runs, and its DELETE follows once the kubelet has cleaned up); for the mirror
-/// pod of a static pod, whose status it does not write then, the DELETE.
+/// its last status write before its DELETE, if any yet (the pod's terminal status: from then
+/// on nothing of the pod runs, and its DELETE follows once the kubelet has cleaned up); for
+/// the mirror pod of a static pod, whose status it does not write then, the DELETE.
 fn stopped(kubelets: &[Request], name: &str, mirror: &str) -> Option<f64> {
-    let delete = first(kubelets, name, is_pod_delete)?;
+    let delete = first(kubelets, name, is_pod_delete);
     if name == mirror {
-        return Some(delete.completed);
+        return delete.map(|d| d.completed);
     }
+    // Its DELETE may not have been sent yet when the node powered off: nodegrace goes on at
+    // the terminal status, and the kubelet deletes once it has cleaned up.
+    let before = delete.map_or(f64::INFINITY, |d| d.received);
     kubelets
         .iter()
         .filter(|r| r.name == name && r.verb == "patch" && r.subresource == "status")
-        .filter(|r| r.received < delete.received)
+        .filter(|r| r.received < before)
         .map(|r| r.completed)
         .reduce(f64::max)
+        .or(delete.map(|d| d.completed))
 }
 
 fn is_eviction(r: &Request) -> bool {
