@@ -82,6 +82,16 @@ fn stopped(kubelets: &[Request], name: &str, mirror: &str) -> Option<f64> {
         .or(delete.map(|d| d.completed))
 }
 
+/// The Deployments of the real-kubelet tests on `node`: band 0 `web` ×2 and `slow` (ignores
+/// SIGTERM past its 3 s grace period: the kubelet kills it at 3 s), band 1 `crit`.
+async fn two_bands(c: &kube::Client, ns: &str, node: &str) {
+    let real = |app| PodShape::new(app).on_real_kubelet();
+    workload::deployment(c, ns, node, 2, real("web").exits_after_ms(300)).await;
+    workload::deployment(c, ns, node, 1, real("slow").exits_after_ms(60_000).grace(3)).await;
+    let crit = real("crit").priority("system-cluster-critical");
+    workload::deployment(c, ns, node, 1, crit.exits_after_ms(300)).await;
+}
+
 fn is_eviction(r: &Request) -> bool {
     r.verb == "create" && r.resource == "pods" && r.subresource == "eviction" && r.code == 201
 }
@@ -120,26 +130,7 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     let watch = PodWatch::start(c, &ns);
     let real = |app| PodShape::new(app).on_real_kubelet();
-    workload::deployment(c, &ns, &node, 2, real("web").exits_after_ms(300)).await;
-    // Ignores SIGTERM past its 3 s grace period: the kubelet kills it at 3 s.
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        real("slow").exits_after_ms(60_000).grace(3),
-    )
-    .await;
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        real("crit")
-            .priority("system-cluster-critical")
-            .exits_after_ms(300),
-    )
-    .await;
+    two_bands(c, &ns, &node).await;
     workload::daemonset(c, &ns, &node, false, real("agent").exits_after_ms(300)).await;
     workload::static_pod(
         &f.kubelet.manifests(),
@@ -569,26 +560,7 @@ async fn an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_con
     }
     let mut f = RealFixture::new("ng-rkb", "", true).await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    let real = |app| PodShape::new(app).on_real_kubelet();
-    workload::deployment(c, &ns, &node, 2, real("web").exits_after_ms(300)).await;
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        real("slow").exits_after_ms(60_000).grace(3),
-    )
-    .await;
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        real("crit")
-            .priority("system-cluster-critical")
-            .exits_after_ms(300),
-    )
-    .await;
+    two_bands(c, &ns, &node).await;
     let apps = [("web", 2), ("slow", 1), ("crit", 1)];
     let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
     f.node.boot();
@@ -709,20 +681,7 @@ async fn an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_con
     }
     let booted = realk8s::now_unix();
     f.node.boot();
-    let m = wait_maintenance(
-        c,
-        &format!("shutdown-{node}"),
-        "recorded and completed",
-        Duration::from_secs(60),
-        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
-    )
-    .await;
-    let report: Value = serde_json::from_str(
-        m.annotations()
-            .get("nodegrace.dev/fallback-report")
-            .expect("the fallback report"),
-    )
-    .expect("report JSON");
+    let report: Value = completed_with_fallback_report(c, &format!("shutdown-{node}")).await;
     assert_eq!(report["podsStopped"].as_u64(), Some(4), "{report:#}");
     // A moment for any status write nodegrace would make after recording the maintenance.
     tokio::time::sleep(Duration::from_secs(5)).await;

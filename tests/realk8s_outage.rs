@@ -181,20 +181,7 @@ async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
     poweroff_offline_then_reboot(&mut f).await;
 
     let name = format!("shutdown-{node}");
-    let m = wait_maintenance(
-        c,
-        &name,
-        "recorded and completed",
-        Duration::from_secs(60),
-        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
-    )
-    .await;
-    let report: Value = serde_json::from_str(
-        m.annotations()
-            .get("nodegrace.dev/fallback-report")
-            .expect("the fallback report"),
-    )
-    .unwrap();
+    let report: Value = completed_with_fallback_report(c, &name).await;
     let counted = ["podsStopped", "podsNotStopped", "podsNotReached"]
         .iter()
         .map(|k| report[k].as_u64().unwrap_or(0))

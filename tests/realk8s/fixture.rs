@@ -116,6 +116,25 @@ pub fn nodegrace_requests(cp: &ControlPlane, node: &str, since: f64) -> Vec<Requ
     all
 }
 
+/// Waits (60 s) until maintenance `name` is Complete and its finalizer gone; returns the
+/// offline fallback's report it carries.
+pub async fn completed_with_fallback_report(c: &Client, name: &str) -> serde_json::Value {
+    let m = wait_maintenance(
+        c,
+        name,
+        "recorded and completed",
+        Duration::from_secs(60),
+        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+    )
+    .await;
+    serde_json::from_str(
+        m.annotations()
+            .get("nodegrace.dev/fallback-report")
+            .expect("the fallback report"),
+    )
+    .expect("report JSON")
+}
+
 /// When logind announced the poweroff, and when nodegrace released its inhibitor.
 pub fn signal_and_release(c: &real::Container) -> (f64, f64) {
     let logind = c.journal_of("systemd-logind");
