@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::cluster::evict::{backoff, Outcome};
+use crate::cluster::evict::{anyhow_throttled, backoff, Outcome};
 use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
 use crate::metrics::TerminationMethod;
@@ -137,6 +137,7 @@ impl Shared {
         let mut retry_at = |at: Duration| retry = Some(retry.map_or(at, |r| r.min(at)));
         let mut escalations: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut blocked: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        let mut throttled: BTreeMap<(String, Duration), Vec<String>> = BTreeMap::new();
         for (pod, request, m, escalated, result) in results {
             let track = st.tracks.entry(pod.uid.clone()).or_default();
             match result {
@@ -179,6 +180,20 @@ impl Shared {
                     }
                     track.blocked_by = Some(by);
                 }
+                Err(err) if anyhow_throttled(&err).is_some() => {
+                    // The apiserver did not look at the request: the pod is not asked (so
+                    // not escalated for it) and no back-off is earned. The band's retries are
+                    // spread over the wait again, not sent at once into the same throttle.
+                    let wait = anyhow_throttled(&err).unwrap_or(RETRY_AFTER_ERROR);
+                    let delay = wait.mul_f64(1.0 + rand::random::<f64>());
+                    track.last_try = Some((now, delay));
+                    retry_at(now + delay);
+                    self.metrics.api_error("throttled");
+                    if track.throttled == 0 {
+                        throttled.entry((m, wait)).or_default().push(pod.key());
+                    }
+                    track.throttled = track.throttled.saturating_add(1);
+                }
                 Err(err) => {
                     // An answer refusing the request counts as asked; no answer does not.
                     track.asked |= is_api_answer(&err);
@@ -215,6 +230,22 @@ impl Shared {
                 format!(
                     "eviction of {} pod(s) blocked by {by}; retrying with back-off: {}",
                     pods.len(),
+                    listed(&pods)
+                ),
+            );
+        }
+
+        for ((m, wait), pods) in throttled {
+            tracing::warn!(node = %self.node, maintenance = %m, pods = pods.len(), retry_after = ?wait, "the apiserver throttles the drain's requests (429); asking again after its wait");
+            self.event_both(
+                node,
+                maintenance(&m).as_deref(),
+                true,
+                "Throttled",
+                format!(
+                    "the apiserver throttled the requests for {} pod(s) (429 Too Many Requests); asking again after {}: {}",
+                    pods.len(),
+                    humantime::format_duration(wait),
                     listed(&pods)
                 ),
             );

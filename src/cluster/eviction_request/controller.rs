@@ -392,10 +392,12 @@ impl Reconciler {
     }
 
     /// The Eviction API with the pod's UID as precondition; an apiserver refusal other
-    /// than a 429 (e.g. two budgets select the pod) is a failed attempt, not an error.
+    /// than a budget's 429 (e.g. two budgets select the pod) is a failed attempt, not an
+    /// error. Throttling is an error: no attempt was made.
     async fn evict(&self, pods: &Api<Pod>, name: &str, uid: &str) -> Result<EvictionResult> {
         match evict::evict(pods, name, uid, None).await {
             Ok(outcome) => Ok(outcome.into()),
+            Err(err) if evict::anyhow_throttled(&err).is_some() => Err(err),
             Err(err) => match err.downcast_ref::<kube::Error>() {
                 Some(kube::Error::Api(status)) => Ok(EvictionResult::Refused {
                     message: format!("{} ({})", status.message, status.code),
@@ -452,6 +454,15 @@ fn transition_event(transition: &Transition, message: &str) -> Option<Event> {
         action: action.to_owned(),
         secondary: None,
     })
+}
+
+/// When to reconcile a request again after an error: after the apiserver's wait when it
+/// throttled us (spread, so that a band's requests do not come back at once), else 5 s.
+fn retry_after_error(err: &anyhow::Error) -> Duration {
+    match evict::anyhow_throttled(err) {
+        Some(wait) => wait.mul_f64(1.0 + rand::random::<f64>()),
+        None => Duration::from_secs(5),
+    }
 }
 
 /// Events for what went wrong; a successful eviction is no event (one per pod would be
@@ -877,8 +888,9 @@ impl Controller {
                             queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
                         }
                         Err(err) => {
-                            warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), "reconciling EvictionRequest failed; retrying");
-                            queue.set_timer(&key, Some(Instant::now() + Duration::from_secs(5)));
+                            let retry = retry_after_error(&err);
+                            warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), retry_after = ?retry, "reconciling EvictionRequest failed; retrying");
+                            queue.set_timer(&key, Some(Instant::now() + retry));
                         }
                     }
                     if again.remove(&key) {
