@@ -529,6 +529,8 @@ struct DrainState {
     shutdown_replan: Option<(String, Replan)>,
     /// The re-plan last told in an event.
     replan_announced: Option<Replan>,
+    /// Requests in flight at once for a band, narrowed while the apiserver throttles.
+    window: Option<crate::plan::reachability::Window>,
 }
 
 struct MaintView {

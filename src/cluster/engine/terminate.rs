@@ -15,6 +15,7 @@ use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
 use crate::metrics::TerminationMethod;
 use crate::plan::drain::{Action, Decision};
+use crate::plan::reachability::Window;
 use crate::plan::{PodInfo, PodType};
 
 use super::{
@@ -117,7 +118,10 @@ impl Shared {
         }
 
         let terminator = self.terminator.clone();
-        let concurrency = self.settings().drain.max_concurrent_requests.max(1);
+        let max = self.settings().drain.max_concurrent_requests;
+        let window = st.window.get_or_insert_with(|| Window::new(max));
+        window.set_max(max);
+        let concurrency = window.limit();
         let results: Vec<_> = futures::stream::iter(jobs)
             .map(|(pod, object, request, m, escalated)| {
                 let terminator = terminator.clone();
@@ -138,7 +142,13 @@ impl Shared {
         let mut escalations: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut blocked: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
         let mut throttled: BTreeMap<(String, Duration), Vec<String>> = BTreeMap::new();
+        let (mut taken, mut any_throttled) = (0, false);
         for (pod, request, m, escalated, result) in results {
+            match &result {
+                Err(err) if anyhow_throttled(err).is_some() => any_throttled = true,
+                Err(err) if !is_api_answer(err) => {}
+                _ => taken += 1,
+            }
             let track = st.tracks.entry(pod.uid.clone()).or_default();
             match result {
                 Ok(Outcome::Accepted) => {
@@ -205,6 +215,13 @@ impl Shared {
                     track.last_try = Some((now, RETRY_AFTER_ERROR));
                     retry_at(now + RETRY_AFTER_ERROR);
                 }
+            }
+        }
+        if let Some(window) = st.window.as_mut() {
+            if any_throttled {
+                window.throttled();
+            } else {
+                window.taken(taken);
             }
         }
         let maintenance = |name: &str| views.iter().find(|v| v.name == name).map(|v| v.m.clone());

@@ -29,6 +29,7 @@ use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
 use crate::cluster::{api_error_code, evict, Slim, FIELD_MANAGER};
 use crate::config::Settings;
+use crate::plan::reachability::Window;
 
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
 const MAX_ROUNDS: usize = 8;
@@ -805,7 +806,10 @@ impl Controller {
         // Our own latest write per request, until the watch delivers it (events come in
         // resourceVersion order, so anything cached before that is older than the write).
         let mut written: HashMap<Key, EvictionRequest> = HashMap::new();
-        // Requests being reconciled (at most `concurrency`), and those that changed meanwhile.
+        // At most this many reconciled at once: `concurrency`, narrowed while the apiserver
+        // throttles.
+        let mut window = Window::new(concurrency);
+        // Requests being reconciled (within `window`), and those that changed meanwhile.
         let mut running = futures::stream::FuturesUnordered::new();
         let mut in_flight: HashSet<Key> = HashSet::new();
         let mut again: HashSet<Key> = HashSet::new();
@@ -813,7 +817,7 @@ impl Controller {
         let mut awaiting_collector: HashMap<Key, Instant> = HashMap::new();
         info!(node = %this.node, "eviction-request controller started");
         loop {
-            while running.len() < concurrency {
+            while running.len() < window.limit() {
                 let Some(key) = queue.pop() else { break };
                 if in_flight.contains(&key) {
                     again.insert(key);
@@ -882,12 +886,16 @@ impl Controller {
                     awaiting_collector.remove(&key);
                     match result {
                         Ok(done) => {
+                            window.taken(1);
                             if let Some(stored) = done.written {
                                 written.insert(key.clone(), stored);
                             }
                             queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
                         }
                         Err(err) => {
+                            if evict::anyhow_throttled(&err).is_some() {
+                                window.throttled();
+                            }
                             let retry = retry_after_error(&err);
                             warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), retry_after = ?retry, "reconciling EvictionRequest failed; retrying");
                             queue.set_timer(&key, Some(Instant::now() + retry));
@@ -955,7 +963,10 @@ impl Controller {
                             queue.push(key);
                         }
                     }
-                    Some(Message::Concurrency(n)) => concurrency = n,
+                    Some(Message::Concurrency(n)) => {
+                        concurrency = n;
+                        window.set_max(concurrency);
+                    }
                     Some(Message::BackoffMax(cap)) => {
                         reconciler.set_backoff_max(cap);
                         for key in cache.keys() {
