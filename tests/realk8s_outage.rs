@@ -854,3 +854,144 @@ async fn a_throttling_apiserver_costs_no_pod_its_grace() {
     );
     f.cleanup().await;
 }
+
+/// Applies the shipped RBAC again when dropped.
+struct BindingBack(&'static realk8s::ControlPlane);
+
+impl Drop for BindingBack {
+    fn drop(&mut self) {
+        self.0.apply_cluster_side();
+    }
+}
+
+/// Row 6 of the fault table: nodegrace's credential is refused mid-drain (its RBAC binding
+/// deleted once the first band was asked to go). Every request then answers 403: one warning
+/// names the identity and the refused permission in the apiserver's words; after
+/// `fallback.apiserver_timeout` (shipped: 10 s) of refusals the shutdown goes on offline; the
+/// pods already evicted are not asked again, the static manifest is gated, not lost.
+///
+/// RBAC only adds, so the credential is refused by deleting the shipped binding of the
+/// `nodegrace:nodes` group (every node's nodegrace loses it: the tests of this binary run
+/// alone); it is applied again when the test ends, failed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_refused_mid_drain_is_named_and_the_shutdown_goes_on_offline() {
+    if skip("a_credential_refused_mid_drain_is_named_and_the_shutdown_goes_on_offline") {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut f = Fixture::new("ng-rbac").await;
+    f.node.config_dropins.push((
+        "50-budget.toml".into(),
+        format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n"),
+    ));
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(3000)).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        PodShape::new("crit")
+            .priority("system-cluster-critical")
+            .exits_after_ms(500),
+    )
+    .await;
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    let manifest = std::fs::read(f.node.manifests.join("etcd.yaml")).expect("manifest");
+    f.kubelet.wait_running(5).await;
+    f.node.boot();
+    wait_pod_cache(&f, 5);
+
+    let mut container = f.node.container.take().expect("booted");
+    let _ = container.exec(&["systemctl", "poweroff"]);
+    wait_first_band_asked(&f).await;
+    let _restore = BindingBack(f.cp);
+    f.cp.kubectl_ok(&["delete", "clusterrolebinding", "nodegrace-node"]);
+    let revoked = realk8s::now_unix();
+    container
+        .wait_exit(Duration::from_secs(FAULT_BUDGET_SECS + 30))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", container.journal_text()));
+    let (signal, release) = signal_and_release(&container);
+    let journal = container.journal_text();
+    let reqs = f.requests();
+    let context = || {
+        format!(
+            "requests: {:#?}\njournal:\n{journal}",
+            audit::count_by_kind(&reqs)
+        )
+    };
+    let ours = container.journal_of("nodegrace");
+    let user = format!("User \"nodegrace:node:{node}\" cannot");
+    let named: Vec<_> = ours
+        .iter()
+        .filter(|l| {
+            l.contains("the apiserver cannot be used")
+                && l.field("ERROR").is_some_and(|e| e.contains(&user))
+        })
+        .collect();
+    assert!(
+        !named.is_empty(),
+        "no warning names the identity and what it was refused\n{}",
+        context()
+    );
+    let local = ours
+        .iter()
+        .find(|l| l.contains("draining locally"))
+        .unwrap_or_else(|| panic!("the shutdown did not go on offline\n{}", context()));
+    let timeout = 10.0;
+    assert!(
+        local.time - revoked >= timeout - 1.0 && local.time - revoked < timeout + 5.0,
+        "offline {:.1} s after the credential was refused (fallback.apiserver_timeout {timeout} s)\n{}",
+        local.time - revoked,
+        context()
+    );
+    assert!(
+        release - signal < FAULT_BUDGET_SECS as f64,
+        "released {:.1} s after the signal\n{}",
+        release - signal,
+        context()
+    );
+    for r in f
+        .kubelet
+        .records()
+        .iter()
+        .filter(|r| r.name.starts_with("web-"))
+    {
+        let accepted = evictions(&reqs, &r.name)
+            .iter()
+            .filter(|e| e.code == 201)
+            .count();
+        assert_eq!(
+            accepted,
+            1,
+            "{} evicted {accepted} times\n{}",
+            r.key(),
+            context()
+        );
+        assert!(
+            deletes(&reqs, &r.name).is_empty(),
+            "{} deleted\n{}",
+            r.key(),
+            context()
+        );
+    }
+    let gated = f.node.state.join("gated-manifests").join("etcd.yaml");
+    let kept = f.node.manifests.join("etcd.yaml");
+    let copies: Vec<_> = [&gated, &kept]
+        .into_iter()
+        .filter(|p| std::fs::read(p).ok().as_deref() == Some(manifest.as_slice()))
+        .collect();
+    assert_eq!(
+        copies.len(),
+        1,
+        "the static manifest must be in exactly one place, byte for byte: {copies:?}\n{}",
+        context()
+    );
+    eprintln!(
+        "credential refused: signal -> release {:.2} s, refused -> offline {:.2} s; named as: {}",
+        release - signal,
+        local.time - revoked,
+        named[0].field("ERROR").unwrap_or_default()
+    );
+    f.cleanup().await;
+}
