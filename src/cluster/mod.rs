@@ -2,6 +2,7 @@
 //! EvictionRequests, through kube. Every request follows the real apiserver's semantics:
 //! optimistic concurrency on resourceVersion, UID preconditions, 429 back-off.
 
+pub(crate) mod backoff;
 pub mod client;
 pub mod engine;
 pub mod evict;

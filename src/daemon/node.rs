@@ -570,6 +570,7 @@ where
             Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
         let mut controller = controller
             .evicting_with(clients.kubelet.clone())
+            .retrying_as_in_shutdown_when(engine.shutting_down())
             .reporting_blocks_to(engine.eviction_block_sink());
         if let Some(intent) = intent {
             controller = controller.reasserting(intent);

@@ -229,7 +229,7 @@ struct Shared {
     reconnect: watch::Sender<u64>,
     /// A shutdown drain runs (from its first request, before its schedule exists): failed
     /// watches try again at most about a second apart.
-    shutting_down: std::sync::atomic::AtomicBool,
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
     shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
     /// The shutdown maintenance as its create (or adoption) returned it, and when.
     created_maintenance: Mutex<Option<(Arc<NodeMaintenance>, Instant)>>,
@@ -613,7 +613,7 @@ impl Engine {
             endpoint: opts.endpoint,
             reach: Mutex::new(Reachability::default()),
             reconnect: watch::channel(0u64).0,
-            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             shutdown: Mutex::new(None),
             created_maintenance: Mutex::new(None),
             progress,
@@ -680,6 +680,12 @@ impl Engine {
     /// pod cache: one watch of the node's pods serves both).
     pub(crate) fn pod_store(&self) -> Store<Pod> {
         self.shared.pods.clone()
+    }
+
+    /// True while a shutdown drain runs (the eviction-request controller's watches retry
+    /// faster then).
+    pub(crate) fn shutting_down(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.shared.shutting_down.clone()
     }
 
     /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under

@@ -7,6 +7,7 @@
 //! node.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use tracing::{debug, info, warn};
 use super::decide::{self, Action, EvictionResult, Inputs, Release, Transition};
 use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
+use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::{api_error_code, evict, Slim, FIELD_MANAGER};
 use crate::config::Settings;
 use crate::plan::reachability::Window;
@@ -588,6 +590,8 @@ pub struct Controller {
     reconciler: Reconciler,
     concurrency: usize,
     rx: mpsc::UnboundedReceiver<Message>,
+    /// The engine's: true while a shutdown drain runs (watches retry faster then).
+    shutting_down: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -651,6 +655,12 @@ impl Controller {
         self
     }
 
+    /// Retries its watches as the engine does while `shutting_down` (the engine's flag).
+    pub(crate) fn retrying_as_in_shutdown_when(mut self, shutting_down: Arc<AtomicBool>) -> Self {
+        self.shutting_down = shutting_down;
+        self
+    }
+
     /// Reports what blocks each pod's eviction to `sink` (the drain engine).
     pub(crate) fn reporting_blocks_to(mut self, sink: BlockSink) -> Self {
         self.reconciler.blocks = Some(sink);
@@ -674,6 +684,7 @@ impl Controller {
                 reconciler,
                 concurrency: config.concurrency.max(1),
                 rx,
+                shutting_down: Arc::new(AtomicBool::new(false)),
             },
             ControllerHandle { tx },
         )
@@ -775,6 +786,7 @@ impl Controller {
             reconciler,
             mut concurrency,
             rx,
+            shutting_down,
         } = self;
         // A request whose pod is not in a synced cache is complete: wait for the sync.
         tokio::select! {
@@ -791,7 +803,7 @@ impl Controller {
                 watcher(api.clone(), watcher::Config::default().labels(&selector))
                     .modify(EvictionRequest::slim),
             )
-            .default_backoff();
+            .backoff(WatchBackoff::new(shutting_down.clone()));
             (cache, events)
         };
         let (ours, ours_events) = watch(format!("{NODE_LABEL}={}", this.node));
