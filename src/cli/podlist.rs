@@ -387,3 +387,106 @@ impl<'de> Deserialize<'de> for Items {
         d.deserialize_any(V)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PodType;
+
+    const JSON: &str = r#"{"apiVersion":"v1","items":[
+      {"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-1","namespace":"shop","uid":"u1",
+        "labels":{"app":"web","tier":"front","pod-template-hash":"abc"},
+        "annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{\"big\":true}"},
+        "managedFields":[{"manager":"kubectl","fieldsV1":{"f:metadata":{}}}],
+        "ownerReferences":[{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"web","uid":"r","controller":true}]},
+       "spec":{"containers":[{"name":"web","image":"nginx","env":[{"name":"A","value":"b"}]}],
+        "nodeName":"node-a","priority":100,"terminationGracePeriodSeconds":45},
+       "status":{"phase":"Running","podIP":"10.0.0.1"}},
+      {"apiVersion":"v1","kind":"Pod","metadata":{"name":"agent","namespace":"kube-system",
+        "deletionTimestamp":"2026-11-24T05:00:00Z",
+        "ownerReferences":[{"apiVersion":"apps/v1","kind":"DaemonSet","name":"agent","uid":"d","controller":true}]},
+       "spec":{"nodeName":"node-a"},"status":{"phase":"Running"}},
+      {"apiVersion":"v1","kind":"Pod","metadata":{"name":"etcd-node-a","namespace":"kube-system",
+        "annotations":{"kubernetes.io/config.mirror":"h1","kubernetes.io/config.source":"file","other":"x"}},
+       "spec":{"nodeName":"node-a","priority":2000001000},"status":{"phase":"Succeeded"}}
+    ],"kind":"List","metadata":{"resourceVersion":""}}"#;
+
+    #[test]
+    fn a_list_is_read_as_the_planner_reads_it() {
+        let only_tier = LabelKeys::Only(["tier".to_string()].into());
+        let pods = parse_pod_list(JSON, &only_tier).expect("parses");
+        assert_eq!(pods.len(), 3);
+        let web = &pods[0];
+        assert_eq!(web.info.key(), "shop/web-1");
+        assert_eq!(web.info.uid, "u1");
+        assert_eq!(web.info.priority, 100);
+        assert_eq!(web.info.termination_grace_period_seconds, 45);
+        assert_eq!(web.info.pod_type, PodType::Default);
+        assert_eq!(
+            web.info.labels,
+            BTreeMap::from([("tier".to_string(), "front".to_string())])
+        );
+        assert_eq!(web.node_name.as_deref(), Some("node-a"));
+        assert_eq!(web.phase.as_deref(), Some("Running"));
+        assert_eq!(pods[1].info.pod_type, PodType::DaemonSet);
+        assert!(pods[1].info.terminating);
+        assert_eq!(pods[1].info.termination_grace_period_seconds, 30);
+        assert_eq!(pods[2].info.pod_type, PodType::Static);
+        assert_eq!(pods[2].info.static_hash.as_deref(), Some("h1"));
+        assert!(pods[2].info.terminal);
+
+        let all = parse_pod_list(JSON, &LabelKeys::All).expect("parses");
+        assert_eq!(all[0].info.labels.len(), 3);
+    }
+
+    #[test]
+    fn a_pod_read_from_a_list_is_the_pod_the_apiserver_would_give() {
+        let value: serde_json::Value = serde_json::from_str(JSON).expect("JSON");
+        let yaml = serde_yaml::to_string(&value).expect("YAML");
+        for text in [JSON, yaml.as_str()] {
+            let listed = parse_pod_list(text, &LabelKeys::All).expect("parses");
+            for (i, item) in value["items"].as_array().expect("items").iter().enumerate() {
+                let pod: Pod = serde_json::from_value(item.clone()).expect("a pod");
+                assert_eq!(listed[i], ListedPod::from_pod(&pod).expect("classifies"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_list_of_more_pods_than_a_plan_is_made_for_is_refused() {
+        let list = |n: usize| {
+            let items = vec![r#"{"metadata":{"name":"p"}}"#; n].join(",");
+            format!(r#"{{"kind":"PodList","items":[{items}]}}"#)
+        };
+        assert_eq!(
+            parse_pod_list(&list(MAX_PODS), &LabelKeys::All)
+                .expect("at the cap")
+                .len(),
+            MAX_PODS
+        );
+        let err = format!(
+            "{:#}",
+            parse_pod_list(&list(MAX_PODS + 1), &LabelKeys::All).expect_err("over the cap")
+        );
+        assert!(err.contains("more than 100000 items"), "{err}");
+        let err = format!(
+            "{:#}",
+            parse_pod_list(&format!("{}\n{}", list(MAX_PODS), list(1)), &LabelKeys::All)
+                .expect_err("over the cap")
+        );
+        assert!(err.contains("more than 100000 pods"), "{err}");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_taken_for_content() {
+        for text in ["\u{feff}{\"kind\":\"Pod\",\"metadata\":{\"name\":\"a\"}}", "\u{feff}kind: Pod\nmetadata: {name: a}\n"] {
+            let pods = parse_pod_list(text, &LabelKeys::All).expect("parses");
+            assert_eq!(pods[0].info.key(), "default/a");
+        }
+        let err = format!(
+            "{:#}",
+            parse_pod_list("\u{feff}{\"kind\":\"Pod\"", &LabelKeys::All).expect_err("cut short")
+        );
+        assert!(err.starts_with("JSON value 1: EOF while parsing"), "{err}");
+    }
+}
