@@ -236,7 +236,7 @@ async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<ListedPod>> {
         // One line: the cause, then the offline way.
         Err(e) => bail!(
             "cannot list the pods of node {node} from the apiserver: {}; use --pods FILE (kubectl get pods -o yaml output) to plan offline",
-            format!("{e:#}").replace('\n', " ")
+            crate::cluster::error_text(&e)
         ),
     }
 }

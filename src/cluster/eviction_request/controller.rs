@@ -877,7 +877,7 @@ impl Controller {
                             queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
                         }
                         Err(err) => {
-                            warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), "reconciling EvictionRequest failed; retrying");
+                            warn!(request = %format!("{}/{}", key.0, key.1), error = crate::cluster::error_text(&err), "reconciling EvictionRequest failed; retrying");
                             queue.set_timer(&key, Some(Instant::now() + Duration::from_secs(5)));
                         }
                     }
