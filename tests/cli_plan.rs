@@ -373,6 +373,19 @@ fn malformed_pod_files_fail_with_one_clear_line() {
             "terminationGracePeriodSeconds is negative",
         ],
     );
+    let long = env.dir.path().join("long.yaml");
+    let value = "x".repeat(900_000);
+    std::fs::write(
+        &long,
+        format!("kind: Pod\nmetadata: {{name: a}}\nspec:\n  priority: \"{value}\"\n"),
+    )
+    .unwrap();
+    let out = env.run(&["plan", "--pods", long.to_str().unwrap()]);
+    assert_one_line_error(
+        &out,
+        &["long.yaml", "spec.priority: invalid type: string", "characters left out", "line 4 column 13"],
+    );
+    assert!(out.stderr.len() < 1000, "{} bytes", out.stderr.len());
     let nameless = env.dir.path().join("nameless.json");
     std::fs::write(
         &nameless,

@@ -23,7 +23,8 @@ pub use terminate::{EvictionApi, PodTerminator, Request};
 /// Field manager for writes that are not per-node server-side applies.
 pub(crate) const FIELD_MANAGER: &str = "nodegrace";
 
-/// An error and its causes on one line, as `{:#}` writes them, except that an apiserver's
+/// An error and its causes on one line, as `{:#}` writes them (each clipped to a few hundred
+/// characters: one may quote a whole value of a file), except that an apiserver's
 /// Status reads `HTTP 500 (InternalError): message` rather than kube's text for it (which
 /// repeats the Status as a Rust debug dump, and is `: InternalError` for an empty message).
 pub(crate) fn error_text(err: &anyhow::Error) -> String {
@@ -35,7 +36,7 @@ pub(crate) fn error_text(err: &anyhow::Error) -> String {
             // Its source is the same Status.
             causes.next();
         } else {
-            parts.push(cause.to_string());
+            parts.push(crate::text::clip(&cause.to_string()).into_owned());
         }
     }
     parts.join(": ").replace('\n', " ")
