@@ -46,7 +46,12 @@ fn main() -> anyhow::Result<()> {
         let (pods, pad, config, what) = match case {
             "10k" => (10_000, 0, &plain, "1 plan entry"),
             "100k" => (100_000, 0, &plain, "1 plan entry"),
-            "max" => (100_000, usize::MAX, &full, "64 plan entries, a selector each"),
+            "max" => (
+                100_000,
+                usize::MAX,
+                &full,
+                "64 plan entries, a selector each",
+            ),
             other => anyhow::bail!("unknown case {other}: 10k, 100k or max"),
         };
         for format in [Format::Json, Format::Yaml] {
@@ -194,7 +199,10 @@ fn run(bin: &Path, config: &Path, pods: &Path) -> anyhow::Result<(f64, i64, Stri
         .arg(config)
         .args(["plan", "--budget", "1h", "--pods"])
         .arg(pods)
-        .env("NODEGRACE_STATUS_FILE", config.with_file_name("status.json"))
+        .env(
+            "NODEGRACE_STATUS_FILE",
+            config.with_file_name("status.json"),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
@@ -221,7 +229,12 @@ fn run(bin: &Path, config: &Path, pods: &Path) -> anyhow::Result<(f64, i64, Stri
     } else {
         format!(
             " - FAILED ({status}): {}",
-            err.lines().last().unwrap_or("").chars().take(200).collect::<String>()
+            err.lines()
+                .last()
+                .unwrap_or("")
+                .chars()
+                .take(200)
+                .collect::<String>()
         )
     };
     Ok((secs, usage.ru_maxrss, note))

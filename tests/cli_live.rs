@@ -220,7 +220,10 @@ fn an_apiserver_error_without_a_message_reads_as_its_code_and_reason() {
         err.contains("cannot list the pods of node node-a from the apiserver: HTTP 500 (InternalError); use --pods FILE"),
         "{err}"
     );
-    assert!(!err.contains("Status {") && !err.contains("ApiError"), "{err}");
+    assert!(
+        !err.contains("Status {") && !err.contains("ApiError"),
+        "{err}"
+    );
 }
 
 #[test]

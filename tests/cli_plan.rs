@@ -383,7 +383,12 @@ fn malformed_pod_files_fail_with_one_clear_line() {
     let out = env.run(&["plan", "--pods", long.to_str().unwrap()]);
     assert_one_line_error(
         &out,
-        &["long.yaml", "spec.priority: invalid type: string", "characters left out", "line 4 column 13"],
+        &[
+            "long.yaml",
+            "spec.priority: invalid type: string",
+            "characters left out",
+            "line 4 column 13",
+        ],
     );
     assert!(out.stderr.len() < 1000, "{} bytes", out.stderr.len());
     let nameless = env.dir.path().join("nameless.json");
@@ -394,7 +399,12 @@ fn malformed_pod_files_fail_with_one_clear_line() {
     .unwrap();
     assert_one_line_error(
         &env.run(&["plan", "--pods", nameless.to_str().unwrap()]),
-        &["invalid pod list", "nameless.json", "items[1]", "no metadata.name"],
+        &[
+            "invalid pod list",
+            "nameless.json",
+            "items[1]",
+            "no metadata.name",
+        ],
     );
 }
 
@@ -614,7 +624,10 @@ fn a_pod_list_costs_memory_for_what_the_plan_reads_not_for_its_size() {
             )
         })
         .collect();
-    let list = format!(r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#, items.join(","));
+    let list = format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#,
+        items.join(",")
+    );
     let path = env.path("big.json");
     std::fs::write(&path, &list).unwrap();
     let input_mib = list.len() as f64 / 1048576.0;

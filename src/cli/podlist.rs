@@ -54,7 +54,13 @@ impl LabelKeys {
     pub fn of_plan(plan: &[DrainPlanEntry]) -> LabelKeys {
         let mut keys = BTreeSet::new();
         for selector in plan.iter().filter_map(|e| e.pod_selector.as_ref()) {
-            keys.extend(selector.match_labels.iter().flatten().map(|(k, _)| k.clone()));
+            keys.extend(
+                selector
+                    .match_labels
+                    .iter()
+                    .flatten()
+                    .map(|(k, _)| k.clone()),
+            );
             keys.extend(
                 selector
                     .match_expressions
@@ -130,7 +136,13 @@ fn collect(doc: Document, out: &mut Vec<ListedPod>) -> Result<()> {
     match kind.as_str() {
         "Pod" => push(out, doc.without_items())?,
         "List" | "PodList" => {
-            for (j, item) in doc.items.map(|i| i.0).unwrap_or_default().into_iter().enumerate() {
+            for (j, item) in doc
+                .items
+                .map(|i| i.0)
+                .unwrap_or_default()
+                .into_iter()
+                .enumerate()
+            {
                 let Some(item) = item else {
                     bail!("items[{j}] is null, not a Pod");
                 };
@@ -280,7 +292,10 @@ fn filtered_map<'de, D: Deserializer<'de>>(
         fn visit_unit<E: de::Error>(self) -> std::result::Result<Self::Value, E> {
             Ok(BTreeMap::new())
         }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+        fn visit_map<A: MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
             let mut kept = BTreeMap::new();
             while let Some(key) = map.next_key::<String>()? {
                 if (self.0)(&key) {
@@ -335,7 +350,10 @@ impl<'de> Deserialize<'de> for Controllers {
             fn visit_unit<E: de::Error>(self) -> std::result::Result<Controllers, E> {
                 Ok(Controllers::default())
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Controllers, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Controllers, A::Error> {
                 let mut kept = Vec::new();
                 while let Some(owner) = seq.next_element::<RawOwner>()? {
                     if owner.controller != Some(true) {
@@ -371,7 +389,10 @@ impl<'de> Deserialize<'de> for Items {
             fn visit_unit<E: de::Error>(self) -> std::result::Result<Items, E> {
                 Ok(Items(Vec::new()))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Items, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Items, A::Error> {
                 let mut items = Vec::new();
                 while let Some(item) = seq.next_element()? {
                     if items.len() == MAX_PODS {
@@ -479,7 +500,10 @@ mod tests {
 
     #[test]
     fn a_byte_order_mark_is_not_taken_for_content() {
-        for text in ["\u{feff}{\"kind\":\"Pod\",\"metadata\":{\"name\":\"a\"}}", "\u{feff}kind: Pod\nmetadata: {name: a}\n"] {
+        for text in [
+            "\u{feff}{\"kind\":\"Pod\",\"metadata\":{\"name\":\"a\"}}",
+            "\u{feff}kind: Pod\nmetadata: {name: a}\n",
+        ] {
             let pods = parse_pod_list(text, &LabelKeys::All).expect("parses");
             assert_eq!(pods[0].info.key(), "default/a");
         }

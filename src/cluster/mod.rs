@@ -81,7 +81,11 @@ mod tests {
             error_text(&empty),
             "listing the pods of node-a: HTTP 500 (InternalError)"
         );
-        let forbidden = api_error(403, "Forbidden", "pods is forbidden: User \"x\" cannot list");
+        let forbidden = api_error(
+            403,
+            "Forbidden",
+            "pods is forbidden: User \"x\" cannot list",
+        );
         assert_eq!(
             error_text(&forbidden),
             "HTTP 403 (Forbidden): pods is forbidden: User \"x\" cannot list"

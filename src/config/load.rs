@@ -198,9 +198,7 @@ fn spanless_error_line(text: &str, message: &str) -> Option<usize> {
         .map(|(i, _)| i + 1)
         .chain(std::iter::once(text.len()))
         .collect();
-    let fails = |end: usize| {
-        matches!(DeTable::parse(&text[..end]), Err(e) if e.span().is_none() && e.message() == message)
-    };
+    let fails = |end: usize| matches!(DeTable::parse(&text[..end]), Err(e) if e.span().is_none() && e.message() == message);
     let line = ends.partition_point(|&end| !fails(end));
     if line == ends.len() {
         return None;

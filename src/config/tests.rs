@@ -955,7 +955,9 @@ fn missing_field_and_duplicate_key_name_the_place() {
 #[test]
 fn a_key_nested_past_the_recursion_limit_names_its_line() {
     let deep = format!("a{} = 1", ".b".repeat(200));
-    let e = err(&format!("[shutdown]\nmax_delay = \"1h\"\n\n[drain]\n{deep}\n[metrics]\n"));
+    let e = err(&format!(
+        "[shutdown]\nmax_delay = \"1h\"\n\n[drain]\n{deep}\n[metrics]\n"
+    ));
     assert_eq!(e.location, Some((5, 1)), "{e}");
     assert!(e.message.contains("recursion limit"), "{e}");
 }

@@ -202,7 +202,12 @@ impl Daemon {
             kubelet_listing: None,
         };
         let result = m.run().await;
-        m.stop(result.as_ref().err().map(|e| crate::cluster::error_text(&e)));
+        m.stop(
+            result
+                .as_ref()
+                .err()
+                .map(|e| crate::cluster::error_text(&e)),
+        );
         result
     }
 }
@@ -639,7 +644,9 @@ impl Machine {
                 }
                 self.status.kubelet_inhibitor = seen;
             }
-            Err(e) => tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors"),
+            Err(e) => {
+                tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors")
+            }
         }
     }
 

@@ -890,7 +890,9 @@ impl Shared {
     fn note<T>(&self, r: &Result<T>) {
         match r {
             Ok(_) => self.mark_reachable(),
-            Err(e) if anyhow_is_unusable(e) => self.mark_unreachable(&crate::cluster::error_text(&e)),
+            Err(e) if anyhow_is_unusable(e) => {
+                self.mark_unreachable(&crate::cluster::error_text(&e))
+            }
             Err(_) => self.mark_reachable(),
         }
     }
