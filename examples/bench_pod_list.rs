@@ -194,6 +194,8 @@ fn pod_text(i: usize, pad: usize, format: Format) -> String {
 /// note when it failed.
 fn run(bin: &Path, config: &Path, pods: &Path) -> anyhow::Result<(f64, i64, String)> {
     let start = Instant::now();
+    // Waited for below with wait4, which gives its rusage.
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(bin)
         .arg("--config")
         .arg(config)

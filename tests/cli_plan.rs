@@ -588,6 +588,8 @@ fn budget_longer_than_the_daemon_can_have_is_a_usage_error() {
 
 /// Peak RSS in MiB of `nodegrace --config <env's config> <args>` (the child's `ru_maxrss`).
 fn peak_rss_mib(env: &Env, args: &[&str]) -> f64 {
+    // Waited for below with wait4, which gives its rusage.
+    #[allow(clippy::zombie_processes)]
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
         .arg("--config")
         .arg(env.path("config.toml"))

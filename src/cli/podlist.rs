@@ -83,7 +83,7 @@ impl LabelKeys {
 thread_local! {
     // serde's derived code has no way to hand the label keys down to `metadata.labels`; a
     // parse runs on one thread and sets them for its duration.
-    static LABEL_KEYS: RefCell<LabelKeys> = RefCell::new(LabelKeys::All);
+    static LABEL_KEYS: RefCell<LabelKeys> = const { RefCell::new(LabelKeys::All) };
 }
 
 struct KeysInScope(LabelKeys);

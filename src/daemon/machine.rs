@@ -202,12 +202,7 @@ impl Daemon {
             kubelet_listing: None,
         };
         let result = m.run().await;
-        m.stop(
-            result
-                .as_ref()
-                .err()
-                .map(|e| crate::cluster::error_text(&e)),
-        );
+        m.stop(result.as_ref().err().map(crate::cluster::error_text));
         result
     }
 }

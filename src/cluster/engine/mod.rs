@@ -891,7 +891,7 @@ impl Shared {
         match r {
             Ok(_) => self.mark_reachable(),
             Err(e) if anyhow_is_unusable(e) => {
-                self.mark_unreachable(&crate::cluster::error_text(&e))
+                self.mark_unreachable(&crate::cluster::error_text(e))
             }
             Err(_) => self.mark_reachable(),
         }
