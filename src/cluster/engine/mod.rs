@@ -408,10 +408,10 @@ async fn run_loop(shared: Arc<Shared>) {
                 Err(err) => {
                     if anyhow_is_unusable(&err) {
                         // Logged once by the reachability tracking, not at every retry.
-                        shared.mark_unreachable(&format_args!("{err:#}"));
-                        tracing::debug!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                        shared.mark_unreachable(&crate::cluster::error_text(&err));
+                        tracing::debug!(node = %shared.node, error = crate::cluster::error_text(&err), "reconcile failed; retrying");
                     } else {
-                        tracing::warn!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                        tracing::warn!(node = %shared.node, error = crate::cluster::error_text(&err), "reconcile failed; retrying");
                     }
                     Some(Instant::now() + RETRY_AFTER_ERROR)
                 }
@@ -898,7 +898,9 @@ impl Shared {
     fn note<T>(&self, r: &Result<T>) {
         match r {
             Ok(_) => self.mark_reachable(),
-            Err(e) if anyhow_is_unusable(e) => self.mark_unreachable(&format_args!("{e:#}")),
+            Err(e) if anyhow_is_unusable(e) => {
+                self.mark_unreachable(&crate::cluster::error_text(e))
+            }
             Err(_) => self.mark_reachable(),
         }
     }

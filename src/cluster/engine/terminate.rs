@@ -208,10 +208,10 @@ impl Shared {
                     // An answer refusing the request counts as asked; no answer does not.
                     track.asked |= is_api_answer(&err);
                     if anyhow_is_unusable(&err) {
-                        self.mark_unreachable(&format_args!("{err:#}"));
+                        self.mark_unreachable(&crate::cluster::error_text(&err));
                     }
                     self.metrics.api_error("terminate");
-                    tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "terminating a pod failed");
+                    tracing::warn!(node = %self.node, pod = %pod.key(), error = crate::cluster::error_text(&err), "terminating a pod failed");
                     track.last_try = Some((now, RETRY_AFTER_ERROR));
                     retry_at(now + RETRY_AFTER_ERROR);
                 }
@@ -347,13 +347,13 @@ impl Shared {
                     tracing::info!(node = %self.node, pod = %pod.key(), manifest = %file, "static pod manifest gated");
                 }
                 Err(err) => {
-                    tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "cannot gate a static pod");
+                    tracing::warn!(node = %self.node, pod = %pod.key(), error = crate::cluster::error_text(&err), "cannot gate a static pod");
                     self.event_both(
                         node,
                         views.first().map(|v| v.m.as_ref()),
                         true,
                         "StaticPodNotGated",
-                        format!("{err:#}"),
+                        crate::cluster::error_text(&err),
                     );
                 }
             }

@@ -909,7 +909,7 @@ impl Controller {
                                 window.throttled();
                             }
                             let retry = retry_after_error(&err);
-                            warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), retry_after = ?retry, "reconciling EvictionRequest failed; retrying");
+                            warn!(request = %format!("{}/{}", key.0, key.1), error = crate::cluster::error_text(&err), retry_after = ?retry, "reconciling EvictionRequest failed; retrying");
                             queue.set_timer(&key, Some(Instant::now() + retry));
                         }
                     }
