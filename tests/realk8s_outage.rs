@@ -717,43 +717,6 @@ async fn an_apiserver_killed_while_static_pods_are_gated_costs_no_pod_its_grace(
     killed_mid_shutdown(Fault::ApiserverWhileStaticPodsAreGated).await;
 }
 
-/// API Priority and Fairness for this node's two identities: a priority level of one
-/// concurrency share (about 3 seats of the apiserver's 600) that rejects what does not fit
-/// (429), for everything nodegrace's identity asks and for the evictions of the kubelet's
-/// (the kubelet stand-in, under the same identity, keeps its own requests unthrottled).
-fn throttling(node: &str) -> String {
-    format!(
-        r#"apiVersion: flowcontrol.apiserver.k8s.io/v1beta3
-kind: PriorityLevelConfiguration
-metadata: {{name: {node}-throttled}}
-spec:
-  type: Limited
-  limited:
-    nominalConcurrencyShares: 1
-    lendablePercent: 0
-    borrowingLimitPercent: 0
-    limitResponse: {{type: Reject}}
----
-apiVersion: flowcontrol.apiserver.k8s.io/v1beta3
-kind: FlowSchema
-metadata: {{name: {node}-throttled}}
-spec:
-  priorityLevelConfiguration: {{name: {node}-throttled}}
-  matchingPrecedence: 50
-  distinguisherMethod: {{type: ByUser}}
-  rules:
-  - subjects: [{{kind: User, user: {{name: "nodegrace:node:{node}"}}}}]
-    resourceRules:
-    - {{verbs: ["*"], apiGroups: ["*"], resources: ["*"], namespaces: ["*"], clusterScope: true}}
-    nonResourceRules:
-    - {{verbs: ["*"], nonResourceURLs: ["*"]}}
-  - subjects: [{{kind: User, user: {{name: "system:node:{node}"}}}}]
-    resourceRules:
-    - {{verbs: ["create"], apiGroups: [""], resources: ["pods/eviction"], namespaces: ["*"]}}
-"#
-    )
-}
-
 /// Row 2 of the fault table: the apiserver throttles (API Priority and Fairness answers 429)
 /// the node's requests while a band of 100 pods drains at a poweroff. Every pod is evicted
 /// once, none is DELETEd (a throttled request was not looked at: nothing holds the pod), and
@@ -793,18 +756,11 @@ async fn a_throttling_apiserver_costs_no_pod_its_grace() {
     f.node.boot();
     wait_pod_cache(&f, 104);
 
-    f.cp.apply_text(&throttling(&node));
+    f.cp.throttle(&node);
     let mut container = f.node.container.take().expect("booted");
     let _ = container.exec(&["systemctl", "poweroff"]);
     let exited = container.wait_exit(Duration::from_secs(FAULT_BUDGET_SECS + 30));
-    let name = format!("{node}-throttled");
-    f.cp.kubectl(&["delete", "flowschema", &name, "--ignore-not-found"]);
-    f.cp.kubectl(&[
-        "delete",
-        "prioritylevelconfiguration",
-        &name,
-        "--ignore-not-found",
-    ]);
+    f.cp.unthrottle(&node);
     exited.unwrap_or_else(|| panic!("no poweroff:\n{}", container.journal_text()));
     let (signal, release) = signal_and_release(&container);
     let journal = container.journal_text();
