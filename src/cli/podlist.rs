@@ -20,6 +20,11 @@ use crate::plan::{DrainPlanEntry, PodInfo};
 /// by default), and what bounds the planner's work (at most 64 plan entries over these pods).
 pub const MAX_PODS: usize = 100_000;
 
+/// The largest YAML pod list read: serde_yaml holds every parse event of a document before
+/// any of it is read (a kubectl List is one document), about 17 times the text. 10,000 pods
+/// are about 6 MiB of YAML; larger lists are read as JSON, whose parser streams.
+pub const MAX_YAML_BYTES: usize = 16 * 1024 * 1024;
+
 /// Controller owner references kept of one pod; Kubernetes allows one.
 const MAX_CONTROLLERS: usize = 16;
 
@@ -117,6 +122,13 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
             collect(doc, &mut pods).with_context(what)?;
         }
     } else {
+        if trimmed.len() > MAX_YAML_BYTES {
+            bail!(
+                "a YAML pod list of {:.1} MiB: YAML is read up to {} MiB (its parser holds the whole document in memory); give it as JSON (kubectl get pods -o json), read up to the 64 MiB file cap",
+                trimmed.len() as f64 / (1024.0 * 1024.0),
+                MAX_YAML_BYTES / (1024 * 1024)
+            );
+        }
         for (i, doc) in serde_yaml::Deserializer::from_str(trimmed).enumerate() {
             let what = || format!("YAML document {}", i + 1);
             let doc = Option::<Document>::deserialize(doc).with_context(what)?;
@@ -471,6 +483,30 @@ mod tests {
                 assert_eq!(listed[i], ListedPod::from_pod(&pod).expect("classifies"));
             }
         }
+    }
+
+    #[test]
+    fn a_yaml_list_past_its_cap_is_refused_before_it_is_parsed_and_json_is_pointed_to() {
+        let mut text = String::from("kind: PodList\nitems:\n- metadata: {name: p, namespace: n}\n");
+        let comment = format!("#{}\n", "x".repeat(1022));
+        while text.len() + comment.len() <= MAX_YAML_BYTES {
+            text.push_str(&comment);
+        }
+        text.push_str(&"#".repeat(MAX_YAML_BYTES - text.len() - 1));
+        text.push('\n');
+        assert_eq!(text.len(), MAX_YAML_BYTES);
+        assert_eq!(
+            parse_pod_list(&text, &LabelKeys::All)
+                .expect("at the cap")
+                .len(),
+            1
+        );
+        text.push('\n');
+        let err = format!(
+            "{:#}",
+            parse_pod_list(&text, &LabelKeys::All).expect_err("over the YAML cap")
+        );
+        assert!(err.contains("kubectl get pods -o json"), "{err}");
     }
 
     #[test]
