@@ -33,6 +33,7 @@ mod controller;
 pub mod decide;
 mod requester;
 mod terminator;
+mod work;
 
 use std::collections::BTreeMap;
 
