@@ -40,7 +40,7 @@ impl Phase {
 
 /// The lifecycle's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lifecycle {
+pub(crate) struct Lifecycle {
     pub phase: Phase,
     /// SIGTERM came: exit once the shutdown under way is released.
     pub terminating: bool,
@@ -72,13 +72,13 @@ impl Lifecycle {
 
 /// The shutdown an earlier process of this boot persisted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Persisted {
+pub(crate) struct Persisted {
     pub kind: ShutdownKind,
     pub cancelled: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// Connected to the bus (first time or again); `preparing`: logind's
     /// `PreparingForShutdown` now; `persisted`: see [`Lifecycle::wants_persisted`].
     Connected {
@@ -102,7 +102,7 @@ pub enum Event {
 
 /// Where a drain's shutdown kind comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KindFrom {
+pub(crate) enum KindFrom {
     Given(ShutdownKind),
     /// Ask logind (and systemd) which shutdown is under way.
     AskLogind,
@@ -112,7 +112,7 @@ pub enum KindFrom {
 
 /// Where a drain's budget comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BudgetFrom {
+pub(crate) enum BudgetFrom {
     /// The budget established with logind.
     Logind,
     /// `shutdown.stop_drain_timeout`: systemd is stopping nodegrace.
@@ -122,7 +122,7 @@ pub enum BudgetFrom {
 /// What the daemon does, in order. A failing effect (only taking the inhibitor can fail)
 /// skips the ones after it, except [`Effect::Exit`], and the state stays as it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Effect {
+pub(crate) enum Effect {
     /// Take a delay inhibitor (replacing one held).
     TakeInhibitor,
     /// Persist the shutdown, start the drain task and the budget's deadline.
@@ -154,14 +154,14 @@ pub enum Effect {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Applied,
     /// The event means nothing in this state: nothing changes.
     Ignored(&'static str),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transition {
+pub(crate) struct Transition {
     pub next: Lifecycle,
     pub effects: Vec<Effect>,
     pub outcome: Outcome,
@@ -183,7 +183,7 @@ fn enter(phase: Phase, reason: impl Into<String>) -> Effect {
 }
 
 /// The lifecycle's one transition function.
-pub fn step(state: Lifecycle, event: Event) -> Transition {
+pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
     let mut next = state;
     let mut effects = Vec::new();
     match event {
@@ -393,7 +393,7 @@ fn cancel(state: Lifecycle, next: &mut Lifecycle, effects: &mut Vec<Effect>, rea
 
 /// Which way a shutdown's drain goes next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// Through the cluster: the NodeMaintenance.
     Online,
     /// Locally through the CRI runtime; `switch_back`: back to the cluster path once the
@@ -408,7 +408,7 @@ pub enum Route {
 
 /// What happened to the drain's current route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteEvent {
+pub(crate) enum RouteEvent {
     /// The drain begins; `engine`: the cluster engine is up.
     Begin { engine: bool },
     /// The cluster path drained the node.
@@ -424,7 +424,7 @@ pub enum RouteEvent {
 }
 
 /// The one place the node falls back offline, and back.
-pub fn route(event: RouteEvent, fallback_enabled: bool) -> Route {
+pub(crate) fn route(event: RouteEvent, fallback_enabled: bool) -> Route {
     let offline = |switch_back| {
         if fallback_enabled {
             Route::Offline { switch_back }
