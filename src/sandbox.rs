@@ -139,13 +139,13 @@ pub fn generator_command(config: &Path, normal_dir: &Path) -> Result<ExitCode> {
     let settings = match crate::config::load(config) {
         Ok(s) => s,
         Err(e) => {
-            crate::cli::print_stderr(&format!("nodegrace-generator: not adding directories to the unit: invalid configuration: {e}"));
+            crate::text::print_stderr(&format!("nodegrace-generator: not adding directories to the unit: invalid configuration: {e}"));
             return Ok(ExitCode::SUCCESS);
         }
     };
     let (text, left_out) = dropin(&settings, config);
     for d in &left_out {
-        crate::cli::print_stderr(&format!(
+        crate::text::print_stderr(&format!(
             "nodegrace-generator: {} {} cannot be written into a unit file safely; add it to ReadWritePaths= in a drop-in by hand",
             d.key,
             d.path.display()

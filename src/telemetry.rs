@@ -49,7 +49,7 @@ pub fn init() -> LogTarget {
                 }
                 return target;
             }
-            Err(e) => crate::cli::print_stderr(&format!(
+            Err(e) => crate::text::print_stderr(&format!(
                 "nodegrace: journald unavailable ({e}); logging to stderr"
             )),
         }

@@ -37,8 +37,23 @@ pub const REQUESTER_SUFFIX: &str = "nodemaintenance.nodegrace.dev";
 /// subdomain of at most 253 characters (node names over 223 characters).
 pub fn node_requester(node: &str) -> Option<String> {
     let name = format!("{node}.{REQUESTER_SUFFIX}");
-    (name.len() <= 253 && crate::cluster::eviction_request::is_dns_subdomain(&name)).then_some(name)
+    (name.len() <= 253 && is_dns_subdomain(&name)).then_some(name)
 }
+/// A valid DNS subdomain (RFC 1123): the names of most Kubernetes objects.
+pub(crate) fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            !bytes.is_empty()
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+                && bytes.first() != Some(&b'-')
+                && bytes.last() != Some(&b'-')
+        })
+}
+
 /// Label naming one node: on a NodeMaintenance, the node it drains alone (a node's shutdown
 /// maintenance; only that node's daemon watches it); on an EvictionRequest, the node whose
 /// daemon controls it. A node's daemon watches the objects labelled for it and the
@@ -126,7 +141,7 @@ pub fn crds_yaml() -> Result<String> {
 /// `nodegrace crds`.
 pub fn crds_command() -> Result<ExitCode> {
     let yaml = crds_yaml()?;
-    crate::cli::print_stdout(&yaml)?;
+    crate::text::print_stdout(&yaml)?;
     Ok(ExitCode::SUCCESS)
 }
 

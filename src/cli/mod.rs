@@ -146,29 +146,7 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Writes a command's output, control characters other than line breaks and tabs escaped
-/// (values that may hold a line break are escaped where they are put in). A closed pipe (`| head`) means the reader has what it
-/// wanted; any other failure (`> /dev/full`) is the command's error.
-pub fn print_stdout(text: &str) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use std::io::Write;
-    let text = crate::text::escape_keeping_lines(text);
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.context("writing to stdout"),
-    }
-}
-
-/// Writes one line to stderr. When stderr is closed or full there is nowhere left to say
-/// anything, so that error is dropped (`eprintln!` would panic).
-pub fn print_stderr(line: &str) {
-    use std::io::Write;
-    let line = crate::text::escape_keeping_lines(line);
-    let _ = std::io::stderr()
-        .lock()
-        .write_all(format!("{line}\n").as_bytes());
-}
+pub use crate::text::{print_stderr, print_stdout};
 
 #[cfg(test)]
 mod tests {

@@ -50,7 +50,7 @@ pub fn request_command(config: &Path, opts: &RequestOptions) -> Result<ExitCode>
     };
     if let (Some(current), false) = (issue::current(&kubeconfig, &node), opts.force) {
         if current.renew_at() > chrono::Utc::now() {
-            let _ = crate::cli::print_stdout(&format!(
+            let _ = crate::text::print_stdout(&format!(
                 "{} already holds {}, valid until {} (due for renewal from {}); --force requests a new one\n",
                 kubeconfig.display(),
                 current.identity(),
@@ -75,7 +75,7 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
     match identity(&kubelet).await {
         Ok((user, groups)) => match judge(Role::Kubelet, &issue.node, &user, &groups) {
             Finding::Expected => {}
-            Finding::Unusual(w) => crate::cli::print_stderr(&format!("nodegrace: warning: {w}")),
+            Finding::Unusual(w) => crate::text::print_stderr(&format!("nodegrace: warning: {w}")),
             Finding::Unusable(e) => bail!("{e}"),
         },
         Err(kube::Error::Api(s)) if s.code == 401 => {
@@ -91,7 +91,7 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
     let key = issue::pending_key(issue)?;
     let submitted = issue::submit(&kubelet, issue, &key).await?;
     let name = submitted.name().to_owned();
-    crate::cli::print_stderr(&format!(
+    crate::text::print_stderr(&format!(
         "{} CertificateSigningRequest {name} for {} ({}), signer {}; waiting up to {} for its approval:\n  kubectl certificate approve {name}",
         match submitted {
             Submitted::Created(_) => "created",
@@ -103,7 +103,7 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
         human(wait),
     ));
     let Some(cert) = issue::wait_issued(&kubelet, issue, &name, Some(wait)).await? else {
-        crate::cli::print_stderr(&format!(
+        crate::text::print_stderr(&format!(
             "nodegrace: CertificateSigningRequest {name} was not approved within {}; it stays pending (the controller-manager removes pending requests after 24 hours). Approve it, then run `nodegrace credentials request` again: it picks up the same request.",
             human(wait)
         ));
@@ -117,7 +117,7 @@ async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
     if let Finding::Unusable(e) = judge(Role::Nodegrace, &issue.node, &user, &groups) {
         bail!("the new credential does not work: {e}");
     }
-    let _ = crate::cli::print_stdout(&format!(
+    let _ = crate::text::print_stdout(&format!(
         "wrote {} (mode 0600): {} as the apiserver sees it, certificate valid until {}; the daemon uses it within a minute and renews it from {}\n",
         issue.kubeconfig.display(),
         user,
@@ -137,7 +137,7 @@ pub fn approve_command(
             crate::cluster::client::build(kubeconfig, "the approver's kubeconfig", TIMEOUTS)
                 .await?;
         let mut out = |line: &str| {
-            let _ = crate::cli::print_stdout(&format!("{line}\n"));
+            let _ = crate::text::print_stdout(&format!("{line}\n"));
         };
         let run = approve::run(client, opts, &mut out);
         if opts.watch {

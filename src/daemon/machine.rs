@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -19,6 +19,7 @@ use super::{Drainer, ShutdownKind, ShutdownRequest};
 use crate::config::Settings;
 use crate::logind::budget::{self, BudgetReport};
 use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
+use crate::plan::lifecycle::{self, BudgetFrom, Effect, Event, KindFrom, Lifecycle, Outcome};
 use crate::state::{current_boot_id, ShutdownPhase, ShutdownState};
 use crate::systemd::{self, Notifier, Notify, INHIBITOR_FDNAME};
 
@@ -187,7 +188,7 @@ impl Daemon {
             shutdown: None,
             drain: None,
             deadline: None,
-            terminating: false,
+            life: Lifecycle::default(),
             ready_sent: false,
             side_tasks: Vec::new(),
             watchdog,
@@ -260,8 +261,8 @@ struct Machine {
     shutdown: Option<ShutdownRequest>,
     drain: Option<JoinHandle<Result<()>>>,
     deadline: Option<Instant>,
-    /// SIGTERM arrived; exit once the current drain is released.
-    terminating: bool,
+    /// Where the shutdown lifecycle is; changed by `dispatch` only.
+    life: Lifecycle,
     ready_sent: bool,
     side_tasks: Vec<JoinHandle<()>>,
     watchdog: Option<Interval>,
@@ -323,7 +324,7 @@ impl Machine {
             };
             let flow = match step {
                 Step::Control(Some(Control::Terminate)) | Step::Control(None) => {
-                    self.on_terminate().await
+                    self.dispatch_now(Event::Terminate).await
                 }
                 Step::Control(Some(Control::Reload)) => {
                     self.start_reload();
@@ -368,11 +369,12 @@ impl Machine {
                             "drain task ended abnormally".to_string()
                         }
                     };
-                    self.release(&reason)
+                    self.dispatch_now(Event::DrainEnded { reason }).await
                 }
                 Step::Deadline => {
                     tracing::warn!("shutdown budget ended before the drain finished");
-                    self.release("shutdown budget ended")
+                    self.deadline = None;
+                    self.dispatch_now(Event::BudgetEnded).await
                 }
                 Step::Watchdog => {
                     self.notifier.notify(Notify::Watchdog);
@@ -512,66 +514,21 @@ impl Machine {
     /// also catches a shutdown that began or was cancelled while we were disconnected.
     async fn after_connect(&mut self, bus: &Bus) -> Result<()> {
         let preparing = bus.logind.preparing_for_shutdown().await?;
-        match self.status.phase {
-            Phase::Starting => {
-                self.take_inhibitor(bus).await?;
-                // A bypass shutdown never comes back to a running daemon: only logind's count.
-                let persisted = self.persisted_this_boot().filter(|p| {
-                    p.phase != ShutdownPhase::Cancelled && p.kind != ShutdownKind::Bypass
-                });
-                if preparing {
-                    let resume = persisted;
-                    let kind = match &resume {
-                        Some(p) => p.kind,
-                        None => shutdown_kind_now(bus).await,
-                    };
-                    self.begin_shutdown(
-                        kind,
-                        None,
-                        resume.as_ref(),
-                        "logind was already preparing for shutdown at start",
-                    );
-                } else {
-                    match persisted {
-                        Some(p) => {
-                            tracing::info!(
-                                "the shutdown was cancelled while nodegrace was not running"
-                            );
-                            let req = self.request_from(&p, true);
-                            self.shutdown = Some(req.clone());
-                            self.persist(ShutdownPhase::Cancelled);
-                            self.shutdown = None;
-                            self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
-                        }
-                        None => {
-                            self.spawn_side("after_boot", |d| async move { d.after_boot().await })
-                        }
-                    }
-                    self.enter(Phase::Armed, "inhibitor held");
-                }
-            }
-            Phase::Armed => {
-                self.take_inhibitor(bus).await?;
-                if preparing {
-                    let kind = shutdown_kind_now(bus).await;
-                    self.begin_shutdown(kind, None, None, "shutdown began while disconnected");
-                }
-            }
-            Phase::Draining => {
-                self.take_inhibitor(bus).await?;
-                let bypass = self.shutdown.as_ref().map(|s| s.kind) == Some(ShutdownKind::Bypass);
-                if !preparing && !bypass {
-                    self.cancel_shutdown(bus, "shutdown cancelled while disconnected")
-                        .await?;
-                }
-            }
-            Phase::Released => {
-                if !preparing {
-                    self.cancel_shutdown(bus, "shutdown cancelled while disconnected")
-                        .await?;
-                }
-            }
-            Phase::Stopping => {}
+        let stored = if self.life.wants_persisted() {
+            self.persisted_this_boot()
+        } else {
+            None
+        };
+        let persisted = stored.as_ref().map(|p| lifecycle::Persisted {
+            kind: p.kind,
+            cancelled: p.phase == ShutdownPhase::Cancelled,
+        });
+        let event = Event::Connected {
+            preparing,
+            persisted,
+        };
+        if let (_, Some(e)) = self.dispatch(event, stored.as_ref()).await {
+            return Err(e);
         }
         self.check_kubelet_inhibitor(bus).await;
         Ok(())
@@ -639,9 +596,7 @@ impl Machine {
                 }
                 self.status.kubelet_inhibitor = seen;
             }
-            Err(e) => {
-                tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors")
-            }
+            Err(e) => tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors"),
         }
     }
 
@@ -720,7 +675,6 @@ impl Machine {
         kind: ShutdownKind,
         budget_override: Option<Duration>,
         resume: Option<&ShutdownState>,
-        reason: &str,
     ) {
         let now = chrono::Utc::now();
         let req = match resume {
@@ -762,7 +716,6 @@ impl Machine {
                 .unwrap_or(req.started_at),
             resumed: req.resumed,
         });
-        self.enter(Phase::Draining, reason);
     }
 
     /// Releases the inhibitor: systemd's copy leaves the fd store first, then ours closes.
@@ -773,7 +726,7 @@ impl Machine {
         }
     }
 
-    fn release(&mut self, reason: &str) -> Flow {
+    fn release(&mut self, reason: &str) {
         self.drop_lock(reason);
         self.status.inhibitor_held = false;
         self.deadline = None;
@@ -781,15 +734,9 @@ impl Machine {
             d.abort();
         }
         self.persist(ShutdownPhase::Released);
-        self.enter(Phase::Released, reason);
-        if self.terminating {
-            Flow::Exit
-        } else {
-            Flow::Continue
-        }
     }
 
-    async fn cancel_shutdown(&mut self, bus: &Bus, reason: &str) -> Result<()> {
+    async fn cancel_shutdown(&mut self, rearm: bool) -> Result<()> {
         if let Some(d) = self.drain.take() {
             d.abort();
         }
@@ -797,86 +744,148 @@ impl Machine {
         self.persist(ShutdownPhase::Cancelled);
         let req = self.shutdown.take();
         self.status.shutdown = None;
-        if self.lock.is_none() {
-            self.take_inhibitor(bus).await?;
+        if rearm {
+            self.take_inhibitor_now().await?;
         }
         if let Some(req) = req {
             self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
         }
-        self.enter(Phase::Armed, reason);
         Ok(())
     }
 
-    async fn on_event(&mut self, e: Option<LogindEvent>) -> Flow {
-        let Some(bus) = self.bus.clone() else {
-            return Flow::Continue;
-        };
-        match e {
-            Some(LogindEvent::PrepareForShutdown { start: true, kind }) => {
-                if matches!(self.status.phase, Phase::Armed | Phase::Starting) {
-                    // logind 255+ says in the signal; older ones only in a property.
-                    let kind = match kind {
-                        Some(k) => k,
-                        None => shutdown_kind_now(&bus).await,
-                    };
-                    self.begin_shutdown(kind, None, None, "PrepareForShutdown(true)");
-                }
-            }
-            Some(LogindEvent::PrepareForShutdown { start: false, .. }) => {
-                if matches!(self.status.phase, Phase::Draining | Phase::Released) {
-                    if let Err(e) = self
-                        .cancel_shutdown(&bus, "PrepareForShutdown(false)")
-                        .await
-                    {
-                        self.disconnect(&crate::cluster::error_text(&e));
-                    }
-                    if self.terminating {
-                        return Flow::Exit;
-                    }
-                }
-            }
-            Some(LogindEvent::Gone) => self.disconnect("logind left the bus"),
-            None => self.disconnect("the bus connection closed"),
-        }
-        Flow::Continue
+    async fn take_inhibitor_now(&mut self) -> Result<()> {
+        let bus = self.bus.clone().context("not connected to the bus")?;
+        self.take_inhibitor(&bus).await
     }
 
-    async fn on_terminate(&mut self) -> Flow {
-        if !self.terminating {
-            self.notifier.notify(Notify::Stopping);
+    async fn on_event(&mut self, e: Option<LogindEvent>) -> Flow {
+        if self.bus.is_none() {
+            return Flow::Continue;
         }
-        self.terminating = true;
-        let cap = instant_after(self.settings.shutdown.stop_drain_timeout);
-        match self.status.phase {
-            Phase::Draining => {
-                tracing::info!("stop requested while draining: finishing the drain first");
-                self.deadline = Some(self.deadline.map_or(cap, |d| d.min(cap)));
-                Flow::Continue
+        let event = match e {
+            Some(LogindEvent::PrepareForShutdown { start, kind }) => {
+                Event::PrepareForShutdown { start, kind }
             }
-            Phase::Armed | Phase::Starting => {
-                let Some(bus) = self.bus.clone() else {
-                    return Flow::Exit;
-                };
-                match systemd::is_system_stopping(bus.systemd.as_ref()).await {
-                    Ok(true) => {
-                        let timeout = self.settings.shutdown.stop_drain_timeout;
-                        self.begin_shutdown(
-                            ShutdownKind::Bypass,
-                            Some(timeout),
-                            None,
-                            "systemd is stopping nodegrace during a shutdown that bypassed logind",
-                        );
-                        Flow::Continue
-                    }
-                    Ok(false) => Flow::Exit,
-                    Err(e) => {
-                        tracing::warn!(error = %crate::cluster::error_text(&e), "cannot tell whether the system is stopping; exiting without draining");
-                        Flow::Exit
+            Some(LogindEvent::Gone) => {
+                self.disconnect("logind left the bus");
+                return Flow::Continue;
+            }
+            None => {
+                self.disconnect("the bus connection closed");
+                return Flow::Continue;
+            }
+        };
+        self.dispatch_now(event).await
+    }
+
+    /// [`Self::dispatch`] where a failure loses the bus connection.
+    async fn dispatch_now(&mut self, event: Event) -> Flow {
+        let (flow, failed) = self.dispatch(event, None).await;
+        if let Some(e) = failed {
+            self.disconnect(&crate::cluster::error_text(&e));
+        }
+        flow
+    }
+
+    /// Feeds `event` to the lifecycle and carries out its effects, in order, feeding back
+    /// the events they produce. The state changes only when every effect succeeded; after a
+    /// failure the remaining effects are skipped, except an exit.
+    async fn dispatch(
+        &mut self,
+        event: Event,
+        persisted: Option<&ShutdownState>,
+    ) -> (Flow, Option<anyhow::Error>) {
+        let mut flow = Flow::Continue;
+        let mut pending = Some(event);
+        while let Some(event) = pending.take() {
+            let t = lifecycle::step(self.life, event.clone());
+            if let Outcome::Ignored(why) = t.outcome {
+                tracing::debug!(event = ?event, phase = ?self.life.phase, why, "event ignored");
+                continue;
+            }
+            let mut failed = None;
+            for effect in t.effects {
+                if effect == Effect::Exit {
+                    flow = Flow::Exit;
+                } else if failed.is_none() {
+                    match self.carry_out(effect, persisted).await {
+                        Ok(fed) => pending = fed.or(pending),
+                        Err(e) => failed = Some(e),
                     }
                 }
             }
-            Phase::Released | Phase::Stopping => Flow::Exit,
+            if failed.is_some() {
+                return (flow, failed);
+            }
+            self.life = t.next;
         }
+        (flow, None)
+    }
+
+    /// Carries out one effect of the lifecycle; returns the event it produced, if any.
+    async fn carry_out(
+        &mut self,
+        effect: Effect,
+        persisted: Option<&ShutdownState>,
+    ) -> Result<Option<Event>> {
+        match effect {
+            Effect::TakeInhibitor => self.take_inhibitor_now().await?,
+            Effect::StartDrain {
+                kind,
+                budget,
+                resume,
+            } => {
+                let kind = match (kind, &self.bus, persisted) {
+                    (KindFrom::Given(k), _, _) => k,
+                    (KindFrom::Persisted, _, Some(p)) => p.kind,
+                    // logind 255+ says in the signal; older ones only in a property.
+                    (_, Some(bus), _) => shutdown_kind_now(bus).await,
+                    (_, None, _) => ShutdownKind::Unknown,
+                };
+                let budget = match budget {
+                    BudgetFrom::Logind => None,
+                    BudgetFrom::StopTimeout => Some(self.settings.shutdown.stop_drain_timeout),
+                };
+                self.begin_shutdown(kind, budget, persisted.filter(|_| resume));
+            }
+            Effect::CapDeadline => {
+                tracing::info!("stop requested while draining: finishing the drain first");
+                let cap = instant_after(self.settings.shutdown.stop_drain_timeout);
+                self.deadline = Some(self.deadline.map_or(cap, |d| d.min(cap)));
+            }
+            Effect::Release { reason } => self.release(&reason),
+            Effect::CancelShutdown { rearm } => self.cancel_shutdown(rearm).await?,
+            Effect::CancelPersisted => {
+                if let Some(p) = persisted {
+                    tracing::info!("the shutdown was cancelled while nodegrace was not running");
+                    let req = self.request_from(p, true);
+                    self.shutdown = Some(req.clone());
+                    self.persist(ShutdownPhase::Cancelled);
+                    self.shutdown = None;
+                    self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
+                }
+            }
+            Effect::AfterBoot => {
+                self.spawn_side("after_boot", |d| async move { d.after_boot().await })
+            }
+            Effect::NotifyStopping => self.notifier.notify(Notify::Stopping),
+            Effect::AskSystemStopping => {
+                let Some(bus) = self.bus.clone() else {
+                    return Ok(Some(Event::SystemStopping(Some(false))));
+                };
+                let answer = match systemd::is_system_stopping(bus.systemd.as_ref()).await {
+                    Ok(stopping) => Some(stopping),
+                    Err(e) => {
+                        tracing::warn!(error = %crate::cluster::error_text(&e), "cannot tell whether the system is stopping; exiting without draining");
+                        None
+                    }
+                };
+                return Ok(Some(Event::SystemStopping(answer)));
+            }
+            Effect::Enter { phase, reason } => self.enter(phase, &reason),
+            Effect::Exit => {}
+        }
+        Ok(None)
     }
 
     fn start_reload(&mut self) {
@@ -932,6 +941,7 @@ impl Machine {
         if error.is_some() {
             self.status.last_error = error;
         }
+        self.life.phase = Phase::Stopping;
         self.enter(Phase::Stopping, "daemon stopping");
     }
 }

@@ -25,6 +25,7 @@ use crate::shutdown::ShutdownRequest;
 use crate::state::{BootIdSource, OfflineDrain, PodCache};
 use crate::staticpods::StaticPodGate;
 
+use crate::plan::lifecycle::{route, Route, RouteEvent};
 use crate::plan::reachability::retry_delay;
 use rand::Rng as _;
 
@@ -306,6 +307,38 @@ impl NodeDrainer {
         }
     }
 
+    /// Drains locally through the CRI runtime until that is done or, with `switch_back`,
+    /// until the apiserver answers again (then the engine to continue with comes back too).
+    async fn drain_offline(
+        &self,
+        req: &ShutdownRequest,
+        engine: &Option<Arc<Engine>>,
+        switch_back: bool,
+    ) -> (RouteEvent, Option<Arc<Engine>>) {
+        self.parts.metrics.fallback_used();
+        let fallback = self.new_fallback();
+        let cache = self.load_cache();
+        let _record = OfflineRecorder::start(&self.settings().state_dir, req, fallback.clone());
+        tokio::select! {
+            report = fallback.run(&cache) => {
+                self.count_cri_terminations(&report);
+                if let Some(online) = engine {
+                    online.record_fallback(&report);
+                }
+                tracing::info!(node = %self.parts.node, pods = report.pods.len(), errors = report.errors.len(), "offline drain finished");
+                (RouteEvent::OfflineFinished, None)
+            }
+            back = self.apiserver_back(engine.clone()), if switch_back => {
+                let report = fallback.report();
+                self.count_cri_terminations(&report);
+                tracing::info!(node = %self.parts.node, "apiserver reachable again: continuing through the NodeMaintenance");
+                self.restart_kubelet_if_stopped().await;
+                back.record_fallback(&report);
+                (RouteEvent::ApiserverBack, Some(back))
+            }
+        }
+    }
+
     async fn has_gated_static_pods(&self) -> bool {
         let gate = self.parts.gate.clone();
         matches!(tokio::task::spawn_blocking(move || gate.gated()).await, Ok(Ok(g)) if !g.is_empty())
@@ -321,53 +354,43 @@ impl Drainer for NodeDrainer {
             .engine_within(timeout.saturating_sub(self.connecting_since.elapsed()))
             .await;
         let mut req = req.clone();
+        let mut event = RouteEvent::Begin {
+            engine: engine.is_some(),
+        };
         loop {
-            // Whether the cluster path may take over again once the apiserver answers: not
-            // when it failed while answering, or it would fail again at once, in a loop.
-            let mut switch_back = true;
-            if let Some(online) = &engine {
-                match online.shutdown_drain(&req).await {
-                    Ok(()) => return Ok(()),
-                    Err(EngineError::ApiserverUnreachable(after, last_error)) => {
-                        tracing::warn!(node = %self.parts.node, unusable_for = ?after, last_error = %last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
-                    }
-                    // Without the CRDs or with a rejected request the cluster path cannot
-                    // drain; stopping pods locally still beats releasing at once.
-                    Err(EngineError::Other(err)) => {
-                        tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the cluster drain failed: draining locally through the CRI runtime");
-                        switch_back = false;
-                    }
-                }
-            } else {
-                tracing::warn!(node = %self.parts.node, "no apiserver connection: draining locally through the CRI runtime");
-            }
-            if !self.settings().fallback.enabled {
-                anyhow::bail!(
+            match route(event, self.settings().fallback.enabled) {
+                Route::Done => return Ok(()),
+                Route::Fail => anyhow::bail!(
                     "the apiserver cannot be reached and the offline fallback is disabled"
-                );
-            }
-            self.parts.metrics.fallback_used();
-            let fallback = self.new_fallback();
-            let cache = self.load_cache();
-            let _record =
-                OfflineRecorder::start(&self.settings().state_dir, &req, fallback.clone());
-            tokio::select! {
-                report = fallback.run(&cache) => {
-                    self.count_cri_terminations(&report);
-                    if let Some(online) = &engine {
-                        online.record_fallback(&report);
-                    }
-                    tracing::info!(node = %self.parts.node, pods = report.pods.len(), errors = report.errors.len(), "offline drain finished");
-                    return Ok(());
+                ),
+                Route::Online => {
+                    let Some(online) = &engine else {
+                        anyhow::bail!("no cluster engine to drain through");
+                    };
+                    event = match online.shutdown_drain(&req).await {
+                        Ok(()) => RouteEvent::OnlineDrained,
+                        Err(EngineError::ApiserverUnreachable(after, last_error)) => {
+                            tracing::warn!(node = %self.parts.node, unusable_for = ?after, last_error = %last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
+                            RouteEvent::OnlineUnreachable
+                        }
+                        // Without the CRDs or with a rejected request the cluster path cannot
+                        // drain; stopping pods locally still beats releasing at once.
+                        Err(EngineError::Other(err)) => {
+                            tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the cluster drain failed: draining locally through the CRI runtime");
+                            RouteEvent::OnlineFailed
+                        }
+                    };
                 }
-                back = self.apiserver_back(engine.clone()), if switch_back => {
-                    let report = fallback.report();
-                    self.count_cri_terminations(&report);
-                    tracing::info!(node = %self.parts.node, "apiserver reachable again: continuing through the NodeMaintenance");
-                    self.restart_kubelet_if_stopped().await;
-                    back.record_fallback(&report);
-                    req.resumed = true;
-                    engine = Some(back);
+                Route::Offline { switch_back } => {
+                    if engine.is_none() {
+                        tracing::warn!(node = %self.parts.node, "no apiserver connection: draining locally through the CRI runtime");
+                    }
+                    let (ended, back) = self.drain_offline(&req, &engine, switch_back).await;
+                    if let Some(back) = back {
+                        req.resumed = true;
+                        engine = Some(back);
+                    }
+                    event = ended;
                 }
             }
         }

@@ -9,30 +9,7 @@ use crate::logind::budget::BudgetReport;
 
 pub(crate) const DEFAULT_STATUS_FILE: &str = "/run/nodegrace/status.json";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Phase {
-    /// Connecting to the bus, establishing the budget, taking the first inhibitor.
-    Starting,
-    /// Inhibitor held, no shutdown in progress.
-    Armed,
-    Draining,
-    /// The inhibitor was released for this shutdown.
-    Released,
-    Stopping,
-}
-
-impl Phase {
-    pub fn describe(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting: waiting for logind",
-            Phase::Armed => "armed: holding the shutdown delay inhibitor",
-            Phase::Draining => "draining the node for shutdown",
-            Phase::Released => "released: shutdown may proceed",
-            Phase::Stopping => "stopping",
-        }
-    }
-}
+pub use crate::plan::lifecycle::Phase;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PhaseChange {

@@ -6,7 +6,7 @@
 //! polls. Requests labelled for other nodes, and their status writes, never reach this
 //! node.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 use tokio::sync::mpsc;
@@ -26,20 +26,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::decide::{self, Action, EvictionResult, Inputs, Release, Transition};
+use super::work::{Caches, Key, Owned, Queue, Ready, Watch, Work};
 use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::{api_error_code, evict, Slim, FIELD_MANAGER};
-use crate::config::Settings;
 use crate::plan::reachability::Window;
+use crate::config::Settings;
 
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
 const MAX_ROUNDS: usize = 8;
-/// How long a request owned by its pod waits, once the pod has terminated or gone, for
-/// the garbage collector to delete it before it is marked Complete. When a band of pods
-/// goes, the next band's requests and evictions go out at once: Complete writes for
-/// requests about to be collected would only compete with them for the apiserver.
-const COMPLETE_AFTER_COLLECTOR: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
@@ -459,15 +455,6 @@ fn transition_event(transition: &Transition, message: &str) -> Option<Event> {
     })
 }
 
-/// When to reconcile a request again after an error: after the apiserver's wait when it
-/// throttled us (spread, so that a band's requests do not come back at once), else 5 s.
-fn retry_after_error(err: &anyhow::Error) -> Duration {
-    match evict::anyhow_throttled(err) {
-        Some(wait) => wait.mul_f64(1.0 + rand::random::<f64>()),
-        None => Duration::from_secs(5),
-    }
-}
-
 /// Events for what went wrong; a successful eviction is no event (one per pod would be
 /// hundreds per drain; the NodeMaintenance reports progress).
 fn eviction_event(result: &EvictionResult, message: &str, namespace: &str) -> Option<Event> {
@@ -542,7 +529,7 @@ fn log_eviction(
     }
 }
 
-enum Message {
+pub(super) enum Message {
     PodChanged { namespace: String, uid: String },
     Created(Box<EvictionRequest>),
     BackoffMax(Duration),
@@ -580,8 +567,6 @@ impl ControllerHandle {
     }
 }
 
-type Key = (String, String);
-
 /// Runs the eviction-request controller for this node's pods.
 pub struct Controller {
     client: Client,
@@ -592,53 +577,6 @@ pub struct Controller {
     rx: mpsc::UnboundedReceiver<Message>,
     /// The engine's: true while a shutdown drain runs (watches retry faster then).
     shutting_down: Arc<AtomicBool>,
-}
-
-#[derive(Default)]
-struct Queue {
-    ready: VecDeque<Key>,
-    queued: HashSet<Key>,
-    timers: BTreeSet<(Instant, Key)>,
-    timer_of: HashMap<Key, Instant>,
-}
-
-impl Queue {
-    fn push(&mut self, key: Key) {
-        if self.queued.insert(key.clone()) {
-            self.ready.push_back(key);
-        }
-    }
-
-    fn pop(&mut self) -> Option<Key> {
-        let key = self.ready.pop_front()?;
-        self.queued.remove(&key);
-        Some(key)
-    }
-
-    fn set_timer(&mut self, key: &Key, at: Option<Instant>) {
-        if let Some(old) = self.timer_of.remove(key) {
-            self.timers.remove(&(old, key.clone()));
-        }
-        if let Some(at) = at {
-            self.timers.insert((at, key.clone()));
-            self.timer_of.insert(key.clone(), at);
-        }
-    }
-
-    fn next_timer(&self) -> Option<Instant> {
-        self.timers.first().map(|(at, _)| *at)
-    }
-
-    fn fire_due(&mut self, now: Instant) {
-        while let Some((at, key)) = self.timers.first().cloned() {
-            if at > now {
-                break;
-            }
-            self.timers.remove(&(at, key.clone()));
-            self.timer_of.remove(&key);
-            self.push(key);
-        }
-    }
 }
 
 impl Controller {
@@ -688,47 +626,6 @@ impl Controller {
             },
             ControllerHandle { tx },
         )
-    }
-}
-
-/// Whose a request is, for this node's controller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Ownership {
-    /// Labelled for this node.
-    Ours,
-    /// Unlabelled (made by something other than a node) for a pod in this node's cache:
-    /// labelled for this node, then ours.
-    Unclaimed,
-    /// Unlabelled for a pod not in this node's cache (another node's to claim).
-    NotOurs,
-}
-
-/// What decides which requests are this node's.
-struct Owned {
-    node: String,
-    pods: Store<Pod>,
-}
-
-impl Owned {
-    fn ownership(&self, request: &EvictionRequest) -> Ownership {
-        let label = request
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(NODE_LABEL));
-        match label {
-            Some(n) if *n == self.node => Ownership::Ours,
-            None if self.cached_pod(request).is_some() => Ownership::Unclaimed,
-            _ => Ownership::NotOurs,
-        }
-    }
-
-    fn cached_pod(&self, request: &EvictionRequest) -> Option<Arc<Pod>> {
-        let pod_ref = request.pod_ref()?;
-        let namespace = request.metadata.namespace.as_deref()?;
-        self.pods
-            .get(&ObjectRef::new(&pod_ref.name).within(namespace))
-            .filter(|p| p.metadata.uid.as_deref() == Some(pod_ref.uid.as_str()))
     }
 }
 
@@ -784,7 +681,7 @@ impl Controller {
             node,
             pods,
             reconciler,
-            mut concurrency,
+            concurrency,
             rx,
             shutting_down,
         } = self;
@@ -793,7 +690,6 @@ impl Controller {
             () = shutdown.cancelled() => return Ok(()),
             r = pods.wait_until_ready() => r.context("the node's pod watch ended")?,
         }
-        let this = Owned { node, pods };
         let mut rx = Some(rx);
         let api: Api<EvictionRequest> = Api::all(client);
         let watch = |selector: String| {
@@ -806,264 +702,92 @@ impl Controller {
             .backoff(WatchBackoff::new(shutting_down.clone()));
             (cache, events)
         };
-        let (ours, ours_events) = watch(format!("{NODE_LABEL}={}", this.node));
+        let (ours, ours_events) = watch(format!("{NODE_LABEL}={node}"));
         let (unclaimed, unclaimed_events) = watch(format!("!{NODE_LABEL}"));
-        let cache = Caches { ours, unclaimed };
         let mut events = futures::stream::select(
             ours_events.map(|e| (Watch::Ours, e)),
             unclaimed_events.map(|e| (Watch::Unclaimed, e)),
         )
         .boxed();
-        let mut queue = Queue::default();
-        // Our own latest write per request, until the watch delivers it (events come in
-        // resourceVersion order, so anything cached before that is older than the write).
-        let mut written: HashMap<Key, EvictionRequest> = HashMap::new();
-        // At most this many reconciled at once: `concurrency`, narrowed while the apiserver
-        // throttles.
-        let mut window = Window::new(concurrency);
-        // Requests being reconciled (within `window`), and those that changed meanwhile.
+        info!(node = %node, "eviction-request controller started");
+        let mut work = Work {
+            this: Owned { node, pods },
+            cache: Caches { ours, unclaimed },
+            queue: Queue::default(),
+            written: HashMap::new(),
+            in_flight: HashSet::new(),
+            again: HashSet::new(),
+            awaiting_collector: HashMap::new(),
+            window: Window::new(concurrency),
+        };
         let mut running = futures::stream::FuturesUnordered::new();
-        let mut in_flight: HashSet<Key> = HashSet::new();
-        let mut again: HashSet<Key> = HashSet::new();
-        // Requests whose pod has terminated or gone, given time to be garbage collected.
-        let mut awaiting_collector: HashMap<Key, Instant> = HashMap::new();
-        info!(node = %this.node, "eviction-request controller started");
         loop {
-            while running.len() < window.limit() {
-                let Some(key) = queue.pop() else { break };
-                if in_flight.contains(&key) {
-                    again.insert(key);
-                    continue;
-                }
-                let cached = cache.get(&key);
-                let request = match (&cached, written.get(&key)) {
-                    (_, Some(ours)) => ours.clone(),
-                    (Some(cached), None) => (**cached).clone(),
-                    (None, None) => {
-                        queue.set_timer(&key, None);
-                        continue;
-                    }
+            while running.len() < work.window.limit() {
+                let Some(ready) = work.next_ready() else {
+                    break;
                 };
-                if cached.is_none() {
-                    // Created here, not watched yet: reconciled from the create's answer,
-                    // and kept again only as its own status write returns it.
-                    written.remove(&key);
-                }
-                let claim = match this.ownership(&request) {
-                    Ownership::Ours => false,
-                    Ownership::Unclaimed => true,
-                    Ownership::NotOurs => continue,
-                };
-                let pod = this.cached_pod(&request);
-                if !request.is_complete() && collected_with_its_pod(&request, pod.as_deref()) {
-                    let now = Instant::now();
-                    let until = *awaiting_collector
-                        .entry(key.clone())
-                        .or_insert(now + COMPLETE_AFTER_COLLECTOR);
-                    if now < until {
-                        queue.set_timer(&key, Some(until));
-                        continue;
-                    }
-                }
-                in_flight.insert(key.clone());
-                let reconciler = &reconciler;
-                let node = this.node.as_str();
-                running.push(async move {
-                    let result = async {
-                        if !claim {
-                            return reconciler.reconcile(&request, pod.as_deref()).await;
-                        }
-                        let Some(claimed) = reconciler.claim(&request, node).await? else {
-                            return Ok(Reconciled {
-                                written: None,
-                                recheck_after: Some(Duration::from_secs(1)),
-                            });
-                        };
-                        let mut done = reconciler.reconcile(&claimed, pod.as_deref()).await?;
-                        done.written.get_or_insert(claimed);
-                        Ok(done)
-                    }
-                    .await;
-                    (key, result)
-                });
+                running.push(reconcile_one(&reconciler, work.this.node.clone(), ready));
             }
-            let next_timer = queue.next_timer();
+            let next_timer = work.queue.next_timer();
             tokio::select! {
                 () = shutdown.cancelled() => {
                     info!("eviction-request controller stopped");
                     return Ok(());
                 }
                 Some((key, result)) = running.next(), if !running.is_empty() => {
-                    in_flight.remove(&key);
-                    awaiting_collector.remove(&key);
-                    match result {
-                        Ok(done) => {
-                            window.taken(1);
-                            if let Some(stored) = done.written {
-                                written.insert(key.clone(), stored);
-                            }
-                            queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
-                        }
-                        Err(err) => {
-                            if evict::anyhow_throttled(&err).is_some() {
-                                window.throttled();
-                            }
-                            let retry = retry_after_error(&err);
-                            warn!(request = %format!("{}/{}", key.0, key.1), error = crate::cluster::error_text(&err), retry_after = ?retry, "reconciling EvictionRequest failed; retrying");
-                            queue.set_timer(&key, Some(Instant::now() + retry));
-                        }
-                    }
-                    if again.remove(&key) {
-                        queue.push(key);
-                    }
+                    work.finished(key, result);
                 }
-                event = events.next() => match event {
-                    Some((_, Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r)))) => {
-                        let key = key_pair(&r);
-                        // The watch caught up with our write, or went past it (someone else
-                        // changed the request since): its version is the one to build on.
-                        if written.get(&key).is_some_and(|w| rv_number(w) <= rv_number(&r)) {
-                            written.remove(&key);
-                        }
-                        queue.push(key);
-                    }
-                    // An unlabelled request stops matching its watch when a node labels it
-                    // (the watch says Deleted), and nothing is kept of a request before this
-                    // node has labelled it: look it up again.
-                    Some((Watch::Unclaimed, Ok(watcher::Event::Delete(r)))) => {
-                        queue.push(key_pair(&r));
-                    }
-                    Some((Watch::Ours, Ok(watcher::Event::Delete(r)))) => {
-                        let key = key_pair(&r);
-                        awaiting_collector.remove(&key);
-                        reconciler.forget(&r);
-                        written.remove(&key);
-                        queue.set_timer(&key, None);
-                    }
-                    Some((_, Ok(watcher::Event::InitDone))) => {
-                        // A re-list may have replaced what was cached; look at everything.
-                        for key in cache.keys() {
-                            queue.push(key);
-                        }
-                    }
-                    // A re-list shows the latest state, our writes included.
-                    Some((Watch::Ours, Ok(watcher::Event::Init))) => {
-                        written.clear();
-                        awaiting_collector.clear();
-                    }
-                    Some((Watch::Unclaimed, Ok(watcher::Event::Init))) => {}
-                    // The drain engine reports an apiserver that cannot be used, once.
-                    Some((_, Err(err))) => debug!(error = %err, "EvictionRequest watch failed; retrying"),
-                    None => anyhow::bail!("the EvictionRequest watch ended"),
-                },
+                event = events.next() => work.watched(&reconciler, event)?,
                 message = recv_opt(&mut rx) => match message {
                     Some(Message::PodChanged { namespace, uid }) => {
                         let key = (namespace, uid);
-                        if cache.get(&key).is_some() {
-                            queue.push(key);
+                        if work.cache.get(&key).is_some() {
+                            work.queue.push(key);
                         }
                     }
-                    Some(Message::Created(request)) => {
-                        let key = key_pair(&request);
-                        let newer = |known: &EvictionRequest| rv_number(known) >= rv_number(&request);
-                        let known = cache
-                            .get(&key)
-                            .is_some_and(|c| newer(&c))
-                            || written.get(&key).is_some_and(newer);
-                        if !known {
-                            written.insert(key.clone(), *request);
-                            queue.push(key);
-                        }
-                    }
-                    Some(Message::Concurrency(n)) => {
-                        concurrency = n;
-                        window.set_max(concurrency);
-                    }
+                    Some(Message::Created(request)) => work.created(*request),
+                    Some(Message::Concurrency(n)) => work.window.set_max(n),
                     Some(Message::BackoffMax(cap)) => {
                         reconciler.set_backoff_max(cap);
-                        for key in cache.keys() {
-                            queue.push(key);
-                        }
+                        work.requeue_all();
                     }
                     // Every handle dropped: no more pod changes, keep watching requests.
                     None => rx = None,
                 },
-                () = sleep_until_opt(next_timer) => queue.fire_due(Instant::now()),
+                () = sleep_until_opt(next_timer) => work.queue.fire_due(Instant::now()),
             }
         }
     }
 }
 
-/// Which of the two EvictionRequest watches an event came from.
-#[derive(Debug, Clone, Copy)]
-enum Watch {
-    /// Labelled for this node.
-    Ours,
-    /// Unlabelled.
-    Unclaimed,
-}
-
-/// What the two watches hold. A request this node labels moves from `unclaimed` to `ours`;
-/// while both hold it, the later version counts.
-struct Caches {
-    ours: Store<EvictionRequest>,
-    unclaimed: Store<EvictionRequest>,
-}
-
-impl Caches {
-    fn get(&self, key: &Key) -> Option<Arc<EvictionRequest>> {
-        let at = ObjectRef::new(&key.1).within(&key.0);
-        match (self.ours.get(&at), self.unclaimed.get(&at)) {
-            (Some(a), Some(b)) if rv_number(&b) > rv_number(&a) => Some(b),
-            (a, b) => a.or(b),
+/// Reconciles one request, labelling it for this node first when it is unclaimed.
+async fn reconcile_one(
+    reconciler: &Reconciler,
+    node: String,
+    ready: Ready,
+) -> (Key, Result<Reconciled>) {
+    let Ready {
+        key,
+        request,
+        pod,
+        claim,
+    } = ready;
+    let result = async {
+        if !claim {
+            return reconciler.reconcile(&request, pod.as_deref()).await;
         }
+        let Some(claimed) = reconciler.claim(&request, &node).await? else {
+            return Ok(Reconciled {
+                written: None,
+                recheck_after: Some(Duration::from_secs(1)),
+            });
+        };
+        let mut done = reconciler.reconcile(&claimed, pod.as_deref()).await?;
+        done.written.get_or_insert(claimed);
+        Ok(done)
     }
-
-    fn keys(&self) -> Vec<Key> {
-        let mut keys: Vec<Key> = self
-            .ours
-            .state()
-            .iter()
-            .chain(self.unclaimed.state().iter())
-            .map(|r| key_pair(r))
-            .collect();
-        keys.sort();
-        keys.dedup();
-        keys
-    }
-}
-
-/// Whether `request`'s pod has terminated or gone and `request` has it as owner: the
-/// garbage collector deletes it with the pod (which the kubelet deletes once terminated).
-fn collected_with_its_pod(request: &EvictionRequest, pod: Option<&Pod>) -> bool {
-    let Some(target) = request.pod_ref() else {
-        return false;
-    };
-    matches!(
-        PodState::of(pod, &target.uid),
-        PodState::Absent | PodState::Terminal
-    ) && request
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "Pod" && o.api_version == "v1" && o.uid == target.uid)
-}
-
-fn rv_number(request: &EvictionRequest) -> u64 {
-    request
-        .metadata
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn key_pair(request: &EvictionRequest) -> Key {
-    (
-        request.metadata.namespace.clone().unwrap_or_default(),
-        request.metadata.name.clone().unwrap_or_default(),
-    )
+    .await;
+    (key, result)
 }
 
 async fn recv_opt(rx: &mut Option<mpsc::UnboundedReceiver<Message>>) -> Option<Message> {

@@ -33,6 +33,7 @@ mod controller;
 pub mod decide;
 mod requester;
 mod terminator;
+mod work;
 
 use std::collections::BTreeMap;
 
@@ -113,7 +114,7 @@ pub(crate) fn interceptors_from_annotations(
         .filter_map(|(key, value)| {
             let name = key.strip_prefix(INTERCEPTOR_ANNOTATION_PREFIX)?;
             let priority = value.split('/').next()?.trim().parse::<i64>().ok()?;
-            is_dns_subdomain(name).then_some((priority, name))
+            crate::api::is_dns_subdomain(name).then_some((priority, name))
         })
         .collect();
     // Highest priority first, ties by name; then reversed into list order.
@@ -126,20 +127,6 @@ pub(crate) fn interceptors_from_annotations(
             name: name.to_owned(),
         })
         .collect()
-}
-
-pub(crate) fn is_dns_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            !bytes.is_empty()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-                && bytes.first() != Some(&b'-')
-                && bytes.last() != Some(&b'-')
-        })
 }
 
 /// Where a targeted pod stands, as far as an EvictionRequest cares.

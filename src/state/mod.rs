@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::fsutil::{read_regular, set_aside, write_atomic, ReadError, Symlinks, STATE_FILE_LIMIT};
 use crate::plan::PodInfo;
 
+pub mod report;
+
 pub(crate) const POD_CACHE_FILE: &str = "pods.json";
 
 /// Writes `value` as JSON to `state_dir/file`: fsynced and renamed into place, the
@@ -326,7 +328,7 @@ pub struct OfflineDrain {
     /// The boot that was shut down.
     pub boot_id: String,
     pub kind: crate::shutdown::ShutdownKind,
-    pub reports: Vec<crate::fallback::FallbackReport>,
+    pub reports: Vec<report::FallbackReport>,
 }
 
 /// More fallback runs than one shutdown can have (one per apiserver loss).
@@ -478,7 +480,7 @@ mod tests {
         let record = OfflineDrain {
             boot_id: "b1".into(),
             kind: crate::shutdown::ShutdownKind::Poweroff,
-            reports: vec![crate::fallback::FallbackReport {
+            reports: vec![report::FallbackReport {
                 endpoint: "unix:///run/containerd/containerd.sock".into(),
                 started_at: Some(chrono::Utc::now()),
                 kubelet_stopped: true,
