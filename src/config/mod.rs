@@ -163,6 +163,10 @@ pub struct FallbackSettings {
     /// Bands in ascending priority; the simple form (`shutdown_grace_period` and
     /// `shutdown_grace_period_critical_pods`) is converted to two bands on load.
     pub shutdown_grace_period_by_pod_priority: Vec<PriorityGracePeriod>,
+    /// The kubelet's configuration turns its own Graceful Node Shutdown on (read from it,
+    /// not a key of nodegrace's): the kubelet is then the node's graceful shutdown manager
+    /// and nodegrace leaves the `GracefulNodeShutdownInProgress` condition to it.
+    pub kubelet_gns: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -227,6 +231,7 @@ impl Default for Settings {
                         shutdown_grace_period: Duration::from_secs(30),
                     },
                 ],
+                kubelet_gns: false,
             },
             static_pods: StaticPodSettings {
                 manifest_dir: PathBuf::from("/etc/kubernetes/manifests"),
