@@ -1401,3 +1401,40 @@ async fn an_admin_maintenance_reports_drain_in_progress_then_drained() {
     .await;
 }
 
+/// After a soft reboot the boot id is the shutdown's: told so, the engine completes the
+/// shutdown maintenance (and clears the conditions) as after any reboot.
+#[tokio::test]
+async fn after_a_soft_reboot_the_maintenance_of_the_same_boot_id_is_completed() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    engine
+        .shutdown_drain(&request(ShutdownKind::SoftReboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let name = shutdown_maintenance_name(NODE);
+    let m = env.maintenance(&name).unwrap();
+    assert!(m.spec.reason.unwrap().starts_with("Node soft-reboot"));
+    assert_eq!(
+        m.metadata.annotations.unwrap()["nodegrace.dev/shutdown-kind"],
+        "soft-reboot"
+    );
+    drop(engine);
+
+    let engine = env.engine(env.settings());
+    let outcome = engine
+        .after_boot_of("boot-1", true, CompletionPolicy::Complete, None)
+        .await
+        .unwrap();
+    assert_eq!(outcome, AfterBoot::Completed);
+    assert_eq!(
+        condition(&env, "DrainInProgress"),
+        Some(("False".into(), "NodeShutdownEnded".into()))
+    );
+    eventually(10, "uncordoned", || {
+        env.node()["spec"]
+            .get("unschedulable")
+            .is_none_or(|u| u == false)
+    })
+    .await;
+}

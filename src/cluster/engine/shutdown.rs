@@ -125,7 +125,7 @@ impl Engine {
         }));
         sh.progress.send_replace(Progress::default());
         sh.bump();
-        tracing::info!(node = %sh.node, maintenance = %name, kind = ?req.kind, resumed = req.resumed, "shutdown drain started");
+        tracing::info!(node = %sh.node, maintenance = %name, kind = %req.kind, resumed = req.resumed, "shutdown drain started");
 
         let mut progress = sh.progress.subscribe();
         let mut events = sh.wake.subscribe();
@@ -192,6 +192,18 @@ impl Engine {
         policy: CompletionPolicy,
         offline: Option<&OfflineDrain>,
     ) -> Result<AfterBoot> {
+        self.after_boot_of(boot_id, false, policy, offline).await
+    }
+
+    /// [`Engine::after_boot`]; `soft_rebooted`: the boot id is the one the shutdown had,
+    /// but a soft reboot took place since (what that boot id recorded is an earlier boot's).
+    pub async fn after_boot_of(
+        &self,
+        boot_id: &str,
+        soft_rebooted: bool,
+        policy: CompletionPolicy,
+        offline: Option<&OfflineDrain>,
+    ) -> Result<AfterBoot> {
         let sh = &self.shared;
         sh.wait_ready(|r| r.node && r.maintenances)
             .await
@@ -199,7 +211,7 @@ impl Engine {
         // No shutdown is in progress (the daemon is told so by logind): a True left by a
         // crash or the boot before is cleared before anything else.
         sh.clear_stale_shutdown_conditions().await?;
-        let offline = offline.filter(|o| o.boot_id != boot_id);
+        let offline = offline.filter(|o| o.boot_id != boot_id || soft_rebooted);
         if let Some(record) = offline {
             if sh.wait_ready(|r| r.pods).await.is_ok() {
                 sh.report_offline_stopped(record).await;
@@ -224,7 +236,7 @@ impl Engine {
             },
         };
         let m_boot = m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str);
-        if m_boot == Some(boot_id) {
+        if m_boot == Some(boot_id) && !soft_rebooted {
             return Ok(AfterBoot::SameBoot);
         }
         if let Some(record) = offline.filter(|o| m_boot == Some(o.boot_id.as_str())) {
