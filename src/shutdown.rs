@@ -5,15 +5,51 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Which shutdown logind is preparing, as far as it can be told.
+/// Which shutdown logind is preparing, as far as it can be told: logind 255+ names it in
+/// `PrepareForShutdownWithMetadata`; before, its `ScheduledShutdown` or systemd's queued job
+/// tells poweroff from reboot only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum ShutdownKind {
     Poweroff,
     Reboot,
+    Halt,
+    /// A reboot into a kernel loaded with kexec.
+    Kexec,
+    /// A userspace-only reboot (systemd 254+): the kernel, and so its boot id, stay.
+    SoftReboot,
     /// systemd is stopping nodegrace during a shutdown that bypassed logind.
     Bypass,
     Unknown,
+}
+
+impl ShutdownKind {
+    /// The name logind and systemd use for it ("soft-reboot", ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShutdownKind::Poweroff => "poweroff",
+            ShutdownKind::Reboot => "reboot",
+            ShutdownKind::Halt => "halt",
+            ShutdownKind::Kexec => "kexec",
+            ShutdownKind::SoftReboot => "soft-reboot",
+            ShutdownKind::Bypass => "bypass",
+            ShutdownKind::Unknown => "unknown",
+        }
+    }
+
+    /// The node comes back: a reboot of any kind.
+    pub fn is_reboot(self) -> bool {
+        matches!(
+            self,
+            ShutdownKind::Reboot | ShutdownKind::Kexec | ShutdownKind::SoftReboot
+        )
+    }
+}
+
+impl std::fmt::Display for ShutdownKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Everything a drain needs to know about the shutdown it serves.

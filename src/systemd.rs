@@ -32,10 +32,15 @@ pub trait SystemdManager: Send + Sync + 'static {
 /// The kind of shutdown a queued job starts, if one is queued.
 pub(crate) fn shutdown_kind_from_jobs(jobs: &[Job]) -> Option<ShutdownKind> {
     let starts = |unit: &str| jobs.iter().any(|j| j.unit == unit && j.job_type == "start");
-    if starts("reboot.target") || starts("kexec.target") || starts("soft-reboot.target") {
-        Some(ShutdownKind::Reboot)
-    } else if starts("poweroff.target") || starts("halt.target") {
-        Some(ShutdownKind::Poweroff)
+    let kinds = [
+        ("reboot.target", ShutdownKind::Reboot),
+        ("kexec.target", ShutdownKind::Kexec),
+        ("soft-reboot.target", ShutdownKind::SoftReboot),
+        ("poweroff.target", ShutdownKind::Poweroff),
+        ("halt.target", ShutdownKind::Halt),
+    ];
+    if let Some((_, kind)) = kinds.iter().find(|(unit, _)| starts(unit)) {
+        Some(*kind)
     } else if starts("shutdown.target") {
         Some(ShutdownKind::Unknown)
     } else {

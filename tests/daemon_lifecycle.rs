@@ -508,7 +508,7 @@ async fn without_metadata_the_kind_comes_from_logind_or_systemd() {
     let cases: [Case; 5] = [
         ("reboot", &[], ShutdownKind::Reboot),
         ("poweroff", &[], ShutdownKind::Poweroff),
-        ("kexec", &[], ShutdownKind::Reboot),
+        ("kexec", &[], ShutdownKind::Kexec),
         ("", &[("reboot.target", "start")], ShutdownKind::Reboot),
         ("", &[], ShutdownKind::Unknown),
     ];
@@ -537,4 +537,89 @@ async fn without_metadata_the_kind_comes_from_logind_or_systemd() {
             .await
             .unwrap();
     }
+}
+
+/// logind 255+ names the shutdown in `PrepareForShutdownWithMetadata`, sent before
+/// `PrepareForShutdown`: the kind comes from it (even where `ScheduledShutdown` says
+/// otherwise), the later plain signal starts nothing more, and the status names the kind.
+#[tokio::test]
+async fn with_metadata_the_kind_comes_from_the_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let d = env
+        .spawn_armed(env.settings(), Arc::new(drainer.clone()))
+        .await;
+    let cases = [
+        ("poweroff", ShutdownKind::Poweroff),
+        ("reboot", ShutdownKind::Reboot),
+        ("halt", ShutdownKind::Halt),
+        ("kexec", ShutdownKind::Kexec),
+        ("soft-reboot", ShutdownKind::SoftReboot),
+        ("something-new", ShutdownKind::Unknown),
+    ];
+    for (n, (sent, want)) in cases.into_iter().enumerate() {
+        // What logind before 255 would say: ignored when the signal says.
+        env.fakes.with(|s| s.scheduled_shutdown = "poweroff".into());
+        env.fakes
+            .prepare_for_shutdown_typed(true, sent)
+            .await
+            .unwrap();
+        let rec = within(drainer.wait_until(|r| r.drains.len() == n + 1)).await;
+        assert_eq!(rec.drains[n].req.kind, want, "{sent}");
+        let st = within(d.handle.wait_for(|s| s.phase == Phase::Draining))
+            .await
+            .unwrap();
+        assert_eq!(st.shutdown.unwrap().kind, want);
+        let file = Status::read(&env.paths().status_file).unwrap();
+        assert_eq!(file.shutdown.unwrap().kind, want);
+        let json = serde_json::to_value(want).unwrap();
+        assert_eq!(json, want.as_str(), "status names it as logind does");
+        env.fakes.with(|s| s.scheduled_shutdown.clear());
+        env.fakes
+            .prepare_for_shutdown_typed(false, sent)
+            .await
+            .unwrap();
+        within(drainer.wait_until(|r| r.cancels.len() == n + 1)).await;
+        within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+            .await
+            .unwrap();
+        assert_eq!(
+            drainer.record().drains.len(),
+            n + 1,
+            "one drain per shutdown"
+        );
+    }
+}
+
+/// A soft reboot keeps the kernel and so its boot id: the daemon that starts after one it
+/// let go takes it as a boot (after_boot), not as a shutdown cancelled while it was down,
+/// as it would a regular reboot.
+#[tokio::test]
+async fn the_start_after_a_soft_reboot_is_a_boot_not_a_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::Immediate);
+    let settings = env.settings();
+    let first = env
+        .spawn_armed(settings.clone(), Arc::new(drainer.clone()))
+        .await;
+    env.fakes
+        .prepare_for_shutdown_typed(true, "soft-reboot")
+        .await
+        .unwrap();
+    within(first.handle.wait_for(|s| s.phase == Phase::Released))
+        .await
+        .unwrap();
+    let persisted = ShutdownState::load(&settings.state_dir).unwrap().unwrap();
+    assert_eq!(persisted.kind, ShutdownKind::SoftReboot);
+    assert_eq!(persisted.phase, ShutdownPhase::Released);
+    assert_eq!(persisted.boot_id, current_boot_id());
+    first.kill().await;
+    env.fakes.with(|s| s.preparing = false);
+
+    let _second = env.spawn_armed(settings, Arc::new(drainer.clone())).await;
+    let rec = within(drainer.wait_until(|r| r.after_boots == 2)).await;
+    assert!(rec.cancels.is_empty(), "taken as a cancelled shutdown");
+    assert_eq!(rec.drains.len(), 1);
 }

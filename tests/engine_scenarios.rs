@@ -1211,3 +1211,266 @@ async fn a_refused_watch_backs_off_outside_a_shutdown() {
         "{tries} lists of the pods in 4.5 s"
     );
 }
+
+fn condition(env: &Env, type_: &str) -> Option<(String, String)> {
+    env.node()["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+fn is_status_write(r: &nodegrace_testkit::fake_apiserver::RecordedRequest) -> bool {
+    r.method == "PATCH" && r.path == format!("/api/v1/nodes/{NODE}/status")
+}
+
+fn set_condition(env: &Env, type_: &str, status: &str, reason: &str) {
+    env.cluster
+        .store
+        .update_in_process("", "nodes", "", NODE, |n| {
+            let mut list = n["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            list.retain(|c| c["type"] != type_);
+            list.push(json!({"type": type_, "status": status, "reason": reason}));
+            n["status"]["conditions"] = json!(list);
+        })
+        .unwrap();
+}
+
+/// KEP-6249's shape: both conditions True, reason NodeShutdown, in the one status write
+/// made before the first pod is asked to go; False when the shutdown is cancelled.
+#[tokio::test]
+async fn a_shutdown_sets_both_conditions_in_one_write_before_the_first_eviction() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pdb("db-pdb", "db", 1);
+    let engine = env.engine(env.settings());
+    let req = request(ShutdownKind::Reboot, Duration::from_secs(600));
+    let _ = tokio::time::timeout(Duration::from_millis(800), engine.shutdown_drain(&req)).await;
+
+    let reqs = env.requests();
+    let writes: Vec<usize> = (0..reqs.len())
+        .filter(|i| is_status_write(&reqs[*i]))
+        .collect();
+    let first_eviction = reqs
+        .iter()
+        .position(|r| r.path.ends_with("/eviction"))
+        .expect("an eviction");
+    assert_eq!(writes.len(), 1, "one status write");
+    assert!(writes[0] < first_eviction, "the write after an eviction");
+    let body = reqs[writes[0]].body_json().unwrap();
+    let conds = body["status"]["conditions"].as_array().unwrap();
+    let mut types: Vec<&str> = conds.iter().map(|c| c["type"].as_str().unwrap()).collect();
+    types.sort();
+    assert_eq!(types, ["DrainInProgress", "GracefulNodeShutdownInProgress"]);
+    assert!(conds
+        .iter()
+        .all(|c| c["status"] == "True" && c["reason"] == "NodeShutdown"));
+    let created = reqs
+        .iter()
+        .position(|r| r.method == "POST" && r.path.ends_with("/nodemaintenances"))
+        .unwrap();
+    assert!(writes[0] < created, "the conditions before the maintenance");
+
+    engine
+        .cancel_shutdown(CompletionPolicy::Keep)
+        .await
+        .unwrap();
+    for t in ["GracefulNodeShutdownInProgress", "DrainInProgress"] {
+        assert_eq!(
+            condition(&env, t),
+            Some(("False".into(), "NodeShutdownCancelled".into())),
+            "{t}"
+        );
+    }
+}
+
+/// With the kubelet's own Graceful Node Shutdown configured, `GracefulNodeShutdownInProgress`
+/// is the kubelet's: nodegrace writes `DrainInProgress` alone, and leaves a True of the
+/// kubelet's in place when the shutdown is cancelled.
+#[tokio::test]
+async fn with_the_kubelets_gns_on_only_drain_in_progress_is_written() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+    let mut settings = env.settings();
+    settings.fallback.kubelet_gns = true;
+    let engine = env.engine(settings);
+    set_condition(
+        &env,
+        "GracefulNodeShutdownInProgress",
+        "True",
+        "NodeShutdown",
+    );
+    engine
+        .shutdown_drain(&request(ShutdownKind::Poweroff, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let reqs = env.requests();
+    let write = reqs.iter().find(|r| is_status_write(r)).unwrap();
+    let body = write.body_json().unwrap();
+    let types: Vec<&str> = body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["DrainInProgress"]);
+    engine
+        .cancel_shutdown(CompletionPolicy::Keep)
+        .await
+        .unwrap();
+    assert_eq!(
+        condition(&env, "DrainInProgress"),
+        Some(("False".into(), "NodeShutdownCancelled".into()))
+    );
+    assert_eq!(
+        condition(&env, "GracefulNodeShutdownInProgress"),
+        Some(("True".into(), "NodeShutdown".into()))
+    );
+}
+
+/// A True left by a crash (or by the nodegrace before this one, with its old reason) is
+/// cleared when the daemon starts with no shutdown in progress, before the maintenance of
+/// the earlier boot is touched; someone else's `DrainInProgress` stays.
+#[tokio::test]
+async fn stale_shutdown_conditions_are_cleared_first_at_start() {
+    let env = Env::new(kubelet(50)).await;
+    set_condition(
+        &env,
+        "GracefulNodeShutdownInProgress",
+        "True",
+        "NodeShuttingDown",
+    );
+    set_condition(&env, "DrainInProgress", "True", "NodeShutdown");
+    let engine = env.engine(env.settings());
+    let outcome = engine
+        .after_boot("boot-2", CompletionPolicy::Complete, None)
+        .await
+        .unwrap();
+    assert_eq!(outcome, AfterBoot::NoMaintenance);
+    for t in ["GracefulNodeShutdownInProgress", "DrainInProgress"] {
+        assert_eq!(
+            condition(&env, t),
+            Some(("False".into(), "NodeShutdownEnded".into())),
+            "{t}"
+        );
+    }
+    let reqs = env.requests();
+    let first_write = reqs
+        .iter()
+        .position(|r| r.method != "GET" && !r.path.contains("watch"))
+        .unwrap();
+    assert!(
+        is_status_write(&reqs[first_write]),
+        "{:?}",
+        reqs[first_write].path
+    );
+
+    set_condition(&env, "DrainInProgress", "True", "KubectlDrainStarted");
+    engine
+        .after_boot("boot-2", CompletionPolicy::Complete, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        condition(&env, "DrainInProgress"),
+        Some(("True".into(), "KubectlDrainStarted".into()))
+    );
+}
+
+/// An administrator's maintenance: `DrainInProgress` before its first eviction, then
+/// `Drained` once the node is empty, both False again when it completes; reasons name
+/// nodegrace.
+#[tokio::test]
+async fn an_admin_maintenance_reports_drain_in_progress_then_drained() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pdb("db-pdb", "db", 1);
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    let _engine = env.engine(env.settings());
+
+    eventually(10, "an eviction attempt", || !env.evictions().is_empty()).await;
+    assert_eq!(
+        condition(&env, "DrainInProgress"),
+        Some(("True".into(), "NodegraceDrainStarted".into()))
+    );
+    assert_eq!(condition(&env, "GracefulNodeShutdownInProgress"), None);
+    let reqs = env.requests();
+    let write = reqs.iter().position(is_status_write).unwrap();
+    let eviction = reqs
+        .iter()
+        .position(|r| r.path.ends_with("/eviction"))
+        .unwrap();
+    assert!(write < eviction);
+
+    env.cluster
+        .store
+        .update_in_process("policy", "poddisruptionbudgets", "work", "db-pdb", |p| {
+            p["spec"]["minAvailable"] = json!(0);
+        })
+        .unwrap();
+    eventually(10, "Drained", || {
+        condition(&env, "Drained") == Some(("True".into(), "NodegraceDrainCompleted".into()))
+    })
+    .await;
+    assert_eq!(
+        condition(&env, "DrainInProgress"),
+        Some(("False".into(), "NodegraceDrainCompleted".into()))
+    );
+
+    env.cluster
+        .store
+        .update_in_process("nodegrace.dev", "nodemaintenances", "", "upgrade", |m| {
+            m["spec"]["stage"] = json!("Complete");
+        })
+        .unwrap();
+    eventually(10, "Drained cleared", || {
+        condition(&env, "Drained") == Some(("False".into(), "NodegraceMaintenanceEnded".into()))
+    })
+    .await;
+}
+
+/// After a soft reboot the boot id is the shutdown's: told so, the engine completes the
+/// shutdown maintenance (and clears the conditions) as after any reboot.
+#[tokio::test]
+async fn after_a_soft_reboot_the_maintenance_of_the_same_boot_id_is_completed() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    engine
+        .shutdown_drain(&request(ShutdownKind::SoftReboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let name = shutdown_maintenance_name(NODE);
+    let m = env.maintenance(&name).unwrap();
+    assert!(m.spec.reason.unwrap().starts_with("Node soft-reboot"));
+    assert_eq!(
+        m.metadata.annotations.unwrap()["nodegrace.dev/shutdown-kind"],
+        "soft-reboot"
+    );
+    drop(engine);
+
+    let engine = env.engine(env.settings());
+    let outcome = engine
+        .after_boot_of("boot-1", true, CompletionPolicy::Complete, None)
+        .await
+        .unwrap();
+    assert_eq!(outcome, AfterBoot::Completed);
+    assert_eq!(
+        condition(&env, "DrainInProgress"),
+        Some(("False".into(), "NodeShutdownEnded".into()))
+    );
+    eventually(10, "uncordoned", || {
+        env.node()["spec"]
+            .get("unschedulable")
+            .is_none_or(|u| u == false)
+    })
+    .await;
+}

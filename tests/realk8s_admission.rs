@@ -105,6 +105,35 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
         "label another node",
         nodes.patch(b, &realk8s::dry::patch(), &label).await,
     );
+    // Of its own Node's conditions, the lifecycle ones (KEP-5683) only.
+    let conditions = |types: &[&str]| {
+        let list: Vec<serde_json::Value> = types
+            .iter()
+            .map(|t| json!({"type": t, "status": "True", "reason": "NodeShutdown"}))
+            .collect();
+        Patch::Strategic(json!({"status": {"conditions": list}}))
+    };
+    let lifecycle = conditions(&[
+        "GracefulNodeShutdownInProgress",
+        "DrainInProgress",
+        "Drained",
+    ]);
+    nodes
+        .patch_status(a, &realk8s::dry::patch(), &lifecycle)
+        .await
+        .expect("the lifecycle conditions of its own Node");
+    refused(
+        "the lifecycle conditions of another node",
+        nodes
+            .patch_status(b, &realk8s::dry::patch(), &lifecycle)
+            .await,
+    );
+    refused(
+        "its own Node's Ready condition",
+        nodes
+            .patch_status(a, &realk8s::dry::patch(), &conditions(&["Ready"]))
+            .await,
+    );
 
     // Pods are the kubelet's credential's to delete (tests/realk8s_identity.rs): nodegrace's
     // identity has no pod writes, not even for its own node's pods.

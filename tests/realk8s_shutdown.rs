@@ -120,6 +120,36 @@ async fn assert_one_connection_per_identity(f: &Fixture) {
     );
 }
 
+/// The node's condition `type_` as (status, reason).
+fn condition_of(n: &Node, type_: &str) -> Option<(String, String)> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+fn says(n: &Node, type_: &str, status: &str, reason: &str) -> bool {
+    condition_of(n, type_) == Some((status.to_string(), reason.to_string()))
+}
+
+/// nodegrace's writes of its Node's status (the lifecycle conditions).
+fn status_writes(reqs: &[audit::Request]) -> Vec<&audit::Request> {
+    reqs.iter()
+        .filter(|r| r.verb == "patch" && r.resource == "nodes" && r.subresource == "status")
+        .collect()
+}
+
+/// When the apiserver received the first eviction or pod DELETE among `reqs`.
+fn first_pod_request(reqs: &[audit::Request]) -> f64 {
+    reqs.iter()
+        .filter(|r| r.resource == "pods" && (r.subresource == "eviction" || r.verb == "delete"))
+        .map(|r| r.received)
+        .fold(f64::INFINITY, f64::min)
+}
+
 fn skip(test: &str) -> bool {
     if !realk8s::enabled(&format!("realk8s_shutdown::{test}")) {
         return true;
@@ -131,8 +161,9 @@ fn skip(test: &str) -> bool {
 /// `systemctl poweroff` on a node with pods in every band: band order, evictions (not
 /// DELETEs) for every pod nothing blocks, one escalation for the PodDisruptionBudget's pod
 /// inside its window, the tolerate-all DaemonSet pod terminated once and not chased, the
-/// inhibitor released right after the last pod is gone, and every request allowed by the
-/// shipped ClusterRole.
+/// inhibitor released right after the last pod is gone, `GracefulNodeShutdownInProgress` and
+/// `DrainInProgress` in one status write before the first eviction, and every request
+/// allowed by the shipped ClusterRole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poweroff_drains_every_band_in_order_through_evictions() {
     if skip("poweroff_drains_every_band_in_order_through_evictions") {
@@ -321,12 +352,29 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
             .contains_key("node.kubernetes.io/exclude-from-external-load-balancers"),
         "not excluded from external load balancers"
     );
-    assert!(node
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "GracefulNodeShutdownInProgress" && c.status == "True"));
+    // KEP-6249's conditions: both True, reason NodeShutdown, in nodegrace's one status
+    // write, answered before the apiserver received the first eviction.
+    for t in ["GracefulNodeShutdownInProgress", "DrainInProgress"] {
+        assert!(
+            says(&node, t, "True", "NodeShutdown"),
+            "{t}: {:?}",
+            condition_of(&node, t)
+        );
+    }
+    let writes = status_writes(&reqs);
+    assert_eq!(writes.len(), 1, "status writes: {writes:#?}");
+    assert_eq!(writes[0].code, 200, "{writes:#?}");
+    let first_ask = first_pod_request(&reqs);
+    assert!(
+        writes[0].completed <= first_ask,
+        "the conditions were written {:.3} s after the first eviction was received",
+        writes[0].completed - first_ask
+    );
+    println!(
+        "conditions written {:.3} s after the signal, {:.3} s before the first eviction",
+        writes[0].completed - signal,
+        first_ask - writes[0].completed
+    );
     let nms: Api<NodeMaintenance> = Api::all(f.admin.clone());
     let m = nms.get(&format!("shutdown-{}", f.name)).await.unwrap();
     assert_eq!(m.spec.stage, nodegrace::api::Stage::Drain);
@@ -361,7 +409,8 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
 /// An admin's NodeMaintenance selecting the node by label: at Drain the first band is
 /// evicted and the PodDisruptionBudget's pod is never deleted (there is no deadline); once
 /// the budget goes the later bands follow and the static pod is gated in its turn; at
-/// Complete the node is uncordoned, the taint goes and the static pod comes back.
+/// Complete the node is uncordoned, the taint goes and the static pod comes back. The Node
+/// says `DrainInProgress` before the first eviction, then `Drained`, then neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     if skip("an_admin_maintenance_drains_without_escalating_and_completes") {
@@ -418,10 +467,19 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     // Blocked, and no deadline: the budget's pod stays, the next band does not start.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!((live_app("db"), live_app("crit")), (1, 1));
-    assert!(wait_node(c, &node, "cordoned", cordoned)
-        .await
-        .spec
-        .is_some());
+    let n = wait_node(c, &node, "cordoned", cordoned).await;
+    assert!(
+        says(&n, "DrainInProgress", "True", "NodegraceDrainStarted"),
+        "{:?}",
+        condition_of(&n, "DrainInProgress")
+    );
+    assert_eq!(condition_of(&n, "GracefulNodeShutdownInProgress"), None);
+    let reqs = f.requests();
+    let writes = status_writes(&reqs);
+    assert!(
+        !writes.is_empty() && writes[0].completed <= first_pod_request(&reqs),
+        "DrainInProgress after the first eviction: {writes:#?}"
+    );
 
     let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
         Api::namespaced(c.clone(), &ns);
@@ -436,6 +494,11 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     );
     assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
     assert!(!f.node.manifests.join("etcd.yaml").exists());
+    wait_node(c, &node, "Drained", |n| {
+        says(n, "Drained", "True", "NodegraceDrainCompleted")
+            && says(n, "DrainInProgress", "False", "NodegraceDrainCompleted")
+    })
+    .await;
     let reqs = f.requests();
     for pod in ["db", "web", "crit"] {
         assert!(
@@ -461,6 +524,10 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     assert!(!back
         .labels()
         .contains_key("node.kubernetes.io/exclude-from-external-load-balancers"));
+    wait_node(c, &node, "Drained False", |n| {
+        says(n, "Drained", "False", "NodegraceMaintenanceEnded")
+    })
+    .await;
     f.kubelet
         .wait_for(
             "the static pod's mirror back",
@@ -544,7 +611,7 @@ async fn a_node_idle_for_minutes_drains_over_the_connections_it_holds() {
 
 /// The boot after a poweroff: nodegrace finds its shutdown maintenance of the earlier boot
 /// and completes it (the shipped `after_boot = "complete"`): the node is uncordoned and the
-/// gated static pod comes back.
+/// gated static pod comes back. The shutdown conditions left True are cleared first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     if skip("the_boot_after_a_poweroff_completes_the_shutdown_maintenance") {
@@ -563,6 +630,11 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     })
     .await;
     assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
+    let down = wait_node(c, &node, "the shutdown conditions", |n| {
+        says(n, "GracefulNodeShutdownInProgress", "True", "NodeShutdown")
+    })
+    .await;
+    assert!(says(&down, "DrainInProgress", "True", "NodeShutdown"));
     // The kubelet went down with the node and comes back with the next boot.
     f.kubelet.stop();
     f.kubelet = Kubelet::start(
@@ -571,6 +643,7 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
         Some(f.node.manifests.clone()),
     )
     .await;
+    let booted_again = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
     f.node.boot();
 
     let done = wait_maintenance(
@@ -587,10 +660,39 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     )
     .await;
     assert_eq!(done.uid(), before.uid(), "the same maintenance, completed");
-    wait_node(c, &node, "uncordoned", |n| {
+    let up = wait_node(c, &node, "uncordoned", |n| {
         !cordoned(n) && !maintenance_tainted(n)
     })
     .await;
+    // The True the shutdown left is cleared first: before the maintenance is completed
+    // and the node uncordoned.
+    for t in ["GracefulNodeShutdownInProgress", "DrainInProgress"] {
+        assert!(
+            says(&up, t, "False", "NodeShutdownEnded"),
+            "{t}: {:?}",
+            condition_of(&up, t)
+        );
+    }
+    let reqs: Vec<audit::Request> = f
+        .requests()
+        .into_iter()
+        .filter(|r| r.received >= booted_again)
+        .collect();
+    let writes = status_writes(&reqs);
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    let completed_at = reqs
+        .iter()
+        .filter(|r| {
+            r.verb == "patch"
+                && ((r.resource == "nodemaintenances" && r.subresource.is_empty())
+                    || (r.resource == "nodes" && r.subresource.is_empty()))
+        })
+        .map(|r| r.received)
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        writes[0].completed <= completed_at,
+        "the stale conditions were cleared after the maintenance was completed"
+    );
     f.kubelet
         .wait_for(
             "the static pod's mirror back",

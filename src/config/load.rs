@@ -13,7 +13,7 @@ use toml::Spanned;
 
 use super::error::{located, ConfigError};
 use super::raw::{Dur, Leaf, Merge, RawBand, RawConfig, RawPlanEntry, RawPolicy};
-use super::{CompletionPolicy, DrainPlanEntrySetting, PriorityGracePeriod, Settings};
+use super::{BandsSource, CompletionPolicy, DrainPlanEntrySetting, PriorityGracePeriod, Settings};
 use crate::fsutil::{read_regular, ReadError, Symlinks, CONFIG_FILE_LIMIT};
 use crate::plan::PodType;
 
@@ -77,7 +77,8 @@ pub(crate) fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
             .map_err(|err| ConfigError::file(&path, format!("cannot read: {err}")))?;
         fragments.push(fragment_from_bytes(&path, bytes)?);
     }
-    let settings = load_fragments(&fragments)?;
+    let mut settings = load_fragments(&fragments)?;
+    apply_kubelet(&mut settings);
     Ok(Loaded {
         settings,
         files: fragments.into_iter().map(|f| f.name).collect(),
@@ -100,6 +101,22 @@ pub(crate) fn load_fragments(fragments: &[Fragment]) -> Result<Settings, ConfigE
         merged.merge(raw, index);
     }
     build(&Ctx { fragments }, merged)
+}
+
+/// The kubelet's own Graceful Node Shutdown, read from its configuration: whether it is on,
+/// and its bands for the fallback unless nodegrace's files set bands.
+fn apply_kubelet(settings: &mut Settings) {
+    let fb = &mut settings.fallback;
+    let kubelet = super::kubelet::read(
+        fb.kubelet_config.as_deref(),
+        fb.kubelet_config_dir.as_deref(),
+    );
+    fb.kubelet_gns = kubelet.gns_on();
+    fb.kubelet_warnings = kubelet.warnings.clone();
+    if kubelet.gns_on() && fb.bands_from == BandsSource::Defaults {
+        fb.shutdown_grace_period_by_pod_priority = kubelet.bands;
+        fb.bands_from = BandsSource::Kubelet(kubelet.files);
+    }
 }
 
 fn fragment_from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Fragment, ConfigError> {
@@ -755,10 +772,40 @@ fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigError> {
         }
         if let Some(bands) = &fb.shutdown_grace_period_by_pod_priority {
             t.shutdown_grace_period_by_pod_priority = grace_bands(ctx, bands)?;
+            t.bands_from = BandsSource::Nodegrace(ctx.fragments[bands.file].name.clone());
         } else if fb.shutdown_grace_period.is_some()
             || fb.shutdown_grace_period_critical_pods.is_some()
         {
             t.shutdown_grace_period_by_pod_priority = simple_grace(ctx, fb)?;
+            let file = [
+                &fb.shutdown_grace_period,
+                &fb.shutdown_grace_period_critical_pods,
+            ]
+            .iter()
+            .filter_map(|l| l.as_ref().map(|l| l.file))
+            .max()
+            .unwrap_or_default();
+            t.bands_from = BandsSource::Nodegrace(ctx.fragments[file].name.clone());
+        }
+        for (leaf, key, target) in [
+            (
+                &fb.kubelet_config,
+                "fallback.kubelet_config",
+                &mut t.kubelet_config,
+            ),
+            (
+                &fb.kubelet_config_dir,
+                "fallback.kubelet_config_dir",
+                &mut t.kubelet_config_dir,
+            ),
+        ] {
+            if let Some(leaf) = leaf {
+                *target = if leaf.get().is_empty() {
+                    None
+                } else {
+                    Some(check_path(ctx, leaf, key)?)
+                };
+            }
         }
     }
 

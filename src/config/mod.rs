@@ -33,6 +33,7 @@ use anyhow::Context;
 use crate::plan::PodType;
 
 mod error;
+pub mod kubelet;
 mod load;
 mod raw;
 mod render;
@@ -163,6 +164,45 @@ pub struct FallbackSettings {
     /// Bands in ascending priority; the simple form (`shutdown_grace_period` and
     /// `shutdown_grace_period_critical_pods`) is converted to two bands on load.
     pub shutdown_grace_period_by_pod_priority: Vec<PriorityGracePeriod>,
+    /// The kubelet's configuration file and drop-in directory, where the kubelet's own
+    /// bands are read from (None: not read).
+    pub kubelet_config: Option<PathBuf>,
+    pub kubelet_config_dir: Option<PathBuf>,
+    /// Where the bands above came from (not a key).
+    pub bands_from: BandsSource,
+    /// The kubelet's configuration turns its own Graceful Node Shutdown on (read from it,
+    /// not a key of nodegrace's): the kubelet is then the node's graceful shutdown manager
+    /// and nodegrace leaves the `GracefulNodeShutdownInProgress` condition to it.
+    pub kubelet_gns: bool,
+    /// Why the kubelet's configuration was set aside, if it was (not a key).
+    pub kubelet_warnings: Vec<String>,
+}
+
+/// Where the fallback's bands came from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum BandsSource {
+    /// nodegrace's defaults.
+    #[default]
+    Defaults,
+    /// `[fallback]` in this file of nodegrace's configuration.
+    Nodegrace(PathBuf),
+    /// The kubelet's configuration, these files.
+    Kubelet(Vec<PathBuf>),
+}
+
+impl std::fmt::Display for BandsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |p: &PathBuf| crate::text::escape(&p.display().to_string()).into_owned();
+        match self {
+            BandsSource::Defaults => f.write_str("nodegrace's defaults"),
+            BandsSource::Nodegrace(p) => write!(f, "[fallback] in {}", show(p)),
+            BandsSource::Kubelet(files) => write!(
+                f,
+                "the kubelet's configuration ({})",
+                files.iter().map(show).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -227,6 +267,11 @@ impl Default for Settings {
                         shutdown_grace_period: Duration::from_secs(30),
                     },
                 ],
+                kubelet_config: Some(PathBuf::from("/var/lib/kubelet/config.yaml")),
+                kubelet_config_dir: Some(PathBuf::from("/etc/kubernetes/kubelet.conf.d")),
+                bands_from: BandsSource::Defaults,
+                kubelet_gns: false,
+                kubelet_warnings: Vec::new(),
             },
             static_pods: StaticPodSettings {
                 manifest_dir: PathBuf::from("/etc/kubernetes/manifests"),
@@ -331,6 +376,20 @@ pub(crate) fn check_config_report(main: &Path, loaded: &Loaded) -> String {
                 crate::text::escape(&file.display().to_string())
             ));
         }
+    }
+    let fb = &loaded.settings.fallback;
+    out.push_str(&format!(
+        "# fallback bands from {}\n",
+        crate::text::escape(&fb.bands_from.to_string())
+    ));
+    if fb.kubelet_gns {
+        out.push_str("# the kubelet's own Graceful Node Shutdown is on: nodegrace leaves the GracefulNodeShutdownInProgress condition to it\n");
+    }
+    for w in &fb.kubelet_warnings {
+        out.push_str(&format!(
+            "# warning: the kubelet's configuration is set aside: {}\n",
+            crate::text::escape(w)
+        ));
     }
     out.push_str("# effective settings:\n");
     out.push_str(&to_toml_string(&loaded.settings));

@@ -153,6 +153,8 @@ pub(super) struct RawFallback {
     pub shutdown_grace_period: Option<Leaf<Dur>>,
     pub shutdown_grace_period_critical_pods: Option<Leaf<Dur>>,
     pub shutdown_grace_period_by_pod_priority: Option<Leaf<Vec<Spanned<RawBand>>>>,
+    pub kubelet_config: Option<Leaf<String>>,
+    pub kubelet_config_dir: Option<Leaf<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -247,7 +249,7 @@ impl Merge for RawFallback {
         }
         merge_leaves!(self, later, file; enabled, apiserver_timeout, cri_endpoint, stop_kubelet,
             kubelet_unit, shutdown_grace_period, shutdown_grace_period_critical_pods,
-            shutdown_grace_period_by_pod_priority);
+            shutdown_grace_period_by_pod_priority, kubelet_config, kubelet_config_dir);
     }
 }
 

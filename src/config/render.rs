@@ -158,6 +158,18 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
         ("cri_endpoint", Value::String(f.cri_endpoint.clone())),
         ("stop_kubelet", Value::Boolean(f.stop_kubelet)),
         ("kubelet_unit", Value::String(f.kubelet_unit.clone())),
+        (
+            "kubelet_config",
+            f.kubelet_config
+                .as_deref()
+                .map_or(Value::String(String::new()), path),
+        ),
+        (
+            "kubelet_config_dir",
+            f.kubelet_config_dir
+                .as_deref()
+                .map_or(Value::String(String::new()), path),
+        ),
         ("shutdown_grace_period_by_pod_priority", Value::Array(bands)),
     ]);
     let static_pods = table([

@@ -286,7 +286,9 @@ fn round_trip_of_check_config_output() {
             main_missing: false,
         };
         let printed = check_config_report(Path::new("/etc/nodegrace/config.toml"), &loaded);
-        let reread = load_str(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        let mut reread = load_str(&printed).unwrap_or_else(|e| panic!("{e}\n{printed}"));
+        // The printed bands are set in the printed file; where they came from is a comment.
+        reread.fallback.bands_from = settings.fallback.bands_from.clone();
         assert_eq!(reread, settings, "{printed}");
     }
 }
@@ -1088,8 +1090,134 @@ mod roundtrip {
         fn check_config_output_reloads_to_the_same_settings(settings in settings()) {
             let loaded = Loaded { settings: settings.clone(), files: vec![], main_missing: true };
             let printed = check_config_report(Path::new("/x/config.toml"), &loaded);
-            let reread = load_str(&printed).map_err(|e| TestCaseError::fail(format!("{e}\n{printed}")))?;
+            let mut reread = load_str(&printed).map_err(|e| TestCaseError::fail(format!("{e}\n{printed}")))?;
+            // The printed bands are set in the printed file; where they came from is a comment.
+            reread.fallback.bands_from = settings.fallback.bands_from.clone();
             prop_assert_eq!(reread, settings);
         }
     }
+}
+
+// ---- the kubelet's own Graceful Node Shutdown settings ----
+
+fn kubelet_dir(dir: &Dir, config: &str, dropins: &[(&str, &str)]) -> String {
+    dir.write("kubelet.yaml", config);
+    fs::create_dir_all(dir.0.path().join("kubelet.conf.d")).unwrap();
+    for (name, text) in dropins {
+        dir.write(&format!("kubelet.conf.d/{name}"), text);
+    }
+    format!(
+        "[fallback]\nkubelet_config = \"{}\"\nkubelet_config_dir = \"{}\"\n",
+        dir.0.path().join("kubelet.yaml").display(),
+        dir.0.path().join("kubelet.conf.d").display()
+    )
+}
+
+#[test]
+fn the_kubelets_bands_are_used_unless_nodegrace_sets_its_own() {
+    let dir = Dir::new();
+    let keys = kubelet_dir(
+        &dir,
+        "kind: KubeletConfiguration\nshutdownGracePeriod: 2m\nshutdownGracePeriodCriticalPods: 20s\n",
+        &[("50-prio.conf", "kind: KubeletConfiguration\nshutdownGracePeriod: 0s\nshutdownGracePeriodByPodPriority:\n- priority: 0\n  shutdownGracePeriodSeconds: 40\n- priority: 1000\n  shutdownGracePeriodSeconds: 10\n")],
+    );
+    dir.write("config.toml", &keys);
+    let loaded = load_report(&dir.main()).unwrap();
+    let fb = &loaded.settings.fallback;
+    assert_eq!(
+        fb.shutdown_grace_period_by_pod_priority,
+        [
+            PriorityGracePeriod {
+                priority: 0,
+                shutdown_grace_period: Duration::from_secs(40)
+            },
+            PriorityGracePeriod {
+                priority: 1000,
+                shutdown_grace_period: Duration::from_secs(10)
+            },
+        ]
+    );
+    assert!(fb.kubelet_gns);
+    assert_eq!(
+        fb.bands_from,
+        BandsSource::Kubelet(vec![
+            dir.0.path().join("kubelet.yaml"),
+            dir.0.path().join("kubelet.conf.d/50-prio.conf"),
+        ])
+    );
+    let report = check_config_report(&dir.main(), &loaded);
+    assert!(
+        report.contains("# fallback bands from the kubelet's configuration ("),
+        "{report}"
+    );
+    assert!(report.contains("50-prio.conf)"), "{report}");
+    assert!(
+        report.contains("leaves the GracefulNodeShutdownInProgress condition to it"),
+        "{report}"
+    );
+
+    // nodegrace's own bands, in a drop-in, win; the kubelet's GNS is still seen.
+    dir.write(
+        "config.d/20-bands.toml",
+        "[fallback]\nshutdown_grace_period = \"60s\"\nshutdown_grace_period_critical_pods = \"15s\"\n",
+    );
+    let loaded = load_report(&dir.main()).unwrap();
+    let fb = &loaded.settings.fallback;
+    assert_eq!(
+        fb.shutdown_grace_period_by_pod_priority[0].shutdown_grace_period,
+        Duration::from_secs(45)
+    );
+    assert!(fb.kubelet_gns);
+    assert_eq!(
+        fb.bands_from,
+        BandsSource::Nodegrace(dir.0.path().join("config.d/20-bands.toml"))
+    );
+    let report = check_config_report(&dir.main(), &loaded);
+    assert!(
+        report.contains("# fallback bands from [fallback] in "),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_broken_kubelet_configuration_is_a_warning_that_changes_nothing() {
+    let dir = Dir::new();
+    let keys = kubelet_dir(&dir, "shutdownGracePeriod: [oops\n", &[]);
+    dir.write("config.toml", &keys);
+    let loaded = load_report(&dir.main()).unwrap();
+    let fb = &loaded.settings.fallback;
+    assert_eq!(
+        fb.shutdown_grace_period_by_pod_priority,
+        Settings::default()
+            .fallback
+            .shutdown_grace_period_by_pod_priority
+    );
+    assert_eq!(fb.bands_from, BandsSource::Defaults);
+    assert!(!fb.kubelet_gns);
+    assert_eq!(fb.kubelet_warnings.len(), 1, "{:?}", fb.kubelet_warnings);
+    let report = check_config_report(&dir.main(), &loaded);
+    assert!(
+        report.contains("# warning: the kubelet's configuration is set aside: "),
+        "{report}"
+    );
+    assert!(report.contains("kubelet.yaml: not YAML"), "{report}");
+    assert!(
+        report.contains("# fallback bands from nodegrace's defaults"),
+        "{report}"
+    );
+
+    // "" reads nothing; a relative path is an error of nodegrace's own file.
+    dir.write(
+        "config.toml",
+        "[fallback]\nkubelet_config = \"\"\nkubelet_config_dir = \"\"\n",
+    );
+    let loaded = load_report(&dir.main()).unwrap();
+    assert_eq!(loaded.settings.fallback.kubelet_config, None);
+    assert!(loaded.settings.fallback.kubelet_warnings.is_empty());
+    dir.write(
+        "config.toml",
+        "[fallback]\nkubelet_config = \"kubelet.yaml\"\n",
+    );
+    let err = load_report(&dir.main()).unwrap_err().to_string();
+    assert!(err.contains("fallback.kubelet_config"), "{err}");
 }

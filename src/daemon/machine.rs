@@ -602,7 +602,7 @@ impl Machine {
 
     fn persisted_this_boot(&self) -> Option<ShutdownState> {
         match ShutdownState::load_or_set_aside(&self.settings.state_dir) {
-            Ok(s) => s.filter(|s| s.boot_id == self.boot_id),
+            Ok(s) => s.filter(|s| s.boot_id == self.boot_id && !s.soft_rebooted()),
             Err(e) => {
                 tracing::error!(error = %crate::cluster::error_text(&e), "ignoring unreadable shutdown state");
                 None
@@ -694,7 +694,7 @@ impl Machine {
         };
         let remaining = req.remaining(now);
         tracing::info!(
-            kind = ?req.kind,
+            kind = %req.kind,
             started_at = %req.started_at,
             budget = %humantime::format_duration(req.budget),
             remaining = %humantime::format_duration(remaining),

@@ -55,6 +55,18 @@ pub(crate) fn build_drainer(
     Ok(Arc::new(node::real_node_drainer(settings, metrics)?))
 }
 
+/// Where the fallback's bands come from, and why the kubelet's configuration was set aside.
+fn log_kubelet_settings(settings: &Settings) {
+    let fb = &settings.fallback;
+    for w in &fb.kubelet_warnings {
+        tracing::warn!(warning = %w, "the kubelet's configuration is set aside: the fallback uses nodegrace's bands");
+    }
+    tracing::info!(bands_from = %fb.bands_from, kubelet_gns = fb.kubelet_gns, "offline fallback bands");
+    if fb.kubelet_gns {
+        tracing::warn!("the kubelet's own Graceful Node Shutdown is configured: it kills pods at a shutdown beside nodegrace's drain; nodegrace leaves the GracefulNodeShutdownInProgress condition to it");
+    }
+}
+
 /// A drain that takes a fixed time (test hook).
 #[cfg(feature = "test-hooks")]
 #[derive(Debug, Clone, Copy)]
@@ -95,6 +107,7 @@ pub fn run(
     let result = runtime.block_on(async move {
         let target = crate::telemetry::init();
         tracing::info!(version = env!("CARGO_PKG_VERSION"), log = ?target, "nodegrace starting");
+        log_kubelet_settings(&settings);
         let metrics = crate::metrics::Metrics::new();
         let stop_metrics = tokio_util::sync::CancellationToken::new();
         if let Some(addr) = settings.metrics.listen {
@@ -110,7 +123,9 @@ pub fn run(
             Arc::new(crate::systemd::SdNotifier),
         )
         .with_reloader(Box::new(move || {
-            crate::config::load(&config_path).map_err(anyhow::Error::from)
+            let s = crate::config::load(&config_path).map_err(anyhow::Error::from)?;
+            log_kubelet_settings(&s);
+            Ok(s)
         }))
         .with_adopted_inhibitor(stored_inhibitor);
         forward_signals(daemon.handle()).context("installing signal handlers")?;

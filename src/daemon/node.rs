@@ -22,7 +22,7 @@ use crate::daemon::Drainer;
 use crate::fallback::{Fallback, FallbackOptions, FallbackReport, KubeletControl, PodOutcome};
 use crate::metrics::{Metrics, TerminationMethod};
 use crate::shutdown::ShutdownRequest;
-use crate::state::{BootIdSource, OfflineDrain, PodCache};
+use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
 use crate::plan::lifecycle::{route, Route, RouteEvent};
@@ -427,13 +427,26 @@ impl Drainer for NodeDrainer {
             tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the offline drain record is unreadable; it is left in place and not reported");
             None
         });
+        // The kernel keeps its boot id through a soft reboot: what the state says tells.
+        let soft_rebooted = ShutdownState::load(state_dir)
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.boot_id == boot_id && s.soft_rebooted());
+        if soft_rebooted {
+            tracing::info!(node = %self.parts.node, "the boot after a soft reboot");
+        }
         let mut delay = RETRY_MIN;
         let engine = self.apiserver_back(None).await;
         loop {
-            match engine.after_boot(&boot_id, policy, offline.as_ref()).await {
+            match engine
+                .after_boot_of(&boot_id, soft_rebooted, policy, offline.as_ref())
+                .await
+            {
                 Ok(outcome) => {
                     let recorded = outcome != AfterBoot::Unrecorded;
-                    let earlier = offline.as_ref().filter(|o| o.boot_id != boot_id);
+                    let earlier = offline
+                        .as_ref()
+                        .filter(|o| o.boot_id != boot_id || soft_rebooted);
                     if let Some(done) = earlier.filter(|_| recorded) {
                         // Only that record: a shutdown of this boot may have written its own
                         // while the apiserver was awaited.

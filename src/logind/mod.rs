@@ -57,11 +57,15 @@ pub enum LogindEvent {
     Gone,
 }
 
-/// The `type` of `PrepareForShutdownWithMetadata` ("poweroff", "reboot", "kexec", ...).
+/// The `type` of `PrepareForShutdownWithMetadata` ("poweroff", "reboot", "kexec", ...), or
+/// of `ScheduledShutdown` ("dry-poweroff" and the like are not sent for a real shutdown).
 pub(crate) fn shutdown_kind_from_type(t: &str) -> ShutdownKind {
     match t {
-        "reboot" | "kexec" | "soft-reboot" => ShutdownKind::Reboot,
-        "poweroff" | "halt" => ShutdownKind::Poweroff,
+        "poweroff" => ShutdownKind::Poweroff,
+        "reboot" => ShutdownKind::Reboot,
+        "halt" => ShutdownKind::Halt,
+        "kexec" => ShutdownKind::Kexec,
+        "soft-reboot" => ShutdownKind::SoftReboot,
         _ => ShutdownKind::Unknown,
     }
 }

@@ -257,6 +257,13 @@ impl Checked for ShutdownState {
 }
 
 impl ShutdownState {
+    /// A soft reboot nodegrace let go: the kernel stayed, so the boot id did, but the
+    /// userspace that reads this is a new boot's.
+    pub fn soft_rebooted(&self) -> bool {
+        self.kind == crate::shutdown::ShutdownKind::SoftReboot
+            && self.phase == ShutdownPhase::Released
+    }
+
     /// Reads the state; a missing file is None, a corrupt one an error.
     pub fn load(state_dir: &Path) -> Result<Option<Self>> {
         load_json(state_dir, SHUTDOWN_STATE_FILE, "shutdown state")

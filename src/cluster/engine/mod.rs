@@ -55,7 +55,7 @@ use crate::staticpods::StaticPodGate;
 
 /// The boot that created the shutdown maintenance (`/proc/sys/kernel/random/boot_id`).
 pub(crate) const BOOT_ID_ANNOTATION: &str = "nodegrace.dev/boot-id";
-/// poweroff | reboot | bypass | unknown.
+/// poweroff | reboot | halt | kexec | soft-reboot | bypass | unknown.
 pub(crate) const SHUTDOWN_KIND_ANNOTATION: &str = "nodegrace.dev/shutdown-kind";
 /// A summary of the offline (CRI) drain, written once the apiserver is back.
 pub(crate) const FALLBACK_ANNOTATION: &str = "nodegrace.dev/fallback-report";
@@ -328,12 +328,7 @@ fn is_draining(m: &NodeMaintenance) -> bool {
 }
 
 fn kind_str(kind: ShutdownKind) -> &'static str {
-    match kind {
-        ShutdownKind::Poweroff => "poweroff",
-        ShutdownKind::Reboot => "reboot",
-        ShutdownKind::Bypass => "bypass",
-        ShutdownKind::Unknown => "unknown",
-    }
+    kind.as_str()
 }
 
 fn now_rfc3339() -> String {

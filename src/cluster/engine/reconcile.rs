@@ -1,6 +1,7 @@
 //! One pass of the reconcile loop: read the reflected state, decide, carry it out.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,10 @@ use kube::{Api, Resource, ResourceExt};
 use tokio::time::Instant;
 
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
-use crate::cluster::node::{cordon_patch, PREVIOUS_UNSCHEDULABLE_ANNOTATION};
+use crate::cluster::node::{
+    cordon_patch, lifecycle_changes, set_lifecycle_conditions, Lifecycle,
+    PREVIOUS_UNSCHEDULABLE_ANNOTATION,
+};
 use crate::cluster::nodesel;
 use crate::plan::drain::{self, NodePod};
 use crate::plan::targets::MaintenanceInput;
@@ -21,8 +25,8 @@ use crate::state::PodCache;
 
 use super::{
     daemonset_owner, describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock,
-    min_wake, tolerates_everything, DrainState, MaintView, Progress, Shared, COMPLETED_MESSAGE,
-    POD_CACHE_DEBOUNCE,
+    min_wake, shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress,
+    Shared, COMPLETED_MESSAGE, POD_CACHE_DEBOUNCE,
 };
 
 /// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
@@ -201,6 +205,8 @@ impl Shared {
         self.note_replacements(st, &decision.replacements, &raw_pods);
         let views = self.views(st, &prepared, &decision);
         self.tune_eviction_requests(st, backoff_cap);
+        self.admin_conditions(st, &node, &views, &decision.pods)
+            .await?;
         let retry = self
             .terminate(st, &node, &classified, &decision, &views, backoff_cap)
             .await?;
@@ -550,6 +556,68 @@ impl Shared {
                 ),
             );
         }
+    }
+
+    /// `DrainInProgress`, then `Drained`, while administrators' maintenances drain the node
+    /// (before the first pod of a pass is asked to go); False again once none does. A
+    /// shutdown's conditions are the shutdown's to write.
+    async fn admin_conditions(
+        &self,
+        st: &mut DrainState,
+        node: &Arc<Node>,
+        views: &[MaintView],
+        pods: &[PodInfo],
+    ) -> Result<()> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let own = shutdown_maintenance_name(&self.node);
+        let admin: Vec<&MaintView> = views.iter().filter(|v| v.name != own).collect();
+        let names = admin
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let node_drained = st.targets.active_targeted(pods).next().is_none()
+            && admin
+                .iter()
+                .all(|v| v.index + 1 >= v.plan_len && st.targets.covers(&v.targets));
+        let (want, message) = if admin.is_empty() {
+            (
+                Lifecycle::AdminIdle,
+                "no NodeMaintenance drains the node".to_string(),
+            )
+        } else if node_drained {
+            (
+                Lifecycle::AdminDrained,
+                format!("nodegrace drained the node for NodeMaintenance {names}"),
+            )
+        } else {
+            (
+                Lifecycle::AdminDraining,
+                format!("nodegrace drains the node for NodeMaintenance {names}"),
+            )
+        };
+        if lifecycle_changes(node, want, &message).is_empty() {
+            return Ok(());
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        let r = set_lifecycle_conditions(&api, node, want, &message).await;
+        self.note(&r);
+        match r {
+            Ok(Some(written)) => {
+                tracing::info!(node = %self.node, conditions = ?want, maintenances = %names, "node lifecycle conditions written");
+                st.node_overlay = Some(Arc::new(written));
+            }
+            Ok(None) => {}
+            Err(e) if super::anyhow_is_unusable(&e) => return Err(e),
+            Err(e) => {
+                if st.announced.insert(format!("conditions/{want:?}")) {
+                    tracing::warn!(node = %self.node, error = crate::cluster::error_text(&e), "writing the node's drain conditions failed");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Says once which tolerate-all DaemonSet pods came back and are left alone.

@@ -20,7 +20,7 @@ use crate::api::{
 };
 use crate::cluster::node::{
     cordon_patch, lb_exclusion_patch, maintenance_taint_patch, patch_node_with,
-    set_shutdown_condition, SHUTDOWN_CONDITION,
+    set_lifecycle_conditions, Lifecycle, REASON_SHUTDOWN_CANCELLED, REASON_SHUTDOWN_ENDED,
 };
 use crate::cluster::{api_error_code, FIELD_MANAGER};
 use crate::config::CompletionPolicy;
@@ -39,6 +39,9 @@ use super::{
 
 /// How long the drain waits, beside the cordon, for the evicting identity's connection.
 const CONNECT_AHEAD_MAX: Duration = Duration::from_secs(2);
+/// How long the shutdown conditions' write is tried again while the apiserver cannot be
+/// used (the cordon beside it keeps trying; a drain that resumes writes them again).
+const CONDITION_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Engine {
     /// Drains the node for a shutdown through `shutdown-<node>` and returns once the node is
@@ -62,19 +65,22 @@ impl Engine {
         // requests share it (`PodTerminator::connect`); a slow apiserver does not hold the
         // drain for it.
         let connect = tokio::time::timeout(CONNECT_AHEAD_MAX, sh.terminator.connect());
-        let (cordoned, _) = tokio::join!(sh.cordon_for_shutdown(), connect);
+        // The conditions go beside the cordon, and before the maintenance exists: no pod
+        // is asked to go before the cluster can read that the node is shutting down.
+        let (cordoned, _, condition) = tokio::join!(
+            sh.cordon_for_shutdown(),
+            connect,
+            sh.set_condition_for_shutdown(req)
+        );
         cordoned?;
         lock(&sh.timings).cordoned = Some(t0.elapsed());
-        let (condition, adopted) = tokio::join!(sh.set_condition_for_shutdown(req), async {
-            let r = sh.ensure_shutdown_maintenance(req, &plan).await;
-            lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
-            r
-        });
+        if let Err(e) = condition {
+            tracing::warn!(node = %sh.node, error = crate::cluster::error_text(&e), "setting the shutdown conditions failed");
+        }
+        let adopted = sh.ensure_shutdown_maintenance(req, &plan).await;
+        lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
         let maintenance = adopted?;
         *lock(&sh.created_maintenance) = Some((Arc::new(maintenance.clone()), Instant::now()));
-        if let Err(e) = condition {
-            tracing::warn!(node = %sh.node, error = crate::cluster::error_text(&e), "setting the shutdown condition failed");
-        }
 
         let plan = normalize_drain_plan(&maintenance.spec.drain_plan).unwrap_or(plan);
         let pods = sh.pod_infos();
@@ -119,7 +125,7 @@ impl Engine {
         }));
         sh.progress.send_replace(Progress::default());
         sh.bump();
-        tracing::info!(node = %sh.node, maintenance = %name, kind = ?req.kind, resumed = req.resumed, "shutdown drain started");
+        tracing::info!(node = %sh.node, maintenance = %name, kind = %req.kind, resumed = req.resumed, "shutdown drain started");
 
         let mut progress = sh.progress.subscribe();
         let mut events = sh.wake.subscribe();
@@ -167,7 +173,7 @@ impl Engine {
         *lock(&sh.shutdown) = None;
         sh.shutting_down.store(false, Ordering::Relaxed);
         sh.bump();
-        sh.clear_shutdown_marks().await?;
+        sh.clear_shutdown_marks(REASON_SHUTDOWN_CANCELLED).await?;
         if policy == CompletionPolicy::Complete {
             sh.set_stage(&shutdown_maintenance_name(&sh.node), Stage::Complete)
                 .await?;
@@ -186,11 +192,26 @@ impl Engine {
         policy: CompletionPolicy,
         offline: Option<&OfflineDrain>,
     ) -> Result<AfterBoot> {
+        self.after_boot_of(boot_id, false, policy, offline).await
+    }
+
+    /// [`Engine::after_boot`]; `soft_rebooted`: the boot id is the one the shutdown had,
+    /// but a soft reboot took place since (what that boot id recorded is an earlier boot's).
+    pub async fn after_boot_of(
+        &self,
+        boot_id: &str,
+        soft_rebooted: bool,
+        policy: CompletionPolicy,
+        offline: Option<&OfflineDrain>,
+    ) -> Result<AfterBoot> {
         let sh = &self.shared;
         sh.wait_ready(|r| r.node && r.maintenances)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let offline = offline.filter(|o| o.boot_id != boot_id);
+        // No shutdown is in progress (the daemon is told so by logind): a True left by a
+        // crash or the boot before is cleared before anything else.
+        sh.clear_stale_shutdown_conditions().await?;
+        let offline = offline.filter(|o| o.boot_id != boot_id || soft_rebooted);
         if let Some(record) = offline {
             if sh.wait_ready(|r| r.pods).await.is_ok() {
                 sh.report_offline_stopped(record).await;
@@ -215,7 +236,7 @@ impl Engine {
             },
         };
         let m_boot = m.annotations().get(BOOT_ID_ANNOTATION).map(String::as_str);
-        if m_boot == Some(boot_id) {
+        if m_boot == Some(boot_id) && !soft_rebooted {
             return Ok(AfterBoot::SameBoot);
         }
         if let Some(record) = offline.filter(|o| m_boot == Some(o.boot_id.as_str())) {
@@ -223,7 +244,7 @@ impl Engine {
                 sh.annotate_offline_record(&m, record).await?;
             }
         }
-        sh.clear_shutdown_marks().await?;
+        sh.clear_shutdown_marks(REASON_SHUTDOWN_ENDED).await?;
         if m.spec.stage == Stage::Complete || is_deleting(&m) {
             return Ok(AfterBoot::AlreadyComplete);
         }
@@ -306,28 +327,67 @@ impl Shared {
         }
     }
 
+    /// `DrainInProgress` and (unless the kubelet's own GNS is on) `GracefulNodeShutdownInProgress`,
+    /// True with reason `NodeShutdown`, in one status write. Best effort: tried again while
+    /// the apiserver cannot be used, for at most [`CONDITION_RETRY_MAX`], as the drain must
+    /// not wait for it.
     pub(super) async fn set_condition_for_shutdown(&self, req: &ShutdownRequest) -> Result<()> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let message = format!("nodegrace drains the node for {:?}", req.kind).to_lowercase();
-        let r = set_shutdown_condition(&api, &self.node, true, &message).await;
-        self.note(&r);
-        r
+        let message = format!("nodegrace drains the node for a {}", kind_str(req.kind));
+        let want = Lifecycle::Shutdown {
+            gns: self.writes_gns(),
+        };
+        let node = self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.name_any() == self.node);
+        let node = node.map(|n| (*n).clone()).unwrap_or_else(|| {
+            let mut n = Node::default();
+            n.metadata.name = Some(self.node.clone());
+            n
+        });
+        let started = Instant::now();
+        loop {
+            let r = set_lifecycle_conditions(&api, &node, want, &message).await;
+            self.note(&r);
+            match r {
+                Err(e) if anyhow_is_unusable(&e) && started.elapsed() < CONDITION_RETRY_MAX => {
+                    tokio::time::sleep(super::RETRY_IN_SHUTDOWN).await;
+                }
+                r => return r.map(|_| ()),
+            }
+        }
     }
 
-    pub(super) async fn clear_shutdown_marks(&self) -> Result<()> {
+    /// Whether nodegrace writes `GracefulNodeShutdownInProgress`: not when the kubelet's
+    /// own Graceful Node Shutdown is configured (then it is the kubelet's to say).
+    pub(super) fn writes_gns(&self) -> bool {
+        !self.settings().fallback.kubelet_gns
+    }
+
+    /// The shutdown conditions back to False (`reason`), where they say `NodeShutdown`;
+    /// the load-balancer exclusion removed.
+    pub(super) async fn clear_shutdown_marks(&self, reason: &'static str) -> Result<()> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let has_condition = api
+        let node = api
             .get(&self.node)
             .await
-            .with_context(|| format!("reading node {}", self.node))?
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == SHUTDOWN_CONDITION && c.status == "True");
-        if has_condition {
-            set_shutdown_condition(&api, &self.node, false, "shutdown cancelled or finished")
-                .await?;
+            .with_context(|| format!("reading node {}", self.node))?;
+        let want = Lifecycle::ShutdownOver {
+            gns: self.writes_gns(),
+            reason,
+        };
+        let message = if reason == REASON_SHUTDOWN_CANCELLED {
+            "the shutdown was cancelled"
+        } else {
+            "no shutdown is in progress"
+        };
+        if set_lifecycle_conditions(&api, &node, want, message)
+            .await?
+            .is_some()
+        {
+            tracing::info!(node = %self.node, reason, "shutdown conditions cleared");
         }
         patch_node_with(
             &api,
@@ -337,6 +397,28 @@ impl Shared {
         )
         .await?;
         self.bump();
+        Ok(())
+    }
+
+    async fn clear_stale_shutdown_conditions(&self) -> Result<()> {
+        let Some(node) = self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.name_any() == self.node)
+        else {
+            return Ok(());
+        };
+        let api: Api<Node> = Api::all(self.client.clone());
+        let want = Lifecycle::ShutdownOver {
+            gns: self.writes_gns(),
+            reason: REASON_SHUTDOWN_ENDED,
+        };
+        let r = set_lifecycle_conditions(&api, &node, want, "no shutdown is in progress").await;
+        self.note(&r);
+        if r?.is_some() {
+            tracing::info!(node = %self.node, "cleared the shutdown conditions a shutdown of an earlier boot (or a crash) left True");
+        }
         Ok(())
     }
 

@@ -1,0 +1,98 @@
+//! `nodegrace check-config` on a kubeadm-like node whose kubelet configuration (file and
+//! drop-in directory) turns the kubelet's Graceful Node Shutdown on.
+
+mod cli_support;
+
+use cli_support::CliEnv;
+
+fn kubelet_keys(env: &CliEnv) -> String {
+    format!(
+        "[fallback]\nkubelet_config = \"{}\"\nkubelet_config_dir = \"{}\"\n",
+        env.path("kubelet/config.yaml").display(),
+        env.path("kubelet/kubelet.conf.d").display()
+    )
+}
+
+fn env_with_kubelet() -> CliEnv {
+    let env = CliEnv::new("https://127.0.0.1:1", "15m", "");
+    let config = env.path("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}{}", kubelet_keys(&env))).unwrap();
+    std::fs::create_dir_all(env.path("kubelet/kubelet.conf.d")).unwrap();
+    std::fs::write(
+        env.path("kubelet/config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 2m\nshutdownGracePeriodCriticalPods: 30s\n",
+    )
+    .unwrap();
+    std::fs::write(
+        env.path("kubelet/kubelet.conf.d/10-shutdown.conf"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriodCriticalPods: 45s\n",
+    )
+    .unwrap();
+    env
+}
+
+#[test]
+fn check_config_uses_and_names_the_kubelets_bands() {
+    let env = env_with_kubelet();
+    let out = env.run(&["check-config"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("# fallback bands from"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains("the kubelet's configuration ("), "{line}");
+    assert!(line.contains("kubelet/config.yaml, "), "{line}");
+    assert!(line.ends_with("kubelet.conf.d/10-shutdown.conf)"), "{line}");
+    assert!(stdout.contains("leaves the GracefulNodeShutdownInProgress condition to it"));
+    // 2m total, 45 s of it for critical pods: 75 s and 45 s.
+    assert!(
+        stdout.contains("priority = 0\nshutdown_grace_period = \"1m 15s\"")
+            || stdout.contains("priority = 0\nshutdown_grace_period = \"75s\""),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("priority = 2000000000\nshutdown_grace_period = \"45s\""),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_symlinked_kubelet_drop_in_is_a_warning_and_changes_nothing() {
+    let env = env_with_kubelet();
+    let dropin = env.path("kubelet/kubelet.conf.d/10-shutdown.conf");
+    let elsewhere = env.path("kubelet/elsewhere.conf");
+    std::fs::rename(&dropin, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dropin).unwrap();
+    let out = env.run(&["check-config"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("# warning: the kubelet's configuration is set aside: ")
+            && stdout.contains("10-shutdown.conf: cannot read: a symlink"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("# fallback bands from nodegrace's defaults"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("leaves the GracefulNodeShutdownInProgress"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("priority = 0\nshutdown_grace_period = \"1m\""),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read_link(&dropin).unwrap(),
+        elsewhere,
+        "the kubelet's files are left as they were"
+    );
+}
