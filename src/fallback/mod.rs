@@ -168,6 +168,10 @@ pub struct FallbackReport {
     pub pods: Vec<PodReport>,
     /// Failures not tied to one pod (kubelet unit, listing, manifests).
     pub errors: Vec<String>,
+    /// Files of the kubelet's manifest directory it refuses (no pod, no priority), gated
+    /// after the last band.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gated_unreadable: Vec<String>,
 }
 
 impl PodReport {
@@ -426,6 +430,8 @@ impl Fallback {
             }
         }
 
+        self.gate_unreadable_manifests().await;
+
         let mut r = self.lock();
         r.finished_at = Some(Utc::now());
         info!(pods = r.pods.len(), elapsed = ?(Instant::now() - t0), "offline fallback done");
@@ -448,6 +454,39 @@ impl Fallback {
                 "stopping {unit}: no answer within {:?}; going on",
                 self.opts.kubelet_timeout
             )),
+        }
+    }
+
+    /// Files in the manifest directory the kubelet refuses run no pod and carry no
+    /// priority: they go last, once the bands are done.
+    async fn gate_unreadable_manifests(&self) {
+        let Some(gate) = self.gate.clone() else {
+            return;
+        };
+        let outcome = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<(String, anyhow::Result<()>)>> {
+            Ok(gate
+                .unreadable_active()?
+                .into_iter()
+                .map(|p| {
+                    let r = gate.gate(&p.file_name);
+                    (p.file_name, r)
+                })
+                .collect())
+        })
+        .await;
+        let results = match outcome {
+            Ok(Ok(results)) => results,
+            Ok(Err(e)) => return self.global_error(format!("reading static pod manifests: {e:#}")),
+            Err(e) => return self.global_error(format!("reading static pod manifests: {e}")),
+        };
+        for (file, r) in results {
+            match r {
+                Ok(()) => {
+                    info!(manifest = %file, "gated a file the kubelet refuses as a static pod manifest (last)");
+                    self.lock().gated_unreadable.push(file);
+                }
+                Err(e) => self.global_error(format!("gating {file}: {e:#}")),
+            }
         }
     }
 
