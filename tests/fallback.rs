@@ -74,7 +74,9 @@ impl KubeletControl for FakeKubelet {
         match self.1 {
             KubeletStop::Stops => {}
             KubeletStop::Hangs => std::future::pending::<()>().await,
-            KubeletStop::Fails => anyhow::bail!("Operation refused, unit kubelet.service may be requested by dependency only"),
+            KubeletStop::Fails => anyhow::bail!(
+                "Operation refused, unit kubelet.service may be requested by dependency only"
+            ),
         }
         self.0.push(Ev::KubeletStop);
         Ok(())
@@ -89,6 +91,8 @@ impl KubeletControl for FakeKubelet {
 struct FakeGate {
     clock: Arc<Clock>,
     active: Vec<StaticManifest>,
+    /// Files the kubelet refuses as manifests.
+    unreadable: Vec<String>,
 }
 
 impl StaticPodGate for FakeGate {
@@ -111,6 +115,16 @@ impl StaticPodGate for FakeGate {
     fn restore_all(&self) -> anyhow::Result<Vec<String>> {
         Ok(Vec::new())
     }
+    fn unreadable_active(&self) -> anyhow::Result<Vec<nodegrace::staticpods::Problem>> {
+        Ok(self
+            .unreadable
+            .iter()
+            .map(|f| nodegrace::staticpods::Problem {
+                file_name: f.clone(),
+                reason: "not YAML".into(),
+            })
+            .collect())
+    }
 }
 
 /// A node: pods with their sandbox, containers and cache entry.
@@ -119,6 +133,7 @@ struct Node {
     runtime: FakeRuntime,
     cache: PodCache,
     manifests: Vec<StaticManifest>,
+    unreadable: Vec<String>,
     sandbox_delay: Duration,
     kubelet_stop: KubeletStop,
 }
@@ -133,6 +148,7 @@ impl Node {
             runtime: FakeRuntime::new(),
             cache: PodCache::default(),
             manifests: Vec::new(),
+            unreadable: Vec::new(),
             sandbox_delay: Duration::ZERO,
             kubelet_stop: KubeletStop::Stops,
         }
@@ -193,6 +209,7 @@ impl Node {
         let gate = FakeGate {
             clock: self.clock.clone(),
             active: self.manifests.clone(),
+            unreadable: self.unreadable.clone(),
         };
         Fallback::new(
             Arc::new(self.runtime.clone()),
@@ -566,22 +583,35 @@ async fn a_kubelet_that_does_not_stop_is_reported_and_its_restarts_are_stopped_a
         }
         assert!(report.errors.iter().any(|e| e == why), "{report:#?}");
         // Through the CRI all the same: band by band, after the kubelet's stop gave up.
-        let gave_up = if stop == KubeletStop::Hangs { S(5) } else { Duration::from_millis(100) };
+        let gave_up = if stop == KubeletStop::Hangs {
+            S(5)
+        } else {
+            Duration::from_millis(100)
+        };
         assert_eq!(n.stop_requested("web-c0").0, gave_up, "{stop:?}");
         assert!(n.stop_requested("db-c0").0 > n.stop_requested("web-c0").0);
         assert_eq!(report.pod("ns", "db").unwrap().outcome, PodOutcome::Stopped);
         // The container the kubelet started again is stopped too, with web's grace.
         let (at, grace) = n.stop_requested(&restarted);
-        assert!(at > n.stop_requested("db-c0").0, "{stop:?}: {:#?}", n.events());
+        assert!(
+            at > n.stop_requested("db-c0").0,
+            "{stop:?}: {:#?}",
+            n.events()
+        );
         assert_eq!(grace, S(10));
         let web = report.pod("ns", "web").unwrap();
         assert!(
-            web.errors.iter().any(|e| e.contains("started again by the kubelet") && e.contains("stopped again")),
+            web.errors
+                .iter()
+                .any(|e| e.contains("started again by the kubelet") && e.contains("stopped again")),
             "{web:#?}"
         );
         assert!(web.containers.contains(&restarted), "{web:#?}");
         assert!(n.runtime.running().is_empty(), "{:?}", n.runtime.running());
-        assert!(took < gave_up + S(10), "{stop:?}: the fallback took {took:?}");
+        assert!(
+            took < gave_up + S(10),
+            "{stop:?}: the fallback took {took:?}"
+        );
     }
 }
 
@@ -626,6 +656,7 @@ async fn a_cri_socket_that_never_answers_is_bounded_by_the_call_timeout_and_repo
     let gate = FakeGate {
         clock: n.clock.clone(),
         active: n.manifests.clone(),
+        unreadable: Vec::new(),
     };
     let fallback = Fallback::new(
         Arc::new(client),
@@ -665,7 +696,10 @@ async fn a_cri_socket_that_never_answers_is_bounded_by_the_call_timeout_and_repo
     assert!(web.errors[0].contains("does not answer"), "{web:#?}");
     n.when(&Ev::Gate("etcd.yaml".into()));
     let log = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
-    let about: Vec<&str> = log.lines().filter(|l| l.contains("containerd.sock")).collect();
+    let about: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("containerd.sock"))
+        .collect();
     assert_eq!(about.len(), 1, "{log}");
     assert!(about[0].contains("does not answer"), "{log}");
 }
@@ -680,4 +714,28 @@ impl std::io::Write for LogSink {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// A file the kubelet refuses as a static pod manifest names no pod and no priority: it is
+/// gated after the last band, and the report lists it.
+#[tokio::test(start_paused = true)]
+async fn a_file_the_kubelet_refuses_is_gated_after_the_last_band() {
+    let mut n = Node::new();
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod(
+            "ns",
+            "crit",
+            Some((2_000_000_000, 30)),
+            &[Behaviour::ExitsAfter(S(2))],
+        );
+    n.unreadable = vec!["half-edited.yaml".into()];
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    assert_eq!(report.gated_unreadable, ["half-edited.yaml"], "{report:#?}");
+    let gated = n.when(&Ev::Gate("half-edited.yaml".into()));
+    assert!(
+        gated >= n.when(&Ev::ContainerStopped("crit-c0".into())),
+        "{:#?}",
+        n.events()
+    );
+    assert!(report.errors.is_empty(), "{report:#?}");
 }

@@ -156,7 +156,10 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
     let manifest = std::fs::read(f.kubelet.manifests().join("etcd.yaml")).expect("manifest");
     // Two files the kubelet refuses beside it: gated last, restored byte for byte.
     let refused: [(&str, &[u8]); 2] = [
-        ("broken.yaml", b"apiVersion: v1\nkind: Pod\nmetadata: [name: x\n"),
+        (
+            "broken.yaml",
+            b"apiVersion: v1\nkind: Pod\nmetadata: [name: x\n",
+        ),
         (
             "not-a-pod.yaml",
             b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: not-a-pod\ndata: {a: b}\n",
@@ -414,8 +417,9 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
     }
     let all = pods.list(&Default::default()).await.expect("pods");
     assert!(
-        !all.items.iter().any(|p| p.name_any().starts_with("not-a-pod")
-            || p.name_any().starts_with("x-")),
+        !all.items
+            .iter()
+            .any(|p| p.name_any().starts_with("not-a-pod") || p.name_any().starts_with("x-")),
         "a pod from a refused file: {:?}",
         all.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
     );

@@ -457,14 +457,10 @@ impl Fallback {
         // Recorded before the call: if this future is dropped mid-stop, a cancel still
         // starts the unit again (starting a running unit is harmless).
         self.lock().kubelet_stopped = true;
-        let why = match tokio::time::timeout(self.opts.kubelet_timeout, kubelet.stop(unit)).await
-        {
+        let why = match tokio::time::timeout(self.opts.kubelet_timeout, kubelet.stop(unit)).await {
             Ok(Ok(())) => return info!(unit = %unit, "kubelet stopped"),
             Ok(Err(e)) => format!("stopping {unit} failed: {e:#}"),
-            Err(_) => format!(
-                "{unit} did not stop within {:?}",
-                self.opts.kubelet_timeout
-            ),
+            Err(_) => format!("{unit} did not stop within {:?}", self.opts.kubelet_timeout),
         };
         tracing::error!(unit = %unit, error = %why, "the kubelet did not stop: stopping its containers through the CRI anyway, and again any it starts meanwhile");
         let mut r = self.lock();

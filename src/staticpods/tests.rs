@@ -367,7 +367,10 @@ fn a_file_the_kubelet_refuses_is_gated_and_restored_byte_for_byte() {
         assert!(gate.restore_all().unwrap().is_empty());
         assert_eq!(fs::read(f.m.join("broken.yaml")).unwrap(), broken);
         assert_eq!(fs::read(f.m.join("deploy.yaml")).unwrap(), not_a_pod);
-        let mode = fs::metadata(f.m.join("broken.yaml")).unwrap().permissions().mode();
+        let mode = fs::metadata(f.m.join("broken.yaml"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o640, "copy={copy}");
         assert!(!gate.has_gated().unwrap());
         assert_eq!(gate.active().unwrap().len(), 2);
@@ -643,7 +646,11 @@ fn manifest_set() -> impl Strategy<Value = Vec<(String, Vec<u8>, u32)>> {
             "[ -~]{0,40}",
             prop_oneof![Just(0o600u32), Just(0o644), Just(0o640)],
             // Files the kubelet refuses are gated and restored too.
-            prop_oneof![Just(None), Just(Some(&b"metadata: ["[..])), Just(Some(&b"kind: Deployment\n"[..]))],
+            prop_oneof![
+                Just(None),
+                Just(Some(&b"metadata: ["[..])),
+                Just(Some(&b"kind: Deployment\n"[..]))
+            ],
         ),
         1..4,
     )

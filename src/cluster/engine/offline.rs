@@ -67,7 +67,10 @@ impl FallbackSummary {
             started_at: runs.iter().find_map(|r| r.started_at),
             finished_at: runs.iter().rev().find_map(|r| r.finished_at),
             kubelet_stopped: runs.last().is_some_and(|r| r.kubelet_stopped),
-            kubelet_not_stopped: runs.iter().rev().find_map(|r| r.kubelet_not_stopped.clone()),
+            kubelet_not_stopped: runs
+                .iter()
+                .rev()
+                .find_map(|r| r.kubelet_not_stopped.clone()),
             runtime_unusable: runs.iter().rev().find_map(|r| r.runtime_unusable.clone()),
             gated_unreadable: runs
                 .iter()
