@@ -211,7 +211,7 @@ impl Shared {
             let m = ctx
                 .as_ref()
                 .and_then(|c| active.iter().find(|m| m.name_any() == c.name));
-            self.gate_unreadable_manifests(&node, m.map(|m| m.as_ref()))
+            self.gate_unreadable_manifests(st, &node, m.map(|m| m.as_ref()))
                 .await;
         }
         let mut all_written = true;

@@ -257,6 +257,7 @@ impl Shared {
     /// priority to order them by) out with the static pods, last: once the node is empty.
     pub(super) async fn gate_unreadable_manifests(
         &self,
+        st: &mut DrainState,
         node: &Node,
         maintenance: Option<&NodeMaintenance>,
     ) {
@@ -286,7 +287,9 @@ impl Shared {
                 Ok(()) => {
                     tracing::info!(node = %self.node, manifest = %file, "gated a file the kubelet refuses as a static pod manifest (no priority to read: last)")
                 }
+                Err(_) if st.unreadable_not_gated.contains(&file) => {}
                 Err(err) => {
+                    st.unreadable_not_gated.insert(file.clone());
                     tracing::warn!(node = %self.node, manifest = %file, error = format!("{err:#}"), "cannot gate a file the kubelet refuses as a static pod manifest");
                     self.event_both(
                         node,
