@@ -24,7 +24,9 @@
 //!
 //! `BENCH_FAULT=apiserver-around-signal|apiserver-first-band|etcd-first-band` kills the
 //! apiserver (or etcd) around the poweroff and starts it again, and prints total − ideal −
-//! outage (it stops the shared control plane: run it alone).
+//! outage (it stops the shared control plane: run it alone). `BENCH_FAULT=throttled` has API
+//! Priority and Fairness reject what does not fit in one concurrency share of the node's
+//! requests (429) during the drain; it stops nothing.
 //! `BENCH_PODS` (default 110, at least 4), `BENCH_EXIT_MS` (default 1000), `BENCH_VERBOSE=1`
 //! (every pod's timeline too).
 //! `BENCH_DIRECT=1` measures the direct Eviction API path: it deletes the cluster-wide
@@ -223,17 +225,27 @@ fn final_delete<'a>(kubelet: &'a [Request], pod: &PodInfo) -> Option<&'a Request
 }
 
 /// `BENCH_FAULT` values: the apiserver killed 1 s before the poweroff; the apiserver, or
-/// etcd, killed once the first band was asked to go. Each is started again at once (up.sh).
-const FAULTS: [&str; 3] = [
+/// etcd, killed once the first band was asked to go (each started again at once, up.sh);
+/// API Priority and Fairness throttling the node's requests (429) from before the poweroff.
+const FAULTS: [&str; 4] = [
     "apiserver-around-signal",
     "apiserver-first-band",
     "etcd-first-band",
+    "throttled",
 ];
 
 /// `systemctl poweroff` with `fault` injected; returns the exited node and how long the
 /// control plane was away (from the kill until up.sh saw the apiserver ready).
 async fn poweroff_with_fault(f: &mut Fixture, fault: &str) -> (real::Container, f64) {
     let mut c = f.node.container.take().expect("booted");
+    if fault == "throttled" {
+        f.cp.throttle(&f.name);
+        let _ = c.exec(&["systemctl", "poweroff"]);
+        let exited = c.wait_exit(Duration::from_secs(20 * 60));
+        f.cp.unthrottle(&f.name);
+        exited.unwrap_or_else(|| panic!("no poweroff:\n{}", c.journal_text()));
+        return (c, 0.0);
+    }
     let killed = if fault == "apiserver-around-signal" {
         let at = realk8s::now_unix();
         f.cp.stop_apiserver();

@@ -43,6 +43,25 @@ pub fn escape_keeping_tabs(s: &str) -> Cow<'_, str> {
     escape_where(s, |c| c != '\t' && is_unsafe(c))
 }
 
+/// Longest message kept whole: an error may quote the offending value, which can be as long
+/// as the file it came from.
+const MESSAGE_MAX_CHARS: usize = 600;
+
+/// `message` with the middle of an overlong one left out: its start (what went wrong) and its
+/// end (where: parsers put the line and column last) are kept.
+pub fn clip(message: &str) -> Cow<'_, str> {
+    let chars = message.chars().count();
+    if chars <= MESSAGE_MAX_CHARS {
+        return Cow::Borrowed(message);
+    }
+    let head: String = message.chars().take(400).collect();
+    let tail: String = message.chars().skip(chars - 100).collect();
+    Cow::Owned(format!(
+        "{head} [... {} characters left out ...] {tail}",
+        chars - 500
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,9 +55,13 @@ fn serve(routes: Vec<(&'static str, Value)>, answer: bool) -> (u16, Requests) {
             seen.lock().unwrap().push(target.clone());
             let path = target.split('?').next().unwrap_or_default();
             let (code, body) = match routes.iter().find(|(p, _)| *p == path) {
-                Some((_, body)) => ("200 OK", body.to_string()),
+                // A Status answers with its own code.
+                Some((_, body)) if body["kind"] == "Status" => {
+                    (format!("{} Error", body["code"]), body.to_string())
+                }
+                Some((_, body)) => ("200 OK".to_string(), body.to_string()),
                 None => (
-                    "404 Not Found",
+                    "404 Not Found".to_string(),
                     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                         "message": format!("the server could not find the requested resource ({path})"),
                         "reason": "NotFound", "code": 404})
@@ -200,6 +204,26 @@ fn maintenances() -> Value {
         "metadata": {"resourceVersion": "99"},
         "items": [shutdown, done, other, by_label],
     })
+}
+
+#[test]
+fn an_apiserver_error_without_a_message_reads_as_its_code_and_reason() {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "", "reason": "InternalError", "code": 500});
+    let (port, _) = serve(vec![("/api/v1/pods", status)], true);
+    let env = Env::new(port);
+    let out = env.run(&["plan"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("cannot list the pods of node node-a from the apiserver: HTTP 500 (InternalError); use --pods FILE"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("Status {") && !err.contains("ApiError"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -367,7 +367,44 @@ fn malformed_pod_files_fail_with_one_clear_line() {
     .unwrap();
     assert_one_line_error(
         &env.run(&["plan", "--pods", negative.to_str().unwrap()]),
-        &["terminationGracePeriodSeconds is negative"],
+        &[
+            "invalid pod list",
+            "negative.yaml",
+            "terminationGracePeriodSeconds is negative",
+        ],
+    );
+    let long = env.dir.path().join("long.yaml");
+    let value = "x".repeat(900_000);
+    std::fs::write(
+        &long,
+        format!("kind: Pod\nmetadata: {{name: a}}\nspec:\n  priority: \"{value}\"\n"),
+    )
+    .unwrap();
+    let out = env.run(&["plan", "--pods", long.to_str().unwrap()]);
+    assert_one_line_error(
+        &out,
+        &[
+            "long.yaml",
+            "spec.priority: invalid type: string",
+            "characters left out",
+            "line 4 column 13",
+        ],
+    );
+    assert!(out.stderr.len() < 1000, "{} bytes", out.stderr.len());
+    let nameless = env.dir.path().join("nameless.json");
+    std::fs::write(
+        &nameless,
+        r#"{"kind":"PodList","items":[{"metadata":{"name":"a"}},{"metadata":{"namespace":"b"}}]}"#,
+    )
+    .unwrap();
+    assert_one_line_error(
+        &env.run(&["plan", "--pods", nameless.to_str().unwrap()]),
+        &[
+            "invalid pod list",
+            "nameless.json",
+            "items[1]",
+            "no metadata.name",
+        ],
     );
 }
 
@@ -547,4 +584,60 @@ fn budget_longer_than_the_daemon_can_have_is_a_usage_error() {
     );
     let r = env.json(&["plan", "--pods", &pods, "--budget", "24h"]);
     assert_eq!(r["budget"]["seconds"], 86400.0);
+}
+
+/// Peak RSS in MiB of `nodegrace --config <env's config> <args>` (the child's `ru_maxrss`).
+fn peak_rss_mib(env: &Env, args: &[&str]) -> f64 {
+    // Waited for below with wait4, which gives its rusage.
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
+        .arg("--config")
+        .arg(env.path("config.toml"))
+        .args(args)
+        .env("NODEGRACE_STATUS_FILE", env.status_file())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own, not yet waited, child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "{}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{args:?}: status {status}"
+    );
+    usage.ru_maxrss as f64 / 1024.0
+}
+
+#[test]
+fn a_pod_list_costs_memory_for_what_the_plan_reads_not_for_its_size() {
+    let env = Env::new();
+    // 2,000 pods of ~8 KiB each (containers, environment, managed fields): 16 MiB that the
+    // plan reads nothing of. Read whole, they took ~37x the file (600 MiB).
+    let filler = format!("{{\"name\":\"E\",\"value\":\"{}\"}}", "v".repeat(100));
+    let env_list = vec![filler.as_str(); 64].join(",");
+    let items: Vec<String> = (0..2000)
+        .map(|i| {
+            format!(
+                r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"web-{i}","namespace":"shop","labels":{{"app":"web"}},"managedFields":[{{"manager":"kubelet","fieldsV1":{{"f:status":{{"f:phase":{{}}}}}}}}]}},"spec":{{"nodeName":"node-a","containers":[{{"name":"web","image":"nginx","env":[{env_list}]}}]}},"status":{{"phase":"Running"}}}}"#
+            )
+        })
+        .collect();
+    let list = format!(
+        r#"{{"apiVersion":"v1","kind":"List","items":[{}]}}"#,
+        items.join(",")
+    );
+    let path = env.path("big.json");
+    std::fs::write(&path, &list).unwrap();
+    let input_mib = list.len() as f64 / 1048576.0;
+    assert!(input_mib > 15.0, "{input_mib}");
+    let rss = peak_rss_mib(&env, &["plan", "--pods", path.to_str().unwrap()]);
+    // The binary itself (a debug build) and its runtime take ~20 MiB.
+    assert!(
+        rss < 40.0 + 2.0 * input_mib,
+        "peak RSS {rss:.1} MiB for a {input_mib:.1} MiB pod list"
+    );
 }

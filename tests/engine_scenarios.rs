@@ -160,6 +160,42 @@ async fn pdb_blocked_pod_is_escalated_at_the_shutdown_deadline() {
 }
 
 #[tokio::test]
+async fn throttled_evictions_are_asked_again_after_the_wait_never_escalated() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 2, json!({"app": "web"}));
+    // The apiserver throttles the first three evictions (429, Retry-After 1 s): it did not
+    // look at them, so the pod was never asked and nothing holds it.
+    env.cluster
+        .api
+        .inject_errors(Some("POST"), "/api/v1/namespaces/*/pods/*/eviction", 429, 3);
+    let engine = env.engine(env.settings());
+
+    // One step of 10 s: a pod held at 5 s (half) would be DELETEd. Asked again after 1-2 s
+    // each time, it is evicted by 6 s and its 2 s of grace fit the step.
+    let took = drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert_eq!(env.evictions(), ["web", "web", "web", "web"]);
+    assert!(
+        env.deletes().is_empty(),
+        "a throttled pod was escalated: {:?}",
+        env.deletes()
+    );
+    assert!(env.events("EvictionBlocked").is_empty());
+    let told = env.events("Throttled");
+    let on = |kind: &str| {
+        told.iter()
+            .filter(|e| e["regarding"]["kind"] == kind)
+            .count()
+    };
+    assert_eq!(
+        (on("Node"), on("NodeMaintenance")),
+        (1, 1),
+        "once per pod throttled: {told:?}"
+    );
+    assert!(told[0]["note"].as_str().unwrap().contains("work/web"));
+}
+
+#[tokio::test]
 async fn admin_maintenance_never_escalates_and_names_the_pdb() {
     let env = Env::new(kubelet(100)).await;
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));

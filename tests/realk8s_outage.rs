@@ -368,6 +368,52 @@ async fn wait_first_band_asked(f: &Fixture) {
         .await;
 }
 
+/// Every pod of the apps named by `prefixes` that ran before `signal` is gone; each pod of a
+/// Deployment was evicted exactly once (one accepted eviction) and never DELETEd (its
+/// graceful termination was not cut). Returns when the last of them went.
+fn assert_each_pod_went_once(
+    f: &Fixture,
+    reqs: &[audit::Request],
+    prefixes: &[&str],
+    signal: f64,
+    context: &dyn Fn() -> String,
+) -> f64 {
+    let records = f.kubelet.records();
+    let mut last_gone = 0f64;
+    for r in records
+        .iter()
+        .filter(|r| prefixes.iter().any(|p| r.name.starts_with(p)))
+        .filter(|r| r.running_at.is_some_and(|t| t < signal))
+    {
+        let gone = r
+            .gone_at
+            .unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
+        last_gone = last_gone.max(gone);
+        // The DaemonSet pod is DELETEd, the static pod's mirror goes with its manifest.
+        if r.name.starts_with("agent-") || r.mirror {
+            continue;
+        }
+        let accepted = evictions(reqs, &r.name)
+            .iter()
+            .filter(|e| e.code == 201)
+            .count();
+        assert_eq!(
+            accepted,
+            1,
+            "{} evicted {accepted} times\n{}",
+            r.key(),
+            context()
+        );
+        assert!(
+            deletes(reqs, &r.name).is_empty(),
+            "{} deleted: its graceful termination was cut\n{}",
+            r.key(),
+            context()
+        );
+    }
+    last_gone
+}
+
 /// One row of the fault table: the apiserver killed (SIGKILL) and started again around or
 /// during a poweroff of a node with pods in four bands. Whatever the moment: the drain goes
 /// through the NodeMaintenance, never locally; no pod that nothing blocks is deleted (the
@@ -525,43 +571,13 @@ async fn killed_mid_shutdown(outage: Fault) {
         "went to the local fallback\n{}",
         context()
     );
-    let records = f.kubelet.records();
-    let mut last_gone = 0f64;
-    for r in records
-        .iter()
-        .filter(|r| {
-            ["web-", "crit-", "agent-", "etcd-"]
-                .iter()
-                .any(|p| r.name.starts_with(p))
-        })
-        .filter(|r| r.running_at.is_some_and(|t| t < signal))
-    {
-        let gone = r
-            .gone_at
-            .unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
-        last_gone = last_gone.max(gone);
-        // The DaemonSet pod is DELETEd, the static pod's mirror goes with its manifest.
-        if r.name.starts_with("agent-") || r.mirror {
-            continue;
-        }
-        let accepted = evictions(&reqs, &r.name)
-            .iter()
-            .filter(|e| e.code == 201)
-            .count();
-        assert_eq!(
-            accepted,
-            1,
-            "{} evicted {accepted} times\n{}",
-            r.key(),
-            context()
-        );
-        assert!(
-            deletes(&reqs, &r.name).is_empty(),
-            "{} deleted: its graceful termination was cut\n{}",
-            r.key(),
-            context()
-        );
-    }
+    let last_gone = assert_each_pod_went_once(
+        &f,
+        &reqs,
+        &["web-", "crit-", "agent-", "etcd-"],
+        signal,
+        &context,
+    );
     assert!(
         release - last_signal < FAULT_BUDGET_SECS as f64,
         "released {:.1} s after the signal\n{}",
@@ -699,4 +715,239 @@ async fn an_apiserver_killed_while_static_pods_are_gated_costs_no_pod_its_grace(
         return;
     }
     killed_mid_shutdown(Fault::ApiserverWhileStaticPodsAreGated).await;
+}
+
+/// Row 2 of the fault table: the apiserver throttles (API Priority and Fairness answers 429)
+/// the node's requests while a band of 100 pods drains at a poweroff. Every pod is evicted
+/// once, none is DELETEd (a throttled request was not looked at: nothing holds the pod), and
+/// the inhibitor goes within 2 s of the last pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttling_apiserver_costs_no_pod_its_grace() {
+    if skip("a_throttling_apiserver_costs_no_pod_its_grace") {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().await;
+    // The shipped budget (15 min): throttling slows the drain, and the Regular band's share
+    // of a squeezed budget (20 s of 110 s) would be spent by it, escalating late evictions
+    // with the grace left, as planned. The drain still has to end within the fault budget.
+    let mut f = Fixture::new("ng-apf").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        100,
+        PodShape::new("web").exits_after_ms(1000),
+    )
+    .await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        2,
+        PodShape::new("crit")
+            .priority("system-cluster-critical")
+            .exits_after_ms(500),
+    )
+    .await;
+    workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    f.kubelet.wait_running(104).await;
+    f.node.boot();
+    wait_pod_cache(&f, 104);
+
+    f.cp.throttle(&node);
+    let mut container = f.node.container.take().expect("booted");
+    let _ = container.exec(&["systemctl", "poweroff"]);
+    let exited = container.wait_exit(Duration::from_secs(FAULT_BUDGET_SECS + 30));
+    f.cp.unthrottle(&node);
+    exited.unwrap_or_else(|| panic!("no poweroff:\n{}", container.journal_text()));
+    let (signal, release) = signal_and_release(&container);
+    let journal = container.journal_text();
+    let reqs = f.requests();
+    let throttled: Vec<_> = reqs
+        .iter()
+        .filter(|r| r.code == 429 && r.received >= signal)
+        .collect();
+    let context = || {
+        format!(
+            "requests: {:#?}\njournal:\n{journal}",
+            audit::count_by_kind(&reqs)
+        )
+    };
+    assert!(
+        throttled.len() >= 10,
+        "the apiserver throttled {} requests: the fault did not happen\n{}",
+        throttled.len(),
+        context()
+    );
+    let last_gone = assert_each_pod_went_once(
+        &f,
+        &reqs,
+        &["web-", "crit-", "agent-", "etcd-"],
+        signal,
+        &context,
+    );
+    assert!(
+        release - signal < FAULT_BUDGET_SECS as f64,
+        "released {:.1} s after the signal\n{}",
+        release - signal,
+        context()
+    );
+    assert!(
+        release - last_gone < 2.0,
+        "released {:.3} s after the last pod went\n{}",
+        release - last_gone,
+        context()
+    );
+    let after_signal = reqs.iter().filter(|r| r.received >= signal).count();
+    eprintln!(
+        "throttled: signal -> release {:.2} s, last pod gone -> release {:.3} s, {} of {after_signal} requests answered 429 ({:.1} requests per pod)",
+        release - signal,
+        release - last_gone,
+        throttled.len(),
+        after_signal as f64 / 104.0
+    );
+    f.cleanup().await;
+}
+
+/// Applies the shipped RBAC again when dropped.
+struct BindingBack(&'static realk8s::ControlPlane);
+
+impl Drop for BindingBack {
+    fn drop(&mut self) {
+        self.0.apply_cluster_side();
+    }
+}
+
+/// Row 6 of the fault table: nodegrace's credential is refused mid-drain (its RBAC binding
+/// deleted once the first band was asked to go). Every request then answers 403: one warning
+/// names the identity and the refused permission in the apiserver's words; after
+/// `fallback.apiserver_timeout` (shipped: 10 s) of refusals the shutdown goes on offline; the
+/// pods already evicted are not asked again, the static manifest is gated, not lost.
+///
+/// RBAC only adds, so the credential is refused by deleting the shipped binding of the
+/// `nodegrace:nodes` group (every node's nodegrace loses it: the tests of this binary run
+/// alone); it is applied again when the test ends, failed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_refused_mid_drain_is_named_and_the_shutdown_goes_on_offline() {
+    if skip("a_credential_refused_mid_drain_is_named_and_the_shutdown_goes_on_offline") {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut f = Fixture::new("ng-rbac").await;
+    f.node.config_dropins.push((
+        "50-budget.toml".into(),
+        format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n"),
+    ));
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(3000)).await;
+    workload::deployment(
+        c,
+        &ns,
+        &node,
+        1,
+        PodShape::new("crit")
+            .priority("system-cluster-critical")
+            .exits_after_ms(500),
+    )
+    .await;
+    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
+    let manifest = std::fs::read(f.node.manifests.join("etcd.yaml")).expect("manifest");
+    f.kubelet.wait_running(5).await;
+    f.node.boot();
+    wait_pod_cache(&f, 5);
+
+    let mut container = f.node.container.take().expect("booted");
+    let _ = container.exec(&["systemctl", "poweroff"]);
+    wait_first_band_asked(&f).await;
+    let _restore = BindingBack(f.cp);
+    f.cp.kubectl_ok(&["delete", "clusterrolebinding", "nodegrace-node"]);
+    let revoked = realk8s::now_unix();
+    container
+        .wait_exit(Duration::from_secs(FAULT_BUDGET_SECS + 30))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", container.journal_text()));
+    let (signal, release) = signal_and_release(&container);
+    let journal = container.journal_text();
+    let reqs = f.requests();
+    let context = || {
+        format!(
+            "requests: {:#?}\njournal:\n{journal}",
+            audit::count_by_kind(&reqs)
+        )
+    };
+    let ours = container.journal_of("nodegrace");
+    let user = format!("User \"nodegrace:node:{node}\" cannot");
+    let named: Vec<_> = ours
+        .iter()
+        .filter(|l| {
+            l.contains("the apiserver cannot be used")
+                && l.field("ERROR").is_some_and(|e| e.contains(&user))
+        })
+        .collect();
+    assert!(
+        !named.is_empty(),
+        "no warning names the identity and what it was refused\n{}",
+        context()
+    );
+    let local = ours
+        .iter()
+        .find(|l| l.contains("draining locally"))
+        .unwrap_or_else(|| panic!("the shutdown did not go on offline\n{}", context()));
+    let timeout = 10.0;
+    assert!(
+        local.time - revoked >= timeout - 1.0 && local.time - revoked < timeout + 5.0,
+        "offline {:.1} s after the credential was refused (fallback.apiserver_timeout {timeout} s)\n{}",
+        local.time - revoked,
+        context()
+    );
+    assert!(
+        release - signal < FAULT_BUDGET_SECS as f64,
+        "released {:.1} s after the signal\n{}",
+        release - signal,
+        context()
+    );
+    for r in f
+        .kubelet
+        .records()
+        .iter()
+        .filter(|r| r.name.starts_with("web-"))
+    {
+        let accepted = evictions(&reqs, &r.name)
+            .iter()
+            .filter(|e| e.code == 201)
+            .count();
+        assert_eq!(
+            accepted,
+            1,
+            "{} evicted {accepted} times\n{}",
+            r.key(),
+            context()
+        );
+        assert!(
+            deletes(&reqs, &r.name).is_empty(),
+            "{} deleted\n{}",
+            r.key(),
+            context()
+        );
+    }
+    let gated = f.node.state.join("gated-manifests").join("etcd.yaml");
+    let kept = f.node.manifests.join("etcd.yaml");
+    let copies: Vec<_> = [&gated, &kept]
+        .into_iter()
+        .filter(|p| std::fs::read(p).ok().as_deref() == Some(manifest.as_slice()))
+        .collect();
+    assert_eq!(
+        copies.len(),
+        1,
+        "the static manifest must be in exactly one place, byte for byte: {copies:?}\n{}",
+        context()
+    );
+    eprintln!(
+        "credential refused: signal -> release {:.2} s, refused -> offline {:.2} s; named as: {}",
+        release - signal,
+        local.time - revoked,
+        named[0].field("ERROR").unwrap_or_default()
+    );
+    f.cleanup().await;
 }

@@ -18,12 +18,14 @@ pub use crate::api::crds_command as crds;
 mod complete;
 mod panics;
 mod plan;
+mod podlist;
 mod status;
 
 pub use complete::complete_command as complete;
 pub use panics::{exit_code, record_panics};
 
-pub use plan::{parse_budget, parse_pod_list, plan_command as plan, PlanOptions};
+pub use plan::{parse_budget, plan_command as plan, PlanOptions};
+pub use podlist::{parse_pod_list, LabelKeys, ListedPod, MAX_PODS};
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.

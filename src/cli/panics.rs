@@ -24,7 +24,7 @@ pub fn exit_code(program: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
     let code = match result {
         Ok(code) => code,
         Err(err) => {
-            crate::cli::print_stderr(&format!("{program}: {err:#}"));
+            crate::cli::print_stderr(&format!("{program}: {}", crate::cluster::error_text(&err)));
             ExitCode::from(EXIT_FAILURE)
         }
     };

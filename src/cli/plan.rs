@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Pod;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use super::podlist::{parse_pod_list, LabelKeys, ListedPod};
 use super::{align, human, kube_client, load_settings, runtime, secs, OutputFormat};
 use crate::config::Settings;
 use crate::daemon::{DaemonPaths, Status};
@@ -183,7 +184,8 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
             };
             let text = String::from_utf8(bytes)
                 .with_context(|| format!("pod list {name} is not UTF-8"))?;
-            let (node, pods, unbound) = parse_pod_list(&text)
+            let labels = LabelKeys::of_plan(&shutdown_drain_plan(&settings).unwrap_or_default());
+            let (node, pods, unbound) = parse_pod_list(&text, &labels)
                 .and_then(|pods| pods_of_one_node(pods, settings.node_name().ok()))
                 .with_context(|| format!("invalid pod list {name}"))?;
             let source = if stdin {
@@ -202,7 +204,7 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
     let mut budget = choose_budget(opts.budget, &settings, &DaemonPaths::from_env().status_file);
     budget.lost_seconds = opts.lost.map_or(0.0, secs);
     let live = source == "apiserver";
-    let mut report = build_report(&settings, node, source, &pods, unbound, budget)?;
+    let mut report = build_report(&settings, node, source, pods, unbound, budget)?;
     if live {
         report.unreadable_manifests = unreadable_manifests(&settings);
     }
@@ -230,7 +232,7 @@ fn unreadable_manifests(settings: &Settings) -> Vec<IgnoredPod> {
         .unwrap_or_default()
 }
 
-async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<Pod>> {
+async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<ListedPod>> {
     let list = async {
         let client = kube_client(settings, APISERVER_TIMEOUT).await?;
         let api: kube::Api<Pod> = kube::Api::all(client);
@@ -245,100 +247,32 @@ async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<Pod>> {
         )),
     };
     match result {
-        Ok(list) => Ok(list.items),
+        Ok(list) => list
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, pod)| {
+                ListedPod::from_pod(pod).with_context(|| {
+                    format!("pod {} of node {node}'s list from the apiserver", i + 1)
+                })
+            })
+            .collect(),
         // One line: the cause, then the offline way.
         Err(e) => bail!(
             "cannot list the pods of node {node} from the apiserver: {}; use --pods FILE (kubectl get pods -o yaml output) to plan offline",
-            format!("{e:#}").replace('\n', " ")
+            crate::cluster::error_text(&e)
         ),
     }
-}
-
-/// Parses `kubectl get pods -o yaml` / `-o json` output: a v1 `List` of pods, a `PodList`, a
-/// single `Pod`, or a YAML stream of several documents made of those.
-pub fn parse_pod_list(text: &str) -> Result<Vec<Pod>> {
-    let mut pods = Vec::new();
-    let mut objects = 0;
-    let trimmed = text.trim_start();
-    if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        for (i, value) in serde_json::Deserializer::from_str(text)
-            .into_iter::<serde_json::Value>()
-            .enumerate()
-        {
-            let value = value.with_context(|| format!("JSON value {}", i + 1))?;
-            objects += 1;
-            collect_pods(value, &mut pods).with_context(|| format!("JSON value {}", i + 1))?;
-        }
-    } else {
-        for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let value = serde_json::Value::deserialize(doc)
-                .with_context(|| format!("YAML document {}", i + 1))?;
-            if value.is_null() {
-                continue;
-            }
-            objects += 1;
-            collect_pods(value, &mut pods).with_context(|| format!("YAML document {}", i + 1))?;
-        }
-    }
-    if objects == 0 {
-        bail!("no Kubernetes objects in it; expected kubectl get pods -o yaml output");
-    }
-    Ok(pods)
-}
-
-fn collect_pods(value: serde_json::Value, out: &mut Vec<Pod>) -> Result<()> {
-    let kind = value
-        .get("kind")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    match kind.as_str() {
-        "Pod" => out.push(to_pod(value)?),
-        "List" | "PodList" => {
-            let items = match value.get("items") {
-                None | Some(serde_json::Value::Null) => return Ok(()),
-                Some(serde_json::Value::Array(items)) => items.clone(),
-                Some(_) => bail!("{kind}.items is not a list"),
-            };
-            for (j, item) in items.into_iter().enumerate() {
-                // API PodList items carry no kind; kubectl's List items say Pod.
-                let item_kind = item
-                    .get("kind")
-                    .and_then(serde_json::Value::as_str)
-                    .unwrap_or(if kind == "PodList" { "Pod" } else { "" })
-                    .to_string();
-                if item_kind != "Pod" {
-                    let what = if item_kind.is_empty() {
-                        "an object without a kind".to_string()
-                    } else {
-                        format!("a {item_kind}")
-                    };
-                    bail!("items[{j}] is {what}, not a Pod");
-                }
-                out.push(to_pod(item).with_context(|| format!("items[{j}]"))?);
-            }
-        }
-        "" => {
-            bail!("not a Kubernetes object (no kind); expected a Pod, a PodList or a List of pods")
-        }
-        other => bail!("a {other}, not a Pod, PodList or List of pods"),
-    }
-    Ok(())
-}
-
-fn to_pod(value: serde_json::Value) -> Result<Pod> {
-    let pod: Pod = serde_json::from_value(value).context("not a valid v1 Pod")?;
-    Ok(pod)
 }
 
 /// A plan is for one node: the one the list's pods are bound to (`spec.nodeName`), whose
 /// unbound pods are then ignored. A list without any binding is taken as the configured
 /// node's; a list spanning several nodes is an error.
 fn pods_of_one_node(
-    pods: Vec<Pod>,
+    pods: Vec<ListedPod>,
     configured: Option<String>,
-) -> Result<(Option<String>, Vec<Pod>, Vec<IgnoredPod>)> {
-    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+) -> Result<(Option<String>, Vec<ListedPod>, Vec<IgnoredPod>)> {
+    let node_of = |p: &ListedPod| p.node_name.clone();
     let nodes: std::collections::BTreeSet<String> = pods.iter().filter_map(node_of).collect();
     if nodes.len() > 1 {
         let names: Vec<&str> = nodes.iter().map(String::as_str).take(5).collect();
@@ -352,16 +286,12 @@ fn pods_of_one_node(
     let Some(node) = nodes.into_iter().next() else {
         return Ok((configured, pods, Vec::new()));
     };
-    let (bound, unbound): (Vec<Pod>, Vec<Pod>) =
-        pods.into_iter().partition(|p| node_of(p).is_some());
+    let (bound, unbound): (Vec<ListedPod>, Vec<ListedPod>) =
+        pods.into_iter().partition(|p| p.node_name.is_some());
     let ignored = unbound
         .iter()
         .map(|p| IgnoredPod {
-            pod: format!(
-                "{}/{}",
-                p.metadata.namespace.as_deref().unwrap_or("default"),
-                p.metadata.name.as_deref().unwrap_or_default()
-            ),
+            pod: p.info.key(),
             reason: "not bound to a node (no spec.nodeName)".into(),
         })
         .collect();
@@ -462,25 +392,22 @@ pub fn build_report(
     settings: &Settings,
     node: Option<String>,
     source: String,
-    pods: &[Pod],
+    pods: Vec<ListedPod>,
     mut ignored: Vec<IgnoredPod>,
     budget: BudgetChoice,
 ) -> Result<PlanReport> {
     let mut infos = Vec::with_capacity(pods.len());
-    for (i, pod) in pods.iter().enumerate() {
-        let info = PodInfo::from_pod(pod).with_context(|| format!("pod {} of the list", i + 1))?;
-        if info.terminal {
-            let phase = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default();
+    for pod in pods {
+        if pod.info.terminal {
             ignored.push(IgnoredPod {
-                pod: info.key(),
-                reason: format!("terminal (phase {phase}): no drain touches it"),
+                pod: pod.info.key(),
+                reason: format!(
+                    "terminal (phase {}): no drain touches it",
+                    pod.phase.unwrap_or_default()
+                ),
             });
         } else {
-            infos.push(info);
+            infos.push(pod.info);
         }
     }
 

@@ -859,7 +859,7 @@ fn maintenance_report(
 }
 
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    crate::cluster::error_text(e)
 }
 
 /// The name a unit enum has in the JSON output (`reboot`, `released`).

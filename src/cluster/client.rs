@@ -384,7 +384,7 @@ async fn check(state: &Reloading) {
             tracing::info!(kubeconfig = %state.path.display(), key = state.role.key(), "the kubeconfig changed: using its new credential");
         }
         Err(err) => {
-            let text = format!("{err:#}");
+            let text = crate::cluster::error_text(&err);
             let mut last = state.last_error.lock().unwrap_or_else(|p| p.into_inner());
             if last.as_deref() != Some(text.as_str()) {
                 tracing::error!(kubeconfig = %state.path.display(), key = state.role.key(), error = %text, "the kubeconfig changed but cannot be used: keeping the credential in use");

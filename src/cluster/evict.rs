@@ -18,7 +18,8 @@ pub enum Outcome {
     Accepted,
     /// The pod is gone, or a different pod now has its name: nothing to do.
     Gone,
-    /// 429: a PodDisruptionBudget (named when the apiserver says which) or throttling.
+    /// 429 from a PodDisruptionBudget (named when the apiserver says which). The
+    /// apiserver's own throttling is an error instead: see [`throttled`].
     Blocked {
         budget: Option<String>,
         message: String,
@@ -135,7 +136,7 @@ fn classify(result: kube::Result<()>) -> kube::Result<Outcome> {
             404 => Ok(Outcome::Gone),
             // A UID precondition that no longer holds: the name now belongs to another pod.
             409 if status.message.contains("Precondition failed") => Ok(Outcome::Gone),
-            429 => Ok(Outcome::Blocked {
+            429 if is_budget_refusal(&status) => Ok(Outcome::Blocked {
                 budget: blocking_budget(&status),
                 message: status.message.clone(),
             }),
@@ -143,6 +144,41 @@ fn classify(result: kube::Result<()>) -> kube::Result<Outcome> {
         },
         Err(err) => Err(err),
     }
+}
+
+/// The Eviction API's 429 for a disruption budget: "Cannot evict pod as it would violate
+/// the pod's disruption budget.", with a cause of reason `DisruptionBudget`.
+fn is_budget_refusal(status: &Status) -> bool {
+    status.message.starts_with("Cannot evict pod")
+        || status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
+}
+
+/// The longest wait a throttling apiserver's 429 is taken to ask for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// How long to wait when `err` is the apiserver throttling the request (a 429 that is not a
+/// disruption budget's: API Priority and Fairness, max-in-flight): the apiserver did not look
+/// at the request, so nothing was asked. Its wait is in a Retry-After header, which kube's
+/// client does not pass on, and in `details.retryAfterSeconds` when the body is a Status
+/// (API Priority and Fairness answers plain text): at least 1 s.
+pub(crate) fn throttled(err: &kube::Error) -> Option<Duration> {
+    let kube::Error::Api(status) = err else {
+        return None;
+    };
+    if status.code != 429 || is_budget_refusal(status) {
+        return None;
+    }
+    let secs = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);
+    Some(Duration::from_secs(u64::from(secs.max(1))).min(MAX_RETRY_AFTER))
+}
+
+/// [`throttled`] for an error with context.
+pub(crate) fn anyhow_throttled(err: &anyhow::Error) -> Option<Duration> {
+    err.chain()
+        .find_map(|c| c.downcast_ref::<kube::Error>().and_then(throttled))
 }
 
 /// The PodDisruptionBudget named in a 429 from the eviction subresource. The apiserver puts
@@ -205,29 +241,59 @@ mod tests {
     }
 
     #[test]
-    fn throttling_blocks_without_a_budget() {
-        let s = status(429, "Too many requests", vec![]);
-        assert!(matches!(
-            classify(Err(kube::Error::Api(s))).unwrap(),
-            Outcome::Blocked { budget: None, .. }
-        ));
+    fn throttling_is_an_error_that_names_its_wait_not_a_block() {
+        // API Priority and Fairness answers plain text: kube's client makes it this Status.
+        let apf = status(429, "Too many requests, please try again later.", vec![]);
+        let err = classify(Err(kube::Error::Api(apf))).unwrap_err();
+        assert_eq!(throttled(&err), Some(Duration::from_secs(1)));
+        let asking = |secs: u32| {
+            kube::Error::Api(Box::new(
+                serde_json::from_value(serde_json::json!({
+                    "code": 429,
+                    "reason": "TooManyRequests",
+                    "message": "Too many requests, please try again later.",
+                    "details": {"retryAfterSeconds": secs},
+                }))
+                .unwrap(),
+            ))
+        };
+        assert_eq!(throttled(&asking(7)), Some(Duration::from_secs(7)));
+        assert_eq!(throttled(&asking(3600)), Some(MAX_RETRY_AFTER));
+        let wrapped = anyhow::Error::new(err).context("evicting pod web-1");
+        assert_eq!(anyhow_throttled(&wrapped), Some(Duration::from_secs(1)));
     }
 
     #[test]
-    fn a_replaced_pod_or_a_missing_one_is_gone() {
-        let replaced = status(
-            409,
-            "Precondition failed: UID in precondition: a, UID in object meta: b",
+    fn a_budget_refusal_is_never_taken_for_throttling() {
+        // A budget the apiserver has not processed yet: no count in the cause's message.
+        let pending = status(
+            429,
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+            vec![StatusCause {
+                reason: "DisruptionBudget".into(),
+                message: "The disruption budget db-pdb is still being processed by the server."
+                    .into(),
+                field: String::new(),
+            }],
+        );
+        assert_eq!(throttled(&kube::Error::Api(pending.clone())), None);
+        assert!(matches!(
+            classify(Err(kube::Error::Api(pending))).unwrap(),
+            Outcome::Blocked { budget: Some(b), .. } if b == "db-pdb"
+        ));
+        let bare = status(
+            429,
+            "Cannot evict pod as it would violate the pod's disruption budget.",
             vec![],
         );
+        assert_eq!(throttled(&kube::Error::Api(bare)), None);
         assert_eq!(
-            classify(Err(kube::Error::Api(replaced))).unwrap(),
-            Outcome::Gone
-        );
-        let missing = status(404, "pods \"x\" not found", vec![]);
-        assert_eq!(
-            classify(Err(kube::Error::Api(missing))).unwrap(),
-            Outcome::Gone
+            throttled(&kube::Error::Api(status(
+                500,
+                "etcdserver: request timed out",
+                vec![]
+            ))),
+            None
         );
     }
 

@@ -25,22 +25,9 @@ impl ConfigError {
     }
 }
 
-/// Longest message kept whole: an error may quote the offending value, which can be as
-/// long as the file (up to 1 MiB).
-const MESSAGE_MAX_CHARS: usize = 600;
-
 fn one_line(message: &str) -> String {
     let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    let chars = line.chars().count();
-    if chars <= MESSAGE_MAX_CHARS {
-        return line;
-    }
-    let head: String = line.chars().take(400).collect();
-    let tail: String = line.chars().skip(chars - 100).collect();
-    format!(
-        "{head} [... {} characters left out ...] {tail}",
-        chars - 500
-    )
+    crate::text::clip(&line).into_owned()
 }
 
 impl fmt::Display for ConfigError {

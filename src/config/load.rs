@@ -184,13 +184,26 @@ fn syntax_error(fragment: &Fragment, err: toml::de::Error) -> ConfigError {
     let key = span
         .as_ref()
         .and_then(|span| key_at(recovered.get_ref(), span.start));
-    located(
-        fragment.name.clone(),
-        text,
-        span.map(|span| span.start),
-        key,
-        &message,
-    )
+    let offset = span
+        .map(|span| span.start)
+        .or_else(|| spanless_error_line(text, &message));
+    located(fragment.name.clone(), text, offset, key, &message)
+}
+
+/// Where an error that toml reports without a place (a dotted key nested past its recursion
+/// limit) is: the start of the first line up to which the file already fails that way.
+fn spanless_error_line(text: &str, message: &str) -> Option<usize> {
+    let ends: Vec<usize> = text
+        .match_indices('\n')
+        .map(|(i, _)| i + 1)
+        .chain(std::iter::once(text.len()))
+        .collect();
+    let fails = |end: usize| matches!(DeTable::parse(&text[..end]), Err(e) if e.span().is_none() && e.message() == message);
+    let line = ends.partition_point(|&end| !fails(end));
+    if line == ends.len() {
+        return None;
+    }
+    Some(if line == 0 { 0 } else { ends[line - 1] })
 }
 
 /// The dotted key of the deepest key or value whose span holds `offset`.

@@ -953,6 +953,16 @@ fn missing_field_and_duplicate_key_name_the_place() {
 }
 
 #[test]
+fn a_key_nested_past_the_recursion_limit_names_its_line() {
+    let deep = format!("a{} = 1", ".b".repeat(200));
+    let e = err(&format!(
+        "[shutdown]\nmax_delay = \"1h\"\n\n[drain]\n{deep}\n[metrics]\n"
+    ));
+    assert_eq!(e.location, Some((5, 1)), "{e}");
+    assert!(e.message.contains("recursion limit"), "{e}");
+}
+
+#[test]
 fn only_the_effective_value_is_validated() {
     let dir = Dir::new();
     dir.write("config.toml", "[shutdown]\nmax_delay = \"48h\"\n");

@@ -202,7 +202,7 @@ impl Daemon {
             kubelet_listing: None,
         };
         let result = m.run().await;
-        m.stop(result.as_ref().err().map(|e| format!("{e:#}")));
+        m.stop(result.as_ref().err().map(crate::cluster::error_text));
         result
     }
 }
@@ -360,7 +360,7 @@ impl Machine {
                     let reason = match r {
                         Ok(Ok(())) => "drain finished".to_string(),
                         Ok(Err(e)) => {
-                            tracing::error!(error = %format!("{e:#}"), "drain failed");
+                            tracing::error!(error = %crate::cluster::error_text(&e), "drain failed");
                             format!("drain failed: {e:#}")
                         }
                         Err(e) => {
@@ -480,7 +480,7 @@ impl Machine {
             }
             Ok(Err(LogindError::Other(e))) => {
                 let msg = format!("cannot use logind: {e:#}");
-                tracing::warn!(error = %format!("{e:#}"), retry_in = ?self.backoff, "cannot use logind yet; retrying");
+                tracing::warn!(error = %crate::cluster::error_text(&e), retry_in = ?self.backoff, "cannot use logind yet; retrying");
                 self.status.last_error = Some(msg);
                 self.publish();
                 self.schedule_reconnect();
@@ -503,7 +503,7 @@ impl Machine {
                 self.backoff = BACKOFF_INITIAL;
                 self.publish();
             }
-            Err(e) => self.disconnect(&format!("{e:#}")),
+            Err(e) => self.disconnect(&crate::cluster::error_text(&e)),
         }
         Ok(())
     }
@@ -584,7 +584,7 @@ impl Machine {
         let adopted = self.adopted.take().and_then(|fd| {
             InhibitorLock::adopt(fd)
                 .map_err(|e| {
-                    tracing::warn!(error = %format!("{e:#}"), "not adopting the stored inhibitor; taking a new one");
+                    tracing::warn!(error = %crate::cluster::error_text(&e), "not adopting the stored inhibitor; taking a new one");
                 })
                 .ok()
         });
@@ -639,7 +639,9 @@ impl Machine {
                 }
                 self.status.kubelet_inhibitor = seen;
             }
-            Err(e) => tracing::debug!(error = %format!("{e:#}"), "cannot list inhibitors"),
+            Err(e) => {
+                tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors")
+            }
         }
     }
 
@@ -647,7 +649,7 @@ impl Machine {
         match ShutdownState::load_or_set_aside(&self.settings.state_dir) {
             Ok(s) => s.filter(|s| s.boot_id == self.boot_id),
             Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "ignoring unreadable shutdown state");
+                tracing::error!(error = %crate::cluster::error_text(&e), "ignoring unreadable shutdown state");
                 None
             }
         }
@@ -684,7 +686,7 @@ impl Machine {
             state.store_unsynced(&dir).map(|()| {
                 tokio::task::spawn_blocking(move || {
                     if let Err(e) = ShutdownState::sync(&dir) {
-                        tracing::error!(error = %format!("{e:#}"), "cannot sync the shutdown state");
+                        tracing::error!(error = %crate::cluster::error_text(&e), "cannot sync the shutdown state");
                     }
                 });
             })
@@ -692,7 +694,7 @@ impl Machine {
             state.store(&dir)
         };
         if let Err(e) = stored {
-            let msg = format!("{e:#}");
+            let msg = crate::cluster::error_text(&e);
             tracing::error!(error = %msg, "cannot persist the shutdown state");
             self.status.last_error = Some(msg);
         }
@@ -707,7 +709,7 @@ impl Machine {
         let fut = f(self.drainer.clone());
         self.side_tasks.push(tokio::spawn(async move {
             if let Err(e) = fut.await {
-                tracing::error!(task = what, error = %format!("{e:#}"), "drainer task failed");
+                tracing::error!(task = what, error = %crate::cluster::error_text(&e), "drainer task failed");
             }
         }));
     }
@@ -826,7 +828,7 @@ impl Machine {
                         .cancel_shutdown(&bus, "PrepareForShutdown(false)")
                         .await
                     {
-                        self.disconnect(&format!("{e:#}"));
+                        self.disconnect(&crate::cluster::error_text(&e));
                     }
                     if self.terminating {
                         return Flow::Exit;
@@ -868,7 +870,7 @@ impl Machine {
                     }
                     Ok(false) => Flow::Exit,
                     Err(e) => {
-                        tracing::warn!(error = %format!("{e:#}"), "cannot tell whether the system is stopping; exiting without draining");
+                        tracing::warn!(error = %crate::cluster::error_text(&e), "cannot tell whether the system is stopping; exiting without draining");
                         Flow::Exit
                     }
                 }
@@ -900,7 +902,7 @@ impl Machine {
                 tracing::info!("configuration reloaded");
             }
             Err(e) => tracing::error!(
-                error = %format!("{e:#}"),
+                error = %crate::cluster::error_text(&e),
                 "invalid configuration on reload; keeping the running one"
             ),
         }
@@ -960,7 +962,7 @@ async fn shutdown_kind_now(bus: &Bus) -> ShutdownKind {
         Ok(Some(kind)) if kind != ShutdownKind::Unknown => return kind,
         Ok(_) => {}
         Err(e) => {
-            tracing::debug!(error = %format!("{e:#}"), "cannot read logind's scheduled shutdown")
+            tracing::debug!(error = %crate::cluster::error_text(&e), "cannot read logind's scheduled shutdown")
         }
     }
     systemd::shutdown_kind(bus.systemd.as_ref()).await

@@ -71,7 +71,7 @@ impl OfflineRecorder {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(
-                    error = format!("{err:#}"),
+                    error = crate::cluster::error_text(&err),
                     "the offline drain record is unreadable; starting a new one"
                 );
                 None
@@ -98,7 +98,7 @@ impl OfflineRecorder {
             *last = self.fallback.report();
         }
         if let Err(err) = record.store(&self.state_dir) {
-            tracing::error!(error = format!("{err:#}"), "writing the offline drain record failed; the boot after this shutdown cannot report it");
+            tracing::error!(error = crate::cluster::error_text(&err), "writing the offline drain record failed; the boot after this shutdown cannot report it");
         }
     }
 }
@@ -257,7 +257,7 @@ impl NodeDrainer {
     fn load_cache(&self) -> PodCache {
         PodCache::load_or_set_aside(&self.settings().state_dir).unwrap_or_else(|err| {
             tracing::error!(
-                error = format!("{err:#}"),
+                error = crate::cluster::error_text(&err),
                 "the pod cache is unreadable; every pod goes to the lowest band"
             );
             PodCache::default()
@@ -284,7 +284,7 @@ impl NodeDrainer {
                 Ok(true) => tracing::info!(node = %self.parts.node, "kubelet started again"),
                 Ok(false) => {}
                 Err(err) => {
-                    tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "starting the kubelet again failed")
+                    tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "starting the kubelet again failed")
                 }
             }
         }
@@ -298,7 +298,7 @@ impl NodeDrainer {
                 tracing::warn!(node = %self.parts.node, kept_aside = ?kept, "static pod manifests kept gated: a file of the same name is back in the manifest directory")
             }
             Ok(Err(err)) => {
-                tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "restoring static pods failed")
+                tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "restoring static pods failed")
             }
             Err(err) => {
                 tracing::error!(node = %self.parts.node, error = %err, "restoring static pods panicked")
@@ -337,7 +337,7 @@ impl Drainer for NodeDrainer {
                     // Without the CRDs or with a rejected request the cluster path cannot
                     // drain; stopping pods locally still beats releasing at once.
                     Err(EngineError::Other(err)) => {
-                        tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "the cluster drain failed: draining locally through the CRI runtime");
+                        tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the cluster drain failed: draining locally through the CRI runtime");
                         switch_back = false;
                     }
                 }
@@ -380,7 +380,7 @@ impl Drainer for NodeDrainer {
         self.restart_kubelet_if_stopped().await;
         // No shutdown happened: nothing for the next boot to record.
         if let Err(err) = OfflineDrain::remove_if_boot(&self.settings().state_dir, &req.boot_id) {
-            tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), "removing the offline drain record failed");
+            tracing::warn!(node = %self.parts.node, error = crate::cluster::error_text(&err), "removing the offline drain record failed");
         }
         let policy = self.settings().shutdown.on_cancel;
         match self.engine_now() {
@@ -404,7 +404,7 @@ impl Drainer for NodeDrainer {
         let policy = self.settings().shutdown.after_boot;
         let state_dir = &self.settings().state_dir;
         let offline = OfflineDrain::load_or_set_aside(state_dir).unwrap_or_else(|err| {
-            tracing::error!(node = %self.parts.node, error = format!("{err:#}"), "the offline drain record is unreadable; it is left in place and not reported");
+            tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the offline drain record is unreadable; it is left in place and not reported");
             None
         });
         let mut delay = RETRY_MIN;
@@ -418,7 +418,7 @@ impl Drainer for NodeDrainer {
                         // Only that record: a shutdown of this boot may have written its own
                         // while the apiserver was awaited.
                         if let Err(err) = OfflineDrain::remove_if_boot(state_dir, &done.boot_id) {
-                            tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), "removing the recorded offline drain record failed");
+                            tracing::warn!(node = %self.parts.node, error = crate::cluster::error_text(&err), "removing the recorded offline drain record failed");
                         }
                     }
                     let no_maintenance =
@@ -436,7 +436,7 @@ impl Drainer for NodeDrainer {
                     return Ok(());
                 }
                 Err(err) => {
-                    tracing::warn!(node = %self.parts.node, error = format!("{err:#}"), retry_in = ?delay, "after-boot reconcile failed");
+                    tracing::warn!(node = %self.parts.node, error = crate::cluster::error_text(&err), retry_in = ?delay, "after-boot reconcile failed");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(RETRY_MAX);
                 }
@@ -490,7 +490,7 @@ where
             Ok(ready) => break ready,
             Err(err) => {
                 metrics.api_error("connect");
-                let text = format!("{err:#}");
+                let text = crate::cluster::error_text(&err);
                 let credential = err
                     .chain()
                     .any(|c| c.downcast_ref::<CredentialError>().is_some());
@@ -573,6 +573,7 @@ where
             Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
         let mut controller = controller
             .evicting_with(clients.kubelet.clone())
+            .retrying_as_in_shutdown_when(engine.shutting_down())
             .reporting_blocks_to(engine.eviction_block_sink());
         if let Some(intent) = intent {
             controller = controller.reasserting(intent);
@@ -582,7 +583,7 @@ where
         tokio::spawn(async move {
             if let Err(err) = controller.run(stop).await {
                 tracing::error!(
-                    error = format!("{err:#}"),
+                    error = crate::cluster::error_text(&err),
                     "the eviction-request controller stopped"
                 );
             }
@@ -624,13 +625,13 @@ pub async fn daemon_clients(settings: &Settings, connect_timeout: Duration) -> R
     };
     let nodegrace = build(Role::Nodegrace)
         .await
-        .map_err(|e| CredentialError(format!("{e:#}")))?;
+        .map_err(|e| CredentialError(crate::cluster::error_text(&e)))?;
     if settings.node.kubelet_kubeconfig.is_none() {
         return Ok(Clients::from(nodegrace));
     }
     let kubelet = build(Role::Kubelet)
         .await
-        .map_err(|e| CredentialError(format!("{e:#}")))?;
+        .map_err(|e| CredentialError(crate::cluster::error_text(&e)))?;
     Ok(Clients {
         nodegrace,
         kubelet,
@@ -646,7 +647,7 @@ pub(crate) fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result
     // Settle any move a crash interrupted before anything else touches the manifests.
     if let Err(err) = gate.recover() {
         tracing::error!(
-            error = format!("{err:#}"),
+            error = crate::cluster::error_text(&err),
             "static pod gate recovery left moves unsettled; see the journal"
         );
     }

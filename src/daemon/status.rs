@@ -132,7 +132,7 @@ impl Status {
             .map_err(anyhow::Error::from)
             .and_then(|bytes| replace_unsynced(path, &bytes));
         if let Err(e) = result {
-            tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "cannot write status file");
+            tracing::warn!(path = %path.display(), error = %crate::cluster::error_text(&e), "cannot write status file");
         }
     }
 }

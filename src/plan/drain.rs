@@ -48,8 +48,10 @@ pub struct PodTrack {
     pub attempts: u32,
     /// When the last refused or failed attempt was made and the back-off it earned.
     pub last_try: Option<(Duration, Duration)>,
-    /// `namespace/pdb` (or the apiserver's message) of the last 429.
+    /// `namespace/pdb` (or the apiserver's message) of the last refusal.
     pub blocked_by: Option<String>,
+    /// Requests the apiserver throttled (429, not a budget's): not an answer to them.
+    pub throttled: u32,
     pub escalated: bool,
 }
 
@@ -516,6 +518,7 @@ mod tests {
                         attempts,
                         last_try: (attempts > 0).then_some((S(at), S(delay))),
                         blocked_by: None,
+                        throttled: 0,
                         escalated,
                     }
                 }),

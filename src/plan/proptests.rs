@@ -159,6 +159,22 @@ proptest! {
     }
 
     #[test]
+    fn plan_steps_put_each_pod_at_the_first_entry_that_targets_it(plan in arb_plan(), pods in proptest::collection::vec(arb_pod(), 0..12)) {
+        let steps = super::plan_steps(&plan, &pods).expect("a valid plan");
+        let compiled = compile_plan(&plan).expect("a valid plan");
+        let mut previous = DrainTargets::none();
+        for (index, step) in steps.iter().enumerate() {
+            let targets = DrainTargets::for_compiled_plan(&compiled, index);
+            let expected: Vec<&PodInfo> = targets
+                .active_targeted(&pods)
+                .filter(|p| !previous.targets(p))
+                .collect();
+            prop_assert_eq!(step.pods.iter().collect::<Vec<_>>(), expected);
+            previous = targets;
+        }
+    }
+
+    #[test]
     fn later_plan_entries_keep_earlier_targets(plan in arb_plan(), pods in proptest::collection::vec(arb_pod(), 0..10)) {
         let plan = normalize_drain_plan(&plan).unwrap();
         let mut previous = DrainTargets::none();

@@ -150,10 +150,83 @@ pub(crate) fn retry_delay(failures: u32, shutdown: bool, jitter: f64) -> Duratio
     }
 }
 
+/// How many requests to have in flight at once against an apiserver that may throttle
+/// (429): the configured number while it takes them all; halved (down to one) by a batch it
+/// throttled, grown again by one per request it took. Throttled requests sent again all at
+/// once would mostly be throttled again; fewer at a time get through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    limit: usize,
+    max: usize,
+}
+
+impl Window {
+    pub(crate) fn new(max: usize) -> Self {
+        let max = max.max(1);
+        Window { limit: max, max }
+    }
+
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The configured number changed (a reload).
+    pub(crate) fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+        self.limit = self.limit.min(self.max);
+    }
+
+    /// A batch of requests (or one) was throttled.
+    pub(crate) fn throttled(&mut self) {
+        self.limit = (self.limit / 2).max(1);
+    }
+
+    /// `n` requests were answered without throttling.
+    pub(crate) fn taken(&mut self, n: usize) {
+        self.limit = self.limit.saturating_add(n).min(self.max);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_throttled_window_halves_to_one_and_grows_back_by_what_is_taken() {
+        let mut w = Window::new(64);
+        assert_eq!(w.limit(), 64);
+        w.throttled();
+        assert_eq!(w.limit(), 32);
+        for _ in 0..10 {
+            w.throttled();
+        }
+        assert_eq!(w.limit(), 1);
+        w.taken(1);
+        w.taken(2);
+        assert_eq!(w.limit(), 4);
+        w.taken(1000);
+        assert_eq!(w.limit(), 64);
+        w.set_max(8);
+        assert_eq!(w.limit(), 8);
+        w.set_max(0);
+        assert_eq!(w.limit(), 1, "never below one");
+        assert_eq!(Window::new(0).limit(), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn a_window_stays_within_one_and_its_max(max in 0usize..200, steps in proptest::collection::vec(proptest::option::of(0usize..50), 0..64)) {
+            let mut w = Window::new(max);
+            for step in steps {
+                match step {
+                    Some(n) => w.taken(n),
+                    None => w.throttled(),
+                }
+                prop_assert!(w.limit() >= 1 && w.limit() <= max.max(1));
+            }
+        }
+    }
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
     const S: fn(u64) -> Duration = Duration::from_secs;

@@ -295,6 +295,23 @@ impl ControlPlane {
         client_from(&self.admin_kubeconfig()).await
     }
 
+    /// The apiserver throttles `node`'s requests from now on (see [`throttling`]).
+    pub fn throttle(&self, node: &str) {
+        self.apply_text(&throttling(node));
+    }
+
+    /// Ends [`throttle`](Self::throttle).
+    pub fn unthrottle(&self, node: &str) {
+        let name = format!("{node}-throttled");
+        self.kubectl(&["delete", "flowschema", &name, "--ignore-not-found"]);
+        self.kubectl(&[
+            "delete",
+            "prioritylevelconfiguration",
+            &name,
+            "--ignore-not-found",
+        ]);
+    }
+
     /// Stops the apiserver process only (etcd and the controllers keep running).
     pub fn stop_apiserver(&self) {
         self.kill("kube-apiserver");
@@ -385,4 +402,41 @@ pub fn now_unix() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
         .as_secs_f64()
+}
+
+/// API Priority and Fairness for this node's two identities: a priority level of one
+/// concurrency share (about 3 seats of the apiserver's 600) that rejects what does not fit
+/// (429), for everything nodegrace's identity asks and for the evictions of the kubelet's
+/// (the kubelet stand-in, under the same identity, keeps its own requests unthrottled).
+fn throttling(node: &str) -> String {
+    format!(
+        r#"apiVersion: flowcontrol.apiserver.k8s.io/v1beta3
+kind: PriorityLevelConfiguration
+metadata: {{name: {node}-throttled}}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 1
+    lendablePercent: 0
+    borrowingLimitPercent: 0
+    limitResponse: {{type: Reject}}
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1beta3
+kind: FlowSchema
+metadata: {{name: {node}-throttled}}
+spec:
+  priorityLevelConfiguration: {{name: {node}-throttled}}
+  matchingPrecedence: 50
+  distinguisherMethod: {{type: ByUser}}
+  rules:
+  - subjects: [{{kind: User, user: {{name: "nodegrace:node:{node}"}}}}]
+    resourceRules:
+    - {{verbs: ["*"], apiGroups: ["*"], resources: ["*"], namespaces: ["*"], clusterScope: true}}
+    nonResourceRules:
+    - {{verbs: ["*"], nonResourceURLs: ["*"]}}
+  - subjects: [{{kind: User, user: {{name: "system:node:{node}"}}}}]
+    resourceRules:
+    - {{verbs: ["create"], apiGroups: [""], resources: ["pods/eviction"], namespaces: ["*"]}}
+"#
+    )
 }

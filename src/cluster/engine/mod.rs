@@ -229,7 +229,7 @@ struct Shared {
     reconnect: watch::Sender<u64>,
     /// A shutdown drain runs (from its first request, before its schedule exists): failed
     /// watches try again at most about a second apart.
-    shutting_down: std::sync::atomic::AtomicBool,
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
     shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
     /// The shutdown maintenance as its create (or adoption) returned it, and when.
     created_maintenance: Mutex<Option<(Arc<NodeMaintenance>, Instant)>>,
@@ -408,10 +408,10 @@ async fn run_loop(shared: Arc<Shared>) {
                 Err(err) => {
                     if anyhow_is_unusable(&err) {
                         // Logged once by the reachability tracking, not at every retry.
-                        shared.mark_unreachable(&format_args!("{err:#}"));
-                        tracing::debug!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                        shared.mark_unreachable(&crate::cluster::error_text(&err));
+                        tracing::debug!(node = %shared.node, error = crate::cluster::error_text(&err), "reconcile failed; retrying");
                     } else {
-                        tracing::warn!(node = %shared.node, error = format!("{err:#}"), "reconcile failed; retrying");
+                        tracing::warn!(node = %shared.node, error = crate::cluster::error_text(&err), "reconcile failed; retrying");
                     }
                     Some(Instant::now() + RETRY_AFTER_ERROR)
                 }
@@ -531,6 +531,8 @@ struct DrainState {
     replan_announced: Option<Replan>,
     /// Files the kubelet refuses that could not be gated, told once each.
     unreadable_not_gated: HashSet<String>,
+    /// Requests in flight at once for a band, narrowed while the apiserver throttles.
+    window: Option<crate::plan::reachability::Window>,
 }
 
 struct MaintView {
@@ -613,7 +615,7 @@ impl Engine {
             endpoint: opts.endpoint,
             reach: Mutex::new(Reachability::default()),
             reconnect: watch::channel(0u64).0,
-            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             shutdown: Mutex::new(None),
             created_maintenance: Mutex::new(None),
             progress,
@@ -680,6 +682,12 @@ impl Engine {
     /// pod cache: one watch of the node's pods serves both).
     pub(crate) fn pod_store(&self) -> Store<Pod> {
         self.shared.pods.clone()
+    }
+
+    /// True while a shutdown drain runs (the eviction-request controller's watches retry
+    /// faster then).
+    pub(crate) fn shutting_down(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.shared.shutting_down.clone()
     }
 
     /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
@@ -892,7 +900,9 @@ impl Shared {
     fn note<T>(&self, r: &Result<T>) {
         match r {
             Ok(_) => self.mark_reachable(),
-            Err(e) if anyhow_is_unusable(e) => self.mark_unreachable(&format_args!("{e:#}")),
+            Err(e) if anyhow_is_unusable(e) => {
+                self.mark_unreachable(&crate::cluster::error_text(e))
+            }
             Err(_) => self.mark_reachable(),
         }
     }

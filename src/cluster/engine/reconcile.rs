@@ -82,7 +82,10 @@ impl Shared {
         let dir = self.settings().state_dir.clone();
         tokio::task::spawn_blocking(move || {
             if let Err(err) = cache.store(&dir) {
-                tracing::warn!(error = format!("{err:#}"), "writing the pod cache failed");
+                tracing::warn!(
+                    error = crate::cluster::error_text(&err),
+                    "writing the pod cache failed"
+                );
             }
         });
     }

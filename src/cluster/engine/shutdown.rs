@@ -73,7 +73,7 @@ impl Engine {
         let maintenance = adopted?;
         *lock(&sh.created_maintenance) = Some((Arc::new(maintenance.clone()), Instant::now()));
         if let Err(e) = condition {
-            tracing::warn!(node = %sh.node, error = format!("{e:#}"), "setting the shutdown condition failed");
+            tracing::warn!(node = %sh.node, error = crate::cluster::error_text(&e), "setting the shutdown condition failed");
         }
 
         let plan = normalize_drain_plan(&maintenance.spec.drain_plan).unwrap_or(plan);

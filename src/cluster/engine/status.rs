@@ -400,7 +400,7 @@ impl Shared {
             }
         }
         if let Err(err) = self.terminator.withdraw(&name).await {
-            tracing::warn!(node = %self.node, maintenance = %name, error = format!("{err:#}"), "withdrawing eviction requests failed");
+            tracing::warn!(node = %self.node, maintenance = %name, error = crate::cluster::error_text(&err), "withdrawing eviction requests failed");
         }
         let mut entry = NodeMaintenanceNodeStatus::for_node(&self.node);
         entry.drain_message = COMPLETED_MESSAGE.into();

@@ -11,11 +11,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::api::NodeMaintenance;
-use crate::cluster::evict::{backoff, Outcome};
+use crate::cluster::evict::{anyhow_throttled, backoff, Outcome};
 use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
 use crate::metrics::TerminationMethod;
 use crate::plan::drain::{Action, Decision};
+use crate::plan::reachability::Window;
 use crate::plan::{PodInfo, PodType};
 
 use super::{
@@ -118,7 +119,10 @@ impl Shared {
         }
 
         let terminator = self.terminator.clone();
-        let concurrency = self.settings().drain.max_concurrent_requests.max(1);
+        let max = self.settings().drain.max_concurrent_requests;
+        let window = st.window.get_or_insert_with(|| Window::new(max));
+        window.set_max(max);
+        let concurrency = window.limit();
         let results: Vec<_> = futures::stream::iter(jobs)
             .map(|(pod, object, request, m, escalated)| {
                 let terminator = terminator.clone();
@@ -138,7 +142,14 @@ impl Shared {
         let mut retry_at = |at: Duration| retry = Some(retry.map_or(at, |r| r.min(at)));
         let mut escalations: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut blocked: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        let mut throttled: BTreeMap<(String, Duration), Vec<String>> = BTreeMap::new();
+        let (mut taken, mut any_throttled) = (0, false);
         for (pod, request, m, escalated, result) in results {
+            match &result {
+                Err(err) if anyhow_throttled(err).is_some() => any_throttled = true,
+                Err(err) if !is_api_answer(err) => {}
+                _ => taken += 1,
+            }
             let track = st.tracks.entry(pod.uid.clone()).or_default();
             match result {
                 Ok(Outcome::Accepted) => {
@@ -180,17 +191,38 @@ impl Shared {
                     }
                     track.blocked_by = Some(by);
                 }
+                Err(err) if anyhow_throttled(&err).is_some() => {
+                    // The apiserver did not look at the request: the pod is not asked (so
+                    // not escalated for it) and no back-off is earned. The band's retries are
+                    // spread over the wait again, not sent at once into the same throttle.
+                    let wait = anyhow_throttled(&err).unwrap_or(RETRY_AFTER_ERROR);
+                    let delay = wait.mul_f64(1.0 + rand::random::<f64>());
+                    track.last_try = Some((now, delay));
+                    retry_at(now + delay);
+                    self.metrics.api_error("throttled");
+                    if track.throttled == 0 {
+                        throttled.entry((m, wait)).or_default().push(pod.key());
+                    }
+                    track.throttled = track.throttled.saturating_add(1);
+                }
                 Err(err) => {
                     // An answer refusing the request counts as asked; no answer does not.
                     track.asked |= is_api_answer(&err);
                     if anyhow_is_unusable(&err) {
-                        self.mark_unreachable(&format_args!("{err:#}"));
+                        self.mark_unreachable(&crate::cluster::error_text(&err));
                     }
                     self.metrics.api_error("terminate");
-                    tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "terminating a pod failed");
+                    tracing::warn!(node = %self.node, pod = %pod.key(), error = crate::cluster::error_text(&err), "terminating a pod failed");
                     track.last_try = Some((now, RETRY_AFTER_ERROR));
                     retry_at(now + RETRY_AFTER_ERROR);
                 }
+            }
+        }
+        if let Some(window) = st.window.as_mut() {
+            if any_throttled {
+                window.throttled();
+            } else {
+                window.taken(taken);
             }
         }
         let maintenance = |name: &str| views.iter().find(|v| v.name == name).map(|v| v.m.clone());
@@ -216,6 +248,22 @@ impl Shared {
                 format!(
                     "eviction of {} pod(s) blocked by {by}; retrying with back-off: {}",
                     pods.len(),
+                    listed(&pods)
+                ),
+            );
+        }
+
+        for ((m, wait), pods) in throttled {
+            tracing::warn!(node = %self.node, maintenance = %m, pods = pods.len(), retry_after = ?wait, "the apiserver throttles the drain's requests (429); asking again after its wait");
+            self.event_both(
+                node,
+                maintenance(&m).as_deref(),
+                true,
+                "Throttled",
+                format!(
+                    "the apiserver throttled the requests for {} pod(s) (429 Too Many Requests); asking again after {}: {}",
+                    pods.len(),
+                    humantime::format_duration(wait),
                     listed(&pods)
                 ),
             );
@@ -350,13 +398,13 @@ impl Shared {
                     tracing::info!(node = %self.node, pod = %pod.key(), manifest = %file, "static pod manifest gated");
                 }
                 Err(err) => {
-                    tracing::warn!(node = %self.node, pod = %pod.key(), error = format!("{err:#}"), "cannot gate a static pod");
+                    tracing::warn!(node = %self.node, pod = %pod.key(), error = crate::cluster::error_text(&err), "cannot gate a static pod");
                     self.event_both(
                         node,
                         views.first().map(|v| v.m.as_ref()),
                         true,
                         "StaticPodNotGated",
-                        format!("{err:#}"),
+                        crate::cluster::error_text(&err),
                     );
                 }
             }

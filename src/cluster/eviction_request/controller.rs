@@ -7,6 +7,7 @@
 //! node.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,8 +28,10 @@ use tracing::{debug, info, warn};
 use super::decide::{self, Action, EvictionResult, Inputs, Release, Transition};
 use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
+use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::{api_error_code, evict, Slim, FIELD_MANAGER};
 use crate::config::Settings;
+use crate::plan::reachability::Window;
 
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
 const MAX_ROUNDS: usize = 8;
@@ -392,10 +395,12 @@ impl Reconciler {
     }
 
     /// The Eviction API with the pod's UID as precondition; an apiserver refusal other
-    /// than a 429 (e.g. two budgets select the pod) is a failed attempt, not an error.
+    /// than a budget's 429 (e.g. two budgets select the pod) is a failed attempt, not an
+    /// error. Throttling is an error: no attempt was made.
     async fn evict(&self, pods: &Api<Pod>, name: &str, uid: &str) -> Result<EvictionResult> {
         match evict::evict(pods, name, uid, None).await {
             Ok(outcome) => Ok(outcome.into()),
+            Err(err) if evict::anyhow_throttled(&err).is_some() => Err(err),
             Err(err) => match err.downcast_ref::<kube::Error>() {
                 Some(kube::Error::Api(status)) => Ok(EvictionResult::Refused {
                     message: format!("{} ({})", status.message, status.code),
@@ -452,6 +457,15 @@ fn transition_event(transition: &Transition, message: &str) -> Option<Event> {
         action: action.to_owned(),
         secondary: None,
     })
+}
+
+/// When to reconcile a request again after an error: after the apiserver's wait when it
+/// throttled us (spread, so that a band's requests do not come back at once), else 5 s.
+fn retry_after_error(err: &anyhow::Error) -> Duration {
+    match evict::anyhow_throttled(err) {
+        Some(wait) => wait.mul_f64(1.0 + rand::random::<f64>()),
+        None => Duration::from_secs(5),
+    }
 }
 
 /// Events for what went wrong; a successful eviction is no event (one per pod would be
@@ -576,6 +590,8 @@ pub struct Controller {
     reconciler: Reconciler,
     concurrency: usize,
     rx: mpsc::UnboundedReceiver<Message>,
+    /// The engine's: true while a shutdown drain runs (watches retry faster then).
+    shutting_down: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -639,6 +655,12 @@ impl Controller {
         self
     }
 
+    /// Retries its watches as the engine does while `shutting_down` (the engine's flag).
+    pub(crate) fn retrying_as_in_shutdown_when(mut self, shutting_down: Arc<AtomicBool>) -> Self {
+        self.shutting_down = shutting_down;
+        self
+    }
+
     /// Reports what blocks each pod's eviction to `sink` (the drain engine).
     pub(crate) fn reporting_blocks_to(mut self, sink: BlockSink) -> Self {
         self.reconciler.blocks = Some(sink);
@@ -662,6 +684,7 @@ impl Controller {
                 reconciler,
                 concurrency: config.concurrency.max(1),
                 rx,
+                shutting_down: Arc::new(AtomicBool::new(false)),
             },
             ControllerHandle { tx },
         )
@@ -763,6 +786,7 @@ impl Controller {
             reconciler,
             mut concurrency,
             rx,
+            shutting_down,
         } = self;
         // A request whose pod is not in a synced cache is complete: wait for the sync.
         tokio::select! {
@@ -779,7 +803,7 @@ impl Controller {
                 watcher(api.clone(), watcher::Config::default().labels(&selector))
                     .modify(EvictionRequest::slim),
             )
-            .default_backoff();
+            .backoff(WatchBackoff::new(shutting_down.clone()));
             (cache, events)
         };
         let (ours, ours_events) = watch(format!("{NODE_LABEL}={}", this.node));
@@ -794,7 +818,10 @@ impl Controller {
         // Our own latest write per request, until the watch delivers it (events come in
         // resourceVersion order, so anything cached before that is older than the write).
         let mut written: HashMap<Key, EvictionRequest> = HashMap::new();
-        // Requests being reconciled (at most `concurrency`), and those that changed meanwhile.
+        // At most this many reconciled at once: `concurrency`, narrowed while the apiserver
+        // throttles.
+        let mut window = Window::new(concurrency);
+        // Requests being reconciled (within `window`), and those that changed meanwhile.
         let mut running = futures::stream::FuturesUnordered::new();
         let mut in_flight: HashSet<Key> = HashSet::new();
         let mut again: HashSet<Key> = HashSet::new();
@@ -802,7 +829,7 @@ impl Controller {
         let mut awaiting_collector: HashMap<Key, Instant> = HashMap::new();
         info!(node = %this.node, "eviction-request controller started");
         loop {
-            while running.len() < concurrency {
+            while running.len() < window.limit() {
                 let Some(key) = queue.pop() else { break };
                 if in_flight.contains(&key) {
                     again.insert(key);
@@ -871,14 +898,19 @@ impl Controller {
                     awaiting_collector.remove(&key);
                     match result {
                         Ok(done) => {
+                            window.taken(1);
                             if let Some(stored) = done.written {
                                 written.insert(key.clone(), stored);
                             }
                             queue.set_timer(&key, done.recheck_after.map(|d| Instant::now() + d));
                         }
                         Err(err) => {
-                            warn!(request = %format!("{}/{}", key.0, key.1), error = format!("{err:#}"), "reconciling EvictionRequest failed; retrying");
-                            queue.set_timer(&key, Some(Instant::now() + Duration::from_secs(5)));
+                            if evict::anyhow_throttled(&err).is_some() {
+                                window.throttled();
+                            }
+                            let retry = retry_after_error(&err);
+                            warn!(request = %format!("{}/{}", key.0, key.1), error = crate::cluster::error_text(&err), retry_after = ?retry, "reconciling EvictionRequest failed; retrying");
+                            queue.set_timer(&key, Some(Instant::now() + retry));
                         }
                     }
                     if again.remove(&key) {
@@ -943,7 +975,10 @@ impl Controller {
                             queue.push(key);
                         }
                     }
-                    Some(Message::Concurrency(n)) => concurrency = n,
+                    Some(Message::Concurrency(n)) => {
+                        concurrency = n;
+                        window.set_max(concurrency);
+                    }
                     Some(Message::BackoffMax(cap)) => {
                         reconciler.set_backoff_max(cap);
                         for key in cache.keys() {

@@ -176,7 +176,7 @@ impl PodTerminator for EvictionRequestTerminator {
         let mut first_error = None;
         for pod in pods {
             if let Err(err) = self.requester.withdraw(&pod).await {
-                warn!(pod = %pod, maintenance, error = format!("{err:#}"), "withdrawing an eviction request failed");
+                warn!(pod = %pod, maintenance, error = crate::cluster::error_text(&err), "withdrawing an eviction request failed");
                 first_error.get_or_insert(err);
             }
         }

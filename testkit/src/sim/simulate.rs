@@ -124,8 +124,11 @@ pub fn simulate_command(config: &std::path::Path, opts: &SimulateOptions) -> Res
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let pods = cli::parse_pod_list(&text)
-                .with_context(|| format!("{} is not a pod list", path.display()))?;
+            let pods = cli::parse_pod_list(&text, &cli::LabelKeys::All)
+                .with_context(|| format!("{} is not a pod list", path.display()))?
+                .iter()
+                .map(listed_pod_object)
+                .collect::<Result<Vec<Pod>>>()?;
             (path.display().to_string(), pods)
         }
         None => ("built-in sample node".to_string(), sample_pods()?),
@@ -841,6 +844,34 @@ fn sample_pod(
                  "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
         "status": {"phase": "Running"},
     })
+}
+
+/// A pod of a list as the simulated apiserver holds it: what the drain reads of it (the
+/// product reads no more of a pod list).
+fn listed_pod_object(p: &cli::ListedPod) -> Result<Pod> {
+    let info = &p.info;
+    let mut meta = json!({"name": info.name, "namespace": info.namespace, "labels": info.labels});
+    if !info.uid.is_empty() {
+        meta["uid"] = json!(info.uid);
+    }
+    match info.pod_type {
+        PodType::Static => {
+            let hash = info.static_hash.clone().unwrap_or_default();
+            meta["annotations"] = json!({"kubernetes.io/config.mirror": hash, "kubernetes.io/config.source": "file", "kubernetes.io/config.hash": hash});
+        }
+        PodType::DaemonSet => {
+            meta["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "uid-ds", "controller": true}]);
+        }
+        PodType::Default => {}
+    }
+    let object = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"nodeName": p.node_name, "priority": info.priority,
+                 "terminationGracePeriodSeconds": info.termination_grace_period_seconds,
+                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
+        "status": {"phase": p.phase},
+    });
+    serde_json::from_value(object).with_context(|| format!("pod {}", info.key()))
 }
 
 /// A small node: Default pods over several priorities, a critical one, DaemonSet pods and a
