@@ -235,6 +235,19 @@ fn live_plan_reads_the_nodes_pods_with_a_field_selector() {
     assert_eq!(r["node"], "node-a");
     assert_eq!(r["order"].as_array().unwrap().len(), 6);
     assert_eq!(r["order"][5], "kube-system/etcd-node-a");
+    assert!(r.get("unreadableManifests").is_none(), "{r}");
+    // A file the kubelet refuses in its staticPodPath: listed, to be gated after every pod.
+    std::fs::write(env.path("manifests/half.yaml"), b"metadata: [").unwrap();
+    let r = env.json(&["plan", "-o", "json"]);
+    assert_eq!(r["unreadableManifests"][0]["pod"], "half.yaml", "{r}");
+    let out = env.run(&["plan"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.contains(
+            "Last, after every pod: files in the static pod directory the kubelet refuses"
+        ) && table.contains("half.yaml"),
+        "{table}"
+    );
     let seen = requests.lock().unwrap().clone();
     assert!(
         seen.iter().any(|t| t.starts_with("/api/v1/pods?")

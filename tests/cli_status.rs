@@ -421,7 +421,7 @@ fn warnings_the_daemon_would_log_reach_stderr() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("WARN")
-            && stderr.contains("does not parse")
+            && stderr.contains("not a static pod manifest the kubelet can run")
             && stderr.contains("broken.yaml"),
         "{stderr}"
     );
@@ -523,11 +523,20 @@ fn strings_from_outside_reach_the_terminal_escaped() {
 fn files_in_the_gate_that_are_not_manifests_and_set_aside_records_are_shown() {
     let env = Env::new();
     std::fs::write(env.path("gate/broken.yaml"), b"kind: Deployment\n").unwrap();
+    std::fs::write(env.path("manifests/half.yaml"), b"metadata: [").unwrap();
     std::os::unix::fs::symlink("/etc/passwd", env.path("gate/link.yaml")).unwrap();
     let r = env.json_exiting(3);
     assert_eq!(r["staticPods"]["gated"], serde_json::json!([]));
+    // A file the kubelet refuses is gated and restored like a manifest; a symlink never.
+    let gated = r["staticPods"]["gatedUnreadable"].as_array().unwrap();
+    assert_eq!(gated.len(), 1, "{r}");
+    assert_eq!(gated[0]["fileName"], "broken.yaml");
+    let unreadable = r["staticPods"]["unreadable"].as_array().unwrap();
+    assert_eq!(unreadable.len(), 1, "{r}");
+    assert_eq!(unreadable[0]["fileName"], "half.yaml");
     let others = r["staticPods"]["otherFiles"].as_array().unwrap();
-    assert_eq!(others.len(), 2, "{r}");
+    assert_eq!(others.len(), 1, "{r}");
+    assert_eq!(others[0]["fileName"], "link.yaml");
     assert_eq!(r["staticPods"]["setAsideJournal"], Value::Null);
 
     std::fs::write(
@@ -536,7 +545,17 @@ fn files_in_the_gate_that_are_not_manifests_and_set_aside_records_are_shown() {
     )
     .unwrap();
     let table = env.table_exiting(3);
-    assert!(table.contains("not a manifest  broken.yaml"), "{table}");
+    assert!(
+        table.contains("gated, unreadable  broken.yaml: the kubelet refuses it")
+            && table.contains("restored byte for byte at Complete"),
+        "{table}"
+    );
+    assert!(
+        table.contains("unreadable")
+            && table.contains("half.yaml in ")
+            && table.contains("a shutdown gates it last"),
+        "{table}"
+    );
     assert!(table.contains("link.yaml: is a symlink"), "{table}");
     assert!(
         table.contains("static-pods.journal.set-aside (check them"),

@@ -1474,3 +1474,43 @@ async fn after_a_soft_reboot_the_maintenance_of_the_same_boot_id_is_completed() 
     })
     .await;
 }
+
+/// A file the kubelet refuses in its staticPodPath names no pod, so no priority: the
+/// shutdown gates it last, once the node is empty (after the static pods), and the boot's
+/// completion restores it, also when it is the only file gated.
+#[tokio::test]
+async fn a_file_the_kubelet_refuses_is_gated_last_and_restored_at_complete() {
+    for with_static in [true, false] {
+        let env = Env::new(kubelet(100)).await;
+        env.pod("low", Kind::Default, 0, 30, json!({}));
+        if with_static {
+            env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+        }
+        env.gate.add_unreadable("broken.yaml");
+        let engine = env.engine(env.settings());
+        engine
+            .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let log = env.gate.log.lock().unwrap().clone();
+        let expected: &[&str] = if with_static {
+            &["gate etcd.yaml", "gate broken.yaml"]
+        } else {
+            &["gate broken.yaml"]
+        };
+        assert_eq!(log, expected, "with_static={with_static}");
+        assert!(env.gate.unreadable_in_place().is_empty());
+        drop(engine);
+
+        let engine = env.engine(env.settings());
+        let outcome = engine
+            .after_boot("boot-2", CompletionPolicy::Complete, None)
+            .await
+            .unwrap();
+        assert_eq!(outcome, AfterBoot::Completed);
+        eventually(10, "the refused file restored", || {
+            env.gate.unreadable_in_place() == ["broken.yaml"]
+        })
+        .await;
+    }
+}

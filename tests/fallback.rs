@@ -54,13 +54,30 @@ impl Clock {
     }
 }
 
-struct FakeKubelet(Arc<Clock>);
+/// What the kubelet unit does when it is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KubeletStop {
+    Stops,
+    /// The stop job never finishes (a unit that ignores SIGTERM, a long TimeoutStopSec).
+    Hangs,
+    /// systemd answers the stop with an error (RefuseManualStop=, a failed job).
+    Fails,
+}
+
+struct FakeKubelet(Arc<Clock>, KubeletStop);
 
 #[async_trait]
 impl KubeletControl for FakeKubelet {
     async fn stop(&self, unit: &str) -> anyhow::Result<()> {
         assert_eq!(unit, "kubelet.service");
         tokio::time::sleep(Duration::from_millis(100)).await;
+        match self.1 {
+            KubeletStop::Stops => {}
+            KubeletStop::Hangs => std::future::pending::<()>().await,
+            KubeletStop::Fails => anyhow::bail!(
+                "Operation refused, unit kubelet.service may be requested by dependency only"
+            ),
+        }
         self.0.push(Ev::KubeletStop);
         Ok(())
     }
@@ -74,6 +91,8 @@ impl KubeletControl for FakeKubelet {
 struct FakeGate {
     clock: Arc<Clock>,
     active: Vec<StaticManifest>,
+    /// Files the kubelet refuses as manifests.
+    unreadable: Vec<String>,
 }
 
 impl StaticPodGate for FakeGate {
@@ -96,6 +115,16 @@ impl StaticPodGate for FakeGate {
     fn restore_all(&self) -> anyhow::Result<Vec<String>> {
         Ok(Vec::new())
     }
+    fn unreadable_active(&self) -> anyhow::Result<Vec<nodegrace::staticpods::Problem>> {
+        Ok(self
+            .unreadable
+            .iter()
+            .map(|f| nodegrace::staticpods::Problem {
+                file_name: f.clone(),
+                reason: "not YAML".into(),
+            })
+            .collect())
+    }
 }
 
 /// A node: pods with their sandbox, containers and cache entry.
@@ -104,7 +133,9 @@ struct Node {
     runtime: FakeRuntime,
     cache: PodCache,
     manifests: Vec<StaticManifest>,
+    unreadable: Vec<String>,
     sandbox_delay: Duration,
+    kubelet_stop: KubeletStop,
 }
 
 impl Node {
@@ -117,7 +148,9 @@ impl Node {
             runtime: FakeRuntime::new(),
             cache: PodCache::default(),
             manifests: Vec::new(),
+            unreadable: Vec::new(),
             sandbox_delay: Duration::ZERO,
+            kubelet_stop: KubeletStop::Stops,
         }
     }
 
@@ -176,10 +209,14 @@ impl Node {
         let gate = FakeGate {
             clock: self.clock.clone(),
             active: self.manifests.clone(),
+            unreadable: self.unreadable.clone(),
         };
         Fallback::new(
             Arc::new(self.runtime.clone()),
-            kubelet.then(|| Arc::new(FakeKubelet(self.clock.clone())) as Arc<dyn KubeletControl>),
+            kubelet.then(|| {
+                Arc::new(FakeKubelet(self.clock.clone(), self.kubelet_stop))
+                    as Arc<dyn KubeletControl>
+            }),
             Some(Arc::new(gate)),
             opts,
         )
@@ -506,4 +543,198 @@ async fn sandbox_teardown_overlaps_the_next_band_and_is_waited_for_at_the_end() 
         (Some(S(1)), Some(S(3)))
     );
     assert!(report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped));
+}
+
+/// A kubelet whose unit does not stop (the stop job hangs, or systemd refuses it): the
+/// report says so, the pods are stopped through the CRI all the same, and the containers
+/// the still-running kubelet starts again (in a new sandbox, as it does once the old one
+/// is stopped) are stopped again after the last band.
+#[tokio::test(start_paused = true)]
+async fn a_kubelet_that_does_not_stop_is_reported_and_its_restarts_are_stopped_again() {
+    for stop in [KubeletStop::Hangs, KubeletStop::Fails] {
+        let mut n = Node::new();
+        n.kubelet_stop = stop;
+        n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+            .pod("ns", "db", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+        let fallback = n.fallback(BANDS, true, false);
+        // The kubelet, still running, starts web again 0.5 s after its container stopped,
+        // while the next band runs.
+        let runtime = n.runtime.clone();
+        let restarter = tokio::spawn(async move {
+            while runtime.running().contains(&"ns/web".to_string()) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let sandbox = runtime.add_sandbox("ns", "web", "uid-web");
+            runtime.add_container(&sandbox, "c0", Behaviour::ExitsAfter(S(1)))
+        });
+        let started = Instant::now();
+        let report = fallback.run(&n.cache).await;
+        let restarted = restarter.await.unwrap();
+        let took = Instant::now() - started;
+
+        let why = report
+            .kubelet_not_stopped
+            .as_deref()
+            .unwrap_or_else(|| panic!("{stop:?}: not reported: {report:#?}"));
+        match stop {
+            KubeletStop::Hangs => assert!(why.contains("did not stop within 5s"), "{why}"),
+            _ => assert!(why.contains("Operation refused"), "{why}"),
+        }
+        assert!(report.errors.iter().any(|e| e == why), "{report:#?}");
+        // Through the CRI all the same: band by band, after the kubelet's stop gave up.
+        let gave_up = if stop == KubeletStop::Hangs {
+            S(5)
+        } else {
+            Duration::from_millis(100)
+        };
+        assert_eq!(n.stop_requested("web-c0").0, gave_up, "{stop:?}");
+        assert!(n.stop_requested("db-c0").0 > n.stop_requested("web-c0").0);
+        assert_eq!(report.pod("ns", "db").unwrap().outcome, PodOutcome::Stopped);
+        // The container the kubelet started again is stopped too, with web's grace.
+        let (at, grace) = n.stop_requested(&restarted);
+        assert!(
+            at > n.stop_requested("db-c0").0,
+            "{stop:?}: {:#?}",
+            n.events()
+        );
+        assert_eq!(grace, S(10));
+        let web = report.pod("ns", "web").unwrap();
+        assert!(
+            web.errors
+                .iter()
+                .any(|e| e.contains("started again by the kubelet") && e.contains("stopped again")),
+            "{web:#?}"
+        );
+        assert!(web.containers.contains(&restarted), "{web:#?}");
+        assert!(n.runtime.running().is_empty(), "{:?}", n.runtime.running());
+        assert!(
+            took < gave_up + S(10),
+            "{stop:?}: the fallback took {took:?}"
+        );
+    }
+}
+
+/// A CRI socket that accepts connections and never answers (a wedged containerd): the
+/// fallback gives up at the client's call timeout, says so in one log line and in its
+/// report, still gates the static manifests, and is done within that bound.
+#[tokio::test(start_paused = true)]
+async fn a_cri_socket_that_never_answers_is_bounded_by_the_call_timeout_and_reported() {
+    use nodegrace::cri::{CriClient, CriTimeouts};
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("containerd.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    // Accepts, reads whatever comes, answers nothing.
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    let endpoint = format!("unix://{}", socket.display());
+    let client = CriClient::new(&endpoint, CriTimeouts::default()).unwrap();
+
+    // The global subscriber: a thread-local one can miss events whose callsite another
+    // test's thread registered first. Other tests log here too; none names this socket.
+    let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let sink = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || LogSink(sink.clone()))
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+
+    let mut n = Node::new();
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    n.manifests = vec![StaticManifest {
+        file_name: "etcd.yaml".into(),
+        namespace: "kube-system".into(),
+        pod_name: "etcd".into(),
+        priority: 2_000_001_000,
+        labels: BTreeMap::new(),
+    }];
+    let gate = FakeGate {
+        clock: n.clock.clone(),
+        active: n.manifests.clone(),
+        unreadable: Vec::new(),
+    };
+    let fallback = Fallback::new(
+        Arc::new(client),
+        Some(Arc::new(FakeKubelet(n.clock.clone(), KubeletStop::Stops))),
+        Some(Arc::new(gate)),
+        FallbackOptions {
+            node: "node1".into(),
+            bands: vec![PriorityGracePeriod {
+                priority: 0,
+                shutdown_grace_period: S(30),
+            }],
+            stop_kubelet: true,
+            kubelet_unit: "kubelet.service".into(),
+            kubelet_timeout: S(20),
+            band_slack: S(2),
+            list_retry: S(2),
+            sandbox_wait: S(5),
+        },
+    );
+    let started = Instant::now();
+    let report = fallback.run(&n.cache).await;
+    let took = Instant::now() - started;
+
+    let call = CriTimeouts::default().call;
+    assert!(took >= call && took < call + S(1), "took {took:?}");
+    let why = report
+        .runtime_unusable
+        .as_deref()
+        .unwrap_or_else(|| panic!("not reported: {report:#?}"));
+    assert!(
+        why.contains("accepts connections but does not answer") && why.contains(&endpoint),
+        "{why}"
+    );
+    assert_eq!(report.errors, [why.to_string()], "{report:#?}");
+    let web = report.pod("ns", "web").unwrap();
+    assert_eq!(web.outcome, PodOutcome::NotReached);
+    assert!(web.errors[0].contains("does not answer"), "{web:#?}");
+    n.when(&Ev::Gate("etcd.yaml".into()));
+    let log = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+    let about: Vec<&str> = log.lines().filter(|l| l.contains(&endpoint)).collect();
+    assert_eq!(about.len(), 1, "{log}");
+    assert!(about[0].contains("does not answer"), "{log}");
+}
+
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A file the kubelet refuses as a static pod manifest names no pod and no priority: it is
+/// gated after the last band, and the report lists it.
+#[tokio::test(start_paused = true)]
+async fn a_file_the_kubelet_refuses_is_gated_after_the_last_band() {
+    let mut n = Node::new();
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod(
+            "ns",
+            "crit",
+            Some((2_000_000_000, 30)),
+            &[Behaviour::ExitsAfter(S(2))],
+        );
+    n.unreadable = vec!["half-edited.yaml".into()];
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    assert_eq!(report.gated_unreadable, ["half-edited.yaml"], "{report:#?}");
+    let gated = n.when(&Ev::Gate("half-edited.yaml".into()));
+    assert!(
+        gated >= n.when(&Ev::ContainerStopped("crit-c0".into())),
+        "{:#?}",
+        n.events()
+    );
+    assert!(report.errors.is_empty(), "{report:#?}");
 }

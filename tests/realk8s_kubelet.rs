@@ -100,6 +100,22 @@ fn is_pod_delete(r: &Request) -> bool {
     r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty() && r.code == 200
 }
 
+/// Waits until the kubelet's log (new at each start) says it cannot use `file` of its
+/// staticPodPath.
+fn kubelet_refuses(kubelet: &rk::RealKubelet, file: &str, when: &str) {
+    real::wait_until(
+        &format!("the kubelet refusing {file} {when}"),
+        Duration::from_secs(30),
+        || {
+            kubelet
+                .log()
+                .lines()
+                .any(|l| l.contains(file) && l.contains("manifest"))
+                .then_some(())
+        },
+    );
+}
+
 /// Waits until the daemon's pod cache lists `pods` pods (the offline fallback's priorities).
 fn wait_pod_cache(f: &RealFixture, pods: usize) {
     real::wait_until(
@@ -138,6 +154,20 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         real("etcd").exits_after_ms(300),
     );
     let manifest = std::fs::read(f.kubelet.manifests().join("etcd.yaml")).expect("manifest");
+    // Two files the kubelet refuses beside it: gated last, restored byte for byte.
+    let refused: [(&str, &[u8]); 2] = [
+        (
+            "broken.yaml",
+            b"apiVersion: v1\nkind: Pod\nmetadata: [name: x\n",
+        ),
+        (
+            "not-a-pod.yaml",
+            b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: not-a-pod\ndata: {a: b}\n",
+        ),
+    ];
+    for (file, bytes) in refused {
+        std::fs::write(f.kubelet.manifests().join(file), bytes).expect("a refused file");
+    }
     let apps = [
         ("web", 2),
         ("slow", 1),
@@ -147,6 +177,9 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
     ];
     let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
     let mirror = format!("etcd-{node}");
+    for (file, _) in refused {
+        kubelet_refuses(&f.kubelet, file, "before the shutdown");
+    }
     f.node.boot();
 
     let container = f.node.shutdown("poweroff", Duration::from_secs(120));
@@ -171,6 +204,32 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         .find(|l| l.contains("static pod manifest gated"))
         .unwrap_or_else(|| panic!("the static pod was not gated\n{}", context()))
         .time;
+    // The refused files: out of the staticPodPath, after every pod (there is no priority
+    // to order them by) and before the release.
+    let refused_gated: Vec<f64> = container
+        .journal_of("nodegrace")
+        .iter()
+        .filter(|l| l.contains("gated a file the kubelet refuses"))
+        .map(|l| l.time)
+        .collect();
+    assert_eq!(
+        refused_gated.len(),
+        2,
+        "the refused files were not gated\n{}",
+        context()
+    );
+    for (file, bytes) in refused {
+        assert!(
+            !f.kubelet.manifests().join(file).exists(),
+            "{file} is still in the staticPodPath\n{}",
+            context()
+        );
+        assert_eq!(
+            std::fs::read(f.node.state.join("gated-manifests").join(file)).expect("gated"),
+            bytes,
+            "{file} changed when it was gated"
+        );
+    }
     let mut asked: BTreeMap<String, f64> = BTreeMap::new();
     let mut gone: BTreeMap<String, f64> = BTreeMap::new();
     for p in &originals {
@@ -276,6 +335,13 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         "the mirror pod was not the last to go\n{}",
         context()
     );
+    for at in &refused_gated {
+        assert!(
+            *at >= gated && *at <= release,
+            "a refused file was gated at {at:.3}, not between the static pod's gate ({gated:.3}) and the release ({release:.3})\n{}",
+            context()
+        );
+    }
     let lag = release - last;
     // The part of [last deletion, release] spent waiting on those writes.
     let writes: f64 = ours
@@ -314,6 +380,14 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         manifest,
         "the restored manifest differs"
     );
+    for (file, bytes) in refused {
+        assert_eq!(
+            std::fs::read(f.kubelet.manifests().join(file))
+                .unwrap_or_else(|e| panic!("{file} is not back: {e}")),
+            bytes,
+            "{file} came back changed"
+        );
+    }
     let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
     let old_uid = originals
         .iter()
@@ -336,6 +410,19 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The kubelet refuses the restored files as it refused them before, and runs no pod
+    // from them.
+    for (file, _) in refused {
+        kubelet_refuses(&f.kubelet, file, "after the restore");
+    }
+    let all = pods.list(&Default::default()).await.expect("pods");
+    assert!(
+        !all.items
+            .iter()
+            .any(|p| p.name_any().starts_with("not-a-pod") || p.name_any().starts_with("x-")),
+        "a pod from a refused file: {:?}",
+        all.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
     drop(f.node.container.take());
     f.kubelet.down();
     f.cleanup().await;

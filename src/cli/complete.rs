@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::{kube_client, load_settings, print_stdout, runtime};
-use crate::staticpods::{FsGate, StaticPodGate};
+use crate::staticpods::FsGate;
 use crate::text::escape;
 
 const APISERVER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -83,13 +83,16 @@ pub fn complete_command(config: &Path) -> Result<ExitCode> {
             ));
         }
     }
-    let gated = gate.gated().context("listing gated static pods")?;
+    let gated = gate
+        .scan(crate::staticpods::Place::Gate)
+        .context("listing gated static pods")?;
+    let gated = gated.manifests.len() + gated.unparseable.len();
     if !others.is_empty() {
         // Another maintenance still drains this node: its drain keeps static pods gated
         // (§Uncordon); the daemon restores them when the last one completes.
         out.push_str(&format!(
             "Static pods: {} manifest(s) stay gated while NodeMaintenance {} is active on {node}; the daemon restores them when it completes.\n",
-            gated.len(),
+            gated,
             others.join(", ")
         ));
         print_stdout(&out)?;

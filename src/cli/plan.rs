@@ -50,6 +50,10 @@ pub(crate) struct PlanReport {
     /// `namespace/name` of the pods whose grace period would be cut.
     pub escalated: Vec<String>,
     pub ignored: Vec<IgnoredPod>,
+    /// Files in the kubelet's manifest directory that it refuses (read from this node's
+    /// directory when the pods come from the apiserver): gated after every pod.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable_manifests: Vec<IgnoredPod>,
     pub offline: OfflineReport,
 }
 
@@ -199,13 +203,33 @@ pub fn plan_command(config: &Path, opts: &PlanOptions) -> Result<ExitCode> {
     };
     let mut budget = choose_budget(opts.budget, &settings, &DaemonPaths::from_env().status_file);
     budget.lost_seconds = opts.lost.map_or(0.0, secs);
-    let report = build_report(&settings, node, source, pods, unbound, budget)?;
+    let live = source == "apiserver";
+    let mut report = build_report(&settings, node, source, pods, unbound, budget)?;
+    if live {
+        report.unreadable_manifests = unreadable_manifests(&settings);
+    }
     let text = match opts.output {
         OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
         OutputFormat::Table => render_table(&report),
     };
     super::print_stdout(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// This node's files that the kubelet refuses as static pod manifests.
+fn unreadable_manifests(settings: &Settings) -> Vec<IgnoredPod> {
+    crate::staticpods::FsGate::new(&settings.static_pods, &settings.state_dir)
+        .and_then(|gate| gate.scan(crate::staticpods::Place::Manifests))
+        .map(|scan| {
+            scan.unparseable
+                .into_iter()
+                .map(|p| IgnoredPod {
+                    pod: p.file_name,
+                    reason: p.reason,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<ListedPod>> {
@@ -444,6 +468,7 @@ pub fn build_report(
         order,
         escalated,
         ignored,
+        unreadable_manifests: Vec::new(),
         offline: offline_report(settings, &infos),
     })
 }
@@ -646,6 +671,20 @@ pub fn render_table(r: &PlanReport) -> String {
         out.push_str("\nIgnored:\n");
         let rows: Vec<Vec<String>> = r
             .ignored
+            .iter()
+            .map(|i| vec![i.pod.clone(), i.reason.clone()])
+            .collect();
+        for line in align(&rows) {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+
+    if !r.unreadable_manifests.is_empty() {
+        out.push_str(
+            "\nLast, after every pod: files in the static pod directory the kubelet refuses (no priority to read), gated and restored at Complete byte for byte:\n",
+        );
+        let rows: Vec<Vec<String>> = r
+            .unreadable_manifests
             .iter()
             .map(|i| vec![i.pod.clone(), i.reason.clone()])
             .collect();

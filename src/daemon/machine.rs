@@ -596,7 +596,9 @@ impl Machine {
                 }
                 self.status.kubelet_inhibitor = seen;
             }
-            Err(e) => tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors"),
+            Err(e) => {
+                tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors")
+            }
         }
     }
 

@@ -341,7 +341,10 @@ impl NodeDrainer {
 
     async fn has_gated_static_pods(&self) -> bool {
         let gate = self.parts.gate.clone();
-        matches!(tokio::task::spawn_blocking(move || gate.gated()).await, Ok(Ok(g)) if !g.is_empty())
+        matches!(
+            tokio::task::spawn_blocking(move || gate.has_gated()).await,
+            Ok(Ok(true))
+        )
     }
 }
 

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tracing::{info, warn, Instrument};
 
 use crate::config::{PriorityGracePeriod, Settings};
-use crate::cri::{Container, ContainerState, PodSandbox, Runtime, SandboxState};
+use crate::cri::{Container, ContainerState, CriError, PodSandbox, Runtime, SandboxState};
 use crate::plan::{GnsBands, PodInfo, PodType};
 use crate::state::PodCache;
 use crate::staticpods::{StaticManifest, StaticPodGate};
@@ -307,6 +307,9 @@ impl Fallback {
             }
         }
 
+        self.stop_restarted(&targets, t0).await;
+        self.gate_unreadable_manifests().await;
+
         let mut r = self.lock();
         r.finished_at = Some(Utc::now());
         info!(pods = r.pods.len(), elapsed = ?(Instant::now() - t0), "offline fallback done");
@@ -322,13 +325,107 @@ impl Fallback {
         // Recorded before the call: if this future is dropped mid-stop, a cancel still
         // starts the unit again (starting a running unit is harmless).
         self.lock().kubelet_stopped = true;
-        match tokio::time::timeout(self.opts.kubelet_timeout, kubelet.stop(unit)).await {
-            Ok(Ok(())) => info!(unit = %unit, "kubelet stopped"),
-            Ok(Err(e)) => self.global_error(format!("stopping {unit}: {e:#}")),
-            Err(_) => self.global_error(format!(
-                "stopping {unit}: no answer within {:?}; going on",
-                self.opts.kubelet_timeout
-            )),
+        let why = match tokio::time::timeout(self.opts.kubelet_timeout, kubelet.stop(unit)).await {
+            Ok(Ok(())) => return info!(unit = %unit, "kubelet stopped"),
+            Ok(Err(e)) => format!("stopping {unit} failed: {e:#}"),
+            Err(_) => format!("{unit} did not stop within {:?}", self.opts.kubelet_timeout),
+        };
+        tracing::error!(unit = %unit, error = %why, "the kubelet did not stop: stopping its containers through the CRI anyway, and again any it starts meanwhile");
+        let mut r = self.lock();
+        r.errors.push(why.clone());
+        r.kubelet_not_stopped = Some(why);
+    }
+
+    /// A kubelet that did not stop starts the containers of stopped pods again (their
+    /// restart policy; in a new sandbox when the old one was stopped): after the last band,
+    /// every container running again is stopped once more, with its pod's grace.
+    async fn stop_restarted(&self, targets: &[Target], t0: Instant) {
+        if self.lock().kubelet_not_stopped.is_none() {
+            return;
+        }
+        let (sandboxes, containers) = tokio::join!(
+            self.runtime.list_pod_sandboxes(),
+            self.runtime.list_containers(None)
+        );
+        let (sandboxes, containers) = match (sandboxes, containers) {
+            (Ok(s), Ok(c)) => (s, c),
+            (Err(e), _) | (_, Err(e)) => {
+                return self.global_error(format!("listing containers again: {e}"))
+            }
+        };
+        let target_of = |c: &Container| {
+            let s = sandboxes.iter().find(|s| s.id == c.sandbox_id)?;
+            targets.iter().position(|t| {
+                (!t.uid.is_empty() && t.uid == s.uid)
+                    || (t.namespace == s.namespace && t.name == s.name)
+            })
+        };
+        let unknown_grace = self.gns.pod_grace(self.gns.band_for_unknown(), None);
+        let again: Vec<(Option<usize>, Container)> = containers
+            .into_iter()
+            .filter(|c| c.state != ContainerState::Exited)
+            .map(|c| (target_of(&c), c))
+            .collect();
+        let stops = again.iter().map(|(i, c)| {
+            let grace = i.map_or(unknown_grace, |i| targets[i].grace);
+            async move { (*i, c, self.runtime.stop_container(&c.id, grace).await) }
+        });
+        for (i, c, result) in futures::future::join_all(stops).await {
+            let outcome = match result {
+                Ok(()) => format!("stopped again at {:?}", Instant::now() - t0),
+                Err(e) if e.is_not_found() => "gone when stopped again".to_string(),
+                Err(e) => format!("stopping it again failed: {e}"),
+            };
+            let Some(i) = i else {
+                self.global_error(format!(
+                    "container {} ({}) running after the last band, the kubelet not stopped: {outcome}",
+                    c.name, c.id
+                ));
+                continue;
+            };
+            let mut r = self.lock();
+            let p = &mut r.pods[i];
+            warn!(pod = %format!("{}/{}", p.namespace, p.name), container = %c.name, %outcome, "the kubelet, still running, started a stopped container again");
+            p.containers.push(c.id.clone());
+            p.errors.push(format!(
+                "container {} started again by the kubelet (not stopped): {outcome}",
+                c.name
+            ));
+        }
+    }
+
+    /// Files in the manifest directory the kubelet refuses run no pod and carry no
+    /// priority: they go last, once the bands are done.
+    async fn gate_unreadable_manifests(&self) {
+        let Some(gate) = self.gate.clone() else {
+            return;
+        };
+        let outcome = tokio::task::spawn_blocking(
+            move || -> anyhow::Result<Vec<(String, anyhow::Result<()>)>> {
+                Ok(gate
+                    .unreadable_active()?
+                    .into_iter()
+                    .map(|p| {
+                        let r = gate.gate(&p.file_name);
+                        (p.file_name, r)
+                    })
+                    .collect())
+            },
+        )
+        .await;
+        let results = match outcome {
+            Ok(Ok(results)) => results,
+            Ok(Err(e)) => return self.global_error(format!("reading static pod manifests: {e:#}")),
+            Err(e) => return self.global_error(format!("reading static pod manifests: {e}")),
+        };
+        for (file, r) in results {
+            match r {
+                Ok(()) => {
+                    info!(manifest = %file, "gated a file the kubelet refuses as a static pod manifest (last)");
+                    self.lock().gated_unreadable.push(file);
+                }
+                Err(e) => self.global_error(format!("gating {file}: {e:#}")),
+            }
         }
     }
 
@@ -347,8 +444,18 @@ impl Fallback {
                         tokio::time::sleep(Duration::from_millis(250)).await;
                         continue;
                     }
-                    self.global_error(format!("listing pods: {e}"));
-                    return Err(e.to_string());
+                    let why = match e {
+                        CriError::Timeout { .. } => format!(
+                            "the CRI runtime at {} accepts connections but does not answer ({e}): no pod could be stopped through it",
+                            self.runtime.endpoint()
+                        ),
+                        _ => format!("listing pods: {e}"),
+                    };
+                    tracing::error!(endpoint = %self.runtime.endpoint(), error = %why, "offline fallback: the CRI runtime cannot be used");
+                    let mut r = self.lock();
+                    r.errors.push(why.clone());
+                    r.runtime_unusable = Some(why.clone());
+                    return Err(why);
                 }
             }
         }

@@ -89,10 +89,23 @@ pub struct FallbackReport {
     pub finished_at: Option<DateTime<Utc>>,
     /// The kubelet unit was (asked to be) stopped and not started again yet.
     pub kubelet_stopped: bool,
+    /// Why the kubelet was not confirmed stopped (its stop failed or did not finish in
+    /// time): it may start again what the fallback stops, so containers that run again
+    /// are stopped again after the last band.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_not_stopped: Option<String>,
+    /// Why the CRI runtime could not be used, when it could not (not reachable, or no
+    /// answer within the call timeout): nothing was stopped through it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_unusable: Option<String>,
     pub bands: Vec<BandReport>,
     pub pods: Vec<PodReport>,
     /// Failures not tied to one pod (kubelet unit, listing, manifests).
     pub errors: Vec<String>,
+    /// Files of the kubelet's manifest directory it refuses (no pod, no priority), gated
+    /// after the last band.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gated_unreadable: Vec<String>,
 }
 
 impl PodReport {

@@ -23,7 +23,9 @@
 //! owned by us and not group/other-writable, since its contents get restored into
 //! `staticPodPath`. A `staticPodPath` that names a single file is not supported.
 //!
-//! Manifests that do not parse as one `v1` Pod are reported and left where they are.
+//! A regular file the kubelet refuses (not YAML, or not one `v1` Pod) is still the
+//! operator's: it is gated and restored like any manifest (byte for byte, journaled), but
+//! as it names no pod, its priority cannot be read and it goes last, after every pod.
 
 mod fsio;
 mod journal;
@@ -88,6 +90,17 @@ pub trait StaticPodGate: Send + Sync {
     /// Moves every gated manifest back, never overwriting; returns the names kept aside.
     fn restore_all(&self) -> Result<Vec<String>>;
 
+    /// Regular files in the manifest directory that the kubelet refuses (not one `v1`
+    /// Pod), with why: no priority can be read from them, so they are gated last.
+    fn unreadable_active(&self) -> Result<Vec<Problem>> {
+        Ok(Vec::new())
+    }
+
+    /// Whether anything restorable is gated, manifests the kubelet refuses included.
+    fn has_gated(&self) -> Result<bool> {
+        Ok(!self.gated()?.is_empty())
+    }
+
     /// The active manifest whose mirror pod is `pod_namespace/pod_name` on `node_name`,
     /// matched by the parsed name and namespace, never by file name. When several files
     /// declare the same pod, the first by file name.
@@ -116,7 +129,8 @@ pub struct Problem {
 pub struct Scan {
     /// Parseable manifests, by file name.
     pub manifests: Vec<StaticManifest>,
-    /// Regular files that are not a single v1 Pod (the kubelet would complain about them too).
+    /// Regular files that are not a single v1 Pod (the kubelet refuses them too); gated
+    /// and restored like manifests, last.
     pub unparseable: Vec<Problem>,
     /// Symlinks, FIFOs, devices, sockets, directories: never touched.
     pub refused: Vec<Problem>,
@@ -435,7 +449,7 @@ impl FsGate {
         }
         for p in &scan.unparseable {
             tracing::warn!(dir = %dir.path.display(), file = %p.file_name, reason = %p.reason,
-                "static pod manifest does not parse; left in place");
+                "not a static pod manifest the kubelet can run; gated and restored with the static pods, last");
         }
         for p in &scan.refused {
             tracing::warn!(dir = %dir.path.display(), file = %p.file_name, reason = %p.reason,
@@ -636,12 +650,6 @@ impl FsGate {
             ),
             Entry::Regular(d) => d,
         };
-        if let Err(why) = parse_manifest(&data.bytes) {
-            bail!(
-                "refused {}: not a static pod manifest ({why}); left in place",
-                src.display(name)
-            );
-        }
         if dst.stat(name)?.is_some() {
             return Ok(Moved::DestinationExists);
         }
@@ -941,6 +949,15 @@ impl StaticPodGate for FsGate {
 
     fn gated(&self) -> Result<Vec<StaticManifest>> {
         Ok(self.scan(Place::Gate)?.manifests)
+    }
+
+    fn unreadable_active(&self) -> Result<Vec<Problem>> {
+        Ok(self.scan(Place::Manifests)?.unparseable)
+    }
+
+    fn has_gated(&self) -> Result<bool> {
+        let scan = self.scan(Place::Gate)?;
+        Ok(!scan.manifests.is_empty() || !scan.unparseable.is_empty())
     }
 
     fn gate(&self, file_name: &str) -> Result<()> {

@@ -322,36 +322,59 @@ fn hostile_names_are_refused() {
 }
 
 #[test]
-fn unparseable_manifest_is_reported_and_left_while_others_gate() {
-    let f = Fixture::new();
-    f.write(
-        &f.m,
-        "broken.yaml",
-        b"apiVersion: v1\nkind: Pod\nmetadata: [",
-        0o600,
-    );
-    f.write(
-        &f.m,
-        "etcd.yaml~",
-        &pod("etcd", None, "editor backup"),
-        0o600,
-    );
-    f.write(&f.m, "etcd.yaml", &pod("etcd", None, ""), 0o600);
-    let gate = f.gate();
-    let scan = gate.scan(Place::Manifests).unwrap();
-    assert_eq!(scan.unparseable.len(), 1);
-    assert_eq!(scan.unparseable[0].file_name, "broken.yaml");
-    assert_eq!(
-        scan.manifests.len(),
-        2,
-        "the kubelet reads editor backups too"
-    );
-    let err = gate.gate("broken.yaml").unwrap_err();
-    assert!(format!("{err:#}").contains("not a static pod manifest"));
-    gate.gate("etcd.yaml").unwrap();
-    gate.gate("etcd.yaml~").unwrap();
-    assert!(f.m.join("broken.yaml").exists());
-    assert_eq!(gate.gated().unwrap().len(), 2);
+fn a_file_the_kubelet_refuses_is_gated_and_restored_byte_for_byte() {
+    for copy in [false, true] {
+        let f = Fixture::new();
+        let broken: &[u8] = b"apiVersion: v1\nkind: Pod\nmetadata: [";
+        let not_a_pod: &[u8] = b"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n";
+        f.write(&f.m, "broken.yaml", broken, 0o640);
+        f.write(&f.m, "deploy.yaml", not_a_pod, 0o600);
+        f.write(
+            &f.m,
+            "etcd.yaml~",
+            &pod("etcd", None, "editor backup"),
+            0o600,
+        );
+        f.write(&f.m, "etcd.yaml", &pod("etcd", None, ""), 0o600);
+        let gate = f.gate().with_forced_copy(copy);
+        let scan = gate.scan(Place::Manifests).unwrap();
+        let mut unreadable: Vec<String> = gate
+            .unreadable_active()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.file_name)
+            .collect();
+        unreadable.sort();
+        assert_eq!(unreadable, ["broken.yaml", "deploy.yaml"]);
+        assert_eq!(
+            scan.manifests.len(),
+            2,
+            "the kubelet reads editor backups too"
+        );
+        assert!(!gate.has_gated().unwrap());
+        gate.gate("broken.yaml").unwrap();
+        assert!(
+            gate.has_gated().unwrap(),
+            "a gated file that names no pod still counts"
+        );
+        assert!(gate.gated().unwrap().is_empty());
+        gate.gate("deploy.yaml").unwrap();
+        gate.gate("etcd.yaml").unwrap();
+        gate.gate("etcd.yaml~").unwrap();
+        assert!(!f.m.join("broken.yaml").exists());
+        assert_eq!(fs::read(f.g.join("broken.yaml")).unwrap(), broken);
+        assert!(gate.unreadable_active().unwrap().is_empty());
+        assert!(gate.restore_all().unwrap().is_empty());
+        assert_eq!(fs::read(f.m.join("broken.yaml")).unwrap(), broken);
+        assert_eq!(fs::read(f.m.join("deploy.yaml")).unwrap(), not_a_pod);
+        let mode = fs::metadata(f.m.join("broken.yaml"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o640, "copy={copy}");
+        assert!(!gate.has_gated().unwrap());
+        assert_eq!(gate.active().unwrap().len(), 2);
+    }
 }
 
 #[test]
@@ -622,12 +645,24 @@ fn manifest_set() -> impl Strategy<Value = Vec<(String, Vec<u8>, u32)>> {
             "[a-z]{1,6}",
             "[ -~]{0,40}",
             prop_oneof![Just(0o600u32), Just(0o644), Just(0o640)],
+            // Files the kubelet refuses are gated and restored too.
+            prop_oneof![
+                Just(None),
+                Just(Some(&b"metadata: ["[..])),
+                Just(Some(&b"kind: Deployment\n"[..]))
+            ],
         ),
         1..4,
     )
     .prop_map(|m| {
         m.into_iter()
-            .map(|(file, (name, extra, mode))| (file, pod(&name, None, &extra), mode))
+            .map(|(file, (name, extra, mode, unreadable))| {
+                let bytes = match unreadable {
+                    Some(b) => [b, extra.as_bytes()].concat(),
+                    None => pod(&name, None, &extra),
+                };
+                (file, bytes, mode)
+            })
             .collect()
     })
 }

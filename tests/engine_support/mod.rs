@@ -299,6 +299,9 @@ pub struct FakeGate {
     store: Arc<Store>,
     active: Mutex<Vec<StaticManifest>>,
     gated: Mutex<Vec<StaticManifest>>,
+    /// Files the kubelet refuses as manifests, in the manifest directory and gated.
+    unreadable: Mutex<Vec<String>>,
+    unreadable_gated: Mutex<Vec<String>>,
     pub log: Mutex<Vec<String>>,
 }
 
@@ -308,8 +311,19 @@ impl FakeGate {
             store,
             active: Mutex::new(Vec::new()),
             gated: Mutex::new(Vec::new()),
+            unreadable: Mutex::new(Vec::new()),
+            unreadable_gated: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A file in the manifest directory that the kubelet refuses.
+    pub fn add_unreadable(&self, file_name: &str) {
+        self.unreadable.lock().unwrap().push(file_name.into());
+    }
+
+    pub fn unreadable_in_place(&self) -> Vec<String> {
+        self.unreadable.lock().unwrap().clone()
     }
 
     fn add(&self, m: StaticManifest) {
@@ -336,7 +350,32 @@ impl StaticPodGate for FakeGate {
     fn gated(&self) -> anyhow::Result<Vec<StaticManifest>> {
         Ok(self.gated.lock().unwrap().clone())
     }
+    fn unreadable_active(&self) -> anyhow::Result<Vec<nodegrace::staticpods::Problem>> {
+        Ok(self
+            .unreadable
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| nodegrace::staticpods::Problem {
+                file_name: f.clone(),
+                reason: "not YAML".into(),
+            })
+            .collect())
+    }
+    fn has_gated(&self) -> anyhow::Result<bool> {
+        Ok(!self.gated.lock().unwrap().is_empty()
+            || !self.unreadable_gated.lock().unwrap().is_empty())
+    }
     fn gate(&self, file_name: &str) -> anyhow::Result<()> {
+        {
+            let mut unreadable = self.unreadable.lock().unwrap();
+            if let Some(i) = unreadable.iter().position(|f| f == file_name) {
+                let f = unreadable.remove(i);
+                self.log.lock().unwrap().push(format!("gate {file_name}"));
+                self.unreadable_gated.lock().unwrap().push(f);
+                return Ok(());
+            }
+        }
         let mut active = self.active.lock().unwrap();
         let i = active
             .iter()
@@ -356,6 +395,8 @@ impl StaticPodGate for FakeGate {
         let mut gated = self.gated.lock().unwrap();
         self.log.lock().unwrap().push("restore".into());
         self.active.lock().unwrap().extend(gated.drain(..));
+        let mut unreadable = self.unreadable_gated.lock().unwrap();
+        self.unreadable.lock().unwrap().extend(unreadable.drain(..));
         Ok(Vec::new())
     }
 }

@@ -159,8 +159,13 @@ pub(crate) struct StaticPodSection {
     pub manifest_dir: PathBuf,
     pub gate_dir: PathBuf,
     pub gated: Vec<GatedManifest>,
-    /// Files in the gate directory that are not restorable manifests (they do not parse,
-    /// or are symlinks, FIFOs, ...): `complete` leaves them there.
+    /// Gated files the kubelet refuses as manifests (no pod in them): restored with the
+    /// others.
+    pub gated_unreadable: Vec<OtherFile>,
+    /// Files in the kubelet's manifest directory that it refuses: gated last at a shutdown.
+    pub unreadable: Vec<OtherFile>,
+    /// Files in the gate directory that are not restorable (symlinks, FIFOs, over the
+    /// size limit, ...): `complete` leaves them there.
     pub other_files: Vec<OtherFile>,
     /// Journal records recovery set aside, when there are any: for the operator to check.
     pub set_aside_journal: Option<PathBuf>,
@@ -612,7 +617,22 @@ fn static_pod_section(settings: &Settings) -> StaticPodSection {
         .ok()
         .map(FsGate::set_aside_file)
         .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.len() > 0));
-    let (gated, other_files, error) = match scan {
+    let files = |problems: Vec<crate::staticpods::Problem>| -> Vec<OtherFile> {
+        problems
+            .into_iter()
+            .map(|p| OtherFile {
+                file_name: p.file_name,
+                reason: p.reason,
+            })
+            .collect()
+    };
+    let unreadable = gate
+        .as_ref()
+        .ok()
+        .and_then(|gate| gate.scan(crate::staticpods::Place::Manifests).ok())
+        .map(|scan| files(scan.unparseable))
+        .unwrap_or_default();
+    let (gated, gated_unreadable, other_files, error) = match scan {
         Ok(scan) => (
             scan.manifests
                 .into_iter()
@@ -622,22 +642,18 @@ fn static_pod_section(settings: &Settings) -> StaticPodSection {
                     pod_name: m.pod_name,
                 })
                 .collect(),
-            scan.unparseable
-                .into_iter()
-                .chain(scan.refused)
-                .map(|p| OtherFile {
-                    file_name: p.file_name,
-                    reason: p.reason,
-                })
-                .collect(),
+            files(scan.unparseable),
+            files(scan.refused),
             None,
         ),
-        Err(e) => (Vec::new(), Vec::new(), Some(format!("{e:#}"))),
+        Err(e) => (Vec::new(), Vec::new(), Vec::new(), Some(format!("{e:#}"))),
     };
     StaticPodSection {
         manifest_dir: sp.manifest_dir.clone(),
         gate_dir: sp.gate_dir.clone(),
         gated,
+        gated_unreadable,
+        unreadable,
         other_files,
         set_aside_journal,
         error,

@@ -286,6 +286,26 @@ fn local_rows(rows: &mut Rows, r: &StatusReport) {
             ),
         },
     );
+    for o in &s.gated_unreadable {
+        rows.row(
+            "  gated, unreadable",
+            format!(
+                "{}: the kubelet refuses it ({}); gated last, restored byte for byte at Complete",
+                o.file_name, o.reason
+            ),
+        );
+    }
+    for o in &s.unreadable {
+        rows.row(
+            "  unreadable",
+            format!(
+                "{} in {}: the kubelet refuses it ({}); no priority: a shutdown gates it last, after every pod",
+                o.file_name,
+                s.manifest_dir.display(),
+                o.reason
+            ),
+        );
+    }
     for o in &s.other_files {
         rows.row(
             "  not a manifest",

@@ -524,6 +524,8 @@ struct DrainState {
     shutdown_replan: Option<(String, Replan)>,
     /// The re-plan last told in an event.
     replan_announced: Option<Replan>,
+    /// Files the kubelet refuses that could not be gated, told once each.
+    unreadable_not_gated: HashSet<String>,
     /// Requests in flight at once for a band, narrowed while the apiserver throttles.
     window: Option<crate::plan::reachability::Window>,
 }

@@ -40,6 +40,15 @@ pub struct FallbackSummary {
     /// listed or did not list them, or their band had not started.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_reached: Vec<String>,
+    /// Why the kubelet was not confirmed stopped (the last run's), when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_not_stopped: Option<String>,
+    /// Why the CRI runtime could not be used, when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_unusable: Option<String>,
+    /// Files the kubelet refuses as static pod manifests, gated after the last band.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gated_unreadable: Vec<String>,
 }
 
 /// The status the kubelet's graceful node shutdown gives the pods it stops (KEP-2000).
@@ -58,6 +67,15 @@ impl FallbackSummary {
             started_at: runs.iter().find_map(|r| r.started_at),
             finished_at: runs.iter().rev().find_map(|r| r.finished_at),
             kubelet_stopped: runs.last().is_some_and(|r| r.kubelet_stopped),
+            kubelet_not_stopped: runs
+                .iter()
+                .rev()
+                .find_map(|r| r.kubelet_not_stopped.clone()),
+            runtime_unusable: runs.iter().rev().find_map(|r| r.runtime_unusable.clone()),
+            gated_unreadable: runs
+                .iter()
+                .flat_map(|r| r.gated_unreadable.iter().cloned())
+                .collect(),
             ..Default::default()
         };
         for pod in runs.iter().flat_map(|r| &r.pods) {
@@ -94,10 +112,17 @@ impl FallbackSummary {
 
     /// The Event note.
     pub fn describe(&self) -> String {
-        format!(
+        let mut note = format!(
             "the apiserver was unreachable: the local fallback stopped {} pod(s), {} not stopped, {} not reached",
             self.pods_stopped, self.pods_not_stopped, self.pods_not_reached
-        )
+        );
+        if let Some(why) = &self.runtime_unusable {
+            note.push_str(&format!("; the CRI runtime could not be used: {why}"));
+        }
+        if let Some(why) = &self.kubelet_not_stopped {
+            note.push_str(&format!("; the kubelet did not stop: {why}"));
+        }
+        note
     }
 }
 

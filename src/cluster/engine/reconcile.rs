@@ -216,6 +216,13 @@ impl Shared {
         let pods = decision.pods;
 
         let node_empty = ctx.as_ref().is_some_and(|c| c.node_empty(&pods));
+        if node_empty {
+            let m = ctx
+                .as_ref()
+                .and_then(|c| active.iter().find(|m| m.name_any() == c.name));
+            self.gate_unreadable_manifests(st, &node, m.map(|m| m.as_ref()))
+                .await;
+        }
         let mut all_written = true;
         for m in &active {
             let view = views.iter().find(|v| v.name == m.name_any());

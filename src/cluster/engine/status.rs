@@ -378,7 +378,7 @@ impl Shared {
             }
             let gate = self.gate.clone();
             let kept = tokio::task::spawn_blocking(move || -> Result<Vec<String>> {
-                if gate.gated()?.is_empty() {
+                if !gate.has_gated()? {
                     Ok(Vec::new())
                 } else {
                     gate.restore_all()

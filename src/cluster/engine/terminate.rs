@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use crate::api::NodeMaintenance;
 use crate::cluster::evict::{anyhow_throttled, backoff, Outcome};
 use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
@@ -298,6 +299,56 @@ impl Shared {
                 .into(),
         );
         Ok(())
+    }
+
+    /// Moves the files of the kubelet's manifest directory that it refuses (no pod, so no
+    /// priority to order them by) out with the static pods, last: once the node is empty.
+    pub(super) async fn gate_unreadable_manifests(
+        &self,
+        st: &mut DrainState,
+        node: &Node,
+        maintenance: Option<&NodeMaintenance>,
+    ) {
+        let gate = self.gate.clone();
+        let outcome = tokio::task::spawn_blocking(move || -> Result<Vec<(String, Result<()>)>> {
+            Ok(gate
+                .unreadable_active()?
+                .into_iter()
+                .map(|p| {
+                    let r = gate.gate(&p.file_name);
+                    (p.file_name, r)
+                })
+                .collect())
+        })
+        .await
+        .context("the static pod gate task failed")
+        .and_then(|r| r);
+        let results = match outcome {
+            Ok(results) => results,
+            Err(err) => {
+                tracing::warn!(node = %self.node, error = format!("{err:#}"), "cannot read the static pod manifest directory");
+                return;
+            }
+        };
+        for (file, r) in results {
+            match r {
+                Ok(()) => {
+                    tracing::info!(node = %self.node, manifest = %file, "gated a file the kubelet refuses as a static pod manifest (no priority to read: last)")
+                }
+                Err(_) if st.unreadable_not_gated.contains(&file) => {}
+                Err(err) => {
+                    st.unreadable_not_gated.insert(file.clone());
+                    tracing::warn!(node = %self.node, manifest = %file, error = format!("{err:#}"), "cannot gate a file the kubelet refuses as a static pod manifest");
+                    self.event_both(
+                        node,
+                        maintenance,
+                        true,
+                        "StaticPodNotGated",
+                        format!("{file}: {err:#}"),
+                    );
+                }
+            }
+        }
     }
 
     /// Moves the manifests of `statics` out of the kubelet's manifest directory.

@@ -31,8 +31,8 @@ use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::{api_error_code, evict, Slim, FIELD_MANAGER};
-use crate::plan::reachability::Window;
 use crate::config::Settings;
+use crate::plan::reachability::Window;
 
 /// Decide-and-write rounds in one reconcile (each write is followed by a fresh decision).
 const MAX_ROUNDS: usize = 8;
