@@ -528,6 +528,9 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
                     "static: manifest gated, stopped by the kubelet"
                 }
                 _ if deleted => "deleted (no PDB check)",
+                // Its container stopped, and the apiserver never heard: the kubelet's status
+                // write was still pending when the power went off.
+                _ if way == Way::Gns => "stopped by the kubelet's GNS (no PDB check), unreported",
                 _ => "stopped otherwise",
             }
         };
