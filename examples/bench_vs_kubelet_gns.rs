@@ -224,6 +224,10 @@ struct Outcome {
     availability: BTreeMap<&'static str, (usize, f64, usize)>,
     /// Per original pod, its status after (phase/reason, or gone).
     after: BTreeMap<String, String>,
+    /// Per app, when its first and its last original pod stopped counting as healthy.
+    out: BTreeMap<String, (f64, f64)>,
+    /// The host's 1-minute load average at the signal (other work on the machine shows here).
+    load: String,
 }
 
 fn healthy_on(s: &Seen, node1: &str, off: f64, at: f64) -> bool {
@@ -452,6 +456,10 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
     workload::join_pool(&c, &node2, pool).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default();
     let (signal, release, off, running) = match way {
         Way::Gns => {
             let fakes = &logind.as_ref().expect("stand-in").fakes;
@@ -549,6 +557,19 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         after.insert(o.name.clone(), status);
     }
     let availability = availability(&all, &node1, signal, off, end);
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for o in &originals {
+        let at = all
+            .iter()
+            .filter(|s| s.uid == o.uid && s.at >= signal && !s.healthy)
+            .map(|s| s.at)
+            .next()
+            .unwrap_or(off)
+            .min(off);
+        let e = out.entry(o.app.clone()).or_insert((at, at));
+        e.0 = e.0.min(at);
+        e.1 = e.1.max(at);
+    }
     drop(timeline);
     spare.down();
     drop(spare);
@@ -565,6 +586,8 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         ended,
         availability,
         after,
+        out,
+        load,
     }
 }
 
@@ -622,7 +645,11 @@ fn killed_by_power(o: &Outcome) -> usize {
 
 fn report(o: &Outcome) {
     println!();
-    println!("== {} ==", o.way.label());
+    println!(
+        "== {} == (host load average {} at the signal)",
+        o.way.label(),
+        o.load
+    );
     let release = match o.way {
         Way::Gns => "the kubelet's lock closed",
         Way::Nodegrace => "nodegrace's lock closed",
@@ -634,6 +661,14 @@ fn report(o: &Outcome) {
         secs(o.off - o.signal),
         o.restored
             .map_or_else(|| "not within the timeout".to_owned(), |t| secs(t - o.signal))
+    );
+    println!(
+        "out of service (first → last pod of each app): {}",
+        o.out
+            .iter()
+            .map(|(app, (a, b))| format!("{app} +{:.1}…{:.1} s", a - o.signal, b - o.signal))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!("pods of node 1, how each ended → status after:");
     for (name, how) in &o.ended {
