@@ -217,11 +217,13 @@ struct Outcome {
     off: f64,
     /// When every Deployment ran all its replicas healthy on node 2 again.
     restored: Option<f64>,
+    /// When the run stopped watching.
+    end: f64,
     /// Per original pod, how it ended.
     ended: BTreeMap<String, &'static str>,
     /// Per Deployment: disruptions beyond its budget, seconds below minAvailable, fewest
-    /// healthy.
-    availability: BTreeMap<&'static str, (usize, f64, usize)>,
+    /// healthy, healthy at the end.
+    availability: BTreeMap<&'static str, (usize, f64, usize, usize)>,
     /// Per original pod, its status after (phase/reason, or gone).
     after: BTreeMap<String, String>,
     /// Per app, when its first and its last original pod stopped counting as healthy.
@@ -242,7 +244,7 @@ fn availability(
     signal: f64,
     off: f64,
     end: f64,
-) -> BTreeMap<&'static str, (usize, f64, usize)> {
+) -> BTreeMap<&'static str, (usize, f64, usize, usize)> {
     let mut result = BTreeMap::new();
     for (app, _, replicas, min) in DEPLOYMENTS {
         let mine: Vec<&Seen> = timeline.iter().filter(|s| s.app == app).collect();
@@ -294,12 +296,13 @@ fn availability(
                 .collect();
             previous = Some((at, now));
         }
+        let last = previous.map_or(0, |(_, n)| n);
         if let Some((t, n)) = previous {
             if n < min && t < end {
                 below += end - t.max(signal);
             }
         }
-        result.insert(app, (breaches, below, fewest));
+        result.insert(app, (breaches, below, fewest, last));
     }
     result
 }
@@ -583,6 +586,7 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         release,
         off,
         restored,
+        end,
         ended,
         availability,
         after,
@@ -623,12 +627,29 @@ fn tally<'a>(values: impl Iterator<Item = &'a str>) -> String {
         .join(", ")
 }
 
-/// Seconds below minAvailable; "≥" when the run stopped watching before every replica ran
-/// again.
-fn gap(o: &Outcome, below: f64) -> String {
+/// Seconds `app` was below minAvailable; "≥" when it still was when the run stopped watching.
+fn gap(o: &Outcome, app: &str) -> String {
+    let (_, below, _, last) = o.availability[app];
+    let min = DEPLOYMENTS.iter().find(|d| d.0 == app).map_or(0, |d| d.3);
+    if last < min {
+        format!("≥ {}", secs(below))
+    } else {
+        secs(below)
+    }
+}
+
+/// "+13.3 s", or which Deployments still lacked replicas when the run stopped watching.
+fn restored_text(o: &Outcome, prefix: &str) -> String {
     match o.restored {
-        None if below > 0.0 => format!("≥ {}", secs(below)),
-        _ => secs(below),
+        Some(t) => format!("{prefix}{}", secs(t - o.signal)),
+        None => {
+            let short: Vec<String> = DEPLOYMENTS
+                .iter()
+                .filter(|(app, _, replicas, _)| o.availability[app].3 < *replicas)
+                .map(|(app, _, replicas, _)| format!("{app} {}/{replicas}", o.availability[app].3))
+                .collect();
+            format!("no: {} after {}", short.join(", "), secs(o.end - o.signal))
+        }
     }
 }
 
@@ -659,8 +680,7 @@ fn report(o: &Outcome) {
         "signal → release ({release}): {}; → power off: {}; every replica healthy on the spare node again: {}",
         secs(o.release - o.signal),
         secs(o.off - o.signal),
-        o.restored
-            .map_or_else(|| "not within the timeout".to_owned(), |t| secs(t - o.signal))
+        restored_text(o, "")
     );
     println!(
         "out of service (first → last pod of each app): {}",
@@ -683,10 +703,10 @@ fn report(o: &Outcome) {
     let exceeded: usize = o.availability.values().map(|a| a.0).sum();
     println!("PDB budget exceeded: {exceeded} pod disruptions beyond what the PDBs allow");
     for (app, _, replicas, min) in DEPLOYMENTS {
-        let (breaches, below, fewest) = o.availability[app];
+        let (breaches, _, fewest, last) = o.availability[app];
         println!(
-            "  {app}: {replicas} replicas, minAvailable {min}: {breaches} beyond budget, {} below minAvailable, fewest healthy {fewest}",
-            gap(o, below)
+            "  {app}: {replicas} replicas, minAvailable {min}: {breaches} beyond budget, {} below minAvailable, fewest healthy {fewest}, at the end {last}",
+            gap(o, app)
         );
     }
 }
@@ -731,13 +751,10 @@ fn table(outcomes: &[Outcome]) {
     for (app, _, replicas, min) in DEPLOYMENTS {
         row(
             &format!("{app} ({replicas} replicas, min {min}): s below min"),
-            &|o| gap(o, o.availability[app].1),
+            &|o| gap(o, app),
         );
     }
-    row("all replicas healthy elsewhere", &|o| {
-        o.restored
-            .map_or_else(|| "no".to_owned(), |t| format!("+{}", secs(t - o.signal)))
-    });
+    row("all replicas healthy elsewhere", &|o| restored_text(o, "+"));
     row("original pods after", &|o| {
         tally(o.after.values().map(String::as_str))
     });
