@@ -20,10 +20,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use nodegrace::cri::v1 as cri;
-use nodegrace::cri::{CriClient, CriTimeouts};
 use realk8s::audit::{self, Request};
 use realk8s::fixture::*;
-use realk8s::real_kubelet::{self as rk, ApiProxy, PodWatch, RealFixture};
+use realk8s::real_kubelet::{self as rk, containers, ApiProxy, Ctr, PodWatch, RealFixture};
 use realk8s::workload::{self, PodShape};
 use serde_json::Value;
 
@@ -531,51 +530,6 @@ async fn a_node_kubectl_drained_before_the_reboot_is_released_at_once_and_stays_
     drop(f.node.container.take());
     f.kubelet.down();
     f.cleanup().await;
-}
-
-/// A container as the runtime reports it, with its pod.
-#[derive(Debug)]
-struct Ctr {
-    pod: String,
-    attempt: u32,
-    state: i32,
-    finished: f64,
-}
-
-async fn containers(endpoint: &str) -> Vec<Ctr> {
-    let mut rt = CriClient::new(endpoint, CriTimeouts::default())
-        .expect("CRI client")
-        .raw();
-    let list = rt
-        .list_containers(cri::ListContainersRequest { filter: None })
-        .await
-        .expect("ListContainers")
-        .into_inner()
-        .containers;
-    let mut all = Vec::new();
-    for c in list {
-        let status = rt
-            .container_status(cri::ContainerStatusRequest {
-                container_id: c.id.clone(),
-                verbose: false,
-            })
-            .await
-            .expect("ContainerStatus")
-            .into_inner()
-            .status
-            .expect("status");
-        all.push(Ctr {
-            pod: c
-                .labels
-                .get(nodegrace::cri::LABEL_POD_NAME)
-                .cloned()
-                .unwrap_or_default(),
-            attempt: c.metadata.map(|m| m.attempt).unwrap_or_default(),
-            state: status.state,
-            finished: status.finished_at as f64 / 1e9,
-        });
-    }
-    all
 }
 
 /// What became of a pod stopped by the offline fallback, after the reboot.

@@ -28,6 +28,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
+use nodegrace::cri::v1 as cri;
+use nodegrace::cri::{CriClient, CriTimeouts};
+
 use super::audit::{self, Request};
 use super::node::{KubeletUnit, TestNode};
 use super::{workload, ControlPlane};
@@ -68,6 +71,8 @@ pub struct RealKubelet {
     pub port: u16,
     /// `KUBELET_EXTRA_CONFIG`.
     pub extra_config: String,
+    /// More environment for kubelet-up.sh and so the kubelet (`DBUS_SYSTEM_BUS_ADDRESS`).
+    pub env: Vec<(String, String)>,
     scripts: PathBuf,
     bridge: Option<UnitBridge>,
 }
@@ -91,6 +96,7 @@ impl RealKubelet {
             tmp: Some(tmp),
             port: free_port(),
             extra_config: String::new(),
+            env: Vec::new(),
             scripts: cp.scripts.clone(),
             bridge: None,
         }
@@ -122,6 +128,7 @@ impl RealKubelet {
             .arg(&self.dir)
             .env("KUBELET_PORT", self.port.to_string())
             .env("KUBELET_EXTRA_CONFIG", &self.extra_config)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
             .expect("run kubelet-up.sh");
@@ -496,6 +503,16 @@ impl RealFixture {
     /// A node named `<prefix>-...`, its kubelet up and Ready; the node not booted yet.
     /// With `through_proxy`, the kubelet's and nodegrace's kubeconfigs name an [`ApiProxy`].
     pub async fn new(prefix: &str, extra_config: &str, through_proxy: bool) -> RealFixture {
+        Self::with_kubelet_env(prefix, extra_config, through_proxy, &[]).await
+    }
+
+    /// Like [`RealFixture::new`], with `env` added to the kubelet's environment.
+    pub async fn with_kubelet_env(
+        prefix: &str,
+        extra_config: &str,
+        through_proxy: bool,
+        env: &[(&str, &str)],
+    ) -> RealFixture {
         let cp = super::running_control_plane().await;
         let started = super::now_unix();
         let admin = cp.admin().await;
@@ -514,6 +531,10 @@ impl RealFixture {
             None => ours,
         };
         kubelet.extra_config = extra_config.to_owned();
+        kubelet.env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let mut node = TestNode::new(&name, nodegrace_kubeconfig, kubelet.kubeconfig());
         kubelet.attach(&mut node);
         let kubelet = tokio::task::spawn_blocking(move || {
@@ -575,8 +596,54 @@ impl RealKubelet {
             tmp: None,
             port: 0,
             extra_config: String::new(),
+            env: Vec::new(),
             scripts: PathBuf::from("/nonexistent"),
             bridge: None,
         }
     }
+}
+
+/// A container as the runtime reports it, with its pod.
+#[derive(Debug)]
+pub struct Ctr {
+    pub pod: String,
+    pub attempt: u32,
+    pub state: i32,
+    pub finished: f64,
+}
+
+pub async fn containers(endpoint: &str) -> Vec<Ctr> {
+    let mut rt = CriClient::new(endpoint, CriTimeouts::default())
+        .expect("CRI client")
+        .raw();
+    let list = rt
+        .list_containers(cri::ListContainersRequest { filter: None })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+    let mut all = Vec::new();
+    for c in list {
+        let status = rt
+            .container_status(cri::ContainerStatusRequest {
+                container_id: c.id.clone(),
+                verbose: false,
+            })
+            .await
+            .expect("ContainerStatus")
+            .into_inner()
+            .status
+            .expect("status");
+        all.push(Ctr {
+            pod: c
+                .labels
+                .get(nodegrace::cri::LABEL_POD_NAME)
+                .cloned()
+                .unwrap_or_default(),
+            attempt: c.metadata.map(|m| m.attempt).unwrap_or_default(),
+            state: status.state,
+            finished: status.finished_at as f64 / 1e9,
+        });
+    }
+    all
 }

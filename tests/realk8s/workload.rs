@@ -6,9 +6,9 @@ use std::path::Path;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
 
@@ -27,7 +27,13 @@ pub struct PodShape<'a> {
     /// `exit_after_ms` after SIGTERM (so the kubelet kills it at its grace period when that
     /// is shorter), on the host's network, from the locally imported image.
     pub real: bool,
+    /// Runs on any node labelled [`POOL_LABEL`]`=<pool>` instead of only on the test's node,
+    /// so that replacements can be scheduled elsewhere.
+    pub pool: Option<&'a str>,
 }
+
+/// The node label of [`PodShape::in_pool`].
+pub const POOL_LABEL: &str = "nodegrace.test/pool";
 
 impl<'a> PodShape<'a> {
     pub fn new(app: &'a str) -> Self {
@@ -38,6 +44,7 @@ impl<'a> PodShape<'a> {
             grace_seconds: 30,
             interceptor: None,
             real: false,
+            pool: None,
         }
     }
 
@@ -51,6 +58,11 @@ impl<'a> PodShape<'a> {
     /// it instead of going straight to the Eviction API.
     pub fn intercepted_by(mut self, name: &'a str) -> Self {
         self.interceptor = Some(name);
+        self
+    }
+
+    pub fn in_pool(mut self, pool: &'a str) -> Self {
+        self.pool = Some(pool);
         self
     }
 
@@ -75,6 +87,9 @@ impl<'a> PodShape<'a> {
             "terminationGracePeriodSeconds": self.grace_seconds,
             "containers": [{"name": "main", "image": "registry.invalid/nodegrace-test:1"}],
         });
+        if let Some(pool) = self.pool {
+            spec["nodeSelector"] = json!({POOL_LABEL: pool});
+        }
         if let Some(class) = self.priority_class {
             spec["priorityClassName"] = json!(class);
         }
@@ -184,17 +199,34 @@ pub async fn daemonset(
         .unwrap_or_else(|e| panic!("creating daemonset {}: {e}", shape.app));
 }
 
-/// A PodDisruptionBudget that allows no disruption of `app`'s single replica.
-pub async fn blocking_pdb(client: &Client, ns: &str, app: &str) {
+/// Puts `node` in `pool` (see [`PodShape::in_pool`]).
+pub async fn join_pool(client: &Client, node: &str, pool: &str) {
+    let api: Api<Node> = Api::all(client.clone());
+    api.patch(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {POOL_LABEL: pool}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("labelling node {node}: {e}"));
+}
+
+/// A PodDisruptionBudget `app` that keeps `min_available` of its pods.
+pub async fn pdb(client: &Client, ns: &str, app: &str, min_available: i32) {
     let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
         "metadata": {"name": app},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
     }))
     .expect("pdb");
     api.create(&PostParams::default(), &pdb)
         .await
         .unwrap_or_else(|e| panic!("creating PodDisruptionBudget {app}: {e}"));
+}
+
+/// A PodDisruptionBudget that allows no disruption of `app`'s single replica.
+pub async fn blocking_pdb(client: &Client, ns: &str, app: &str) {
+    pdb(client, ns, app, 1).await;
 }
 
 /// Waits until the disruption controller has computed `app`'s budget (no disruption
