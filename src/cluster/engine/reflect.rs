@@ -59,12 +59,15 @@ where
                     }
                     shared.mark_reachable();
                 }
-                Ok(
-                    watcher::Event::Apply(obj)
-                    | watcher::Event::InitApply(obj)
-                    | watcher::Event::Delete(obj),
-                ) => {
+                Ok(watcher::Event::InitApply(obj)) => {
                     shared.mark_reachable();
+                    on_object(&shared, &obj);
+                }
+                // An event on a watch opened earlier says the connection lives, not that the
+                // apiserver takes requests: it does not authorize a stream again (a revoked
+                // credential keeps its open watches), and its watch cache streams while
+                // etcd refuses writes. Only a new answer counts.
+                Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
                     on_object(&shared, &obj);
                 }
                 // Emitted when a (re)list begins, before any request: no answer (a watch
