@@ -368,6 +368,27 @@ async fn wait_first_band_asked(f: &Fixture) {
         .await;
 }
 
+/// The inhibitor went within the fault budget after `signal` and within 2 s of the last pod.
+fn assert_released_on_time(
+    signal: f64,
+    last_gone: f64,
+    release: f64,
+    context: &dyn Fn() -> String,
+) {
+    assert!(
+        release - signal < FAULT_BUDGET_SECS as f64,
+        "released {:.1} s after the signal\n{}",
+        release - signal,
+        context()
+    );
+    assert!(
+        release - last_gone < 2.0,
+        "released {:.3} s after the last pod went\n{}",
+        release - last_gone,
+        context()
+    );
+}
+
 /// Every pod of the apps named by `prefixes` that ran before `signal` is gone; each pod of a
 /// Deployment was evicted exactly once (one accepted eviction) and never DELETEd (its
 /// graceful termination was not cut). Returns when the last of them went.
@@ -578,18 +599,7 @@ async fn killed_mid_shutdown(outage: Fault) {
         signal,
         &context,
     );
-    assert!(
-        release - last_signal < FAULT_BUDGET_SECS as f64,
-        "released {:.1} s after the signal\n{}",
-        release - last_signal,
-        context()
-    );
-    assert!(
-        release - last_gone < 2.0,
-        "released {:.3} s after the last pod went\n{}",
-        release - last_gone,
-        context()
-    );
+    assert_released_on_time(last_signal, last_gone, release, &context);
     eprintln!(
         "{outage:?}: signal -> release {:.2} s, last pod gone -> release {:.3} s",
         release - signal,
@@ -788,18 +798,7 @@ async fn a_throttling_apiserver_costs_no_pod_its_grace() {
         signal,
         &context,
     );
-    assert!(
-        release - signal < FAULT_BUDGET_SECS as f64,
-        "released {:.1} s after the signal\n{}",
-        release - signal,
-        context()
-    );
-    assert!(
-        release - last_gone < 2.0,
-        "released {:.3} s after the last pod went\n{}",
-        release - last_gone,
-        context()
-    );
+    assert_released_on_time(signal, last_gone, release, &context);
     let after_signal = reqs.iter().filter(|r| r.received >= signal).count();
     eprintln!(
         "throttled: signal -> release {:.2} s, last pod gone -> release {:.3} s, {} of {after_signal} requests answered 429 ({:.1} requests per pod)",

@@ -400,19 +400,7 @@ impl Fallback {
         let Some(gate) = self.gate.clone() else {
             return;
         };
-        let outcome = tokio::task::spawn_blocking(
-            move || -> anyhow::Result<Vec<(String, anyhow::Result<()>)>> {
-                Ok(gate
-                    .unreadable_active()?
-                    .into_iter()
-                    .map(|p| {
-                        let r = gate.gate(&p.file_name);
-                        (p.file_name, r)
-                    })
-                    .collect())
-            },
-        )
-        .await;
+        let outcome = tokio::task::spawn_blocking(move || gate.gate_unreadable()).await;
         let results = match outcome {
             Ok(Ok(results)) => results,
             Ok(Err(e)) => return self.global_error(format!("reading static pod manifests: {e:#}")),

@@ -96,6 +96,19 @@ pub trait StaticPodGate: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Gates every file of [`unreadable_active`](Self::unreadable_active): each file's name
+    /// and how its move went.
+    fn gate_unreadable(&self) -> Result<Vec<(String, Result<()>)>> {
+        Ok(self
+            .unreadable_active()?
+            .into_iter()
+            .map(|p| {
+                let r = self.gate(&p.file_name);
+                (p.file_name, r)
+            })
+            .collect())
+    }
+
     /// Whether anything restorable is gated, manifests the kubelet refuses included.
     fn has_gated(&self) -> Result<bool> {
         Ok(!self.gated()?.is_empty())

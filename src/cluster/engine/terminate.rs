@@ -310,19 +310,10 @@ impl Shared {
         maintenance: Option<&NodeMaintenance>,
     ) {
         let gate = self.gate.clone();
-        let outcome = tokio::task::spawn_blocking(move || -> Result<Vec<(String, Result<()>)>> {
-            Ok(gate
-                .unreadable_active()?
-                .into_iter()
-                .map(|p| {
-                    let r = gate.gate(&p.file_name);
-                    (p.file_name, r)
-                })
-                .collect())
-        })
-        .await
-        .context("the static pod gate task failed")
-        .and_then(|r| r);
+        let outcome = tokio::task::spawn_blocking(move || gate.gate_unreadable())
+            .await
+            .context("the static pod gate task failed")
+            .and_then(|r| r);
         let results = match outcome {
             Ok(results) => results,
             Err(err) => {
