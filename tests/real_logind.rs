@@ -229,7 +229,7 @@ fn poweroff_waits_for_the_drain_and_continues_on_release() {
         draining.field("KIND")
     );
     // logind 252's signal does not say which shutdown it is; its ScheduledShutdown does.
-    assert_eq!(draining.field("KIND"), Some("Poweroff"));
+    assert_eq!(draining.field("KIND"), Some("poweroff"));
     let released = first_with(&ng, "inhibitor released")
         .unwrap_or_else(|| panic!("nodegrace logged no release:\n{}", c.journal_text()));
     eprintln!(
@@ -300,7 +300,7 @@ fn bypassed_logind_drains_from_the_stop_path_before_the_kubelet_stops() {
         .journal_of("nodegrace")
         .into_iter()
         .find(|l| {
-            l.time >= before && l.contains("draining the node") && l.field("KIND") == Some("Bypass")
+            l.time >= before && l.contains("draining the node") && l.field("KIND") == Some("bypass")
         })
         .unwrap_or_else(|| {
             panic!(
@@ -585,7 +585,7 @@ gate_dir = "/srv/nodegrace-gate"
         .unwrap_or_else(|| panic!("nodegrace never began draining:\n{}", c.journal_text()));
     assert_eq!(
         draining.field("KIND"),
-        Some("Reboot"),
+        Some("reboot"),
         "{}",
         c.journal_text()
     );

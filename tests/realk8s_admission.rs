@@ -96,6 +96,17 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
         .patch(a, &realk8s::dry::patch(), &cordon)
         .await
         .expect("cordon itself");
+    // An admission policy applied a moment ago takes effect once the apiserver's policy
+    // informers caught up: on a control plane that just started that can take seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while nodes
+        .patch(b, &realk8s::dry::patch(), &cordon)
+        .await
+        .is_ok()
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     refused(
         "cordon another node",
         nodes.patch(b, &realk8s::dry::patch(), &cordon).await,
