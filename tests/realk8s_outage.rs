@@ -435,16 +435,11 @@ fn assert_each_pod_went_once(
     last_gone
 }
 
-/// One row of the fault table: the apiserver killed (SIGKILL) and started again around or
-/// during a poweroff of a node with pods in four bands. Whatever the moment: the drain goes
-/// through the NodeMaintenance, never locally; no pod that nothing blocks is deleted (the
-/// time lost is planned again, not charged to the band that was current); no pod is evicted
-/// twice; the static manifest is gated byte for byte; the inhibitor is released within the
-/// budget and within 2 s of the last pod's going; the maintenance and the node's events say
-/// what was lost.
-async fn killed_mid_shutdown(outage: Fault) {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let mut f = Fixture::new("ng-kill").await;
+/// A node booted under the fault budget with pods in bands: 3 `web` pods exiting 3 s after
+/// SIGTERM, 1 critical `crit`, the DaemonSet pod `agent` when `daemonset`, and the static pod
+/// `etcd`, whose manifest's bytes are returned.
+async fn booted_with_bands(prefix: &str, daemonset: bool) -> (Fixture, Vec<u8>) {
+    let mut f = Fixture::new(prefix).await;
     f.node.config_dropins.push((
         "50-budget.toml".into(),
         format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n"),
@@ -461,12 +456,29 @@ async fn killed_mid_shutdown(outage: Fault) {
             .exits_after_ms(500),
     )
     .await;
-    workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
+    if daemonset {
+        workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
+    }
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
     let manifest = std::fs::read(f.node.manifests.join("etcd.yaml")).expect("manifest");
-    f.kubelet.wait_running(6).await;
+    let pods = if daemonset { 6 } else { 5 };
+    f.kubelet.wait_running(pods).await;
     f.node.boot();
-    wait_pod_cache(&f, 6);
+    wait_pod_cache(&f, pods);
+    (f, manifest)
+}
+
+/// One row of the fault table: the apiserver killed (SIGKILL) and started again around or
+/// during a poweroff of a node with pods in four bands. Whatever the moment: the drain goes
+/// through the NodeMaintenance, never locally; no pod that nothing blocks is deleted (the
+/// time lost is planned again, not charged to the band that was current); no pod is evicted
+/// twice; the static manifest is gated byte for byte; the inhibitor is released within the
+/// budget and within 2 s of the last pod's going; the maintenance and the node's events say
+/// what was lost.
+async fn killed_mid_shutdown(outage: Fault) {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (mut f, manifest) = booted_with_bands("ng-kill", true).await;
+    let (c, node) = (&f.admin.clone(), f.name.clone());
 
     let container = f.node.container.take().expect("booted");
     let killed_at = match outage {
@@ -834,28 +846,8 @@ async fn a_credential_refused_mid_drain_is_named_and_the_shutdown_goes_on_offlin
         return;
     }
     let _serial = ONE_AT_A_TIME.lock().await;
-    let mut f = Fixture::new("ng-rbac").await;
-    f.node.config_dropins.push((
-        "50-budget.toml".into(),
-        format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n"),
-    ));
-    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(3000)).await;
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        PodShape::new("crit")
-            .priority("system-cluster-critical")
-            .exits_after_ms(500),
-    )
-    .await;
-    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
-    let manifest = std::fs::read(f.node.manifests.join("etcd.yaml")).expect("manifest");
-    f.kubelet.wait_running(5).await;
-    f.node.boot();
-    wait_pod_cache(&f, 5);
+    let (mut f, manifest) = booted_with_bands("ng-rbac", false).await;
+    let node = f.name.clone();
 
     let mut container = f.node.container.take().expect("booted");
     let _ = container.exec(&["systemctl", "poweroff"]);
