@@ -1514,3 +1514,62 @@ async fn a_file_the_kubelet_refuses_is_gated_last_and_restored_at_complete() {
         .await;
     }
 }
+
+/// A watch hung mid-stream on a connection that lives (issue 17, bad input): from the
+/// shutdown on, the pods' watch stays open and says nothing. After 10 s of silence the view
+/// is listed again, and the drain ends then, instead of waiting out kube's watcher (295 s)
+/// or escalating a pod that is long gone.
+#[tokio::test]
+async fn a_pod_watch_hung_during_a_shutdown_is_listed_again_after_ten_seconds() {
+    let env = Env::new(kubelet(200)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    eventually(10, "the engine's first list of pods", || {
+        env.requests()
+            .iter()
+            .any(|r| r.path == "/api/v1/pods" && r.is_watch())
+    })
+    .await;
+    env.cluster.api.stall_watches("pods", true);
+    let lists = || {
+        env.requests()
+            .iter()
+            .filter(|r| r.path == "/api/v1/pods" && !r.is_watch())
+            .count()
+    };
+    let listed_before = lists();
+
+    // 60 s in one band: an unseen pod would be escalated at 30 s, and the drain would wait
+    // on the watch until kube gives it up (295 s), past the budget.
+    let took = drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(60)).await;
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(13),
+        "the drain ended {took:?} after the signal: not by the list after 10 s of silence"
+    );
+    assert!(!env.pod_exists("web"));
+    assert!(lists() > listed_before, "the pods were not listed again");
+    assert_eq!(env.evictions(), ["web"]);
+    assert!(env.deletes().is_empty(), "deleted: {:?}", env.deletes());
+    assert!(env.events("Escalated").is_empty());
+}
+
+/// An apiserver behind a proxy that answers 200 with an HTML page (issue 17, bad input):
+/// nothing is taken from what could not be read. An eviction answered so is asked again (the
+/// page says nothing of the pod), never escalated for it, and the drain ends.
+#[tokio::test]
+async fn evictions_answered_with_an_html_page_are_asked_again_and_delete_nothing() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 2, json!({}));
+    env.cluster
+        .api
+        .inject_garbage(Some("POST"), "/api/v1/namespaces/*/pods/*/eviction", 3);
+    let engine = env.engine(env.settings());
+
+    // One step of 10 s: a pod held to its half (5 s) would be DELETEd.
+    let took = drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(10)).await;
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(!env.pod_exists("web"));
+    assert_eq!(env.evictions(), ["web", "web", "web", "web"]);
+    assert!(env.deletes().is_empty(), "deleted: {:?}", env.deletes());
+    assert!(env.events("Escalated").is_empty());
+}

@@ -150,6 +150,16 @@ pub(crate) fn retry_delay(failures: u32, shutdown: bool, jitter: f64) -> Duratio
     }
 }
 
+/// How long a watch may say nothing before its view is listed again. While a shutdown runs,
+/// 10 s: its decisions must not rest on a watch hung mid-stream on a connection that lives
+/// (the HTTP/2 pings find only dead connections), and listing one node's objects again costs
+/// the apiserver little. Otherwise none of ours: kube's watcher gives up on a silent watch
+/// after its server timeout (290 s) and 5 s more, and a fleet's quiet watches listed every
+/// few seconds would load the apiserver for nothing.
+pub(crate) fn watch_silence_limit(shutdown: bool) -> Option<Duration> {
+    shutdown.then_some(Duration::from_secs(10))
+}
+
 /// How many requests to have in flight at once against an apiserver that may throttle
 /// (429): the configured number while it takes them all; halved (down to one) by a batch it
 /// throttled, grown again by one per request it took. Throttled requests sent again all at
@@ -191,6 +201,17 @@ impl Window {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn only_a_shutdown_bounds_a_silent_watch_and_within_the_offline_timeout() {
+        assert_eq!(watch_silence_limit(false), None);
+        let limit = watch_silence_limit(true).unwrap();
+        // A stale view costs no more than the shipped fallback.apiserver_timeout (10 s)
+        // would for an apiserver that does not answer at all.
+        assert!(limit <= Duration::from_secs(10), "{limit:?}");
+        // Not faster than a pod's own events come while it terminates.
+        assert!(limit >= Duration::from_secs(5), "{limit:?}");
+    }
 
     #[test]
     fn a_throttled_window_halves_to_one_and_grows_back_by_what_is_taken() {

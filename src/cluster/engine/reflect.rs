@@ -4,7 +4,12 @@
 //! apiserver is known to answer again, or a shutdown starts: then it tries at once. A
 //! watcher's own back-off would keep what it built up during an outage, and a shutdown
 //! would wait for it after the apiserver came back.
+//!
+//! While a shutdown runs, a watch that says nothing for [`watch_silence_limit`] is given up
+//! and its view listed again: a watch can hang mid-stream on a connection that lives, and
+//! the drain must not wait on a view that stopped moving.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -16,7 +21,7 @@ use rand::Rng as _;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{api_error_code, Slim};
-use crate::plan::reachability::retry_delay;
+use crate::plan::reachability::{retry_delay, watch_silence_limit};
 
 use super::{is_unusable, lock, Ready, Shared};
 
@@ -24,7 +29,7 @@ pub(super) fn spawn_reflector<K>(
     shared: Arc<Shared>,
     api: Api<K>,
     config: watcher::Config,
-    writer: reflector::store::Writer<K>,
+    mut writer: reflector::store::Writer<K>,
     flag: fn(&mut Ready) -> &mut bool,
     on_object: fn(&Shared, &K),
 ) -> JoinHandle<()>
@@ -40,11 +45,56 @@ where
 {
     tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
-        let stream = reflector::reflector(writer, watcher(api, config).modify(K::slim));
-        futures::pin_mut!(stream);
+        let watch = || watcher(api.clone(), config.clone()).modify(K::slim).boxed();
+        let mut stream = watch();
         let mut reconnect = shared.reconnect.subscribe();
         let mut failures = 0u32;
-        while let Some(item) = stream.next().await {
+        // What the view held when a silent watch was given up, until the new list says
+        // whether the watch had hung.
+        let mut before_relist: Option<Versions> = None;
+        // From a (re)start until its list is in: silence then is a list not answered.
+        let mut listing = true;
+        loop {
+            let shutdown = shared.shutting_down.load(Ordering::Relaxed);
+            let limit = watch_silence_limit(shutdown);
+            reconnect.borrow_and_update();
+            let silence = async {
+                match limit {
+                    Some(limit) => tokio::time::sleep(limit).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let item = tokio::select! {
+                item = stream.next() => item,
+                // A shutdown began (or the apiserver answers again): the silence limit may
+                // have changed for the watch waited on.
+                r = reconnect.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                () = silence => {
+                    let limit = limit.unwrap_or_default();
+                    if listing {
+                        shared.mark_unreachable(&format_args!(
+                            "listing {kind}: no answer in {}s",
+                            limit.as_secs()
+                        ));
+                    } else {
+                        tracing::debug!(kind = %kind, silent_for = ?limit, "a watch silent during the shutdown: listing again");
+                        before_relist = Some(versions(&writer.as_reader()));
+                    }
+                    shared.bump();
+                    stream = watch();
+                    listing = true;
+                    continue;
+                }
+            };
+            let Some(item) = item else { return };
+            if let Ok(event) = &item {
+                writer.apply_watcher_event(event);
+            }
             // Only an answer ends a back-off (`Init` comes before every attempt).
             if matches!(&item, Ok(e) if !matches!(e, watcher::Event::Init)) {
                 failures = 0;
@@ -52,12 +102,19 @@ where
             let failed = item.is_err();
             match item {
                 Ok(watcher::Event::InitDone) => {
+                    listing = false;
                     {
                         let mut ready = lock(&shared.ready);
                         *flag(&mut ready) = true;
                         ready.settle();
                     }
                     shared.mark_reachable();
+                    if let Some(before) = before_relist.take() {
+                        let missed = changed(&before, &versions(&writer.as_reader()));
+                        if missed > 0 {
+                            tracing::warn!(kind = %kind, missed, "the {kind} watch had hung: it said nothing while objects changed; listed again");
+                        }
+                    }
                 }
                 Ok(watcher::Event::InitApply(obj)) => {
                     shared.mark_reachable();
@@ -72,7 +129,7 @@ where
                 }
                 // Emitted when a (re)list begins, before any request: no answer (a watch
                 // retrying against a refusing apiserver emits one at every attempt).
-                Ok(watcher::Event::Init) => {}
+                Ok(watcher::Event::Init) => listing = true,
                 Err(err) => {
                     let inner = match &err {
                         watcher::Error::InitialListFailed(e)
@@ -95,7 +152,6 @@ where
             }
             shared.bump();
             if failed {
-                let shutdown = shared.shutting_down.load(Ordering::Relaxed);
                 let delay = retry_delay(failures, shutdown, rand::rng().random::<f64>());
                 failures = failures.saturating_add(1);
                 reconnect.borrow_and_update();
@@ -113,6 +169,35 @@ where
             }
         }
     })
+}
+
+/// Each object of a view and the version it was seen at.
+type Versions = HashMap<String, Option<String>>;
+
+fn versions<K: Resource<DynamicType = ()> + Clone>(view: &reflector::Store<K>) -> Versions {
+    view.state()
+        .iter()
+        .map(|o| {
+            let m = o.meta();
+            (
+                format!(
+                    "{}/{}",
+                    m.namespace.as_deref().unwrap_or_default(),
+                    m.name.as_deref().unwrap_or_default()
+                ),
+                m.resource_version.clone(),
+            )
+        })
+        .collect()
+}
+
+/// How many objects were added, removed or changed from `before` to `after`.
+fn changed(before: &Versions, after: &Versions) -> usize {
+    let gone_or_changed = before
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(*v))
+        .count();
+    gone_or_changed + after.keys().filter(|k| !before.contains_key(*k)).count()
 }
 
 #[cfg(test)]

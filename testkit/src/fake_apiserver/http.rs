@@ -47,14 +47,21 @@ impl RecordedRequest {
     }
 }
 
-/// An injected failure: the next `remaining` requests matching method and path glob get `status`.
+/// An injected failure: the next `remaining` requests matching method and path glob get `status`
+/// (a Status), or with `garbage` an HTML page under that code, as a proxy in front of an
+/// apiserver answers.
 #[derive(Debug, Clone)]
 pub struct Fault {
     pub method: Option<String>,
     pub path_glob: String,
     pub status: u16,
     pub remaining: usize,
+    pub garbage: bool,
 }
+
+/// What a proxy in front of a broken apiserver sends back.
+pub const GARBAGE: &str =
+    "<html><head><title>Service</title></head><body><h1>Please wait</h1></body></html>";
 
 /// Extra time before requests matching method and path glob are handled.
 #[derive(Debug, Clone)]
@@ -71,6 +78,18 @@ pub struct Shared {
     pub delays: Mutex<Vec<Delay>>,
     pub log: Mutex<Vec<RecordedRequest>>,
     pub address: String,
+    /// Resources (plural) whose watches stay open and send nothing, as a watch hung
+    /// mid-stream on a live connection.
+    pub stalled: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    fn is_stalled(&self, plural: &str) -> bool {
+        self.stalled
+            .lock()
+            .map(|s| s.iter().any(|p| p == plural))
+            .unwrap_or(false)
+    }
 }
 
 fn glob_match(pattern: &str, text: &str) -> bool {
@@ -226,10 +245,20 @@ pub async fn handle(
             .iter_mut()
             .find(|f| f.remaining > 0 && matches(&f.method, &f.path_glob))?;
         f.remaining -= 1;
-        Some(f.status)
+        Some((f.status, f.garbage))
     });
-    if let Some(status) = fault {
-        return Ok(error(&injected(status)));
+    match fault {
+        Some((status, true)) => {
+            let mut r = Response::new(Full::new(Bytes::from_static(GARBAGE.as_bytes())).boxed());
+            *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/html"),
+            );
+            return Ok(r);
+        }
+        Some((status, false)) => return Ok(error(&injected(status))),
+        None => {}
     }
     let q = parse_query(&query);
     let ctx = Ctx {
@@ -712,6 +741,7 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
             })?)
         };
     let (kind, api_version) = (ri.kind.clone(), ri.api_version());
+    let (shared, plural) = (ctx.shared.clone(), ri.plural.clone());
     let bookmark = move |rv: u64, initial_end: bool| {
         let mut m = json!({"resourceVersion": rv.to_string()});
         if initial_end {
@@ -750,6 +780,14 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
             Duration::from_secs(60),
         );
         loop {
+            if shared.is_stalled(&plural) {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep_until(deadline) => return,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+                continue;
+            }
             let batch = if store.compactions() != epoch {
                 WatchBatch::Expired(store.oldest_rv())
             } else {

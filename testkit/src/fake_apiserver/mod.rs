@@ -143,6 +143,7 @@ impl FakeApiServer {
             delays: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
             address: addr.to_string(),
+            stalled: Mutex::new(Vec::new()),
         });
         let root = CancellationToken::new();
         let token = root.child_token();
@@ -232,7 +233,33 @@ impl FakeApiServer {
                 path_glob: path_glob.to_string(),
                 status,
                 remaining: count,
+                garbage: false,
             });
+        }
+    }
+
+    /// The next `count` requests matching (as [`Self::inject_errors`]) get 200 and an HTML
+    /// page: what a proxy in front of an apiserver sends when it cannot reach it.
+    pub fn inject_garbage(&self, method: Option<&str>, path_glob: &str, count: usize) {
+        if let Ok(mut f) = self.inner.shared.faults.lock() {
+            f.push(Fault {
+                method: method.map(String::from),
+                path_glob: path_glob.to_string(),
+                status: 200,
+                remaining: count,
+                garbage: true,
+            });
+        }
+    }
+
+    /// While on, watches of `plural` (open ones and new ones) stay open and send nothing, not
+    /// even bookmarks: a watch hung mid-stream on a connection that lives. Lists still answer.
+    pub fn stall_watches(&self, plural: &str, on: bool) {
+        if let Ok(mut s) = self.inner.shared.stalled.lock() {
+            s.retain(|p| p != plural);
+            if on {
+                s.push(plural.to_string());
+            }
         }
     }
 
