@@ -30,6 +30,7 @@ pub mod gns;
 pub(crate) mod lifecycle;
 #[cfg(test)]
 pub(crate) mod model;
+pub(crate) mod pass;
 #[cfg(test)]
 mod proptests;
 pub(crate) mod reachability;

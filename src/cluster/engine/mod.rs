@@ -565,12 +565,6 @@ struct Replan {
     cause: String,
 }
 
-impl ShutdownCtx {
-    fn node_empty(&self, pods: &[PodInfo]) -> bool {
-        self.step_targets.last().is_none_or(|t| t.is_finished(pods))
-    }
-}
-
 impl Engine {
     /// Starts the watches and the reconcile loop. Returns at once; the loop acts as soon as
     /// the first lists arrive.
