@@ -42,7 +42,7 @@ pub(crate) enum Answer<'a> {
     /// The request could not even be built: nothing was asked.
     NotSent,
     /// No answer, or one that cannot be read (a proxy's HTML page, a truncated body).
-    NoAnswer,
+    NothingReadable,
 }
 
 /// How kube-apiserver begins the 500 it answers to an apply its schema refuses.
@@ -62,7 +62,7 @@ pub(crate) fn unusable(answer: Answer<'_>) -> bool {
         Answer::Status { code: 500, message } if message.starts_with(TYPED_PATCH_REFUSED) => false,
         Answer::Status { code, .. } => matches!(code, 401 | 403 | 429 | 500..=599),
         Answer::NotSent => false,
-        Answer::NoAnswer => true,
+        Answer::NothingReadable => true,
     }
 }
 
@@ -239,7 +239,7 @@ mod tests {
             message: "failed to create typed patch object (/shutdown-n1; ...): field not declared in schema",
         };
         assert!(!unusable(older_crd));
-        assert!(unusable(Answer::NoAnswer));
+        assert!(unusable(Answer::NothingReadable));
         assert!(!unusable(Answer::NotSent));
     }
     use proptest::prelude::*;

@@ -29,7 +29,7 @@ pub(super) fn is_unusable(err: &kube::Error) -> bool {
             message: &status.message,
         },
         kube::Error::BuildRequest(_) => Answer::NotSent,
-        _ => Answer::NoAnswer,
+        _ => Answer::NothingReadable,
     })
 }
 
