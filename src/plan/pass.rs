@@ -16,27 +16,27 @@ use super::{DrainPlanEntry, PlanError, PodInfo, StepSchedule};
 
 /// A NodeMaintenance that selects the node, as a pass reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MaintenanceFacts<'a> {
-    pub name: &'a str,
+pub(crate) struct MaintenanceFacts<'a> {
+    pub(crate) name: &'a str,
     /// Stage Cordon or Drain, not being deleted.
-    pub active: bool,
+    pub(crate) active: bool,
     /// Stage Complete, or being deleted.
-    pub ending: bool,
-    pub has_finalizer: bool,
+    pub(crate) ending: bool,
+    pub(crate) has_finalizer: bool,
     /// The node's entry in its status says the node carried its Complete stage out.
-    pub completed_here: bool,
+    pub(crate) completed_here: bool,
 }
 
 /// What [`hold`] decides: a maintenance that selects the node holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Hold {
-    pub cordon: bool,
+pub(crate) struct Hold {
+    pub(crate) cordon: bool,
     /// The active maintenances that lack the completion finalizer.
-    pub add_finalizers: Vec<String>,
+    pub(crate) add_finalizers: Vec<String>,
 }
 
 /// Cordon and finalizers, first in a pass: before anything is asked of a pod.
-pub fn hold(maintenances: &[MaintenanceFacts<'_>], node_cordoned: bool) -> Hold {
+pub(crate) fn hold(maintenances: &[MaintenanceFacts<'_>], node_cordoned: bool) -> Hold {
     let active = || maintenances.iter().filter(|m| m.active);
     Hold {
         cordon: !node_cordoned && active().next().is_some(),
@@ -49,64 +49,64 @@ pub fn hold(maintenances: &[MaintenanceFacts<'_>], node_cordoned: bool) -> Hold 
 
 /// The shutdown under way, as the engine planned it.
 #[derive(Debug, Clone, Copy)]
-pub struct ShutdownFacts<'a> {
+pub(crate) struct ShutdownFacts<'a> {
     /// `shutdown-<node>`.
-    pub name: &'a str,
+    pub(crate) name: &'a str,
     /// The targets of each prefix of its plan; the last one empties the node.
-    pub step_targets: &'a [DrainTargets],
-    pub schedule: &'a [StepSchedule],
+    pub(crate) step_targets: &'a [DrainTargets],
+    pub(crate) schedule: &'a [StepSchedule],
     /// When it began, on the drain clock.
-    pub start: Duration,
+    pub(crate) start: Duration,
 }
 
 /// Everything [`decide`] looks at.
 #[derive(Debug, Clone, Copy)]
-pub struct PassSnapshot<'a> {
+pub(crate) struct PassSnapshot<'a> {
     /// Now, on the drain clock.
-    pub now: Duration,
+    pub(crate) now: Duration,
     /// The maintenances that select the node, oldest first.
-    pub maintenances: &'a [MaintenanceFacts<'a>],
+    pub(crate) maintenances: &'a [MaintenanceFacts<'a>],
     /// The draining ones whose plan can be used, oldest first.
-    pub draining: &'a [MaintenanceInput<'a>],
-    pub shutdown: Option<ShutdownFacts<'a>>,
+    pub(crate) draining: &'a [MaintenanceInput<'a>],
+    pub(crate) shutdown: Option<ShutdownFacts<'a>>,
     /// The node's targets so far (its status entries and earlier passes).
-    pub previous: Option<&'a DrainTargets>,
-    pub pods: &'a [NodePod],
+    pub(crate) previous: Option<&'a DrainTargets>,
+    pub(crate) pods: &'a [NodePod],
     /// By pod UID.
-    pub tracks: &'a HashMap<String, PodTrack>,
+    pub(crate) tracks: &'a HashMap<String, PodTrack>,
     /// The eviction back-off cap outside a shutdown, and under one.
-    pub backoff_cap: Duration,
-    pub backoff_cap_shutdown: Duration,
+    pub(crate) backoff_cap: Duration,
+    pub(crate) backoff_cap_shutdown: Duration,
     /// When the node's drain began, whole Unix seconds.
-    pub drain_began: Option<i64>,
+    pub(crate) drain_began: Option<i64>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
-    pub daemonset_terminated: &'a HashMap<String, String>,
+    pub(crate) daemonset_terminated: &'a HashMap<String, String>,
 }
 
 /// One request for a pod (gates aside): what, and for which maintenance.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PodRequest {
-    pub pod: PodInfo,
+pub(crate) struct PodRequest {
+    pub(crate) pod: PodInfo,
     /// Evict, Delete or Escalate.
-    pub action: Action,
+    pub(crate) action: Action,
     /// The first draining maintenance whose targets take the pod (the one it is asked for).
-    pub maintenance: String,
+    pub(crate) maintenance: String,
     /// A tolerate-all DaemonSet pod deleted now: its DaemonSet's UID (its later pods are
     /// replacements, left alone).
-    pub tolerant_daemonset: Option<String>,
+    pub(crate) tolerant_daemonset: Option<String>,
 }
 
 /// One maintenance's status entry to write this pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StatusWrite {
-    pub name: String,
+pub(crate) struct StatusWrite {
+    pub(crate) name: String,
     /// Written now, past the debounce: the node is empty under this shutdown maintenance.
-    pub force: bool,
+    pub(crate) force: bool,
 }
 
 /// When the shutdown's drain is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Done {
+pub(crate) enum Done {
     NotYet,
     /// The node is empty under the shutdown maintenance: done once its status is written.
     OnceWritten,
@@ -115,7 +115,7 @@ pub enum Done {
 }
 
 impl Done {
-    pub fn reached(self, statuses_written: bool) -> bool {
+    pub(crate) fn reached(self, statuses_written: bool) -> bool {
         match self {
             Done::NotYet => false,
             Done::OnceWritten => statuses_written,
@@ -126,29 +126,29 @@ impl Done {
 
 /// [`decide`]'s answer.
 #[derive(Debug, Clone)]
-pub struct PassDecisions {
-    pub drain: Decision,
+pub(crate) struct PassDecisions {
+    pub(crate) drain: Decision,
     /// The eviction back-off cap in force (shorter while the shutdown drains).
-    pub backoff_cap: Duration,
+    pub(crate) backoff_cap: Duration,
     /// The maintenance taint goes on before the requests: a DaemonSet pod is deleted.
-    pub taint: bool,
+    pub(crate) taint: bool,
     /// In plan order.
-    pub requests: Vec<PodRequest>,
+    pub(crate) requests: Vec<PodRequest>,
     /// Static pods whose manifests are gated.
-    pub gates: Vec<PodInfo>,
+    pub(crate) gates: Vec<PodInfo>,
     /// The shutdown drains and no pod its plan targets is left.
-    pub node_empty: bool,
+    pub(crate) node_empty: bool,
     /// One per active maintenance, in their order.
-    pub statuses: Vec<StatusWrite>,
+    pub(crate) statuses: Vec<StatusWrite>,
     /// Maintenances whose Complete stage (or deletion) the node carries out.
-    pub complete: Vec<String>,
+    pub(crate) complete: Vec<String>,
     /// No maintenance drains the node: the drain forgets its targets and tracks.
-    pub drain_over: bool,
-    pub done: Done,
+    pub(crate) drain_over: bool,
+    pub(crate) done: Done,
 }
 
 /// The pass's decisions (see the module documentation).
-pub fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
+pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
     let shutdown = s
         .shutdown
         .filter(|c| s.draining.iter().any(|m| m.name == c.name));
@@ -259,7 +259,7 @@ pub(crate) fn backoff(attempt: u32, cap: Duration) -> Duration {
 
 /// What the apiserver (or the terminator) answered to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     Accepted,
     /// 404: taken as gone only once the watch drops it.
     Gone,
@@ -280,21 +280,21 @@ pub enum Answer {
 
 /// What [`note_answer`] found worth telling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Noted {
+pub(crate) struct Noted {
     /// Ask again then (drain clock), whatever the watches say.
-    pub retry: Option<Duration>,
+    pub(crate) retry: Option<Duration>,
     /// An escalation the apiserver took.
-    pub escalated: bool,
+    pub(crate) escalated: bool,
     /// Blocked by something else than last time.
-    pub newly_blocked: bool,
+    pub(crate) newly_blocked: bool,
     /// The first 429 for this pod.
-    pub first_throttle: bool,
+    pub(crate) first_throttle: bool,
 }
 
 /// Records `answer` for a pod in its track. `retry_after_error` is the pause after an
 /// answer that says nothing of the pod; `jitter` in [0, 1) spreads a throttled band's
 /// retries over the wait instead of sending them at once into the same throttle.
-pub fn note_answer(
+pub(crate) fn note_answer(
     track: &mut PodTrack,
     answer: &Answer,
     escalated: bool,
@@ -350,21 +350,21 @@ pub fn note_answer(
 
 /// The node's entry in a maintenance's status, without its update time.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct NodeEntry {
-    pub drain_targets: Vec<DrainPlanEntry>,
-    pub pods_remaining: i32,
-    pub active_eviction_requests: i32,
-    pub pods_pending_eviction_request: i32,
-    pub pods_not_targeted: i32,
-    pub drain_message: String,
+pub(crate) struct NodeEntry {
+    pub(crate) drain_targets: Vec<DrainPlanEntry>,
+    pub(crate) pods_remaining: i32,
+    pub(crate) active_eviction_requests: i32,
+    pub(crate) pods_pending_eviction_request: i32,
+    pub(crate) pods_not_targeted: i32,
+    pub(crate) drain_message: String,
 }
 
 /// A draining maintenance's place in the pass, for its status entry.
 #[derive(Debug, Clone, Copy)]
-pub struct EntryView<'a> {
-    pub drained: bool,
+pub(crate) struct EntryView<'a> {
+    pub(crate) drained: bool,
     /// What the maintenance targets now.
-    pub targets: &'a DrainTargets,
+    pub(crate) targets: &'a DrainTargets,
 }
 
 /// Blocked pods named in a drain message; the count of the others follows.
@@ -374,7 +374,7 @@ const MESSAGE_BLOCKED_MAX: usize = 5;
 /// not drain the node (cordon only, or an invalid plan: `invalid_plan`). `replan`: the
 /// shutdown's last re-plan, said after the drain message (the schema has no field for it:
 /// a field a CRD installed earlier lacks would fail every status write).
-pub fn node_entry(
+pub(crate) fn node_entry(
     name: &str,
     node_targets: &DrainTargets,
     tracks: &HashMap<String, PodTrack>,
