@@ -197,11 +197,9 @@ pub(crate) fn blocking_budget(status: &Status) -> Option<String> {
         })
 }
 
-/// Delay before eviction attempt `attempt` (0-based) after 429s: 1 s doubling, capped.
-pub(crate) fn backoff(attempt: u32, cap: Duration) -> Duration {
-    let secs = 1u64.checked_shl(attempt.min(63)).unwrap_or(u64::MAX);
-    Duration::from_secs(secs).min(cap)
-}
+/// Delay before eviction attempt `attempt` (0-based) after 429s (its home is the pass's
+/// decisions).
+pub(crate) use crate::plan::pass::backoff;
 
 #[cfg(test)]
 mod tests {

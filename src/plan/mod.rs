@@ -12,6 +12,9 @@
 //! - [`budget`]: the shutdown deadline split over plan steps (`nodegrace plan` prints it).
 //! - [`drain`]: the drain decision for the node ([`drain::decide`]): targets, what is asked
 //!   of each pod and which are escalated, from a snapshot the engine builds.
+//! - [`pass`]: one pass of the node's engine ([`pass::decide`]): around the drain decision,
+//!   cordon and finalizers, the statuses to write, the maintenances to complete and whether
+//!   the node is done; what each answer means for the next pass.
 //! - [`reachability`]: whether the apiserver can be used, the back-off between tries, when a
 //!   shutdown falls back offline and when time lost to an outage is planned again.
 
@@ -30,6 +33,7 @@ pub mod gns;
 pub(crate) mod lifecycle;
 #[cfg(test)]
 pub(crate) mod model;
+pub(crate) mod pass;
 #[cfg(test)]
 mod proptests;
 pub(crate) mod reachability;

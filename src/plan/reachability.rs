@@ -16,9 +16,11 @@
 //! - between tries: [`retry_delay`] (short and capped at about a second while a shutdown
 //!   runs, client-go's reflector back-off otherwise).
 //!
-//! "Unusable" is decided by the adapter that saw the answer (no answer; an answer that fails
-//! or refuses whatever is asked: 401, 403, 429, 5xx; a body that cannot be read). Times are
-//! offsets on the caller's monotonic clock.
+//! - which answers make it unusable ([`unusable`]): no answer; an answer that fails or
+//!   refuses whatever is asked (401, 403, 429, 5xx); a body that cannot be read. The adapter
+//!   that saw the answer only says what it was ([`Answer`]).
+//!
+//! Times are offsets on the caller's monotonic clock.
 
 use std::time::Duration;
 
@@ -31,6 +33,38 @@ pub(crate) const ANNOUNCE_AFTER: Duration = Duration::from_secs(1);
 /// An outage shorter than this is not acted on: a throttled request or a restarted watch
 /// costs less than the churn of moving every deadline and waking every watch.
 pub(crate) const ACT_AFTER: Duration = Duration::from_secs(1);
+
+/// What came back for one request, as [`unusable`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer<'a> {
+    /// An HTTP status the apiserver answered with, and its message.
+    Status { code: u16, message: &'a str },
+    /// The request could not even be built: nothing was asked.
+    NotSent,
+    /// No answer, or one that cannot be read (a proxy's HTML page, a truncated body).
+    NothingReadable,
+}
+
+/// How kube-apiserver begins the 500 it answers to an apply its schema refuses.
+pub(crate) const TYPED_PATCH_REFUSED: &str = "failed to create typed patch object";
+
+/// Whether an answer says the apiserver cannot be used now, as opposed to an answer about
+/// the request itself (404, 409, 422, ...): no answer at all, an answer that fails or
+/// refuses this client whatever it asks, or one that cannot be read (nothing is decided on
+/// what could not be read). An apiserver that is starting answers 403 to everything until
+/// its RBAC caches are loaded, and 5xx while its storage is not ready; such answers are
+/// retried, and only their persistence past `fallback.apiserver_timeout` sends a shutdown
+/// to the offline fallback ([`Reachability::fallback_at`]).
+pub(crate) fn unusable(answer: Answer<'_>) -> bool {
+    match answer {
+        // A server-side apply the schema refuses (a CRD older than this nodegrace): an answer
+        // about the request, however its code reads.
+        Answer::Status { code: 500, message } if message.starts_with(TYPED_PATCH_REFUSED) => false,
+        Answer::Status { code, .. } => matches!(code, 401 | 403 | 429 | 500..=599),
+        Answer::NotSent => false,
+        Answer::NothingReadable => true,
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Outage {
@@ -200,6 +234,24 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_answers_that_refuse_everything_or_none_at_all_make_it_unusable() {
+        let status = |code| Answer::Status { code, message: "m" };
+        for code in [400, 404, 409, 410, 422] {
+            assert!(!unusable(status(code)), "{code}");
+        }
+        for code in [401, 403, 429, 500, 502, 503, 504] {
+            assert!(unusable(status(code)), "{code}");
+        }
+        let older_crd = Answer::Status {
+            code: 500,
+            message: "failed to create typed patch object (/shutdown-n1; ...): field not declared in schema",
+        };
+        assert!(!unusable(older_crd));
+        assert!(unusable(Answer::NothingReadable));
+        assert!(!unusable(Answer::NotSent));
+    }
     use proptest::prelude::*;
 
     #[test]

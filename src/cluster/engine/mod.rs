@@ -13,15 +13,23 @@
 //! terminating are not asked again, and the shutdown maintenance is adopted by name.
 
 mod offline;
+mod reach;
 mod reconcile;
 mod reflect;
 mod shutdown;
 mod status;
 mod terminate;
+mod view;
 
 pub use offline::FallbackSummary;
+use reach::{anyhow_is_unusable, is_api_answer, is_unusable};
 use reflect::spawn_reflector;
 pub use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
+pub(crate) use view::list_maintenances_for;
+use view::{
+    daemonset_owner, has_finalizer, is_active, is_deleting, is_draining, node_volumes,
+    tolerates_everything, Maintenances,
+};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -34,7 +42,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -44,11 +52,11 @@ use super::eviction_request::ControllerHandle;
 use super::node::patch_node_with;
 use super::terminate::{EvictionApi, PodTerminator};
 use super::FIELD_MANAGER;
-use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
+use crate::api::{NodeMaintenance, Stage};
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
-use crate::plan::reachability::{self, Change, Reachability};
+use crate::plan::reachability::Reachability;
 use crate::plan::{DrainPlanEntry, DrainTargets, PodInfo};
 use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
@@ -66,15 +74,8 @@ const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
 const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
-/// How long the shutdown maintenance from its create's answer stands in for the watch's copy.
-const CREATED_KEPT: Duration = Duration::from_secs(5);
 /// Between tries of a shutdown step the apiserver did not take.
 const RETRY_IN_SHUTDOWN: Duration = Duration::from_millis(200);
-
-/// `d` to whole milliseconds, for messages.
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 pub use crate::api::shutdown_maintenance_name;
 
@@ -146,66 +147,6 @@ impl Ready {
     }
 }
 
-/// The NodeMaintenances the node watches: those labelled for it ([`crate::api::NODE_LABEL`]:
-/// its shutdown maintenance) and the unlabelled ones. Maintenances labelled for other nodes
-/// (their shutdown maintenances, pinned to them, with their status churn) never reach it.
-struct Maintenances {
-    own: Store<NodeMaintenance>,
-    shared: Store<NodeMaintenance>,
-}
-
-impl Maintenances {
-    /// Both caches, one object per name (the later version where both hold it: a
-    /// maintenance that was relabelled).
-    fn state(&self) -> Vec<Arc<NodeMaintenance>> {
-        let mut by_name: HashMap<String, Arc<NodeMaintenance>> = HashMap::new();
-        for m in self.shared.state().into_iter().chain(self.own.state()) {
-            let name = m.name_any();
-            let m = fresher(m, by_name.get(&name));
-            by_name.insert(name, m);
-        }
-        by_name.into_values().collect()
-    }
-}
-
-/// The label selectors of the two maintenance watches of `node`.
-fn maintenance_selectors(node: &str) -> Vec<String> {
-    let unlabelled = format!("!{}", crate::api::NODE_LABEL);
-    match crate::api::node_label_value(node) {
-        Some(value) => vec![format!("{}={value}", crate::api::NODE_LABEL), unlabelled],
-        None => vec![unlabelled],
-    }
-}
-
-/// The NodeMaintenances that may select `node`, as the engine watches them (one list per
-/// selector of [`maintenance_selectors`]), for the CLI. One object per name: a maintenance
-/// relabelled between the two lists is in both, and the later version counts.
-pub(crate) async fn list_maintenances_for(
-    client: &Client,
-    node: &str,
-) -> Result<Vec<NodeMaintenance>> {
-    let api: Api<NodeMaintenance> = Api::all(client.clone());
-    let mut all: Vec<NodeMaintenance> = Vec::new();
-    for selector in maintenance_selectors(node) {
-        let params = kube::api::ListParams::default().labels(&selector);
-        let list = api
-            .list(&params)
-            .await
-            .with_context(|| format!("listing NodeMaintenances ({selector})"))?;
-        for m in list.items {
-            match all
-                .iter_mut()
-                .find(|known| known.name_any() == m.name_any())
-            {
-                Some(known) if rv_number(&m) > rv_number(known) => *known = m,
-                Some(_) => {}
-                None => all.push(m),
-            }
-        }
-    }
-    Ok(all)
-}
-
 struct Shared {
     client: Client,
     node: String,
@@ -263,70 +204,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Whether a kube error says the apiserver cannot be used now, as opposed to an answer
-/// about the request itself (404, 409, 422, ...): no answer at all, an answer that fails or
-/// refuses this client whatever it asks, or one that cannot be read (a proxy's HTML page, a
-/// truncated body: nothing is decided on what could not be read). An apiserver that is
-/// starting answers 403 to everything until its RBAC caches are loaded, and 5xx while its
-/// storage is not ready; such answers are retried, and only their persistence past
-/// `fallback.apiserver_timeout` sends a shutdown to the offline fallback
-/// ([`crate::plan::reachability`]).
-fn is_unusable(err: &kube::Error) -> bool {
-    match err {
-        // A server-side apply the schema refuses (a CRD older than this nodegrace): an answer
-        // about the request, however its code reads.
-        kube::Error::Api(status)
-            if status.code == 500 && status.message.starts_with(TYPED_PATCH_REFUSED) =>
-        {
-            false
-        }
-        kube::Error::Api(status) => matches!(status.code, 401 | 403 | 429 | 500..=599),
-        kube::Error::BuildRequest(_) => false,
-        _ => true,
-    }
-}
-
-/// How kube-apiserver begins the 500 it answers to an apply its schema refuses.
-const TYPED_PATCH_REFUSED: &str = "failed to create typed patch object";
-
-fn anyhow_is_unusable(err: &anyhow::Error) -> bool {
-    err.chain()
-        .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_unusable))
-}
-
-fn rv_number<K: Resource>(k: &K) -> u64 {
-    k.meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn fresher<K: Resource>(a: Arc<K>, b: Option<&Arc<K>>) -> Arc<K> {
-    match b {
-        Some(b) if rv_number(b.as_ref()) > rv_number(a.as_ref()) => b.clone(),
-        _ => a,
-    }
-}
-
-fn has_finalizer(m: &NodeMaintenance) -> bool {
-    m.finalizers()
-        .iter()
-        .any(|f| f == FINALIZER_MAINTENANCE_COMPLETION)
-}
-
-fn is_deleting(m: &NodeMaintenance) -> bool {
-    m.metadata.deletion_timestamp.is_some()
-}
-
-fn is_active(m: &NodeMaintenance) -> bool {
-    !is_deleting(m) && matches!(m.spec.stage, Stage::Cordon | Stage::Drain)
-}
-
-fn is_draining(m: &NodeMaintenance) -> bool {
-    !is_deleting(m) && m.spec.stage == Stage::Drain
-}
-
 fn kind_str(kind: ShutdownKind) -> &'static str {
     kind.as_str()
 }
@@ -337,45 +214,6 @@ fn now_rfc3339() -> String {
 
 fn min_wake(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
-}
-
-/// The volumes the Node says are attached to it or in use by its kubelet, by name.
-fn node_volumes(node: &Node) -> Vec<String> {
-    let Some(status) = node.status.as_ref() else {
-        return Vec::new();
-    };
-    let attached = status.volumes_attached.iter().flatten().map(|v| &v.name);
-    let in_use = status.volumes_in_use.iter().flatten();
-    let mut names: Vec<String> = attached.chain(in_use).cloned().collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
-fn daemonset_owner(pod: &Pod) -> Option<&str> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
-        .map(|o| o.uid.as_str())
-}
-
-/// Whether the apiserver answered (and refused) rather than not being reached.
-fn is_api_answer(err: &anyhow::Error) -> bool {
-    err.chain()
-        .any(|c| matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(_))))
-}
-
-fn tolerates_everything(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_ref())
-        .is_some_and(|ts| {
-            ts.iter().any(|t| {
-                t.operator.as_deref() == Some("Exists")
-                    && t.key.as_deref().unwrap_or_default().is_empty()
-                    && t.effect.as_deref().unwrap_or_default().is_empty()
-            })
-        })
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
@@ -565,12 +403,6 @@ struct Replan {
     cause: String,
 }
 
-impl ShutdownCtx {
-    fn node_empty(&self, pods: &[PodInfo]) -> bool {
-        self.step_targets.last().is_none_or(|t| t.is_finished(pods))
-    }
-}
-
 impl Engine {
     /// Starts the watches and the reconcile loop. Returns at once; the loop acts as soon as
     /// the first lists arrive.
@@ -738,32 +570,6 @@ impl Engine {
         sh.bump();
         Ok(done)
     }
-
-    /// Whether the apiserver answers (the last request or watch event succeeded).
-    pub fn reachable(&self) -> bool {
-        lock(&self.shared.reach).usable()
-    }
-
-    /// Waits until the apiserver answers again and the watches have listed (after
-    /// [`EngineError::ApiserverUnreachable`], before [`Engine::resume`]).
-    pub async fn wait_reachable(&self) {
-        let sh = &self.shared;
-        let mut rx = sh.wake.subscribe();
-        loop {
-            rx.borrow_and_update();
-            let ready = {
-                let r = lock(&sh.ready);
-                r.node && r.pods && r.maintenances
-            };
-            if ready && lock(&sh.reach).usable() {
-                return;
-            }
-            tokio::select! {
-                r = rx.changed() => if r.is_err() { return },
-                _ = tokio::time::sleep(PROBE_INTERVAL) => sh.probe().await,
-            }
-        }
-    }
 }
 
 impl Shared {
@@ -790,216 +596,6 @@ impl Shared {
     /// Now on the drain clock.
     fn now(&self) -> Duration {
         self.epoch.elapsed()
-    }
-
-    /// A usable answer. The first after an outage of a second or more wakes the watches (no
-    /// back-off inherited from the outage) and has a shutdown under way plan the time it lost.
-    fn mark_reachable(&self) {
-        let change = lock(&self.reach).answered(self.now());
-        if let Change::CameBack { lost, said } = change {
-            if said {
-                tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
-            } else {
-                tracing::debug!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
-            }
-            if reachability::worth_acting_on(lost) {
-                self.reconnect.send_modify(|g| *g = g.wrapping_add(1));
-                self.replan_shutdown(
-                    lost,
-                    format!(
-                        "the apiserver could not be used for {}",
-                        humantime::format_duration(round_ms(lost))
-                    ),
-                );
-            }
-            self.bump();
-        }
-    }
-
-    /// An unusable answer, or none (see [`is_unusable`]).
-    fn mark_unreachable(&self, error: &dyn std::fmt::Display) {
-        let error = error.to_string();
-        let change = lock(&self.reach).failed(self.now(), error.clone());
-        match change {
-            Change::WentAway { for_ } => {
-                tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?for_, "the apiserver cannot be used; retrying");
-            }
-            Change::StillAway { for_, remind: true } => {
-                tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?for_, "the apiserver still cannot be used");
-            }
-            _ => {}
-        }
-    }
-
-    /// When a shutdown must go to the offline fallback, if the apiserver cannot be used.
-    fn unreachable_deadline(&self) -> Option<Instant> {
-        let timeout = self.settings().fallback.apiserver_timeout;
-        lock(&self.reach)
-            .fallback_at(timeout)
-            .map(|at| self.epoch + at)
-    }
-
-    fn unusable_error(&self) -> EngineError {
-        let reach = lock(&self.reach);
-        let last = reach
-            .last_error()
-            .map_or_else(|| "no answer yet".to_string(), str::to_owned);
-        let unusable_for = reach
-            .unusable_for(self.now())
-            .max(self.settings().fallback.apiserver_timeout);
-        EngineError::ApiserverUnreachable(round_ms(unusable_for), last)
-    }
-
-    /// Splits what is left of the shutdown's budget again over the pods left, after `lost`
-    /// (see [`crate::plan::budget::split_remaining`]). No shutdown under way: nothing to do.
-    fn replan_shutdown(&self, lost: Duration, cause: String) {
-        let mut slot = lock(&self.shutdown);
-        let Some(ctx) = slot.as_ref() else {
-            return;
-        };
-        let at = ctx.start.elapsed();
-        let steps = match crate::plan::plan_steps(&ctx.plan, &self.pod_infos()) {
-            Ok(steps) => steps,
-            Err(err) => {
-                tracing::warn!(node = %self.node, maintenance = %ctx.name, error = %err, "cannot plan the shutdown again; keeping its schedule");
-                return;
-            }
-        };
-        let schedule = crate::plan::budget::split_remaining(ctx.budget, at, &steps, &ctx.reserves);
-        let left = ctx.budget.saturating_sub(at);
-        tracing::info!(node = %self.node, maintenance = %ctx.name, lost = ?lost, at = ?at, left = ?left, cause = %cause, "time lost: the rest of the shutdown budget is split again over the pods left");
-        let mut next = (**ctx).clone();
-        next.schedule = schedule;
-        next.replanned = Some(Replan {
-            at,
-            lost,
-            left,
-            cause,
-        });
-        *slot = Some(Arc::new(next));
-    }
-
-    /// One cheap request to learn whether the apiserver answers.
-    async fn probe(&self) {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let r = api
-            .get_metadata_opt(&self.node)
-            .await
-            .map_err(anyhow::Error::from);
-        self.note(&r);
-        if r.is_ok() {
-            self.bump();
-        }
-    }
-
-    fn note<T>(&self, r: &Result<T>) {
-        match r {
-            Ok(_) => self.mark_reachable(),
-            Err(e) if anyhow_is_unusable(e) => {
-                self.mark_unreachable(&crate::cluster::error_text(e))
-            }
-            Err(_) => self.mark_reachable(),
-        }
-    }
-
-    /// After an unusable answer (already noted): waits a moment to try again, or gives up
-    /// once the apiserver has not been usable for `fallback.apiserver_timeout`.
-    async fn retry_or_unreachable(&self, started: Instant) -> Result<(), EngineError> {
-        let timeout = self.settings().fallback.apiserver_timeout;
-        if started.elapsed() >= timeout || lock(&self.reach).must_fall_back(self.now(), timeout) {
-            return Err(self.unusable_error());
-        }
-        tokio::time::sleep(RETRY_IN_SHUTDOWN).await;
-        Ok(())
-    }
-
-    /// Waits until the watches named by `which` have listed, or the apiserver has not been
-    /// usable for `fallback.apiserver_timeout` (counted from the last good answer, so a
-    /// node whose apiserver went away long ago does not wait the whole timeout again).
-    async fn wait_ready(&self, which: fn(&Ready) -> bool) -> Result<(), EngineError> {
-        let mut rx = self.wake.subscribe();
-        let started = Instant::now();
-        let timeout = self.settings().fallback.apiserver_timeout;
-        loop {
-            rx.borrow_and_update();
-            if which(&lock(&self.ready)) {
-                return Ok(());
-            }
-            let deadline = self
-                .unreachable_deadline()
-                .map_or(started + timeout, |d| d.min(started + timeout));
-            if Instant::now() >= deadline {
-                return Err(self.unusable_error());
-            }
-            tokio::select! {
-                r = rx.changed() => if r.is_err() {
-                    return Err(anyhow::anyhow!("the engine stopped").into());
-                },
-                _ = tokio::time::sleep_until(deadline) => {}
-            }
-        }
-    }
-
-    fn pod_infos(&self) -> Vec<PodInfo> {
-        self.pods
-            .state()
-            .iter()
-            .filter(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
-            })
-            .filter_map(|p| match PodInfo::from_pod(p) {
-                Ok(info) => Some(info),
-                Err(err) => {
-                    tracing::warn!(node = %self.node, error = %err, "ignoring a pod that cannot be classified");
-                    None
-                }
-            })
-            .collect()
-    }
-
-    fn node_obj(&self, st: &mut DrainState) -> Option<Arc<Node>> {
-        let stored = self
-            .nodes
-            .state()
-            .into_iter()
-            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))?;
-        let n = fresher(stored, st.node_overlay.as_ref());
-        st.node_overlay = Some(n.clone());
-        Some(n)
-    }
-
-    fn maintenance_objs(&self, st: &mut DrainState) -> Vec<Arc<NodeMaintenance>> {
-        let mut stored = self.maintenances.state();
-        let mut names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
-        {
-            // The shutdown maintenance from its create's answer, until the watch has it: the
-            // drain does not wait for a watch that may still be reconnecting.
-            let mut created = lock(&self.created_maintenance);
-            match created.as_ref() {
-                Some((m, at)) if !names.contains(&m.name_any()) && at.elapsed() < CREATED_KEPT => {
-                    names.insert(m.name_any());
-                    stored.push(m.clone());
-                }
-                Some(_) => *created = None,
-                None => {}
-            }
-        }
-        st.nm_overlay.retain(|n, _| names.contains(n));
-        let mut out: Vec<Arc<NodeMaintenance>> = stored
-            .into_iter()
-            .map(|m| {
-                let name = m.name_any();
-                let m = fresher(m, st.nm_overlay.get(&name));
-                st.nm_overlay.insert(name, m.clone());
-                m
-            })
-            .collect();
-        out.sort_by(|a, b| {
-            let ca = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            let cb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            ca.cmp(&cb).then_with(|| a.name_any().cmp(&b.name_any()))
-        });
-        out
     }
 
     fn event(
@@ -1080,51 +676,6 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn api(code: u16) -> kube::Error {
-        kube::Error::Api(Box::new(
-            serde_json::from_value(json!({"code": code, "message": "m"})).unwrap(),
-        ))
-    }
-
-    #[test]
-    fn answers_about_the_request_leave_the_apiserver_usable() {
-        for code in [400, 404, 409, 410, 422] {
-            assert!(!is_unusable(&api(code)), "{code}");
-        }
-        // What kube-apiserver v1.28 answered to a status apply with a field an older CRD
-        // lacks.
-        let older_crd = kube::Error::Api(Box::new(
-            serde_json::from_value(json!({"code": 500, "message":
-                "failed to create typed patch object (/shutdown-n1; nodegrace.dev/v1alpha1, Kind=NodeMaintenance): .status.nodeStatuses[nodeName=\"n1\"].deadlineReplan: field not declared in schema"}))
-            .unwrap(),
-        ));
-        assert!(!is_unusable(&older_crd));
-    }
-
-    #[test]
-    fn refusals_of_everything_no_answer_and_unreadable_answers_make_it_unusable() {
-        // 401/403 while its RBAC caches load, 429 throttling, 5xx while its storage is away.
-        for code in [401, 403, 429, 500, 502, 503, 504] {
-            assert!(is_unusable(&api(code)), "{code}");
-        }
-        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert!(is_unusable(&kube::Error::Service(Box::new(refused))));
-        // A 200 whose body is a proxy's HTML page, or cut short.
-        for body in [
-            "<html><body>502 Bad Gateway</body></html>",
-            "{\"kind\":\"Node\",\"meta",
-        ] {
-            let garbage = serde_json::from_str::<Node>(body).unwrap_err();
-            assert!(is_unusable(&kube::Error::SerdeError(garbage)), "{body}");
-        }
-        let through_context = anyhow::Error::from(api(503)).context("patching node n1");
-        assert!(anyhow_is_unusable(&through_context));
-        assert!(!anyhow_is_unusable(&anyhow::anyhow!(
-            "no kube error at all"
-        )));
-    }
-
     #[test]
     fn merged_patches_keep_both() {
         let a = json!({"metadata": {"annotations": {"a": "1"}}, "spec": {"unschedulable": true}});
@@ -1135,23 +686,5 @@ mod tests {
         assert_eq!(m["metadata"]["labels"]["l"], "");
         assert_eq!(m["spec"]["unschedulable"], true);
         assert_eq!(merge_values(None, None), None);
-    }
-
-    #[test]
-    fn node_volumes_are_those_attached_or_in_use() {
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": "n"},
-            "status": {
-                "volumesAttached": [{"name": "kubernetes.io/csi/d^a", "devicePath": ""}],
-                "volumesInUse": ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"],
-            },
-        }))
-        .unwrap();
-        assert_eq!(
-            node_volumes(&node),
-            ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"]
-        );
-        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap();
-        assert!(node_volumes(&bare).is_empty());
     }
 }

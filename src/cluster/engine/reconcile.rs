@@ -19,6 +19,7 @@ use crate::cluster::node::{
 };
 use crate::cluster::nodesel;
 use crate::plan::drain::{self, NodePod};
+use crate::plan::pass::{self, MaintenanceFacts, PassDecisions, PassSnapshot, ShutdownFacts};
 use crate::plan::targets::MaintenanceInput;
 use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets, NodeReport, PodInfo};
 use crate::state::PodCache;
@@ -49,6 +50,18 @@ fn drain_began(draining: &[&Arc<NodeMaintenance>]) -> Option<i64> {
 /// How long the list of nodes a label-selected maintenance selects is used before it is read
 /// again.
 const SELECTED_NODES_TTL: Duration = Duration::from_secs(30);
+
+/// What a pass read, for its applier.
+struct Seen<'a> {
+    node: &'a Arc<Node>,
+    raw_pods: &'a [Arc<Pod>],
+    classified: &'a [(Arc<Pod>, PodInfo)],
+    prepared: &'a [Prepared],
+    selecting: &'a [Arc<NodeMaintenance>],
+    active: &'a [Arc<NodeMaintenance>],
+    /// The shutdown maintenance's name, while one runs.
+    shutdown: Option<&'a str>,
+}
 
 /// A draining maintenance as the drain decision reads it.
 struct Prepared {
@@ -94,8 +107,9 @@ impl Shared {
         });
     }
 
-    /// One pass over the reflected state. Returns when the loop must run again without a
-    /// watch event (a back-off or deadline).
+    /// One pass: a snapshot of the reflected state, the decisions of `plan::pass` on it,
+    /// and their application. Returns when the loop must run again without a watch event
+    /// (a back-off or deadline).
     pub(super) async fn reconcile(&self, st: &mut DrainState) -> Result<Option<Instant>> {
         let mut wake = None;
         let Some(node) = self.node_obj(st) else {
@@ -118,11 +132,97 @@ impl Shared {
             .into_iter()
             .filter(|m| nodesel::selects(&m.spec.node_selector, &node))
             .collect();
+        let names: Vec<String> = selecting.iter().map(|m| m.name_any()).collect();
+        let facts: Vec<MaintenanceFacts> = selecting
+            .iter()
+            .zip(&names)
+            .map(|(m, name)| self.facts(m, name))
+            .collect();
         let active: Vec<Arc<NodeMaintenance>> =
             selecting.iter().filter(|m| is_active(m)).cloned().collect();
+        self.apply_hold(
+            st,
+            &node,
+            &active,
+            &pass::hold(&facts, cordon_patch(&node).is_none()),
+        )
+        .await?;
 
-        // Cordon and finalizer first: a maintenance that selects the node holds it.
-        if !active.is_empty() && cordon_patch(&node).is_some() {
+        let draining: Vec<&Arc<NodeMaintenance>> =
+            active.iter().filter(|m| is_draining(m)).collect();
+        let previous = self.previous_targets(st, &draining);
+        let prepared = self.prepare(st, &draining, previous.as_ref()).await?;
+        let ctx_any = lock(&self.shutdown).clone();
+        st.shutdown_replan = ctx_any
+            .as_ref()
+            .filter(|c| prepared.iter().any(|p| p.name == c.name))
+            .and_then(|c| c.replanned.clone().map(|r| (c.name.clone(), r)));
+        self.take_eviction_blocks(st, &node, &prepared);
+        let now = self.epoch.elapsed();
+        let node_pods = self.node_pods(&classified, now);
+        let inputs: Vec<MaintenanceInput> = prepared
+            .iter()
+            .map(|p| MaintenanceInput {
+                name: &p.name,
+                plan: &p.plan,
+                reports: p.reports.clone(),
+                own: p.own,
+            })
+            .collect();
+        let settings = self.settings();
+        let decisions = pass::decide(&PassSnapshot {
+            now,
+            maintenances: &facts,
+            draining: &inputs,
+            shutdown: ctx_any.as_deref().map(|c| ShutdownFacts {
+                name: &c.name,
+                step_targets: &c.step_targets,
+                schedule: &c.schedule,
+                start: c.start.saturating_duration_since(self.epoch),
+            }),
+            previous: previous.as_ref(),
+            pods: &node_pods,
+            tracks: &st.tracks,
+            backoff_cap: settings.drain.eviction_backoff_max,
+            backoff_cap_shutdown: settings.drain.eviction_backoff_max_shutdown,
+            drain_began: drain_began(&draining),
+            daemonset_terminated: &st.daemonset_terminated,
+        })?;
+        let seen = Seen {
+            node: &node,
+            raw_pods: &raw_pods,
+            classified: &classified,
+            prepared: &prepared,
+            selecting: &selecting,
+            active: &active,
+            shutdown: ctx_any.as_ref().map(|c| c.name.as_str()),
+        };
+        self.apply(st, &seen, decisions, &mut wake).await?;
+        Ok(wake)
+    }
+
+    /// A maintenance that selects the node, as `plan::pass` reads it.
+    fn facts<'a>(&self, m: &NodeMaintenance, name: &'a str) -> MaintenanceFacts<'a> {
+        MaintenanceFacts {
+            name,
+            active: is_active(m),
+            ending: m.spec.stage == Stage::Complete || is_deleting(m),
+            has_finalizer: has_finalizer(m),
+            completed_here: m
+                .node_status(&self.node)
+                .is_some_and(|e| e.drain_message == COMPLETED_MESSAGE),
+        }
+    }
+
+    /// Cordon and finalizers: a maintenance that selects the node holds it.
+    async fn apply_hold(
+        &self,
+        st: &mut DrainState,
+        node: &Node,
+        active: &[Arc<NodeMaintenance>],
+        hold: &pass::Hold,
+    ) -> Result<()> {
+        if hold.cordon {
             let again = node
                 .annotations()
                 .contains_key(PREVIOUS_UNSCHEDULABLE_ANNOTATION);
@@ -138,148 +238,91 @@ impl Shared {
                 format!("node {} cordoned for {}", self.node, names.join(", "))
             };
             self.event_both(
-                &node,
+                node,
                 active.first().map(|m| m.as_ref()),
                 again,
                 "Cordoned",
                 note,
             );
         }
-        for m in &active {
-            if !has_finalizer(m) {
+        for m in active {
+            if hold.add_finalizers.contains(&m.name_any()) {
                 self.update_finalizer(st, m, true).await?;
             }
         }
+        Ok(())
+    }
 
-        let draining: Vec<&Arc<NodeMaintenance>> =
-            active.iter().filter(|m| is_draining(m)).collect();
-        let previous = self.previous_targets(st, &draining);
-        let prepared = self.prepare(st, &draining, previous.as_ref()).await?;
-        let ctx_any = lock(&self.shutdown).clone();
-        let ctx = ctx_any
-            .clone()
-            .filter(|c| prepared.iter().any(|p| p.name == c.name));
-        // The shutdown maintenance was completed or deleted under the drain: nothing is
-        // left to wait for.
-        let shutdown_ended = ctx_any.as_ref().is_some_and(|c| {
-            selecting.iter().any(|m| {
-                m.name_any() == c.name && (m.spec.stage == Stage::Complete || is_deleting(m))
-            })
-        });
-
-        st.shutdown_replan = ctx
-            .as_ref()
-            .and_then(|c| c.replanned.clone().map(|r| (c.name.clone(), r)));
-        self.take_eviction_blocks(st, &node, &prepared);
-        let now = self.epoch.elapsed();
-        let node_pods = self.node_pods(&classified, now);
-        let inputs: Vec<MaintenanceInput> = prepared
-            .iter()
-            .map(|p| MaintenanceInput {
-                name: &p.name,
-                plan: &p.plan,
-                reports: p.reports.clone(),
-                own: p.own,
-            })
-            .collect();
-        let backoff_cap = if ctx.is_some() {
-            self.settings().drain.eviction_backoff_max_shutdown
-        } else {
-            self.settings().drain.eviction_backoff_max
+    /// Carries a pass's decisions out, in order: requests, statuses, completions, and the
+    /// end of the shutdown's drain.
+    async fn apply(
+        &self,
+        st: &mut DrainState,
+        seen: &Seen<'_>,
+        d: PassDecisions,
+        wake: &mut Option<Instant>,
+    ) -> Result<()> {
+        let node = seen.node;
+        let by_name = |list: &[Arc<NodeMaintenance>], name: &str| {
+            list.iter().find(|m| m.name_any() == name).cloned()
         };
-        let decision = drain::decide(&drain::Snapshot {
-            now,
-            maintenances: &inputs,
-            previous: previous.as_ref(),
-            pods: &node_pods,
-            tracks: &st.tracks,
-            deadlines: ctx.as_deref().map(|c| drain::Deadlines {
-                step_targets: &c.step_targets,
-                schedule: &c.schedule,
-                start: c.start.saturating_duration_since(self.epoch),
-            }),
-            backoff_cap,
-            drain_began: drain_began(&draining),
-            daemonset_terminated: &st.daemonset_terminated,
-        })?;
-        self.note_replacements(st, &decision.replacements, &raw_pods);
-        let views = self.views(st, &prepared, &decision);
-        self.tune_eviction_requests(st, backoff_cap);
-        self.admin_conditions(st, &node, &views, &decision.pods)
+        self.note_replacements(st, &d.drain.replacements, seen.raw_pods);
+        let views = self.views(st, seen.prepared, &d.drain);
+        self.tune_eviction_requests(st, d.backoff_cap);
+        self.admin_conditions(st, node, &views, &d.drain.pods)
             .await?;
         let retry = self
-            .terminate(st, &node, &classified, &decision, &views, backoff_cap)
+            .terminate(st, node, seen.classified, &d, &views)
             .await?;
-        for at in decision.wake_at.into_iter().chain(retry) {
-            min_wake(&mut wake, self.epoch + at);
+        for at in d.drain.wake_at.into_iter().chain(retry) {
+            min_wake(wake, self.epoch + at);
         }
-        let pods = decision.pods;
+        let pods = &d.drain.pods;
 
-        let node_empty = ctx.as_ref().is_some_and(|c| c.node_empty(&pods));
-        if node_empty {
-            let m = ctx
-                .as_ref()
-                .and_then(|c| active.iter().find(|m| m.name_any() == c.name));
-            self.gate_unreadable_manifests(st, &node, m.map(|m| m.as_ref()))
-                .await;
+        if d.node_empty {
+            let m = seen.shutdown.and_then(|n| by_name(seen.active, n));
+            self.gate_unreadable_manifests(st, node, m.as_deref()).await;
         }
         let mut all_written = true;
-        for m in &active {
-            let view = views.iter().find(|v| v.name == m.name_any());
-            let force = node_empty && ctx.as_ref().is_some_and(|c| c.name == m.name_any());
+        for w in &d.statuses {
+            let Some(m) = by_name(seen.active, &w.name) else {
+                continue;
+            };
+            let view = views.iter().find(|v| v.name == w.name);
             let written = self
-                .write_status(st, &node, m, view, &pods, force, &mut wake)
+                .write_status(st, node, &m, view, pods, w.force, wake)
                 .await?;
-            if force && !written {
-                all_written = false;
-            }
+            all_written &= written || !w.force;
         }
 
         if let Some((name, replan)) = st.shutdown_replan.clone() {
             if st.replan_announced.as_ref() != Some(&replan) {
-                let m = active.iter().find(|m| m.name_any() == name);
-                self.event_both(
-                    &node,
-                    m.map(|m| m.as_ref()),
-                    true,
-                    "Replanned",
-                    replan.summary(),
-                );
+                let m = by_name(seen.active, &name);
+                self.event_both(node, m.as_deref(), true, "Replanned", replan.summary());
                 st.replan_announced = Some(replan);
             }
         }
 
-        let completing: Vec<Arc<NodeMaintenance>> = selecting
-            .iter()
-            .filter(|m| {
-                // Also one created at Complete, or moved there from Idle, which this node
-                // never saw active: its entry says the node carried the stage out.
-                (m.spec.stage == Stage::Complete || is_deleting(m))
-                    && (has_finalizer(m)
-                        || m.node_status(&self.node)
-                            .is_none_or(|e| e.drain_message != COMPLETED_MESSAGE))
-            })
-            .cloned()
-            .collect();
-        for m in &completing {
-            self.complete(st, &node, m, &active).await?;
+        for name in &d.complete {
+            if let Some(m) = by_name(seen.selecting, name) {
+                self.complete(st, node, &m, seen.active).await?;
+            }
         }
-        if views.is_empty() {
+        if d.drain_over {
             st.targets = DrainTargets::none();
             st.targets_since = None;
             st.tracks.clear();
             st.daemonset_terminated.clear();
         }
 
-        self.publish_fallback(st, &selecting).await;
+        self.publish_fallback(st, seen.selecting).await;
 
-        if ((node_empty && all_written) || shutdown_ended) && !self.progress.borrow().shutdown_done
-        {
+        if d.done.reached(all_written) && !self.progress.borrow().shutdown_done {
             self.progress.send_replace(Progress {
                 shutdown_done: true,
             });
         }
-        Ok(wake)
+        Ok(())
     }
 
     /// The pods bound to the node with their classification; a pod that cannot be

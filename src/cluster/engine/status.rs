@@ -18,6 +18,7 @@ use crate::api::{
 use crate::cluster::api_error_code;
 use crate::cluster::node::{lb_exclusion_patch, maintenance_taint_patch, uncordon_patch};
 
+use crate::plan::pass::{self, EntryView};
 use crate::plan::{reached_drain_targets, DrainTargets, PodInfo};
 
 use super::{
@@ -40,73 +41,30 @@ impl Shared {
         wake: &mut Option<Instant>,
     ) -> Result<bool> {
         let name = m.name_any();
+        let replan = st
+            .shutdown_replan
+            .as_ref()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, r)| r.summary());
+        let figures = pass::node_entry(
+            &name,
+            &st.targets,
+            &st.tracks,
+            pods,
+            view.map(|v| EntryView {
+                drained: v.drained,
+                targets: &v.targets,
+            }),
+            st.invalid_plans.get(&name).map(String::as_str),
+            replan.as_deref(),
+        );
         let mut entry = NodeMaintenanceNodeStatus::for_node(&self.node);
-        if let Some(v) = view {
-            let targeted: Vec<&PodInfo> = st.targets.active_targeted(pods).collect();
-            let requested = targeted
-                .iter()
-                .filter(|p| p.terminating || st.tracks.get(&p.uid).is_some_and(|t| t.accepted))
-                .count();
-            // Blocked: refused by the Eviction API (the direct path, or the eviction-request
-            // controller on the EvictionRequest path) and not yet going.
-            let blocked: Vec<String> = targeted
-                .iter()
-                .filter(|p| !p.terminating)
-                .filter_map(|p| {
-                    st.tracks
-                        .get(&p.uid)
-                        .and_then(|t| t.blocked_by.as_ref())
-                        .map(|b| format!("{} by {b}", p.key()))
-                })
-                .collect();
-            entry.drain_targets = st.targets.to_entries();
-            entry.pods_remaining = targeted.len() as i32;
-            entry.active_eviction_requests = requested as i32;
-            entry.pods_pending_eviction_request = (targeted.len() - requested) as i32;
-            entry.pods_not_targeted = pods
-                .iter()
-                .filter(|p| p.is_active() && !st.targets.targets(p))
-                .count() as i32;
-            let limited = !st.targets.covers(&v.targets);
-            entry.drain_message = if !targeted.is_empty() {
-                if !blocked.is_empty() {
-                    let shown = blocked
-                        .iter()
-                        .take(5)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join("; ");
-                    let more = blocked.len().saturating_sub(5);
-                    if more > 0 {
-                        format!("Draining: eviction blocked for {shown}; and {more} more")
-                    } else {
-                        format!("Draining: eviction blocked for {shown}")
-                    }
-                } else if limited {
-                    "Draining (limited by another maintenance)".into()
-                } else {
-                    "Draining".into()
-                }
-            } else if v.drained {
-                "Drained".into()
-            } else if limited {
-                "Waiting for another maintenance.".into()
-            } else {
-                format!("Waiting for {name}.")
-            };
-        } else {
-            entry.drain_message = match st.invalid_plans.get(&name) {
-                Some(err) => format!("Invalid drainPlan, not drained: {err}"),
-                None => "Cordoned".into(),
-            };
-            entry.pods_not_targeted = pods.iter().filter(|p| p.is_active()).count() as i32;
-        }
-
-        // The maintenance's schema has no field for it (a field a CRD installed earlier lacks
-        // would fail every status write): said after the drain message.
-        if let Some((_, replan)) = st.shutdown_replan.as_ref().filter(|(n, _)| *n == name) {
-            entry.drain_message = format!("{}; {}", entry.drain_message, replan.summary());
-        }
+        entry.drain_targets = figures.drain_targets;
+        entry.pods_remaining = figures.pods_remaining;
+        entry.active_eviction_requests = figures.active_eviction_requests;
+        entry.pods_pending_eviction_request = figures.pods_pending_eviction_request;
+        entry.pods_not_targeted = figures.pods_not_targeted;
+        entry.drain_message = figures.drain_message;
 
         let mut current = m.node_status(&self.node).cloned();
         if let Some(c) = current.as_mut() {

@@ -11,18 +11,16 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::api::NodeMaintenance;
-use crate::cluster::evict::{anyhow_throttled, backoff, Outcome};
+use crate::cluster::evict::{anyhow_throttled, Outcome};
 use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
 use crate::metrics::TerminationMethod;
-use crate::plan::drain::{Action, Decision};
+use crate::plan::drain::Action;
+use crate::plan::pass::{self, Answer, Noted, PassDecisions, PodRequest};
 use crate::plan::reachability::Window;
 use crate::plan::{PodInfo, PodType};
 
-use super::{
-    anyhow_is_unusable, daemonset_owner, is_api_answer, tolerates_everything, DrainState,
-    MaintView, Shared, RETRY_AFTER_ERROR,
-};
+use super::{anyhow_is_unusable, is_api_answer, DrainState, MaintView, Shared, RETRY_AFTER_ERROR};
 
 /// Names listed in one event; the count stays exact beyond it.
 const EVENT_MAX_NAMES: usize = 20;
@@ -40,69 +38,44 @@ fn listed(names: &[String]) -> String {
     text
 }
 
+/// What the answers of a pass call for telling, by maintenance.
+#[derive(Default)]
+struct Told {
+    escalated: BTreeMap<String, Vec<String>>,
+    blocked: BTreeMap<(String, String), Vec<String>>,
+    throttled: BTreeMap<(String, Duration), Vec<String>>,
+}
+
 impl Shared {
+    /// Sends the pass's requests (a band at once, as many in flight as the window allows),
+    /// gates its static pods, and records each answer in the pod's track. Returns the
+    /// earliest retry the answers call for.
     pub(super) async fn terminate(
         &self,
         st: &mut DrainState,
         node: &Node,
         classified: &[(Arc<Pod>, PodInfo)],
-        decision: &Decision,
+        d: &PassDecisions,
         views: &[MaintView],
-        cap: Duration,
     ) -> Result<Option<Duration>> {
         let raw: HashMap<&str, &Arc<Pod>> = classified
             .iter()
             .map(|(p, i)| (i.uid.as_str(), p))
             .collect();
         st.tracks.retain(|uid, _| raw.contains_key(uid.as_str()));
-        if views.is_empty() || decision.actions.is_empty() {
+        if views.is_empty() || (d.requests.is_empty() && d.gates.is_empty()) {
             return Ok(None);
         }
-        let first_holder = |pod: &PodInfo| {
-            views
-                .iter()
-                .find(|v| v.targets.targets(pod))
-                .unwrap_or(&views[0])
-        };
-
-        if decision.deletes_daemonset_pods() {
+        if d.taint {
             self.taint_for_daemonsets(st, node, &views[0]).await?;
         }
-
-        let mut jobs = Vec::new();
-        let mut statics = Vec::new();
         let mut tolerant = Vec::new();
-        for (pod, action) in &decision.actions {
-            let request = match *action {
-                Action::Evict => Request::Cooperative,
-                Action::Delete { grace_seconds } | Action::Escalate { grace_seconds } => {
-                    Request::Delete { grace_seconds }
-                }
-                Action::Gate => {
-                    statics.push(pod.clone());
-                    continue;
-                }
-            };
-            let object = raw.get(pod.uid.as_str()).map(|p| (*p).clone());
-            if matches!(action, Action::Delete { .. }) {
-                if let Some(owner) = object
-                    .as_ref()
-                    .filter(|o| tolerates_everything(o))
-                    .and_then(|o| daemonset_owner(o))
-                {
-                    st.daemonset_terminated
-                        .insert(owner.to_string(), pod.uid.clone());
-                    tolerant.push(pod.key());
-                }
+        for r in &d.requests {
+            if let Some(owner) = &r.tolerant_daemonset {
+                st.daemonset_terminated
+                    .insert(owner.clone(), r.pod.uid.clone());
+                tolerant.push(r.pod.key());
             }
-            let escalated = matches!(action, Action::Escalate { .. });
-            jobs.push((
-                pod.clone(),
-                object,
-                request,
-                first_holder(pod).name.clone(),
-                escalated,
-            ));
         }
         if !tolerant.is_empty() {
             tracing::warn!(node = %self.node, pods = ?tolerant, "DaemonSet pods tolerate every taint: terminated once; the replacements their controller creates are left running");
@@ -123,100 +96,52 @@ impl Shared {
         let window = st.window.get_or_insert_with(|| Window::new(max));
         window.set_max(max);
         let concurrency = window.limit();
-        let results: Vec<_> = futures::stream::iter(jobs)
-            .map(|(pod, object, request, m, escalated)| {
+        let results: Vec<_> = futures::stream::iter(d.requests.iter().cloned())
+            .map(|r| {
                 let terminator = terminator.clone();
+                let object = raw.get(r.pod.uid.as_str()).map(|p| (*p).clone());
+                let request = match r.action {
+                    Action::Delete { grace_seconds } | Action::Escalate { grace_seconds } => {
+                        Request::Delete { grace_seconds }
+                    }
+                    Action::Evict | Action::Gate => Request::Cooperative,
+                };
                 async move {
-                    let r = terminator
-                        .terminate(&pod, object.as_deref(), request, &m)
+                    let result = terminator
+                        .terminate(&r.pod, object.as_deref(), request, &r.maintenance)
                         .await;
-                    (pod, request, m, escalated, r)
+                    (r, request, result)
                 }
             })
             .buffer_unordered(concurrency)
             .collect()
             .await;
         let now = self.epoch.elapsed();
-        // The earliest retry the answers call for (the next decision waits for it).
         let mut retry: Option<Duration> = None;
-        let mut retry_at = |at: Duration| retry = Some(retry.map_or(at, |r| r.min(at)));
-        let mut escalations: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut blocked: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-        let mut throttled: BTreeMap<(String, Duration), Vec<String>> = BTreeMap::new();
+        let mut told = Told::default();
         let (mut taken, mut any_throttled) = (0, false);
-        for (pod, request, m, escalated, result) in results {
+        for (r, request, result) in results {
             match &result {
                 Err(err) if anyhow_throttled(err).is_some() => any_throttled = true,
                 Err(err) if !is_api_answer(err) => {}
                 _ => taken += 1,
             }
-            let track = st.tracks.entry(pod.uid.clone()).or_default();
-            match result {
-                Ok(Outcome::Accepted) => {
-                    self.mark_reachable();
-                    track.asked = true;
-                    track.accepted = true;
-                    track.blocked_by = None;
-                    self.metrics.pod_terminated(self.terminator.method(request));
-                    if escalated {
-                        track.escalated = true;
-                        self.metrics.escalated();
-                        tracing::warn!(node = %self.node, maintenance = %m, pod = %pod.key(), ?request, "escalated to DELETE at the shutdown deadline");
-                        escalations.entry(m).or_default().push(pod.key());
-                    }
-                }
-                Ok(Outcome::Gone) => {
-                    self.mark_reachable();
-                    track.asked = true;
-                    track.escalated |= escalated;
-                    // Not taken as done: an apiserver that just restarted answers 404 for a
-                    // pod it still has. Gone, the watch drops it before the retry; still
-                    // there and not terminating, it is asked again.
-                    track.last_try = Some((now, RETRY_AFTER_ERROR));
-                    retry_at(now + RETRY_AFTER_ERROR);
-                }
-                Ok(Outcome::Blocked { budget, message }) => {
-                    self.mark_reachable();
-                    track.asked = true;
-                    let delay = backoff(track.attempts, cap);
-                    track.attempts += 1;
-                    track.last_try = Some((now, delay));
-                    retry_at(now + delay);
-                    let by = budget
-                        .map(|b| format!("PodDisruptionBudget {}/{b}", pod.namespace))
-                        .unwrap_or(message);
-                    if track.blocked_by.as_deref() != Some(by.as_str()) {
-                        tracing::info!(node = %self.node, maintenance = %m, pod = %pod.key(), blocked_by = %by, "eviction blocked");
-                        blocked.entry((m, by.clone())).or_default().push(pod.key());
-                    }
-                    track.blocked_by = Some(by);
-                }
-                Err(err) if anyhow_throttled(&err).is_some() => {
-                    // The apiserver did not look at the request: the pod is not asked (so
-                    // not escalated for it) and no back-off is earned. The band's retries are
-                    // spread over the wait again, not sent at once into the same throttle.
-                    let wait = anyhow_throttled(&err).unwrap_or(RETRY_AFTER_ERROR);
-                    let delay = wait.mul_f64(1.0 + rand::random::<f64>());
-                    track.last_try = Some((now, delay));
-                    retry_at(now + delay);
-                    self.metrics.api_error("throttled");
-                    if track.throttled == 0 {
-                        throttled.entry((m, wait)).or_default().push(pod.key());
-                    }
-                    track.throttled = track.throttled.saturating_add(1);
-                }
-                Err(err) => {
-                    // An answer refusing the request counts as asked; no answer does not.
-                    track.asked |= is_api_answer(&err);
-                    if anyhow_is_unusable(&err) {
-                        self.mark_unreachable(&crate::cluster::error_text(&err));
-                    }
-                    self.metrics.api_error("terminate");
-                    tracing::warn!(node = %self.node, pod = %pod.key(), error = crate::cluster::error_text(&err), "terminating a pod failed");
-                    track.last_try = Some((now, RETRY_AFTER_ERROR));
-                    retry_at(now + RETRY_AFTER_ERROR);
-                }
+            let answer = self.answer(&r, result);
+            let track = st.tracks.entry(r.pod.uid.clone()).or_default();
+            let escalated = matches!(r.action, Action::Escalate { .. });
+            let noted = pass::note_answer(
+                track,
+                &answer,
+                escalated,
+                now,
+                d.backoff_cap,
+                RETRY_AFTER_ERROR,
+                rand::random::<f64>(),
+            );
+            if let Some(at) = noted.retry {
+                retry = Some(retry.map_or(at, |r| r.min(at)));
             }
+            self.told(&mut told, &r, request, &answer, noted);
         }
         if let Some(window) = st.window.as_mut() {
             if any_throttled {
@@ -225,8 +150,89 @@ impl Shared {
                 window.taken(taken);
             }
         }
+        self.tell(node, views, told);
+        if !d.gates.is_empty() {
+            self.gate_static_pods(st, node, &d.gates, views).await?;
+        }
+        Ok(retry)
+    }
+
+    /// The terminator's answer as `plan::pass` reads it; what says something of the
+    /// apiserver is noted.
+    fn answer(&self, r: &PodRequest, result: Result<Outcome>) -> Answer {
+        match result {
+            Ok(outcome) => {
+                self.mark_reachable();
+                match outcome {
+                    Outcome::Accepted => Answer::Accepted,
+                    Outcome::Gone => Answer::Gone,
+                    Outcome::Blocked { budget, message } => Answer::Blocked {
+                        by: budget
+                            .map(|b| format!("PodDisruptionBudget {}/{b}", r.pod.namespace))
+                            .unwrap_or(message),
+                    },
+                }
+            }
+            Err(err) => match anyhow_throttled(&err) {
+                Some(wait) => Answer::Throttled { wait },
+                None => {
+                    if anyhow_is_unusable(&err) {
+                        self.mark_unreachable(&crate::cluster::error_text(&err));
+                    }
+                    self.metrics.api_error("terminate");
+                    tracing::warn!(node = %self.node, pod = %r.pod.key(), error = crate::cluster::error_text(&err), "terminating a pod failed");
+                    // An answer refusing the request counts as asked; no answer does not.
+                    Answer::Failed {
+                        answered: is_api_answer(&err),
+                    }
+                }
+            },
+        }
+    }
+
+    /// Metrics and logs of one answer; what is worth an event goes into `told`.
+    fn told(
+        &self,
+        told: &mut Told,
+        r: &PodRequest,
+        request: Request,
+        answer: &Answer,
+        noted: Noted,
+    ) {
+        let m = r.maintenance.clone();
+        match answer {
+            Answer::Accepted => {
+                self.metrics.pod_terminated(self.terminator.method(request));
+                if noted.escalated {
+                    self.metrics.escalated();
+                    tracing::warn!(node = %self.node, maintenance = %m, pod = %r.pod.key(), ?request, "escalated to DELETE at the shutdown deadline");
+                    told.escalated.entry(m).or_default().push(r.pod.key());
+                }
+            }
+            Answer::Blocked { by } if noted.newly_blocked => {
+                tracing::info!(node = %self.node, maintenance = %m, pod = %r.pod.key(), blocked_by = %by, "eviction blocked");
+                told.blocked
+                    .entry((m, by.clone()))
+                    .or_default()
+                    .push(r.pod.key());
+            }
+            Answer::Throttled { wait } => {
+                self.metrics.api_error("throttled");
+                if noted.first_throttle {
+                    told.throttled
+                        .entry((m, *wait))
+                        .or_default()
+                        .push(r.pod.key());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// One event per maintenance and kind of news.
+    fn tell(&self, node: &Node, views: &[MaintView], told: Told) {
         let maintenance = |name: &str| views.iter().find(|v| v.name == name).map(|v| v.m.clone());
-        for (m, pods) in escalations {
+        for (m, pods) in told.escalated {
             self.event_both(
                 node,
                 maintenance(&m).as_deref(),
@@ -239,7 +245,7 @@ impl Shared {
                 ),
             );
         }
-        for ((m, by), pods) in blocked {
+        for ((m, by), pods) in told.blocked {
             self.event_both(
                 node,
                 maintenance(&m).as_deref(),
@@ -252,8 +258,7 @@ impl Shared {
                 ),
             );
         }
-
-        for ((m, wait), pods) in throttled {
+        for ((m, wait), pods) in told.throttled {
             tracing::warn!(node = %self.node, maintenance = %m, pods = pods.len(), retry_after = ?wait, "the apiserver throttles the drain's requests (429); asking again after its wait");
             self.event_both(
                 node,
@@ -268,11 +273,6 @@ impl Shared {
                 ),
             );
         }
-
-        if !statics.is_empty() {
-            self.gate_static_pods(st, node, &statics, views).await?;
-        }
-        Ok(retry)
     }
 
     /// The `nodegrace.dev/maintenance:NoSchedule` taint, so that the DaemonSet controller

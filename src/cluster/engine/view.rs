@@ -1,0 +1,234 @@
+//! The cluster view: what the reflectors hold of the node, its pods and the
+//! NodeMaintenances that may select it, joined with the objects the engine's own writes
+//! returned (a write is never repeated before its watch event arrives).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
+use crate::plan::PodInfo;
+
+use super::{lock, DrainState, Shared};
+
+/// How long the shutdown maintenance from its create's answer stands in for the watch's copy.
+pub(super) const CREATED_KEPT: Duration = Duration::from_secs(5);
+
+/// The NodeMaintenances the node watches: those labelled for it ([`crate::api::NODE_LABEL`]:
+/// its shutdown maintenance) and the unlabelled ones. Maintenances labelled for other nodes
+/// (their shutdown maintenances, pinned to them, with their status churn) never reach it.
+pub(super) struct Maintenances {
+    pub(super) own: Store<NodeMaintenance>,
+    pub(super) shared: Store<NodeMaintenance>,
+}
+
+impl Maintenances {
+    /// Both caches, one object per name (the later version where both hold it: a
+    /// maintenance that was relabelled).
+    pub(super) fn state(&self) -> Vec<Arc<NodeMaintenance>> {
+        let mut by_name: HashMap<String, Arc<NodeMaintenance>> = HashMap::new();
+        for m in self.shared.state().into_iter().chain(self.own.state()) {
+            let name = m.name_any();
+            let m = fresher(m, by_name.get(&name));
+            by_name.insert(name, m);
+        }
+        by_name.into_values().collect()
+    }
+}
+
+/// The label selectors of the two maintenance watches of `node`.
+pub(super) fn maintenance_selectors(node: &str) -> Vec<String> {
+    let unlabelled = format!("!{}", crate::api::NODE_LABEL);
+    match crate::api::node_label_value(node) {
+        Some(value) => vec![format!("{}={value}", crate::api::NODE_LABEL), unlabelled],
+        None => vec![unlabelled],
+    }
+}
+
+/// The NodeMaintenances that may select `node`, as the engine watches them (one list per
+/// selector of [`maintenance_selectors`]), for the CLI. One object per name: a maintenance
+/// relabelled between the two lists is in both, and the later version counts.
+pub(crate) async fn list_maintenances_for(
+    client: &Client,
+    node: &str,
+) -> Result<Vec<NodeMaintenance>> {
+    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    let mut all: Vec<NodeMaintenance> = Vec::new();
+    for selector in maintenance_selectors(node) {
+        let params = kube::api::ListParams::default().labels(&selector);
+        let list = api
+            .list(&params)
+            .await
+            .with_context(|| format!("listing NodeMaintenances ({selector})"))?;
+        for m in list.items {
+            match all
+                .iter_mut()
+                .find(|known| known.name_any() == m.name_any())
+            {
+                Some(known) if rv_number(&m) > rv_number(known) => *known = m,
+                Some(_) => {}
+                None => all.push(m),
+            }
+        }
+    }
+    Ok(all)
+}
+
+pub(super) fn rv_number<K: Resource>(k: &K) -> u64 {
+    k.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+pub(super) fn fresher<K: Resource>(a: Arc<K>, b: Option<&Arc<K>>) -> Arc<K> {
+    match b {
+        Some(b) if rv_number(b.as_ref()) > rv_number(a.as_ref()) => b.clone(),
+        _ => a,
+    }
+}
+
+pub(super) fn has_finalizer(m: &NodeMaintenance) -> bool {
+    m.finalizers()
+        .iter()
+        .any(|f| f == FINALIZER_MAINTENANCE_COMPLETION)
+}
+
+pub(super) fn is_deleting(m: &NodeMaintenance) -> bool {
+    m.metadata.deletion_timestamp.is_some()
+}
+
+pub(super) fn is_active(m: &NodeMaintenance) -> bool {
+    !is_deleting(m) && matches!(m.spec.stage, Stage::Cordon | Stage::Drain)
+}
+
+pub(super) fn is_draining(m: &NodeMaintenance) -> bool {
+    !is_deleting(m) && m.spec.stage == Stage::Drain
+}
+
+/// The volumes the Node says are attached to it or in use by its kubelet, by name.
+pub(super) fn node_volumes(node: &Node) -> Vec<String> {
+    let Some(status) = node.status.as_ref() else {
+        return Vec::new();
+    };
+    let attached = status.volumes_attached.iter().flatten().map(|v| &v.name);
+    let in_use = status.volumes_in_use.iter().flatten();
+    let mut names: Vec<String> = attached.chain(in_use).cloned().collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+pub(super) fn daemonset_owner(pod: &Pod) -> Option<&str> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
+        .map(|o| o.uid.as_str())
+}
+
+pub(super) fn tolerates_everything(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.operator.as_deref() == Some("Exists")
+                    && t.key.as_deref().unwrap_or_default().is_empty()
+                    && t.effect.as_deref().unwrap_or_default().is_empty()
+            })
+        })
+}
+
+impl Shared {
+    pub(super) fn pod_infos(&self) -> Vec<PodInfo> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
+            })
+            .filter_map(|p| match PodInfo::from_pod(p) {
+                Ok(info) => Some(info),
+                Err(err) => {
+                    tracing::warn!(node = %self.node, error = %err, "ignoring a pod that cannot be classified");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn node_obj(&self, st: &mut DrainState) -> Option<Arc<Node>> {
+        let stored = self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))?;
+        let n = fresher(stored, st.node_overlay.as_ref());
+        st.node_overlay = Some(n.clone());
+        Some(n)
+    }
+
+    pub(super) fn maintenance_objs(&self, st: &mut DrainState) -> Vec<Arc<NodeMaintenance>> {
+        let mut stored = self.maintenances.state();
+        let mut names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
+        {
+            // The shutdown maintenance from its create's answer, until the watch has it: the
+            // drain does not wait for a watch that may still be reconnecting.
+            let mut created = lock(&self.created_maintenance);
+            match created.as_ref() {
+                Some((m, at)) if !names.contains(&m.name_any()) && at.elapsed() < CREATED_KEPT => {
+                    names.insert(m.name_any());
+                    stored.push(m.clone());
+                }
+                Some(_) => *created = None,
+                None => {}
+            }
+        }
+        st.nm_overlay.retain(|n, _| names.contains(n));
+        let mut out: Vec<Arc<NodeMaintenance>> = stored
+            .into_iter()
+            .map(|m| {
+                let name = m.name_any();
+                let m = fresher(m, st.nm_overlay.get(&name));
+                st.nm_overlay.insert(name, m.clone());
+                m
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            let ca = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let cb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            ca.cmp(&cb).then_with(|| a.name_any().cmp(&b.name_any()))
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn node_volumes_are_those_attached_or_in_use() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "status": {
+                "volumesAttached": [{"name": "kubernetes.io/csi/d^a", "devicePath": ""}],
+                "volumesInUse": ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"],
+            },
+        }))
+        .unwrap();
+        assert_eq!(
+            node_volumes(&node),
+            ["kubernetes.io/csi/d^a", "kubernetes.io/csi/d^b"]
+        );
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap();
+        assert!(node_volumes(&bare).is_empty());
+    }
+}
