@@ -32,8 +32,11 @@ use anyhow::Context;
 
 use crate::plan::PodType;
 
+mod build;
+mod check;
 mod error;
 pub mod kubelet;
+mod lists;
 mod load;
 mod raw;
 mod render;
