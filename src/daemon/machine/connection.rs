@@ -1,5 +1,6 @@
-//! The state machine's side of the bus: connecting (and reconnecting) to logind, taking the
-//! delay inhibitor, noticing the kubelet's own inhibitor, and which shutdown is coming.
+//! The state machine's side of the bus: connecting (and reconnecting) to logind, noticing
+//! the kubelet's own inhibitor, and which shutdown is coming. Taking and letting go of
+//! nodegrace's inhibitor stays in `mod.rs`.
 
 use super::*;
 
@@ -103,45 +104,6 @@ impl Machine {
             return Err(e);
         }
         self.check_kubelet_inhibitor(bus).await;
-        Ok(())
-    }
-
-    /// Holds a delay inhibitor: the one systemd passed back from the fd store if logind
-    /// still honours it, else a new one, kept in the fd store so that a crash does not
-    /// release it.
-    pub(super) async fn take_inhibitor(&mut self, bus: &Bus) -> Result<()> {
-        let adopted = self.adopted.take().and_then(|fd| {
-            InhibitorLock::adopt(fd)
-                .map_err(|e| {
-                    tracing::warn!(error = %crate::cluster::error_text(&e), "not adopting the stored inhibitor; taking a new one");
-                })
-                .ok()
-        });
-        match adopted {
-            // systemd keeps its copy: nothing to store again.
-            Some(lock) => self.lock = Some(lock),
-            None => {
-                let lock = bus
-                    .logind
-                    .inhibit_shutdown_delay(INHIBITOR_WHO, INHIBITOR_WHY)
-                    .await?;
-                // Removal goes by name, so the old copy leaves the store before the new
-                // one enters; the new lock is held by this process meanwhile.
-                self.notifier.remove_stored_fd(INHIBITOR_FDNAME);
-                if let Some(fd) = lock.as_fd() {
-                    self.notifier.store_fd(INHIBITOR_FDNAME, fd);
-                }
-                if let Some(old) = self.lock.replace(lock) {
-                    old.release("replaced by the inhibitor taken after reconnecting");
-                }
-            }
-        }
-        self.status.inhibitor_held = true;
-        if !self.ready_sent {
-            self.notifier.notify(Notify::Ready);
-            self.ready_sent = true;
-        }
-        self.publish();
         Ok(())
     }
 
