@@ -273,7 +273,7 @@ impl FsGate {
         self
     }
 
-    pub fn journal_file(&self) -> &Path {
+    pub(crate) fn journal_file(&self) -> &Path {
         &self.journal
     }
 
@@ -282,7 +282,7 @@ impl FsGate {
     }
 
     /// Where recovery keeps the journal records it could not settle.
-    pub fn set_aside_file(&self) -> PathBuf {
+    pub(crate) fn set_aside_file(&self) -> PathBuf {
         journal::set_aside_path(&self.journal)
     }
 
