@@ -229,9 +229,9 @@ fn main() -> ExitCode {
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
         Command::Credentials(CredentialsCommand::Request { wait, force }) => {
-            nodegrace::credentials::request_command(
+            nodegrace::cli::request_command(
                 &args.config,
-                &nodegrace::credentials::RequestOptions { wait, force },
+                &nodegrace::cli::RequestOptions { wait, force },
             )
         }
         Command::Credentials(CredentialsCommand::Approve {
@@ -239,7 +239,7 @@ fn main() -> ExitCode {
             watch,
             dry_run,
             max_lifetime,
-        }) => nodegrace::credentials::approve_command(
+        }) => nodegrace::cli::approve_command(
             kubeconfig.as_deref(),
             &nodegrace::credentials::approve::ApproveOptions {
                 watch,

@@ -218,18 +218,15 @@ impl Metrics {
             .inc();
     }
 
-    /// When `role`'s client certificate expires; None removes the series.
+    /// When the client certificate of `credential` ("nodegrace" or "kubelet") expires; None
+    /// removes the series.
     pub(crate) fn set_credential_expiry(
         &self,
-        role: crate::cluster::client::Role,
+        credential: &'static str,
         at: Option<chrono::DateTime<chrono::Utc>>,
     ) {
         let label = CredentialLabel {
-            credential: match role {
-                crate::cluster::client::Role::Nodegrace => "nodegrace",
-                crate::cluster::client::Role::Kubelet => "kubelet",
-            }
-            .into(),
+            credential: credential.into(),
         };
         match at {
             Some(at) => {

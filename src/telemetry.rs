@@ -92,7 +92,7 @@ impl std::io::Write for EscapedStderr {
 
 /// What commands other than `run` log: warnings and errors, the daemon's own records (a
 /// journal record set aside, a manifest left in place), for the operator at the terminal.
-pub const CLI_FILTER: &str = "warn,kube_client=off,kube_runtime=off";
+pub(crate) const CLI_FILTER: &str = "warn,kube_client=off,kube_runtime=off";
 
 /// Logging for commands other than `run`: stderr, filtered by `RUST_LOG` (default
 /// [`CLI_FILTER`]), without timestamps. A second call is a no-op.

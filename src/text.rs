@@ -27,19 +27,19 @@ fn escape_where(s: &str, unsafe_char: impl Fn(char) -> bool) -> Cow<'_, str> {
 
 /// `s` with every unsafe character written as `\u001b`, which is also how JSON and TOML
 /// strings spell it, so escaped reports stay valid: for one value (a name, a cell).
-pub fn escape(s: &str) -> Cow<'_, str> {
+pub(crate) fn escape(s: &str) -> Cow<'_, str> {
     escape_where(s, is_unsafe)
 }
 
 /// The same for a whole text whose line breaks and tabs are its own (a report, an error):
 /// they are kept, everything else unsafe is escaped.
-pub fn escape_keeping_lines(s: &str) -> Cow<'_, str> {
+pub(crate) fn escape_keeping_lines(s: &str) -> Cow<'_, str> {
     escape_where(s, |c| c != '\n' && c != '\t' && is_unsafe(c))
 }
 
 /// The same for one line of text that may hold tabs (a log record without its final
 /// line break).
-pub fn escape_keeping_tabs(s: &str) -> Cow<'_, str> {
+pub(crate) fn escape_keeping_tabs(s: &str) -> Cow<'_, str> {
     escape_where(s, |c| c != '\t' && is_unsafe(c))
 }
 
@@ -49,7 +49,7 @@ const MESSAGE_MAX_CHARS: usize = 600;
 
 /// `message` with the middle of an overlong one left out: its start (what went wrong) and its
 /// end (where: parsers put the line and column last) are kept.
-pub fn clip(message: &str) -> Cow<'_, str> {
+pub(crate) fn clip(message: &str) -> Cow<'_, str> {
     let chars = message.chars().count();
     if chars <= MESSAGE_MAX_CHARS {
         return Cow::Borrowed(message);

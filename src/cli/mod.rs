@@ -16,12 +16,14 @@ pub(crate) const EXIT_BUDGET_SHORT: u8 = 5;
 pub use crate::api::crds_command as crds;
 
 mod complete;
+mod credentials;
 mod panics;
 mod plan;
 mod podlist;
 mod status;
 
 pub use complete::complete_command as complete;
+pub use credentials::{approve_command, request_command, RequestOptions};
 pub use panics::{exit_code, record_panics};
 
 pub use plan::{parse_budget, plan_command as plan, PlanOptions};

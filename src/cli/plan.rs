@@ -560,6 +560,21 @@ fn type_name(t: PodType) -> &'static str {
 /// The human form: one header per step with pods, one aligned line per pod.
 pub fn render_table(r: &PlanReport) -> String {
     let mut out = String::new();
+    render_summary(&mut out, r);
+    out.push('\n');
+    render_steps(&mut out, r);
+    render_left_out(&mut out, r);
+    render_offline(&mut out, r);
+    out
+}
+
+/// Seconds as the table prints them.
+fn human_secs(s: f64) -> String {
+    human(Duration::from_millis((s * 1000.0).round() as u64))
+}
+
+/// The node, where the pods came from, the budget and the reserves.
+fn render_summary(out: &mut String, r: &PlanReport) {
     let node = crate::text::escape(r.node.as_deref().unwrap_or("(unknown node)"));
     let source = match r.source.strip_prefix("file:") {
         Some(path) => format!("pods from {}", crate::text::escape(path)),
@@ -587,22 +602,23 @@ pub fn render_table(r: &PlanReport) -> String {
         ));
     }
     let res = &r.reserves;
-    let d = |s: f64| human(Duration::from_millis((s * 1000.0).round() as u64));
     out.push_str(&format!(
         "Reserves: critical (priority >= {}) {}, DaemonSet {}, static {}; needed for these pods {}{}\n",
         res.critical_priority,
-        d(res.critical_seconds),
-        d(res.daemonset_seconds),
-        d(res.static_seconds),
-        d(res.needed_seconds),
+        human_secs(res.critical_seconds),
+        human_secs(res.daemonset_seconds),
+        human_secs(res.static_seconds),
+        human_secs(res.needed_seconds),
         if res.below_reserves {
             " - BUDGET BELOW THE RESERVES: reserves scaled down, regular pods are deleted at once"
         } else {
             ""
         }
     ));
+}
 
-    out.push('\n');
+/// The online drain: one header per step with pods, one aligned line per pod.
+fn render_steps(out: &mut String, r: &PlanReport) {
     let mut rows = vec![vec![
         "#".to_string(),
         "POD".into(),
@@ -621,9 +637,9 @@ pub fn render_table(r: &PlanReport) -> String {
                 step.index + 1,
                 step.class,
                 step.description,
-                d(step.start_seconds),
-                d(step.end_seconds),
-                d(step.escalate_at_seconds),
+                human_secs(step.start_seconds),
+                human_secs(step.end_seconds),
+                human_secs(step.escalate_at_seconds),
                 step.explanation
                     .strip_prefix(&format!("{}: ", step.description))
                     .unwrap_or(&step.explanation)
@@ -666,7 +682,10 @@ pub fn render_table(r: &PlanReport) -> String {
         "\n{empty} of {} plan steps have no pods and reserve nothing.\n",
         r.steps.len()
     ));
+}
 
+/// The pods the plan leaves out or puts last.
+fn render_left_out(out: &mut String, r: &PlanReport) {
     if !r.ignored.is_empty() {
         out.push_str("\nIgnored:\n");
         let rows: Vec<Vec<String>> = r
@@ -692,11 +711,14 @@ pub fn render_table(r: &PlanReport) -> String {
             out.push_str(&format!("  {line}\n"));
         }
     }
+}
 
+/// The offline fallback's bands and their pods.
+fn render_offline(out: &mut String, r: &PlanReport) {
     let off = &r.offline;
     out.push_str(&format!(
         "\nOffline fallback (apiserver unreachable: the kubelet's priority bands through the CRI runtime, at most {}){}:\n",
-        d(off.max_duration_seconds),
+        human_secs(off.max_duration_seconds),
         if off.enabled { "" } else { " - DISABLED" }
     ));
     if let Some(note) = &off.note {
@@ -713,22 +735,21 @@ pub fn render_table(r: &PlanReport) -> String {
         if band.pods.is_empty() {
             rows.push(vec![
                 band.priority.to_string(),
-                d(band.shutdown_grace_period_seconds),
+                human_secs(band.shutdown_grace_period_seconds),
                 "(no pods, skipped)".into(),
             ]);
         }
         for p in &band.pods {
             rows.push(vec![
                 band.priority.to_string(),
-                d(band.shutdown_grace_period_seconds),
+                human_secs(band.shutdown_grace_period_seconds),
                 p.pod.clone(),
                 p.priority.to_string(),
-                d(p.grace_seconds),
+                human_secs(p.grace_seconds),
             ]);
         }
     }
     for line in align(&rows) {
         out.push_str(&format!("  {line}\n"));
     }
-    out
 }

@@ -23,7 +23,7 @@ pub const MAX_PODS: usize = 100_000;
 /// The largest YAML pod list read: serde_yaml holds every parse event of a document before
 /// any of it is read (a kubectl List is one document), about 17 times the text. 10,000 pods
 /// are about 6 MiB of YAML; larger lists are read as JSON, whose parser streams.
-pub const MAX_YAML_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_YAML_BYTES: usize = 16 * 1024 * 1024;
 
 /// Controller owner references kept of one pod; Kubernetes allows one.
 const MAX_CONTROLLERS: usize = 16;
@@ -56,7 +56,7 @@ pub enum LabelKeys {
 
 impl LabelKeys {
     /// The keys the selectors of `plan` read.
-    pub fn of_plan(plan: &[DrainPlanEntry]) -> LabelKeys {
+    pub(crate) fn of_plan(plan: &[DrainPlanEntry]) -> LabelKeys {
         let mut keys = BTreeSet::new();
         for selector in plan.iter().filter_map(|e| e.pod_selector.as_ref()) {
             keys.extend(

@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use http::{HeaderName, HeaderValue};
 
+use crate::cluster::kubeconfig::KubeconfigFile;
 use crate::config::Settings;
-use crate::credentials::kubeconfig::KubeconfigFile;
 
 /// Sent with every request, so that audit logs tell nodegrace's requests under the kubelet's
 /// identity from the kubelet's own.
@@ -34,6 +34,14 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's name in metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Nodegrace => "nodegrace",
+            Role::Kubelet => "kubelet",
+        }
+    }
+
     /// The configuration key of the kubeconfig.
     pub fn key(self) -> &'static str {
         match self {

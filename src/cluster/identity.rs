@@ -13,7 +13,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 
 use super::client::{identity, Clients, Role};
-use crate::credentials::kubeconfig::{Credential, KubeconfigFile};
+use crate::cluster::kubeconfig::{Credential, KubeconfigFile};
 
 /// A credential the cluster path cannot work with, said in one line.
 #[derive(Debug, thiserror::Error)]
@@ -467,7 +467,7 @@ mod tests {
             server: Some("https://x".into()),
             ..Default::default()
         };
-        let text = crate::credentials::kubeconfig::render(
+        let text = crate::cluster::kubeconfig::render(
             &cluster,
             "nodegrace:node:n1",
             &cert.pem(),

@@ -8,6 +8,7 @@ pub mod engine;
 pub mod evict;
 pub mod eviction_request;
 pub mod identity;
+pub mod kubeconfig;
 pub mod node;
 pub mod nodesel;
 mod slim;

@@ -33,7 +33,7 @@ pub struct KubeletShutdown {
 impl KubeletShutdown {
     /// The kubelet's own Graceful Node Shutdown is on: it takes a delay inhibitor and kills
     /// pods at a shutdown.
-    pub fn gns_on(&self) -> bool {
+    pub(crate) fn gns_on(&self) -> bool {
         !self.bands.is_empty()
     }
 }

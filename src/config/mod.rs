@@ -23,17 +23,21 @@
 //!   `fallback.cri_endpoint` (one CRI connection), `static_pods.*` (moving these while
 //!   manifests are gated could strand a manifest), `metrics.listen` (bound socket).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::plan::PodType;
+use crate::plan::budget::BudgetReserves;
 
+pub use crate::plan::{DrainPlanEntrySetting, PriorityGracePeriod, ShutdownPlanSettings};
+
+mod build;
+mod check;
 mod error;
 pub mod kubelet;
+mod lists;
 mod load;
 mod raw;
 mod render;
@@ -112,15 +116,6 @@ pub struct ShutdownSettings {
     pub warn_kubelet_inhibitor: bool,
 }
 
-/// One entry of the shutdown drain plan (KEP-4212 `DrainPlanEntry`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DrainPlanEntrySetting {
-    pub pod_type: PodType,
-    pub pod_priority: i32,
-    /// `matchLabels` of the entry's `podSelector`; empty selects every pod.
-    pub pod_selector: BTreeMap<String, String>,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct DrainSettings {
     /// The shutdown drain plan; default entries are injected by `plan`.
@@ -143,13 +138,6 @@ pub struct DrainSettings {
     /// How long to wait for the Node to report no volume attached or in use before
     /// releasing.
     pub volume_detach_timeout: Duration,
-}
-
-/// One band of the kubelet's `shutdownGracePeriodByPodPriority`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PriorityGracePeriod {
-    pub priority: i32,
-    pub shutdown_grace_period: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -394,4 +382,35 @@ pub(crate) fn check_config_report(main: &Path, loaded: &Loaded) -> String {
     out.push_str("# effective settings:\n");
     out.push_str(&to_toml_string(&loaded.settings));
     out
+}
+
+impl From<&DrainSettings> for BudgetReserves {
+    fn from(d: &DrainSettings) -> Self {
+        BudgetReserves {
+            daemonset: d.reserve_daemonset,
+            static_pods: d.reserve_static,
+            critical: d.reserve_critical,
+            critical_priority: d.critical_priority,
+        }
+    }
+}
+
+impl ShutdownPlanSettings for Settings {
+    fn drain_plan(&self) -> &[DrainPlanEntrySetting] {
+        &self.drain.plan
+    }
+
+    fn gns_bands(&self) -> &[PriorityGracePeriod] {
+        &self.fallback.shutdown_grace_period_by_pod_priority
+    }
+}
+
+impl ShutdownPlanSettings for std::sync::Arc<Settings> {
+    fn drain_plan(&self) -> &[DrainPlanEntrySetting] {
+        &self.drain.plan
+    }
+
+    fn gns_bands(&self) -> &[PriorityGracePeriod] {
+        &self.fallback.shutdown_grace_period_by_pod_priority
+    }
 }

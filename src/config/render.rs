@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
-use super::{CompletionPolicy, Settings};
+use super::{
+    CompletionPolicy, DrainSettings, FallbackSettings, NodeSettings, Settings, ShutdownSettings,
+};
 use crate::plan::PodType;
 
 fn dur(d: Duration) -> Value {
@@ -58,27 +60,47 @@ fn table<const N: usize>(fields: [(&str, Value); N]) -> Value {
 
 /// Every key, defaults included; durations as humantime strings.
 pub(crate) fn to_toml_table(s: &Settings) -> Table {
-    let node = table([
-        ("name", Value::String(s.node.name.clone())),
+    let static_pods = table([
+        ("manifest_dir", path(&s.static_pods.manifest_dir)),
+        ("gate_dir", path(&s.static_pods.gate_dir)),
+    ]);
+    let metrics = table([(
+        "listen",
+        Value::String(s.metrics.listen.map(|a| a.to_string()).unwrap_or_default()),
+    )]);
+    entries([
+        ("state_dir", path(&s.state_dir)),
+        ("node", node_table(&s.node)),
+        ("shutdown", shutdown_table(&s.shutdown)),
+        ("drain", drain_table(&s.drain)),
+        ("fallback", fallback_table(&s.fallback)),
+        ("static_pods", static_pods),
+        ("metrics", metrics),
+    ])
+}
+
+fn node_table(n: &NodeSettings) -> Value {
+    table([
+        ("name", Value::String(n.name.clone())),
         (
             "kubeconfig",
-            s.node
-                .kubeconfig
+            n.kubeconfig
                 .as_deref()
                 .map_or(Value::String(String::new()), path),
         ),
         (
             "kubelet_kubeconfig",
-            s.node
-                .kubelet_kubeconfig
+            n.kubelet_kubeconfig
                 .as_deref()
                 .map_or(Value::String(String::new()), path),
         ),
-        ("renew_credential", Value::Boolean(s.node.renew_credential)),
-        ("credential_lifetime", dur(s.node.credential_lifetime)),
-    ]);
-    let sd = &s.shutdown;
-    let shutdown = table([
+        ("renew_credential", Value::Boolean(n.renew_credential)),
+        ("credential_lifetime", dur(n.credential_lifetime)),
+    ])
+}
+
+fn shutdown_table(sd: &ShutdownSettings) -> Value {
+    table([
         ("max_delay", dur(sd.max_delay)),
         (
             "manage_logind_dropin",
@@ -96,8 +118,10 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
             "warn_kubelet_inhibitor",
             Value::Boolean(sd.warn_kubelet_inhibitor),
         ),
-    ]);
-    let d = &s.drain;
+    ])
+}
+
+fn drain_table(d: &DrainSettings) -> Value {
     let plan = d
         .plan
         .iter()
@@ -117,7 +141,7 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
             ])
         })
         .collect();
-    let drain = table([
+    table([
         ("plan", Value::Array(plan)),
         ("reserve_daemonset", dur(d.reserve_daemonset)),
         ("reserve_static", dur(d.reserve_static)),
@@ -140,8 +164,10 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
             Value::Integer(i64::try_from(d.max_concurrent_requests).unwrap_or(i64::MAX)),
         ),
         ("volume_detach_timeout", dur(d.volume_detach_timeout)),
-    ]);
-    let f = &s.fallback;
+    ])
+}
+
+fn fallback_table(f: &FallbackSettings) -> Value {
     let bands = f
         .shutdown_grace_period_by_pod_priority
         .iter()
@@ -152,7 +178,7 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
             ])
         })
         .collect();
-    let fallback = table([
+    table([
         ("enabled", Value::Boolean(f.enabled)),
         ("apiserver_timeout", dur(f.apiserver_timeout)),
         ("cri_endpoint", Value::String(f.cri_endpoint.clone())),
@@ -171,23 +197,6 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
                 .map_or(Value::String(String::new()), path),
         ),
         ("shutdown_grace_period_by_pod_priority", Value::Array(bands)),
-    ]);
-    let static_pods = table([
-        ("manifest_dir", path(&s.static_pods.manifest_dir)),
-        ("gate_dir", path(&s.static_pods.gate_dir)),
-    ]);
-    let metrics = table([(
-        "listen",
-        Value::String(s.metrics.listen.map(|a| a.to_string()).unwrap_or_default()),
-    )]);
-    entries([
-        ("state_dir", path(&s.state_dir)),
-        ("node", node),
-        ("shutdown", shutdown),
-        ("drain", drain),
-        ("fallback", fallback),
-        ("static_pods", static_pods),
-        ("metrics", metrics),
     ])
 }
 

@@ -7,6 +7,7 @@ use super::error::ConfigError;
 use super::load::load_str;
 use super::render::to_toml_table;
 use super::*;
+use crate::plan::PodType;
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)

@@ -20,8 +20,8 @@ use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use rcgen::PublicKeyData;
 
-use super::kubeconfig::{render, CertInfo, KubeconfigFile};
 use crate::cluster::identity::{NODEGRACE_GROUP, NODEGRACE_USER_PREFIX};
+use crate::cluster::kubeconfig::{render, CertInfo, KubeconfigFile};
 use crate::fsutil::{read_regular, Symlinks, CONFIG_FILE_LIMIT};
 
 /// The signer of client certificates the apiserver accepts (kube-controller-manager signs
@@ -336,7 +336,7 @@ fn cluster_for(issue: &Issue) -> Result<kube::config::Cluster> {
 /// Whether the kubeconfig at `path` is already a client certificate this node may keep
 /// using: its own identity, not yet due for renewal at `now`.
 pub fn current(path: &Path, node: &str) -> Option<CertInfo> {
-    use super::kubeconfig::Credential;
+    use crate::cluster::kubeconfig::Credential;
     match KubeconfigFile::read(path).ok()?.credential().ok()? {
         Credential::Certificate(c) if c.common_name == format!("{NODEGRACE_USER_PREFIX}{node}") => {
             Some(c)

@@ -14,8 +14,8 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use super::issue::{self, Issue, Refused};
-use super::kubeconfig::{Credential, KubeconfigFile};
 use crate::cluster::client::{client_for, Role, Timeouts};
+use crate::cluster::kubeconfig::{Credential, KubeconfigFile};
 use crate::config::Settings;
 use crate::metrics::Metrics;
 
@@ -85,7 +85,7 @@ pub(crate) fn export_expiry(settings: &Settings, role: Role, metrics: &Metrics) 
             Credential::Certificate(c) => Some(c.not_after),
             _ => None,
         });
-    metrics.set_credential_expiry(role, expiry);
+    metrics.set_credential_expiry(role.name(), expiry);
 }
 
 /// Runs until `stop`: exports the expiry of both credentials and, when
@@ -203,7 +203,7 @@ fn read_only_hint(err: anyhow::Error) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::credentials::kubeconfig::CertInfo;
+    use crate::cluster::kubeconfig::CertInfo;
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().to_utc()

@@ -505,64 +505,16 @@ where
         Role::Kubelet.path(&settings).map(Path::to_owned),
     ];
     let controller_wanted = !settings.drain.external_eviction_request_controller;
-    let mut delay = RETRY_MIN;
-    let mut failures = 0u32;
-    let mut said: Option<String> = None;
-    let (clients, eviction_requests, verified) = loop {
-        let attempt = async {
-            let clients: Clients = connect().await?.into();
-            let installed = eviction_request::is_crd_installed(&clients.nodegrace).await?;
-            let verified = identity::verify(
-                &clients,
-                [paths[0].as_deref(), paths[1].as_deref()],
-                &node,
-                installed,
-                installed && controller_wanted,
-            )
-            .await?;
-            anyhow::Ok((clients, installed, verified))
-        };
-        match attempt.await {
-            Ok(ready) => break ready,
-            Err(err) => {
-                metrics.api_error("connect");
-                let text = crate::cluster::error_text(&err);
-                let credential = err
-                    .chain()
-                    .any(|c| c.downcast_ref::<CredentialError>().is_some());
-                // The first failure, a new reason, and then about every few minutes.
-                let remind = failures.is_power_of_two() || failures == 0;
-                if credential && (said.as_deref() != Some(text.as_str()) || remind) {
-                    tracing::error!(node = %node, apiserver = %endpoint, error = %text, retry_in = ?delay, "nodegrace cannot act through the apiserver with these credentials; until it can, a shutdown drains through the CRI runtime");
-                } else if !credential && remind {
-                    tracing::warn!(node = %node, apiserver = %endpoint, error = %text, retry_in = ?delay, "cannot reach the apiserver yet");
-                }
-                said = Some(text);
-                // During a shutdown an apiserver that is away is looked for at most about a
-                // second apart (a refused credential does not mend itself meanwhile).
-                let wait = if *shutting_down.borrow_and_update() && !credential {
-                    retry_delay(failures, true, rand::rng().random::<f64>())
-                } else {
-                    delay
-                };
-                failures += 1;
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    changed = shutting_down.changed() => if changed.is_err() {
-                        tokio::time::sleep(wait).await;
-                    },
-                }
-                // An apiserver that is away is looked for often (a shutdown waits at most
-                // fallback.apiserver_timeout for it); one that refuses the credential less so.
-                let cap = if credential {
-                    RETRY_MAX
-                } else {
-                    RETRY_MAX_UNREACHABLE
-                };
-                delay = (delay * 2).min(cap);
-            }
-        }
-    };
+    let (clients, eviction_requests, verified) = connect_verified(
+        &connect,
+        &endpoint,
+        [paths[0].as_deref(), paths[1].as_deref()],
+        &node,
+        controller_wanted,
+        &metrics,
+        &mut shutting_down,
+    )
+    .await;
     for warning in &verified.warnings {
         tracing::warn!(node = %node, "{warning}");
     }
@@ -626,6 +578,83 @@ where
         });
     }
     engine
+}
+
+/// Connects until the apiserver answers and both credentials pass `identity::verify`:
+/// whether the EvictionRequest API is installed, and who each client is. Failures are
+/// logged (a refused credential loudly, an absent apiserver now and then) and retried.
+async fn connect_verified<F, Fut, C>(
+    connect: &F,
+    endpoint: &str,
+    paths: [Option<&Path>; 2],
+    node: &str,
+    controller_wanted: bool,
+    metrics: &Metrics,
+    shutting_down: &mut watch::Receiver<bool>,
+) -> (Clients, bool, identity::Verified)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<C>>,
+    C: Into<Clients>,
+{
+    let mut delay = RETRY_MIN;
+    let mut failures = 0u32;
+    let mut said: Option<String> = None;
+    loop {
+        let attempt = async {
+            let clients: Clients = connect().await?.into();
+            let installed = eviction_request::is_crd_installed(&clients.nodegrace).await?;
+            let verified = identity::verify(
+                &clients,
+                paths,
+                node,
+                installed,
+                installed && controller_wanted,
+            )
+            .await?;
+            anyhow::Ok((clients, installed, verified))
+        };
+        match attempt.await {
+            Ok(ready) => return ready,
+            Err(err) => {
+                metrics.api_error("connect");
+                let text = crate::cluster::error_text(&err);
+                let credential = err
+                    .chain()
+                    .any(|c| c.downcast_ref::<CredentialError>().is_some());
+                // The first failure, a new reason, and then about every few minutes.
+                let remind = failures.is_power_of_two() || failures == 0;
+                if credential && (said.as_deref() != Some(text.as_str()) || remind) {
+                    tracing::error!(node = %node, apiserver = %endpoint, error = %text, retry_in = ?delay, "nodegrace cannot act through the apiserver with these credentials; until it can, a shutdown drains through the CRI runtime");
+                } else if !credential && remind {
+                    tracing::warn!(node = %node, apiserver = %endpoint, error = %text, retry_in = ?delay, "cannot reach the apiserver yet");
+                }
+                said = Some(text);
+                // During a shutdown an apiserver that is away is looked for at most about a
+                // second apart (a refused credential does not mend itself meanwhile).
+                let wait = if *shutting_down.borrow_and_update() && !credential {
+                    retry_delay(failures, true, rand::rng().random::<f64>())
+                } else {
+                    delay
+                };
+                failures += 1;
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    changed = shutting_down.changed() => if changed.is_err() {
+                        tokio::time::sleep(wait).await;
+                    },
+                }
+                // An apiserver that is away is looked for often (a shutdown waits at most
+                // fallback.apiserver_timeout for it); one that refuses the credential less so.
+                let cap = if credential {
+                    RETRY_MAX
+                } else {
+                    RETRY_MAX_UNREACHABLE
+                };
+                delay = (delay * 2).min(cap);
+            }
+        }
+    }
 }
 
 /// The daemon's clients: nodegrace's identity and the kubelet's (the same client when

@@ -23,30 +23,17 @@
 
 use std::time::Duration;
 
-use crate::config::DrainSettings;
-
 use super::drainplan::{compile_plan, PlanError};
 use super::targets::DrainTargets;
 use super::{DrainPlanEntry, PodInfo, PodType};
 
-/// The reserves of [`DrainSettings`].
+/// The drain reserves (`[drain] reserve_*`, `critical_priority`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BudgetReserves {
     pub daemonset: Duration,
     pub static_pods: Duration,
     pub critical: Duration,
     pub critical_priority: i32,
-}
-
-impl From<&DrainSettings> for BudgetReserves {
-    fn from(d: &DrainSettings) -> Self {
-        BudgetReserves {
-            daemonset: d.reserve_daemonset,
-            static_pods: d.reserve_static,
-            critical: d.reserve_critical,
-            critical_priority: d.critical_priority,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -2,12 +2,12 @@
 //! order, duplicates rejected. Also the checks the CRD validation mirrors.
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::config::{DrainPlanEntrySetting, Settings};
-
+use super::gns::PriorityGracePeriod;
 use super::selector::{Selector, SelectorError};
 use super::{DrainPlanEntry, PodType};
 
@@ -116,6 +116,22 @@ impl fmt::Display for DrainPlanEntry {
     }
 }
 
+/// One entry of the shutdown drain plan as configured (KEP-4212 `DrainPlanEntry`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainPlanEntrySetting {
+    pub pod_type: PodType,
+    pub pod_priority: i32,
+    /// `matchLabels` of the entry's `podSelector`; empty selects every pod.
+    pub pod_selector: BTreeMap<String, String>,
+}
+
+/// What the shutdown drain plan is made of: `[drain] plan` and the fallback's bands
+/// (`config::Settings` provides them; the plan stays free of the settings' other parts).
+pub trait ShutdownPlanSettings {
+    fn drain_plan(&self) -> &[DrainPlanEntrySetting];
+    fn gns_bands(&self) -> &[PriorityGracePeriod];
+}
+
 impl From<&DrainPlanEntrySetting> for DrainPlanEntry {
     fn from(s: &DrainPlanEntrySetting) -> Self {
         DrainPlanEntry {
@@ -135,14 +151,11 @@ impl From<&DrainPlanEntrySetting> for DrainPlanEntry {
 /// one list of priorities orders both drains. A band holds the pods from its priority up to
 /// the next band's: each band but the lowest ends the Default entry before it at its
 /// priority - 1 (the highest band ends with the injected defaults).
-pub fn shutdown_drain_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>, PlanError> {
-    let entries: Vec<DrainPlanEntry> = if settings.drain.plan.is_empty() {
-        let mut bands: Vec<i32> = settings
-            .fallback
-            .shutdown_grace_period_by_pod_priority
-            .iter()
-            .map(|b| b.priority)
-            .collect();
+pub fn shutdown_drain_plan(
+    settings: &impl ShutdownPlanSettings,
+) -> Result<Vec<DrainPlanEntry>, PlanError> {
+    let entries: Vec<DrainPlanEntry> = if settings.drain_plan().is_empty() {
+        let mut bands: Vec<i32> = settings.gns_bands().iter().map(|b| b.priority).collect();
         bands.sort_unstable();
         bands.dedup();
         bands
@@ -157,8 +170,7 @@ pub fn shutdown_drain_plan(settings: &Settings) -> Result<Vec<DrainPlanEntry>, P
             .collect()
     } else {
         settings
-            .drain
-            .plan
+            .drain_plan()
             .iter()
             .map(DrainPlanEntry::from)
             .collect()

@@ -11,9 +11,14 @@
 
 use std::time::Duration;
 
-use crate::config::PriorityGracePeriod;
-
 use super::PodInfo;
+
+/// One band of the kubelet's `shutdownGracePeriodByPodPriority`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorityGracePeriod {
+    pub priority: i32,
+    pub shutdown_grace_period: Duration,
+}
 
 #[cfg(test)]
 /// `system-cluster-critical`, the kubelet's critical band for the simple configuration form.

@@ -47,9 +47,11 @@ pub(crate) use budget::{
     escalation_grace, reserves_needed, split_budget, split_remaining, BudgetReserves, StepSchedule,
 };
 pub(crate) use drainplan::PlanError;
-pub use drainplan::{normalize_drain_plan, shutdown_drain_plan};
-pub use gns::GnsBands;
+pub use drainplan::{
+    normalize_drain_plan, shutdown_drain_plan, DrainPlanEntrySetting, ShutdownPlanSettings,
+};
 pub(crate) use gns::GnsCandidate;
+pub use gns::{GnsBands, PriorityGracePeriod};
 pub(crate) use targets::{reached_drain_targets, DrainTargets, NodeReport};
 
 /// KEP-4212 `podType`: which kind of pod a drain plan entry targets. The declaration order

@@ -259,7 +259,7 @@ impl Checked for ShutdownState {
 impl ShutdownState {
     /// A soft reboot nodegrace let go: the kernel stayed, so the boot id did, but the
     /// userspace that reads this is a new boot's.
-    pub fn soft_rebooted(&self) -> bool {
+    pub(crate) fn soft_rebooted(&self) -> bool {
         self.kind == crate::shutdown::ShutdownKind::SoftReboot
             && self.phase == ShutdownPhase::Released
     }

@@ -188,7 +188,7 @@ impl DirHandle {
 
     /// Whether both handles are one directory (the same path, a bind mount, a symlinked
     /// parent), whatever their names say.
-    pub fn same_dir(&self, other: &DirHandle) -> bool {
+    pub(crate) fn same_dir(&self, other: &DirHandle) -> bool {
         self.dev == other.dev && self.ino == other.ino
     }
 

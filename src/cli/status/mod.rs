@@ -389,7 +389,7 @@ pub(crate) fn credential_report(
     role: Role,
     now: chrono::DateTime<chrono::Utc>,
 ) -> CredentialReport {
-    use crate::credentials::kubeconfig::{Credential, KubeconfigFile};
+    use crate::cluster::kubeconfig::{Credential, KubeconfigFile};
     let path = match role {
         Role::Nodegrace => settings.node.kubeconfig.clone(),
         Role::Kubelet => settings.node.kubelet_kubeconfig.clone(),

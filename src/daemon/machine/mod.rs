@@ -1,6 +1,11 @@
 //! The daemon's state machine: one task, fed by the logind signal stream, the drain task,
 //! the budget deadline, control messages (signals) and the watchdog timer.
 
+mod connection;
+mod reload;
+
+use connection::shutdown_kind_now;
+
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,10 +18,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{Instant, Interval};
 
-use super::bus::{Bus, Connector};
-use super::status::{Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
-use super::{Drainer, ShutdownKind, ShutdownRequest};
 use crate::config::Settings;
+use crate::daemon::bus::{Bus, Connector};
+use crate::daemon::status::{Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
+use crate::daemon::{Drainer, ShutdownKind, ShutdownRequest};
 use crate::logind::budget::{self, BudgetReport};
 use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
 use crate::plan::lifecycle::{self, BudgetFrom, Effect, Event, KindFrom, Lifecycle, Outcome};
@@ -432,176 +437,6 @@ impl Machine {
         self.publish();
     }
 
-    fn start_connecting(&mut self) {
-        self.reconnect_at = None;
-        let connector = self.connector.clone();
-        let cfg = self.settings.shutdown.clone();
-        let dirs = self.paths.logind_search_dirs.clone();
-        self.connecting = Some(tokio::spawn(async move {
-            let bus = connector.connect().await?;
-            // Subscribe before reading any state so that no signal falls in between.
-            let events = bus.logind.events().await?;
-            let budget =
-                budget::establish(bus.logind.as_ref(), bus.systemd.as_ref(), &cfg, &dirs).await?;
-            Ok(Connected {
-                bus,
-                events,
-                budget,
-            })
-        }));
-    }
-
-    fn schedule_reconnect(&mut self) {
-        self.reconnect_at = Some(instant_after(self.backoff));
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-    }
-
-    /// Forgets the connection; the inhibitor fd is kept until a new one replaces it,
-    /// because logind may well still honour it.
-    fn disconnect(&mut self, why: &str) {
-        tracing::warn!(reason = why, retry_in = ?self.backoff, "lost the bus or logind; reconnecting");
-        self.events = None;
-        self.bus = None;
-        self.status.bus_connected = false;
-        self.status.last_error = Some(why.to_string());
-        self.publish();
-        self.schedule_reconnect();
-    }
-
-    async fn on_connected(
-        &mut self,
-        r: Result<Result<Connected, LogindError>, JoinError>,
-    ) -> Result<()> {
-        let c = match r {
-            Ok(Ok(c)) => c,
-            Ok(Err(LogindError::MissingProperty(detail))) => {
-                let e = LogindError::MissingProperty(detail);
-                self.status.last_error = Some(e.to_string());
-                self.publish();
-                return Err(e.into());
-            }
-            Ok(Err(LogindError::Other(e))) => {
-                let msg = format!("cannot use logind: {e:#}");
-                tracing::warn!(error = %crate::cluster::error_text(&e), retry_in = ?self.backoff, "cannot use logind yet; retrying");
-                self.status.last_error = Some(msg);
-                self.publish();
-                self.schedule_reconnect();
-                return Ok(());
-            }
-            Err(e) => {
-                self.status.last_error = Some(format!("connecting failed: {e}"));
-                self.schedule_reconnect();
-                return Ok(());
-            }
-        };
-        self.status.last_error = c.budget.error.clone();
-        self.status.budget = Some(c.budget.clone());
-        self.status.bus_connected = true;
-        self.budget = Some(c.budget);
-        self.bus = Some(c.bus.clone());
-        self.events = Some(c.events);
-        match self.after_connect(&c.bus).await {
-            Ok(()) => {
-                self.backoff = BACKOFF_INITIAL;
-                self.publish();
-            }
-            Err(e) => self.disconnect(&crate::cluster::error_text(&e)),
-        }
-        Ok(())
-    }
-
-    /// Brings the inhibitor and the shutdown in line with what logind says now, which
-    /// also catches a shutdown that began or was cancelled while we were disconnected.
-    async fn after_connect(&mut self, bus: &Bus) -> Result<()> {
-        let preparing = bus.logind.preparing_for_shutdown().await?;
-        let stored = if self.life.wants_persisted() {
-            self.persisted_this_boot()
-        } else {
-            None
-        };
-        let persisted = stored.as_ref().map(|p| lifecycle::Persisted {
-            kind: p.kind,
-            cancelled: p.phase == ShutdownPhase::Cancelled,
-        });
-        let event = Event::Connected {
-            preparing,
-            persisted,
-        };
-        if let (_, Some(e)) = self.dispatch(event, stored.as_ref()).await {
-            return Err(e);
-        }
-        self.check_kubelet_inhibitor(bus).await;
-        Ok(())
-    }
-
-    /// Holds a delay inhibitor: the one systemd passed back from the fd store if logind
-    /// still honours it, else a new one, kept in the fd store so that a crash does not
-    /// release it.
-    async fn take_inhibitor(&mut self, bus: &Bus) -> Result<()> {
-        let adopted = self.adopted.take().and_then(|fd| {
-            InhibitorLock::adopt(fd)
-                .map_err(|e| {
-                    tracing::warn!(error = %crate::cluster::error_text(&e), "not adopting the stored inhibitor; taking a new one");
-                })
-                .ok()
-        });
-        match adopted {
-            // systemd keeps its copy: nothing to store again.
-            Some(lock) => self.lock = Some(lock),
-            None => {
-                let lock = bus
-                    .logind
-                    .inhibit_shutdown_delay(INHIBITOR_WHO, INHIBITOR_WHY)
-                    .await?;
-                // Removal goes by name, so the old copy leaves the store before the new
-                // one enters; the new lock is held by this process meanwhile.
-                self.notifier.remove_stored_fd(INHIBITOR_FDNAME);
-                if let Some(fd) = lock.as_fd() {
-                    self.notifier.store_fd(INHIBITOR_FDNAME, fd);
-                }
-                if let Some(old) = self.lock.replace(lock) {
-                    old.release("replaced by the inhibitor taken after reconnecting");
-                }
-            }
-        }
-        self.status.inhibitor_held = true;
-        if !self.ready_sent {
-            self.notifier.notify(Notify::Ready);
-            self.ready_sent = true;
-        }
-        self.publish();
-        Ok(())
-    }
-
-    async fn check_kubelet_inhibitor(&mut self, bus: &Bus) {
-        if !self.settings.shutdown.warn_kubelet_inhibitor {
-            return;
-        }
-        let listed = bus.logind.list_inhibitors().await;
-        self.note_kubelet_inhibitor(listed);
-    }
-
-    fn note_kubelet_inhibitor(&mut self, listed: Result<Vec<InhibitorInfo>>) {
-        match listed {
-            Ok(list) => {
-                let found = list.iter().find(|i| i.looks_like_kubelet());
-                let seen = found.map(|k| format!("{} ({}), pid {}", k.who, k.why, k.pid));
-                if let Some(k) = found.filter(|_| seen != self.status.kubelet_inhibitor) {
-                    tracing::warn!(
-                        who = %k.who, why = %k.why, pid = k.pid,
-                        "the kubelet holds a shutdown delay inhibitor too: its Graceful Node Shutdown \
-                         would drain this node alongside nodegrace; set shutdownGracePeriod to 0 in \
-                         the kubelet configuration"
-                    );
-                }
-                self.status.kubelet_inhibitor = seen;
-            }
-            Err(e) => {
-                tracing::debug!(error = %crate::cluster::error_text(&e), "cannot list inhibitors")
-            }
-        }
-    }
-
     fn persisted_this_boot(&self) -> Option<ShutdownState> {
         match ShutdownState::load_or_set_aside(&self.settings.state_dir) {
             Ok(s) => s.filter(|s| s.boot_id == self.boot_id && !s.soft_rebooted()),
@@ -718,6 +553,45 @@ impl Machine {
                 .unwrap_or(req.started_at),
             resumed: req.resumed,
         });
+    }
+
+    /// Holds a delay inhibitor: the one systemd passed back from the fd store if logind
+    /// still honours it, else a new one, kept in the fd store so that a crash does not
+    /// release it.
+    async fn take_inhibitor(&mut self, bus: &Bus) -> Result<()> {
+        let adopted = self.adopted.take().and_then(|fd| {
+            InhibitorLock::adopt(fd)
+                .map_err(|e| {
+                    tracing::warn!(error = %crate::cluster::error_text(&e), "not adopting the stored inhibitor; taking a new one");
+                })
+                .ok()
+        });
+        match adopted {
+            // systemd keeps its copy: nothing to store again.
+            Some(lock) => self.lock = Some(lock),
+            None => {
+                let lock = bus
+                    .logind
+                    .inhibit_shutdown_delay(INHIBITOR_WHO, INHIBITOR_WHY)
+                    .await?;
+                // Removal goes by name, so the old copy leaves the store before the new
+                // one enters; the new lock is held by this process meanwhile.
+                self.notifier.remove_stored_fd(INHIBITOR_FDNAME);
+                if let Some(fd) = lock.as_fd() {
+                    self.notifier.store_fd(INHIBITOR_FDNAME, fd);
+                }
+                if let Some(old) = self.lock.replace(lock) {
+                    old.release("replaced by the inhibitor taken after reconnecting");
+                }
+            }
+        }
+        self.status.inhibitor_held = true;
+        if !self.ready_sent {
+            self.notifier.notify(Notify::Ready);
+            self.ready_sent = true;
+        }
+        self.publish();
+        Ok(())
     }
 
     /// Releases the inhibitor: systemd's copy leaves the fd store first, then ours closes.
@@ -890,35 +764,6 @@ impl Machine {
         Ok(None)
     }
 
-    fn start_reload(&mut self) {
-        let Some(reloader) = self.reloader.clone() else {
-            tracing::info!("nothing to reload");
-            return;
-        };
-        self.reloading = Some(tokio::task::spawn_blocking(move || reloader()));
-        self.reload_give_up = Some(instant_after(RELOAD_TIMEOUT));
-    }
-
-    fn on_reloaded(&mut self, r: Result<Result<Settings>, JoinError>) {
-        let r = r.unwrap_or_else(|e| Err(anyhow::anyhow!("the reload task failed: {e}")));
-        match r {
-            Ok(new) if new == self.settings => tracing::info!("configuration unchanged"),
-            Ok(new) => {
-                let pending = crate::config::restart_required(&self.settings, &new);
-                if !pending.is_empty() {
-                    tracing::warn!(keys = ?pending, "these changes take effect after a restart");
-                }
-                self.settings = keep_restart_only_keys(&self.settings, new);
-                self.drainer.reload(&self.settings);
-                tracing::info!("configuration reloaded");
-            }
-            Err(e) => tracing::error!(
-                error = %crate::cluster::error_text(&e),
-                "invalid configuration on reload; keeping the running one"
-            ),
-        }
-    }
-
     /// Leaves nothing running behind: tasks aborted, inhibitor closed, status written.
     fn stop(&mut self, error: Option<String>) {
         if let Some(c) = self.connecting.take() {
@@ -963,42 +808,10 @@ impl Drop for Machine {
     }
 }
 
-/// Which shutdown logind is preparing, when its signal did not say (logind before 255):
-/// logind's `ScheduledShutdown` (set for the whole delay, also for an immediate shutdown),
-/// else a shutdown job systemd has queued. systemd's jobs alone cannot tell during the
-/// delay: logind starts reboot.target or poweroff.target only once the inhibitors are gone
-/// (seen on 252: ListJobs is empty then); they tell for a shutdown that bypassed logind or
-/// whose delay is already over.
-async fn shutdown_kind_now(bus: &Bus) -> ShutdownKind {
-    match bus.logind.scheduled_shutdown().await {
-        Ok(Some(kind)) if kind != ShutdownKind::Unknown => return kind,
-        Ok(_) => {}
-        Err(e) => {
-            tracing::debug!(error = %crate::cluster::error_text(&e), "cannot read logind's scheduled shutdown")
-        }
-    }
-    systemd::shutdown_kind(bus.systemd.as_ref()).await
-}
-
 /// `now + d`, or a time that never comes when that is beyond what the clock can hold.
 fn instant_after(d: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(d)
         .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
         .unwrap_or(now)
-}
-
-/// `reloaded`, except for the keys that only apply after a restart (see `config`).
-fn keep_restart_only_keys(running: &Settings, reloaded: Settings) -> Settings {
-    let mut s = reloaded;
-    s.state_dir = running.state_dir.clone();
-    s.node = running.node.clone();
-    s.shutdown.max_delay = running.shutdown.max_delay;
-    s.shutdown.manage_logind_dropin = running.shutdown.manage_logind_dropin;
-    s.shutdown.logind_dropin_dir = running.shutdown.logind_dropin_dir.clone();
-    s.shutdown.logind_dropin_name = running.shutdown.logind_dropin_name.clone();
-    s.fallback.cri_endpoint = running.fallback.cri_endpoint.clone();
-    s.static_pods = running.static_pods.clone();
-    s.metrics = running.metrics.clone();
-    s
 }

@@ -1,0 +1,141 @@
+//! `nodegrace credentials request` and `nodegrace credentials approve`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use super::{human, load_settings, runtime};
+use crate::cluster::client::{client_for, identity, Role, Timeouts};
+use crate::cluster::identity::{judge, unauthorized, Finding};
+use crate::credentials::approve;
+use crate::credentials::issue::{self, Issue, Submitted};
+
+/// Options of `nodegrace credentials request`.
+#[derive(Debug, Clone)]
+pub struct RequestOptions {
+    /// How long to wait for the approval.
+    pub wait: Duration,
+    /// Request even when the current certificate is not due for renewal.
+    pub force: bool,
+}
+
+const TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(10),
+    read: None,
+};
+
+/// `nodegrace credentials request`.
+pub fn request_command(config: &Path, opts: &RequestOptions) -> Result<ExitCode> {
+    let settings = match load_settings(config) {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let node = settings.node_name().context("determining the node name")?;
+    let Some(kubeconfig) = settings.node.kubeconfig.clone() else {
+        bail!("node.kubeconfig is empty: there is no file to write nodegrace's credential to");
+    };
+    if let (Some(current), false) = (issue::current(&kubeconfig, &node), opts.force) {
+        if current.renew_at() > chrono::Utc::now() {
+            let _ = crate::text::print_stdout(&format!(
+                "{} already holds {}, valid until {} (due for renewal from {}); --force requests a new one\n",
+                kubeconfig.display(),
+                current.identity(),
+                current.not_after.to_rfc3339(),
+                current.renew_at().to_rfc3339()
+            ));
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    let issue = Issue {
+        node: node.clone(),
+        kubeconfig,
+        template: Role::Kubelet.path(&settings).map(Path::to_owned),
+        lifetime: settings.node.credential_lifetime,
+    };
+    runtime()?.block_on(request(&issue, opts.wait))
+}
+
+async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
+    let kubelet_path: Option<PathBuf> = issue.template.clone();
+    let kubelet = client_for(kubelet_path.as_deref(), Role::Kubelet, TIMEOUTS).await?;
+    match identity(&kubelet).await {
+        Ok((user, groups)) => match judge(Role::Kubelet, &issue.node, &user, &groups) {
+            Finding::Expected => {}
+            Finding::Unusual(w) => crate::text::print_stderr(&format!("nodegrace: warning: {w}")),
+            Finding::Unusable(e) => bail!("{e}"),
+        },
+        Err(kube::Error::Api(s)) if s.code == 401 => {
+            bail!(
+                "{}",
+                unauthorized(Role::Kubelet, kubelet_path.as_deref(), chrono::Utc::now())
+            )
+        }
+        Err(err) => {
+            return Err(err).context("asking the apiserver who the kubelet's credential is")
+        }
+    }
+    let key = issue::pending_key(issue)?;
+    let submitted = issue::submit(&kubelet, issue, &key).await?;
+    let name = submitted.name().to_owned();
+    crate::text::print_stderr(&format!(
+        "{} CertificateSigningRequest {name} for {} ({}), signer {}; waiting up to {} for its approval:\n  kubectl certificate approve {name}",
+        match submitted {
+            Submitted::Created(_) => "created",
+            Submitted::Existing(_) => "found the pending",
+        },
+        issue.user(),
+        crate::cluster::identity::NODEGRACE_GROUP,
+        issue::SIGNER,
+        human(wait),
+    ));
+    let Some(cert) = issue::wait_issued(&kubelet, issue, &name, Some(wait)).await? else {
+        crate::text::print_stderr(&format!(
+            "nodegrace: CertificateSigningRequest {name} was not approved within {}; it stays pending (the controller-manager removes pending requests after 24 hours). Approve it, then run `nodegrace credentials request` again: it picks up the same request.",
+            human(wait)
+        ));
+        return Ok(ExitCode::from(super::EXIT_FAILURE));
+    };
+    let info = issue::install(issue, &key, &cert)?;
+    let client = client_for(Some(&issue.kubeconfig), Role::Nodegrace, TIMEOUTS).await?;
+    let (user, groups) = identity(&client)
+        .await
+        .context("checking the new credential with the apiserver")?;
+    if let Finding::Unusable(e) = judge(Role::Nodegrace, &issue.node, &user, &groups) {
+        bail!("the new credential does not work: {e}");
+    }
+    let _ = crate::text::print_stdout(&format!(
+        "wrote {} (mode 0600): {} as the apiserver sees it, certificate valid until {}; the daemon uses it within a minute and renews it from {}\n",
+        issue.kubeconfig.display(),
+        user,
+        info.not_after.to_rfc3339(),
+        info.renew_at().to_rfc3339()
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `nodegrace credentials approve`, with the administrator's kubeconfig.
+pub fn approve_command(
+    kubeconfig: Option<&Path>,
+    opts: &approve::ApproveOptions,
+) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        let client =
+            crate::cluster::client::build(kubeconfig, "the approver's kubeconfig", TIMEOUTS)
+                .await?;
+        let mut out = |line: &str| {
+            let _ = crate::text::print_stdout(&format!("{line}\n"));
+        };
+        let run = approve::run(client, opts, &mut out);
+        if opts.watch {
+            tokio::select! {
+                r = run => r,
+                r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT"),
+            }
+        } else {
+            run.await
+        }
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

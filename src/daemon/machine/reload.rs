@@ -1,0 +1,50 @@
+//! SIGHUP: reading the configuration again off the loop, and keeping the keys that only
+//! apply after a restart.
+
+use super::*;
+
+impl Machine {
+    pub(super) fn start_reload(&mut self) {
+        let Some(reloader) = self.reloader.clone() else {
+            tracing::info!("nothing to reload");
+            return;
+        };
+        self.reloading = Some(tokio::task::spawn_blocking(move || reloader()));
+        self.reload_give_up = Some(instant_after(RELOAD_TIMEOUT));
+    }
+
+    pub(super) fn on_reloaded(&mut self, r: Result<Result<Settings>, JoinError>) {
+        let r = r.unwrap_or_else(|e| Err(anyhow::anyhow!("the reload task failed: {e}")));
+        match r {
+            Ok(new) if new == self.settings => tracing::info!("configuration unchanged"),
+            Ok(new) => {
+                let pending = crate::config::restart_required(&self.settings, &new);
+                if !pending.is_empty() {
+                    tracing::warn!(keys = ?pending, "these changes take effect after a restart");
+                }
+                self.settings = keep_restart_only_keys(&self.settings, new);
+                self.drainer.reload(&self.settings);
+                tracing::info!("configuration reloaded");
+            }
+            Err(e) => tracing::error!(
+                error = %crate::cluster::error_text(&e),
+                "invalid configuration on reload; keeping the running one"
+            ),
+        }
+    }
+}
+
+/// `reloaded`, except for the keys that only apply after a restart (see `config`).
+fn keep_restart_only_keys(running: &Settings, reloaded: Settings) -> Settings {
+    let mut s = reloaded;
+    s.state_dir = running.state_dir.clone();
+    s.node = running.node.clone();
+    s.shutdown.max_delay = running.shutdown.max_delay;
+    s.shutdown.manage_logind_dropin = running.shutdown.manage_logind_dropin;
+    s.shutdown.logind_dropin_dir = running.shutdown.logind_dropin_dir.clone();
+    s.shutdown.logind_dropin_name = running.shutdown.logind_dropin_name.clone();
+    s.fallback.cri_endpoint = running.fallback.cri_endpoint.clone();
+    s.static_pods = running.static_pods.clone();
+    s.metrics = running.metrics.clone();
+    s
+}
