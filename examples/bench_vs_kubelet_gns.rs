@@ -58,9 +58,9 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use nodegrace::cri::v1 as cri;
-use nodegrace_testkit::{EventLog, FakeState, Fakes, PrivateBus};
 use realk8s::fixture::{app_of, cleanup_node, signal_and_release};
 use realk8s::real_kubelet::{self as rk, RealFixture, RealKubelet};
+use realk8s::stand_in_logind::StandInLogind;
 use realk8s::workload::{self, PodShape};
 
 /// The Deployments: (name, priority class, replicas, the PDB's minAvailable).
@@ -364,35 +364,9 @@ async fn running_pods(kubelet: &RealKubelet) -> Vec<String> {
         .collect()
 }
 
-/// The private bus with the logind stand-in on it, for the kubelet's GNS.
-struct StandInLogind {
-    fakes: Fakes,
-    _bus: PrivateBus,
-    _dir: tempfile::TempDir,
-    address: String,
-}
-
-impl StandInLogind {
-    async fn start() -> StandInLogind {
-        let dir = tempfile::Builder::new()
-            .prefix("ngbus-")
-            .tempdir_in("/tmp")
-            .expect("bus dir");
-        let bus = PrivateBus::start(&dir.path().join("system_bus_socket")).expect("dbus-daemon");
-        let fakes = Fakes::new(FakeState::with_delay(LOGIND_DELAY), EventLog::default());
-        fakes.serve(bus.address()).await.expect("logind stand-in");
-        StandInLogind {
-            address: bus.address().to_owned(),
-            fakes,
-            _bus: bus,
-            _dir: dir,
-        }
-    }
-}
-
 async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
     let logind = match way {
-        Way::Gns => Some(StandInLogind::start().await),
+        Way::Gns => Some(StandInLogind::start(LOGIND_DELAY).await),
         _ => None,
     };
     let env: Vec<(&str, &str)> = logind
@@ -444,12 +418,7 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         f.node.boot();
     }
     if let Some(l) = &logind {
-        let held = l
-            .fakes
-            .state()
-            .taken_by("kubelet")
-            .iter()
-            .any(|i| i.held() && i.mode == "delay");
+        let held = l.holds_delay("kubelet");
         assert!(
             held,
             "the kubelet holds no delay lock on the logind stand-in:\n{}",
