@@ -1062,6 +1062,21 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
         kubelet_release - signal,
         context()
     );
+    // The kubelet's GNS configured: nodegrace marks its drain, not the kubelet's condition.
+    let n = wait_node(c, &node, "the node", |_| true).await;
+    let conditions = n.status.and_then(|s| s.conditions).unwrap_or_default();
+    let condition = |t: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| c.status.clone())
+    };
+    assert!(condition("DrainInProgress").is_some(), "{conditions:#?}");
+    assert_eq!(
+        condition("GracefulNodeShutdownInProgress"),
+        None,
+        "{conditions:#?}"
+    );
     audit::assert_allowed_by_cluster_role(&ours);
     drop(f.node.container.take());
     f.kubelet.down();
