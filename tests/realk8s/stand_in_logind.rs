@@ -6,7 +6,7 @@
 //! refuses the kubelet on the host (`../shared/realk8s/README.md`), so the kubelet's GNS and
 //! nodegrace meet on this one.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nodegrace_testkit::{EventLog, FakeState, Fakes, PrivateBus};
@@ -64,9 +64,5 @@ impl StandInLogind {
             .taken_by(who)
             .iter()
             .any(|i| i.held() && i.mode == "delay")
-    }
-
-    pub fn path(&self) -> &Path {
-        self.tmp.path()
     }
 }
