@@ -13,6 +13,10 @@
 //!    poweroff` in the node.
 //! 3. **kubectl drain**: `kubectl drain --ignore-daemonsets` (kured's way), then the power
 //!    goes off.
+//! 4. **both** (only when asked: `BENCH_MODES=both`): the kubelet's GNS of way 1 and
+//!    nodegrace of way 2 on the same logind stand-in, the node's system bus (a drop-in for
+//!    nodegrace's unit sets `DBUS_SYSTEM_BUS_ADDRESS`; the kubelet's configuration is at the
+//!    shipped `fallback.kubelet_config`); release is when the last of the two locks closed.
 //!
 //! "The power goes off" is `kubelet-down.sh`: the kubelet stops and every container still
 //! running is SIGKILLed, as a machine losing power; nothing reaches the apiserver.
@@ -41,6 +45,7 @@
 //! cargo build --release --bin nodegrace    # or set NODEGRACE_TEST_BINARY
 //! cargo run --example bench_vs_kubelet_gns                # all three
 //! BENCH_MODES=gns,drain cargo run --example bench_vs_kubelet_gns
+//! BENCH_MODES=gns,nodegrace,both cargo run --example bench_vs_kubelet_gns
 //! ```
 
 #[path = "../tests/real/mod.rs"]
@@ -58,9 +63,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use nodegrace::cri::v1 as cri;
-use nodegrace_testkit::{EventLog, FakeState, Fakes, PrivateBus};
 use realk8s::fixture::{app_of, cleanup_node, signal_and_release};
+use realk8s::node::SystemBus;
 use realk8s::real_kubelet::{self as rk, RealFixture, RealKubelet};
+use realk8s::stand_in_logind::StandInLogind;
 use realk8s::workload::{self, PodShape};
 
 /// The Deployments: (name, priority class, replicas, the PDB's minAvailable).
@@ -92,6 +98,7 @@ enum Way {
     Gns,
     Nodegrace,
     Drain,
+    Both,
 }
 
 impl Way {
@@ -100,6 +107,7 @@ impl Way {
             Way::Gns => "kubelet GNS alone",
             Way::Nodegrace => "nodegrace",
             Way::Drain => "kubectl drain + poweroff",
+            Way::Both => "kubelet GNS + nodegrace",
         }
     }
 }
@@ -364,43 +372,27 @@ async fn running_pods(kubelet: &RealKubelet) -> Vec<String> {
         .collect()
 }
 
-/// The private bus with the logind stand-in on it, for the kubelet's GNS.
-struct StandInLogind {
-    fakes: Fakes,
-    _bus: PrivateBus,
-    _dir: tempfile::TempDir,
-    address: String,
-}
-
-impl StandInLogind {
-    async fn start() -> StandInLogind {
-        let dir = tempfile::Builder::new()
-            .prefix("ngbus-")
-            .tempdir_in("/tmp")
-            .expect("bus dir");
-        let bus = PrivateBus::start(&dir.path().join("system_bus_socket")).expect("dbus-daemon");
-        let fakes = Fakes::new(FakeState::with_delay(LOGIND_DELAY), EventLog::default());
-        fakes.serve(bus.address()).await.expect("logind stand-in");
-        StandInLogind {
-            address: bus.address().to_owned(),
-            fakes,
-            _bus: bus,
-            _dir: dir,
-        }
-    }
-}
-
 async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
     let logind = match way {
-        Way::Gns => Some(StandInLogind::start().await),
+        Way::Gns | Way::Both => Some(StandInLogind::start(LOGIND_DELAY).await),
         _ => None,
     };
     let env: Vec<(&str, &str)> = logind
         .iter()
         .map(|l| ("DBUS_SYSTEM_BUS_ADDRESS", l.address.as_str()))
         .collect();
-    let extra = if way == Way::Gns { GNS_CONFIG } else { "" };
+    let extra = match way {
+        Way::Gns | Way::Both => GNS_CONFIG,
+        _ => "",
+    };
     let mut f = RealFixture::with_kubelet_env("ng-vs", extra, false, &env).await;
+    if let (Way::Both, Some(l)) = (way, &logind) {
+        f.node.system_bus = Some(SystemBus {
+            socket_dir: l.socket_dir(),
+            dropin_dir: l.dropin_dir(),
+        });
+        f.node.kubelet_config = Some(f.kubelet.dir.join("kubelet.yaml"));
+    }
     let (c, ns, node1) = (f.admin.clone(), f.name.clone(), f.name.clone());
     let node2 = format!("{node1}-spare");
     let mut spare = RealKubelet::new(f.cp, &node2, &f.cp.kubelet_identity(&node2));
@@ -440,16 +432,18 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         .collect();
     wait_budgets(&c, &ns).await;
     let timeline = Timeline::start(&c, &ns);
-    if way == Way::Nodegrace {
+    if matches!(way, Way::Nodegrace | Way::Both) {
         f.node.boot();
     }
+    if let (Way::Both, Some(l)) = (way, &logind) {
+        real::wait_until(
+            "nodegrace's delay lock on the stand-in",
+            Duration::from_secs(30),
+            || l.holds_delay("nodegrace").then_some(()),
+        );
+    }
     if let Some(l) = &logind {
-        let held = l
-            .fakes
-            .state()
-            .taken_by("kubelet")
-            .iter()
-            .any(|i| i.held() && i.mode == "delay");
+        let held = l.holds_delay("kubelet");
         assert!(
             held,
             "the kubelet holds no delay lock on the logind stand-in:\n{}",
@@ -464,19 +458,29 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         .and_then(|l| l.split_whitespace().next().map(str::to_owned))
         .unwrap_or_default();
     let (signal, release, off, running) = match way {
-        Way::Gns => {
+        Way::Gns | Way::Both => {
             let fakes = &logind.as_ref().expect("stand-in").fakes;
             let signal = realk8s::now_unix();
-            let at = fakes.prepare_for_shutdown(true).await.expect("signal");
+            let at = fakes
+                .prepare_for_shutdown_typed(true, "poweroff")
+                .await
+                .expect("signal");
+            let delay_locks = |s: &nodegrace_testkit::FakeState| {
+                s.inhibitors
+                    .iter()
+                    .filter(|i| i.mode == "delay")
+                    .cloned()
+                    .collect::<Vec<_>>()
+            };
             let state = tokio::time::timeout(
                 LOGIND_DELAY,
-                fakes.wait_until(|s| s.taken_by("kubelet").iter().all(|i| !i.held())),
+                fakes.wait_until(|s| delay_locks(s).iter().all(|i| !i.held())),
             )
             .await;
             // logind's own limit: it powers off at InhibitDelayMaxSec whatever is held.
             let closed = state
                 .ok()
-                .and_then(|s| s.taken_by("kubelet").last().and_then(|i| i.closed_at));
+                .and_then(|s| delay_locks(&s).iter().filter_map(|i| i.closed_at).max());
             let release = closed.map_or(signal + LOGIND_DELAY.as_secs_f64(), |t| {
                 signal + t.duration_since(at).as_secs_f64()
             });
@@ -535,13 +539,15 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
             match disruption.as_deref() {
                 Some("EvictionByEvictionAPI") => "evicted (Eviction API, PDB checked)",
                 Some("TerminationByKubelet") => "stopped by the kubelet's GNS (no PDB check)",
-                _ if o.app == "etcd" && way == Way::Nodegrace => {
+                _ if o.app == "etcd" && matches!(way, Way::Nodegrace | Way::Both) => {
                     "static: manifest gated, stopped by the kubelet"
                 }
                 _ if deleted => "deleted (no PDB check)",
                 // Its container stopped, and the apiserver never heard: the kubelet's status
                 // write was still pending when the power went off.
-                _ if way == Way::Gns => "stopped by the kubelet's GNS (no PDB check), unreported",
+                _ if matches!(way, Way::Gns | Way::Both) => {
+                    "stopped by the kubelet's GNS (no PDB check), unreported"
+                }
                 _ => "stopped otherwise",
             }
         };
@@ -675,6 +681,7 @@ fn report(o: &Outcome) {
         Way::Gns => "the kubelet's lock closed",
         Way::Nodegrace => "nodegrace's lock closed",
         Way::Drain => "kubectl drain returned",
+        Way::Both => "the last of the two locks closed",
     };
     println!(
         "signal → release ({release}): {}; → power off: {}; every replica healthy on the spare node again: {}",
@@ -771,7 +778,8 @@ async fn main() {
             "gns" => Way::Gns,
             "nodegrace" => Way::Nodegrace,
             "drain" => Way::Drain,
-            other => panic!("BENCH_MODES: unknown {other:?} (gns, nodegrace, drain)"),
+            "both" => Way::Both,
+            other => panic!("BENCH_MODES: unknown {other:?} (gns, nodegrace, drain, both)"),
         })
         .collect();
     real::require_prerequisites();

@@ -22,7 +22,9 @@ use kube::{Api, ResourceExt};
 use nodegrace::cri::v1 as cri;
 use realk8s::audit::{self, Request};
 use realk8s::fixture::*;
+use realk8s::node::SystemBus;
 use realk8s::real_kubelet::{self as rk, containers, ApiProxy, Ctr, PodWatch, RealFixture};
+use realk8s::stand_in_logind::StandInLogind;
 use realk8s::workload::{self, PodShape};
 use serde_json::Value;
 
@@ -762,8 +764,8 @@ const KUBELET_INHIBIT: &[&str] = &[
 /// kubelet delay lock beside its own in its journal and in `nodegrace status`, also one
 /// taken after nodegrace started (the kubelet takes it once its runtime is up, and the unit
 /// starts nodegrace after the kubelet's unit, not after its lock). The lock here is the
-/// kubelet's, who and why, taken with `systemd-inhibit` in the node; the real kubelet cannot
-/// take it from the host (see the ignored test below).
+/// kubelet's, who and why, taken with `systemd-inhibit` in the node's real logind, which the
+/// real kubelet on the host cannot reach (the next test has the real one on a stand-in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubelet_gns_lock_beside_nodegrace_is_reported() {
     if skip("a_kubelet_gns_lock_beside_nodegrace_is_reported") {
@@ -797,52 +799,287 @@ async fn a_kubelet_gns_lock_beside_nodegrace_is_reported() {
     f.cleanup().await;
 }
 
-/// (c) The real kubelet's GNS and nodegrace on one logind, the same pods: nodegrace warns,
-/// no pod is killed twice, no PodDisruptionBudget is bypassed earlier than with nodegrace
-/// alone, the shutdown takes no longer than the longer of the two.
+/// The logind stand-in's InhibitDelayMaxSec: above the 30 s the kubelet's GNS asks for, so
+/// the kubelet does not rewrite logind's configuration (it would write the host's).
+const STAND_IN_DELAY: Duration = Duration::from_secs(60);
+
+/// The kubelet's GNS in (c): 20 s for ordinary pods, then 10 s for critical ones.
+const GNS: &str = "shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s";
+const GNS_PERIOD: f64 = 30.0;
+
+/// When the stand-in saw `who`'s delay lock closed, in Unix seconds (`signal` at `at`).
+fn closed_at(
+    state: &nodegrace_testkit::FakeState,
+    who: &str,
+    signal: f64,
+    at: std::time::Instant,
+) -> Option<f64> {
+    state
+        .taken_by(who)
+        .iter()
+        .filter(|i| i.mode == "delay")
+        .filter_map(|i| i.closed_at)
+        .filter(|t| *t >= at)
+        .map(|t| signal + t.duration_since(at).as_secs_f64())
+        .reduce(f64::max)
+}
+
+/// (c) The real kubelet's Graceful Node Shutdown (30 s, 10 s of it for critical pods) and
+/// nodegrace (the shipped unit and configuration, the kubelet's configuration at the
+/// shipped `fallback.kubelet_config`) on one logind: the stand-in of
+/// `realk8s/stand_in_logind.rs`, the node's system bus and the kubelet's. On its
+/// `PrepareForShutdown` both act on the same pods: a Deployment `web` (2 replicas, a PDB
+/// that allows no disruption) and `crit` (system-cluster-critical).
+///
+/// What happens, asserted: nodegrace warns about the kubelet's lock before the shutdown and
+/// reads the kubelet's GNS from its configuration. At the signal the kubelet's GNS begins
+/// killing the ordinary pods at once, PDB or not; the apiserver learns of it only when they
+/// have stopped (the kubelet writes their status then), and until then the PDB refuses
+/// every eviction nodegrace asks for them. Each pod's container is stopped once (one
+/// container, never restarted), the kubelet DELETEs no pod twice and nodegrace evicts no pod
+/// the apiserver shows stopped; it may evict `crit`, whose stop the kubelet began a moment
+/// earlier where the API cannot show it (the pod then goes with the kubelet's shorter grace
+/// period, and its object is deleted instead of left Failed). nodegrace releases once the
+/// pods have stopped, so the delay is the kubelet's, within its shutdownGracePeriod. The
+/// PDB protected nothing: why the README says to turn the kubelet's GNS off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the real kubelet's GNS cannot take a lock on the node's logind: from the host logind answers Inhibit with 'Protocol error' (caller outside the node's PID namespace), and inside the node the kubelet exits on /dev/kmsg (../shared/realk8s/README.md)"]
 async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
     if skip("the_real_kubelets_gns_beside_nodegrace_on_one_logind") {
         return;
     }
-    let mut f = RealFixture::new(
+    let logind = StandInLogind::start(STAND_IN_DELAY).await;
+    let mut f = RealFixture::with_kubelet_env(
         "ng-rkg",
-        "shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s",
+        GNS,
         false,
+        &[("DBUS_SYSTEM_BUS_ADDRESS", &logind.address)],
     )
     .await;
+    f.node.system_bus = Some(SystemBus {
+        socket_dir: logind.socket_dir(),
+        dropin_dir: logind.dropin_dir(),
+    });
+    f.node.kubelet_config = Some(f.kubelet.dir.join("kubelet.yaml"));
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let watch = PodWatch::start(c, &ns);
     let real = |app| PodShape::new(app).on_real_kubelet();
     workload::deployment(c, &ns, &node, 2, real("web").exits_after_ms(300)).await;
-    workload::blocking_pdb(c, &ns, "web").await;
-    rk::wait_running(c, &ns, &node, &[("web", 2)], Duration::from_secs(90)).await;
-    f.node.boot();
-    let locks = f
-        .node
-        .container()
-        .run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
+    workload::pdb(c, &ns, "web", 2).await;
+    let crit = real("crit").priority("system-cluster-critical");
+    workload::deployment(c, &ns, &node, 1, crit.exits_after_ms(300)).await;
+    let apps = [("web", 2), ("crit", 1)];
+    let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
+    workload::wait_pdb_blocking(c, &ns, "web").await;
     assert!(
-        locks
-            .lines()
-            .any(|l| l.contains("kubelet") && l.contains("delay")),
-        "the kubelet holds no delay lock on the node's logind: {locks}\n{}",
+        logind.holds_delay("kubelet"),
+        "the kubelet's GNS holds no delay lock on the stand-in:\n{}",
         f.kubelet.log_tail()
     );
-    let container = f.node.shutdown("poweroff", Duration::from_secs(120));
-    assert!(container
-        .journal_of("nodegrace")
-        .iter()
-        .any(|l| l.contains("the kubelet holds a shutdown delay inhibitor too")));
+    f.node.boot();
+    real::wait_until(
+        "nodegrace's delay lock on the stand-in",
+        Duration::from_secs(30),
+        || logind.holds_delay("nodegrace").then_some(()),
+    );
+    let warned = || {
+        f.node
+            .container()
+            .journal_of("nodegrace")
+            .iter()
+            .any(|l| {
+                l.contains("the kubelet holds a shutdown delay inhibitor too")
+                    && l.field("WHO") == Some("kubelet")
+            })
+            .then_some(())
+    };
+    real::wait_until(
+        "nodegrace's warning about the kubelet's lock",
+        Duration::from_secs(30),
+        warned,
+    );
+
+    let signal = realk8s::now_unix();
+    let at = logind
+        .fakes
+        .prepare_for_shutdown_typed(true, "poweroff")
+        .await
+        .expect("PrepareForShutdown");
+    let released = |s: &nodegrace_testkit::FakeState| {
+        s.inhibitors
+            .iter()
+            .filter(|i| i.mode == "delay")
+            .all(|i| !i.held())
+    };
+    let state = tokio::time::timeout(STAND_IN_DELAY, logind.fakes.wait_until(released))
+        .await
+        .ok();
+    // The kubelet's last requests (its DELETEs of evicted pods) a moment after its release.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ours = f.nodegrace_requests();
     let kubelets = f.kubelet_requests();
-    for p in rk::live_pods(c, &ns, &node).await {
+    let journal = f.node.container().journal_text();
+    let context = || {
+        format!(
+            "nodegrace: {:#?}\nkubelet: {:#?}\njournal:\n{journal}\nkubelet log:\n{}",
+            audit::count_by_kind(&ours),
+            audit::count_by_kind(&kubelets),
+            f.kubelet.log_tail()
+        )
+    };
+    let state = state.unwrap_or_else(|| {
+        panic!(
+            "a delay lock still held {STAND_IN_DELAY:?} after the signal: {:#?}\n{}",
+            logind.fakes.state().held(),
+            context()
+        )
+    });
+    let kubelet_release = closed_at(&state, "kubelet", signal, at)
+        .unwrap_or_else(|| panic!("the kubelet never released its lock\n{}", context()));
+    let nodegrace_release = closed_at(&state, "nodegrace", signal, at)
+        .unwrap_or_else(|| panic!("nodegrace never released its lock\n{}", context()));
+    assert!(
+        journal.contains("the kubelet's own Graceful Node Shutdown is configured"),
+        "nodegrace did not read the kubelet's GNS from its configuration\n{}",
+        context()
+    );
+
+    let seen = watch.seen();
+    let kills = rk::gns_kills(&f.kubelet.log());
+    let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
+    let ctrs = containers(&endpoint).await;
+    let mut overlaps = Vec::new();
+    for p in &originals {
+        let name = p.name_any();
+        let s = &seen[&p.uid().unwrap_or_default()];
+        let terminal = s
+            .terminal_at
+            .unwrap_or_else(|| panic!("{name} never ended: {s:?}\n{}", context()));
+        // Its container stopped once: one, never restarted, exited.
+        let mine: Vec<&Ctr> = ctrs.iter().filter(|c| c.pod == name).collect();
+        assert!(
+            mine.len() == 1
+                && mine[0].attempt == 0
+                && mine[0].state == cri::ContainerState::ContainerExited as i32,
+            "{name}: {mine:?}\n{}",
+            context()
+        );
         let deletes = kubelets
             .iter()
-            .filter(|r| r.name == p.name_any() && is_pod_delete(r))
+            .filter(|r| r.name == name && is_pod_delete(r))
             .count();
-        assert!(deletes <= 1, "{} deleted {deletes} times", p.name_any());
+        assert!(
+            deletes <= 1,
+            "the kubelet DELETEd {name} {deletes} times\n{}",
+            context()
+        );
+        // No eviction of a pod the kubelet had already stopped (terminal in the API).
+        let admitted: Vec<&Request> = evictions(&ours, &name)
+            .into_iter()
+            .filter(|r| r.code == 201)
+            .collect();
+        assert!(
+            admitted.iter().all(|e| e.received < terminal),
+            "nodegrace evicted {name} after the kubelet had stopped it\n{}",
+            context()
+        );
+        // An eviction of a pod the kubelet's GNS was already stopping, which the API
+        // cannot show (the kubelet writes its status once the pod has stopped).
+        if let (Some(e), Some(kill)) = (admitted.first(), kills.get(&name)) {
+            if e.received > *kill {
+                overlaps.push(format!(
+                    "{name}: the kubelet began at +{:.3} s, nodegrace's eviction +{:.3} s",
+                    kill - signal,
+                    e.received - signal
+                ));
+            }
+        }
     }
-    drop(container);
+    // The PDB-protected pods: the kubelet's GNS stops them at once, PDB or not; the API
+    // learns it only when they have stopped, and meanwhile the PDB refuses nodegrace's
+    // evictions of them (what nodegrace alone gets until its drain deadline).
+    let web: Vec<String> = originals
+        .iter()
+        .filter(|p| app_of(p) == "web")
+        .map(|p| p.name_any())
+        .collect();
+    for name in &web {
+        let s = seen.values().find(|s| s.name == *name).expect("seen");
+        assert_eq!(
+            s.disruption.as_ref().map(|d| d.0.as_str()),
+            Some("TerminationByKubelet"),
+            "{name} was not stopped by the kubelet's GNS\n{}",
+            context()
+        );
+        assert!(
+            kills.contains_key(name),
+            "the kubelet's log does not show its GNS killing {name}\n{}",
+            context()
+        );
+    }
+    let first_kill = web.iter().map(|n| kills[n]).fold(f64::MAX, f64::min);
+    let first_stopped = web
+        .iter()
+        .filter_map(|n| seen.values().find(|s| s.name == *n)?.terminal_at)
+        .fold(f64::MAX, f64::min);
+    let web_evictions: Vec<&Request> = web.iter().flat_map(|n| evictions(&ours, n)).collect();
+    let refused = web_evictions.iter().filter(|r| r.code == 429).count();
+    assert!(
+        refused >= 1 && web_evictions.iter().all(|r| r.code == 429),
+        "nodegrace's evictions of the PDB-protected pods were not all refused by the PDB: {web_evictions:#?}\n{}",
+        context()
+    );
+    let last = kubelet_release.max(nodegrace_release);
+    eprintln!(
+        "kubelet GNS + nodegrace on one logind: the kubelet began killing the first PDB-protected pod +{:.3} s after the signal, stopped +{:.3} s (nodegrace's evictions of them: {refused} refused by the PDB); kubelet released +{:.3} s, nodegrace +{:.3} s; nodegrace's evictions of pods the kubelet was already stopping: {overlaps:?}",
+        first_kill - signal,
+        first_stopped - signal,
+        kubelet_release - signal,
+        nodegrace_release - signal,
+    );
+    assert!(
+        first_kill - signal < 1.0,
+        "the kubelet's GNS began killing the first PDB-protected pod only +{:.3} s after the signal\n{}",
+        first_kill - signal,
+        context()
+    );
+    // The delay: the kubelet's, within its shutdownGracePeriod; nodegrace releases as soon
+    // as the pods have stopped (alone, with this PDB, it would hold until its deadline).
+    assert!(
+        last - signal <= GNS_PERIOD,
+        "the last lock was released +{:.3} s after the signal (the kubelet's GNS: {GNS_PERIOD} s)\n{}",
+        last - signal,
+        context()
+    );
+    let last_stopped = seen
+        .values()
+        .filter_map(|s| s.terminal_at)
+        .fold(0f64, f64::max);
+    assert!(
+        nodegrace_release <= last_stopped.max(kubelet_release) + 2.0,
+        "nodegrace released +{:.3} s after the signal; the last pod stopped +{:.3} s, the kubelet released +{:.3} s\n{}",
+        nodegrace_release - signal,
+        last_stopped - signal,
+        kubelet_release - signal,
+        context()
+    );
+    // The kubelet's GNS configured: nodegrace marks its drain, not the kubelet's condition.
+    let n = wait_node(c, &node, "the node", |_| true).await;
+    let conditions = n.status.and_then(|s| s.conditions).unwrap_or_default();
+    let condition = |t: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| c.status.clone())
+    };
+    assert!(condition("DrainInProgress").is_some(), "{conditions:#?}");
+    assert_eq!(
+        condition("GracefulNodeShutdownInProgress"),
+        None,
+        "{conditions:#?}"
+    );
+    audit::assert_allowed_by_cluster_role(&ours);
+    drop(f.node.container.take());
     f.kubelet.down();
     f.cleanup().await;
+    drop(logind);
 }

@@ -13,6 +13,7 @@ pub mod fixture;
 pub mod kubelet;
 pub mod node;
 pub mod real_kubelet;
+pub mod stand_in_logind;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

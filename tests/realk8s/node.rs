@@ -61,8 +61,25 @@ pub struct TestNode {
     /// The node's `kubelet.service` and what it needs (container path, host path of a
     /// writable directory; files); a stand-in that only records its stop by default.
     pub kubelet_unit: Option<KubeletUnit>,
+    /// The node's system bus replaced by a stand-in's (see [`SystemBus`]); none by default.
+    pub system_bus: Option<SystemBus>,
+    /// The kubelet's configuration file, at the shipped `fallback.kubelet_config`; none by
+    /// default.
+    pub kubelet_config: Option<PathBuf>,
     pub container: Option<Container>,
 }
+
+/// A stand-in system bus for nodegrace in the node (`super::stand_in_logind`): its socket's
+/// host directory, bound in and named in the unit's `DBUS_SYSTEM_BUS_ADDRESS`, and the
+/// stand-in's logind.conf.d, bound at the shipped `shutdown.logind_dropin_dir`.
+#[derive(Clone)]
+pub struct SystemBus {
+    pub socket_dir: PathBuf,
+    pub dropin_dir: PathBuf,
+}
+
+/// Where a [`SystemBus`]'s socket directory is in the node.
+const BUS_IN_NODE: &str = "/run/stand-in-bus";
 
 impl TestNode {
     /// A node named `name` with nodegrace's identity `kubeconfig` and the kubelet's
@@ -86,6 +103,8 @@ impl TestNode {
             cri_dir: None,
             config_dropins: Vec::new(),
             kubelet_unit: None,
+            system_bus: None,
+            kubelet_config: None,
             container: None,
         }
     }
@@ -148,6 +167,23 @@ impl TestNode {
                 spec.bind_rw(path, host);
             }
         }
+        if let Some(bus) = &self.system_bus {
+            spec.bind_rw(BUS_IN_NODE, &bus.socket_dir)
+                .bind_rw(
+                    &shipped_value("shutdown", "logind_dropin_dir"),
+                    &bus.dropin_dir,
+                )
+                .file(
+                    "/etc/systemd/system/nodegrace.service.d/stand-in-bus.conf",
+                    format!(
+                        "[Service]\nEnvironment=DBUS_SYSTEM_BUS_ADDRESS=unix:path={BUS_IN_NODE}/{}\n",
+                        super::stand_in_logind::SOCKET
+                    ),
+                );
+        }
+        if let Some(config) = &self.kubelet_config {
+            spec.bind(&shipped_value("fallback", "kubelet_config"), config);
+        }
         for (name, text) in &self.config_dropins {
             spec.file(&format!("/etc/nodegrace/config.d/{name}"), text.clone());
         }
@@ -155,11 +191,16 @@ impl TestNode {
     }
 
     /// Boots the node (again, after a poweroff: a new boot with the same directories) and
-    /// waits until nodegrace holds its inhibitor.
+    /// waits until nodegrace holds its inhibitor (on the node's logind; with a
+    /// [`SystemBus`], the caller asks the stand-in).
     pub fn boot(&mut self) -> &Container {
         assert!(self.container.is_none(), "node {} is running", self.name);
         let container = Container::boot(&self.name, &self.spec());
         container.wait_active("nodegrace.service", Duration::from_secs(60));
+        if self.system_bus.is_some() {
+            self.container = Some(container);
+            return self.container.as_ref().expect("booted");
+        }
         real::wait_until(
             "nodegrace's delay inhibitor",
             Duration::from_secs(30),

@@ -362,6 +362,13 @@ pub struct PodSeen {
     pub deletion_grace: Option<i64>,
     pub termination_grace: Option<i64>,
     pub node: String,
+    /// The reason of its `DisruptionTarget` condition and when the watch first saw it
+    /// (Unix seconds): `TerminationByKubelet` for the kubelet's GNS, `EvictionByEvictionAPI`.
+    pub disruption: Option<(String, f64)>,
+    /// When the watch first saw it Succeeded or Failed.
+    pub terminal_at: Option<f64>,
+    /// When the watch first saw it terminating (a deletion timestamp).
+    pub terminating_at: Option<f64>,
 }
 
 /// Watches `ns`'s pods and records each one's deletion grace period.
@@ -395,6 +402,22 @@ impl PodWatch {
                     if entry.deletion_grace.is_none() && p.metadata.deletion_timestamp.is_some() {
                         entry.deletion_grace = p.metadata.deletion_grace_period_seconds;
                     }
+                    let now = super::now_unix();
+                    if p.metadata.deletion_timestamp.is_some() {
+                        entry.terminating_at.get_or_insert(now);
+                    }
+                    let status = p.status.clone().unwrap_or_default();
+                    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+                        entry.terminal_at.get_or_insert(now);
+                    }
+                    if entry.disruption.is_none() {
+                        entry.disruption = status
+                            .conditions
+                            .iter()
+                            .flatten()
+                            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                            .map(|c| (c.reason.clone().unwrap_or_default(), now));
+                    }
                 }
             }
         });
@@ -410,6 +433,30 @@ impl Drop for PodWatch {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// When the kubelet's Graceful Node Shutdown began killing each pod (its log's "Shutdown
+/// manager killing pod" lines), by pod name, in Unix seconds.
+pub fn gns_kills(log: &str) -> BTreeMap<String, f64> {
+    let year = chrono::Utc::now().format("%Y").to_string();
+    log.lines()
+        .filter(|l| l.contains("Shutdown manager killing pod"))
+        .filter_map(|l| {
+            // I1124 16:17:05.196576   32173 nodeshutdown_manager_linux.go:375] "..." pod="ns/name" ...
+            let mut words = l.split_whitespace();
+            let date = words.next()?.get(1..)?;
+            let time = words.next()?;
+            let at = chrono::NaiveDateTime::parse_from_str(
+                &format!("{year}{date} {time}"),
+                "%Y%m%d %H:%M:%S%.f",
+            )
+            .ok()?
+            .and_utc();
+            let pod = l.split("pod=\"").nth(1)?.split('"').next()?;
+            let name = pod.rsplit('/').next()?.to_owned();
+            Some((name, at.timestamp_micros() as f64 / 1e6))
+        })
+        .collect()
 }
 
 /// The real kubelet's own requests (user `system:node:<node>`, user agent `kubelet/...`).
