@@ -508,19 +508,22 @@ where
     let mut delay = RETRY_MIN;
     let mut failures = 0u32;
     let mut said: Option<String> = None;
-    let (clients, eviction_requests, verified) = loop {
+    let (clients, (in_tree, eviction_requests), verified) = loop {
         let attempt = async {
             let clients: Clients = connect().await?.into();
+            let in_tree = eviction_request::is_in_tree_served(&clients.nodegrace).await?;
             let installed = eviction_request::is_crd_installed(&clients.nodegrace).await?;
+            // The in-tree API wins: the CRD's permissions are not needed then.
+            let crd = installed && !in_tree;
             let verified = identity::verify(
                 &clients,
                 [paths[0].as_deref(), paths[1].as_deref()],
                 &node,
-                installed,
-                installed && controller_wanted,
+                crd,
+                crd && controller_wanted,
             )
             .await?;
-            anyhow::Ok((clients, installed, verified))
+            anyhow::Ok((clients, (in_tree, installed), verified))
         };
         match attempt.await {
             Ok(ready) => break ready,
@@ -574,6 +577,25 @@ where
         }
     };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
+    // ---- in-tree EvictionRequest API (lifecycle.k8s.io/v1alpha1): path choice ----
+    let in_tree = match crate::plan::intree::choose_path(in_tree, eviction_requests, true) {
+        crate::plan::intree::EvictionPath::InTree => {
+            let t = Arc::new(eviction_request::InTreeTerminator::new(
+                clients.nodegrace.clone(),
+                clients.kubelet.clone(),
+                &node,
+            ));
+            if eviction_requests {
+                tracing::warn!(node = %node, requester = %t.key(), "both evictionrequests.nodegrace.dev and the in-tree lifecycle.k8s.io/v1alpha1 API are served: the in-tree API is used; nodegrace's EvictionRequest CRD and its controller stand down");
+            } else {
+                tracing::info!(node = %node, requester = %t.key(), "in-tree EvictionRequest API (lifecycle.k8s.io/v1alpha1) served: pods are asked to leave through it");
+            }
+            Some(t)
+        }
+        _ => None,
+    };
+    let eviction_requests = eviction_requests && in_tree.is_none();
+    // ---- end in-tree path choice ----
     let requester = eviction_requests
         .then(|| crate::api::node_requester(&node))
         .flatten();
@@ -589,9 +611,10 @@ where
         ))
     });
     let intent = er_terminator.as_ref().map(|t| t.intent());
-    let terminator: Arc<dyn PodTerminator> = match er_terminator {
-        Some(t) => t,
-        None => Arc::new(EvictionApi::new(clients.kubelet.clone())),
+    let terminator: Arc<dyn PodTerminator> = match (&in_tree, er_terminator) {
+        (Some(t), _) => t.clone(),
+        (None, Some(t)) => t,
+        (None, None) => Arc::new(EvictionApi::new(clients.kubelet.clone())),
     };
     let run_controller = requester.is_some() && controller_wanted;
     let config = ControllerConfig::from_settings(&settings, &node);
@@ -604,6 +627,12 @@ where
         metrics,
         terminator: Some(terminator),
     });
+    if let Some(t) = &in_tree {
+        let progress = t.progress(engine.eviction_block_sink());
+        let shutting_down = engine.shutting_down();
+        let stop = stop.clone();
+        tokio::spawn(async move { progress.run(stop, shutting_down).await });
+    }
     if run_controller {
         let (controller, handle) =
             Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
