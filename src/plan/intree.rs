@@ -228,7 +228,7 @@ pub fn respond(progress: &Progress) -> Response {
         Progress::Pending => Response::Nothing,
         Progress::Responding { responder, message } => {
             let text = match message {
-                Some(m) if responder == IMPERATIVE_EVICTOR => m.clone(),
+                Some(m) if responder == IMPERATIVE_EVICTOR => without_retry_count(m),
                 Some(m) => format!("responder {responder}: {m}"),
                 None if responder == IMPERATIVE_EVICTOR => return Response::Report(None),
                 None => format!("responder {responder}"),
@@ -250,6 +250,17 @@ pub fn respond(progress: &Progress) -> Response {
         Progress::WrongTarget { uid } => Response::Refuse {
             named_uid: uid.clone(),
         },
+    }
+}
+
+/// The imperative evictor's message without its retry count, so that the blocker the drain
+/// names stays the same from one retry to the next.
+fn without_retry_count(message: &str) -> String {
+    match message.find("number of retries") {
+        Some(i) => message[..i]
+            .trim_end_matches(|c: char| c == ',' || c == ';' || c.is_whitespace())
+            .to_owned(),
+        None => message.to_owned(),
     }
 }
 
@@ -293,7 +304,13 @@ pub fn check_responders(
         let Some(name) = key.strip_prefix(annotation_prefix) else {
             continue;
         };
-        match value.split('/').next().unwrap_or_default().trim().parse::<i64>() {
+        match value
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .parse::<i64>()
+        {
             Ok(priority) => from_annotations.push(DeclaredResponder {
                 name: name.to_owned(),
                 priority,
@@ -441,7 +458,10 @@ mod tests {
 
     #[test]
     fn an_eviction_reads_as_pending_responding_evicted_or_failed() {
-        assert_eq!(read_eviction(&with_status(json!({})), "u1"), Progress::Pending);
+        assert_eq!(
+            read_eviction(&with_status(json!({})), "u1"),
+            Progress::Pending
+        );
         let active = with_status(json!({
             "targetResponders": [
                 {"name": "db.example.com/operator", "priority": 10000, "state": "Completed"},
@@ -454,7 +474,7 @@ mod tests {
         assert_eq!(
             respond(&progress),
             Response::Report(Some(
-                "Cannot evict pod as it would violate the pod's disruption budget. number of retries: 3".into()
+                "Cannot evict pod as it would violate the pod's disruption budget.".into()
             ))
         );
         let custom = with_status(json!({
@@ -463,7 +483,9 @@ mod tests {
         }));
         assert_eq!(
             respond(&read_eviction(&custom, "u1")),
-            Response::Report(Some("responder db.example.com/operator: draining replicas".into()))
+            Response::Report(Some(
+                "responder db.example.com/operator: draining replicas".into()
+            ))
         );
         let evicted = with_status(json!({"conditions": [
             {"type": "TargetEvicted", "status": "True", "reason": "PodDeleted", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z"},
@@ -506,7 +528,10 @@ mod tests {
 
     #[test]
     fn valid_responders_raise_no_problem() {
-        let f = field(&[("db.example.com/operator", 10000), ("backup.example.com/x", 2000)]);
+        let f = field(&[
+            ("db.example.com/operator", 10000),
+            ("backup.example.com/x", 2000),
+        ]);
         let check = check_responders(Some(&f), None, PREFIX);
         assert!(check.problems.is_empty(), "{:?}", check.problems);
         assert_eq!(check.responders.len(), 2);
@@ -515,7 +540,9 @@ mod tests {
 
     #[test]
     fn too_many_invalid_and_reserved_responders_are_named() {
-        let many: Vec<(String, i32)> = (0..11).map(|i| (format!("r{i}.example.com/x"), 5000)).collect();
+        let many: Vec<(String, i32)> = (0..11)
+            .map(|i| (format!("r{i}.example.com/x"), 5000))
+            .collect();
         let refs: Vec<(&str, i32)> = many.iter().map(|(n, p)| (n.as_str(), *p)).collect();
         let check = check_responders(Some(&field(&refs)), None, PREFIX);
         assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
@@ -537,12 +564,19 @@ mod tests {
 
     #[test]
     fn the_old_annotation_disagreeing_with_the_field_is_named_and_the_field_wins() {
-        let annotations: BTreeMap<String, String> =
-            [(format!("{PREFIX}db.example.com"), "20000/knowledgeable".to_owned())].into();
+        let annotations: BTreeMap<String, String> = [(
+            format!("{PREFIX}db.example.com"),
+            "20000/knowledgeable".to_owned(),
+        )]
+        .into();
         let f = field(&[("db.example.com/operator", 10000)]);
         let check = check_responders(Some(&f), Some(&annotations), PREFIX);
         assert_eq!(check.responders[0].name, "db.example.com/operator");
-        assert!(check.problems.iter().any(|p| p.contains("disagree")), "{:?}", check.problems);
+        assert!(
+            check.problems.iter().any(|p| p.contains("disagree")),
+            "{:?}",
+            check.problems
+        );
         // The annotation alone is ignored by the in-tree controllers: said so.
         let alone = check_responders(None, Some(&annotations), PREFIX);
         assert!(alone.responders.is_empty());

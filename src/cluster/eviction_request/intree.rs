@@ -174,7 +174,8 @@ impl InTreeTerminator {
             }
             Err(err) if api_error_code(&err) == Some(409) => {}
             Err(err) => {
-                return Err(err).with_context(|| format!("creating the EvictionRequest of pod {key}"))
+                return Err(err)
+                    .with_context(|| format!("creating the EvictionRequest of pod {key}"))
             }
         }
         self.set_intent(&api, &name, key, INTENT_EVICTION).await
