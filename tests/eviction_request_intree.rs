@@ -410,3 +410,52 @@ async fn bad_responder_declarations_are_logged() {
     assert!(find("badname", "no domain prefix"));
     assert!(find("mixed", "disagree"));
 }
+
+#[tokio::test]
+async fn a_responders_progress_is_shown_and_its_completion_hands_over_to_the_evictor() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("kv", Kind::Default, 0, 30, json!({"app": "kv"}));
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "kv", |p| {
+            p["spec"]["evictionResponders"] =
+                json!([{"name": "kv.example.com/operator", "priority": 10000}])
+        })
+        .unwrap();
+    let kv = uid(&env, "kv");
+    env.admin_maintenance("move", "Drain", json!([]));
+    let _drainer = start(&env);
+    eventually(15, "the operator active on kv's Eviction", || {
+        controllers.respond(
+            "work",
+            &kv,
+            "kv.example.com/operator",
+            "moving shard 3 of 8",
+            false,
+        )
+    })
+    .await;
+    eventually(15, "the operator's word in the node's entry", || {
+        env.maintenance("move")
+            .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
+            .is_some_and(|msg| {
+                msg.contains("responder kv.example.com/operator: moving shard 3 of 8")
+            })
+    })
+    .await;
+    assert!(
+        env.pod_exists("kv"),
+        "nothing evicted while the operator works"
+    );
+    assert!(controllers.respond("work", &kv, "kv.example.com/operator", "shards moved", true));
+    eventually(15, "kv evicted by the in-tree evictor", || {
+        !env.pod_exists("kv")
+    })
+    .await;
+    assert_eq!(controllers.evicted(), ["work/kv"]);
+    assert!(
+        env.evictions().is_empty(),
+        "nodegrace evicted nothing itself"
+    );
+}
