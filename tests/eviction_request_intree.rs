@@ -459,3 +459,14 @@ async fn a_responders_progress_is_shown_and_its_completion_hands_over_to_the_evi
         "nodegrace evicted nothing itself"
     );
 }
+
+#[path = "engine_support/cluster_role.rs"]
+mod cluster_role;
+
+#[test]
+fn the_shipped_cluster_role_grants_what_the_in_tree_path_checks_for() {
+    let role = cluster_role::ClusterRole::shipped();
+    for p in nodegrace::cluster::identity::required_in_tree() {
+        assert!(role.allows(p.verb, p.group, p.resource), "{p}");
+    }
+}

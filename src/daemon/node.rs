@@ -523,6 +523,9 @@ where
                 crd && controller_wanted,
             )
             .await?;
+            if in_tree {
+                identity::verify_in_tree(&clients, &verified).await?;
+            }
             anyhow::Ok((clients, (in_tree, installed), verified))
         };
         match attempt.await {
