@@ -435,6 +435,17 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn every_node_name_yields_a_valid_unreserved_key(
+            node in "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?){0,4}"
+        ) {
+            let key = requester_key(&node);
+            proptest::prop_assert!(domain_prefixed_key_problem(&key).is_none(), "{}", key);
+            proptest::prop_assert!(!is_reserved_domain(&key));
+        }
+    }
+
     #[test]
     fn the_old_crd_requester_name_is_not_a_valid_key() {
         assert!(domain_prefixed_key_problem("worker-1.nodemaintenance.nodegrace.dev").is_some());

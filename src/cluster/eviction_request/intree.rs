@@ -355,6 +355,14 @@ impl Progress {
             };
             let eviction = match event {
                 Some(Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e))) => e,
+                // Collected with its request and pod: forget the pod.
+                Some(Ok(watcher::Event::Delete(e))) => {
+                    if let Some(uid) = e.spec.target.pod.as_ref().map(|p| &p.uid) {
+                        reported.remove(uid);
+                        evicted.remove(uid);
+                    }
+                    continue;
+                }
                 Some(Ok(_)) => continue,
                 Some(Err(err)) => {
                     tracing::debug!(error = %err, "watching Evictions (lifecycle.k8s.io)");
