@@ -479,3 +479,38 @@ fn the_shipped_cluster_role_grants_what_the_in_tree_path_checks_for() {
         assert!(granted, "{p}");
     }
 }
+
+#[tokio::test]
+async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("gang", Kind::Default, 0, 30, json!({"app": "gang"}));
+    // A pod of a PodGroup: the in-tree API refuses it (EvictionInvalid), no Eviction is made.
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "gang", |p| {
+            p["spec"]["schedulingGroup"] = json!({"podGroupName": "g"})
+        })
+        .unwrap();
+    let gang = uid(&env, "gang");
+    let drainer = start(&env);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert!(!env.pod_exists("gang"));
+    assert_eq!(posted(&env.requests()).len(), 1);
+    assert!(
+        controllers.eviction_of("work", &gang).is_none(),
+        "no Eviction was made"
+    );
+    assert_eq!(
+        env.evictions(),
+        ["gang"],
+        "nodegrace evicted it through the Eviction API"
+    );
+    assert!(env.deletes().is_empty(), "long before any escalation");
+}

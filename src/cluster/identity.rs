@@ -329,6 +329,7 @@ pub fn required_in_tree() -> Vec<Permission> {
     vec![
         permission("create", "lifecycle.k8s.io", "evictionrequests"),
         permission("patch", "lifecycle.k8s.io", "evictionrequests"),
+        permission("watch", "lifecycle.k8s.io", "evictionrequests"),
         permission("watch", "lifecycle.k8s.io", "evictions"),
     ]
 }

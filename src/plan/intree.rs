@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::EvictionResponder;
-use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
+use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
 
 /// The domain of nodegrace's requester keys.
 pub const REQUESTER_DOMAIN: &str = "nodegrace.dev";
@@ -156,17 +156,31 @@ pub enum Progress {
     WrongTarget { uid: String },
 }
 
-fn condition_true<'a>(
-    eviction: &'a Eviction,
-    kind: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    eviction
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
+type Condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+fn condition_true<'a>(conditions: Option<&'a Vec<Condition>>, kind: &str) -> Option<&'a Condition> {
+    conditions?
         .iter()
         .find(|c| c.type_ == kind && c.status == "True")
+}
+
+/// What the final conditions (`TargetEvicted`, `Failed`) of an Eviction or an EvictionRequest
+/// say, if they are final.
+fn final_conditions(conditions: Option<&Vec<Condition>>) -> Option<Progress> {
+    if condition_true(conditions, "TargetEvicted").is_some() {
+        return Some(Progress::Evicted);
+    }
+    condition_true(conditions, "Failed").map(|c| Progress::Failed {
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+    })
+}
+
+/// Reads nodegrace's own EvictionRequest: its conditions are the Eviction's, copied by the
+/// in-tree controller, or its own `Failed` (`EvictionInvalid`: no Eviction is made, e.g. for a
+/// pod of a PodGroup). `None` while nothing is final.
+pub fn read_request(request: &EvictionRequest) -> Option<Progress> {
+    final_conditions(request.status.as_ref().and_then(|s| s.conditions.as_ref()))
 }
 
 /// Reads `eviction` for the pod with `uid`.
@@ -177,16 +191,10 @@ pub fn read_eviction(eviction: &Eviction, uid: &str) -> Progress {
             uid: target.unwrap_or_default().to_owned(),
         };
     }
-    if condition_true(eviction, "TargetEvicted").is_some() {
-        return Progress::Evicted;
-    }
-    if let Some(c) = condition_true(eviction, "Failed") {
-        return Progress::Failed {
-            reason: c.reason.clone(),
-            message: c.message.clone(),
-        };
-    }
     let status = eviction.status.as_ref();
+    if let Some(done) = final_conditions(status.and_then(|s| s.conditions.as_ref())) {
+        return done;
+    }
     let active = status
         .and_then(|s| s.target_responders.as_ref())
         .into_iter()
@@ -512,6 +520,30 @@ mod tests {
         let canceled = with_status(json!({"conditions": [
             {"type": "Failed", "status": "True", "reason": "CanceledDueToNoRequesters", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z"}]}));
         assert_eq!(respond(&read_eviction(&canceled, "u1")), Response::Nothing);
+    }
+
+    #[test]
+    fn a_refused_request_is_evicted_directly_and_a_pending_one_waits() {
+        let request = |status: serde_json::Value| -> EvictionRequest {
+            serde_json::from_value(json!({
+                "metadata": {"name": "nodegrace-u1", "namespace": "ns"},
+                "spec": {"intent": "Eviction", "requester": "nodegrace.dev/n1",
+                    "target": {"pod": {"name": "p", "uid": "u1"}}},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let invalid = request(json!({"conditions": [
+            {"type": "Failed", "status": "True", "reason": "EvictionInvalid", "message": "Target pod references a SchedulingGroup. Eviction is currently not supported.", "lastTransitionTime": "2026-11-24T10:00:00Z"},
+            {"type": "TargetEvicted", "status": "False", "reason": "EvictionFailed", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z"}]}));
+        assert!(matches!(
+            read_request(&invalid).as_ref().map(respond),
+            Some(Response::EvictDirectly { why }) if why.contains("SchedulingGroup")
+        ));
+        let waiting = request(json!({"conditions": [
+            {"type": "Failed", "status": "False", "reason": "AwaitingEviction", "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z"}]}));
+        assert_eq!(read_request(&waiting), None);
+        assert_eq!(read_request(&request(json!({}))), None);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!   `Active` at a time, handed over on `completionTime` or after a 20-minute heartbeat
 //!   silence (`Interrupted`); conditions `TargetEvicted` (`PodDeleted`, `PodTerminal`) and
 //!   `Failed` (`CanceledDueToNoRequesters`, `NoFurtherResponder`, `EvictionInvalid`), copied
-//!   back to the EvictionRequests.
+//!   back to the EvictionRequests; a request for a missing pod, another UID, or a pod with
+//!   `spec.schedulingGroup` gets `Failed` (`EvictionInvalid`) and no Eviction.
 //! - **imperative eviction responder**: while it is the active responder it calls the Eviction
 //!   API with the pod's UID as precondition, backing off exponentially (to about 15 minutes),
 //!   its message counting the retries; it skips DaemonSet, mirror and terminating pods.
@@ -278,6 +279,10 @@ fn reconcile(store: &Store, state: &Mutex<State>) -> Option<Instant> {
                     "Target pod UID mismatch: expected {uid}, got {}.",
                     s(p, "/metadata/uid")
                 )),
+                Some(p) if p.pointer("/spec/schedulingGroup").is_some() => Some(
+                    "Target pod references a SchedulingGroup. Eviction is currently not supported."
+                        .to_string(),
+                ),
                 _ => None,
             }
         } else {

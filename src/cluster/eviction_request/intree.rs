@@ -33,8 +33,8 @@ use crate::cluster::terminate::{PodTerminator, Request};
 use crate::cluster::{api_error_code, FIELD_MANAGER};
 use crate::metrics::TerminationMethod;
 use crate::plan::intree::{
-    check_responders, read_eviction, request_name, respond, Response, INTENT_EVICTION,
-    INTENT_WITHDRAWN,
+    check_responders, read_eviction, read_request, request_name, respond, Response,
+    INTENT_EVICTION, INTENT_WITHDRAWN,
 };
 use crate::plan::PodInfo;
 
@@ -100,6 +100,7 @@ impl InTreeTerminator {
             client: self.client.clone(),
             evictor: self.evictor.clone(),
             key: self.key.clone(),
+            node_label: crate::api::node_label_value(&self.node).map(str::to_owned),
             wanted: self.wanted.clone(),
             blocks,
         }
@@ -329,6 +330,8 @@ pub struct Progress {
     client: Client,
     evictor: Client,
     key: String,
+    /// This node's label value on its requests (none for a node name too long for one).
+    node_label: Option<String>,
     wanted: Wanted,
     blocks: BlockSink,
 }
@@ -340,39 +343,68 @@ impl Progress {
         stop: CancellationToken,
         shutting_down: Arc<std::sync::atomic::AtomicBool>,
     ) {
-        let api: Api<Eviction> = Api::all(self.client.clone());
-        let mut events = watcher(api, watcher::Config::default().labels(&self.key))
+        let evictions: Api<Eviction> = Api::all(self.client.clone());
+        let eviction_events = watcher(evictions, watcher::Config::default().labels(&self.key))
+            .backoff(WatchBackoff::new(shutting_down.clone()))
+            .map(Watched::Eviction);
+        // Its own requests too: a request the in-tree controller refuses (EvictionInvalid)
+        // gets no Eviction at all.
+        let requests: Api<EvictionRequest> = Api::all(self.client.clone());
+        let request_events = match &self.node_label {
+            Some(value) => watcher(
+                requests,
+                watcher::Config::default().labels(&format!("{NODE_LABEL}={value}")),
+            )
             .backoff(WatchBackoff::new(shutting_down))
-            .boxed();
-        // Per pod UID: the last report and whether nodegrace already evicted it itself.
-        let mut reported: HashMap<String, Option<String>> = HashMap::new();
-        let mut evicted: HashSet<String> = HashSet::new();
-        let mut refused: HashSet<String> = HashSet::new();
+            .map(Watched::Request)
+            .boxed(),
+            None => futures::stream::pending().boxed(),
+        };
+        let mut events = futures::stream::select(eviction_events.boxed(), request_events);
+        let mut seen = Seen::default();
         loop {
             let event = tokio::select! {
                 () = stop.cancelled() => return,
                 e = events.next() => e,
             };
-            let eviction = match event {
-                Some(Ok(watcher::Event::Apply(e) | watcher::Event::InitApply(e))) => e,
+            match event {
+                Some(Watched::Eviction(Ok(
+                    watcher::Event::Apply(e) | watcher::Event::InitApply(e),
+                ))) => self.observed(&e, &mut seen).await,
                 // Collected with its request and pod: forget the pod.
-                Some(Ok(watcher::Event::Delete(e))) => {
+                Some(Watched::Eviction(Ok(watcher::Event::Delete(e)))) => {
                     if let Some(uid) = e.spec.target.pod.as_ref().map(|p| &p.uid) {
-                        reported.remove(uid);
-                        evicted.remove(uid);
+                        seen.reported.remove(uid);
+                        seen.evicted.remove(uid);
                     }
-                    continue;
                 }
-                Some(Ok(_)) => continue,
-                Some(Err(err)) => {
-                    tracing::debug!(error = %err, "watching Evictions (lifecycle.k8s.io)");
-                    continue;
+                Some(Watched::Request(Ok(
+                    watcher::Event::Apply(r) | watcher::Event::InitApply(r),
+                ))) => self.request_observed(&r, &mut seen).await,
+                Some(Watched::Eviction(Err(err)) | Watched::Request(Err(err))) => {
+                    tracing::debug!(error = %err, "watching EvictionRequests and Evictions (lifecycle.k8s.io)");
                 }
+                Some(_) => {}
                 None => return,
-            };
-            self.observed(&eviction, &mut reported, &mut evicted, &mut refused)
-                .await;
+            }
         }
+    }
+
+    async fn request_observed(&self, request: &EvictionRequest, seen: &mut Seen) {
+        if request.spec.requester != self.key {
+            return;
+        }
+        let Some(target) = request.spec.target.pod.as_ref() else {
+            return;
+        };
+        let Some(pod) = lock(&self.wanted).get(&target.uid).map(|(p, _)| p.clone()) else {
+            return;
+        };
+        let Some(progress) = read_request(request) else {
+            return;
+        };
+        let name = request.metadata.name.as_deref().unwrap_or_default();
+        self.act(&pod, name, respond(&progress), seen).await;
     }
 
     /// The pod nodegrace asked about that `eviction` belongs to: through the owner reference
@@ -398,48 +430,68 @@ impl Progress {
             .map(|(p, _)| p.clone())
     }
 
-    async fn observed(
-        &self,
-        eviction: &Eviction,
-        reported: &mut HashMap<String, Option<String>>,
-        evicted: &mut HashSet<String>,
-        refused: &mut HashSet<String>,
-    ) {
+    async fn observed(&self, eviction: &Eviction, seen: &mut Seen) {
         let Some(pod) = self.asked_for(eviction) else {
             return;
         };
         let name = eviction.metadata.name.as_deref().unwrap_or_default();
-        match respond(&read_eviction(eviction, &pod.uid)) {
+        self.act(
+            &pod,
+            name,
+            respond(&read_eviction(eviction, &pod.uid)),
+            seen,
+        )
+        .await;
+    }
+
+    async fn act(&self, pod: &PodKey, object: &str, response: Response, seen: &mut Seen) {
+        match response {
             Response::Nothing => {}
             Response::Report(by) => {
-                if reported.get(&pod.uid) != Some(&by) {
-                    reported.insert(pod.uid.clone(), by.clone());
+                if seen.reported.get(&pod.uid) != Some(&by) {
+                    seen.reported.insert(pod.uid.clone(), by.clone());
                     (self.blocks)(&pod.uid, by);
                 }
             }
             Response::Refuse { named_uid } => {
-                if refused.insert(format!("{name}/{named_uid}")) {
-                    warn!(pod = %pod, pod_uid = %pod.uid, eviction = %name, eviction_target_uid = %named_uid, "an Eviction (lifecycle.k8s.io) about this pod names another pod's UID: ignored, nothing is evicted for it");
+                if seen.refused.insert(format!("{object}/{named_uid}")) {
+                    warn!(pod = %pod, pod_uid = %pod.uid, eviction = %object, eviction_target_uid = %named_uid, "an Eviction (lifecycle.k8s.io) about this pod names another pod's UID: ignored, nothing is evicted for it");
                 }
             }
             Response::EvictDirectly { why } => {
-                if !evicted.insert(pod.uid.clone()) {
+                if !seen.evicted.insert(pod.uid.clone()) {
                     return;
                 }
-                warn!(pod = %pod, eviction = %name, reason = %why, "the in-tree eviction ended without evicting the pod: evicting it through the Eviction API");
+                warn!(pod = %pod, object, reason = %why, "the in-tree eviction ended without evicting the pod: evicting it through the Eviction API");
                 let api: Api<Pod> = Api::namespaced(self.evictor.clone(), &pod.namespace);
                 let by = match evict::evict(&api, &pod.name, &pod.uid, None).await {
                     Ok(Outcome::Blocked { budget, message }) => Some(budget.unwrap_or(message)),
                     Ok(Outcome::Accepted | Outcome::Gone) => None,
                     Err(err) => {
-                        // Tried again on the Eviction's next change.
-                        evicted.remove(&pod.uid);
+                        // Tried again on the next change.
+                        seen.evicted.remove(&pod.uid);
                         Some(crate::cluster::error_text(&err))
                     }
                 };
-                reported.insert(pod.uid.clone(), by.clone());
+                seen.reported.insert(pod.uid.clone(), by.clone());
                 (self.blocks)(&pod.uid, by);
             }
         }
     }
+}
+
+/// What the watch already did, per pod UID.
+#[derive(Default)]
+struct Seen {
+    /// The last report to the drain.
+    reported: HashMap<String, Option<String>>,
+    /// Evicted through the Eviction API by nodegrace itself.
+    evicted: HashSet<String>,
+    /// Evictions of another UID already warned about (`<eviction>/<uid>`).
+    refused: HashSet<String>,
+}
+
+enum Watched {
+    Eviction(Result<watcher::Event<Eviction>, watcher::Error>),
+    Request(Result<watcher::Event<EvictionRequest>, watcher::Error>),
 }
