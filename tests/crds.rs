@@ -719,6 +719,8 @@ mod rbac {
                 "/pods: get,list,watch",
                 "apiextensions.k8s.io/customresourcedefinitions[evictionrequests.nodegrace.dev,nodemaintenances.nodegrace.dev]: get",
                 "events.k8s.io/events: create,patch",
+                "lifecycle.k8s.io/evictionrequests: get,list,watch,create,patch",
+                "lifecycle.k8s.io/evictions: list,watch",
                 "nodegrace.dev/evictionrequests/status: patch,update",
                 "nodegrace.dev/evictionrequests: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/nodemaintenances/status: patch,update",

@@ -323,6 +323,41 @@ pub async fn verify(
     Ok(verified)
 }
 
+/// What nodegrace's credential needs on the in-tree EvictionRequest API (1.37,
+/// `lifecycle.k8s.io/v1alpha1`) when the cluster serves it.
+pub fn required_in_tree() -> Vec<Permission> {
+    vec![
+        permission("create", "lifecycle.k8s.io", "evictionrequests"),
+        permission("patch", "lifecycle.k8s.io", "evictionrequests"),
+        permission("watch", "lifecycle.k8s.io", "evictionrequests"),
+        permission("watch", "lifecycle.k8s.io", "evictions"),
+    ]
+}
+
+/// [`verify`]'s permission check for the in-tree EvictionRequest API: a missing grant is a
+/// [`CredentialError`] naming it.
+pub async fn verify_in_tree(clients: &Clients, verified: &Verified) -> anyhow::Result<()> {
+    let wanted = required_in_tree();
+    let answers =
+        futures::future::join_all(wanted.iter().map(|p| allowed(&clients.nodegrace, p))).await;
+    let mut lacking = Vec::new();
+    for (p, answer) in wanted.into_iter().zip(answers) {
+        match answer {
+            Ok(true) => {}
+            Ok(false) => lacking.push((Role::Nodegrace, p)),
+            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 405) => {}
+            Err(err) => {
+                return Err(anyhow::Error::from(err)
+                    .context("asking the apiserver what nodegrace's credential may do"))
+            }
+        }
+    }
+    if !lacking.is_empty() {
+        return Err(CredentialError(lacks(verified, &lacking, clients.shared)).into());
+    }
+    Ok(())
+}
+
 fn lacks(verified: &Verified, lacking: &[(Role, Permission)], shared: bool) -> String {
     let mut parts = Vec::new();
     for role in [Role::Nodegrace, Role::Kubelet] {

@@ -23,7 +23,7 @@ impl Slim for EvictionRequest {}
 
 impl Slim for Pod {
     /// A pod keeps its metadata, what the drain plan and the eviction paths read of its spec
-    /// (node, priority, grace period, tolerations), its phase and conditions, and when each
+    /// (node, priority, grace period, tolerations, eviction responders), its phase and conditions, and when each
     /// running container started (whether the kubelet runs a pod again after an offline
     /// shutdown). Containers, volumes and the rest of the container statuses go: they were
     /// most of a cached pod's memory (a `Container` alone takes 2.3 KiB before any of its
@@ -37,6 +37,7 @@ impl Slim for Pod {
                 priority_class_name: spec.priority_class_name,
                 termination_grace_period_seconds: spec.termination_grace_period_seconds,
                 tolerations: spec.tolerations,
+                eviction_responders: spec.eviction_responders,
                 ..PodSpec::default()
             });
         }

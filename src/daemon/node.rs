@@ -505,7 +505,7 @@ where
         Role::Kubelet.path(&settings).map(Path::to_owned),
     ];
     let controller_wanted = !settings.drain.external_eviction_request_controller;
-    let (clients, eviction_requests, verified) = connect_verified(
+    let (clients, (in_tree, eviction_requests), verified) = connect_verified(
         &connect,
         &endpoint,
         [paths[0].as_deref(), paths[1].as_deref()],
@@ -526,6 +526,25 @@ where
         }
     };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
+    // ---- in-tree EvictionRequest API (lifecycle.k8s.io/v1alpha1): path choice ----
+    let in_tree = match crate::plan::intree::choose_path(in_tree, eviction_requests, true) {
+        crate::plan::intree::EvictionPath::InTree => {
+            let t = Arc::new(eviction_request::InTreeTerminator::new(
+                clients.nodegrace.clone(),
+                clients.kubelet.clone(),
+                &node,
+            ));
+            if eviction_requests {
+                tracing::warn!(node = %node, requester = %t.key(), "both evictionrequests.nodegrace.dev and the in-tree lifecycle.k8s.io/v1alpha1 API are served: the in-tree API is used; nodegrace's EvictionRequest CRD and its controller stand down");
+            } else {
+                tracing::info!(node = %node, requester = %t.key(), "in-tree EvictionRequest API (lifecycle.k8s.io/v1alpha1) served: pods are asked to leave through it");
+            }
+            Some(t)
+        }
+        _ => None,
+    };
+    let eviction_requests = eviction_requests && in_tree.is_none();
+    // ---- end in-tree path choice ----
     let requester = eviction_requests
         .then(|| crate::api::node_requester(&node))
         .flatten();
@@ -541,9 +560,10 @@ where
         ))
     });
     let intent = er_terminator.as_ref().map(|t| t.intent());
-    let terminator: Arc<dyn PodTerminator> = match er_terminator {
-        Some(t) => t,
-        None => Arc::new(EvictionApi::new(clients.kubelet.clone())),
+    let terminator: Arc<dyn PodTerminator> = match (&in_tree, er_terminator) {
+        (Some(t), _) => t.clone(),
+        (None, Some(t)) => t,
+        (None, None) => Arc::new(EvictionApi::new(clients.kubelet.clone())),
     };
     let run_controller = requester.is_some() && controller_wanted;
     let config = ControllerConfig::from_settings(&settings, &node);
@@ -556,6 +576,12 @@ where
         metrics,
         terminator: Some(terminator),
     });
+    if let Some(t) = &in_tree {
+        let progress = t.progress(engine.eviction_block_sink());
+        let shutting_down = engine.shutting_down();
+        let stop = stop.clone();
+        tokio::spawn(async move { progress.run(stop, shutting_down).await });
+    }
     if run_controller {
         let (controller, handle) =
             Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
@@ -581,8 +607,9 @@ where
 }
 
 /// Connects until the apiserver answers and both credentials pass `identity::verify`:
-/// whether the EvictionRequest API is installed, and who each client is. Failures are
-/// logged (a refused credential loudly, an absent apiserver now and then) and retried.
+/// whether the in-tree EvictionRequest API is served, whether ours is installed, and who
+/// each client is. Failures are logged (a refused credential loudly, an absent apiserver now
+/// and then) and retried.
 async fn connect_verified<F, Fut, C>(
     connect: &F,
     endpoint: &str,
@@ -591,7 +618,7 @@ async fn connect_verified<F, Fut, C>(
     controller_wanted: bool,
     metrics: &Metrics,
     shutting_down: &mut watch::Receiver<bool>,
-) -> (Clients, bool, identity::Verified)
+) -> (Clients, (bool, bool), identity::Verified)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<C>>,
@@ -603,16 +630,16 @@ where
     loop {
         let attempt = async {
             let clients: Clients = connect().await?.into();
+            let in_tree = eviction_request::is_in_tree_served(&clients.nodegrace).await?;
             let installed = eviction_request::is_crd_installed(&clients.nodegrace).await?;
-            let verified = identity::verify(
-                &clients,
-                paths,
-                node,
-                installed,
-                installed && controller_wanted,
-            )
-            .await?;
-            anyhow::Ok((clients, installed, verified))
+            // The in-tree API wins: the CRD's permissions are not needed then.
+            let crd = installed && !in_tree;
+            let verified =
+                identity::verify(&clients, paths, node, crd, crd && controller_wanted).await?;
+            if in_tree {
+                identity::verify_in_tree(&clients, &verified).await?;
+            }
+            anyhow::Ok((clients, (in_tree, installed), verified))
         };
         match attempt.await {
             Ok(ready) => return ready,

@@ -30,6 +30,7 @@ pub mod classify;
 pub mod drain;
 pub mod drainplan;
 pub mod gns;
+pub mod intree;
 pub(crate) mod lifecycle;
 #[cfg(test)]
 pub(crate) mod model;

@@ -9,6 +9,7 @@ pub mod drainer;
 pub mod fake_apiserver;
 pub mod fake_cri;
 pub mod fake_kubelet;
+pub mod fake_lifecycle;
 pub mod fake_logind;
 pub mod harness;
 pub mod memory_logind;

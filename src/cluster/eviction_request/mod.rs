@@ -11,6 +11,10 @@
 //!
 //! The decisions are pure ([`decide`]); the adapters around them only read and write.
 //!
+//! On a cluster serving the in-tree API of Kubernetes 1.37 (`lifecycle.k8s.io/v1alpha1`,
+//! [`is_in_tree_served`]) nodegrace is only a requester of it ([`InTreeTerminator`]); the CRD
+//! and this controller stand down.
+//!
 //! Wiring in the daemon:
 //! - [`is_crd_installed`] picks the path. With the CRD, the drain engine terminates pods
 //!   through [`EvictionRequestTerminator`] (its `PodTerminator`), without it through the
@@ -31,6 +35,7 @@
 
 mod controller;
 pub mod decide;
+mod intree;
 mod requester;
 mod terminator;
 mod work;
@@ -46,6 +51,7 @@ use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 
 pub(crate) use controller::BlockSink;
 pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciler};
+pub use intree::{is_in_tree_served, InTreeTerminator, Progress as InTreeProgress, LIFECYCLE_API};
 pub use requester::{Requested, Requester, Withdrawn};
 pub use terminator::{EvictionRequestTerminator, Intent};
 

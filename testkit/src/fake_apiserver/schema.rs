@@ -47,6 +47,12 @@ fn builtin_list(group: &str, plural: &str, path: &str) -> ListKind {
         ("", "nodes", "status.addresses") => map(&["type"], "type"),
         ("", "nodes", "spec.podCIDRs") => ListKind::Set,
         ("policy", "poddisruptionbudgets", "status.conditions") => map(&["type"], "type"),
+        ("lifecycle.k8s.io", _, "status.conditions") => map(&["type"], "type"),
+        (
+            "lifecycle.k8s.io",
+            "evictions",
+            "status.requesters" | "status.targetResponders" | "status.responders",
+        ) => map(&["name"], "name"),
         _ => ListKind::Atomic,
     }
 }

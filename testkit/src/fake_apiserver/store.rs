@@ -579,6 +579,29 @@ impl Store {
         self.lock().resources.clone()
     }
 
+    /// Serves a built-in resource that a default apiserver leaves off (an alpha API enabled
+    /// with `--runtime-config`), from now on.
+    pub fn serve_builtin(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        has_status: bool,
+    ) {
+        let mut g = self.lock();
+        if !g
+            .resources
+            .iter()
+            .any(|r| r.group == group && r.version == version && r.plural == plural)
+        {
+            g.resources.push(Arc::new(ResourceInfo::builtin(
+                group, version, plural, kind, namespaced, has_status,
+            )));
+        }
+    }
+
     pub fn find_resource(
         &self,
         group: &str,

@@ -1,0 +1,497 @@
+//! nodegrace as a requester of the in-tree EvictionRequest API (`lifecycle.k8s.io/v1alpha1`,
+//! Kubernetes 1.37, gate `EvictionRequestAPI`). One EvictionRequest per pod
+//! (`nodegrace-<pod UID>`, requester [`crate::plan::intree::requester_key`], intent
+//! `Eviction`; `Withdrawn` when the maintenance ends); the in-tree eviction-request controller
+//! makes the pod's `Eviction`, picks its responders and its imperative evictor calls the
+//! Eviction API. nodegrace follows the Evictions labelled with its key and tells the drain
+//! what holds each pod; the deadline escalation (DELETE) is the drain's, as on every path.
+//! DaemonSet and mirror pods never go this way (the in-tree evictor skips them).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::lifecycle::v1alpha1::{
+    Eviction, EvictionRequest, EvictionRequestPodReference, EvictionRequestSpec,
+    EvictionRequestTarget,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{BlockSink, PodKey, PodState, NODE_LABEL};
+use crate::cluster::backoff::WatchBackoff;
+use crate::cluster::evict::{self, Outcome};
+use crate::cluster::terminate::{PodTerminator, Request};
+use crate::cluster::{api_error_code, FIELD_MANAGER};
+use crate::metrics::TerminationMethod;
+use crate::plan::intree::{
+    check_responders, read_eviction, read_request, request_name, respond, Response,
+    INTENT_EVICTION, INTENT_WITHDRAWN,
+};
+use crate::plan::PodInfo;
+
+/// The group/version of the in-tree API.
+pub const LIFECYCLE_API: &str = "lifecycle.k8s.io/v1alpha1";
+
+/// Whether the apiserver serves both `evictionrequests` and `evictions` of
+/// `lifecycle.k8s.io/v1alpha1`.
+pub async fn is_in_tree_served(client: &Client) -> Result<bool> {
+    match client.list_api_group_resources(LIFECYCLE_API).await {
+        Ok(list) => {
+            let has = |n: &str| list.resources.iter().any(|r| r.name == n);
+            Ok(has("evictionrequests") && has("evictions"))
+        }
+        Err(err) if api_error_code(&err) == Some(404) => Ok(false),
+        Err(err) => Err(err).context("discovering the lifecycle.k8s.io/v1alpha1 API group"),
+    }
+}
+
+/// Pod UID -> (pod, maintenances that asked for it).
+type Wanted = Arc<Mutex<HashMap<String, (PodKey, BTreeSet<String>)>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The drain's [`PodTerminator`] on a cluster serving the in-tree API.
+pub struct InTreeTerminator {
+    /// Writes the EvictionRequests (nodegrace's identity).
+    client: Client,
+    /// Evictions and DELETEs (the kubelet's credential in the daemon).
+    evictor: Client,
+    node: String,
+    key: String,
+    wanted: Wanted,
+    /// Maintenances seen asking since this daemon started.
+    seen: Mutex<BTreeSet<String>>,
+    /// Pods whose responder declarations were already complained about.
+    checked: Mutex<HashSet<String>>,
+}
+
+impl InTreeTerminator {
+    pub fn new(client: Client, evictor: Client, node: &str) -> Self {
+        Self {
+            client,
+            evictor,
+            node: node.to_owned(),
+            key: crate::plan::intree::requester_key(node),
+            wanted: Wanted::default(),
+            seen: Mutex::new(BTreeSet::new()),
+            checked: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The requester key (`spec.requester`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The watch of this requester's Evictions, reporting to the drain through `blocks`.
+    pub fn progress(&self, blocks: BlockSink) -> Progress {
+        Progress {
+            client: self.client.clone(),
+            evictor: self.evictor.clone(),
+            key: self.key.clone(),
+            node_label: crate::api::node_label_value(&self.node).map(str::to_owned),
+            wanted: self.wanted.clone(),
+            blocks,
+        }
+    }
+
+    fn requests(&self, namespace: &str) -> Api<EvictionRequest> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Says once per pod what is wrong with the responders it declares.
+    fn check_pod(&self, key: &PodKey, pod: &Pod) {
+        if !lock(&self.checked).insert(key.uid.clone()) {
+            return;
+        }
+        let field = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.eviction_responders.as_deref());
+        let check = check_responders(
+            field,
+            pod.metadata.annotations.as_ref(),
+            crate::api::INTERCEPTOR_ANNOTATION_PREFIX,
+        );
+        for problem in &check.problems {
+            warn!(node = %self.node, pod = %key, "eviction responders: {problem}");
+        }
+    }
+
+    /// Creates the pod's EvictionRequest, or turns an existing one back to intent Eviction.
+    async fn request(&self, key: &PodKey) -> Result<()> {
+        let api = self.requests(&key.namespace);
+        let name = request_name(&key.uid);
+        let mut labels = std::collections::BTreeMap::new();
+        if let Some(value) = crate::api::node_label_value(&self.node) {
+            labels.insert(NODE_LABEL.to_owned(), value.to_owned());
+        }
+        let request = EvictionRequest {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(key.namespace.clone()),
+                labels: Some(labels),
+                // Garbage collected with the pod.
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "v1".to_owned(),
+                    kind: "Pod".to_owned(),
+                    name: key.name.clone(),
+                    uid: key.uid.clone(),
+                    ..OwnerReference::default()
+                }]),
+                ..ObjectMeta::default()
+            },
+            spec: EvictionRequestSpec {
+                intent: INTENT_EVICTION.to_owned(),
+                requester: self.key.clone(),
+                target: EvictionRequestTarget {
+                    pod: Some(EvictionRequestPodReference {
+                        name: key.name.clone(),
+                        uid: key.uid.clone(),
+                    }),
+                },
+            },
+            status: None,
+        };
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        match api.create(&params, &request).await {
+            Ok(_) => {
+                info!(node = %self.node, pod = %key, requester = %self.key, "created the pod's EvictionRequest (lifecycle.k8s.io)");
+                return Ok(());
+            }
+            Err(err) if api_error_code(&err) == Some(409) => {}
+            Err(err) => {
+                return Err(err)
+                    .with_context(|| format!("creating the EvictionRequest of pod {key}"))
+            }
+        }
+        self.set_intent(&api, &name, key, INTENT_EVICTION).await
+    }
+
+    async fn set_intent(
+        &self,
+        api: &Api<EvictionRequest>,
+        name: &str,
+        key: &PodKey,
+        intent: &str,
+    ) -> Result<()> {
+        let patch = json!({"spec": {"intent": intent}});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                info!(node = %self.node, pod = %key, intent, "set the intent of the pod's EvictionRequest (lifecycle.k8s.io)");
+                Ok(())
+            }
+            Err(err) if api_error_code(&err) == Some(404) && intent == INTENT_WITHDRAWN => Ok(()),
+            Err(err) => Err(err).with_context(|| {
+                format!("setting intent {intent} on the EvictionRequest of pod {key}")
+            }),
+        }
+    }
+
+    fn record(&self, key: PodKey, maintenance: &str) {
+        lock(&self.wanted)
+            .entry(key.uid.clone())
+            .or_insert_with(|| (key, BTreeSet::new()))
+            .1
+            .insert(maintenance.to_owned());
+        lock(&self.seen).insert(maintenance.to_owned());
+    }
+
+    fn release(&self, maintenance: &str) -> Vec<PodKey> {
+        let mut released = Vec::new();
+        lock(&self.wanted).retain(|_, (pod, by)| {
+            if by.remove(maintenance) && by.is_empty() {
+                released.push(pod.clone());
+                return false;
+            }
+            true
+        });
+        released
+    }
+
+    /// This node's requests with intent Eviction (what a restarted daemon may have left).
+    async fn own_requests(&self) -> Result<Vec<PodKey>> {
+        let Some(value) = crate::api::node_label_value(&self.node) else {
+            return Ok(Vec::new());
+        };
+        let api: Api<EvictionRequest> = Api::all(self.client.clone());
+        let list = api
+            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={value}")))
+            .await
+            .context("listing this node's EvictionRequests (lifecycle.k8s.io)")?;
+        Ok(list
+            .items
+            .iter()
+            .filter(|r| r.spec.requester == self.key && r.spec.intent == INTENT_EVICTION)
+            .filter_map(|r| {
+                let pod = r.spec.target.pod.as_ref()?;
+                Some(PodKey::new(
+                    r.metadata.namespace.as_deref()?,
+                    &pod.name,
+                    &pod.uid,
+                ))
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl PodTerminator for InTreeTerminator {
+    async fn connect(&self) {
+        crate::cluster::terminate::open_connection(&self.client).await;
+    }
+
+    async fn terminate(
+        &self,
+        pod: &PodInfo,
+        object: Option<&Pod>,
+        request: Request,
+        maintenance: &str,
+    ) -> Result<Outcome> {
+        let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), &pod.namespace);
+        match request {
+            Request::Delete { grace_seconds } => {
+                evict::delete(&pods, &pod.name, &pod.uid, grace_seconds, maintenance).await
+            }
+            Request::Cooperative => {
+                let key = PodKey::from(pod);
+                let object = object.filter(|o| o.metadata.uid.as_deref() == Some(&pod.uid));
+                match PodState::of(object, &pod.uid) {
+                    PodState::Absent | PodState::Terminal => return Ok(Outcome::Gone),
+                    // The in-tree evictor skips DaemonSet and mirror pods: they stay nodegrace's.
+                    PodState::Present { evictable: false } => {
+                        return evict::evict(&pods, &pod.name, &pod.uid, None).await
+                    }
+                    PodState::Terminating | PodState::Present { evictable: true } => {}
+                }
+                if let Some(o) = object {
+                    self.check_pod(&key, o);
+                }
+                self.request(&key).await?;
+                self.record(key, maintenance);
+                Ok(Outcome::Accepted)
+            }
+        }
+    }
+
+    async fn withdraw(&self, maintenance: &str) -> Result<()> {
+        let mut pods = self.release(maintenance);
+        if !lock(&self.seen).remove(maintenance) {
+            // Asked before this daemon (re)started: withdraw what no maintenance wants since.
+            let wanted: BTreeSet<String> = lock(&self.wanted).keys().cloned().collect();
+            pods.extend(
+                self.own_requests()
+                    .await?
+                    .into_iter()
+                    .filter(|p| !wanted.contains(&p.uid)),
+            );
+        }
+        let mut first_error = None;
+        for pod in pods {
+            let api = self.requests(&pod.namespace);
+            let name = request_name(&pod.uid);
+            if let Err(err) = self.set_intent(&api, &name, &pod, INTENT_WITHDRAWN).await {
+                warn!(node = %self.node, pod = %pod, maintenance, error = crate::cluster::error_text(&err), "withdrawing an eviction request failed");
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn method(&self, request: Request) -> TerminationMethod {
+        match request {
+            Request::Cooperative => TerminationMethod::EvictionRequest,
+            Request::Delete { .. } => TerminationMethod::Delete,
+        }
+    }
+}
+
+/// Follows the Evictions labelled with this requester's key (the in-tree controller labels
+/// each Eviction with its requesters' keys) and tells the drain what holds each pod.
+pub struct Progress {
+    client: Client,
+    evictor: Client,
+    key: String,
+    /// This node's label value on its requests (none for a node name too long for one).
+    node_label: Option<String>,
+    wanted: Wanted,
+    blocks: BlockSink,
+}
+
+impl Progress {
+    /// Runs until `stop`. `shutting_down` shortens the watch's retry delays during a shutdown.
+    pub async fn run(
+        self,
+        stop: CancellationToken,
+        shutting_down: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let evictions: Api<Eviction> = Api::all(self.client.clone());
+        let eviction_events = watcher(evictions, watcher::Config::default().labels(&self.key))
+            .backoff(WatchBackoff::new(shutting_down.clone()))
+            .map(Watched::Eviction);
+        // Its own requests too: a request the in-tree controller refuses (EvictionInvalid)
+        // gets no Eviction at all.
+        let requests: Api<EvictionRequest> = Api::all(self.client.clone());
+        let request_events = match &self.node_label {
+            Some(value) => watcher(
+                requests,
+                watcher::Config::default().labels(&format!("{NODE_LABEL}={value}")),
+            )
+            .backoff(WatchBackoff::new(shutting_down))
+            .map(Watched::Request)
+            .boxed(),
+            None => futures::stream::pending().boxed(),
+        };
+        let mut events = futures::stream::select(eviction_events.boxed(), request_events);
+        let mut seen = Seen::default();
+        loop {
+            let event = tokio::select! {
+                () = stop.cancelled() => return,
+                e = events.next() => e,
+            };
+            match event {
+                Some(Watched::Eviction(Ok(
+                    watcher::Event::Apply(e) | watcher::Event::InitApply(e),
+                ))) => self.observed(&e, &mut seen).await,
+                // Collected with its request and pod: forget the pod.
+                Some(Watched::Eviction(Ok(watcher::Event::Delete(e)))) => {
+                    if let Some(uid) = e.spec.target.pod.as_ref().map(|p| &p.uid) {
+                        seen.reported.remove(uid);
+                        seen.evicted.remove(uid);
+                    }
+                }
+                Some(Watched::Request(Ok(
+                    watcher::Event::Apply(r) | watcher::Event::InitApply(r),
+                ))) => self.request_observed(&r, &mut seen).await,
+                Some(Watched::Eviction(Err(err)) | Watched::Request(Err(err))) => {
+                    tracing::debug!(error = %err, "watching EvictionRequests and Evictions (lifecycle.k8s.io)");
+                }
+                Some(_) => {}
+                None => return,
+            }
+        }
+    }
+
+    async fn request_observed(&self, request: &EvictionRequest, seen: &mut Seen) {
+        if request.spec.requester != self.key {
+            return;
+        }
+        let Some(target) = request.spec.target.pod.as_ref() else {
+            return;
+        };
+        let Some(pod) = lock(&self.wanted).get(&target.uid).map(|(p, _)| p.clone()) else {
+            return;
+        };
+        let Some(progress) = read_request(request) else {
+            return;
+        };
+        let name = request.metadata.name.as_deref().unwrap_or_default();
+        self.act(&pod, name, respond(&progress), seen).await;
+    }
+
+    /// The pod nodegrace asked about that `eviction` belongs to: through the owner reference
+    /// to nodegrace's request (named after the pod UID), else by the target's name.
+    fn asked_for(&self, eviction: &Eviction) -> Option<PodKey> {
+        let namespace = eviction.metadata.namespace.as_deref()?;
+        let wanted = lock(&self.wanted);
+        let by_owner = eviction
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|o| o.kind == "EvictionRequest")
+            .find_map(|o| o.name.strip_prefix("nodegrace-"))
+            .and_then(|uid| wanted.get(uid));
+        if let Some((pod, _)) = by_owner {
+            return Some(pod.clone());
+        }
+        let target = eviction.spec.target.pod.as_ref()?;
+        wanted
+            .values()
+            .find(|(p, _)| p.namespace == namespace && p.name == target.name)
+            .map(|(p, _)| p.clone())
+    }
+
+    async fn observed(&self, eviction: &Eviction, seen: &mut Seen) {
+        let Some(pod) = self.asked_for(eviction) else {
+            return;
+        };
+        let name = eviction.metadata.name.as_deref().unwrap_or_default();
+        self.act(
+            &pod,
+            name,
+            respond(&read_eviction(eviction, &pod.uid)),
+            seen,
+        )
+        .await;
+    }
+
+    async fn act(&self, pod: &PodKey, object: &str, response: Response, seen: &mut Seen) {
+        match response {
+            Response::Nothing => {}
+            Response::Report(by) => {
+                if seen.reported.get(&pod.uid) != Some(&by) {
+                    seen.reported.insert(pod.uid.clone(), by.clone());
+                    (self.blocks)(&pod.uid, by);
+                }
+            }
+            Response::Refuse { named_uid } => {
+                if seen.refused.insert(format!("{object}/{named_uid}")) {
+                    warn!(pod = %pod, pod_uid = %pod.uid, eviction = %object, eviction_target_uid = %named_uid, "an Eviction (lifecycle.k8s.io) about this pod names another pod's UID: ignored, nothing is evicted for it");
+                }
+            }
+            Response::EvictDirectly { why } => {
+                if !seen.evicted.insert(pod.uid.clone()) {
+                    return;
+                }
+                warn!(pod = %pod, object, reason = %why, "the in-tree eviction ended without evicting the pod: evicting it through the Eviction API");
+                let api: Api<Pod> = Api::namespaced(self.evictor.clone(), &pod.namespace);
+                let by = match evict::evict(&api, &pod.name, &pod.uid, None).await {
+                    Ok(Outcome::Blocked { budget, message }) => Some(budget.unwrap_or(message)),
+                    Ok(Outcome::Accepted | Outcome::Gone) => None,
+                    Err(err) => {
+                        // Tried again on the next change.
+                        seen.evicted.remove(&pod.uid);
+                        Some(crate::cluster::error_text(&err))
+                    }
+                };
+                seen.reported.insert(pod.uid.clone(), by.clone());
+                (self.blocks)(&pod.uid, by);
+            }
+        }
+    }
+}
+
+/// What the watch already did, per pod UID.
+#[derive(Default)]
+struct Seen {
+    /// The last report to the drain.
+    reported: HashMap<String, Option<String>>,
+    /// Evicted through the Eviction API by nodegrace itself.
+    evicted: HashSet<String>,
+    /// Evictions of another UID already warned about (`<eviction>/<uid>`).
+    refused: HashSet<String>,
+}
+
+enum Watched {
+    Eviction(Result<watcher::Event<Eviction>, watcher::Error>),
+    Request(Result<watcher::Event<EvictionRequest>, watcher::Error>),
+}

@@ -1,0 +1,516 @@
+//! The in-tree EvictionRequest API of Kubernetes 1.37 (`lifecycle.k8s.io/v1alpha1`), against
+//! the fake apiserver with the in-tree controllers' documented behaviour
+//! (`testkit::fake_lifecycle`): the daemon as a requester of it, the path it picks, withdrawal,
+//! the deadline escalation, and bad input. No 1.37 control plane can be built here: these are
+//! the only tests of that path.
+
+#[path = "engine_support/mod.rs"]
+mod engine_support;
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use engine_support::{eventually, request, Env, Kind, NODE};
+use nodegrace::daemon::node::{NodeDrainer, NodeParts};
+use nodegrace::daemon::{Drainer, ShutdownKind};
+use nodegrace::fallback::KubeletControl;
+use nodegrace::state::BootIdSource;
+use nodegrace_testkit::fake_apiserver::RecordedRequest;
+use nodegrace_testkit::fake_cri::FakeRuntime;
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::fake_lifecycle::FakeEvictionControllers;
+use serde_json::{json, Value};
+
+const KEY: &str = "nodegrace.dev/node-a";
+const REQUESTS: &str = "/apis/lifecycle.k8s.io/v1alpha1/namespaces/work/evictionrequests";
+
+struct NoKubelet;
+
+#[async_trait]
+impl KubeletControl for NoKubelet {
+    async fn stop(&self, _unit: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn start(&self, _unit: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// Warnings and infos of every test in this binary (one global subscriber: a thread-local one
+/// can miss events whose callsite another thread registered first). Tests look for their own
+/// pod names.
+fn logs() -> Arc<Mutex<Vec<u8>>> {
+    static LINES: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LINES
+        .get_or_init(|| {
+            let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+            let sink = lines.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .with_writer(move || LogSink(sink.clone()))
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            lines
+        })
+        .clone()
+}
+
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn log_lines(containing: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
+    text.lines()
+        .filter(|l| l.contains(containing))
+        .map(String::from)
+        .collect()
+}
+
+fn start(env: &Env) -> NodeDrainer {
+    logs();
+    let parts = NodeParts {
+        settings: env.settings(),
+        node: NODE.into(),
+        runtime: Arc::new(FakeRuntime::new()),
+        kubelet: Some(Arc::new(NoKubelet)),
+        gate: env.gate.clone(),
+        metrics: env.metrics.clone(),
+        boot_id: BootIdSource::File(env.dir.path().join("boot_id")),
+    };
+    let cluster = env.cluster.clone();
+    NodeDrainer::start(parts, move || {
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
+    })
+}
+
+fn uid(env: &Env, pod: &str) -> String {
+    env.cluster.store.get_obj("", "pods", "work", pod).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The EvictionRequests POSTed to the in-tree API.
+fn posted(reqs: &[RecordedRequest]) -> Vec<Value> {
+    reqs.iter()
+        .filter(|r| r.method == "POST" && r.path == REQUESTS)
+        .map(|r| r.body_json().unwrap())
+        .collect()
+}
+
+fn crd_requests_posted(reqs: &[RecordedRequest]) -> usize {
+    reqs.iter()
+        .filter(|r| {
+            r.method == "POST"
+                && r.path.contains("/apis/nodegrace.dev/")
+                && r.path.ends_with("/evictionrequests")
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn where_the_in_tree_api_is_served_pods_leave_through_it() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+    env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
+    let web = uid(&env, "web");
+    let drainer = start(&env);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+
+    assert!(!env.pod_exists("web") && !env.pod_exists("ds"));
+    let reqs = env.requests();
+    let sent = posted(&reqs);
+    assert_eq!(sent.len(), 1, "one request, for web only: {sent:?}");
+    let r = &sent[0];
+    assert_eq!(r["metadata"]["name"], format!("nodegrace-{web}"));
+    assert_eq!(r["spec"]["requester"], KEY);
+    assert_eq!(r["spec"]["intent"], "Eviction");
+    assert_eq!(
+        r["spec"]["target"]["pod"],
+        json!({"name": "web", "uid": web})
+    );
+    // The in-tree imperative evictor evicted web; nodegrace did not call the Eviction API.
+    assert_eq!(controllers.evicted(), ["work/web"]);
+    assert!(env.evictions().is_empty(), "{:?}", env.evictions());
+    // The DaemonSet pod stayed nodegrace's: deleted by it, never requested.
+    assert_eq!(env.deletes(), ["ds"]);
+    assert_eq!(crd_requests_posted(&reqs), 0);
+    let eviction = controllers.eviction_of("work", &web).unwrap();
+    assert_eq!(eviction["metadata"]["labels"][KEY], "requester");
+    // Env's teardown checks every request against the shipped ClusterRole.
+}
+
+#[tokio::test]
+async fn without_the_in_tree_api_the_crd_path_is_used() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    env.cluster
+        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .unwrap();
+    env.pod("web2", Kind::Default, 0, 30, json!({"app": "web2"}));
+    let drainer = start(&env);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert!(!env.pod_exists("web2"));
+    let reqs = env.requests();
+    assert!(posted(&reqs).is_empty());
+    assert_eq!(crd_requests_posted(&reqs), 1);
+    assert!(
+        reqs.iter()
+            .any(|r| r.method == "GET" && r.path == "/apis/lifecycle.k8s.io/v1alpha1"),
+        "the in-tree API was looked for"
+    );
+}
+
+#[tokio::test]
+async fn with_both_served_the_in_tree_api_wins_and_says_so() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    env.cluster
+        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .unwrap();
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("both", Kind::Default, 0, 30, json!({"app": "both"}));
+    let drainer = start(&env);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert!(!env.pod_exists("both"));
+    let reqs = env.requests();
+    assert_eq!(posted(&reqs).len(), 1);
+    assert_eq!(crd_requests_posted(&reqs), 0, "our CRD stands down");
+    assert_eq!(controllers.evicted(), ["work/both"]);
+    // Our eviction-request controller did not start: it would watch our CRD.
+    assert!(
+        !reqs.iter().any(|r| r
+            .path
+            .contains("/apis/nodegrace.dev/v1alpha1/evictionrequests")
+            && r.is_watch()),
+        "our controller stood down"
+    );
+    let said = log_lines("in-tree API is used");
+    assert!(!said.is_empty(), "one line says which API wins");
+}
+
+#[tokio::test]
+async fn a_cancelled_maintenance_withdraws_and_the_eviction_is_cancelled() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pdb("db-pdb", "db", 1);
+    let db = uid(&env, "db");
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    let _drainer = start(&env);
+    eventually(15, "the imperative evictor refused by the budget", || {
+        controllers
+            .eviction_of("work", &db)
+            .is_some_and(|e| e.to_string().contains("number of retries"))
+    })
+    .await;
+    eventually(15, "the blocker named in the node's entry", || {
+        env.maintenance("upgrade")
+            .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
+            .is_some_and(|msg| msg.contains("disruption budget"))
+    })
+    .await;
+    // The admin ends the maintenance.
+    env.cluster
+        .store
+        .update_in_process("nodegrace.dev", "nodemaintenances", "", "upgrade", |m| {
+            m["spec"]["stage"] = json!("Complete")
+        })
+        .unwrap();
+    eventually(15, "intent Withdrawn sent", || {
+        env.requests().iter().any(|r| {
+            r.method == "PATCH"
+                && r.path == format!("{REQUESTS}/nodegrace-{db}")
+                && r.body_json()
+                    .is_some_and(|b| b["spec"]["intent"] == "Withdrawn")
+        })
+    })
+    .await;
+    eventually(15, "the Eviction cancelled for want of requesters", || {
+        controllers.eviction_of("work", &db).is_some_and(|e| {
+            e["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| {
+                    c["type"] == "Failed"
+                        && c["status"] == "True"
+                        && c["reason"] == "CanceledDueToNoRequesters"
+                })
+        })
+    })
+    .await;
+    assert!(env.pod_exists("db"));
+    assert!(
+        env.deletes().is_empty(),
+        "an admin maintenance never escalates"
+    );
+}
+
+#[tokio::test]
+async fn a_blocked_pod_is_escalated_at_the_deadline_as_on_every_path() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("pg", Kind::Default, 0, 30, json!({"app": "pg"}));
+    env.pdb("pg-pdb", "pg", 1);
+    let drainer = start(&env);
+    let started = std::time::Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Poweroff, Duration::from_secs(4))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    let took = started.elapsed();
+    assert!(!env.pod_exists("pg"));
+    assert_eq!(posted(&env.requests()).len(), 1);
+    assert!(controllers.evicted().is_empty(), "the budget held");
+    // Cooperative until half the budget, then DELETE with what is left, as on the other paths.
+    assert_eq!(env.deletes(), ["pg"]);
+    let delete = env
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "DELETE" && r.path.ends_with("/pods/pg"))
+        .unwrap();
+    let grace = delete.body_json().unwrap()["gracePeriodSeconds"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        (1..=2).contains(&grace),
+        "grace bounded by what is left: {grace}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(!env.events("Escalated").is_empty());
+    assert!(env
+        .events("EvictionBlocked")
+        .iter()
+        .any(|e| e["note"].as_str().unwrap().contains("disruption budget")));
+}
+
+#[tokio::test]
+async fn an_eviction_naming_another_pods_uid_evicts_nothing_and_is_logged() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("cache", Kind::Default, 0, 30, json!({"app": "cache"}));
+    env.pdb("cache-pdb", "cache", 1);
+    let cache = uid(&env, "cache");
+    env.admin_maintenance("rotate", "Drain", json!([]));
+    let _drainer = start(&env);
+    eventually(15, "the request for cache", || {
+        controllers.eviction_of("work", &cache).is_some()
+    })
+    .await;
+    // Someone writes an Eviction about "cache" that names another UID, labelled with our key
+    // and already failed: acting on it would evict a pod nobody asked about.
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "Eviction",
+            "metadata": {"name": "cache-rogue", "namespace": "work", "labels": {KEY: "requester"},
+                "ownerReferences": [{"apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "EvictionRequest",
+                    "name": format!("nodegrace-{cache}"), "uid": "x"}]},
+            "spec": {"target": {"pod": {"name": "cache", "uid": "0000-other"}}},
+            "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "NoFurtherResponder",
+                "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z"}]},
+        }))
+        .unwrap();
+    eventually(15, "a log line naming the other UID", || {
+        log_lines("0000-other")
+            .iter()
+            .any(|l| l.contains("names another pod's UID"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        env.evictions().is_empty(),
+        "nodegrace evicted nothing: {:?}",
+        env.evictions()
+    );
+    assert!(env.pod_exists("cache"));
+}
+
+#[tokio::test]
+async fn bad_responder_declarations_are_logged() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("many", Kind::Default, 0, 30, json!({"app": "many"}));
+    env.pod("badname", Kind::Default, 0, 30, json!({"app": "badname"}));
+    env.pod("mixed", Kind::Default, 0, 30, json!({"app": "mixed"}));
+    let set = |pod: &str, responders: Value, annotations: Option<Value>| {
+        env.cluster
+            .store
+            .update_in_process("", "pods", "work", pod, |p| {
+                p["spec"]["evictionResponders"] = responders;
+                if let Some(a) = annotations {
+                    p["metadata"]["annotations"] = a;
+                }
+            })
+            .unwrap();
+    };
+    let eleven: Vec<Value> = (0..11)
+        .map(|i| json!({"name": format!("r{i}.example.com/x"), "priority": 5000}))
+        .collect();
+    set("many", json!(eleven), None);
+    set(
+        "badname",
+        json!([{"name": "no-domain", "priority": 5000}]),
+        None,
+    );
+    set(
+        "mixed",
+        json!([{"name": "db.example.com/operator", "priority": 10000}]),
+        Some(
+            json!({"interceptor.evictionrequest.coordination.k8s.io/priority_db.example.com": "20000"}),
+        ),
+    );
+    let drainer = start(&env);
+    // Responders that never answer hold their pods until the escalation: a short budget.
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(4))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    let find = |pod: &str, what: &str| {
+        log_lines(&format!("work/{pod}"))
+            .iter()
+            .any(|l| l.contains("eviction responders") && l.contains(what))
+    };
+    assert!(find("many", "11 responders declared"));
+    assert!(find("badname", "no domain prefix"));
+    assert!(find("mixed", "disagree"));
+}
+
+#[tokio::test]
+async fn a_responders_progress_is_shown_and_its_completion_hands_over_to_the_evictor() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("kv", Kind::Default, 0, 30, json!({"app": "kv"}));
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "kv", |p| {
+            p["spec"]["evictionResponders"] =
+                json!([{"name": "kv.example.com/operator", "priority": 10000}])
+        })
+        .unwrap();
+    let kv = uid(&env, "kv");
+    env.admin_maintenance("move", "Drain", json!([]));
+    let _drainer = start(&env);
+    eventually(15, "the operator active on kv's Eviction", || {
+        controllers.respond(
+            "work",
+            &kv,
+            "kv.example.com/operator",
+            "moving shard 3 of 8",
+            false,
+        )
+    })
+    .await;
+    eventually(15, "the operator's word in the node's entry", || {
+        env.maintenance("move")
+            .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
+            .is_some_and(|msg| {
+                msg.contains("responder kv.example.com/operator: moving shard 3 of 8")
+            })
+    })
+    .await;
+    assert!(
+        env.pod_exists("kv"),
+        "nothing evicted while the operator works"
+    );
+    assert!(controllers.respond("work", &kv, "kv.example.com/operator", "shards moved", true));
+    eventually(15, "kv evicted by the in-tree evictor", || {
+        !env.pod_exists("kv")
+    })
+    .await;
+    assert_eq!(controllers.evicted(), ["work/kv"]);
+    assert!(
+        env.evictions().is_empty(),
+        "nodegrace evicted nothing itself"
+    );
+}
+
+#[test]
+fn the_shipped_cluster_role_grants_what_the_in_tree_path_checks_for() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/rbac/clusterrole.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let role: Value = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .find(|d: &Value| d["kind"] == "ClusterRole")
+        .unwrap();
+    let has = |list: &Value, item: &str| list.as_array().unwrap().iter().any(|v| v == item);
+    for p in nodegrace::cluster::identity::required_in_tree() {
+        let granted = role["rules"].as_array().unwrap().iter().any(|r| {
+            has(&r["apiGroups"], p.group)
+                && has(&r["resources"], p.resource)
+                && has(&r["verbs"], p.verb)
+        });
+        assert!(granted, "{p}");
+    }
+}
+
+#[tokio::test]
+async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("gang", Kind::Default, 0, 30, json!({"app": "gang"}));
+    // A pod of a PodGroup: the in-tree API refuses it (EvictionInvalid), no Eviction is made.
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "gang", |p| {
+            p["spec"]["schedulingGroup"] = json!({"podGroupName": "g"})
+        })
+        .unwrap();
+    let gang = uid(&env, "gang");
+    let drainer = start(&env);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert!(!env.pod_exists("gang"));
+    assert_eq!(posted(&env.requests()).len(), 1);
+    assert!(
+        controllers.eviction_of("work", &gang).is_none(),
+        "no Eviction was made"
+    );
+    assert_eq!(
+        env.evictions(),
+        ["gang"],
+        "nodegrace evicted it through the Eviction API"
+    );
+    assert!(env.deletes().is_empty(), "long before any escalation");
+}
