@@ -12,12 +12,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
 use rand::Rng as _;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{api_error_code, Slim};
@@ -58,12 +60,6 @@ where
             let shutdown = shared.shutting_down.load(Ordering::Relaxed);
             let limit = watch_silence_limit(shutdown);
             reconnect.borrow_and_update();
-            let silence = async {
-                match limit {
-                    Some(limit) => tokio::time::sleep(limit).await,
-                    None => std::future::pending().await,
-                }
-            };
             let item = tokio::select! {
                 item = stream.next() => item,
                 // A shutdown began (or the apiserver answers again): the silence limit may
@@ -74,7 +70,7 @@ where
                     }
                     continue;
                 }
-                () = silence => {
+                () = sleep_or_never(limit) => {
                     let limit = limit.unwrap_or_default();
                     if listing {
                         shared.mark_unreachable(&format_args!(
@@ -130,45 +126,60 @@ where
                 // Emitted when a (re)list begins, before any request: no answer (a watch
                 // retrying against a refusing apiserver emits one at every attempt).
                 Ok(watcher::Event::Init) => listing = true,
-                Err(err) => {
-                    let inner = match &err {
-                        watcher::Error::InitialListFailed(e)
-                        | watcher::Error::WatchStartFailed(e)
-                        | watcher::Error::WatchFailed(e) => Some(e),
-                        _ => None,
-                    };
-                    let code = inner.and_then(api_error_code);
-                    if code == Some(404) {
-                        shared.mark_unreachable(&format_args!(
-                            "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
-                        ));
-                    } else if inner.is_some_and(is_unusable) {
-                        shared.mark_unreachable(&format_args!("watching {kind}: {err}"));
-                    } else {
-                        shared.mark_reachable();
-                    }
-                    tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
-                }
+                Err(err) => note_watch_error(&shared, &kind, &err),
             }
             shared.bump();
             if failed {
                 let delay = retry_delay(failures, shutdown, rand::rng().random::<f64>());
                 failures = failures.saturating_add(1);
-                reconnect.borrow_and_update();
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    r = reconnect.changed() => {
-                        if r.is_err() {
-                            return;
-                        }
-                        // The apiserver answers again (or a shutdown began): what was built
-                        // up before says nothing about now.
-                        failures = 0;
-                    }
+                match wait_or_reconnect(&mut reconnect, delay).await {
+                    None => return,
+                    // The apiserver answers again (or a shutdown began): what was built up
+                    // before says nothing about now.
+                    Some(true) => failures = 0,
+                    Some(false) => {}
                 }
             }
         }
     })
+}
+
+async fn sleep_or_never(limit: Option<Duration>) {
+    match limit {
+        Some(limit) => tokio::time::sleep(limit).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a failed watch says about the apiserver.
+fn note_watch_error(shared: &Shared, kind: &str, err: &watcher::Error) {
+    let inner = match err {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => Some(e),
+        _ => None,
+    };
+    let code = inner.and_then(api_error_code);
+    if code == Some(404) {
+        shared.mark_unreachable(&format_args!(
+            "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
+        ));
+    } else if inner.is_some_and(is_unusable) {
+        shared.mark_unreachable(&format_args!("watching {kind}: {err}"));
+    } else {
+        shared.mark_reachable();
+    }
+    tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
+}
+
+/// Waits `delay`, or less if `reconnect` changes first (`Some(true)`); `None` when the engine
+/// is gone.
+async fn wait_or_reconnect(reconnect: &mut watch::Receiver<u64>, delay: Duration) -> Option<bool> {
+    reconnect.borrow_and_update();
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => Some(false),
+        r = reconnect.changed() => r.is_ok().then_some(true),
+    }
 }
 
 /// Each object of a view and the version it was seen at.
