@@ -144,6 +144,7 @@ async fn bench() {
             band_slack: Duration::from_secs(2),
             list_retry: Duration::from_secs(1),
             sandbox_wait: Duration::from_secs(10),
+            restart_watch: Duration::from_secs(30),
         },
     );
     let ctd_pid = ctd.pid().to_string();

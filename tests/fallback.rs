@@ -62,6 +62,9 @@ enum KubeletStop {
     Hangs,
     /// systemd answers the stop with an error (RefuseManualStop=, a failed job).
     Fails,
+    /// The stop job finishes this late (a kubelet that ignores SIGTERM until the unit's
+    /// `TimeoutStopSec=` has it killed).
+    FinishesAfter(Duration),
 }
 
 struct FakeKubelet(Arc<Clock>, KubeletStop);
@@ -74,6 +77,7 @@ impl KubeletControl for FakeKubelet {
         match self.1 {
             KubeletStop::Stops => {}
             KubeletStop::Hangs => std::future::pending::<()>().await,
+            KubeletStop::FinishesAfter(late) => tokio::time::sleep(late).await,
             KubeletStop::Fails => anyhow::bail!(
                 "Operation refused, unit kubelet.service may be requested by dependency only"
             ),
@@ -205,6 +209,7 @@ impl Node {
             band_slack: S(1),
             list_retry: S(1),
             sandbox_wait: S(5),
+            restart_watch: S(30),
         };
         let gate = FakeGate {
             clock: self.clock.clone(),
@@ -608,11 +613,79 @@ async fn a_kubelet_that_does_not_stop_is_reported_and_its_restarts_are_stopped_a
         );
         assert!(web.containers.contains(&restarted), "{web:#?}");
         assert!(n.runtime.running().is_empty(), "{:?}", n.runtime.running());
-        assert!(
-            took < gave_up + S(10),
-            "{stop:?}: the fallback took {took:?}"
-        );
+        // A stop job that never ends is waited for `restart_watch` (30 s) after the last
+        // band, and reported; a failed one not at all.
+        if stop == KubeletStop::Hangs {
+            assert!(
+                took >= S(30) && took < gave_up + S(10) + S(30),
+                "{stop:?}: the fallback took {took:?}"
+            );
+            assert!(
+                report
+                    .errors
+                    .iter()
+                    .any(|e| e.contains("still not stopped 30s after the last band")),
+                "{report:#?}"
+            );
+        } else {
+            assert!(
+                took < gave_up + S(10),
+                "{stop:?}: the fallback took {took:?}"
+            );
+        }
     }
+}
+
+/// As the real kubelet does: a container it saw exit is started again a few seconds later
+/// (in a new sandbox), and once more after a 10 s back-off, after the last band too. While
+/// the kubelet's stop job is under way each of them is stopped again, and the fallback ends
+/// right after that job does, with nothing running.
+#[tokio::test(start_paused = true)]
+async fn what_a_kubelet_still_stopping_starts_after_the_last_band_is_stopped_until_its_stop_ends() {
+    let mut n = Node::new();
+    n.kubelet_stop = KubeletStop::FinishesAfter(S(25));
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod("ns", "db", Some((1000, 30)), &[Behaviour::ExitsAfter(S(1))]);
+    let fallback = n.fallback(BANDS, true, false);
+    let runtime = n.runtime.clone();
+    let restarter = tokio::spawn(async move {
+        let mut started = Vec::new();
+        for (i, delay) in [S(3), S(10)].into_iter().enumerate() {
+            while runtime.running().contains(&"ns/web".to_string()) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(delay).await;
+            let sandbox = runtime.add_sandbox("ns", "web", "uid-web");
+            let name = format!("again{i}");
+            started.push(runtime.add_container(&sandbox, &name, Behaviour::ExitsAfter(S(1))));
+        }
+        started
+    });
+    let started = Instant::now();
+    let report = fallback.run(&n.cache).await;
+    let took = Instant::now() - started;
+    let restarted = restarter.await.unwrap();
+
+    let last_band = n.stop_requested("db-c0").0;
+    let (first, _) = n.stop_requested(&restarted[0]);
+    let (second, grace) = n.stop_requested(&restarted[1]);
+    assert!(first > last_band && second > first, "{:#?}", n.events());
+    assert_eq!(grace, S(10));
+    assert!(n.runtime.running().is_empty(), "{:?}", n.runtime.running());
+    // The kubelet's stop job ended at 25.1 s: one more look, then done.
+    assert!(took >= S(25) && took < S(27), "took {took:?}");
+    assert!(
+        !report
+            .errors
+            .iter()
+            .any(|e| e.contains("still not stopped")),
+        "{report:#?}"
+    );
+    let web = report.pod("ns", "web").unwrap();
+    assert!(
+        restarted.iter().all(|c| web.containers.contains(c)),
+        "{web:#?}"
+    );
 }
 
 /// A CRI socket that accepts connections and never answers (a wedged containerd): the
@@ -676,6 +749,7 @@ async fn a_cri_socket_that_never_answers_is_bounded_by_the_call_timeout_and_repo
             band_slack: S(2),
             list_retry: S(2),
             sandbox_wait: S(5),
+            restart_watch: S(30),
         },
     );
     let started = Instant::now();

@@ -37,6 +37,7 @@ fn options(band_spec: &[(i32, f64)], stop_kubelet: bool) -> FallbackOptions {
         band_slack: Duration::from_secs(1),
         list_retry: Duration::from_millis(500),
         sandbox_wait: Duration::from_secs(5),
+        restart_watch: Duration::from_secs(30),
     }
 }
 

@@ -747,6 +747,167 @@ async fn an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_con
     f.cleanup().await;
 }
 
+/// (b2) Like (b), with a kubelet that does not stop when its unit is stopped (the host
+/// ignores the unit's stop request: the real kubelet keeps running and the unit's stop hangs
+/// until systemd gives up on it, as a hung kubelet's does). nodegrace says so in its journal
+/// and in the fallback report the next boot records, stops every container through the CRI
+/// band by band all the same, and stops again the containers the still-running kubelet
+/// started again (restartPolicy Always); no container of the old boot runs when the node
+/// has powered off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_kubelet_that_does_not_stop_at_poweroff_is_reported_and_its_containers_are_stopped()
+{
+    if skip(
+        "a_real_kubelet_that_does_not_stop_at_poweroff_is_reported_and_its_containers_are_stopped",
+    ) {
+        return;
+    }
+    let mut f = RealFixture::with_hung_kubelet("ng-rkh").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    two_bands(c, &ns, &node).await;
+    let apps = [("web", 2), ("slow", 1), ("crit", 1)];
+    let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
+    f.node.boot();
+    wait_pod_cache(&f, 4);
+    let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
+
+    let watch = rk::ContainerWatch::start(&endpoint);
+    let port = f.proxy.as_ref().expect("proxy").port;
+    f.proxy.as_mut().expect("proxy").close();
+    let mut c1 = f.node.container.take().expect("booted");
+    let _ = c1.exec(&["systemctl", "poweroff"]);
+    c1.wait_exit(Duration::from_secs(180))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", c1.journal_text()));
+    let journal = c1.journal_text();
+    let ours = c1.journal_of("nodegrace");
+    assert!(
+        ours.iter().any(|l| l.contains("draining locally")),
+        "{journal}"
+    );
+    let asked = f
+        .kubelet
+        .stop_ignored()
+        .unwrap_or_else(|| panic!("the kubelet unit was never stopped\n{journal}"));
+    assert!(f.kubelet.running(), "the kubelet stopped after all");
+    let not_stopped = ours
+        .iter()
+        .find(|l| l.contains("the kubelet did not stop"))
+        .unwrap_or_else(|| panic!("no line says the kubelet did not stop:\n{journal}"));
+    assert!(
+        not_stopped
+            .field("ERROR")
+            .is_some_and(|e| e.contains("did not stop within 20s")),
+        "{journal}"
+    );
+
+    let now = containers(&endpoint).await;
+    let mut seen: BTreeMap<String, Ctr> = watch
+        .seen()
+        .into_iter()
+        .map(|c| (c.id.clone(), c))
+        .collect();
+    drop(watch);
+    seen.extend(now.iter().map(|c| (c.id.clone(), c.clone())));
+    let ctrs: Vec<Ctr> = seen.into_values().collect();
+    let context = || format!("containers: {ctrs:#?}\nnow: {now:#?}\njournal:\n{journal}");
+    let first_of = |app: &str| -> Vec<&Ctr> {
+        ctrs.iter()
+            .filter(|c| c.pod.starts_with(&format!("{app}-")) && c.attempt == 0)
+            .collect()
+    };
+    for p in &originals {
+        let first: Vec<&Ctr> = ctrs
+            .iter()
+            .filter(|c| c.pod == p.name_any() && c.attempt == 0)
+            .collect();
+        assert_eq!(first.len(), 1, "{}\n{}", p.name_any(), context());
+        assert_eq!(
+            first[0].state,
+            cri::ContainerState::ContainerExited as i32,
+            "{}\n{}",
+            p.name_any(),
+            context()
+        );
+        assert!(
+            first[0].finished > asked + 15.0,
+            "{} stopped before nodegrace gave up waiting for the kubelet\n{}",
+            p.name_any(),
+            context()
+        );
+    }
+    // Nothing of the old boot runs: neither the first containers nor those the kubelet
+    // started again.
+    let running: Vec<&Ctr> = now
+        .iter()
+        .filter(|c| c.state != cri::ContainerState::ContainerExited as i32)
+        .collect();
+    assert!(
+        running.is_empty(),
+        "still running at poweroff: {running:#?}\n{}",
+        context()
+    );
+    // The bands as in (b), the first containers' ends.
+    let web_end = first_of("web")
+        .iter()
+        .map(|c| c.finished)
+        .fold(0f64, f64::max);
+    let slow_end = first_of("slow")[0].finished;
+    let crit_end = first_of("crit")[0].finished;
+    assert!(
+        (2.5..5.0).contains(&(slow_end - web_end)),
+        "slow stopped {:.2} s after web (its grace is 3 s)\n{}",
+        slow_end - web_end,
+        context()
+    );
+    assert!(
+        crit_end > slow_end,
+        "band 1 ended before band 0\n{}",
+        context()
+    );
+    // The kubelet, still running, started stopped containers again; each was stopped again.
+    let again: Vec<&Ctr> = ctrs.iter().filter(|c| c.attempt > 0).collect();
+    assert!(
+        !again.is_empty(),
+        "the kubelet started no container again (the test proves nothing)\n{}",
+        context()
+    );
+    let said_again = ours
+        .iter()
+        .filter(|l| l.contains("started a stopped container again"))
+        .count();
+    assert!(said_again >= 1, "{}", context());
+    for c in &again {
+        assert!(
+            c.state == cri::ContainerState::ContainerExited as i32 && c.finished > crit_end,
+            "{c:?} was not stopped again after the last band\n{}",
+            context()
+        );
+    }
+    let (signal, release) = signal_and_release_of(&c1);
+    eprintln!(
+        "real kubelet that does not stop: signal -> stop asked {:.3} s, -> last first container \
+         stopped {:.3} s, -> release {:.3} s; {} container(s) started again by the kubelet",
+        asked - signal,
+        crit_end - signal,
+        release - signal,
+        again.len()
+    );
+
+    // The reboot (the machine's power went: the kubelet and every container with it): the
+    // maintenance records that the kubelet did not stop.
+    f.proxy = Some(ApiProxy::open(port));
+    f.restart_kubelet().await;
+    f.node.boot();
+    let report: Value = completed_with_fallback_report(c, &format!("shutdown-{node}")).await;
+    let why = report["kubeletNotStopped"].as_str().unwrap_or_default();
+    assert!(why.contains("did not stop within 20s"), "{report:#}");
+    assert_eq!(report["podsStopped"].as_u64(), Some(4), "{report:#}");
+    audit::assert_allowed_by_cluster_role(&f.nodegrace_requests());
+    drop(f.node.container.take());
+    f.kubelet.down();
+    f.cleanup().await;
+}
+
 /// The kubelet's Graceful Node Shutdown takes this delay lock (kubelet v1.28
 /// `pkg/kubelet/nodeshutdown/systemd`): who and why as it sets them.
 const KUBELET_INHIBIT: &[&str] = &[

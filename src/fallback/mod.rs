@@ -65,6 +65,9 @@ pub struct FallbackOptions {
     pub list_retry: Duration,
     /// After the last band, how long sandboxes still being torn down are waited for.
     pub sandbox_wait: Duration,
+    /// After the last band, how long containers a kubelet that did not stop starts again
+    /// are stopped again while its unit's stop job is still under way.
+    pub restart_watch: Duration,
 }
 
 impl FallbackOptions {
@@ -79,6 +82,8 @@ impl FallbackOptions {
             band_slack: Duration::from_secs(2),
             list_retry: Duration::from_secs(2),
             sandbox_wait: Duration::from_secs(5),
+            // systemd's DefaultTimeoutStopSec: a stop job normally ends (SIGKILL) by then.
+            restart_watch: Duration::from_secs(90),
         }
     }
 }
@@ -111,6 +116,13 @@ pub struct Fallback {
 }
 
 type StepFuture = Pin<Box<dyn Future<Output = Step> + Send>>;
+
+/// The kubelet unit's stop job, still under way after `kubelet_timeout`.
+type PendingStop = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+
+/// How often containers a kubelet that did not stop starts again are looked for (the
+/// kubelet notices an exited container within its 1 s relist).
+const RESTART_POLL: Duration = Duration::from_secs(1);
 
 /// A pod's termination goes Waiting -> Containers -> Sandbox -> Done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,9 +219,11 @@ impl Fallback {
         self.lock().started_at = Some(Utc::now());
         info!(endpoint = %self.runtime.endpoint(), "offline fallback: draining through the CRI runtime");
 
-        if self.opts.stop_kubelet {
-            self.stop_kubelet().await;
-        }
+        let pending_stop = if self.opts.stop_kubelet {
+            self.stop_kubelet().await
+        } else {
+            None
+        };
 
         let (targets, listing_error) = self.collect_targets(cache).await;
         let sorted = self.gns.bands();
@@ -307,7 +321,7 @@ impl Fallback {
             }
         }
 
-        self.stop_restarted(&targets, t0).await;
+        self.stop_restarted(&targets, t0, pending_stop).await;
         self.gate_unreadable_manifests().await;
 
         let mut r = self.lock();
@@ -316,33 +330,92 @@ impl Fallback {
         r.clone()
     }
 
-    async fn stop_kubelet(&self) {
-        let Some(kubelet) = &self.kubelet else {
+    /// Stops the kubelet unit; its stop job when that has not finished in time.
+    async fn stop_kubelet(&self) -> Option<PendingStop> {
+        let Some(kubelet) = self.kubelet.clone() else {
             self.global_error("stop_kubelet is set but no kubelet control was given".into());
-            return;
+            return None;
         };
-        let unit = &self.opts.kubelet_unit;
+        let unit = self.opts.kubelet_unit.clone();
         // Recorded before the call: if this future is dropped mid-stop, a cancel still
         // starts the unit again (starting a running unit is harmless).
         self.lock().kubelet_stopped = true;
-        let why = match tokio::time::timeout(self.opts.kubelet_timeout, kubelet.stop(unit)).await {
-            Ok(Ok(())) => return info!(unit = %unit, "kubelet stopped"),
-            Ok(Err(e)) => format!("stopping {unit} failed: {e:#}"),
-            Err(_) => format!("{unit} did not stop within {:?}", self.opts.kubelet_timeout),
+        let mut stop: PendingStop = {
+            let unit = unit.clone();
+            Box::pin(async move { kubelet.stop(&unit).await })
+        };
+        let (why, pending) = match tokio::time::timeout(self.opts.kubelet_timeout, &mut stop).await
+        {
+            Ok(Ok(())) => {
+                info!(unit = %unit, "kubelet stopped");
+                return None;
+            }
+            Ok(Err(e)) => (format!("stopping {unit} failed: {e:#}"), None),
+            Err(_) => (
+                format!("{unit} did not stop within {:?}", self.opts.kubelet_timeout),
+                Some(stop),
+            ),
         };
         tracing::error!(unit = %unit, error = %why, "the kubelet did not stop: stopping its containers through the CRI anyway, and again any it starts meanwhile");
         let mut r = self.lock();
         r.errors.push(why.clone());
         r.kubelet_not_stopped = Some(why);
+        pending
     }
 
     /// A kubelet that did not stop starts the containers of stopped pods again (their
-    /// restart policy; in a new sandbox when the old one was stopped): after the last band,
-    /// every container running again is stopped once more, with its pod's grace.
-    async fn stop_restarted(&self, targets: &[Target], t0: Instant) {
+    /// restart policy; in a new sandbox when the old one was stopped, after a back-off
+    /// once it has done so): after the last band, every container running again is
+    /// stopped once more, with its pod's grace, every [`RESTART_POLL`] while the kubelet's
+    /// stop job is under way (the poweroff waits for that job anyway) and once more when it
+    /// ends, at most `restart_watch`. When the stop job failed outright, until a look finds
+    /// nothing running.
+    async fn stop_restarted(
+        &self,
+        targets: &[Target],
+        t0: Instant,
+        mut pending: Option<PendingStop>,
+    ) {
         if self.lock().kubelet_not_stopped.is_none() {
             return;
         }
+        let deadline = Instant::now() + self.opts.restart_watch;
+        let mut last = false;
+        loop {
+            let Some(found) = self.stop_restarted_once(targets, t0).await else {
+                return;
+            };
+            if last {
+                return;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            match pending.as_mut() {
+                Some(stop) => tokio::select! {
+                    result = stop => {
+                        pending = None;
+                        last = true;
+                        let unit = &self.opts.kubelet_unit;
+                        match result {
+                            Ok(()) => info!(unit = %unit, "the kubelet unit's stop job finished late"),
+                            Err(e) => warn!(unit = %unit, error = %format!("{e:#}"), "the kubelet unit's stop job failed late"),
+                        }
+                    }
+                    _ = tokio::time::sleep(RESTART_POLL) => {}
+                },
+                None if found == 0 => return,
+                None => tokio::time::sleep(RESTART_POLL).await,
+            }
+        }
+        self.global_error(format!(
+            "{} still not stopped {:?} after the last band: containers it starts from then on are not stopped again",
+            self.opts.kubelet_unit, self.opts.restart_watch
+        ));
+    }
+
+    /// Stops every container running again; how many there were (None: not listed).
+    async fn stop_restarted_once(&self, targets: &[Target], t0: Instant) -> Option<usize> {
         let (sandboxes, containers) = tokio::join!(
             self.runtime.list_pod_sandboxes(),
             self.runtime.list_containers(None)
@@ -350,7 +423,8 @@ impl Fallback {
         let (sandboxes, containers) = match (sandboxes, containers) {
             (Ok(s), Ok(c)) => (s, c),
             (Err(e), _) | (_, Err(e)) => {
-                return self.global_error(format!("listing containers again: {e}"))
+                self.global_error(format!("listing containers again: {e}"));
+                return None;
             }
         };
         let target_of = |c: &Container| {
@@ -366,6 +440,7 @@ impl Fallback {
             .filter(|c| c.state != ContainerState::Exited)
             .map(|c| (target_of(&c), c))
             .collect();
+        let found = again.len();
         let stops = again.iter().map(|(i, c)| {
             let grace = i.map_or(unknown_grace, |i| targets[i].grace);
             async move { (*i, c, self.runtime.stop_container(&c.id, grace).await) }
@@ -392,6 +467,7 @@ impl Fallback {
                 c.name
             ));
         }
+        Some(found)
     }
 
     /// Files in the manifest directory the kubelet refuses run no pod and carry no

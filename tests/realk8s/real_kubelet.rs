@@ -75,6 +75,9 @@ pub struct RealKubelet {
     pub env: Vec<(String, String)>,
     scripts: PathBuf,
     bridge: Option<UnitBridge>,
+    /// A hung kubelet: the host ignores the unit's stop request (the kubelet keeps running),
+    /// and the unit's stop waits for it until systemd's `TimeoutStopSec=` gives up.
+    pub ignores_stop: bool,
 }
 
 impl RealKubelet {
@@ -99,6 +102,7 @@ impl RealKubelet {
             env: Vec::new(),
             scripts: cp.scripts.clone(),
             bridge: None,
+            ignores_stop: false,
         }
     }
 
@@ -145,6 +149,7 @@ impl RealKubelet {
             self.bridge = Some(UnitBridge::start(
                 self.dir.join("ctl"),
                 self.dir.join("kubelet.pid"),
+                self.ignores_stop,
             ));
         }
     }
@@ -173,12 +178,24 @@ impl RealKubelet {
             .ok()
     }
 
+    /// When the host ignored the unit's stop request ([`RealKubelet::ignores_stop`]), if it
+    /// was asked (Unix seconds).
+    pub fn stop_ignored(&self) -> Option<f64> {
+        std::fs::read_to_string(self.dir.join("ctl/ignored"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// The node's `kubelet.service`: stopping it stops this kubelet on the host.
     pub fn unit(&self) -> KubeletUnit {
+        // A hung kubelet's stop lasts until `TimeoutStopSec=` (30 s) has passed.
+        let polls = if self.ignores_stop { 2000 } else { 400 };
         let stop = format!(
-            "#!/bin/sh\n# Asks the host to stop the kubelet and waits until it has (at most 20 s).\n\
+            "#!/bin/sh\n# Asks the host to stop the kubelet and waits until it has.\n\
              date +%s.%N > /results/kubelet-stop\n: > {CTL_IN_NODE}/stop\n\
-             i=0\nwhile [ ! -e {CTL_IN_NODE}/stopped ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\n"
+             i=0\nwhile [ ! -e {CTL_IN_NODE}/stopped ] && [ $i -lt {polls} ]; do sleep 0.05; i=$((i+1)); done\n"
         );
         KubeletUnit {
             unit: format!(
@@ -247,19 +264,28 @@ fn alive(pid: i32) -> bool {
 }
 
 /// The host side of the node's `kubelet.service`: when its stop writes `ctl/stop`, SIGTERM
-/// to the kubelet, SIGKILL after 10 s, then `ctl/stopped` (holding the time it was gone).
+/// to the kubelet, SIGKILL after 10 s, then `ctl/stopped` (holding the time it was gone);
+/// with `ignores_stop`, only `ctl/ignored` (the time it was asked), the kubelet untouched.
 struct UnitBridge {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl UnitBridge {
-    fn start(ctl: PathBuf, pid_file: PathBuf) -> UnitBridge {
+    fn start(ctl: PathBuf, pid_file: PathBuf, ignores_stop: bool) -> UnitBridge {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             while !flag.load(Ordering::Relaxed) {
-                if ctl.join("stop").exists() {
+                if ctl.join("stop").exists() && ignores_stop {
+                    if !ctl.join("ignored").exists() {
+                        let _ = std::fs::write(
+                            ctl.join("ignored"),
+                            format!("{:.6}", super::now_unix()),
+                        );
+                    }
+                    let _ = std::fs::remove_file(ctl.join("stop"));
+                } else if ctl.join("stop").exists() {
                     if let Some(pid) = pid_in(&pid_file) {
                         let pid_ = nix::unistd::Pid::from_raw(pid);
                         let _ = nix::sys::signal::kill(pid_, nix::sys::signal::Signal::SIGTERM);
@@ -560,6 +586,22 @@ impl RealFixture {
         through_proxy: bool,
         env: &[(&str, &str)],
     ) -> RealFixture {
+        Self::build(prefix, extra_config, through_proxy, env, false).await
+    }
+
+    /// Like [`RealFixture::new`] through a proxy, with a kubelet that does not stop when its
+    /// unit is stopped ([`RealKubelet::ignores_stop`]).
+    pub async fn with_hung_kubelet(prefix: &str) -> RealFixture {
+        Self::build(prefix, "", true, &[], true).await
+    }
+
+    async fn build(
+        prefix: &str,
+        extra_config: &str,
+        through_proxy: bool,
+        env: &[(&str, &str)],
+        ignores_stop: bool,
+    ) -> RealFixture {
         let cp = super::running_control_plane().await;
         let started = super::now_unix();
         let admin = cp.admin().await;
@@ -578,6 +620,7 @@ impl RealFixture {
             None => ours,
         };
         kubelet.extra_config = extra_config.to_owned();
+        kubelet.ignores_stop = ignores_stop;
         kubelet.env = env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -646,13 +689,15 @@ impl RealKubelet {
             env: Vec::new(),
             scripts: PathBuf::from("/nonexistent"),
             bridge: None,
+            ignores_stop: false,
         }
     }
 }
 
 /// A container as the runtime reports it, with its pod.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Ctr {
+    pub id: String,
     pub pod: String,
     pub attempt: u32,
     pub state: i32,
@@ -671,17 +716,20 @@ pub async fn containers(endpoint: &str) -> Vec<Ctr> {
         .containers;
     let mut all = Vec::new();
     for c in list {
-        let status = rt
+        // Gone since the listing (the kubelet removes the containers of old sandboxes).
+        let Some(status) = rt
             .container_status(cri::ContainerStatusRequest {
                 container_id: c.id.clone(),
                 verbose: false,
             })
             .await
-            .expect("ContainerStatus")
-            .into_inner()
-            .status
-            .expect("status");
+            .ok()
+            .and_then(|s| s.into_inner().status)
+        else {
+            continue;
+        };
         all.push(Ctr {
+            id: c.id.clone(),
             pod: c
                 .labels
                 .get(nodegrace::cri::LABEL_POD_NAME)
@@ -693,4 +741,40 @@ pub async fn containers(endpoint: &str) -> Vec<Ctr> {
         });
     }
     all
+}
+
+/// Every container the runtime ran while it watched, as last seen, by ID: a kubelet removes
+/// the containers of a pod's old sandboxes, which a listing at the end no longer shows.
+pub struct ContainerWatch {
+    seen: Arc<Mutex<BTreeMap<String, Ctr>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ContainerWatch {
+    pub fn start(endpoint: &str) -> ContainerWatch {
+        let seen: Arc<Mutex<BTreeMap<String, Ctr>>> = Arc::default();
+        let record = seen.clone();
+        let endpoint = endpoint.to_owned();
+        let task = tokio::spawn(async move {
+            loop {
+                for c in containers(&endpoint).await {
+                    let mut map = record.lock().unwrap_or_else(|p| p.into_inner());
+                    map.insert(c.id.clone(), c);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        ContainerWatch { seen, task }
+    }
+
+    pub fn seen(&self) -> Vec<Ctr> {
+        let map = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().cloned().collect()
+    }
+}
+
+impl Drop for ContainerWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
