@@ -58,12 +58,7 @@ where
             let shutdown = shared.shutting_down.load(Ordering::Relaxed);
             let limit = watch_silence_limit(shutdown);
             reconnect.borrow_and_update();
-            let silence = async {
-                match limit {
-                    Some(limit) => tokio::time::sleep(limit).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let silence = sleep_for(limit);
             let item = tokio::select! {
                 item = stream.next() => item,
                 // A shutdown began (or the apiserver answers again): the silence limit may
@@ -103,18 +98,13 @@ where
             match item {
                 Ok(watcher::Event::InitDone) => {
                     listing = false;
-                    {
-                        let mut ready = lock(&shared.ready);
-                        *flag(&mut ready) = true;
-                        ready.settle();
-                    }
-                    shared.mark_reachable();
-                    if let Some(before) = before_relist.take() {
-                        let missed = changed(&before, &versions(&writer.as_reader()));
-                        if missed > 0 {
-                            tracing::warn!(kind = %kind, missed, "the {kind} watch had hung: it said nothing while objects changed; listed again");
-                        }
-                    }
+                    listed(
+                        &shared,
+                        &kind,
+                        flag,
+                        before_relist.take(),
+                        &writer.as_reader(),
+                    );
                 }
                 Ok(watcher::Event::InitApply(obj)) => {
                     shared.mark_reachable();
@@ -130,25 +120,7 @@ where
                 // Emitted when a (re)list begins, before any request: no answer (a watch
                 // retrying against a refusing apiserver emits one at every attempt).
                 Ok(watcher::Event::Init) => listing = true,
-                Err(err) => {
-                    let inner = match &err {
-                        watcher::Error::InitialListFailed(e)
-                        | watcher::Error::WatchStartFailed(e)
-                        | watcher::Error::WatchFailed(e) => Some(e),
-                        _ => None,
-                    };
-                    let code = inner.and_then(api_error_code);
-                    if code == Some(404) {
-                        shared.mark_unreachable(&format_args!(
-                            "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
-                        ));
-                    } else if inner.is_some_and(is_unusable) {
-                        shared.mark_unreachable(&format_args!("watching {kind}: {err}"));
-                    } else {
-                        shared.mark_reachable();
-                    }
-                    tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
-                }
+                Err(err) => note_watch_error(&shared, &kind, &err),
             }
             shared.bump();
             if failed {
@@ -169,6 +141,58 @@ where
             }
         }
     })
+}
+
+/// Sleeps for `limit`, or forever when there is none.
+async fn sleep_for(limit: Option<std::time::Duration>) {
+    match limit {
+        Some(limit) => tokio::time::sleep(limit).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A list is in: the view is ready, the apiserver answered, and a watch given up for its
+/// silence is told apart from one that had hung.
+fn listed<K: Resource<DynamicType = ()> + Clone>(
+    shared: &Shared,
+    kind: &str,
+    flag: fn(&mut Ready) -> &mut bool,
+    before_relist: Option<Versions>,
+    view: &reflector::Store<K>,
+) {
+    {
+        let mut ready = lock(&shared.ready);
+        *flag(&mut ready) = true;
+        ready.settle();
+    }
+    shared.mark_reachable();
+    if let Some(before) = before_relist {
+        let missed = changed(&before, &versions(view));
+        if missed > 0 {
+            tracing::warn!(kind = %kind, missed, "the {kind} watch had hung: it said nothing while objects changed; listed again");
+        }
+    }
+}
+
+/// What a watch's error says about the apiserver.
+fn note_watch_error(shared: &Shared, kind: &str, err: &watcher::Error) {
+    let inner = match err {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => Some(e),
+        _ => None,
+    };
+    let code = inner.and_then(api_error_code);
+    if code == Some(404) {
+        shared.mark_unreachable(&format_args!(
+            "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
+        ));
+    } else if inner.is_some_and(is_unusable) {
+        shared.mark_unreachable(&format_args!("watching {kind}: {err}"));
+    } else {
+        shared.mark_reachable();
+    }
+    tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
 }
 
 /// Each object of a view and the version it was seen at.
