@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use harness::{bands, cached, script, Containerd, OnTerm, PodSpec};
-use nodegrace::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
-use nodegrace::fallback::{Fallback, FallbackOptions, PodOutcome};
-use nodegrace::state::PodCache;
+use nodegrace::PodCache;
+use nodegrace::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
+use nodegrace::{Fallback, FallbackOptions, PodOutcome};
 
 /// The real client, noting when the first StopContainer went out.
 struct Timed<R> {
@@ -211,7 +211,7 @@ async fn bench() {
         let mut last_exit_ns = 0;
         for id in pods.iter().flat_map(|p| p.containers.iter()) {
             let st = client
-                .container_status(nodegrace::cri::v1::ContainerStatusRequest {
+                .container_status(nodegrace::v1::ContainerStatusRequest {
                     container_id: id.clone(),
                     verbose: false,
                 })
