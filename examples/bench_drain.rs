@@ -11,12 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use nodegrace::node_maintenance_crd;
-use nodegrace::Metrics;
-use nodegrace::Settings;
-use nodegrace::{Engine, EngineOptions};
-use nodegrace::{ShutdownKind, ShutdownRequest};
-use nodegrace::{StaticManifest, StaticPodGate};
+use nodegrace::{
+    node_maintenance_crd, Engine, EngineOptions, Metrics, Settings, ShutdownKind, ShutdownRequest,
+    StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::json;

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use harness::{bands, cached, script, Containerd, OnTerm, PodSpec};
-use nodegrace::PodCache;
-use nodegrace::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
-use nodegrace::{Fallback, FallbackOptions, PodOutcome};
+use nodegrace::{
+    Container, CriError, Fallback, FallbackOptions, PodCache, PodOutcome, PodSandbox, Runtime,
+    RuntimeVersion,
+};
 
 /// The real client, noting when the first StopContainer went out.
 struct Timed<R> {

@@ -5,8 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nodegrace::StaticPodSettings;
-use nodegrace::{FsGate, StaticPodGate};
+use nodegrace::{FsGate, StaticPodGate, StaticPodSettings};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);

@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use nodegrace::{
-    node_selector_for, NodeMaintenance, NodeMaintenanceNodeStatus, NodeMaintenanceSpec,
-    NodeMaintenanceStatus, Stage,
+    node_selector_for, DrainPlanEntry, NodeMaintenance, NodeMaintenanceNodeStatus,
+    NodeMaintenanceSpec, NodeMaintenanceStatus, PodType, Stage,
 };
-use nodegrace::{DrainPlanEntry, PodType};
 use serde_json::{json, Value};
 
 mod cli_support;

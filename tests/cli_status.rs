@@ -5,10 +5,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nodegrace::ShutdownStatus;
-use nodegrace::{BudgetReport, DelayDropin};
-use nodegrace::{Phase, ShutdownKind, Status};
-use nodegrace::{ShutdownPhase, ShutdownState};
+use nodegrace::{
+    BudgetReport, DelayDropin, Phase, ShutdownKind, ShutdownPhase, ShutdownState, ShutdownStatus,
+    Status,
+};
 use serde_json::Value;
 
 mod cli_support;

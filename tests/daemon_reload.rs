@@ -9,10 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_support::{eventually, Env, Kind, NODE};
-use nodegrace::Phase;
-use nodegrace::{BootIdSource, PodCache};
-use nodegrace::{NodeDrainer, NodeParts};
-use nodegrace::{PriorityGracePeriod, Settings};
+use nodegrace::{
+    BootIdSource, NodeDrainer, NodeParts, Phase, PodCache, PriorityGracePeriod, Settings,
+};
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use nodegrace_testkit::{FakeState, TestEnv};

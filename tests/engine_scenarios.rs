@@ -6,10 +6,10 @@ mod engine_support;
 use std::time::Duration;
 
 use engine_support::*;
-use nodegrace::CompletionPolicy;
-use nodegrace::ShutdownKind;
-use nodegrace::{shutdown_maintenance_name, AfterBoot, EngineError};
-use nodegrace::{Stage, NODE_LABEL};
+use nodegrace::{
+    shutdown_maintenance_name, AfterBoot, CompletionPolicy, EngineError, ShutdownKind, Stage,
+    NODE_LABEL,
+};
 use nodegrace_testkit::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
 use serde_json::{json, Value};
 
@@ -892,8 +892,10 @@ async fn an_admin_drain_taints_before_the_daemonset_band_and_reports_tolerate_al
 /// Writes `node`'s status entry of `maintenance` as that node's daemon would: draining the
 /// first entry (priority 100 Default pods) with `remaining` pods left.
 async fn report_as(env: &Env, maintenance: &str, node: &str, remaining: i32, message: &str) {
-    use nodegrace::{node_status_apply_patch, node_status_patch_params};
-    use nodegrace::{NodeMaintenance, NodeMaintenanceNodeStatus};
+    use nodegrace::{
+        node_status_apply_patch, node_status_patch_params, NodeMaintenance,
+        NodeMaintenanceNodeStatus,
+    };
 
     let api: kube::Api<NodeMaintenance> = kube::Api::all(env.cluster.client().unwrap());
     let mut entry = NodeMaintenanceNodeStatus::for_node(node);

@@ -13,10 +13,10 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 use nodegrace::{
-    is_crd_installed, Controller, ControllerConfig, ControllerHandle, PodKey, Reconciler,
-    Requested, Requester, WallClock, Withdrawn, NODE_LABEL,
+    is_crd_installed, Controller, ControllerConfig, ControllerHandle, EvictionRequest, PodKey,
+    Reconciler, Requested, Requester, WallClock, Withdrawn, INTERCEPTOR_ANNOTATION_PREFIX,
+    NODE_LABEL,
 };
-use nodegrace::{EvictionRequest, INTERCEPTOR_ANNOTATION_PREFIX};
 use nodegrace_testkit::fake_apiserver::{running_status, FakeCluster, RecordedRequest};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::{json, Value};
@@ -1039,10 +1039,9 @@ fn pod_info(key: &PodKey) -> nodegrace::PodInfo {
 /// still wants, and a restarted daemon still withdraws what it requested before.
 #[tokio::test]
 async fn the_terminator_withdraws_per_maintenance_and_after_a_restart() {
-    use nodegrace::evict::Outcome;
-    use nodegrace::EvictionRequestTerminator;
-    use nodegrace::TerminationMethod;
-    use nodegrace::{PodTerminator, Request};
+    use nodegrace::{
+        evict::Outcome, EvictionRequestTerminator, PodTerminator, Request, TerminationMethod,
+    };
 
     let cluster = cluster().await;
     let client = cluster.client().unwrap();
@@ -1160,8 +1159,7 @@ async fn an_evicted_pod_is_not_evicted_again_while_the_pod_watch_lags() {
 
 #[tokio::test(start_paused = true)]
 async fn a_removed_requester_is_put_back_while_its_maintenance_wants_the_pod() {
-    use nodegrace::EvictionRequestTerminator;
-    use nodegrace::{PodTerminator, Request};
+    use nodegrace::{EvictionRequestTerminator, PodTerminator, Request};
 
     let cluster = cluster().await;
     let client = cluster.client().unwrap();

@@ -12,10 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use engine_support::{eventually, request, Env, Kind, NODE};
-use nodegrace::BootIdSource;
-use nodegrace::KubeletControl;
-use nodegrace::{Drainer, ShutdownKind};
-use nodegrace::{NodeDrainer, NodeParts};
+use nodegrace::{BootIdSource, Drainer, KubeletControl, NodeDrainer, NodeParts, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::RecordedRequest;
 use nodegrace_testkit::fake_cri::FakeRuntime;
 use nodegrace_testkit::fake_kubelet::KubeletConfig;

@@ -7,11 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use nodegrace::PodCache;
-use nodegrace::PriorityGracePeriod;
-use nodegrace::{Fallback, FallbackOptions, KubeletControl, Method, PodOutcome};
-use nodegrace::{PodInfo, PodType};
-use nodegrace::{StaticManifest, StaticPodGate};
+use nodegrace::{
+    Fallback, FallbackOptions, KubeletControl, Method, PodCache, PodInfo, PodOutcome, PodType,
+    PriorityGracePeriod, StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_cri::{Behaviour, CriEvent, FakeRuntime};
 
 const S: fn(u64) -> Duration = Duration::from_secs;

@@ -9,16 +9,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use engine_support::{eventually, fallback_annotation, request, Env, Kind, NODE};
-use nodegrace::CompletionPolicy;
-use nodegrace::KubeletControl;
-use nodegrace::PodCache;
-use nodegrace::Stage;
-use nodegrace::{BootIdSource, OfflineDrain};
-use nodegrace::{Drainer, ShutdownKind};
-use nodegrace::{FallbackReport, PodOutcome};
-use nodegrace::{NodeDrainer, NodeParts};
-use nodegrace::{PodInfo, PodType};
-use nodegrace::{PriorityGracePeriod, Settings};
+use nodegrace::{
+    BootIdSource, CompletionPolicy, Drainer, FallbackReport, KubeletControl, NodeDrainer,
+    NodeParts, OfflineDrain, PodCache, PodInfo, PodOutcome, PodType, PriorityGracePeriod, Settings,
+    ShutdownKind, Stage,
+};
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::{json, Value};

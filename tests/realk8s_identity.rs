@@ -15,8 +15,10 @@ mod realk8s;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use nodegrace::REQUEST_NODE_LABEL as NODE_LABEL;
-use nodegrace::{EvictionRequest, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION};
+use nodegrace::{
+    EvictionRequest, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION,
+    REQUEST_NODE_LABEL as NODE_LABEL,
+};
 use serde_json::{json, Value};
 
 const NS: &str = "default";

@@ -35,14 +35,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use nodegrace::BootIdSource;
-use nodegrace::FsGate;
-use nodegrace::Metrics;
-use nodegrace::Settings;
-use nodegrace::{build_clients as build, Clients, Timeouts};
-use nodegrace::{shutdown_maintenance_name, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION};
-use nodegrace::{Drainer, ShutdownKind, ShutdownRequest};
-use nodegrace::{NodeDrainer, NodeParts};
+use nodegrace::{
+    build_clients as build, shutdown_maintenance_name, BootIdSource, Clients, Drainer, FsGate,
+    Metrics, NodeDrainer, NodeMaintenance, NodeParts, Settings, ShutdownKind, ShutdownRequest,
+    Timeouts, FINALIZER_MAINTENANCE_COMPLETION,
+};
 use nodegrace_testkit::fake_cri::FakeRuntime;
 use serde_json::{json, Value};
 

@@ -7,8 +7,7 @@ use anyhow::Result;
 use tokio::task::JoinHandle;
 
 use super::{EventLog, FakeState, Fakes, PrivateBus, RecordingNotifier};
-use nodegrace::Settings;
-use nodegrace::{Daemon, DaemonHandle, DaemonPaths, Drainer, ZbusConnector};
+use nodegrace::{Daemon, DaemonHandle, DaemonPaths, Drainer, Settings, ZbusConnector};
 
 pub struct TestEnv {
     pub dir: PathBuf,

@@ -6,12 +6,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nodegrace::Metrics;
-use nodegrace::Settings;
-use nodegrace::{node_maintenance_crd, NodeMaintenance};
-use nodegrace::{Engine, EngineOptions};
-use nodegrace::{ShutdownKind, ShutdownRequest};
-use nodegrace::{StaticManifest, StaticPodGate};
+use nodegrace::{
+    node_maintenance_crd, Engine, EngineOptions, Metrics, NodeMaintenance, Settings, ShutdownKind,
+    ShutdownRequest, StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_apiserver::{DeleteOpts, FakeCluster, RecordedRequest, Store};
 use nodegrace_testkit::fake_kubelet::{FakeKubelet, KubeletConfig};
 use serde_json::{json, Value};

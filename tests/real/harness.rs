@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nodegrace::v1 as cri;
-use nodegrace::{CriClient, CriTimeouts, Runtime};
+use nodegrace::{v1 as cri, CriClient, CriTimeouts, Runtime};
 
 pub const IMAGE: &str = "nodegrace.local/busybox:1";
 const CONFIG_TEMPLATE: &str = include_str!("containerd-config.toml.in");

@@ -28,8 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
-use nodegrace::v1 as cri;
-use nodegrace::{CriClient, CriTimeouts};
+use nodegrace::{v1 as cri, CriClient, CriTimeouts};
 
 use super::audit::{self, Request};
 use super::node::{KubeletUnit, TestNode};

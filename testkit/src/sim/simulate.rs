@@ -12,15 +12,11 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use nodegrace::commands::{self as cli, OutputFormat};
-use nodegrace::node_maintenance_crd;
-use nodegrace::GnsBands;
-use nodegrace::PodCache;
-use nodegrace::Settings;
-use nodegrace::{mirror_pod_name, StaticManifest, StaticPodGate};
-use nodegrace::{Daemon, DaemonPaths, Phase, ShutdownKind};
-use nodegrace::{NodeDrainer, NodeParts};
-use nodegrace::{PodInfo, PodType};
+use nodegrace::{
+    commands::{self as cli, OutputFormat},
+    mirror_pod_name, node_maintenance_crd, Daemon, DaemonPaths, GnsBands, NodeDrainer, NodeParts,
+    Phase, PodCache, PodInfo, PodType, Settings, ShutdownKind, StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
 use nodegrace_testkit::fake_cri::{CriEvent, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
