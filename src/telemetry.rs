@@ -95,7 +95,7 @@ impl std::io::Write for EscapedStderr {
 pub(crate) const CLI_FILTER: &str = "warn,kube_client=off,kube_runtime=off";
 
 /// Logging for commands other than `run`: stderr, filtered by `RUST_LOG` (default
-/// [`CLI_FILTER`]), without timestamps. A second call is a no-op.
+/// `CLI_FILTER`), without timestamps. A second call is a no-op.
 pub fn init_cli() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(CLI_FILTER));
     let _ = tracing_subscriber::registry()

@@ -249,7 +249,7 @@ fn describe(user: &str, groups: &[String]) -> String {
 
 /// Checks both credentials of `clients` for `node`: who they are and whether they may do
 /// what the daemon asks. A 401, a wrong identity or a missing permission is a
-/// [`CredentialError`]; an apiserver that cannot say (no SelfSubjectReview) is let through.
+/// `CredentialError`; an apiserver that cannot say (no SelfSubjectReview) is let through.
 pub async fn verify(
     clients: &Clients,
     paths: [Option<&Path>; 2],

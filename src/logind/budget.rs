@@ -35,7 +35,7 @@ pub struct DelayDropin {
     pub overrides_ours: bool,
 }
 
-/// The outcome of [`establish`], exposed in the status file.
+/// The outcome of `establish`, exposed in the status file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BudgetReport {
     #[serde(with = "secs")]

@@ -314,7 +314,7 @@ impl ShutdownState {
         result
     }
 
-    /// Makes a [`ShutdownState::store_unsynced`] durable.
+    /// Makes a `ShutdownState::store_unsynced` durable.
     pub fn sync(state_dir: &Path) -> Result<()> {
         let path = state_dir.join(SHUTDOWN_STATE_FILE);
         std::fs::File::open(&path)
