@@ -11,12 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use nodegrace::api::node_maintenance_crd;
-use nodegrace::cluster::{Engine, EngineOptions};
-use nodegrace::config::Settings;
-use nodegrace::daemon::{ShutdownKind, ShutdownRequest};
-use nodegrace::metrics::Metrics;
-use nodegrace::staticpods::{StaticManifest, StaticPodGate};
+use nodegrace::{
+    node_maintenance_crd, Engine, EngineOptions, Metrics, Settings, ShutdownKind, ShutdownRequest,
+    StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::json;

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use harness::{bands, cached, script, Containerd, OnTerm, PodSpec};
-use nodegrace::cri::{Container, CriError, PodSandbox, Runtime, RuntimeVersion};
-use nodegrace::fallback::{Fallback, FallbackOptions, PodOutcome};
-use nodegrace::state::PodCache;
+use nodegrace::{
+    Container, CriError, Fallback, FallbackOptions, PodCache, PodOutcome, PodSandbox, Runtime,
+    RuntimeVersion,
+};
 
 /// The real client, noting when the first StopContainer went out.
 struct Timed<R> {
@@ -212,7 +213,7 @@ async fn bench() {
         let mut last_exit_ns = 0;
         for id in pods.iter().flat_map(|p| p.containers.iter()) {
             let st = client
-                .container_status(nodegrace::cri::v1::ContainerStatusRequest {
+                .container_status(nodegrace::v1::ContainerStatusRequest {
                     container_id: id.clone(),
                     verbose: false,
                 })

@@ -52,7 +52,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
-use nodegrace::api::{
+use nodegrace::{
     node_selector_for, shutdown_maintenance_name, EvictionRequest, NodeMaintenance, NODE_LABEL,
 };
 use realk8s::fixture::Fixture;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use nodegrace::daemon::Phase;
+use nodegrace::Phase;
 use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 const ITERATIONS: usize = 60;

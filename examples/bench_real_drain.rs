@@ -131,7 +131,7 @@ impl WithoutEvictionRequests {
         let client = cp.admin().await;
         for _ in 0..300 {
             // The daemon's own test of which path to take.
-            if !nodegrace::cluster::eviction_request::is_crd_installed(&client)
+            if !nodegrace::is_crd_installed(&client)
                 .await
                 .expect("discovery")
             {

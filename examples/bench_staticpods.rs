@@ -5,8 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nodegrace::config::StaticPodSettings;
-use nodegrace::staticpods::{FsGate, StaticPodGate};
+use nodegrace::{FsGate, StaticPodGate, StaticPodSettings};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);

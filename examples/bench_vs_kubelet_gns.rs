@@ -62,7 +62,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
-use nodegrace::cri::v1 as cri;
+use nodegrace::v1 as cri;
 use realk8s::fixture::{app_of, cleanup_node, signal_and_release};
 use realk8s::node::SystemBus;
 use realk8s::real_kubelet::{self as rk, RealFixture, RealKubelet};

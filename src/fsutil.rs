@@ -45,7 +45,7 @@ impl ReadError {
 }
 
 /// What kind of file `st` describes, for messages.
-pub fn kind_of(st: &FileStat) -> &'static str {
+pub(crate) fn kind_of(st: &FileStat) -> &'static str {
     match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
         SFlag::S_IFREG => "regular file",
         SFlag::S_IFLNK => "symlink",

@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use nodegrace::cli;
+use nodegrace::commands as cli;
 
 /// Makes Kubernetes node shutdown and reboot safe for workloads.
 #[derive(Debug, Parser)]
 #[command(name = "nodegrace", version, about, long_about = None, after_help = EXIT_CODES)]
 struct Cli {
     /// Main configuration file; drop-ins are read from `config.d/` beside it.
-    #[arg(long, global = true, env = "NODEGRACE_CONFIG", default_value = nodegrace::config::DEFAULT_CONFIG_PATH)]
+    #[arg(long, global = true, env = "NODEGRACE_CONFIG", default_value = nodegrace::DEFAULT_CONFIG_PATH)]
     config: PathBuf,
 
     #[command(subcommand)]
@@ -204,7 +204,7 @@ fn main() -> ExitCode {
     cli::record_panics();
     let args = Cli::parse();
     if !matches!(args.command, Command::Run) {
-        nodegrace::telemetry::init_cli();
+        nodegrace::commands::init_cli();
     }
     let result = match args.command {
         Command::Run => cli::run(&args.config),
@@ -229,9 +229,9 @@ fn main() -> ExitCode {
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
         Command::Credentials(CredentialsCommand::Request { wait, force }) => {
-            nodegrace::cli::request_command(
+            nodegrace::commands::request_command(
                 &args.config,
-                &nodegrace::cli::RequestOptions { wait, force },
+                &nodegrace::commands::RequestOptions { wait, force },
             )
         }
         Command::Credentials(CredentialsCommand::Approve {
@@ -239,16 +239,16 @@ fn main() -> ExitCode {
             watch,
             dry_run,
             max_lifetime,
-        }) => nodegrace::cli::approve_command(
+        }) => nodegrace::commands::approve_command(
             kubeconfig.as_deref(),
-            &nodegrace::credentials::approve::ApproveOptions {
+            &nodegrace::commands::ApproveOptions {
                 watch,
                 dry_run,
                 max_lifetime,
             },
         ),
         Command::Generator { normal_dir, .. } => {
-            nodegrace::sandbox::generator_command(&args.config, &normal_dir)
+            nodegrace::commands::generator_command(&args.config, &normal_dir)
         }
     };
     cli::exit_code("nodegrace", result)

@@ -254,7 +254,7 @@ fn unix_seconds(at: chrono::DateTime<chrono::Utc>) -> f64 {
 
 /// Binds `addr` and serves `/metrics` until `stop` is cancelled. Binding errors are returned
 /// at once so that a bad address is reported at start, not lost in a background task.
-pub async fn serve(
+pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: Metrics,
     stop: CancellationToken,

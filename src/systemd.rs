@@ -99,7 +99,7 @@ pub(crate) struct ZbusSystemd {
 }
 
 impl ZbusSystemd {
-    pub async fn new(conn: &zbus::Connection) -> Result<Self> {
+    pub(crate) async fn new(conn: &zbus::Connection) -> Result<Self> {
         let proxy = Systemd1ManagerProxy::builder(conn)
             .cache_properties(zbus::proxy::CacheProperties::No)
             .build()

@@ -7,7 +7,7 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 /// Where log records go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogTarget {
+pub(crate) enum LogTarget {
     Journald,
     Stderr,
 }
@@ -28,7 +28,7 @@ pub(crate) fn preferred_target() -> LogTarget {
 pub(crate) const DEFAULT_FILTER: &str = "info,kube_client=off,kube_runtime=off";
 
 /// Installs the global subscriber; a second call is a no-op. Returns where logs go.
-pub fn init() -> LogTarget {
+pub(crate) fn init() -> LogTarget {
     let filter =
         || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let target = preferred_target();
@@ -95,7 +95,7 @@ impl std::io::Write for EscapedStderr {
 pub(crate) const CLI_FILTER: &str = "warn,kube_client=off,kube_runtime=off";
 
 /// Logging for commands other than `run`: stderr, filtered by `RUST_LOG` (default
-/// [`CLI_FILTER`]), without timestamps. A second call is a no-op.
+/// `CLI_FILTER`), without timestamps. A second call is a no-op.
 pub fn init_cli() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(CLI_FILTER));
     let _ = tracing_subscriber::registry()

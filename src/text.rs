@@ -78,7 +78,7 @@ pub fn print_stdout(text: &str) -> anyhow::Result<()> {
 
 /// Writes one line to stderr. When stderr is closed or full there is nowhere left to say
 /// anything, so that error is dropped (`eprintln!` would panic).
-pub fn print_stderr(line: &str) {
+pub(crate) fn print_stderr(line: &str) {
     use std::io::Write;
     let line = escape_keeping_lines(line);
     let _ = std::io::stderr()

@@ -4,7 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Output;
 
-use nodegrace::api::node_maintenance_crd;
+use nodegrace::node_maintenance_crd;
 use nodegrace_testkit::fake_apiserver::FakeCluster;
 use serde_json::json;
 

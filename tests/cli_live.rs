@@ -9,11 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
-use nodegrace::api::{
-    node_selector_for, NodeMaintenance, NodeMaintenanceNodeStatus, NodeMaintenanceSpec,
-    NodeMaintenanceStatus, Stage,
+use nodegrace::{
+    node_selector_for, DrainPlanEntry, NodeMaintenance, NodeMaintenanceNodeStatus,
+    NodeMaintenanceSpec, NodeMaintenanceStatus, PodType, Stage,
 };
-use nodegrace::plan::{DrainPlanEntry, PodType};
 use serde_json::{json, Value};
 
 mod cli_support;
@@ -154,7 +153,7 @@ fn maintenance(name: &str, stage: Stage, selector: NodeSelector) -> NodeMaintena
         NodeMaintenanceSpec {
             node_selector: selector,
             stage,
-            drain_plan: nodegrace::plan::normalize_drain_plan(&[]).unwrap(),
+            drain_plan: nodegrace::normalize_drain_plan(&[]).unwrap(),
             reason: Some(format!("{name} reason")),
         },
     );
@@ -164,7 +163,7 @@ fn maintenance(name: &str, stage: Stage, selector: NodeSelector) -> NodeMaintena
 
 fn maintenances() -> Value {
     let mut shutdown = maintenance(
-        &nodegrace::api::shutdown_maintenance_name("node-a"),
+        &nodegrace::shutdown_maintenance_name("node-a"),
         Stage::Drain,
         node_selector_for("node-a"),
     );
@@ -280,10 +279,7 @@ fn status_lists_the_active_maintenances_of_this_node_with_pods_per_band() {
     // label selector nobody answered for this node cannot be evaluated and is left out too.
     assert_eq!(active.len(), 1, "{m}");
     let nm = &active[0];
-    assert_eq!(
-        nm["name"],
-        nodegrace::api::shutdown_maintenance_name("node-a")
-    );
+    assert_eq!(nm["name"], nodegrace::shutdown_maintenance_name("node-a"));
     assert_eq!(nm["stage"], "Drain");
     assert_eq!(
         nm["drainTargets"][0],

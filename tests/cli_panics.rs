@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use nodegrace::cli::{exit_code, record_panics, EXIT_CONFIG, EXIT_FAILURE};
+use nodegrace::commands::{exit_code, record_panics, EXIT_CONFIG, EXIT_FAILURE};
 
 fn code(c: ExitCode) -> String {
     format!("{c:?}")

@@ -286,8 +286,8 @@ fn budget_below_the_reserves_escalates_every_regular_pod_at_once() {
 #[test]
 fn budget_comes_from_the_daemon_status_file_when_there_is_one() {
     let env = Env::new();
-    let mut status = nodegrace::daemon::Status::new();
-    status.budget = Some(nodegrace::logind::budget::BudgetReport {
+    let mut status = nodegrace::Status::new();
+    status.budget = Some(nodegrace::BudgetReport {
         configured: std::time::Duration::from_secs(300),
         logind_initial: std::time::Duration::from_secs(5),
         logind_effective: std::time::Duration::from_secs(120),

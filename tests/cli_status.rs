@@ -5,10 +5,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nodegrace::daemon::status::ShutdownStatus;
-use nodegrace::daemon::{Phase, ShutdownKind, Status};
-use nodegrace::logind::budget::{BudgetReport, DelayDropin};
-use nodegrace::state::{ShutdownPhase, ShutdownState};
+use nodegrace::{
+    BudgetReport, DelayDropin, Phase, ShutdownKind, ShutdownPhase, ShutdownState, ShutdownStatus,
+    Status,
+};
 use serde_json::Value;
 
 mod cli_support;
@@ -121,14 +121,14 @@ impl Env {
 fn status_json_shows_local_state_and_an_unreachable_apiserver() {
     let env = Env::new();
     env.prepare_released_reboot(std::process::id());
-    let stopped = |name: &str, outcome| nodegrace::fallback::PodReport::new("work", name, outcome);
-    nodegrace::state::OfflineDrain {
+    let stopped = |name: &str, outcome| nodegrace::PodReport::new("work", name, outcome);
+    nodegrace::OfflineDrain {
         boot_id: "b-0".into(),
         kind: ShutdownKind::Poweroff,
-        reports: vec![nodegrace::fallback::FallbackReport {
+        reports: vec![nodegrace::FallbackReport {
             pods: vec![
-                stopped("web", nodegrace::fallback::PodOutcome::Stopped),
-                stopped("db", nodegrace::fallback::PodOutcome::TimedOut),
+                stopped("web", nodegrace::PodOutcome::Stopped),
+                stopped("db", nodegrace::PodOutcome::TimedOut),
             ],
             ..Default::default()
         }],

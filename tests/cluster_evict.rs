@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
-use nodegrace::cluster::evict::{self, Outcome};
+use nodegrace::evict::{self, Outcome};
 use nodegrace_testkit::fake_apiserver::FakeCluster;
 use serde_json::json;
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use nodegrace::api;
+use nodegrace as api;
 use serde_json::{json, Value};
 
 fn crds_dir() -> PathBuf {
@@ -1106,7 +1106,7 @@ mod rbac {
     }
 
     fn pinned(node: &str) -> Value {
-        serde_json::to_value(nodegrace::api::node_selector_for(node)).unwrap()
+        serde_json::to_value(nodegrace::node_selector_for(node)).unwrap()
     }
 
     fn by_label() -> Value {
@@ -1120,7 +1120,7 @@ mod rbac {
         let p = policy("nodemaintenances");
         let labelled = |node: &str| {
             let mut m = maintenance(pinned("one"));
-            m["metadata"]["labels"] = json!({nodegrace::api::NODE_LABEL: node});
+            m["metadata"]["labels"] = json!({nodegrace::NODE_LABEL: node});
             m
         };
         assert_eq!(
@@ -1141,7 +1141,7 @@ mod rbac {
         ));
         // Its own status entry on a maintenance an admin labelled otherwise.
         let mut admins = maintenance(by_label());
-        admins["metadata"]["labels"] = json!({nodegrace::api::NODE_LABEL: "two"});
+        admins["metadata"]["labels"] = json!({nodegrace::NODE_LABEL: "two"});
         let mut entry = admins.clone();
         entry["status"]["nodeStatuses"][0]["podsRemaining"] = json!(0);
         assert_eq!(admit(&p, ME, "UPDATE", "status", entry, admins), Ok(()));
@@ -1207,7 +1207,7 @@ mod rbac {
         finalized["metadata"]["finalizers"]
             .as_array_mut()
             .unwrap()
-            .push(json!(nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION));
+            .push(json!(nodegrace::FINALIZER_MAINTENANCE_COMPLETION));
         assert_eq!(
             admit(&p, ME, "UPDATE", "", finalized.clone(), shared.clone()),
             Ok(())
@@ -1244,7 +1244,7 @@ mod rbac {
         // while it is active, and not another node's.
         let shutdown = |node: &str, stage: &str| {
             let mut m = maintenance(pinned(node));
-            m["metadata"]["name"] = json!(nodegrace::api::shutdown_maintenance_name(node));
+            m["metadata"]["name"] = json!(nodegrace::shutdown_maintenance_name(node));
             m["spec"]["stage"] = json!(stage);
             m
         };
@@ -1309,7 +1309,7 @@ mod rbac {
         assert_eq!(admit(&p, ME, "UPDATE", "", annotated, own.clone()), Ok(()));
 
         // The shared finalizer goes only once every node's entry says Completed.
-        let fin = nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION;
+        let fin = nodegrace::FINALIZER_MAINTENANCE_COMPLETION;
         let mut held = shared.clone();
         held["metadata"]["finalizers"] = json!(["example.com/audit", fin]);
         let mut released = held.clone();
@@ -1424,7 +1424,7 @@ mod rbac {
                      "requesters": requesters, "heartbeatDeadlineSeconds": 1800}
         });
         if let Some(node) = node {
-            r["metadata"]["labels"][nodegrace::cluster::eviction_request::NODE_LABEL] = json!(node);
+            r["metadata"]["labels"][nodegrace::REQUEST_NODE_LABEL] = json!(node);
         }
         r
     }
@@ -1432,9 +1432,9 @@ mod rbac {
     #[test]
     fn a_node_manages_only_its_own_requester() {
         let p = policy("evictionrequests");
-        let ours = nodegrace::api::node_requester("one").unwrap();
+        let ours = nodegrace::node_requester("one").unwrap();
         let ours = ours.as_str();
-        let theirs = nodegrace::api::node_requester("two").unwrap();
+        let theirs = nodegrace::node_requester("two").unwrap();
         let theirs = theirs.as_str();
         let other = "descheduler.example.com";
         let me = Some("one");
@@ -1544,7 +1544,7 @@ mod rbac {
     #[test]
     fn a_node_acts_only_on_requests_labelled_for_it() {
         let p = policy("evictionrequests");
-        let ours = nodegrace::api::node_requester("one").unwrap();
+        let ours = nodegrace::node_requester("one").unwrap();
         let ours = ours.as_str();
         let other = "descheduler.example.com";
         for label in [None, Some("two")] {

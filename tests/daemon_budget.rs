@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nodegrace::daemon::{Phase, Status};
+use nodegrace::{Phase, Status};
 use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 const MIN: Duration = Duration::from_secs(60);

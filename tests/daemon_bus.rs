@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nodegrace::daemon::Phase;
+use nodegrace::Phase;
 use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 async fn within<F: Future>(f: F) -> F::Output {

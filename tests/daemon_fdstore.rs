@@ -8,8 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nodegrace::daemon::{Daemon, Phase, ZbusConnector};
-use nodegrace::systemd::{Notifier, Notify, INHIBITOR_FDNAME};
+use nodegrace::{Daemon, Notifier, Notify, Phase, ZbusConnector, INHIBITOR_FDNAME};
 use nodegrace_testkit::{DrainMode, EventLog, FakeState, ScriptedDrainer, TestEnv};
 
 const MIN: Duration = Duration::from_secs(60);

@@ -4,8 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nodegrace::daemon::{Phase, ShutdownKind, Status};
-use nodegrace::state::{current_boot_id, ShutdownPhase, ShutdownState};
+use nodegrace::{current_boot_id, Phase, ShutdownKind, ShutdownPhase, ShutdownState, Status};
 use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 const MIN: Duration = Duration::from_secs(60);

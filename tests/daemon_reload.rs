@@ -9,10 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine_support::{eventually, Env, Kind, NODE};
-use nodegrace::config::{PriorityGracePeriod, Settings};
-use nodegrace::daemon::node::{NodeDrainer, NodeParts};
-use nodegrace::daemon::Phase;
-use nodegrace::state::{BootIdSource, PodCache};
+use nodegrace::{
+    BootIdSource, NodeDrainer, NodeParts, Phase, PodCache, PriorityGracePeriod, Settings,
+};
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use nodegrace_testkit::{FakeState, TestEnv};

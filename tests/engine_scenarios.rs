@@ -6,10 +6,10 @@ mod engine_support;
 use std::time::Duration;
 
 use engine_support::*;
-use nodegrace::api::{Stage, NODE_LABEL};
-use nodegrace::cluster::{shutdown_maintenance_name, AfterBoot, EngineError};
-use nodegrace::config::CompletionPolicy;
-use nodegrace::daemon::ShutdownKind;
+use nodegrace::{
+    shutdown_maintenance_name, AfterBoot, CompletionPolicy, EngineError, ShutdownKind, Stage,
+    NODE_LABEL,
+};
 use nodegrace_testkit::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
 use serde_json::{json, Value};
 
@@ -382,7 +382,7 @@ async fn restart_mid_drain_resumes_without_duplicate_requests() {
         .unwrap()
         .drain_targets
         .clone();
-    let max = |t: &[nodegrace::plan::DrainPlanEntry]| {
+    let max = |t: &[nodegrace::DrainPlanEntry]| {
         t.iter().map(|e| e.pod_priority).max().unwrap_or(i32::MIN)
     };
     assert!(max(&after) >= max(&before), "targets never go back");
@@ -772,7 +772,7 @@ async fn the_drain_resumes_through_the_maintenance_after_the_fallback() {
     assert!(matches!(err, EngineError::ApiserverUnreachable(..)));
 
     // The daemon ran the CRI fallback meanwhile; the apiserver comes back.
-    let report = nodegrace::fallback::FallbackReport {
+    let report = nodegrace::FallbackReport {
         kubelet_stopped: true,
         ..Default::default()
     };
@@ -799,16 +799,16 @@ async fn the_offline_pod_cache_follows_the_node() {
     let _engine = env.engine(env.settings());
     let dir = env.dir.path().to_path_buf();
     eventually(5, "pod cache written", || {
-        nodegrace::state::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 1)
+        nodegrace::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 1)
     })
     .await;
-    let cache = nodegrace::state::PodCache::load(&dir).unwrap();
+    let cache = nodegrace::PodCache::load(&dir).unwrap();
     assert_eq!(cache.node, NODE);
     assert_eq!(cache.pods[0].priority, 7);
     assert_eq!(cache.pods[0].termination_grace_period_seconds, 45);
     env.pod("second", Kind::Default, 0, 30, json!({}));
     eventually(5, "pod cache updated", || {
-        nodegrace::state::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 2)
+        nodegrace::PodCache::load(&dir).is_ok_and(|c| c.pods.len() == 2)
     })
     .await;
 }
@@ -892,15 +892,17 @@ async fn an_admin_drain_taints_before_the_daemonset_band_and_reports_tolerate_al
 /// Writes `node`'s status entry of `maintenance` as that node's daemon would: draining the
 /// first entry (priority 100 Default pods) with `remaining` pods left.
 async fn report_as(env: &Env, maintenance: &str, node: &str, remaining: i32, message: &str) {
-    use nodegrace::api::{node_status_apply_patch, node_status_patch_params};
-    use nodegrace::api::{NodeMaintenance, NodeMaintenanceNodeStatus};
+    use nodegrace::{
+        node_status_apply_patch, node_status_patch_params, NodeMaintenance,
+        NodeMaintenanceNodeStatus,
+    };
 
     let api: kube::Api<NodeMaintenance> = kube::Api::all(env.cluster.client().unwrap());
     let mut entry = NodeMaintenanceNodeStatus::for_node(node);
-    entry.drain_targets = vec![nodegrace::plan::DrainPlanEntry {
+    entry.drain_targets = vec![nodegrace::DrainPlanEntry {
         pod_selector: None,
         pod_priority: 100,
-        pod_type: nodegrace::plan::PodType::Default,
+        pod_type: nodegrace::PodType::Default,
     }];
     entry.drain_message = message.into();
     entry.pods_remaining = remaining;
@@ -922,7 +924,7 @@ async fn drain_first_entry_only(
     name: &str,
     terms: Value,
     why: &str,
-) -> nodegrace::cluster::Engine {
+) -> nodegrace::Engine {
     env.pod("p50", Kind::Default, 50, 30, json!({}));
     env.pod("p500", Kind::Default, 500, 30, json!({}));
     env.cluster
@@ -1123,7 +1125,7 @@ async fn a_maintenance_created_at_complete_is_carried_out() {
         env.maintenance("done")
             .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
             .as_deref()
-            == Some(nodegrace::cluster::engine::COMPLETED_MESSAGE)
+            == Some(nodegrace::COMPLETED_MESSAGE)
     })
     .await;
     assert!(!unschedulable(&env));

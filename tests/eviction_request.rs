@@ -12,10 +12,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
-use nodegrace::api::{EvictionRequest, INTERCEPTOR_ANNOTATION_PREFIX};
-use nodegrace::cluster::eviction_request::{
-    is_crd_installed, Controller, ControllerConfig, ControllerHandle, PodKey, Reconciler,
-    Requested, Requester, WallClock, Withdrawn, NODE_LABEL,
+use nodegrace::{
+    is_crd_installed, Controller, ControllerConfig, ControllerHandle, EvictionRequest, PodKey,
+    Reconciler, Requested, Requester, WallClock, Withdrawn, INTERCEPTOR_ANNOTATION_PREFIX,
+    NODE_LABEL,
 };
 use nodegrace_testkit::fake_apiserver::{running_status, FakeCluster, RecordedRequest};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -31,7 +31,7 @@ const DESCHEDULER: &str = "descheduler.example.com";
 async fn cluster() -> FakeCluster {
     let cluster = FakeCluster::start().await.unwrap();
     cluster
-        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .install_crd(&nodegrace::eviction_request_crd().unwrap())
         .unwrap();
     cluster.add_node(NODE).unwrap();
     cluster.add_node("n2").unwrap();
@@ -140,7 +140,7 @@ fn start_controller_with_handle(
 fn start_controller_for(
     cluster: &FakeCluster,
     backoff_max: Duration,
-    intent: Option<nodegrace::cluster::eviction_request::Intent>,
+    intent: Option<nodegrace::Intent>,
 ) -> (CancellationToken, ControllerHandle) {
     let client = cluster.client().unwrap();
     let stop = CancellationToken::new();
@@ -830,7 +830,7 @@ async fn unlabelled_requests_are_claimed_and_only_this_nodes_requests_are_watche
         let mut request =
             EvictionRequest::for_pod(&pod.namespace, &pod.name, &pod.uid, DESCHEDULER, vec![]);
         if pod == &ours {
-            request.spec.interceptors = vec![nodegrace::api::Interceptor {
+            request.spec.interceptors = vec![nodegrace::Interceptor {
                 name: "db-operator.example.com".into(),
             }];
         }
@@ -1027,7 +1027,7 @@ async fn other_eviction_refusals_count_as_failed_attempts() {
     stop.cancel();
 }
 
-fn pod_info(key: &PodKey) -> nodegrace::plan::PodInfo {
+fn pod_info(key: &PodKey) -> nodegrace::PodInfo {
     serde_json::from_value(json!({
         "namespace": key.namespace, "name": key.name, "uid": key.uid, "priority": 0,
         "podType": "Default", "terminationGracePeriodSeconds": 30,
@@ -1039,10 +1039,9 @@ fn pod_info(key: &PodKey) -> nodegrace::plan::PodInfo {
 /// still wants, and a restarted daemon still withdraws what it requested before.
 #[tokio::test]
 async fn the_terminator_withdraws_per_maintenance_and_after_a_restart() {
-    use nodegrace::cluster::evict::Outcome;
-    use nodegrace::cluster::eviction_request::EvictionRequestTerminator;
-    use nodegrace::cluster::terminate::{PodTerminator, Request};
-    use nodegrace::metrics::TerminationMethod;
+    use nodegrace::{
+        evict::Outcome, EvictionRequestTerminator, PodTerminator, Request, TerminationMethod,
+    };
 
     let cluster = cluster().await;
     let client = cluster.client().unwrap();
@@ -1160,8 +1159,7 @@ async fn an_evicted_pod_is_not_evicted_again_while_the_pod_watch_lags() {
 
 #[tokio::test(start_paused = true)]
 async fn a_removed_requester_is_put_back_while_its_maintenance_wants_the_pod() {
-    use nodegrace::cluster::eviction_request::EvictionRequestTerminator;
-    use nodegrace::cluster::terminate::{PodTerminator, Request};
+    use nodegrace::{EvictionRequestTerminator, PodTerminator, Request};
 
     let cluster = cluster().await;
     let client = cluster.client().unwrap();

@@ -12,10 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use engine_support::{eventually, request, Env, Kind, NODE};
-use nodegrace::daemon::node::{NodeDrainer, NodeParts};
-use nodegrace::daemon::{Drainer, ShutdownKind};
-use nodegrace::fallback::KubeletControl;
-use nodegrace::state::BootIdSource;
+use nodegrace::{BootIdSource, Drainer, KubeletControl, NodeDrainer, NodeParts, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::RecordedRequest;
 use nodegrace_testkit::fake_cri::FakeRuntime;
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -163,7 +160,7 @@ async fn where_the_in_tree_api_is_served_pods_leave_through_it() {
 async fn without_the_in_tree_api_the_crd_path_is_used() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
     env.cluster
-        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .install_crd(&nodegrace::eviction_request_crd().unwrap())
         .unwrap();
     env.pod("web2", Kind::Default, 0, 30, json!({"app": "web2"}));
     let drainer = start(&env);
@@ -189,7 +186,7 @@ async fn without_the_in_tree_api_the_crd_path_is_used() {
 async fn with_both_served_the_in_tree_api_wins_and_says_so() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
     env.cluster
-        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .install_crd(&nodegrace::eviction_request_crd().unwrap())
         .unwrap();
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("both", Kind::Default, 0, 30, json!({"app": "both"}));
@@ -470,7 +467,7 @@ fn the_shipped_cluster_role_grants_what_the_in_tree_path_checks_for() {
         .find(|d: &Value| d["kind"] == "ClusterRole")
         .unwrap();
     let has = |list: &Value, item: &str| list.as_array().unwrap().iter().any(|v| v == item);
-    for p in nodegrace::cluster::identity::required_in_tree() {
+    for p in nodegrace::required_in_tree() {
         let granted = role["rules"].as_array().unwrap().iter().any(|r| {
             has(&r["apiGroups"], p.group)
                 && has(&r["resources"], p.resource)

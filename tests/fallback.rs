@@ -7,11 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use nodegrace::config::PriorityGracePeriod;
-use nodegrace::fallback::{Fallback, FallbackOptions, KubeletControl, Method, PodOutcome};
-use nodegrace::plan::{PodInfo, PodType};
-use nodegrace::state::PodCache;
-use nodegrace::staticpods::{StaticManifest, StaticPodGate};
+use nodegrace::{
+    Fallback, FallbackOptions, KubeletControl, Method, PodCache, PodInfo, PodOutcome, PodType,
+    PriorityGracePeriod, StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_cri::{Behaviour, CriEvent, FakeRuntime};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -119,11 +118,11 @@ impl StaticPodGate for FakeGate {
     fn restore_all(&self) -> anyhow::Result<Vec<String>> {
         Ok(Vec::new())
     }
-    fn unreadable_active(&self) -> anyhow::Result<Vec<nodegrace::staticpods::Problem>> {
+    fn unreadable_active(&self) -> anyhow::Result<Vec<nodegrace::Problem>> {
         Ok(self
             .unreadable
             .iter()
-            .map(|f| nodegrace::staticpods::Problem {
+            .map(|f| nodegrace::Problem {
                 file_name: f.clone(),
                 reason: "not YAML".into(),
             })
@@ -693,7 +692,7 @@ async fn what_a_kubelet_still_stopping_starts_after_the_last_band_is_stopped_unt
 /// report, still gates the static manifests, and is done within that bound.
 #[tokio::test(start_paused = true)]
 async fn a_cri_socket_that_never_answers_is_bounded_by_the_call_timeout_and_reported() {
-    use nodegrace::cri::{CriClient, CriTimeouts};
+    use nodegrace::{CriClient, CriTimeouts};
 
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("containerd.sock");

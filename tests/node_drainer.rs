@@ -9,16 +9,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use engine_support::{eventually, fallback_annotation, request, Env, Kind, NODE};
-use nodegrace::api::Stage;
-use nodegrace::config::CompletionPolicy;
-use nodegrace::config::{PriorityGracePeriod, Settings};
-use nodegrace::daemon::node::{NodeDrainer, NodeParts};
-use nodegrace::daemon::{Drainer, ShutdownKind};
-use nodegrace::fallback::KubeletControl;
-use nodegrace::fallback::{FallbackReport, PodOutcome};
-use nodegrace::plan::{PodInfo, PodType};
-use nodegrace::state::PodCache;
-use nodegrace::state::{BootIdSource, OfflineDrain};
+use nodegrace::{
+    BootIdSource, CompletionPolicy, Drainer, FallbackReport, KubeletControl, NodeDrainer,
+    NodeParts, OfflineDrain, PodCache, PodInfo, PodOutcome, PodType, PriorityGracePeriod, Settings,
+    ShutdownKind, Stage,
+};
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::{json, Value};
@@ -180,7 +175,7 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
     let maintenance = env
         .maintenance("shutdown-node-a")
         .expect("shutdown maintenance created");
-    assert_eq!(maintenance.spec.stage, nodegrace::api::Stage::Drain);
+    assert_eq!(maintenance.spec.stage, nodegrace::Stage::Drain);
     assert!(
         env.evictions().contains(&"dns".to_string()),
         "evictions: {:?}",
@@ -515,7 +510,7 @@ async fn an_offline_record_goes_onto_that_shutdowns_maintenance_once_and_a_stale
 async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
     env.cluster
-        .uninstall_crd(nodegrace::api::NODE_MAINTENANCE_CRD_NAME)
+        .uninstall_crd(nodegrace::NODE_MAINTENANCE_CRD_NAME)
         .unwrap();
     let settings = offline_ready_settings(
         &env,
@@ -554,7 +549,7 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
 async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
     env.cluster
-        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .install_crd(&nodegrace::eviction_request_crd().unwrap())
         .unwrap();
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
@@ -597,7 +592,7 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
 async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_path() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
     env.cluster
-        .install_crd(&nodegrace::api::eviction_request_crd().unwrap())
+        .install_crd(&nodegrace::eviction_request_crd().unwrap())
         .unwrap();
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pdb("db-pdb", "db", 1);

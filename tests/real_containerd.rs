@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use harness::{bands, cached, script, Containerd, OnTerm, PodSpec};
-use nodegrace::cri::{CriClient, CriTimeouts, Runtime, SandboxState};
-use nodegrace::fallback::{Fallback, FallbackOptions, KubeletControl, PodOutcome};
-use nodegrace::state::PodCache;
+use nodegrace::{
+    CriClient, CriTimeouts, Fallback, FallbackOptions, KubeletControl, PodCache, PodOutcome,
+    Runtime, SandboxState,
+};
 
 /// One containerd at a time: timings mean something only on an otherwise idle runtime.
 fn serial() -> MutexGuard<'static, ()> {

@@ -11,7 +11,7 @@ mod realk8s;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Patch, PostParams};
 use kube::{Api, Client};
-use nodegrace::api::NodeMaintenance;
+use nodegrace::NodeMaintenance;
 use serde_json::json;
 
 struct Two {
@@ -201,8 +201,7 @@ async fn a_node_identity_acts_on_its_own_objects_only() {
     // Labelled for its node (only its daemon watches it), not for another's.
     let labelled = |node: &str| {
         let mut m = maintenance(&format!("shutdown-{a}"), pin(a));
-        m.metadata.labels =
-            Some([(nodegrace::api::NODE_LABEL.to_string(), node.to_string())].into());
+        m.metadata.labels = Some([(nodegrace::NODE_LABEL.to_string(), node.to_string())].into());
         m
     };
     nms.create(&realk8s::dry::post(), &labelled(a))

@@ -228,7 +228,7 @@ async fn the_approver_approves_a_nodes_own_request_only() {
     let csrs: Api<CertificateSigningRequest> = Api::all(kubelet_a);
     // Node A's kubelet asks for node B's nodegrace identity (a stolen kubelet credential).
     let key = rcgen::KeyPair::generate().unwrap();
-    let pem = nodegrace::credentials::issue::request_pem(&b.name, &key).unwrap();
+    let pem = nodegrace::request_pem(&b.name, &key).unwrap();
     let theft: CertificateSigningRequest = serde_json::from_value(json!({
         "metadata": {"name": format!("theft-{}", a.name)},
         "spec": {"request": base64(pem.as_bytes()), "signerName": "kubernetes.io/kube-apiserver-client",
@@ -291,13 +291,12 @@ async fn the_daemon_names_a_wrong_identity_and_a_missing_permission() {
     let connect = |nodegrace: PathBuf, kubelet: PathBuf| {
         let node = n.name.clone();
         async move {
-            let mut settings = nodegrace::config::Settings::default();
+            let mut settings = nodegrace::Settings::default();
             settings.node.name = node.clone();
             settings.node.kubeconfig = Some(nodegrace.clone());
             settings.node.kubelet_kubeconfig = Some(kubelet.clone());
-            let clients =
-                nodegrace::daemon::node::daemon_clients(&settings, Duration::from_secs(5)).await?;
-            nodegrace::cluster::identity::verify(
+            let clients = nodegrace::daemon_clients(&settings, Duration::from_secs(5)).await?;
+            nodegrace::verify_identity(
                 &clients,
                 [Some(nodegrace.as_path()), Some(kubelet.as_path())],
                 &node,

@@ -15,8 +15,10 @@ mod realk8s;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use nodegrace::api::{EvictionRequest, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION};
-use nodegrace::cluster::eviction_request::NODE_LABEL;
+use nodegrace::{
+    EvictionRequest, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION,
+    REQUEST_NODE_LABEL as NODE_LABEL,
+};
 use serde_json::{json, Value};
 
 const NS: &str = "default";
@@ -68,7 +70,7 @@ fn dry_evict() -> EvictParams {
 }
 
 fn requester(node: &str) -> String {
-    nodegrace::api::node_requester(node).unwrap()
+    nodegrace::node_requester(node).unwrap()
 }
 
 /// Nodes A and B, a pod bound to each, and A's two credentials.
@@ -151,7 +153,7 @@ impl Cluster {
         .unwrap();
         api.create(&PostParams::default(), &m).await.unwrap();
         self.maintenances.push(name.to_owned());
-        let mut entry = nodegrace::api::NodeMaintenanceNodeStatus::for_node(node);
+        let mut entry = nodegrace::NodeMaintenanceNodeStatus::for_node(node);
         entry.drain_message = "Draining".into();
         entry.pods_remaining = 1;
         api.patch_status(
@@ -445,7 +447,7 @@ async fn no_credential_of_a_node_changes_another_nodes_maintenance() {
         json!({"type": t, "status": s, "reason": "Set", "message": "x",
                "lastTransitionTime": "2026-01-01T00:00:00Z"})
     };
-    let mut b_entry = nodegrace::api::NodeMaintenanceNodeStatus::for_node(&b);
+    let mut b_entry = nodegrace::NodeMaintenanceNodeStatus::for_node(&b);
     b_entry.drain_message = "Completed".into();
     let writes: Vec<(&str, bool, Value)> = vec![
         (

@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
-use nodegrace::cri::v1 as cri;
+use nodegrace::v1 as cri;
 use realk8s::audit::{self, Request};
 use realk8s::fixture::*;
 use realk8s::node::SystemBus;
@@ -369,7 +369,7 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         &format!("shutdown-{node}"),
         "completed after the boot",
         Duration::from_secs(60),
-        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+        |m| m.spec.stage == nodegrace::Stage::Complete && !has_finalizer(m),
     )
     .await;
     wait_node(c, &node, "uncordoned", |n| {
@@ -514,7 +514,7 @@ async fn a_node_kubectl_drained_before_the_reboot_is_released_at_once_and_stays_
         &format!("shutdown-{node}"),
         "completed after the boot",
         Duration::from_secs(60),
-        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+        |m| m.spec.stage == nodegrace::Stage::Complete && !has_finalizer(m),
     )
     .await;
     // Its own marks go; the cordon, which was kubectl's, stays.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use nodegrace::api::NodeMaintenance;
+use nodegrace::NodeMaintenance;
 use realk8s::audit;
 use realk8s::fixture::*;
 use realk8s::kubelet::{Kubelet, PodRecord};
@@ -377,7 +377,7 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
     );
     let nms: Api<NodeMaintenance> = Api::all(f.admin.clone());
     let m = nms.get(&format!("shutdown-{}", f.name)).await.unwrap();
-    assert_eq!(m.spec.stage, nodegrace::api::Stage::Drain);
+    assert_eq!(m.spec.stage, nodegrace::Stage::Drain);
     assert!(
         m.spec
             .reason
@@ -548,7 +548,7 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
         },
     )
     .await;
-    assert_eq!(done.spec.stage, nodegrace::api::Stage::Complete);
+    assert_eq!(done.spec.stage, nodegrace::Stage::Complete);
     audit::assert_allowed_by_cluster_role(&f.requests());
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
@@ -626,7 +626,7 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     let _ = f.node.shutdown("poweroff", Duration::from_secs(120));
     let name = format!("shutdown-{node}");
     let before = wait_maintenance(c, &name, "the drain", Duration::from_secs(5), |m| {
-        m.spec.stage == nodegrace::api::Stage::Drain
+        m.spec.stage == nodegrace::Stage::Drain
     })
     .await;
     assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
@@ -652,7 +652,7 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
         "completed after the boot",
         Duration::from_secs(60),
         |m| {
-            m.spec.stage == nodegrace::api::Stage::Complete
+            m.spec.stage == nodegrace::Stage::Complete
                 && m.node_status(&node)
                     .is_some_and(|e| e.drain_message == "Completed")
                 && !has_finalizer(m)
@@ -901,14 +901,14 @@ async fn a_label_selected_maintenance_waits_for_every_selected_node() {
     // The other node's daemon reports the first entry done, with its own identity.
     let mine = waiting.node_status(&node).unwrap().clone();
     let theirs = realk8s::client_from(&f.cp.nodegrace_identity(&other)).await;
-    let mut entry = nodegrace::api::NodeMaintenanceNodeStatus::for_node(&other);
+    let mut entry = nodegrace::NodeMaintenanceNodeStatus::for_node(&other);
     entry.drain_targets = mine.drain_targets.clone();
     entry.drain_message = format!("Waiting for {name}.");
     Api::<NodeMaintenance>::all(theirs)
         .patch_status(
             &name,
-            &nodegrace::api::node_status_patch_params(&other),
-            &Patch::Apply(nodegrace::api::node_status_apply_patch(&name, &entry).unwrap()),
+            &nodegrace::node_status_patch_params(&other),
+            &Patch::Apply(nodegrace::node_status_apply_patch(&name, &entry).unwrap()),
         )
         .await
         .unwrap();
@@ -939,7 +939,7 @@ async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
     if skip("a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod") {
         return;
     }
-    use nodegrace::api::EvictionRequest;
+    use nodegrace::EvictionRequest;
     fn complete(r: &EvictionRequest) -> bool {
         r.status
             .iter()
@@ -968,7 +968,7 @@ async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
     .await
     .unwrap();
 
-    let requester = nodegrace::api::node_requester(&node).unwrap();
+    let requester = nodegrace::node_requester(&node).unwrap();
     let requests: Api<EvictionRequest> = Api::namespaced(c.clone(), &ns);
     let wait_request = |what: &'static str, check: Box<dyn Fn(&EvictionRequest) -> bool>| {
         let requests = requests.clone();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use kube::api::PostParams;
 use kube::{Api, ResourceExt};
-use nodegrace::api::{shutdown_maintenance_name, NodeMaintenance, NODE_LABEL};
+use nodegrace::{shutdown_maintenance_name, NodeMaintenance, NODE_LABEL};
 use realk8s::audit::Request;
 use realk8s::fixture::*;
 use realk8s::workload::{self, PodShape};
@@ -87,7 +87,7 @@ async fn a_node_lists_and_watches_only_what_concerns_it() {
     let foreign: NodeMaintenance = serde_json::from_value(json!({
         "apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
         "metadata": {"name": shutdown_maintenance_name(&other), "labels": {NODE_LABEL: other}},
-        "spec": {"nodeSelector": nodegrace::api::node_selector_for(&other), "stage": "Drain"},
+        "spec": {"nodeSelector": nodegrace::node_selector_for(&other), "stage": "Drain"},
     }))
     .expect("maintenance");
     let nms: Api<NodeMaintenance> = Api::all(admin.clone());

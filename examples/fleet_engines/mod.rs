@@ -35,16 +35,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use nodegrace::api::{
-    shutdown_maintenance_name, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION,
+use nodegrace::{
+    build_clients as build, shutdown_maintenance_name, BootIdSource, Clients, Drainer, FsGate,
+    Metrics, NodeDrainer, NodeMaintenance, NodeParts, Settings, ShutdownKind, ShutdownRequest,
+    Timeouts, FINALIZER_MAINTENANCE_COMPLETION,
 };
-use nodegrace::cluster::client::{build, Clients, Timeouts};
-use nodegrace::config::Settings;
-use nodegrace::daemon::node::{NodeDrainer, NodeParts};
-use nodegrace::daemon::{Drainer, ShutdownKind, ShutdownRequest};
-use nodegrace::metrics::Metrics;
-use nodegrace::state::BootIdSource;
-use nodegrace::staticpods::FsGate;
 use nodegrace_testkit::fake_cri::FakeRuntime;
 use serde_json::{json, Value};
 

@@ -62,7 +62,7 @@ pub const NODE_LABEL: &str = "nodegrace.dev/node";
 
 /// The [`NODE_LABEL`] value for `node`; None when the name is too long for a label value
 /// (63 characters; node names are DNS subdomains of up to 253).
-pub fn node_label_value(node: &str) -> Option<&str> {
+pub(crate) fn node_label_value(node: &str) -> Option<&str> {
     (!node.is_empty() && node.len() <= 63).then_some(node)
 }
 

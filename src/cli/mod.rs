@@ -27,7 +27,7 @@ pub use credentials::{approve_command, request_command, RequestOptions};
 pub use panics::{exit_code, record_panics};
 
 pub use plan::{parse_budget, plan_command as plan, PlanOptions};
-pub use podlist::{parse_pod_list, LabelKeys, ListedPod, MAX_PODS};
+pub use podlist::{parse_pod_list, LabelKeys, ListedPod};
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.
@@ -148,7 +148,7 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-pub use crate::text::{print_stderr, print_stdout};
+pub(crate) use crate::text::{print_stderr, print_stdout};
 
 #[cfg(test)]
 mod tests {

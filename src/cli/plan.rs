@@ -388,7 +388,7 @@ fn class_name(class: StepClass) -> &'static str {
 }
 
 /// Builds the report from pods already read; pure apart from the settings it is given.
-pub fn build_report(
+pub(crate) fn build_report(
     settings: &Settings,
     node: Option<String>,
     source: String,
@@ -558,7 +558,7 @@ fn type_name(t: PodType) -> &'static str {
 }
 
 /// The human form: one header per step with pods, one aligned line per pod.
-pub fn render_table(r: &PlanReport) -> String {
+pub(crate) fn render_table(r: &PlanReport) -> String {
     let mut out = String::new();
     render_summary(&mut out, r);
     out.push('\n');

@@ -18,7 +18,7 @@ use crate::plan::{DrainPlanEntry, PodInfo};
 
 /// The most pods a list may hold: far more than a node runs (the kubelet's `maxPods` is 110
 /// by default), and what bounds the planner's work (at most 64 plan entries over these pods).
-pub const MAX_PODS: usize = 100_000;
+pub(crate) const MAX_PODS: usize = 100_000;
 
 /// The largest YAML pod list read: serde_yaml holds every parse event of a document before
 /// any of it is read (a kubectl List is one document), about 17 times the text. 10,000 pods

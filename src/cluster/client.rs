@@ -19,14 +19,14 @@ use crate::config::Settings;
 
 /// Sent with every request, so that audit logs tell nodegrace's requests under the kubelet's
 /// identity from the kubelet's own.
-pub const USER_AGENT: &str = concat!("nodegrace/", env!("CARGO_PKG_VERSION"));
+pub(crate) const USER_AGENT: &str = concat!("nodegrace/", env!("CARGO_PKG_VERSION"));
 
 /// How often a daemon client looks at its kubeconfig's files for a change.
 pub(crate) const RELOAD_CHECK: Duration = Duration::from_secs(60);
 
 /// Which identity a client holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// nodegrace's own identity, `node.kubeconfig`.
     Nodegrace,
     /// The kubelet's identity, `node.kubelet_kubeconfig`.
@@ -35,7 +35,7 @@ pub enum Role {
 
 impl Role {
     /// The role's name in metric labels.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Role::Nodegrace => "nodegrace",
             Role::Kubelet => "kubelet",
@@ -43,7 +43,7 @@ impl Role {
     }
 
     /// The configuration key of the kubeconfig.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Role::Nodegrace => "node.kubeconfig",
             Role::Kubelet => "node.kubelet_kubeconfig",
@@ -51,7 +51,7 @@ impl Role {
     }
 
     /// "nodegrace's credential" / "the kubelet's credential".
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Role::Nodegrace => "nodegrace's credential",
             Role::Kubelet => "the kubelet's credential",
@@ -60,7 +60,7 @@ impl Role {
 
     /// The kubeconfig of this role under `settings`; None means in-cluster config or
     /// `$KUBECONFIG` (nodegrace's), or the same as nodegrace's (the kubelet's).
-    pub fn path(self, settings: &Settings) -> Option<&Path> {
+    pub(crate) fn path(self, settings: &Settings) -> Option<&Path> {
         match self {
             Role::Nodegrace => settings.node.kubeconfig.as_deref(),
             Role::Kubelet => settings
@@ -184,7 +184,7 @@ fn over_http2(config: kube::Config) -> Result<kube::Client> {
 }
 
 /// A one-shot client for `node.kubeconfig` (the CLI's commands).
-pub async fn client(
+pub(crate) async fn client(
     settings: &Settings,
     connect_timeout: Duration,
     read_timeout: Option<Duration>,
@@ -202,7 +202,7 @@ pub async fn client(
 
 /// The apiserver URL the client of `settings` talks to, for logs ("in-cluster or
 /// $KUBECONFIG" when the configuration does not say).
-pub fn endpoint(settings: &Settings) -> String {
+pub(crate) fn endpoint(settings: &Settings) -> String {
     settings
         .node
         .kubeconfig
@@ -214,7 +214,7 @@ pub fn endpoint(settings: &Settings) -> String {
 
 /// The user and groups the apiserver authenticates `client` as (a SelfSubjectReview,
 /// which every authenticated identity may create).
-pub async fn identity(client: &kube::Client) -> kube::Result<(String, Vec<String>)> {
+pub(crate) async fn identity(client: &kube::Client) -> kube::Result<(String, Vec<String>)> {
     use k8s_openapi::api::authentication::v1::SelfSubjectReview;
     let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
     let review = api
@@ -327,7 +327,12 @@ pub(crate) struct ReloadingClient {
 }
 
 impl ReloadingClient {
-    pub async fn new<A, F>(path: &Path, role: Role, timeouts: Timeouts, accept: A) -> Result<Self>
+    pub(crate) async fn new<A, F>(
+        path: &Path,
+        role: Role,
+        timeouts: Timeouts,
+        accept: A,
+    ) -> Result<Self>
     where
         A: Fn(kube::Client) -> F + Send + Sync + 'static,
         F: std::future::Future<Output = Result<()>> + Send + 'static,
@@ -355,7 +360,7 @@ impl ReloadingClient {
     }
 
     /// The client to use (clones share the reloading).
-    pub fn client(&self) -> kube::Client {
+    pub(crate) fn client(&self) -> kube::Client {
         self.client.clone()
     }
 }

@@ -19,7 +19,7 @@ pub enum Outcome {
     /// The pod is gone, or a different pod now has its name: nothing to do.
     Gone,
     /// 429 from a PodDisruptionBudget (named when the apiserver says which). The
-    /// apiserver's own throttling is an error instead: see [`throttled`].
+    /// apiserver's own throttling is an error instead: see `throttled`.
     Blocked {
         budget: Option<String>,
         message: String,

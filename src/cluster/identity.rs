@@ -164,7 +164,7 @@ fn permission(verb: &'static str, group: &'static str, resource: &'static str) -
 
 /// What the daemon asks of `role`'s credential; EvictionRequest rights only when that API
 /// is installed (`controller`: when this node acts as their controller).
-pub fn required(
+pub(crate) fn required(
     role: Role,
     node: &str,
     eviction_requests: bool,
@@ -249,7 +249,7 @@ fn describe(user: &str, groups: &[String]) -> String {
 
 /// Checks both credentials of `clients` for `node`: who they are and whether they may do
 /// what the daemon asks. A 401, a wrong identity or a missing permission is a
-/// [`CredentialError`]; an apiserver that cannot say (no SelfSubjectReview) is let through.
+/// `CredentialError`; an apiserver that cannot say (no SelfSubjectReview) is let through.
 pub async fn verify(
     clients: &Clients,
     paths: [Option<&Path>; 2],
@@ -336,7 +336,7 @@ pub fn required_in_tree() -> Vec<Permission> {
 
 /// [`verify`]'s permission check for the in-tree EvictionRequest API: a missing grant is a
 /// [`CredentialError`] naming it.
-pub async fn verify_in_tree(clients: &Clients, verified: &Verified) -> anyhow::Result<()> {
+pub(crate) async fn verify_in_tree(clients: &Clients, verified: &Verified) -> anyhow::Result<()> {
     let wanted = required_in_tree();
     let answers =
         futures::future::join_all(wanted.iter().map(|p| allowed(&clients.nodegrace, p))).await;

@@ -13,7 +13,7 @@ use crate::fsutil::{read_regular, Symlinks, CONFIG_FILE_LIMIT};
 
 /// A client certificate's identity and validity.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertInfo {
+pub(crate) struct CertInfo {
     /// Subject CN: the user name the apiserver authenticates.
     pub common_name: String,
     /// Subject O: the groups.
@@ -63,7 +63,7 @@ impl CertInfo {
     }
 
     /// `CN (O, O)` as the apiserver will see it.
-    pub fn identity(&self) -> String {
+    pub(crate) fn identity(&self) -> String {
         if self.organizations.is_empty() {
             self.common_name.clone()
         } else {
@@ -74,7 +74,7 @@ impl CertInfo {
 
 /// How the current user of a kubeconfig authenticates.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Credential {
+pub(crate) enum Credential {
     Certificate(CertInfo),
     /// A bearer token, a token file, an exec plugin or an auth provider: no expiry to read.
     Other(&'static str),
@@ -99,7 +99,7 @@ fn absolute(dir: &Path, file: &mut Option<String>) {
 impl KubeconfigFile {
     /// Reads `path`: a regular file of at most 1 MiB (a FIFO or a device is refused at
     /// once instead of blocking).
-    pub fn read(path: &Path) -> Result<KubeconfigFile> {
+    pub(crate) fn read(path: &Path) -> Result<KubeconfigFile> {
         let bytes = read_regular(path, CONFIG_FILE_LIMIT, Symlinks::Follow)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let text =
@@ -136,23 +136,23 @@ impl KubeconfigFile {
     }
 
     /// The current context's cluster.
-    pub fn cluster(&self) -> Option<&NamedCluster> {
+    pub(crate) fn cluster(&self) -> Option<&NamedCluster> {
         let name = &self.context()?.cluster;
         self.config.clusters.iter().find(|c| &c.name == name)
     }
 
     /// The current context's user.
-    pub fn user(&self) -> Option<&NamedAuthInfo> {
+    pub(crate) fn user(&self) -> Option<&NamedAuthInfo> {
         let name = self.context()?.user.as_deref()?;
         self.config.auth_infos.iter().find(|a| a.name == name)
     }
 
-    pub fn server(&self) -> Option<&str> {
+    pub(crate) fn server(&self) -> Option<&str> {
         self.cluster()?.cluster.as_ref()?.server.as_deref()
     }
 
     /// What the current user authenticates with; a certificate is read and parsed.
-    pub fn credential(&self) -> Result<Credential> {
+    pub(crate) fn credential(&self) -> Result<Credential> {
         let Some(auth) = self.user().and_then(|u| u.auth_info.as_ref()) else {
             return Ok(Credential::None);
         };
@@ -189,7 +189,7 @@ impl KubeconfigFile {
 
     /// Every file the current context reads (the kubeconfig itself, a certificate, a key, a
     /// CA bundle, a token file): a change to any of them is a changed credential.
-    pub fn files(&self) -> Vec<PathBuf> {
+    pub(crate) fn files(&self) -> Vec<PathBuf> {
         let mut files = vec![self.path.clone()];
         if let Some(auth) = self.user().and_then(|u| u.auth_info.as_ref()) {
             for f in [&auth.client_certificate, &auth.client_key, &auth.token_file]
@@ -231,7 +231,7 @@ impl KubeconfigFile {
 }
 
 /// A kubeconfig for `user` at `cluster` with the certificate and key embedded.
-pub fn render(
+pub(crate) fn render(
     cluster: &kube::config::Cluster,
     user: &str,
     cert_pem: &str,

@@ -3,20 +3,19 @@
 //! optimistic concurrency on resourceVersion, UID preconditions, 429 back-off.
 
 pub(crate) mod backoff;
-pub mod client;
-pub mod engine;
-pub mod evict;
-pub mod eviction_request;
-pub mod identity;
-pub mod kubeconfig;
-pub mod node;
-pub mod nodesel;
+pub(crate) mod client;
+pub(crate) mod engine;
+pub(crate) mod evict;
+pub(crate) mod eviction_request;
+pub(crate) mod identity;
+pub(crate) mod kubeconfig;
+pub(crate) mod node;
+pub(crate) mod nodesel;
 mod slim;
-pub mod terminate;
+pub(crate) mod terminate;
 
-pub use engine::{
-    complete_shutdown_maintenance, shutdown_maintenance_name, AfterBoot, Engine, EngineError,
-    EngineOptions,
+pub(crate) use engine::{
+    complete_shutdown_maintenance, AfterBoot, Engine, EngineError, EngineOptions,
 };
 pub(crate) use engine::{list_maintenances_for, other_active_maintenances, FallbackSummary};
 pub(crate) use slim::Slim;

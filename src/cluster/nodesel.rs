@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement};
 const NAME_FIELD: &str = "metadata.name";
 
 /// Whether `selector` selects `node`. Malformed requirements select nothing.
-pub fn selects(selector: &NodeSelector, node: &Node) -> bool {
+pub(crate) fn selects(selector: &NodeSelector, node: &Node) -> bool {
     let empty = BTreeMap::new();
     let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
     let name = node.metadata.name.as_deref().unwrap_or_default();

@@ -18,7 +18,13 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub fn at(&self, file: usize, span: Range<usize>, key: &str, message: &str) -> ConfigError {
+    pub(crate) fn at(
+        &self,
+        file: usize,
+        span: Range<usize>,
+        key: &str,
+        message: &str,
+    ) -> ConfigError {
         match self.fragments.get(file) {
             Some(fragment) => located(
                 fragment.name.clone(),
@@ -36,7 +42,7 @@ impl Ctx<'_> {
         }
     }
 
-    pub fn leaf<T>(&self, leaf: &Leaf<T>, key: &str, message: &str) -> ConfigError {
+    pub(crate) fn leaf<T>(&self, leaf: &Leaf<T>, key: &str, message: &str) -> ConfigError {
         self.at(leaf.file, leaf.span(), key, message)
     }
 }

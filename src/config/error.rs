@@ -4,7 +4,7 @@ use std::path::PathBuf;
 /// Why a configuration could not be loaded. Displays as one line:
 /// `FILE[:LINE:COLUMN]: [KEY: ]MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub(crate) struct ConfigError {
     /// The file at fault.
     pub file: PathBuf,
     /// 1-based line and column (in characters) of the offending key or value.

@@ -20,7 +20,7 @@ const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// What the kubelet's configuration says about its Graceful Node Shutdown.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct KubeletShutdown {
+pub(crate) struct KubeletShutdown {
     /// The kubelet's bands in ascending priority; empty: its GNS is off (or nothing was
     /// found).
     pub bands: Vec<PriorityGracePeriod>,
@@ -51,7 +51,7 @@ struct Fields {
 /// Reads `config` (the kubelet's `--config`) and the `*.conf` files of `dir` (its
 /// `--config-dir`) in name order. A missing file or directory is not a warning: not every
 /// node is set up that way.
-pub fn read(config: Option<&Path>, dir: Option<&Path>) -> KubeletShutdown {
+pub(crate) fn read(config: Option<&Path>, dir: Option<&Path>) -> KubeletShutdown {
     let mut out = KubeletShutdown::default();
     let mut fields = Fields::default();
     let mut paths: Vec<PathBuf> = config.map(Path::to_path_buf).into_iter().collect();

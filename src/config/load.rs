@@ -35,7 +35,7 @@ pub(crate) struct Fragment {
 }
 
 impl Fragment {
-    pub fn new(name: impl Into<PathBuf>, text: impl Into<String>) -> Self {
+    pub(crate) fn new(name: impl Into<PathBuf>, text: impl Into<String>) -> Self {
         Fragment {
             name: name.into(),
             text: text.into(),
@@ -44,7 +44,7 @@ impl Fragment {
 }
 
 /// Loads `main` and the drop-ins `<dir of main>/config.d/*.toml` (see [`load_report`]).
-pub fn load(main: &Path) -> Result<Settings, ConfigError> {
+pub(crate) fn load(main: &Path) -> Result<Settings, ConfigError> {
     load_report(main).map(|loaded| loaded.settings)
 }
 

@@ -31,12 +31,12 @@ use anyhow::Context;
 
 use crate::plan::budget::BudgetReserves;
 
-pub use crate::plan::{DrainPlanEntrySetting, PriorityGracePeriod, ShutdownPlanSettings};
+pub(crate) use crate::plan::{DrainPlanEntrySetting, PriorityGracePeriod, ShutdownPlanSettings};
 
 mod build;
 mod check;
 mod error;
-pub mod kubelet;
+pub(crate) mod kubelet;
 mod lists;
 mod load;
 mod raw;
@@ -44,7 +44,7 @@ mod render;
 #[cfg(test)]
 mod tests;
 
-pub use load::load;
+pub(crate) use load::load;
 pub(crate) use load::{load_report, Loaded};
 pub(crate) use render::to_toml_string;
 

@@ -22,11 +22,11 @@ pub(super) struct Leaf<T> {
 }
 
 impl<T> Leaf<T> {
-    pub fn get(&self) -> &T {
+    pub(crate) fn get(&self) -> &T {
         self.inner.get_ref()
     }
 
-    pub fn span(&self) -> Range<usize> {
+    pub(crate) fn span(&self) -> Range<usize> {
         self.inner.span()
     }
 }

@@ -217,7 +217,7 @@ async fn handle(
 }
 
 /// Approves the pending requests that pass [`judge`] (once, or as they come with `watch`).
-pub async fn run(
+pub(crate) async fn run(
     client: kube::Client,
     opts: &ApproveOptions,
     out: &mut dyn FnMut(&str),

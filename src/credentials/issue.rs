@@ -32,7 +32,7 @@ pub(crate) const USAGES: [&str; 2] = ["digital signature", "client auth"];
 
 /// What to issue and where.
 #[derive(Debug, Clone)]
-pub struct Issue {
+pub(crate) struct Issue {
     pub node: String,
     /// Where the kubeconfig goes (`node.kubeconfig`).
     pub kubeconfig: PathBuf,
@@ -44,7 +44,7 @@ pub struct Issue {
 }
 
 impl Issue {
-    pub fn user(&self) -> String {
+    pub(crate) fn user(&self) -> String {
         format!("{NODEGRACE_USER_PREFIX}{}", self.node)
     }
 
@@ -174,7 +174,7 @@ pub(crate) enum Submitted {
 }
 
 impl Submitted {
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             Submitted::Created(n) | Submitted::Existing(n) => n,
         }
@@ -296,7 +296,7 @@ pub(crate) async fn wait_issued(
 
 /// Writes the kubeconfig for the issued `cert_pem` and `key` (0600, atomically) and drops
 /// the pending key. The certificate must be the node's identity for this key.
-pub fn install(issue: &Issue, key: &rcgen::KeyPair, cert_pem: &str) -> Result<CertInfo> {
+pub(crate) fn install(issue: &Issue, key: &rcgen::KeyPair, cert_pem: &str) -> Result<CertInfo> {
     let info = CertInfo::from_pem(cert_pem.as_bytes()).context("the issued certificate")?;
     if info.public_key != key.subject_public_key_info() {
         bail!("the issued certificate is not for the requested key");
@@ -335,7 +335,7 @@ fn cluster_for(issue: &Issue) -> Result<kube::config::Cluster> {
 
 /// Whether the kubeconfig at `path` is already a client certificate this node may keep
 /// using: its own identity, not yet due for renewal at `now`.
-pub fn current(path: &Path, node: &str) -> Option<CertInfo> {
+pub(crate) fn current(path: &Path, node: &str) -> Option<CertInfo> {
     use crate::cluster::kubeconfig::Credential;
     match KubeconfigFile::read(path).ok()?.credential().ok()? {
         Credential::Certificate(c) if c.common_name == format!("{NODEGRACE_USER_PREFIX}{node}") => {

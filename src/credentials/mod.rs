@@ -10,6 +10,6 @@
 //!
 //! The two commands themselves are in `cli/credentials.rs`.
 
-pub mod approve;
-pub mod issue;
-pub mod renew;
+pub(crate) mod approve;
+pub(crate) mod issue;
+pub(crate) mod renew;

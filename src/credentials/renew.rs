@@ -29,7 +29,7 @@ const RETRY_MIN: Duration = Duration::from_secs(60);
 
 /// What to do about the credential in `node.kubeconfig`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Request a certificate now, for this reason.
     Request(String),
     /// Nothing to do before this time.
@@ -39,7 +39,7 @@ pub enum Next {
 }
 
 /// Decides from what `node.kubeconfig` holds (`None`: no such file) at `now`.
-pub fn next(node: &str, file: Option<Result<Credential>>, now: DateTime<Utc>) -> Next {
+pub(crate) fn next(node: &str, file: Option<Result<Credential>>, now: DateTime<Utc>) -> Next {
     let user = format!("nodegrace:node:{node}");
     match file {
         None => Next::Request("there is no credential yet".into()),
@@ -90,7 +90,12 @@ pub(crate) fn export_expiry(settings: &Settings, role: Role, metrics: &Metrics) 
 
 /// Runs until `stop`: exports the expiry of both credentials and, when
 /// `node.renew_credential` is on and `node.kubeconfig` names a file, requests and renews it.
-pub async fn run(settings: Settings, node: String, metrics: Metrics, stop: CancellationToken) {
+pub(crate) async fn run(
+    settings: Settings,
+    node: String,
+    metrics: Metrics,
+    stop: CancellationToken,
+) {
     let mut said_leave_alone: Option<String> = None;
     let mut delay = RETRY_MIN;
     loop {

@@ -188,7 +188,7 @@ pub(crate) fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
 /// A lazily connecting channel to the runtime's socket: it dials on first use and again
 /// after the runtime restarted, so a runtime that is down is an error per call, not a
 /// construction failure.
-pub fn channel(endpoint: &str, connect_timeout: Duration) -> Result<Channel, CriError> {
+pub(crate) fn channel(endpoint: &str, connect_timeout: Duration) -> Result<Channel, CriError> {
     let path = socket_path(endpoint)?;
     // The URI is required by tonic but never resolved: the connector dials the socket.
     let ep = Endpoint::from_static("http://cri.invalid")
@@ -250,7 +250,7 @@ impl CriClient {
 }
 
 /// Whole seconds for the CRI, rounded up so a grace is never cut short.
-pub fn grace_seconds(grace: Duration) -> i64 {
+pub(crate) fn grace_seconds(grace: Duration) -> i64 {
     let secs = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
     i64::try_from(secs).unwrap_or(i64::MAX)
 }

@@ -3,8 +3,8 @@
 
 mod bus;
 mod machine;
-pub mod node;
-pub mod status;
+pub(crate) mod node;
+pub(crate) mod status;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::config::Settings;
 
 pub use bus::{Bus, Connector, ZbusConnector};
-pub use machine::{Control, Daemon, DaemonHandle, DaemonPaths};
+pub use machine::{Daemon, DaemonHandle, DaemonPaths};
 pub use status::{Phase, Status};
 
 pub use crate::shutdown::{ShutdownKind, ShutdownRequest};
@@ -90,7 +90,7 @@ impl Drainer for SleepDrainer {
 /// `nodegrace run` with a valid configuration (the CLI loads and checks it): runs until
 /// SIGTERM. Only a service that is not logind ends it with an error; an unreachable bus is
 /// retried. `stored_inhibitor` is the fd systemd kept for the previous process.
-pub fn run(
+pub(crate) fn run(
     settings: Settings,
     config: &Path,
     stored_inhibitor: Option<std::os::fd::OwnedFd>,

@@ -686,7 +686,7 @@ where
 
 /// The daemon's clients: nodegrace's identity and the kubelet's (the same client when
 /// `node.kubelet_kubeconfig` is empty), each following its kubeconfig file. A file that
-/// cannot be used is a [`CredentialError`].
+/// cannot be used is a `CredentialError`.
 pub async fn daemon_clients(settings: &Settings, connect_timeout: Duration) -> Result<Clients> {
     let node = settings.node_name()?;
     let timeouts = Timeouts {

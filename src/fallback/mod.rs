@@ -88,7 +88,7 @@ impl FallbackOptions {
     }
 }
 
-pub use crate::state::report::{BandReport, FallbackReport, Method, PodOutcome, PodReport};
+pub(crate) use crate::state::report::{BandReport, FallbackReport, PodOutcome, PodReport};
 
 /// One thing to terminate: a running sandbox, or a static manifest with no sandbox.
 #[derive(Debug, Clone)]

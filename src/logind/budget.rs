@@ -35,7 +35,7 @@ pub struct DelayDropin {
     pub overrides_ours: bool,
 }
 
-/// The outcome of [`establish`], exposed in the status file.
+/// The outcome of `establish`, exposed in the status file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BudgetReport {
     #[serde(with = "secs")]
@@ -64,7 +64,7 @@ mod secs {
     pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let v = f64::deserialize(d)?;
         Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
     }

@@ -1,7 +1,7 @@
 //! systemd-logind: the shutdown delay inhibitor, the `PrepareForShutdown` signal and the
 //! delay budget (`InhibitDelayMaxUSec`, raised through a `logind.conf.d` drop-in).
 
-pub mod budget;
+pub(crate) mod budget;
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -237,7 +237,7 @@ pub(crate) struct ZbusLogind {
 }
 
 impl ZbusLogind {
-    pub async fn new(conn: &zbus::Connection) -> Result<Self> {
+    pub(crate) async fn new(conn: &zbus::Connection) -> Result<Self> {
         let proxy = Login1ManagerProxy::builder(conn)
             .cache_properties(zbus::proxy::CacheProperties::No)
             .build()

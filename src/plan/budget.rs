@@ -37,7 +37,7 @@ pub(crate) struct BudgetReserves {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum StepClass {
+pub(crate) enum StepClass {
     Regular,
     Critical,
     DaemonSet,
@@ -45,7 +45,7 @@ pub enum StepClass {
 }
 
 impl StepClass {
-    pub fn of(entry: &DrainPlanEntry, critical_priority: i32) -> StepClass {
+    pub(crate) fn of(entry: &DrainPlanEntry, critical_priority: i32) -> StepClass {
         match entry.pod_type {
             PodType::DaemonSet => StepClass::DaemonSet,
             PodType::Static => StepClass::Static,
@@ -110,7 +110,7 @@ pub fn plan_steps(plan: &[DrainPlanEntry], pods: &[PodInfo]) -> Result<Vec<PlanS
 
 /// The schedule of one step.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StepSchedule {
+pub(crate) struct StepSchedule {
     pub index: usize,
     pub entry: DrainPlanEntry,
     pub class: StepClass,

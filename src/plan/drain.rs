@@ -26,7 +26,7 @@ use super::{PlanError, PodInfo, PodType};
 
 /// A pod of the node as the drain sees it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NodePod {
+pub(crate) struct NodePod {
     pub info: PodInfo,
     /// When its deletion is due (`deletionTimestamp`), on the drain clock; None when it is
     /// not being deleted.
@@ -39,7 +39,7 @@ pub struct NodePod {
 
 /// What the drain remembers of one pod between passes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodTrack {
+pub(crate) struct PodTrack {
     /// A request for it was answered: it has been asked.
     pub asked: bool,
     /// A request was accepted (or the pod turned out gone): wait for it to go.
@@ -57,7 +57,7 @@ pub struct PodTrack {
 
 /// The deadline schedule of a shutdown drain (`budget::split_budget`).
 #[derive(Debug, Clone, Copy)]
-pub struct Deadlines<'a> {
+pub(crate) struct Deadlines<'a> {
     /// The targets of each prefix of the shutdown maintenance's plan.
     pub step_targets: &'a [DrainTargets],
     pub schedule: &'a [StepSchedule],
@@ -74,7 +74,7 @@ impl Deadlines<'_> {
 
 /// Everything [`decide`] looks at.
 #[derive(Debug, Clone, Copy)]
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     /// Now, on the drain clock (any monotonic origin; every time here uses it).
     pub now: Duration,
     /// Draining maintenances selecting the node, oldest first.
@@ -96,7 +96,7 @@ pub struct Snapshot<'a> {
 
 /// What to do to one pod now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Ask it to leave, honouring disruption budgets (EvictionRequest or Eviction API).
     Evict,
     /// DELETE with this grace period: DaemonSet pods, which the Eviction API refuses.
@@ -109,7 +109,7 @@ pub enum Action {
 
 /// [`decide`]'s answer.
 #[derive(Debug, Clone)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Targets, each maintenance's position and this node's reports for them.
     pub evaluation: NodeEvaluation,
     /// The pods that count for the drain (replacements left out), for status and messages.
@@ -160,7 +160,7 @@ pub(crate) fn daemonset_replacements(
 }
 
 /// The drain decision for the node (see the module documentation).
-pub fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
+pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
     let replacements = daemonset_replacements(s.pods, s.drain_began, s.daemonset_terminated);
     let counted: Vec<&NodePod> = s
         .pods

@@ -47,7 +47,10 @@ pub(crate) struct CompiledEntry {
 }
 
 impl CompiledEntry {
-    pub fn compile(index: usize, entry: &DrainPlanEntry) -> Result<CompiledEntry, PlanError> {
+    pub(crate) fn compile(
+        index: usize,
+        entry: &DrainPlanEntry,
+    ) -> Result<CompiledEntry, PlanError> {
         let selector = match &entry.pod_selector {
             None => None,
             Some(s) => {

@@ -9,21 +9,21 @@ use k8s_openapi::api::core::v1::EvictionResponder;
 use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
 
 /// The domain of nodegrace's requester keys.
-pub const REQUESTER_DOMAIN: &str = "nodegrace.dev";
+pub(crate) const REQUESTER_DOMAIN: &str = "nodegrace.dev";
 
 /// The default responder the in-tree controller adds to every pod: it calls the Eviction API.
-pub const IMPERATIVE_EVICTOR: &str = "imperative-eviction.k8s.io/evictor";
+pub(crate) const IMPERATIVE_EVICTOR: &str = "imperative-eviction.k8s.io/evictor";
 
 /// Responders a pod may declare in `spec.evictionResponders` (the default one comes on top).
-pub const MAX_POD_RESPONDERS: usize = 10;
+pub(crate) const MAX_POD_RESPONDERS: usize = 10;
 
 /// Highest responder priority; 0..=999 are reserved for `*.k8s.io` responders.
-pub const MAX_RESPONDER_PRIORITY: i32 = 100_000;
-pub const RESERVED_PRIORITY_MAX: i32 = 999;
+pub(crate) const MAX_RESPONDER_PRIORITY: i32 = 100_000;
+pub(crate) const RESERVED_PRIORITY_MAX: i32 = 999;
 
 /// How the drain asks a Default pod to leave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EvictionPath {
+pub(crate) enum EvictionPath {
     /// The cluster's own EvictionRequest API: nodegrace is a requester; responder selection
     /// and the eviction belong to the in-tree controllers.
     InTree,
@@ -36,7 +36,11 @@ pub enum EvictionPath {
 
 /// The path for what discovery found. The in-tree API wins over the CRD when both are
 /// served: it is what workloads written for 1.37 respond to.
-pub fn choose_path(in_tree_served: bool, crd_served: bool, crd_requester_ok: bool) -> EvictionPath {
+pub(crate) fn choose_path(
+    in_tree_served: bool,
+    crd_served: bool,
+    crd_requester_ok: bool,
+) -> EvictionPath {
     if in_tree_served {
         EvictionPath::InTree
     } else if crd_served && crd_requester_ok {
@@ -51,7 +55,7 @@ fn is_alnum(c: char) -> bool {
 }
 
 /// An RFC 1123 subdomain (what Kubernetes calls a DNS subdomain).
-pub fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && s.split('.').all(|label| {
@@ -76,7 +80,7 @@ fn is_qualified_name_part(s: &str) -> bool {
 
 /// What is wrong with `key` as a domain-prefixed key (`example.com/name`, the form of
 /// requester and responder names), if anything.
-pub fn domain_prefixed_key_problem(key: &str) -> Option<String> {
+pub(crate) fn domain_prefixed_key_problem(key: &str) -> Option<String> {
     let Some((prefix, name)) = key.split_once('/') else {
         return Some(format!("{key:?} has no domain prefix (example.com/{key})"));
     };
@@ -92,7 +96,7 @@ pub fn domain_prefixed_key_problem(key: &str) -> Option<String> {
 }
 
 /// Whether `key`'s domain is reserved for the Kubernetes project (`*.k8s.io`, `*.kubernetes.io`).
-pub fn is_reserved_domain(key: &str) -> bool {
+pub(crate) fn is_reserved_domain(key: &str) -> bool {
     let domain = key.split_once('/').map_or(key, |(d, _)| d);
     ["k8s.io", "kubernetes.io"]
         .iter()
@@ -108,7 +112,7 @@ fn fnv1a(s: &str) -> u64 {
 
 /// nodegrace's requester key on `node`: `nodegrace.dev/<node>`. A node name longer than a
 /// key's name part allows (63) keeps its first 46 characters and gains a hash of the whole.
-pub fn requester_key(node: &str) -> String {
+pub(crate) fn requester_key(node: &str) -> String {
     if is_qualified_name_part(node) {
         return format!("{REQUESTER_DOMAIN}/{node}");
     }
@@ -129,17 +133,17 @@ pub fn requester_key(node: &str) -> String {
 /// The name of nodegrace's EvictionRequest for the pod with `uid`. Upstream leaves names to
 /// the requester; one requester per pod (the pod's node) makes `nodegrace-<pod UID>` unique
 /// and predictable, so a restarted daemon finds its request with a GET.
-pub fn request_name(pod_uid: &str) -> String {
+pub(crate) fn request_name(pod_uid: &str) -> String {
     format!("nodegrace-{pod_uid}")
 }
 
 /// `spec.intent` values of an EvictionRequest.
-pub const INTENT_EVICTION: &str = "Eviction";
-pub const INTENT_WITHDRAWN: &str = "Withdrawn";
+pub(crate) const INTENT_EVICTION: &str = "Eviction";
+pub(crate) const INTENT_WITHDRAWN: &str = "Withdrawn";
 
 /// Where a pod's eviction stands, as its `Eviction` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Progress {
+pub(crate) enum Progress {
     /// No responder active yet.
     Pending,
     /// A responder works on it (`message` is its latest word, e.g. a PodDisruptionBudget
@@ -179,12 +183,12 @@ fn final_conditions(conditions: Option<&Vec<Condition>>) -> Option<Progress> {
 /// Reads nodegrace's own EvictionRequest: its conditions are the Eviction's, copied by the
 /// in-tree controller, or its own `Failed` (`EvictionInvalid`: no Eviction is made, e.g. for a
 /// pod of a PodGroup). `None` while nothing is final.
-pub fn read_request(request: &EvictionRequest) -> Option<Progress> {
+pub(crate) fn read_request(request: &EvictionRequest) -> Option<Progress> {
     final_conditions(request.status.as_ref().and_then(|s| s.conditions.as_ref()))
 }
 
 /// Reads `eviction` for the pod with `uid`.
-pub fn read_eviction(eviction: &Eviction, uid: &str) -> Progress {
+pub(crate) fn read_eviction(eviction: &Eviction, uid: &str) -> Progress {
     let target = eviction.spec.target.pod.as_ref().map(|p| p.uid.as_str());
     if target != Some(uid) {
         return Progress::WrongTarget {
@@ -217,7 +221,7 @@ pub fn read_eviction(eviction: &Eviction, uid: &str) -> Progress {
 
 /// What nodegrace does about a pod's progress while it still wants the pod gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Response {
+pub(crate) enum Response {
     /// Nothing to tell the drain.
     Nothing,
     /// Tell the drain what holds the pod (`None`: nothing any more).
@@ -231,7 +235,7 @@ pub enum Response {
 }
 
 /// What `progress` calls for.
-pub fn respond(progress: &Progress) -> Response {
+pub(crate) fn respond(progress: &Progress) -> Response {
     match progress {
         Progress::Pending => Response::Nothing,
         Progress::Responding { responder, message } => {
@@ -274,14 +278,14 @@ fn without_retry_count(message: &str) -> String {
 
 /// A responder as a pod declares it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DeclaredResponder {
+pub(crate) struct DeclaredResponder {
     pub name: String,
     pub priority: i64,
 }
 
 /// The responders a pod declares, and what is wrong with them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResponderCheck {
+pub(crate) struct ResponderCheck {
     /// From `spec.evictionResponders`.
     pub responders: Vec<DeclaredResponder>,
     /// One sentence per problem, for a log line or an event.
@@ -293,7 +297,7 @@ pub struct ResponderCheck {
 /// reserved domains, priority 0..=100000 with 0..=999 only for `*.k8s.io`) and its old
 /// `<annotation_prefix><name>: <priority>[/<role>]` annotations against the field: the
 /// in-tree controllers never read them.
-pub fn check_responders(
+pub(crate) fn check_responders(
     field: Option<&[EvictionResponder]>,
     annotations: Option<&BTreeMap<String, String>>,
     annotation_prefix: &str,

@@ -65,7 +65,7 @@ impl Default for Lifecycle {
 impl Lifecycle {
     /// Whether [`Event::Connected`] needs the shutdown persisted by an earlier process: only
     /// the first connection of a process can resume one.
-    pub fn wants_persisted(&self) -> bool {
+    pub(crate) fn wants_persisted(&self) -> bool {
         self.phase == Phase::Starting
     }
 }

@@ -25,12 +25,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub mod budget;
-pub mod classify;
-pub mod drain;
-pub mod drainplan;
-pub mod gns;
-pub mod intree;
+pub(crate) mod budget;
+pub(crate) mod classify;
+pub(crate) mod drain;
+pub(crate) mod drainplan;
+pub(crate) mod gns;
+pub(crate) mod intree;
 pub(crate) mod lifecycle;
 #[cfg(test)]
 pub(crate) mod model;
@@ -38,8 +38,8 @@ pub(crate) mod pass;
 #[cfg(test)]
 mod proptests;
 pub(crate) mod reachability;
-pub mod selector;
-pub mod targets;
+pub(crate) mod selector;
+pub(crate) mod targets;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -48,11 +48,11 @@ pub(crate) use budget::{
     escalation_grace, reserves_needed, split_budget, split_remaining, BudgetReserves, StepSchedule,
 };
 pub(crate) use drainplan::PlanError;
-pub use drainplan::{
+pub(crate) use drainplan::{
     normalize_drain_plan, shutdown_drain_plan, DrainPlanEntrySetting, ShutdownPlanSettings,
 };
 pub(crate) use gns::GnsCandidate;
-pub use gns::{GnsBands, PriorityGracePeriod};
+pub(crate) use gns::{GnsBands, PriorityGracePeriod};
 pub(crate) use targets::{reached_drain_targets, DrainTargets, NodeReport};
 
 /// KEP-4212 `podType`: which kind of pod a drain plan entry targets. The declaration order

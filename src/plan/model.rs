@@ -53,7 +53,7 @@ pub(crate) struct ClusterModel {
 }
 
 impl ClusterModel {
-    pub fn new() -> ClusterModel {
+    pub(crate) fn new() -> ClusterModel {
         ClusterModel::default()
     }
 

@@ -76,7 +76,7 @@ pub(crate) struct Selector {
 
 impl Selector {
     /// Validates and compiles a selector. An invalid selector is an error, never a silent match.
-    pub fn compile(selector: &LabelSelector) -> Result<Selector, SelectorError> {
+    pub(crate) fn compile(selector: &LabelSelector) -> Result<Selector, SelectorError> {
         let mut requirements = Vec::new();
         for (key, value) in selector.match_labels.iter().flatten() {
             validate_key(key)?;
@@ -103,7 +103,7 @@ impl Selector {
         self.requirements.is_empty()
     }
 
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.requirements.iter().all(|r| r.matches(labels))
     }
 

@@ -18,7 +18,7 @@ type Key = (PodType, Option<Selector>);
 /// A set of drain targets (the KEP's `drainTargets` / `reachedDrainTargets`). Equality is
 /// semantic: two target sets are equal when each covers the other.
 #[derive(Debug, Clone, Default)]
-pub struct DrainTargets {
+pub(crate) struct DrainTargets {
     entries: BTreeMap<Key, i32>,
 }
 
@@ -30,7 +30,7 @@ impl PartialEq for DrainTargets {
 
 impl DrainTargets {
     /// Targets nothing (a node before its first drain target).
-    pub fn none() -> DrainTargets {
+    pub(crate) fn none() -> DrainTargets {
         DrainTargets::default()
     }
 
@@ -109,7 +109,7 @@ impl DrainTargets {
             .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
@@ -127,7 +127,7 @@ impl DrainTargets {
     }
 
     /// Whether `pod` is targeted, whatever its phase.
-    pub fn targets(&self, pod: &PodInfo) -> bool {
+    pub(crate) fn targets(&self, pod: &PodInfo) -> bool {
         self.entries.iter().any(|((t, s), p)| {
             *t == pod.pod_type
                 && pod.priority <= *p
@@ -145,12 +145,12 @@ impl DrainTargets {
     }
 
     /// Finished on a node: no active targeted pod is left. Terminal pods are ignored.
-    pub fn is_finished(&self, pods: &[PodInfo]) -> bool {
+    pub(crate) fn is_finished(&self, pods: &[PodInfo]) -> bool {
         self.active_targeted(pods).next().is_none()
     }
 
     /// Targets at least everything `other` targets.
-    pub fn covers(&self, other: &DrainTargets) -> bool {
+    pub(crate) fn covers(&self, other: &DrainTargets) -> bool {
         self.keys_with(other)
             .into_iter()
             .all(|(t, s)| other.level(*t, s) <= self.level(*t, s))
@@ -202,14 +202,14 @@ impl DrainTargets {
     }
 
     /// Targets every pod either targets.
-    pub fn join(&self, other: &DrainTargets) -> DrainTargets {
+    pub(crate) fn join(&self, other: &DrainTargets) -> DrainTargets {
         self.combine(other, |a, b| a.max(b))
     }
 }
 
 /// Per-node drain targets as the node engine writes them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NodeTargets {
+pub(crate) struct NodeTargets {
     pub targets: DrainTargets,
     /// The maintenances whose targets do not go beyond the node's: the node's targets rise only
     /// when these advance. Store them with the node's status; other nodes' messages need them.
@@ -266,7 +266,7 @@ pub(crate) fn reached_drain_targets<'a>(
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
 )]
-pub struct NodeReport {
+pub(crate) struct NodeReport {
     /// The plan entry of the maintenance the node evaluated.
     #[serde(rename = "planIndex")]
     pub index: usize,
@@ -276,7 +276,7 @@ pub struct NodeReport {
 
 /// Where a maintenance stands in its plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PlanPosition {
+pub(crate) struct PlanPosition {
     /// The current entry (targets = `DrainTargets::for_plan(plan, index)`).
     pub index: usize,
     /// Every node finished the last entry: the maintenance is drained.
@@ -345,7 +345,7 @@ pub(crate) fn fast_forward(
 
 /// One active maintenance selecting this node, as the node engine reads it.
 #[derive(Debug, Clone)]
-pub struct MaintenanceInput<'a> {
+pub(crate) struct MaintenanceInput<'a> {
     pub name: &'a str,
     /// `spec.drainPlan`, normalized.
     pub plan: &'a [DrainPlanEntry],
@@ -357,7 +357,7 @@ pub struct MaintenanceInput<'a> {
 
 /// What the node engine decides for its node.
 #[derive(Debug, Clone)]
-pub struct NodeEvaluation {
+pub(crate) struct NodeEvaluation {
     /// The node's effective targets and holders (write to the node's status entries).
     pub node: NodeTargets,
     /// Per maintenance, in input order: its position as far as this node can tell, its
@@ -375,7 +375,7 @@ pub struct NodeEvaluation {
 #[cfg(test)]
 impl NodeEvaluation {
     /// The node still has active targeted pods.
-    pub fn draining(&self) -> bool {
+    pub(crate) fn draining(&self) -> bool {
         !self.to_terminate.is_empty()
     }
 }

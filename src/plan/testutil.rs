@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::{DrainPlanEntry, PodInfo, PodType};
 
-pub fn entry(pod_type: PodType, prio: i32) -> DrainPlanEntry {
+pub(crate) fn entry(pod_type: PodType, prio: i32) -> DrainPlanEntry {
     DrainPlanEntry {
         pod_selector: None,
         pod_priority: prio,
@@ -23,7 +23,7 @@ pub(crate) fn sel_entry(pod_type: PodType, prio: i32, k: &str, v: &str) -> Drain
     }
 }
 
-pub fn pod(name: &str, pod_type: PodType, priority: i32) -> PodInfo {
+pub(crate) fn pod(name: &str, pod_type: PodType, priority: i32) -> PodInfo {
     PodInfo {
         namespace: "ns".into(),
         name: name.into(),

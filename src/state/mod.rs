@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::fsutil::{read_regular, set_aside, write_atomic, ReadError, Symlinks, STATE_FILE_LIMIT};
 use crate::plan::PodInfo;
 
-pub mod report;
+pub(crate) mod report;
 
 pub(crate) const POD_CACHE_FILE: &str = "pods.json";
 
@@ -314,7 +314,7 @@ impl ShutdownState {
         result
     }
 
-    /// Makes a [`ShutdownState::store_unsynced`] durable.
+    /// Makes a `ShutdownState::store_unsynced` durable.
     pub fn sync(state_dir: &Path) -> Result<()> {
         let path = state_dir.join(SHUTDOWN_STATE_FILE);
         std::fs::File::open(&path)

@@ -59,7 +59,7 @@ pub(crate) enum StepKind {
 /// Only test hooks look inside a step.
 #[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone)]
-pub struct Step<'a> {
+pub(crate) struct Step<'a> {
     pub kind: StepKind,
     pub dir: StepDir,
     /// The other directory a rename changes.
@@ -138,7 +138,7 @@ pub(crate) enum Entry {
     Other(&'static str),
 }
 
-pub use crate::fsutil::kind_of;
+pub(crate) use crate::fsutil::kind_of;
 
 /// The most a file in the manifest or gate directory is read: far more than any pod
 /// manifest, and what `status` and a shutdown can afford per file.
@@ -158,7 +158,7 @@ pub(crate) struct DirHandle {
 
 impl DirHandle {
     /// Opens an existing directory; a symlink in its place is refused.
-    pub fn open(path: &Path, place: Place) -> Result<Self> {
+    pub(crate) fn open(path: &Path, place: Place) -> Result<Self> {
         let fd = nix::fcntl::open(
             path,
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -192,11 +192,11 @@ impl DirHandle {
         self.dev == other.dev && self.ino == other.ino
     }
 
-    pub fn display(&self, name: &str) -> String {
+    pub(crate) fn display(&self, name: &str) -> String {
         self.path.join(name).display().to_string()
     }
 
-    pub fn stat(&self, name: &str) -> Result<Option<FileStat>> {
+    pub(crate) fn stat(&self, name: &str) -> Result<Option<FileStat>> {
         match nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => Ok(Some(st)),
             Err(Errno::ENOENT) => Ok(None),
@@ -206,7 +206,7 @@ impl DirHandle {
 
     /// Reads `name` if it is a regular file, without following a symlink and without
     /// blocking on a FIFO.
-    pub fn entry(&self, name: &str) -> Result<Entry> {
+    pub(crate) fn entry(&self, name: &str) -> Result<Entry> {
         let Some(st) = self.stat(name)? else {
             return Ok(Entry::Absent);
         };
@@ -253,7 +253,7 @@ impl DirHandle {
 
     /// Entry names, sorted. Read through `/proc/self/fd` so that the listing is of the
     /// directory we hold open, not of whatever the path names now.
-    pub fn names(&self) -> Result<Vec<String>> {
+    pub(crate) fn names(&self) -> Result<Vec<String>> {
         use std::os::fd::AsRawFd;
         let proc_path = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
         let rd = std::fs::read_dir(&proc_path)
@@ -370,7 +370,7 @@ impl Ops {
         nix::unistd::fsync(f.as_fd())
     }
 
-    pub fn mkdir(&self, path: &Path) -> Result<()> {
+    pub(crate) fn mkdir(&self, path: &Path) -> Result<()> {
         self.announce(StepKind::Mkdir, StepDir::Dir(Place::Gate), "")
             .with_context(|| format!("creating {}", path.display()))?;
         use std::os::unix::fs::DirBuilderExt;

@@ -22,7 +22,7 @@ pub(crate) enum Op {
 
 /// A move about to happen, with what is needed to find the file again after a crash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Intent {
+pub(crate) struct Intent {
     pub id: u64,
     pub op: Op,
     pub file: String,
@@ -169,7 +169,7 @@ fn sync(f: &std::fs::File, path: &Path, existed: bool) -> Result<()> {
 /// Appends one record. An intent is made durable before returning; a `Done` is not
 /// synced (recovery decides from the files, so a lost `Done` only costs a re-check).
 /// The leading newline keeps a record whole even after a torn line.
-pub fn append(path: &Path, record: &Record) -> Result<()> {
+pub(crate) fn append(path: &Path, record: &Record) -> Result<()> {
     let existed = path.exists();
     let mut line = b"\n".to_vec();
     serde_json::to_writer(&mut line, record).context("encoding a journal record")?;
@@ -203,7 +203,7 @@ pub(crate) fn rewrite(path: &Path, keep: &[Intent]) -> Result<()> {
 /// The intents that still need settling: for each file, its latest intent when that has
 /// no `Done`. An older intent for the same file is moot: the later move started from the
 /// state the older one left.
-pub fn pending(records: &[Record]) -> Vec<Intent> {
+pub(crate) fn pending(records: &[Record]) -> Vec<Intent> {
     let done: HashSet<u64> = records
         .iter()
         .filter_map(|r| match r {

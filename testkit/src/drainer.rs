@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use nodegrace::daemon::{Drainer, ShutdownRequest};
+use nodegrace::{Drainer, ShutdownRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainMode {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use nodegrace::cri::{
+use nodegrace::{
     Container, ContainerState, CriError, PodSandbox, Runtime, RuntimeVersion, SandboxState,
     LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
 };

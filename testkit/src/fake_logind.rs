@@ -13,7 +13,7 @@ use zbus::object_server::SignalEmitter;
 use zbus::zvariant::OwnedObjectPath;
 
 use super::EventLog;
-use nodegrace::logind::budget::parse_inhibit_delay;
+use nodegrace::parse_inhibit_delay;
 
 const LOGIND_PATH: &str = "/org/freedesktop/login1";
 const SYSTEMD_PATH: &str = "/org/freedesktop/systemd1";

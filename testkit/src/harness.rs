@@ -7,8 +7,7 @@ use anyhow::Result;
 use tokio::task::JoinHandle;
 
 use super::{EventLog, FakeState, Fakes, PrivateBus, RecordingNotifier};
-use nodegrace::config::Settings;
-use nodegrace::daemon::{Daemon, DaemonHandle, DaemonPaths, Drainer, ZbusConnector};
+use nodegrace::{Daemon, DaemonHandle, DaemonPaths, Drainer, Settings, ZbusConnector};
 
 pub struct TestEnv {
     pub dir: PathBuf,
@@ -103,9 +102,7 @@ impl TestEnv {
     /// Spawns `daemon` and waits (at most 20 s) until it holds its inhibitor and is armed.
     pub async fn spawn_until_armed(&self, daemon: Daemon) -> RunningDaemon {
         let d = self.spawn(daemon);
-        let armed = d
-            .handle
-            .wait_for(|s| s.phase == nodegrace::daemon::Phase::Armed);
+        let armed = d.handle.wait_for(|s| s.phase == nodegrace::Phase::Armed);
         match tokio::time::timeout(std::time::Duration::from_secs(20), armed).await {
             Ok(Some(_)) => d,
             Ok(None) => panic!("the daemon stopped before it was armed"),

@@ -21,7 +21,7 @@ pub use drainer::{DrainMode, ScriptedDrainer};
 pub use fake_logind::{FakeInhibitor, FakeState, Fakes};
 pub use harness::TestEnv;
 
-use nodegrace::systemd::{Notifier, Notify};
+use nodegrace::{Notifier, Notify};
 
 /// One ordered log that fakes and the recording notifier both append to, so tests can
 /// assert the order of things seen from outside ("Inhibit" before "READY=1").

@@ -12,9 +12,10 @@ use futures::StreamExt;
 use tokio::sync::broadcast;
 
 use super::{EventLog, FakeState, Fakes};
-use nodegrace::daemon::{Bus, Connector, ShutdownKind};
-use nodegrace::logind::{InhibitorInfo, InhibitorLock, Logind, LogindError, LogindEvent};
-use nodegrace::systemd::{Job, SystemdManager};
+use nodegrace::{
+    Bus, Connector, InhibitorInfo, InhibitorLock, Job, Logind, LogindError, LogindEvent,
+    ShutdownKind, SystemdManager,
+};
 
 /// One in-memory logind + systemd; clones share it. It is also its own [`Connector`].
 #[derive(Clone)]

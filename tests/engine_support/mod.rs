@@ -6,12 +6,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nodegrace::api::{node_maintenance_crd, NodeMaintenance};
-use nodegrace::cluster::{Engine, EngineOptions};
-use nodegrace::config::Settings;
-use nodegrace::daemon::{ShutdownKind, ShutdownRequest};
-use nodegrace::metrics::Metrics;
-use nodegrace::staticpods::{StaticManifest, StaticPodGate};
+use nodegrace::{
+    node_maintenance_crd, Engine, EngineOptions, Metrics, NodeMaintenance, Settings, ShutdownKind,
+    ShutdownRequest, StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_apiserver::{DeleteOpts, FakeCluster, RecordedRequest, Store};
 use nodegrace_testkit::fake_kubelet::{FakeKubelet, KubeletConfig};
 use serde_json::{json, Value};
@@ -96,7 +94,7 @@ impl Env {
             node: NODE.into(),
             gate: self.gate.clone(),
             metrics: self.metrics.clone(),
-            terminator: Some(Arc::new(nodegrace::cluster::EvictionApi::new(
+            terminator: Some(Arc::new(nodegrace::EvictionApi::new(
                 self.cluster.kubelet_client().unwrap(),
             ))),
         })
@@ -350,13 +348,13 @@ impl StaticPodGate for FakeGate {
     fn gated(&self) -> anyhow::Result<Vec<StaticManifest>> {
         Ok(self.gated.lock().unwrap().clone())
     }
-    fn unreadable_active(&self) -> anyhow::Result<Vec<nodegrace::staticpods::Problem>> {
+    fn unreadable_active(&self) -> anyhow::Result<Vec<nodegrace::Problem>> {
         Ok(self
             .unreadable
             .lock()
             .unwrap()
             .iter()
-            .map(|f| nodegrace::staticpods::Problem {
+            .map(|f| nodegrace::Problem {
                 file_name: f.clone(),
                 reason: "not YAML".into(),
             })

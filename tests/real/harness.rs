@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nodegrace::cri::v1 as cri;
-use nodegrace::cri::{CriClient, CriTimeouts, Runtime};
+use nodegrace::{v1 as cri, CriClient, CriTimeouts, Runtime};
 
 pub const IMAGE: &str = "nodegrace.local/busybox:1";
 const CONFIG_TEMPLATE: &str = include_str!("containerd-config.toml.in");
@@ -494,9 +493,9 @@ pub fn host_uptime() -> f64 {
 }
 
 /// Band settings in the shape the fallback takes.
-pub fn bands(spec: &[(i32, f64)]) -> Vec<nodegrace::config::PriorityGracePeriod> {
+pub fn bands(spec: &[(i32, f64)]) -> Vec<nodegrace::PriorityGracePeriod> {
     spec.iter()
-        .map(|&(priority, secs)| nodegrace::config::PriorityGracePeriod {
+        .map(|&(priority, secs)| nodegrace::PriorityGracePeriod {
             priority,
             shutdown_grace_period: Duration::from_secs_f64(secs),
         })
@@ -504,19 +503,13 @@ pub fn bands(spec: &[(i32, f64)]) -> Vec<nodegrace::config::PriorityGracePeriod>
 }
 
 /// A cached pod entry, as the online daemon would have written it.
-pub fn cached(
-    ns: &str,
-    name: &str,
-    uid: &str,
-    priority: i32,
-    grace: i64,
-) -> nodegrace::plan::PodInfo {
-    nodegrace::plan::PodInfo {
+pub fn cached(ns: &str, name: &str, uid: &str, priority: i32, grace: i64) -> nodegrace::PodInfo {
+    nodegrace::PodInfo {
         namespace: ns.into(),
         name: name.into(),
         uid: uid.into(),
         priority,
-        pod_type: nodegrace::plan::PodType::Default,
+        pod_type: nodegrace::PodType::Default,
         termination_grace_period_seconds: grace,
         labels: BTreeMap::new(),
         terminating: false,

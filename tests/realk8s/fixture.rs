@@ -5,7 +5,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use nodegrace::api::NodeMaintenance;
+use nodegrace::NodeMaintenance;
 
 use super::audit::{self, Request};
 use super::kubelet::Kubelet;
@@ -124,7 +124,7 @@ pub async fn completed_with_fallback_report(c: &Client, name: &str) -> serde_jso
         name,
         "recorded and completed",
         Duration::from_secs(60),
-        |m| m.spec.stage == nodegrace::api::Stage::Complete && !has_finalizer(m),
+        |m| m.spec.stage == nodegrace::Stage::Complete && !has_finalizer(m),
     )
     .await;
     serde_json::from_str(
@@ -242,7 +242,7 @@ pub fn maintenance_tainted(n: &Node) -> bool {
 pub fn has_finalizer(m: &NodeMaintenance) -> bool {
     m.finalizers()
         .iter()
-        .any(|f| f == nodegrace::api::FINALIZER_MAINTENANCE_COMPLETION)
+        .any(|f| f == nodegrace::FINALIZER_MAINTENANCE_COMPLETION)
 }
 
 /// Waits until the Job `name` has a pod whose UID is not among `originals`, then checks

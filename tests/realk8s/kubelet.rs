@@ -611,7 +611,7 @@ async fn remove(client: &Client, node: &str, pod: Arc<Pod>, uid: String) {
 }
 
 fn mirror_name(pod: &Pod, node: &str) -> String {
-    nodegrace::staticpods::mirror_pod_name(&pod.name_any(), node)
+    nodegrace::mirror_pod_name(&pod.name_any(), node)
 }
 
 fn mirror_pod(pod: &Pod, hash: &str, node: &str, node_uid: &str) -> Value {

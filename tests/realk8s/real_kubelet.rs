@@ -28,8 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
-use nodegrace::cri::v1 as cri;
-use nodegrace::cri::{CriClient, CriTimeouts};
+use nodegrace::{v1 as cri, CriClient, CriTimeouts};
 
 use super::audit::{self, Request};
 use super::node::{KubeletUnit, TestNode};
@@ -732,7 +731,7 @@ pub async fn containers(endpoint: &str) -> Vec<Ctr> {
             id: c.id.clone(),
             pod: c
                 .labels
-                .get(nodegrace::cri::LABEL_POD_NAME)
+                .get(nodegrace::LABEL_POD_NAME)
                 .cloned()
                 .unwrap_or_default(),
             attempt: c.metadata.map(|m| m.attempt).unwrap_or_default(),

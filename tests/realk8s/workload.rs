@@ -111,7 +111,7 @@ impl<'a> PodShape<'a> {
         }
         let mut annotations = json!({EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()});
         if let Some(name) = self.interceptor {
-            annotations[format!("{}{name}", nodegrace::api::INTERCEPTOR_ANNOTATION_PREFIX)] =
+            annotations[format!("{}{name}", nodegrace::INTERCEPTOR_ANNOTATION_PREFIX)] =
                 json!("100");
         }
         json!({

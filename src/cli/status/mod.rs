@@ -19,7 +19,7 @@ use crate::cluster::client::Role;
 use crate::config::Settings;
 
 mod table;
-pub use table::render_table;
+pub(crate) use table::render_table;
 
 use crate::daemon::status::{PhaseChange, ShutdownStatus};
 use crate::daemon::{DaemonPaths, Status};
@@ -265,7 +265,7 @@ pub(crate) enum Unprotected {
 }
 
 impl Unprotected {
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Unprotected::NotRunning(_) => super::EXIT_NOT_RUNNING,
             Unprotected::NoInhibitor(_) => super::EXIT_NO_INHIBITOR,

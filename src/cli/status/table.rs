@@ -63,7 +63,7 @@ fn credential_line(c: &CredentialReport, now: chrono::DateTime<chrono::Utc>) -> 
 }
 
 /// The human form: one aligned `key  value` line per fact, sections in a fixed order.
-pub fn render_table(r: &StatusReport) -> String {
+pub(crate) fn render_table(r: &StatusReport) -> String {
     let mut rows = Rows::default();
 
     rows.row(

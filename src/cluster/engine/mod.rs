@@ -21,10 +21,10 @@ mod status;
 mod terminate;
 mod view;
 
-pub use offline::FallbackSummary;
+pub(crate) use offline::FallbackSummary;
 use reach::{anyhow_is_unusable, is_api_answer, is_unusable};
 use reflect::spawn_reflector;
-pub use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
+pub(crate) use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
 pub(crate) use view::list_maintenances_for;
 use view::{
     daemonset_owner, has_finalizer, is_active, is_deleting, is_draining, node_volumes,
@@ -77,7 +77,7 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// Between tries of a shutdown step the apiserver did not take.
 const RETRY_IN_SHUTDOWN: Duration = Duration::from_millis(200);
 
-pub use crate::api::shutdown_maintenance_name;
+pub(crate) use crate::api::shutdown_maintenance_name;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

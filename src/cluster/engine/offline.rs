@@ -23,7 +23,7 @@ use super::{
 /// `nodegrace.dev/fallback-report` annotation, JSON).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct FallbackSummary {
+pub(crate) struct FallbackSummary {
     pub started_at: Option<chrono::DateTime<chrono::Utc>>,
     pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
     pub pods_stopped: usize,
@@ -111,7 +111,7 @@ impl FallbackSummary {
     }
 
     /// The Event note.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut note = format!(
             "the apiserver was unreachable: the local fallback stopped {} pod(s), {} not stopped, {} not reached",
             self.pods_stopped, self.pods_not_stopped, self.pods_not_reached

@@ -12,14 +12,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
 use rand::Rng as _;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{api_error_code, Slim};
@@ -60,6 +58,7 @@ where
             let shutdown = shared.shutting_down.load(Ordering::Relaxed);
             let limit = watch_silence_limit(shutdown);
             reconnect.borrow_and_update();
+            let silence = sleep_for(limit);
             let item = tokio::select! {
                 item = stream.next() => item,
                 // A shutdown began (or the apiserver answers again): the silence limit may
@@ -70,7 +69,7 @@ where
                     }
                     continue;
                 }
-                () = sleep_or_never(limit) => {
+                () = silence => {
                     let limit = limit.unwrap_or_default();
                     if listing {
                         shared.mark_unreachable(&format_args!(
@@ -99,18 +98,13 @@ where
             match item {
                 Ok(watcher::Event::InitDone) => {
                     listing = false;
-                    {
-                        let mut ready = lock(&shared.ready);
-                        *flag(&mut ready) = true;
-                        ready.settle();
-                    }
-                    shared.mark_reachable();
-                    if let Some(before) = before_relist.take() {
-                        let missed = changed(&before, &versions(&writer.as_reader()));
-                        if missed > 0 {
-                            tracing::warn!(kind = %kind, missed, "the {kind} watch had hung: it said nothing while objects changed; listed again");
-                        }
-                    }
+                    listed(
+                        &shared,
+                        &kind,
+                        flag,
+                        before_relist.take(),
+                        &writer.as_reader(),
+                    );
                 }
                 Ok(watcher::Event::InitApply(obj)) => {
                     shared.mark_reachable();
@@ -132,26 +126,55 @@ where
             if failed {
                 let delay = retry_delay(failures, shutdown, rand::rng().random::<f64>());
                 failures = failures.saturating_add(1);
-                match wait_or_reconnect(&mut reconnect, delay).await {
-                    None => return,
-                    // The apiserver answers again (or a shutdown began): what was built up
-                    // before says nothing about now.
-                    Some(true) => failures = 0,
-                    Some(false) => {}
+                reconnect.borrow_and_update();
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    r = reconnect.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        // The apiserver answers again (or a shutdown began): what was built
+                        // up before says nothing about now.
+                        failures = 0;
+                    }
                 }
             }
         }
     })
 }
 
-async fn sleep_or_never(limit: Option<Duration>) {
+/// Sleeps for `limit`, or forever when there is none.
+async fn sleep_for(limit: Option<std::time::Duration>) {
     match limit {
         Some(limit) => tokio::time::sleep(limit).await,
         None => std::future::pending().await,
     }
 }
 
-/// What a failed watch says about the apiserver.
+/// A list is in: the view is ready, the apiserver answered, and a watch given up for its
+/// silence is told apart from one that had hung.
+fn listed<K: Resource<DynamicType = ()> + Clone>(
+    shared: &Shared,
+    kind: &str,
+    flag: fn(&mut Ready) -> &mut bool,
+    before_relist: Option<Versions>,
+    view: &reflector::Store<K>,
+) {
+    {
+        let mut ready = lock(&shared.ready);
+        *flag(&mut ready) = true;
+        ready.settle();
+    }
+    shared.mark_reachable();
+    if let Some(before) = before_relist {
+        let missed = changed(&before, &versions(view));
+        if missed > 0 {
+            tracing::warn!(kind = %kind, missed, "the {kind} watch had hung: it said nothing while objects changed; listed again");
+        }
+    }
+}
+
+/// What a watch's error says about the apiserver.
 fn note_watch_error(shared: &Shared, kind: &str, err: &watcher::Error) {
     let inner = match err {
         watcher::Error::InitialListFailed(e)
@@ -170,16 +193,6 @@ fn note_watch_error(shared: &Shared, kind: &str, err: &watcher::Error) {
         shared.mark_reachable();
     }
     tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
-}
-
-/// Waits `delay`, or less if `reconnect` changes first (`Some(true)`); `None` when the engine
-/// is gone.
-async fn wait_or_reconnect(reconnect: &mut watch::Receiver<u64>, delay: Duration) -> Option<bool> {
-    reconnect.borrow_and_update();
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => Some(false),
-        r = reconnect.changed() => r.is_ok().then_some(true),
-    }
 }
 
 /// Each object of a view and the version it was seen at.

@@ -263,7 +263,7 @@ impl Engine {
 
 /// `nodegrace complete` without a running engine: moves `shutdown-<node>` to stage
 /// Complete; the daemon's engine then carries the stage out. False when there is none.
-pub async fn complete_shutdown_maintenance(client: &Client, node: &str) -> Result<bool> {
+pub(crate) async fn complete_shutdown_maintenance(client: &Client, node: &str) -> Result<bool> {
     let name = shutdown_maintenance_name(node);
     let api: Api<NodeMaintenance> = Api::all(client.clone());
     let Some(m) = api
@@ -287,7 +287,7 @@ pub async fn complete_shutdown_maintenance(client: &Client, node: &str) -> Resul
 
 /// The active maintenances (Cordon or Drain, not being deleted) other than `shutdown-<node>`
 /// that select `node`: while one is, the node stays cordoned and its static pods gated.
-pub async fn other_active_maintenances(client: &Client, node: &str) -> Result<Vec<String>> {
+pub(crate) async fn other_active_maintenances(client: &Client, node: &str) -> Result<Vec<String>> {
     let own = shutdown_maintenance_name(node);
     let the_node = Api::<Node>::all(client.clone())
         .get(node)

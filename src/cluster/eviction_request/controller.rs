@@ -261,18 +261,8 @@ impl Reconciler {
             state = PodState::Terminating;
         }
         let pod_key = format!("{namespace}/{}", pod_ref.name);
-        if matches!(state, PodState::Present { .. }) {
-            if let Some((intent, pod)) = self
-                .intent
-                .as_ref()
-                .and_then(|i| Some((i, i.removed(request)?)))
-            {
-                // Someone took this node's requester off while a maintenance still wants
-                // the pod gone: ask again; the watch brings the request back here.
-                let again = intent.reassert(&pod).await?;
-                tracing::info!(pod = %pod_key, outcome = ?again, "this node's requester was removed from the pod's EvictionRequest while a maintenance still targets the pod; requested again");
-                return Ok(Reconciled::default());
-            }
+        if matches!(state, PodState::Present { .. }) && self.reassert(request, &pod_key).await? {
+            return Ok(Reconciled::default());
         }
         let mut current = request.clone();
         let mut written = None;
@@ -314,28 +304,7 @@ impl Reconciler {
                     Action::Evict { released } => {
                         let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
                         log_eviction(&pod_key, released.as_ref(), &result, &current);
-                        if let Some(sink) = &self.blocks {
-                            let by = match &result {
-                                EvictionResult::Blocked {
-                                    budget: Some(b), ..
-                                } => Some(format!("PodDisruptionBudget {namespace}/{b}")),
-                                EvictionResult::Blocked { message, .. }
-                                | EvictionResult::Refused { message } => Some(message.clone()),
-                                EvictionResult::Accepted | EvictionResult::Gone => None,
-                            };
-                            sink(&pod_ref.uid, by);
-                        }
-                        state = match result {
-                            EvictionResult::Accepted => {
-                                self.evicted
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .insert(key.clone(), pod_ref.uid.clone());
-                                PodState::Terminating
-                            }
-                            EvictionResult::Gone => PodState::Absent,
-                            _ => state,
-                        };
+                        state = self.note_eviction(&key, &namespace, &pod_ref.uid, &result, state);
                         let status = self.status_after_eviction(
                             &key,
                             &current,
@@ -363,31 +332,87 @@ impl Reconciler {
                     written = Some(stored.clone());
                     current = stored;
                 }
-                None => {
-                    // Changed or deleted meanwhile: decide again on what is there now.
-                    let api: Api<EvictionRequest> =
-                        Api::namespaced(self.client.clone(), &namespace);
-                    let name = current.metadata.name.clone().unwrap_or_default();
-                    match api
-                        .get_opt(&name)
-                        .await
-                        .with_context(|| format!("reading EvictionRequest {key}"))?
-                    {
-                        Some(fresh) => current = fresh,
-                        None => {
-                            return Ok(Reconciled {
-                                written,
-                                recheck_after: None,
-                            })
-                        }
+                // Changed or deleted meanwhile: decide again on what is there now.
+                None => match self.reread(&current, &key).await? {
+                    Some(fresh) => current = fresh,
+                    None => {
+                        return Ok(Reconciled {
+                            written,
+                            recheck_after: None,
+                        })
                     }
-                }
+                },
             }
         }
         Ok(Reconciled {
             written,
             recheck_after: Some(Duration::from_secs(1)),
         })
+    }
+
+    /// When someone took this node's requester off the pod's request while a maintenance
+    /// still wants the pod gone, asks again (the watch brings the request back here) and
+    /// says so.
+    async fn reassert(&self, request: &EvictionRequest, pod_key: &str) -> Result<bool> {
+        let Some((intent, pod)) = self
+            .intent
+            .as_ref()
+            .and_then(|i| Some((i, i.removed(request)?)))
+        else {
+            return Ok(false);
+        };
+        let again = intent.reassert(&pod).await?;
+        tracing::info!(pod = %pod_key, outcome = ?again, "this node's requester was removed from the pod's EvictionRequest while a maintenance still targets the pod; requested again");
+        Ok(true)
+    }
+
+    /// Passes an eviction's answer on to the engine (what blocks the pod) and returns the
+    /// pod's state after it.
+    fn note_eviction(
+        &self,
+        key: &str,
+        namespace: &str,
+        uid: &str,
+        result: &EvictionResult,
+        state: PodState,
+    ) -> PodState {
+        if let Some(sink) = &self.blocks {
+            let by = match result {
+                EvictionResult::Blocked {
+                    budget: Some(b), ..
+                } => Some(format!("PodDisruptionBudget {namespace}/{b}")),
+                EvictionResult::Blocked { message, .. } | EvictionResult::Refused { message } => {
+                    Some(message.clone())
+                }
+                EvictionResult::Accepted | EvictionResult::Gone => None,
+            };
+            sink(uid, by);
+        }
+        match result {
+            EvictionResult::Accepted => {
+                self.evicted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.to_owned(), uid.to_owned());
+                PodState::Terminating
+            }
+            EvictionResult::Gone => PodState::Absent,
+            _ => state,
+        }
+    }
+
+    /// The request as stored now (None: deleted).
+    async fn reread(
+        &self,
+        current: &EvictionRequest,
+        key: &str,
+    ) -> Result<Option<EvictionRequest>> {
+        let namespace = current.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<EvictionRequest> = Api::namespaced(self.client.clone(), &namespace);
+        let name = current.metadata.name.clone().unwrap_or_default();
+        api.get_opt(&name)
+            .await
+            .with_context(|| format!("reading EvictionRequest {key}"))
     }
 
     /// The Eviction API with the pod's UID as precondition; an apiserver refusal other

@@ -19,7 +19,7 @@ use crate::cluster::evict;
 
 /// What the controller knows besides the request itself.
 #[derive(Debug, Clone, Copy)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     pub pod: PodState,
     pub now: Timestamp,
     /// After a failed eviction: no new attempt before this.
@@ -28,7 +28,7 @@ pub struct Inputs {
 
 /// Why an interceptor lost control.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
+pub(crate) enum Release {
     /// It set `activeInterceptorCompleted`.
     Completed,
     /// `heartbeatTime` is older than `heartbeatDeadlineSeconds`.
@@ -37,7 +37,7 @@ pub enum Release {
 
 /// Why a request is complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
+pub(crate) enum Completion {
     PodDeleted,
     PodTerminal,
     /// No requester left and cancellation allowed.
@@ -66,7 +66,7 @@ impl Completion {
 
 /// A status change, for logs and events.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     Selected {
         interceptor: String,
     },
@@ -81,7 +81,7 @@ pub enum Transition {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Nothing to write. Look again at `recheck_at` (a heartbeat deadline, the end of a
     /// back-off) or when the request or the pod changes.
     Wait { recheck_at: Option<Timestamp> },
@@ -95,7 +95,7 @@ pub enum Action {
 }
 
 /// The next step for `request`.
-pub fn decide(request: &EvictionRequest, inputs: &Inputs) -> Action {
+pub(crate) fn decide(request: &EvictionRequest, inputs: &Inputs) -> Action {
     if request.is_complete() {
         return Action::Wait { recheck_at: None };
     }

@@ -39,11 +39,11 @@ use crate::plan::intree::{
 use crate::plan::PodInfo;
 
 /// The group/version of the in-tree API.
-pub const LIFECYCLE_API: &str = "lifecycle.k8s.io/v1alpha1";
+pub(crate) const LIFECYCLE_API: &str = "lifecycle.k8s.io/v1alpha1";
 
 /// Whether the apiserver serves both `evictionrequests` and `evictions` of
 /// `lifecycle.k8s.io/v1alpha1`.
-pub async fn is_in_tree_served(client: &Client) -> Result<bool> {
+pub(crate) async fn is_in_tree_served(client: &Client) -> Result<bool> {
     match client.list_api_group_resources(LIFECYCLE_API).await {
         Ok(list) => {
             let has = |n: &str| list.resources.iter().any(|r| r.name == n);
@@ -62,7 +62,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The drain's [`PodTerminator`] on a cluster serving the in-tree API.
-pub struct InTreeTerminator {
+pub(crate) struct InTreeTerminator {
     /// Writes the EvictionRequests (nodegrace's identity).
     client: Client,
     /// Evictions and DELETEs (the kubelet's credential in the daemon).
@@ -77,7 +77,7 @@ pub struct InTreeTerminator {
 }
 
 impl InTreeTerminator {
-    pub fn new(client: Client, evictor: Client, node: &str) -> Self {
+    pub(crate) fn new(client: Client, evictor: Client, node: &str) -> Self {
         Self {
             client,
             evictor,
@@ -90,12 +90,12 @@ impl InTreeTerminator {
     }
 
     /// The requester key (`spec.requester`).
-    pub fn key(&self) -> &str {
+    pub(crate) fn key(&self) -> &str {
         &self.key
     }
 
     /// The watch of this requester's Evictions, reporting to the drain through `blocks`.
-    pub fn progress(&self, blocks: BlockSink) -> Progress {
+    pub(crate) fn progress(&self, blocks: BlockSink) -> Progress {
         Progress {
             client: self.client.clone(),
             evictor: self.evictor.clone(),
@@ -326,7 +326,7 @@ impl PodTerminator for InTreeTerminator {
 
 /// Follows the Evictions labelled with this requester's key (the in-tree controller labels
 /// each Eviction with its requesters' keys) and tells the drain what holds each pod.
-pub struct Progress {
+pub(crate) struct Progress {
     client: Client,
     evictor: Client,
     key: String,
@@ -338,7 +338,7 @@ pub struct Progress {
 
 impl Progress {
     /// Runs until `stop`. `shutting_down` shortens the watch's retry delays during a shutdown.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         stop: CancellationToken,
         shutting_down: Arc<std::sync::atomic::AtomicBool>,

@@ -34,7 +34,7 @@
 //! the label [`NODE_LABEL`].
 
 mod controller;
-pub mod decide;
+pub(crate) mod decide;
 mod intree;
 mod requester;
 mod terminator;
@@ -51,7 +51,7 @@ use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 
 pub(crate) use controller::BlockSink;
 pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciler};
-pub use intree::{is_in_tree_served, InTreeTerminator, Progress as InTreeProgress, LIFECYCLE_API};
+pub(crate) use intree::{is_in_tree_served, InTreeTerminator};
 pub use requester::{Requested, Requester, Withdrawn};
 pub use terminator::{EvictionRequestTerminator, Intent};
 
@@ -137,7 +137,7 @@ pub(crate) fn interceptors_from_annotations(
 
 /// Where a targeted pod stands, as far as an EvictionRequest cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodState {
+pub(crate) enum PodState {
     /// Deleted, or the name now belongs to a pod with another UID.
     Absent,
     /// Phase Succeeded or Failed.
@@ -151,7 +151,7 @@ pub enum PodState {
 
 impl PodState {
     /// The state of `pod` for a request targeting `uid`.
-    pub fn of(pod: Option<&Pod>, uid: &str) -> Self {
+    pub(crate) fn of(pod: Option<&Pod>, uid: &str) -> Self {
         let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid)) else {
             return PodState::Absent;
         };

@@ -62,7 +62,7 @@ impl DaemonPaths {
 
 /// What signals (or tests) ask of the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Control {
+pub(crate) enum Control {
     /// SIGTERM: drain first if the system is going down, then exit.
     Terminate,
     /// SIGHUP: reload the configuration.

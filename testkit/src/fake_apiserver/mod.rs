@@ -344,8 +344,8 @@ impl FakeCluster {
     }
 
     /// nodegrace's and the kubelet's clients, as the daemon holds them.
-    pub fn clients(&self) -> Result<nodegrace::cluster::client::Clients> {
-        Ok(nodegrace::cluster::client::Clients {
+    pub fn clients(&self) -> Result<nodegrace::Clients> {
+        Ok(nodegrace::Clients {
             nodegrace: self.client()?,
             kubelet: self.kubelet_client()?,
             shared: false,

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use nodegrace::cli;
+use nodegrace::commands as cli;
 
 /// Play a node shutdown on your laptop: the real nodegrace daemon and drain against an
 /// in-memory logind, apiserver, kubelet and CRI runtime; prints the timeline and the totals.
@@ -17,7 +17,7 @@ use nodegrace::cli;
 struct Cli {
     /// nodegrace configuration whose drain plan, reserves and fallback bands are used when
     /// the file exists; drop-ins are read from `config.d/` beside it.
-    #[arg(long, env = "NODEGRACE_CONFIG", default_value = nodegrace::config::DEFAULT_CONFIG_PATH)]
+    #[arg(long, env = "NODEGRACE_CONFIG", default_value = nodegrace::DEFAULT_CONFIG_PATH)]
     config: PathBuf,
     /// Simulate the pods in FILE (`kubectl get pods -o yaml` or `-o json` output of one
     /// node). Without it, a built-in sample node.

@@ -12,15 +12,11 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use nodegrace::api::node_maintenance_crd;
-use nodegrace::cli::{self, OutputFormat};
-use nodegrace::config::Settings;
-use nodegrace::daemon::node::{NodeDrainer, NodeParts};
-use nodegrace::daemon::{Daemon, DaemonPaths, Phase, ShutdownKind};
-use nodegrace::plan::gns::GnsBands;
-use nodegrace::plan::{PodInfo, PodType};
-use nodegrace::state::PodCache;
-use nodegrace::staticpods::{mirror_pod_name, StaticManifest, StaticPodGate};
+use nodegrace::{
+    commands::{self as cli, OutputFormat},
+    mirror_pod_name, node_maintenance_crd, Daemon, DaemonPaths, GnsBands, NodeDrainer, NodeParts,
+    Phase, PodCache, PodInfo, PodType, Settings, ShutdownKind, StaticManifest, StaticPodGate,
+};
 use nodegrace_testkit::fake_apiserver::{running_status, DeleteOpts, FakeCluster, Store};
 use nodegrace_testkit::fake_cri::{CriEvent, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -237,8 +233,8 @@ fn prepare_pods(
             p.band = format!("kubelet band priority >= {}", bands.bands()[b].priority);
         }
     } else {
-        let plan = nodegrace::plan::drainplan::shutdown_drain_plan(settings)?;
-        let steps = nodegrace::plan::budget::plan_steps(&plan, &infos)?;
+        let plan = nodegrace::shutdown_drain_plan(settings)?;
+        let steps = nodegrace::plan_steps(&plan, &infos)?;
         for step in steps {
             for member in step.pods {
                 if let Some(p) = out.iter_mut().find(|p| p.info == member) {
@@ -483,8 +479,8 @@ async fn simulate(
             runtime: Arc::new(runtime.clone()),
             kubelet: None,
             gate: gate.clone(),
-            metrics: nodegrace::metrics::Metrics::new(),
-            boot_id: nodegrace::state::BootIdSource::File(boot_id),
+            metrics: nodegrace::Metrics::new(),
+            boot_id: nodegrace::BootIdSource::File(boot_id),
         },
         move || {
             let cluster = sim_cluster.clone();
