@@ -135,7 +135,7 @@ pub struct NodeMaintenanceStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_statuses: Vec<NodeMaintenanceNodeStatus>,
 
-    /// `Drained` (the node drained and held for the maintenance); map-list keyed by `type`.
+    /// `Drained`: True once every targeted pod terminated on every selected node; map-list keyed by `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub conditions: Vec<Condition>,
