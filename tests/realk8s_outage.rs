@@ -395,6 +395,7 @@ fn assert_released_on_time(
 fn assert_each_pod_went_once(
     f: &Fixture,
     reqs: &[audit::Request],
+    journal: &str,
     prefixes: &[&str],
     signal: f64,
     context: &dyn Fn() -> String,
@@ -418,9 +419,14 @@ fn assert_each_pod_went_once(
             .iter()
             .filter(|e| e.code == 201)
             .count();
-        assert_eq!(
-            accepted,
-            1,
+        // An eviction the apiserver carried out as it was killed has no audit record (the
+        // record is written after the answer, which never came): nodegrace logged its
+        // answer as lost.
+        let answer_lost = journal.lines().any(|l| {
+            l.contains(&format!("evicting pod {}: ", r.name)) && l.contains("SendRequest")
+        });
+        assert!(
+            accepted == 1 || (accepted == 0 && answer_lost),
             "{} evicted {accepted} times\n{}",
             r.key(),
             context()
@@ -607,6 +613,7 @@ async fn killed_mid_shutdown(outage: Fault) {
     let last_gone = assert_each_pod_went_once(
         &f,
         &reqs,
+        &journal,
         &["web-", "crit-", "agent-", "etcd-"],
         signal,
         &context,
@@ -806,6 +813,7 @@ async fn a_throttling_apiserver_costs_no_pod_its_grace() {
     let last_gone = assert_each_pod_went_once(
         &f,
         &reqs,
+        &journal,
         &["web-", "crit-", "agent-", "etcd-"],
         signal,
         &context,
