@@ -744,6 +744,7 @@ impl Controller {
             again: HashSet::new(),
             awaiting_collector: HashMap::new(),
             window: Window::new(concurrency),
+            shutting_down,
         };
         let mut running = futures::stream::FuturesUnordered::new();
         loop {

@@ -11,6 +11,7 @@
 //! a store of our own beside the `Controller`'s, which is most of this file again.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use super::controller::{Reconciled, Reconciler};
 use super::{PodState, NODE_LABEL};
 use crate::api::EvictionRequest;
 use crate::cluster::evict;
-use crate::plan::reachability::Window;
+use crate::plan::reachability::{request_retry, Window};
 
 /// How long a request owned by its pod waits, once the pod has terminated or gone, for
 /// the garbage collector to delete it before it is marked Complete. When a band of pods
@@ -219,6 +220,8 @@ pub(super) struct Work {
     /// At most this many reconciled at once: the configured number, narrowed while the
     /// apiserver throttles.
     pub(super) window: Window,
+    /// The engine's: true while a shutdown drains (failed requests are tried again sooner).
+    pub(super) shutting_down: Arc<AtomicBool>,
 }
 
 impl Work {
@@ -288,7 +291,7 @@ impl Work {
                 if evict::anyhow_throttled(&err).is_some() {
                     self.window.throttled();
                 }
-                let retry = retry_after_error(&err);
+                let retry = retry_after_error(&err, self.shutting_down.load(Ordering::Relaxed));
                 warn!(request = %format!("{}/{}", key.0, key.1), error = crate::cluster::error_text(&err), retry_after = ?retry, "reconciling EvictionRequest failed; retrying");
                 self.queue.set_timer(&key, Some(Instant::now() + retry));
             }
@@ -371,10 +374,11 @@ impl Work {
 }
 
 /// When to reconcile a request again after an error: after the apiserver's wait when it
-/// throttled us (spread, so that a band's requests do not come back at once), else 5 s.
-fn retry_after_error(err: &anyhow::Error) -> Duration {
+/// throttled us (spread, so that a band's requests do not come back at once), else as
+/// [`request_retry`] says.
+fn retry_after_error(err: &anyhow::Error, shutdown: bool) -> Duration {
     match evict::anyhow_throttled(err) {
         Some(wait) => wait.mul_f64(1.0 + rand::random::<f64>()),
-        None => Duration::from_secs(5),
+        None => request_retry(shutdown, rand::random::<f64>()),
     }
 }
