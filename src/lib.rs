@@ -51,6 +51,13 @@ pub mod evict {
 /// The CRI's generated v1 messages.
 pub use crate::cri::v1;
 
+/// The `lifecycle.nodegrace.dev/v1alpha1` CRDs: the in-tree EvictionRequest and Eviction
+/// shapes of Kubernetes 1.37.
+pub mod lifecycle {
+    pub use crate::api::lifecycle::*;
+    pub use crate::api::{lifecycle_eviction_crd, lifecycle_eviction_request_crd};
+}
+
 // The CRDs and their names and labels.
 pub use crate::api::{
     crd_files, crds_yaml, eviction_request_crd, node_maintenance_crd, node_requester,

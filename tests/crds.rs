@@ -77,7 +77,7 @@ fn the_v1beta1_admission_policy_is_generated_from_the_v1_one() {
 }
 
 #[test]
-fn crds_command_output_is_a_stream_of_both_crds() {
+fn crds_command_output_is_a_stream_of_every_crd() {
     let stream = api::crds_yaml().unwrap();
     let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&stream)
         .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
@@ -90,7 +90,9 @@ fn crds_command_output_is_a_stream_of_both_crds() {
         names,
         [
             api::NODE_MAINTENANCE_CRD_NAME,
-            api::EVICTION_REQUEST_CRD_NAME
+            api::EVICTION_REQUEST_CRD_NAME,
+            nodegrace::lifecycle::EVICTION_REQUESTS_CRD_NAME,
+            nodegrace::lifecycle::EVICTIONS_CRD_NAME,
         ]
     );
 }

@@ -3,6 +3,7 @@
 //! that let every node write only its own entry of a maintenance's status.
 
 mod eviction;
+pub(crate) mod lifecycle;
 mod maintenance;
 mod schema;
 
@@ -108,29 +109,42 @@ fn finish(
     Ok(serde_json::from_value(crd)?)
 }
 
-/// `(file name under packaging/crds, YAML)` for each CRD, in a fixed order.
-pub fn crd_files() -> Result<Vec<(&'static str, String)>> {
+/// The `lifecycle.nodegrace.dev` EvictionRequest CRD (the in-tree shape).
+pub fn lifecycle_eviction_request_crd() -> Result<CustomResourceDefinition> {
+    finish(
+        lifecycle::EvictionRequest::crd(),
+        schema::LIFECYCLE_EVICTION_REQUEST,
+    )
+    .context("building the lifecycle.nodegrace.dev EvictionRequest CRD")
+}
+
+/// The `lifecycle.nodegrace.dev` Eviction CRD (the in-tree shape).
+pub fn lifecycle_eviction_crd() -> Result<CustomResourceDefinition> {
+    finish(lifecycle::Eviction::crd(), schema::LIFECYCLE_EVICTION)
+        .context("building the lifecycle.nodegrace.dev Eviction CRD")
+}
+
+/// `(file name under packaging/crds, YAML)` for each CRD, in a fixed order; each file is
+/// named after the CRD.
+pub fn crd_files() -> Result<Vec<(String, String)>> {
     [
         (NODE_MAINTENANCE_CRD_NAME, node_maintenance_crd()?),
         (EVICTION_REQUEST_CRD_NAME, eviction_request_crd()?),
+        (
+            lifecycle::EVICTION_REQUESTS_CRD_NAME,
+            lifecycle_eviction_request_crd()?,
+        ),
+        (lifecycle::EVICTIONS_CRD_NAME, lifecycle_eviction_crd()?),
     ]
     .into_iter()
     .map(|(name, crd)| {
         let yaml = serde_yaml::to_string(&crd).with_context(|| format!("serializing {name}"))?;
-        Ok((crd_file_name(name), format!("{GENERATED_HEADER}{yaml}")))
+        Ok((format!("{name}.yaml"), format!("{GENERATED_HEADER}{yaml}")))
     })
     .collect()
 }
 
-fn crd_file_name(crd_name: &str) -> &'static str {
-    if crd_name == NODE_MAINTENANCE_CRD_NAME {
-        "nodemaintenances.nodegrace.dev.yaml"
-    } else {
-        "evictionrequests.nodegrace.dev.yaml"
-    }
-}
-
-/// Both CRDs as one multi-document YAML stream (what `nodegrace crds` prints).
+/// Every CRD as one multi-document YAML stream (what `nodegrace crds` prints).
 pub fn crds_yaml() -> Result<String> {
     Ok(crd_files()?
         .into_iter()

@@ -163,6 +163,172 @@ pub(crate) const EVICTION_REQUEST: &[Patch] = &[
     },
 ];
 
+/// A domain-prefixed key (`example.com/name`): a DNS subdomain of at most 253 characters, a
+/// slash, and a name part of at most 63 (in-tree `spec.requester`).
+const DOMAIN_PREFIXED_KEY_RULE: &str = "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && self.matches('^[^/]{1,253}/')";
+const RESERVED_DOMAIN_RULE: &str = "!self.matches('^([^/]*\\\\.)?(k8s|kubernetes)\\\\.io/')";
+
+pub(crate) const LIFECYCLE_EVICTION_REQUEST: &[Patch] = &[
+    Patch::Set {
+        path: "spec.requester",
+        key: "maxLength",
+        value: || json!(317),
+    },
+    Patch::Set {
+        path: "spec.target.pod.name",
+        key: "maxLength",
+        value: || json!(253),
+    },
+    Patch::Set {
+        path: "spec.target.pod.uid",
+        key: "maxLength",
+        value: || json!(128),
+    },
+    Patch::Set {
+        path: "spec.intent",
+        key: "enum",
+        value: || json!(["Eviction", "Withdrawn"]),
+    },
+    Patch::Rule {
+        path: "spec.requester",
+        rule: DOMAIN_PREFIXED_KEY_RULE,
+        message: "requester must be a domain-prefixed key such as example.com/name",
+    },
+    Patch::Rule {
+        path: "spec.requester",
+        rule: RESERVED_DOMAIN_RULE,
+        message: "requester domains *.k8s.io and *.kubernetes.io are reserved",
+    },
+    Patch::Rule {
+        path: "spec.requester",
+        rule: "self == oldSelf",
+        message: "requester is immutable",
+    },
+    Patch::Rule {
+        path: "spec.target",
+        rule: "has(self.pod)",
+        message: "target.pod is required",
+    },
+    Patch::Rule {
+        path: "spec.target",
+        rule: "self == oldSelf",
+        message: "target is immutable",
+    },
+    Patch::Set {
+        path: "status.conditions",
+        key: "maxItems",
+        value: || json!(100),
+    },
+    Patch::MapList {
+        path: "status.conditions",
+        keys: &["type"],
+    },
+];
+
+pub(crate) const LIFECYCLE_EVICTION: &[Patch] = &[
+    Patch::Set {
+        path: "spec.target.pod.name",
+        key: "maxLength",
+        value: || json!(253),
+    },
+    Patch::Set {
+        path: "spec.target.pod.uid",
+        key: "maxLength",
+        value: || json!(128),
+    },
+    Patch::Set {
+        path: "status.requesters[].name",
+        key: "maxLength",
+        value: || json!(317),
+    },
+    Patch::Set {
+        path: "status.targetResponders[].name",
+        key: "maxLength",
+        value: || json!(317),
+    },
+    Patch::Set {
+        path: "status.responders[].name",
+        key: "maxLength",
+        value: || json!(317),
+    },
+    Patch::Rule {
+        path: "spec.target",
+        rule: "has(self.pod)",
+        message: "target.pod is required",
+    },
+    Patch::Rule {
+        path: "spec.target",
+        rule: "self == oldSelf",
+        message: "target is immutable",
+    },
+    Patch::Set {
+        path: "status.requesters",
+        key: "maxItems",
+        value: || json!(100),
+    },
+    Patch::MapList {
+        path: "status.requesters",
+        keys: &["name"],
+    },
+    Patch::Set {
+        path: "status.requesters[].intent",
+        key: "enum",
+        value: || json!(["Eviction", "Withdrawn"]),
+    },
+    Patch::Set {
+        path: "status.targetResponders",
+        key: "maxItems",
+        value: || json!(11),
+    },
+    Patch::MapList {
+        path: "status.targetResponders",
+        keys: &["name"],
+    },
+    Patch::Rule {
+        path: "status.targetResponders",
+        rule: "size(self) == size(oldSelf) && self.all(r, oldSelf.exists(o, o.name == r.name))",
+        message: "targetResponders cannot gain or lose responders once set",
+    },
+    Patch::Set {
+        path: "status.targetResponders[].state",
+        key: "enum",
+        value: || json!(["Inactive", "Active", "Interrupted", "Canceled", "Completed"]),
+    },
+    Patch::Set {
+        path: "status.responders",
+        key: "maxItems",
+        value: || json!(11),
+    },
+    Patch::MapList {
+        path: "status.responders",
+        keys: &["name"],
+    },
+    Patch::Set {
+        path: "status.responders[].message",
+        key: "maxLength",
+        value: || json!(4000),
+    },
+    Patch::Rule {
+        path: "status.responders[]",
+        rule: "!has(oldSelf.startTime) || (has(self.startTime) && self.startTime == oldSelf.startTime)",
+        message: "a responder's startTime cannot change once set",
+    },
+    Patch::Rule {
+        path: "status.responders[]",
+        rule: "!has(oldSelf.completionTime) || (has(self.completionTime) && self.completionTime == oldSelf.completionTime)",
+        message: "a responder's completionTime cannot change once set",
+    },
+    Patch::Set {
+        path: "status.conditions",
+        key: "maxItems",
+        value: || json!(100),
+    },
+    Patch::MapList {
+        path: "status.conditions",
+        keys: &["type"],
+    },
+];
+
 /// Applies `patches` to an `openAPIV3Schema`, failing on a path the schema does not have
 /// (a renamed field must not silently drop its validation).
 pub(crate) fn apply(schema: &mut Value, patches: &[Patch]) -> Result<()> {

@@ -246,3 +246,65 @@ fn shutdown_maintenance_name_is_a_valid_object_name_for_any_node() {
         shutdown_maintenance_name(&format!("{}.{}", "a".repeat(226), "c".repeat(26)))
     );
 }
+
+/// An Eviction as the in-tree controller writes it, every field set.
+fn in_tree_eviction_json(api_version: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": api_version,
+        "kind": "Eviction",
+        "metadata": {"name": "u1", "namespace": "ns", "labels": {"nodegrace.dev/a": "requester"}},
+        "spec": {"target": {"pod": {"name": "db-0", "uid": "u1"}}},
+        "status": {
+            "observedGeneration": 1,
+            "requesters": [{"name": "nodegrace.dev/a", "intent": "Eviction"}],
+            "targetResponders": [
+                {"name": "db.example.com/operator", "priority": 10000, "state": "Active"},
+                {"name": "imperative-eviction.nodegrace.dev/evictor", "priority": 100, "state": "Inactive"}
+            ],
+            "responders": [
+                {"name": "db.example.com/operator", "startTime": "2026-11-24T10:00:00Z",
+                 "heartbeatTime": "2026-11-24T10:00:20Z", "expectedCompletionTime": "2026-11-24T10:05:00Z",
+                 "message": "moving the primary"},
+                {"name": "imperative-eviction.nodegrace.dev/evictor"}
+            ],
+            "conditions": [{"type": "TargetEvicted", "status": "False", "reason": "AwaitingEviction",
+                            "message": "", "lastTransitionTime": "2026-11-24T10:00:00Z"}]
+        }
+    })
+}
+
+#[test]
+fn lifecycle_objects_differ_from_the_in_tree_ones_only_in_api_version() {
+    use k8s_openapi::api::lifecycle::v1alpha1 as intree;
+    let theirs: intree::Eviction =
+        serde_json::from_value(in_tree_eviction_json("lifecycle.k8s.io/v1alpha1")).unwrap();
+    let ours = lifecycle::Eviction::from(theirs.clone());
+    assert_eq!(
+        serde_json::to_value(&ours).unwrap(),
+        in_tree_eviction_json(lifecycle::LIFECYCLE_API_VERSION)
+    );
+    let read: lifecycle::Eviction =
+        serde_json::from_value(in_tree_eviction_json(lifecycle::LIFECYCLE_API_VERSION)).unwrap();
+    assert_eq!(intree::Eviction::from(read), theirs);
+
+    let request = json!({
+        "metadata": {"name": "nodegrace-u1", "namespace": "ns"},
+        "spec": {"intent": "Withdrawn", "requester": "nodegrace.dev/a",
+                 "target": {"pod": {"name": "db-0", "uid": "u1"}}},
+        "status": {"observedGeneration": 2, "conditions": []}
+    });
+    let with = |v: &str, kind: &str| {
+        let mut r = request.clone();
+        r["apiVersion"] = json!(v);
+        r["kind"] = json!(kind);
+        r
+    };
+    let theirs: intree::EvictionRequest =
+        serde_json::from_value(with("lifecycle.k8s.io/v1alpha1", "EvictionRequest")).unwrap();
+    let ours = lifecycle::EvictionRequest::from(theirs.clone());
+    assert_eq!(
+        serde_json::to_value(&ours).unwrap(),
+        with(lifecycle::LIFECYCLE_API_VERSION, "EvictionRequest")
+    );
+    assert_eq!(intree::EvictionRequest::from(ours), theirs);
+}
