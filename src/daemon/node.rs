@@ -530,6 +530,7 @@ where
     let in_tree = match crate::plan::intree::choose_path(in_tree, eviction_requests, true) {
         crate::plan::intree::EvictionPath::InTree => {
             let t = Arc::new(eviction_request::InTreeTerminator::new(
+                eviction_request::LifecycleApi::in_tree(),
                 clients.nodegrace.clone(),
                 clients.kubelet.clone(),
                 &node,

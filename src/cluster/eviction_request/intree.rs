@@ -19,6 +19,7 @@ use k8s_openapi::api::lifecycle::v1alpha1::{
     EvictionRequestTarget,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::DynamicObject;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -26,6 +27,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::lifecycle_api::{typed, LifecycleApi};
 use super::{BlockSink, PodKey, PodState, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
@@ -63,6 +65,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The drain's [`PodTerminator`] on a cluster serving the in-tree API.
 pub(crate) struct InTreeTerminator {
+    /// Which server of the lifecycle API.
+    api: LifecycleApi,
     /// Writes the EvictionRequests (nodegrace's identity).
     client: Client,
     /// Evictions and DELETEs (the kubelet's credential in the daemon).
@@ -77,8 +81,9 @@ pub(crate) struct InTreeTerminator {
 }
 
 impl InTreeTerminator {
-    pub(crate) fn new(client: Client, evictor: Client, node: &str) -> Self {
+    pub(crate) fn new(api: LifecycleApi, client: Client, evictor: Client, node: &str) -> Self {
         Self {
+            api,
             client,
             evictor,
             node: node.to_owned(),
@@ -97,6 +102,7 @@ impl InTreeTerminator {
     /// The watch of this requester's Evictions, reporting to the drain through `blocks`.
     pub(crate) fn progress(&self, blocks: BlockSink) -> Progress {
         Progress {
+            api: self.api.clone(),
             client: self.client.clone(),
             evictor: self.evictor.clone(),
             key: self.key.clone(),
@@ -106,8 +112,8 @@ impl InTreeTerminator {
         }
     }
 
-    fn requests(&self, namespace: &str) -> Api<EvictionRequest> {
-        Api::namespaced(self.client.clone(), namespace)
+    fn requests(&self, namespace: &str) -> Api<DynamicObject> {
+        self.api.requests(&self.client, Some(namespace))
     }
 
     /// Says once per pod what is wrong with the responders it declares.
@@ -168,9 +174,9 @@ impl InTreeTerminator {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        match api.create(&params, &request).await {
+        match api.create(&params, &self.api.to_dynamic(&request)?).await {
             Ok(_) => {
-                info!(node = %self.node, pod = %key, requester = %self.key, "created the pod's EvictionRequest (lifecycle.k8s.io)");
+                info!(node = %self.node, pod = %key, requester = %self.key, api = %self.api.group(), "created the pod's EvictionRequest");
                 return Ok(());
             }
             Err(err) if api_error_code(&err) == Some(409) => {}
@@ -184,7 +190,7 @@ impl InTreeTerminator {
 
     async fn set_intent(
         &self,
-        api: &Api<EvictionRequest>,
+        api: &Api<DynamicObject>,
         name: &str,
         key: &PodKey,
         intent: &str,
@@ -196,7 +202,7 @@ impl InTreeTerminator {
         };
         match api.patch(name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
-                info!(node = %self.node, pod = %key, intent, "set the intent of the pod's EvictionRequest (lifecycle.k8s.io)");
+                info!(node = %self.node, pod = %key, intent, api = %self.api.group(), "set the intent of the pod's EvictionRequest");
                 Ok(())
             }
             Err(err) if api_error_code(&err) == Some(404) && intent == INTENT_WITHDRAWN => Ok(()),
@@ -232,13 +238,23 @@ impl InTreeTerminator {
         let Some(value) = crate::api::node_label_value(&self.node) else {
             return Ok(Vec::new());
         };
-        let api: Api<EvictionRequest> = Api::all(self.client.clone());
-        let list = api
+        let list = self
+            .api
+            .requests(&self.client, None)
             .list(&ListParams::default().labels(&format!("{NODE_LABEL}={value}")))
             .await
-            .context("listing this node's EvictionRequests (lifecycle.k8s.io)")?;
-        Ok(list
+            .with_context(|| {
+                format!(
+                    "listing this node's EvictionRequests ({})",
+                    self.api.group()
+                )
+            })?;
+        let requests = list
             .items
+            .iter()
+            .map(typed::<EvictionRequest>)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(requests
             .iter()
             .filter(|r| r.spec.requester == self.key && r.spec.intent == INTENT_EVICTION)
             .filter_map(|r| {
@@ -327,6 +343,7 @@ impl PodTerminator for InTreeTerminator {
 /// Follows the Evictions labelled with this requester's key (the in-tree controller labels
 /// each Eviction with its requesters' keys) and tells the drain what holds each pod.
 pub(crate) struct Progress {
+    api: LifecycleApi,
     client: Client,
     evictor: Client,
     key: String,
@@ -343,13 +360,13 @@ impl Progress {
         stop: CancellationToken,
         shutting_down: Arc<std::sync::atomic::AtomicBool>,
     ) {
-        let evictions: Api<Eviction> = Api::all(self.client.clone());
+        let evictions = self.api.evictions(&self.client, None);
         let eviction_events = watcher(evictions, watcher::Config::default().labels(&self.key))
             .backoff(WatchBackoff::new(shutting_down.clone()))
             .map(Watched::Eviction);
         // Its own requests too: a request the in-tree controller refuses (EvictionInvalid)
         // gets no Eviction at all.
-        let requests: Api<EvictionRequest> = Api::all(self.client.clone());
+        let requests = self.api.requests(&self.client, None);
         let request_events = match &self.node_label {
             Some(value) => watcher(
                 requests,
@@ -370,24 +387,43 @@ impl Progress {
             match event {
                 Some(Watched::Eviction(Ok(
                     watcher::Event::Apply(e) | watcher::Event::InitApply(e),
-                ))) => self.observed(&e, &mut seen).await,
+                ))) => {
+                    if let Some(e) = self.read::<Eviction>(&e) {
+                        self.observed(&e, &mut seen).await;
+                    }
+                }
                 // Collected with its request and pod: forget the pod.
                 Some(Watched::Eviction(Ok(watcher::Event::Delete(e)))) => {
-                    if let Some(uid) = e.spec.target.pod.as_ref().map(|p| &p.uid) {
-                        seen.reported.remove(uid);
-                        seen.evicted.remove(uid);
+                    if let Some(e) = self.read::<Eviction>(&e) {
+                        if let Some(uid) = e.spec.target.pod.as_ref().map(|p| &p.uid) {
+                            seen.reported.remove(uid);
+                            seen.evicted.remove(uid);
+                        }
                     }
                 }
                 Some(Watched::Request(Ok(
                     watcher::Event::Apply(r) | watcher::Event::InitApply(r),
-                ))) => self.request_observed(&r, &mut seen).await,
+                ))) => {
+                    if let Some(r) = self.read::<EvictionRequest>(&r) {
+                        self.request_observed(&r, &mut seen).await;
+                    }
+                }
                 Some(Watched::Eviction(Err(err)) | Watched::Request(Err(err))) => {
-                    tracing::debug!(error = %err, "watching EvictionRequests and Evictions (lifecycle.k8s.io)");
+                    tracing::debug!(error = %err, api = %self.api.group(), "watching EvictionRequests and Evictions");
                 }
                 Some(_) => {}
                 None => return,
             }
         }
+    }
+
+    /// A watched object as the in-tree type; one that does not parse is logged and skipped.
+    fn read<T: serde::de::DeserializeOwned>(&self, object: &DynamicObject) -> Option<T> {
+        typed(object)
+            .map_err(|err| {
+                warn!(api = %self.api.group(), error = crate::cluster::error_text(&err), "ignoring a lifecycle object that does not parse");
+            })
+            .ok()
     }
 
     async fn request_observed(&self, request: &EvictionRequest, seen: &mut Seen) {
@@ -492,6 +528,6 @@ struct Seen {
 }
 
 enum Watched {
-    Eviction(Result<watcher::Event<Eviction>, watcher::Error>),
-    Request(Result<watcher::Event<EvictionRequest>, watcher::Error>),
+    Eviction(Result<watcher::Event<DynamicObject>, watcher::Error>),
+    Request(Result<watcher::Event<DynamicObject>, watcher::Error>),
 }

@@ -36,6 +36,7 @@
 mod controller;
 pub(crate) mod decide;
 mod intree;
+mod lifecycle_api;
 mod requester;
 mod terminator;
 mod work;
@@ -52,6 +53,7 @@ use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 pub(crate) use controller::BlockSink;
 pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciler};
 pub(crate) use intree::{is_in_tree_served, InTreeTerminator};
+pub(crate) use lifecycle_api::LifecycleApi;
 pub use requester::{Requested, Requester, Withdrawn};
 pub use terminator::{EvictionRequestTerminator, Intent};
 
