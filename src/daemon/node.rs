@@ -26,6 +26,7 @@ use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
 use crate::plan::lifecycle::{route, Route, RouteEvent};
+use crate::plan::intree::{choose_path, EvictionPath, Served};
 use crate::plan::reachability::retry_delay;
 use rand::Rng as _;
 
@@ -505,7 +506,7 @@ where
         Role::Kubelet.path(&settings).map(Path::to_owned),
     ];
     let controller_wanted = !settings.drain.external_eviction_request_controller;
-    let (clients, (in_tree, eviction_requests), verified) = connect_verified(
+    let (clients, served, verified) = connect_verified(
         &connect,
         &endpoint,
         [paths[0].as_deref(), paths[1].as_deref()],
@@ -526,48 +527,53 @@ where
         }
     };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
-    // ---- in-tree EvictionRequest API (lifecycle.k8s.io/v1alpha1): path choice ----
-    let in_tree = match crate::plan::intree::choose_path(in_tree, eviction_requests, true) {
-        crate::plan::intree::EvictionPath::InTree => {
-            let t = Arc::new(eviction_request::InTreeTerminator::new(
-                eviction_request::LifecycleApi::in_tree(),
-                clients.nodegrace.clone(),
-                clients.kubelet.clone(),
-                &node,
-            ));
-            if eviction_requests {
-                tracing::warn!(node = %node, requester = %t.key(), "both evictionrequests.nodegrace.dev and the in-tree lifecycle.k8s.io/v1alpha1 API are served: the in-tree API is used; nodegrace's EvictionRequest CRD and its controller stand down");
-            } else {
-                tracing::info!(node = %node, requester = %t.key(), "in-tree EvictionRequest API (lifecycle.k8s.io/v1alpha1) served: pods are asked to leave through it");
-            }
-            Some(t)
-        }
-        _ => None,
+    let path = crate::plan::intree::choose_path(
+        served,
+        crate::api::node_requester(&node).is_some(),
+    );
+    let lifecycle_api = match path {
+        EvictionPath::InTree => Some(eviction_request::LifecycleApi::in_tree()),
+        EvictionPath::LifecycleCrds => Some(eviction_request::LifecycleApi::nodegrace()),
+        EvictionPath::LegacyCrd | EvictionPath::EvictionApi => None,
     };
-    let eviction_requests = eviction_requests && in_tree.is_none();
-    // ---- end in-tree path choice ----
-    let requester = eviction_requests
+    let lifecycle = lifecycle_api.map(|api| {
+        let t = Arc::new(eviction_request::InTreeTerminator::new(
+            api.clone(),
+            clients.nodegrace.clone(),
+            clients.kubelet.clone(),
+            &node,
+        ));
+        tracing::info!(node = %node, requester = %t.key(), api = %api.group(), "pods are asked to leave through EvictionRequests");
+        t
+    });
+    if served.legacy_crd && path != EvictionPath::LegacyCrd {
+        tracing::warn!(node = %node, "evictionrequests.nodegrace.dev (deprecated) is still served but not used: nodegrace asks through {}", lifecycle.as_ref().map_or("the Eviction API", |_| if path == EvictionPath::InTree { "lifecycle.k8s.io" } else { "lifecycle.nodegrace.dev" }));
+    }
+    let requester = (path == EvictionPath::LegacyCrd)
         .then(|| crate::api::node_requester(&node))
         .flatten();
-    if eviction_requests && requester.is_none() {
+    if served.legacy_crd && !served.in_tree && !served.lifecycle_crds && requester.is_none() {
         tracing::warn!(node = %node, "the node name is too long for an EvictionRequest requester name (<node>.nodemaintenance.nodegrace.dev, at most 253 characters): pods are evicted through the Eviction API directly");
+    }
+    if requester.is_some() {
+        tracing::warn!(node = %node, "only the deprecated evictionrequests.nodegrace.dev CRD is served: it is used for this release; apply the lifecycle.nodegrace.dev CRDs from packaging/crds");
     }
     let node_requester = Requester::new(clients.nodegrace.clone(), &node);
     let er_terminator = requester.is_some().then(|| {
-        tracing::info!(node = %node, "EvictionRequest API present: pods are asked to leave through EvictionRequests");
         Arc::new(EvictionRequestTerminator::new(
             clients.kubelet.clone(),
             node_requester.clone(),
         ))
     });
     let intent = er_terminator.as_ref().map(|t| t.intent());
-    let terminator: Arc<dyn PodTerminator> = match (&in_tree, er_terminator) {
+    let terminator: Arc<dyn PodTerminator> = match (&lifecycle, er_terminator) {
         (Some(t), _) => t.clone(),
         (None, Some(t)) => t,
         (None, None) => Arc::new(EvictionApi::new(clients.kubelet.clone())),
     };
     let run_controller = requester.is_some() && controller_wanted;
     let config = ControllerConfig::from_settings(&settings, &node);
+    let node_name = node.clone();
     let engine = Engine::start(EngineOptions {
         client: clients.nodegrace.clone(),
         endpoint: format!("{endpoint} as {}", unknown(&verified.nodegrace)),
@@ -577,11 +583,33 @@ where
         metrics,
         terminator: Some(terminator),
     });
-    if let Some(t) = &in_tree {
+    if let Some(t) = &lifecycle {
         let progress = t.progress(engine.eviction_block_sink());
         let shutting_down = engine.shutting_down();
         let stop = stop.clone();
         tokio::spawn(async move { progress.run(stop, shutting_down).await });
+    }
+    if path == EvictionPath::LifecycleCrds && controller_wanted {
+        let (controller, handle) = eviction_request::LifecycleController::new(
+            clients.nodegrace.clone(),
+            clients.kubelet.clone(),
+            &node_name,
+            engine.pod_store(),
+            eviction_request::WallClock::System,
+        );
+        let controller = controller
+            .retrying_as_in_shutdown_when(engine.shutting_down())
+            .reporting_blocks_to(engine.eviction_block_sink());
+        engine.attach_eviction_request_controller(handle);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if let Err(err) = controller.run(stop).await {
+                tracing::error!(
+                    error = crate::cluster::error_text(&err),
+                    "the eviction-request controller (lifecycle.nodegrace.dev) stopped"
+                );
+            }
+        });
     }
     if run_controller {
         let (controller, handle) =
@@ -619,7 +647,7 @@ async fn connect_verified<F, Fut, C>(
     controller_wanted: bool,
     metrics: &Metrics,
     shutting_down: &mut watch::Receiver<bool>,
-) -> (Clients, (bool, bool), identity::Verified)
+) -> (Clients, Served, identity::Verified)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<C>>,
@@ -631,16 +659,28 @@ where
     loop {
         let attempt = async {
             let clients: Clients = connect().await?.into();
-            let in_tree = eviction_request::is_in_tree_served(&clients.nodegrace).await?;
-            let installed = eviction_request::is_crd_installed(&clients.nodegrace).await?;
-            // The in-tree API wins: the CRD's permissions are not needed then.
-            let crd = installed && !in_tree;
+            let served = Served {
+                in_tree: eviction_request::is_served(
+                    &clients.nodegrace,
+                    &eviction_request::LifecycleApi::in_tree(),
+                )
+                .await?,
+                lifecycle_crds: eviction_request::is_served(
+                    &clients.nodegrace,
+                    &eviction_request::LifecycleApi::nodegrace(),
+                )
+                .await?,
+                legacy_crd: eviction_request::is_crd_installed(&clients.nodegrace).await?,
+            };
+            // Only the path taken needs its permissions.
+            let path = choose_path(served, true);
+            let crd = path == EvictionPath::LegacyCrd;
             let verified =
                 identity::verify(&clients, paths, node, crd, crd && controller_wanted).await?;
-            if in_tree {
+            if path == EvictionPath::InTree {
                 identity::verify_in_tree(&clients, &verified).await?;
             }
-            anyhow::Ok((clients, (in_tree, installed), verified))
+            anyhow::Ok((clients, served, verified))
         };
         match attempt.await {
             Ok(ready) => return ready,

@@ -27,24 +27,39 @@ pub(crate) enum EvictionPath {
     /// The cluster's own EvictionRequest API: nodegrace is a requester; responder selection
     /// and the eviction belong to the in-tree controllers.
     InTree,
-    /// nodegrace's `evictionrequests.nodegrace.dev` CRD (and its own controller unless an
-    /// external one is configured).
-    Crd,
+    /// nodegrace's `lifecycle.nodegrace.dev` CRDs, the in-tree shapes: nodegrace is a
+    /// requester, and (unless an external one is configured) the eviction-request controller
+    /// and imperative evictor for its node's pods.
+    LifecycleCrds,
+    /// The deprecated `evictionrequests.nodegrace.dev` CRD of the 2025 draft (and its own
+    /// controller unless an external one is configured): still served for one release.
+    LegacyCrd,
     /// The Eviction API directly.
     EvictionApi,
 }
 
-/// The path for what discovery found. The in-tree API wins over the CRD when both are
-/// served: it is what workloads written for 1.37 respond to.
-pub(crate) fn choose_path(
-    in_tree_served: bool,
-    crd_served: bool,
-    crd_requester_ok: bool,
-) -> EvictionPath {
-    if in_tree_served {
+/// What discovery found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Served {
+    /// `lifecycle.k8s.io/v1alpha1` evictionrequests and evictions.
+    pub in_tree: bool,
+    /// `lifecycle.nodegrace.dev/v1alpha1` evictionrequests and evictions.
+    pub lifecycle_crds: bool,
+    /// `evictionrequests.nodegrace.dev`.
+    pub legacy_crd: bool,
+}
+
+/// The path for what discovery found: the in-tree API first (what workloads written for 1.37
+/// respond to), then nodegrace's CRDs of the same shapes, then the deprecated CRD.
+/// `legacy_requester_ok` is false when the node name is too long for the deprecated CRD's
+/// requester name.
+pub(crate) fn choose_path(served: Served, legacy_requester_ok: bool) -> EvictionPath {
+    if served.in_tree {
         EvictionPath::InTree
-    } else if crd_served && crd_requester_ok {
-        EvictionPath::Crd
+    } else if served.lifecycle_crds {
+        EvictionPath::LifecycleCrds
+    } else if served.legacy_crd && legacy_requester_ok {
+        EvictionPath::LegacyCrd
     } else {
         EvictionPath::EvictionApi
     }
@@ -417,12 +432,20 @@ mod tests {
     }
 
     #[test]
-    fn the_in_tree_api_wins_over_the_crd_and_the_eviction_api_is_the_last_resort() {
-        assert_eq!(choose_path(true, true, true), EvictionPath::InTree);
-        assert_eq!(choose_path(true, false, false), EvictionPath::InTree);
-        assert_eq!(choose_path(false, true, true), EvictionPath::Crd);
-        assert_eq!(choose_path(false, true, false), EvictionPath::EvictionApi);
-        assert_eq!(choose_path(false, false, true), EvictionPath::EvictionApi);
+    fn the_in_tree_api_wins_then_our_crds_of_its_shape_then_the_deprecated_crd() {
+        let served = |in_tree, lifecycle_crds, legacy_crd| Served {
+            in_tree,
+            lifecycle_crds,
+            legacy_crd,
+        };
+        use EvictionPath::*;
+        assert_eq!(choose_path(served(true, true, true), true), InTree);
+        assert_eq!(choose_path(served(true, false, false), false), InTree);
+        assert_eq!(choose_path(served(false, true, true), true), LifecycleCrds);
+        assert_eq!(choose_path(served(false, true, false), false), LifecycleCrds);
+        assert_eq!(choose_path(served(false, false, true), true), LegacyCrd);
+        assert_eq!(choose_path(served(false, false, true), false), EvictionApi);
+        assert_eq!(choose_path(served(false, false, false), true), EvictionApi);
     }
 
     #[test]

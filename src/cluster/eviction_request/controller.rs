@@ -568,6 +568,10 @@ pub struct ControllerHandle {
 }
 
 impl ControllerHandle {
+    pub(super) fn from_sender(tx: mpsc::UnboundedSender<Message>) -> Self {
+        Self { tx }
+    }
+
     /// A pod of this node changed or was deleted (call from the pod watch).
     pub fn pod_changed(&self, namespace: &str, uid: &str) {
         let _ = self.tx.send(Message::PodChanged {

@@ -40,19 +40,16 @@ use crate::plan::intree::{
 };
 use crate::plan::PodInfo;
 
-/// The group/version of the in-tree API.
-pub(crate) const LIFECYCLE_API: &str = "lifecycle.k8s.io/v1alpha1";
-
-/// Whether the apiserver serves both `evictionrequests` and `evictions` of
-/// `lifecycle.k8s.io/v1alpha1`.
-pub(crate) async fn is_in_tree_served(client: &Client) -> Result<bool> {
-    match client.list_api_group_resources(LIFECYCLE_API).await {
+/// Whether the apiserver serves both `evictionrequests` and `evictions` of `api`.
+pub(crate) async fn is_served(client: &Client, api: &LifecycleApi) -> Result<bool> {
+    let group_version = api.request_resource().api_version;
+    match client.list_api_group_resources(&group_version).await {
         Ok(list) => {
             let has = |n: &str| list.resources.iter().any(|r| r.name == n);
             Ok(has("evictionrequests") && has("evictions"))
         }
         Err(err) if api_error_code(&err) == Some(404) => Ok(false),
-        Err(err) => Err(err).context("discovering the lifecycle.k8s.io/v1alpha1 API group"),
+        Err(err) => Err(err).with_context(|| format!("discovering the {group_version} API group")),
     }
 }
 

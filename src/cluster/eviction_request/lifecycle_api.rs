@@ -41,6 +41,14 @@ impl LifecycleApi {
         self.requests.api_version == IN_TREE_API_VERSION
     }
 
+    pub(crate) fn request_resource(&self) -> ApiResource {
+        self.requests.clone()
+    }
+
+    pub(crate) fn eviction_resource(&self) -> ApiResource {
+        self.evictions.clone()
+    }
+
     /// The group, for log lines and messages.
     pub(crate) fn group(&self) -> &str {
         &self.requests.group

@@ -12,7 +12,7 @@
 //! The decisions are pure ([`decide`]); the adapters around them only read and write.
 //!
 //! On a cluster serving the in-tree API of Kubernetes 1.37 (`lifecycle.k8s.io/v1alpha1`,
-//! [`is_in_tree_served`]) nodegrace is only a requester of it ([`InTreeTerminator`]); the CRD
+//! [`is_served`]) nodegrace is only a requester of it ([`InTreeTerminator`]); the CRD
 //! and this controller stand down.
 //!
 //! Wiring in the daemon:
@@ -37,6 +37,7 @@ mod controller;
 pub(crate) mod decide;
 mod intree;
 mod lifecycle_api;
+mod lifecycle_controller;
 mod requester;
 mod terminator;
 mod work;
@@ -52,8 +53,9 @@ use crate::api::{Interceptor, INTERCEPTOR_ANNOTATION_PREFIX};
 
 pub(crate) use controller::BlockSink;
 pub use controller::{Controller, ControllerConfig, ControllerHandle, Reconciler};
-pub(crate) use intree::{is_in_tree_served, InTreeTerminator};
+pub(crate) use intree::{is_served, InTreeTerminator};
 pub(crate) use lifecycle_api::LifecycleApi;
+pub(crate) use lifecycle_controller::LifecycleController;
 pub use requester::{Requested, Requester, Withdrawn};
 pub use terminator::{EvictionRequestTerminator, Intent};
 

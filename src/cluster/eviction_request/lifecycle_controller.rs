@@ -1,0 +1,634 @@
+//! The eviction-request controller of nodegrace's `lifecycle.nodegrace.dev` CRDs for this
+//! node's pods: on a cluster without the in-tree API of Kubernetes 1.37 it does what the
+//! in-tree evictionrequest-controller and imperative eviction responder do there, as
+//! [`crate::plan::evictions`] decides. Three watches (the EvictionRequests labelled for this
+//! node, the unlabelled ones, the Evictions labelled for this node), the drain engine's pod
+//! cache and timers mark a pod to look at; each look decides on the caches and writes what
+//! changed, every status write guarded by the resourceVersion it was decided on, so a look on
+//! a stale cache is refused by the apiserver and looked at again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest, ResponderStatus};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, store::Writer, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::controller::Message;
+use super::lifecycle_api::{typed, LifecycleApi};
+use super::{BlockSink, ControllerHandle, WallClock, NODE_LABEL};
+use crate::cluster::backoff::WatchBackoff;
+use crate::cluster::evict::{self, Outcome};
+use crate::cluster::{error_text, FIELD_MANAGER};
+use crate::plan::evictions::{
+    decide, decide_evictor, evictor_attempted, Decision, EvictionOutcome, EvictorDecision,
+    PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
+};
+
+/// A pod by namespace and name, as EvictionRequests and Evictions name it.
+type Target = (String, String);
+
+/// How soon a look refused for a stale cache is tried again.
+const STALE_RETRY: Duration = Duration::from_millis(200);
+
+pub(crate) struct LifecycleController {
+    api: LifecycleApi,
+    /// nodegrace's identity: requests, Evictions, events.
+    client: Client,
+    /// The kubelet's identity: the Eviction API, confined to the node's pods.
+    evictor: Client,
+    node: String,
+    pods: Store<Pod>,
+    recorder: Recorder,
+    blocks: Option<BlockSink>,
+    clock: WallClock,
+    shutting_down: Arc<AtomicBool>,
+    rx: mpsc::UnboundedReceiver<Message>,
+}
+
+/// What the controller remembers between looks.
+#[derive(Default)]
+struct Memory {
+    /// The evictor's cap on its back-off (shorter during a shutdown).
+    backoff_cap: Option<Duration>,
+    /// Per pod UID: the evictor's last refused attempt.
+    last_attempt: HashMap<String, Timestamp>,
+    /// Per pod UID: the Eviction API accepted; not asked again until the cache shows it.
+    evicted: BTreeSet<String>,
+    /// Problems already told, `<uid>/<sentence>`.
+    told: BTreeSet<String>,
+    timers: BTreeMap<Timestamp, BTreeSet<Target>>,
+}
+
+/// The watched objects.
+struct Caches {
+    ours: Store<DynamicObject>,
+    unclaimed: Store<DynamicObject>,
+    evictions: Store<DynamicObject>,
+}
+
+impl LifecycleController {
+    pub(crate) fn new(
+        client: Client,
+        evictor: Client,
+        node: &str,
+        pods: Store<Pod>,
+        clock: WallClock,
+    ) -> (Self, ControllerHandle) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "nodegrace".to_owned(),
+                instance: Some(node.to_owned()),
+            },
+        );
+        (
+            Self {
+                api: LifecycleApi::nodegrace(),
+                client,
+                evictor,
+                node: node.to_owned(),
+                pods,
+                recorder,
+                blocks: None,
+                clock,
+                shutting_down: Arc::new(AtomicBool::new(false)),
+                rx,
+            },
+            ControllerHandle::from_sender(tx),
+        )
+    }
+
+    pub(crate) fn reporting_blocks_to(mut self, blocks: BlockSink) -> Self {
+        self.blocks = Some(blocks);
+        self
+    }
+
+    pub(crate) fn retrying_as_in_shutdown_when(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.shutting_down = flag;
+        self
+    }
+
+    fn watch(
+        &self,
+        resource: &Api<DynamicObject>,
+        writer: Writer<DynamicObject>,
+        selector: String,
+    ) -> impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> {
+        reflector::reflector(
+            writer,
+            watcher(
+                resource.clone(),
+                watcher::Config::default().labels(&selector),
+            ),
+        )
+        .backoff(WatchBackoff::new(self.shutting_down.clone()))
+    }
+
+    /// Runs until `stop`.
+    pub(crate) async fn run(mut self, stop: CancellationToken) -> Result<()> {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            r = self.pods.wait_until_ready() => r.context("the node's pod watch ended")?,
+        }
+        let requests = self.api.requests(&self.client, None);
+        let evictions = self.api.evictions(&self.client, None);
+        let request_type = self.api.request_resource();
+        let eviction_type = self.api.eviction_resource();
+        let (w_ours, w_unclaimed, w_evictions) = (
+            Writer::new(request_type.clone()),
+            Writer::new(request_type),
+            Writer::new(eviction_type),
+        );
+        let caches = Caches {
+            ours: w_ours.as_reader(),
+            unclaimed: w_unclaimed.as_reader(),
+            evictions: w_evictions.as_reader(),
+        };
+        let mine = format!("{NODE_LABEL}={}", self.node);
+        let mut events = futures::stream::select_all([
+            self.watch(&requests, w_ours, mine.clone()).boxed(),
+            self.watch(&requests, w_unclaimed, format!("!{NODE_LABEL}"))
+                .boxed(),
+            self.watch(&evictions, w_evictions, mine).boxed(),
+        ]);
+        info!(node = %self.node, api = %self.api.group(), "eviction-request controller started");
+        let mut memory = Memory::default();
+        let mut dirty: BTreeSet<Target> = BTreeSet::new();
+        loop {
+            while let Some(target) = dirty.pop_first() {
+                self.look(&caches, &target, &mut memory).await;
+            }
+            let next = memory.timers.keys().next().copied();
+            let sleep = next.map(|at| {
+                let now = self.clock.now();
+                at.duration_since(now)
+                    .max(k8s_openapi::jiff::SignedDuration::ZERO)
+                    .unsigned_abs()
+            });
+            tokio::select! {
+                () = stop.cancelled() => {
+                    info!(node = %self.node, "eviction-request controller stopped");
+                    return Ok(());
+                }
+                event = events.next() => match event {
+                    Some(Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o))) => {
+                        dirty.extend(target_of(&o));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(err)) => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
+                    None => anyhow::bail!("the lifecycle.nodegrace.dev watches ended"),
+                },
+                message = self.rx.recv() => match message {
+                    Some(Message::PodChanged { namespace, uid }) => {
+                        dirty.extend(self.pod_name(&namespace, &uid).map(|n| (namespace, n)));
+                    }
+                    Some(Message::BackoffMax(cap)) => {
+                        memory.backoff_cap = Some(cap);
+                        dirty.extend(all_targets(&caches));
+                    }
+                    Some(_) => {}
+                    None => std::future::pending::<()>().await,
+                },
+                () = sleep_opt(sleep) => {
+                    let now = self.clock.now();
+                    let later = memory.timers.split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
+                    for (_, due) in std::mem::replace(&mut memory.timers, later) {
+                        dirty.extend(due);
+                    }
+                }
+            }
+        }
+    }
+
+    fn pod_name(&self, namespace: &str, uid: &str) -> Option<String> {
+        self.pods
+            .state()
+            .iter()
+            .find(|p| {
+                p.metadata.namespace.as_deref() == Some(namespace)
+                    && p.metadata.uid.as_deref() == Some(uid)
+            })
+            .and_then(|p| p.metadata.name.clone())
+    }
+
+    fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.state().into_iter().find(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace)
+                && p.metadata.name.as_deref() == Some(name)
+        })
+    }
+
+    /// Decides for one pod and writes what changed.
+    async fn look(&self, caches: &Caches, target: &Target, memory: &mut Memory) {
+        if let Err(err) = self.try_look(caches, target, memory).await {
+            let now = self.clock.now();
+            let stale = err
+                .chain()
+                .filter_map(|c| c.downcast_ref::<kube::Error>())
+                .any(|e| matches!(api_error_code_of(e), Some(409)));
+            if !stale {
+                warn!(node = %self.node, pod = %format!("{}/{}", target.0, target.1), error = error_text(&err), "eviction-request controller: a write failed; trying again");
+            }
+            let again = if stale {
+                STALE_RETRY
+            } else {
+                crate::plan::reachability::request_retry(
+                    self.shutting_down.load(Ordering::Relaxed),
+                    rand::random::<f64>(),
+                )
+            };
+            memory
+                .timers
+                .entry(now.checked_add(again).unwrap_or(now))
+                .or_default()
+                .insert(target.clone());
+        }
+    }
+
+    async fn try_look(&self, caches: &Caches, target: &Target, memory: &mut Memory) -> Result<()> {
+        let (namespace, name) = target;
+        let about = |o: &DynamicObject| {
+            o.metadata.namespace.as_deref() == Some(namespace)
+                && target_of(o).is_some_and(|(_, n)| &n == name)
+        };
+        let pod = self.pod(namespace, name);
+        let labelled: Vec<EvictionRequest> = caches
+            .ours
+            .state()
+            .iter()
+            .filter(|o| about(o))
+            .map(|o| typed(o))
+            .collect::<Result<_>>()?;
+        let unclaimed: Vec<Arc<DynamicObject>> = caches
+            .unclaimed
+            .state()
+            .into_iter()
+            .filter(|o| about(o))
+            .collect();
+        // A pod not in this node's cache is another node's, unless a request was claimed.
+        if pod.is_none() && labelled.is_empty() {
+            return Ok(());
+        }
+        let mut requests = labelled;
+        for o in unclaimed {
+            requests.push(self.claim(&o).await?);
+        }
+        let evictions: Vec<Eviction> = caches
+            .evictions
+            .state()
+            .iter()
+            .filter(|o| about(o))
+            .map(|o| typed(o))
+            .collect::<Result<_>>()?;
+        let uids: BTreeSet<String> = requests
+            .iter()
+            .filter_map(|r| r.spec.target.pod.as_ref().map(|p| p.uid.clone()))
+            .collect();
+        let now = self.clock.now();
+        for uid in uids {
+            let facts = self.facts(pod.as_deref(), &uid, memory);
+            let target = TargetRef {
+                name: name.clone(),
+                uid: uid.clone(),
+            };
+            let decision = decide(&target, &facts, &requests, &evictions, now);
+            self.tell(pod.as_deref(), &uid, &decision.problems, memory).await;
+            let wake = decision.wake_at;
+            let current = self.apply(namespace, &decision, &evictions).await?;
+            let mut evictor_wake = None;
+            if let Some(eviction) = current {
+                evictor_wake = self
+                    .run_evictor(namespace, name, &uid, &facts, &eviction, memory)
+                    .await?;
+            }
+            for at in [wake, evictor_wake].into_iter().flatten() {
+                memory.timers.entry(at).or_default().insert(target_key(namespace, name));
+            }
+        }
+        Ok(())
+    }
+
+    fn facts(&self, pod: Option<&Pod>, uid: &str, memory: &mut Memory) -> PodFacts {
+        let Some(pod) = pod else {
+            memory.evicted.remove(uid);
+            return PodFacts {
+                presence: Presence::Absent,
+                kind: PodKind::Regular,
+                in_pod_group: false,
+                responders: Vec::new(),
+            };
+        };
+        if pod.metadata.uid.as_deref() != Some(uid) {
+            return PodFacts {
+                presence: Presence::Replaced {
+                    uid: pod.metadata.uid.clone().unwrap_or_default(),
+                },
+                kind: PodKind::Regular,
+                in_pod_group: false,
+                responders: Vec::new(),
+            };
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let deletion = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+        let presence = match (phase, deletion) {
+            (Some("Succeeded" | "Failed"), d) => Presence::Terminal {
+                deletion_timestamp: d,
+            },
+            (_, Some(d)) => Presence::Terminating {
+                deletion_timestamp: d,
+            },
+            _ => Presence::Running,
+        };
+        if !matches!(presence, Presence::Running) {
+            memory.evicted.remove(uid);
+        }
+        let mirror = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+        let daemonset = pod.metadata.owner_references.iter().flatten().any(|o| {
+            o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1"
+        });
+        let kind = match (mirror, daemonset) {
+            (true, _) => PodKind::Mirror,
+            (false, true) => PodKind::DaemonSet,
+            _ => PodKind::Regular,
+        };
+        let spec = pod.spec.as_ref();
+        let check = crate::plan::intree::check_responders(
+            spec.and_then(|s| s.eviction_responders.as_deref()),
+            pod.metadata.annotations.as_ref(),
+            crate::api::INTERCEPTOR_ANNOTATION_PREFIX,
+        );
+        PodFacts {
+            presence,
+            kind,
+            in_pod_group: spec.is_some_and(|s| s.scheduling_group.is_some()),
+            responders: check.responders,
+        }
+    }
+
+    /// Labels an unlabelled request about one of this node's pods for this node.
+    async fn claim(&self, request: &DynamicObject) -> Result<EvictionRequest> {
+        let ns = request.metadata.namespace.as_deref().unwrap_or_default();
+        let name = request.metadata.name.as_deref().unwrap_or_default();
+        let patch = json!({"metadata": {
+            "resourceVersion": request.metadata.resource_version,
+            "labels": {NODE_LABEL: self.node},
+        }});
+        let written = self
+            .api
+            .requests(&self.client, Some(ns))
+            .patch(name, &params(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("labelling EvictionRequest {ns}/{name} for this node"))?;
+        info!(node = %self.node, request = %format!("{ns}/{name}"), "claimed an EvictionRequest about this node's pod");
+        typed(&written)
+    }
+
+    /// Writes `decision`; returns the Eviction it leaves in charge of the pod, if any.
+    async fn apply(
+        &self,
+        namespace: &str,
+        decision: &Decision,
+        known: &[Eviction],
+    ) -> Result<Option<Eviction>> {
+        let api = self.api.evictions(&self.client, Some(namespace));
+        let mut current: Option<Eviction> = None;
+        if let Some(new) = &decision.create {
+            let mut new = new.clone();
+            new.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(NODE_LABEL.to_owned(), self.node.clone());
+            let status = new.status.take();
+            let name = new.metadata.name.clone().unwrap_or_default();
+            let created = api
+                .create(&PostParams::default(), &self.api.to_dynamic(&new)?)
+                .await
+                .with_context(|| format!("creating Eviction {namespace}/{name}"))?;
+            info!(node = %self.node, eviction = %format!("{namespace}/{name}"), "created an Eviction");
+            let mut created: Eviction = typed(&created)?;
+            if let Some(status) = status {
+                created = self.write_status(&api, &created, json!(status)).await?;
+            }
+            current = Some(created);
+        }
+        for (name, metadata) in &decision.eviction_metadata {
+            let mut labels = metadata.labels.clone();
+            labels.insert(NODE_LABEL.to_owned(), self.node.clone());
+            let patch = json!({"metadata": {"labels": labels, "ownerReferences": metadata.owner_references}});
+            api.patch(name, &params(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("labelling Eviction {namespace}/{name}"))?;
+        }
+        for (name, status) in &decision.eviction_statuses {
+            let Some(old) = known.iter().find(|e| e.metadata.name.as_deref() == Some(name)) else {
+                continue;
+            };
+            current = Some(self.write_status(&api, old, json!(status)).await?);
+        }
+        let requests = self.api.requests(&self.client, Some(namespace));
+        for (name, status) in &decision.request_statuses {
+            let patch = json!({"status": status});
+            match requests.patch_status(name, &params(), &Patch::Merge(&patch)).await {
+                Ok(_) => {}
+                Err(err) if api_error_code_of(&err) == Some(404) => {}
+                Err(err) => {
+                    return Err(err).with_context(|| {
+                        format!("writing the status of EvictionRequest {namespace}/{name}")
+                    })
+                }
+            }
+        }
+        if current.is_none() {
+            current = known
+                .iter()
+                .find(|e| !crate::plan::evictions::eviction_is_final(e))
+                .cloned();
+        }
+        Ok(current)
+    }
+
+    /// Replaces the status of `eviction`, refused when it changed since it was read.
+    async fn write_status(
+        &self,
+        api: &Api<DynamicObject>,
+        eviction: &Eviction,
+        status: serde_json::Value,
+    ) -> Result<Eviction> {
+        let name = eviction.metadata.name.clone().unwrap_or_default();
+        let patch = json!({
+            "metadata": {"resourceVersion": eviction.metadata.resource_version},
+            "status": status,
+        });
+        let written = api
+            .patch_status(&name, &params(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("writing the status of Eviction {name}"))?;
+        typed(&written)
+    }
+
+    /// nodegrace's imperative evictor, when it is the Eviction's active responder.
+    async fn run_evictor(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        facts: &PodFacts,
+        eviction: &Eviction,
+        memory: &mut Memory,
+    ) -> Result<Option<Timestamp>> {
+        let cap = memory.backoff_cap.unwrap_or(EVICTOR_BACKOFF_CAP);
+        let now = self.clock.now();
+        let mut d = decide_evictor(
+            eviction,
+            name,
+            facts,
+            memory.last_attempt.get(uid).copied(),
+            cap,
+            now,
+        );
+        if d.evict_now && memory.evicted.contains(uid) {
+            d = EvictorDecision {
+                evict_now: false,
+                status: None,
+                wake_at: None,
+            };
+        }
+        if d.evict_now {
+            let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
+            let outcome = match evict::evict(&pods, name, uid, None).await {
+                Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
+                Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
+                    error: budget.map_or(message.clone(), |b| format!("{message} (PodDisruptionBudget {b})")),
+                    retry_after: None,
+                },
+                Err(err) => EvictionOutcome::Refused {
+                    error: error_text(&err),
+                    retry_after: None,
+                },
+            };
+            match &outcome {
+                EvictionOutcome::Evicted => {
+                    memory.last_attempt.remove(uid);
+                    memory.evicted.insert(uid.to_owned());
+                    info!(node = %self.node, pod = %format!("{namespace}/{name}"), "evicted the pod through the Eviction API (imperative evictor)");
+                    if let Some(blocks) = &self.blocks {
+                        blocks(uid, None);
+                    }
+                }
+                EvictionOutcome::Refused { error, .. } => {
+                    memory.last_attempt.insert(uid.to_owned(), now);
+                    if let Some(blocks) = &self.blocks {
+                        blocks(uid, Some(error.clone()));
+                    }
+                }
+            }
+            d = evictor_attempted(eviction, name, &outcome, cap, now);
+        }
+        if let Some(entry) = d.status {
+            self.write_evictor_entry(namespace, eviction, entry).await?;
+        }
+        Ok(d.wake_at)
+    }
+
+    async fn write_evictor_entry(
+        &self,
+        namespace: &str,
+        eviction: &Eviction,
+        entry: ResponderStatus,
+    ) -> Result<()> {
+        let mut responders = eviction
+            .status
+            .as_ref()
+            .and_then(|s| s.responders.clone())
+            .unwrap_or_default();
+        match responders.iter_mut().find(|r| r.name == entry.name) {
+            Some(r) => *r = entry,
+            None => return Ok(()),
+        }
+        let api = self.api.evictions(&self.client, Some(namespace));
+        self.write_status(&api, eviction, json!({"responders": responders}))
+            .await
+            .map(|_| ())
+    }
+
+    /// Logs and records on the pod each problem once.
+    async fn tell(&self, pod: Option<&Pod>, uid: &str, problems: &[String], memory: &mut Memory) {
+        for problem in problems {
+            if !memory.told.insert(format!("{uid}/{problem}")) {
+                continue;
+            }
+            warn!(node = %self.node, pod_uid = %uid, "eviction request: {problem}");
+            let Some(pod) = pod else { continue };
+            let reference: ObjectReference = pod.object_ref(&());
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "EvictionRequestInvalid".into(),
+                note: Some(problem.chars().take(1000).collect()),
+                action: "Evict".into(),
+                secondary: None,
+            };
+            if let Err(err) = self.recorder.publish(&event, &reference).await {
+                debug!(error = %err, "recording an event failed");
+            }
+        }
+    }
+}
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+fn api_error_code_of(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+fn target_key(namespace: &str, name: &str) -> Target {
+    (namespace.to_owned(), name.to_owned())
+}
+
+/// The pod an EvictionRequest or Eviction is about.
+fn target_of(object: &DynamicObject) -> Option<Target> {
+    let ns = object.metadata.namespace.clone()?;
+    let name = object.data.pointer("/spec/target/pod/name")?.as_str()?;
+    Some((ns, name.to_owned()))
+}
+
+fn all_targets(caches: &Caches) -> Vec<Target> {
+    [&caches.ours, &caches.unclaimed, &caches.evictions]
+        .into_iter()
+        .flat_map(|s| s.state())
+        .filter_map(|o| target_of(&o))
+        .collect()
+}
+
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
