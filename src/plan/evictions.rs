@@ -158,7 +158,7 @@ pub(crate) struct Decision {
 
 impl Decision {
     /// Whether there is nothing to write.
-    pub fn is_quiet(&self) -> bool {
+    pub(crate) fn is_quiet(&self) -> bool {
         self.create.is_none()
             && self.eviction_statuses.is_empty()
             && self.eviction_metadata.is_empty()
