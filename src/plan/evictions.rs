@@ -1,0 +1,1156 @@
+//! nodegrace's own eviction-request controller for its `lifecycle.nodegrace.dev/v1alpha1`
+//! EvictionRequest and Eviction CRDs, whose spec and status are the in-tree
+//! `lifecycle.k8s.io/v1alpha1` types: what Kubernetes 1.37's `evictionrequest-controller` and
+//! `imperative-eviction-responder-controller` do, decided for one target pod. No I/O.
+//!
+//! - [`decide`]: from the EvictionRequests naming the pod, the pod's facts and the Evictions of
+//!   its name, the Eviction to create, the statuses and metadata to write, when to look again.
+//! - [`decide_evictor`] and [`evictor_attempted`]: nodegrace's default responder
+//!   ([`NODEGRACE_EVICTOR`]), which calls the Eviction API with back-off when it is Active.
+//!
+//! Written to the upstream controllers (kubernetes/kubernetes `pkg/controller/evictionrequest`,
+//! `pkg/controller/imperativeevictionresponder`, 1.37) and to the API's doc comments. Every
+//! returned write is the whole desired value: applying it twice changes nothing, and deciding
+//! again on the world it produced returns nothing to write.
+
+// The adapter that applies these decisions is wired separately; until then only tests call in.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::lifecycle::v1alpha1::{
+    Eviction, EvictionPodReference, EvictionRequest, EvictionRequestStatus, EvictionSpec,
+    EvictionStatus, EvictionTarget, Requester, ResponderStatus, TargetResponder,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::intree::{
+    domain_prefixed_key_problem, DeclaredResponder, INTENT_EVICTION, INTENT_WITHDRAWN,
+};
+use super::intree::{MAX_POD_RESPONDERS, MAX_RESPONDER_PRIORITY};
+
+/// nodegrace's default responder, in the place of the in-tree `imperative-eviction.k8s.io/evictor`
+/// (`*.k8s.io` names are Kubernetes' own). It calls the Eviction API.
+pub(crate) const NODEGRACE_EVICTOR: &str = "imperative-eviction.nodegrace.dev/evictor";
+/// The default responder's priority, as upstream's.
+pub(crate) const EVICTOR_PRIORITY: i32 = 100;
+/// `apiVersion` of nodegrace's EvictionRequest CRD, for the owner references of Evictions.
+pub(crate) const CRD_API_VERSION: &str = "lifecycle.nodegrace.dev/v1alpha1";
+
+/// Upstream `ResponderHeartbeatTimeout`: an Active responder silent for this long is Interrupted.
+pub(crate) const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(20 * 60);
+/// Upstream `GracefulCompletionDelay`: once a deleted pod is terminal, the Active responder
+/// has this long after the deletion timestamp to report completion before it is Interrupted.
+pub(crate) const GRACEFUL_COMPLETION_DELAY: Duration = Duration::from_secs(5);
+/// `status.targetResponders` and `status.responders` hold at most this many entries.
+pub(crate) const MAX_TARGET_RESPONDERS: usize = 11;
+/// `status.requesters` holds at most this many entries (Withdrawn ones dropped first).
+pub(crate) const MAX_REQUESTERS: usize = 100;
+
+/// The evictor's first back-off (upstream `heartbeatMinDurationBetweenUpdates`), doubled per
+/// failed attempt.
+pub(crate) const EVICTOR_BACKOFF_BASE: Duration = Duration::from_secs(5);
+/// Upstream's back-off cap (`maxImperativeEvictionBackoff`; the KEP says "approx. 15 minutes",
+/// the code has 10). A shutdown passes a shorter one.
+pub(crate) const EVICTOR_BACKOFF_CAP: Duration = Duration::from_secs(10 * 60);
+/// The evictor heartbeats at least this often (upstream `heartbeatMaxDurationBetweenUpdates`),
+/// far inside [`HEARTBEAT_DEADLINE`].
+pub(crate) const EVICTOR_HEARTBEAT: Duration = Duration::from_secs(3 * 60);
+
+/// `TargetResponder.state` values.
+pub(crate) const INACTIVE: &str = "Inactive";
+pub(crate) const ACTIVE: &str = "Active";
+pub(crate) const INTERRUPTED: &str = "Interrupted";
+pub(crate) const CANCELED: &str = "Canceled";
+pub(crate) const COMPLETED: &str = "Completed";
+
+/// Condition types and reasons of Evictions and EvictionRequests (upstream names).
+pub(crate) const FAILED: &str = "Failed";
+pub(crate) const TARGET_EVICTED: &str = "TargetEvicted";
+pub(crate) const AWAITING_EVICTION: &str = "AwaitingEviction";
+pub(crate) const EVICTION_INVALID: &str = "EvictionInvalid";
+pub(crate) const CANCELED_DUE_TO_NO_REQUESTERS: &str = "CanceledDueToNoRequesters";
+pub(crate) const SUCCEEDED: &str = "Succeeded";
+pub(crate) const NO_FURTHER_RESPONDER: &str = "NoFurtherResponder";
+pub(crate) const POD_DELETED: &str = "PodDeleted";
+pub(crate) const POD_TERMINAL: &str = "PodTerminal";
+pub(crate) const EVICTION_FAILED: &str = "EvictionFailed";
+
+/// `EvictionParticipantRole` label values on an Eviction, keyed by participant name.
+pub(crate) const ROLE_REQUESTER: &str = "requester";
+pub(crate) const ROLE_RESPONDER: &str = "responder";
+pub(crate) const ROLE_REQUESTER_RESPONDER: &str = "requester-responder";
+
+/// The pod an eviction is about, as the requests name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TargetRef {
+    pub name: String,
+    pub uid: String,
+}
+
+/// Where the target pod (this UID) stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Presence {
+    /// No pod of that name.
+    Absent,
+    /// A pod of that name with another UID: the target was deleted and replaced.
+    Replaced {
+        uid: String,
+    },
+    Running,
+    /// `metadata.deletionTimestamp` set, not yet terminal.
+    Terminating {
+        deletion_timestamp: Timestamp,
+    },
+    /// Phase Succeeded or Failed.
+    Terminal {
+        deletion_timestamp: Option<Timestamp>,
+    },
+}
+
+impl Presence {
+    fn gone(&self) -> bool {
+        matches!(self, Presence::Absent | Presence::Replaced { .. })
+    }
+}
+
+/// Pods the Eviction API must not be asked about (the KEP: "API-initiated eviction of
+/// DaemonSet pods and mirror pods is not supported"); nodegrace's drain handles them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PodKind {
+    Regular,
+    DaemonSet,
+    Mirror,
+}
+
+/// What the decisions need to know of the target pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PodFacts {
+    pub presence: Presence,
+    pub kind: PodKind,
+    /// `spec.schedulingGroup` is set: pods of a PodGroup are not supported (EvictionInvalid).
+    pub in_pod_group: bool,
+    /// The responders the pod declares (`spec.evictionResponders` or nodegrace's annotation),
+    /// as [`super::intree::check_responders`] returned them.
+    pub responders: Vec<DeclaredResponder>,
+}
+
+/// What the controller decided for one target pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Decision {
+    /// An Eviction to create, its status included: create it, then write the status through
+    /// the status subresource (which a create ignores).
+    pub create: Option<Eviction>,
+    /// Eviction statuses to write (by Eviction name), only where they changed.
+    pub eviction_statuses: Vec<(String, EvictionStatus)>,
+    /// Labels and owner references to set on an existing Eviction, where they changed.
+    pub eviction_metadata: Vec<(String, EvictionMetadata)>,
+    /// EvictionRequest statuses to write (by request name), only where they changed.
+    pub request_statuses: Vec<(String, EvictionRequestStatus)>,
+    /// When to decide again if nothing else changes first.
+    pub wake_at: Option<Timestamp>,
+    /// Bad input, one sentence each, for a log line or an event.
+    pub problems: Vec<String>,
+}
+
+impl Decision {
+    /// Whether there is nothing to write.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.create.is_none()
+            && self.eviction_statuses.is_empty()
+            && self.eviction_metadata.is_empty()
+            && self.request_statuses.is_empty()
+    }
+}
+
+/// The metadata the controller manages on an Eviction: the whole label map and the owner
+/// references to hold (existing ones are never removed; garbage collection does that).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EvictionMetadata {
+    pub labels: BTreeMap<String, String>,
+    pub owner_references: Vec<OwnerReference>,
+}
+
+fn ts(t: &Time) -> Timestamp {
+    t.0
+}
+
+fn after(t: Timestamp, d: Duration) -> Timestamp {
+    let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+    t.checked_add(d).unwrap_or(Timestamp::MAX)
+}
+
+fn elapsed(now: Timestamp, since: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO)
+}
+
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn find<'a>(conditions: Option<&'a Vec<Condition>>, kind: &str) -> Option<&'a Condition> {
+    conditions?.iter().find(|c| c.type_ == kind)
+}
+
+fn is_true(conditions: Option<&Vec<Condition>>, kind: &str) -> bool {
+    find(conditions, kind).is_some_and(|c| c.status == "True")
+}
+
+fn eviction_conditions(e: &Eviction) -> Option<&Vec<Condition>> {
+    e.status.as_ref().and_then(|s| s.conditions.as_ref())
+}
+
+/// `TargetEvicted=True` or `Failed=True`: an Eviction is never changed again.
+pub(crate) fn eviction_is_final(e: &Eviction) -> bool {
+    is_true(eviction_conditions(e), TARGET_EVICTED) || is_true(eviction_conditions(e), FAILED)
+}
+
+/// A condition as upstream's `setCondition` writes it: the transition time kept while the
+/// status stays the same.
+fn condition(
+    existing: Option<&Vec<Condition>>,
+    kind: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Condition {
+    let since = find(existing, kind)
+        .filter(|c| c.status == status && c.last_transition_time.0 != Timestamp::UNIX_EPOCH)
+        .map_or(now, |c| ts(&c.last_transition_time));
+    Condition {
+        type_: kind.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        last_transition_time: Time(since),
+        observed_generation: None,
+    }
+}
+
+/// Replaces the `Failed` and `TargetEvicted` conditions, keeping any other type as it is.
+fn with_conditions(existing: Option<&Vec<Condition>>, pair: [Condition; 2]) -> Vec<Condition> {
+    let mut out: Vec<Condition> = existing
+        .into_iter()
+        .flatten()
+        .filter(|c| c.type_ != FAILED && c.type_ != TARGET_EVICTED)
+        .cloned()
+        .collect();
+    out.extend(pair);
+    out
+}
+
+fn target_of(e: &Eviction) -> Option<(&str, &str)> {
+    e.spec
+        .target
+        .pod
+        .as_ref()
+        .map(|p| (p.name.as_str(), p.uid.as_str()))
+}
+
+fn request_target(r: &EvictionRequest) -> Option<(&str, &str)> {
+    r.spec
+        .target
+        .pod
+        .as_ref()
+        .map(|p| (p.name.as_str(), p.uid.as_str()))
+}
+
+fn name_of(meta: &ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or_default()
+}
+
+fn deleted(r: &EvictionRequest) -> bool {
+    r.metadata.deletion_timestamp.is_some()
+}
+
+/// A request counts for eviction while it exists, is not being deleted and says `Eviction`.
+fn wants_eviction(r: &EvictionRequest) -> bool {
+    !deleted(r) && r.spec.intent == INTENT_EVICTION
+}
+
+/// The name of a new Eviction of pod `pod_name` (upstream `newEvictionName`): `pod-<n>-<name>`
+/// with `n` one above the highest counter among `existing` names of the same pod name, cut to
+/// 253 characters (a cut name shares its counters with pod names of the same prefix).
+pub(crate) fn eviction_name<'a>(
+    pod_name: &str,
+    existing: impl IntoIterator<Item = &'a str>,
+) -> String {
+    const MAX: usize = 253;
+    let highest = existing
+        .into_iter()
+        .filter_map(|name| {
+            let rest = name.strip_prefix("pod-")?;
+            let (counter, named) = rest.split_once('-')?;
+            if counter.is_empty() || !counter.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let same = named == pod_name || (name.len() == MAX && pod_name.starts_with(named));
+            same.then(|| counter.parse::<u64>().ok()).flatten()
+        })
+        .max()
+        .unwrap_or(0);
+    let mut name = format!("pod-{}-{pod_name}", highest.saturating_add(1));
+    name.truncate(MAX);
+    name
+}
+
+/// Upstream's responder order: higher priority first; among equal priorities, the name whose
+/// domain labels compare first from the top-level label down, then the key.
+pub(crate) fn responder_order(a: (&str, i32), b: (&str, i32)) -> Ordering {
+    fn parts(name: &str) -> (Vec<&str>, &str) {
+        let (domain, key) = name.split_once('/').unwrap_or((name, ""));
+        (domain.rsplit('.').collect(), key)
+    }
+    b.1.cmp(&a.1).then_with(|| parts(a.0).cmp(&parts(b.0)))
+}
+
+fn sort_target_responders(list: &mut [TargetResponder]) {
+    list.sort_by(|a, b| responder_order((&a.name, a.priority), (&b.name, b.priority)));
+}
+
+/// The first `status.targetResponders` of a pod: its declared responders (invalid and
+/// duplicate ones dropped, the highest [`MAX_POD_RESPONDERS`] kept) and [`NODEGRACE_EVICTOR`]
+/// at [`EVICTOR_PRIORITY`], all Inactive, in selection order.
+pub(crate) fn initial_target_responders(
+    declared: &[DeclaredResponder],
+    problems: &mut Vec<String>,
+) -> Vec<TargetResponder> {
+    let mut seen = BTreeSet::from([NODEGRACE_EVICTOR]);
+    let mut list = Vec::new();
+    for r in declared {
+        if let Some(why) = domain_prefixed_key_problem(&r.name) {
+            problems.push(format!("responder {:?} skipped: {why}", r.name));
+            continue;
+        }
+        let Some(priority) = i32::try_from(r.priority)
+            .ok()
+            .filter(|p| (0..=MAX_RESPONDER_PRIORITY).contains(p))
+        else {
+            problems.push(format!(
+                "responder {} skipped: priority {} is outside 0..={MAX_RESPONDER_PRIORITY}",
+                r.name, r.priority
+            ));
+            continue;
+        };
+        if !seen.insert(r.name.as_str()) {
+            problems.push(format!(
+                "responder {} is declared more than once; the first declaration counts",
+                r.name
+            ));
+            continue;
+        }
+        list.push(TargetResponder {
+            name: r.name.clone(),
+            priority,
+            state: INACTIVE.to_owned(),
+        });
+    }
+    sort_target_responders(&mut list);
+    if list.len() > MAX_POD_RESPONDERS {
+        let dropped: Vec<String> = list
+            .drain(MAX_POD_RESPONDERS..)
+            .map(|r| format!("{}={}", r.name, r.priority))
+            .collect();
+        problems.push(format!(
+            "more than {MAX_POD_RESPONDERS} responders declared; the lowest-priority ones never run: {}",
+            dropped.join(", ")
+        ));
+    }
+    list.push(TargetResponder {
+        name: NODEGRACE_EVICTOR.to_owned(),
+        priority: EVICTOR_PRIORITY,
+        state: INACTIVE.to_owned(),
+    });
+    sort_target_responders(&mut list);
+    list
+}
+
+/// `status.requesters` merged as upstream does: one entry per requester name, requests that
+/// exist before names only the status remembers (as Withdrawn), then those with the Eviction
+/// intent, older first; cut to [`MAX_REQUESTERS`], so Withdrawn ones are dropped first.
+fn merge_requesters(previous: &[Requester], requests: &[&EvictionRequest]) -> Vec<Requester> {
+    let mut current: Vec<&EvictionRequest> = requests.to_vec();
+    current.sort_by(|a, b| {
+        deleted(a)
+            .cmp(&deleted(b))
+            .then_with(|| wants_eviction(b).cmp(&wants_eviction(a)))
+            .then_with(|| {
+                let t = |r: &EvictionRequest| r.metadata.creation_timestamp.as_ref().map(ts);
+                t(a).cmp(&t(b))
+            })
+            .then_with(|| a.spec.requester.cmp(&b.spec.requester))
+    });
+    let mut out: Vec<Requester> = Vec::new();
+    let mut seen = BTreeSet::new();
+    let from_requests = current.iter().map(|r| Requester {
+        name: r.spec.requester.clone(),
+        intent: if deleted(r) {
+            INTENT_WITHDRAWN.to_owned()
+        } else {
+            r.spec.intent.clone()
+        },
+    });
+    let remembered = previous.iter().map(|p| Requester {
+        name: p.name.clone(),
+        intent: INTENT_WITHDRAWN.to_owned(),
+    });
+    for r in from_requests.chain(remembered) {
+        if out.len() >= MAX_REQUESTERS {
+            break;
+        }
+        if seen.insert(r.name.clone()) {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// What becomes of the responders (upstream `computeResponderProgression`): the states after
+/// this pass, whether no responder is left to try, and when to look again.
+fn progress_responders(
+    targets: &mut [TargetResponder],
+    statuses: &[ResponderStatus],
+    pod: &Presence,
+    canceled: bool,
+    now: Timestamp,
+) -> (bool, Option<Timestamp>) {
+    let Some(last) = targets.last() else {
+        return (false, None);
+    };
+    if matches!(last.state.as_str(), INTERRUPTED | CANCELED | COMPLETED) {
+        return (true, None);
+    }
+    let status_of = |name: &str| statuses.iter().find(|s| s.name == name);
+    let active = targets.iter().position(|t| t.state == ACTIVE);
+    if pod.gone() || matches!(pod, Presence::Terminal { .. }) {
+        let Some(i) = active else {
+            return (false, None);
+        };
+        let status = status_of(&targets[i].name);
+        if status.is_some_and(|s| s.completion_time.is_some()) {
+            targets[i].state = COMPLETED.to_owned();
+            return (false, None);
+        }
+        if let Some(at) = completion_deferred_until(status, pod, now) {
+            return (false, Some(at));
+        }
+        targets[i].state = INTERRUPTED.to_owned();
+        return (false, None);
+    }
+    if canceled {
+        if let Some(i) = active {
+            targets[i].state = CANCELED.to_owned();
+        }
+        return (false, None);
+    }
+    let Some(i) = active.or_else(|| targets.iter().position(|t| t.state == INACTIVE)) else {
+        return (false, None);
+    };
+    let (state, wake) = match status_of(&targets[i].name) {
+        None => (ACTIVE, Some(after(now, HEARTBEAT_DEADLINE))),
+        Some(s) if s.completion_time.is_some() => (COMPLETED, None),
+        Some(s) => {
+            let last = s
+                .heartbeat_time
+                .as_ref()
+                .or(s.start_time.as_ref())
+                .map_or(now, ts);
+            if elapsed(now, last) >= HEARTBEAT_DEADLINE {
+                (INTERRUPTED, None)
+            } else {
+                (ACTIVE, Some(after(last, HEARTBEAT_DEADLINE)))
+            }
+        }
+    };
+    targets[i].state = state.to_owned();
+    if state == ACTIVE {
+        return (false, wake);
+    }
+    match targets.get_mut(i + 1) {
+        Some(next) => {
+            next.state = ACTIVE.to_owned();
+            (false, Some(after(now, HEARTBEAT_DEADLINE)))
+        }
+        // Upstream notices this on its next pass; deciding it now saves a write.
+        None => (true, None),
+    }
+}
+
+/// Upstream `shouldDeferCompletion`: the Active responder of a pod that was deleted and is
+/// now terminal gets until [`GRACEFUL_COMPLETION_DELAY`] after the deletion timestamp to set
+/// its completion time. A pod no longer there defers nothing.
+fn completion_deferred_until(
+    status: Option<&ResponderStatus>,
+    pod: &Presence,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let status = status?;
+    if status.completion_time.is_some() {
+        return None;
+    }
+    let Presence::Terminal {
+        deletion_timestamp: Some(deleted_at),
+    } = pod
+    else {
+        return None;
+    };
+    let until = after(*deleted_at, GRACEFUL_COMPLETION_DELAY);
+    (until > now).then_some(until)
+}
+
+/// The status the controller wants for `eviction` (not final, of this target), and when to
+/// look again.
+fn eviction_status(
+    eviction: &Eviction,
+    pod: &PodFacts,
+    requests: &[&EvictionRequest],
+    now: Timestamp,
+    problems: &mut Vec<String>,
+) -> (EvictionStatus, Option<Timestamp>) {
+    let old = eviction.status.clone().unwrap_or_default();
+    let existing = old.conditions.as_ref();
+    let requesters = merge_requesters(old.requesters.as_deref().unwrap_or_default(), requests);
+    let gone = pod.presence.gone();
+    let terminal = matches!(pod.presence, Presence::Terminal { .. });
+    let canceled = !gone && !terminal && !requests.iter().any(|r| wants_eviction(r));
+
+    let mut targets = match old.target_responders.as_deref() {
+        Some(list) if !list.is_empty() => list.to_vec(),
+        _ if gone => Vec::new(),
+        _ => initial_target_responders(&pod.responders, problems),
+    };
+    sort_target_responders(&mut targets);
+    let old_statuses = old.responders.as_deref().unwrap_or_default();
+    let (no_further, mut wake) =
+        progress_responders(&mut targets, old_statuses, &pod.presence, canceled, now);
+
+    let responders: Vec<ResponderStatus> = targets
+        .iter()
+        .map(|t| {
+            let mut s = old_statuses
+                .iter()
+                .find(|s| s.name == t.name)
+                .cloned()
+                .unwrap_or_else(|| ResponderStatus {
+                    name: t.name.clone(),
+                    ..ResponderStatus::default()
+                });
+            if s.start_time.is_none() && t.state == ACTIVE {
+                s.start_time = Some(Time(now));
+            }
+            s
+        })
+        .collect();
+
+    let active_status = targets
+        .iter()
+        .find(|t| t.state == ACTIVE)
+        .and_then(|t| old_statuses.iter().find(|s| s.name == t.name));
+    let waiting_for_responder = if gone || terminal {
+        wake = completion_deferred_until(active_status, &pod.presence, now);
+        wake.is_some()
+    } else {
+        false
+    };
+    let c = |kind: &str, status: &str, reason: &str, message: &str| {
+        condition(existing, kind, status, reason, message, now)
+    };
+    let pair = if gone && !waiting_for_responder {
+        [
+            c(FAILED, "False", SUCCEEDED, ""),
+            c(
+                TARGET_EVICTED,
+                "True",
+                POD_DELETED,
+                "Target pod has been deleted",
+            ),
+        ]
+    } else if terminal && !waiting_for_responder {
+        [
+            c(FAILED, "False", SUCCEEDED, ""),
+            c(
+                TARGET_EVICTED,
+                "True",
+                POD_TERMINAL,
+                "Pod has reached terminal state",
+            ),
+        ]
+    } else if canceled {
+        [
+            c(
+                FAILED,
+                "True",
+                CANCELED_DUE_TO_NO_REQUESTERS,
+                "No active requesters with eviction intent",
+            ),
+            c(TARGET_EVICTED, "False", EVICTION_FAILED, ""),
+        ]
+    } else if no_further {
+        [
+            c(
+                FAILED,
+                "True",
+                NO_FURTHER_RESPONDER,
+                "All responders have completed without evicting the target",
+            ),
+            c(TARGET_EVICTED, "False", EVICTION_FAILED, ""),
+        ]
+    } else {
+        [
+            c(FAILED, "False", AWAITING_EVICTION, ""),
+            c(TARGET_EVICTED, "False", AWAITING_EVICTION, ""),
+        ]
+    };
+    if pair.iter().any(|c| c.status == "True") {
+        wake = None;
+    }
+    let status = EvictionStatus {
+        conditions: Some(with_conditions(existing, pair)),
+        observed_generation: Some(eviction.metadata.generation.unwrap_or(1)),
+        requesters: (!requesters.is_empty()).then_some(requesters),
+        target_responders: (!targets.is_empty()).then_some(targets),
+        responders: (!responders.is_empty()).then_some(responders),
+    };
+    (status, wake)
+}
+
+/// `Failed=True` (`EvictionInvalid`, `message`) and `TargetEvicted=False` (`EvictionFailed`).
+fn invalid_pair(
+    existing: Option<&Vec<Condition>>,
+    message: &str,
+    now: Timestamp,
+) -> [Condition; 2] {
+    [
+        condition(existing, FAILED, "True", EVICTION_INVALID, message, now),
+        condition(existing, TARGET_EVICTED, "False", EVICTION_FAILED, "", now),
+    ]
+}
+
+/// The labels (upstream's refresh loop): each requester with a request, each target
+/// responder, as `requester`, `responder` or `requester-responder`; labels with other values
+/// (not the controller's) kept.
+fn desired_labels(
+    existing: Option<&BTreeMap<String, String>>,
+    requests: &[&EvictionRequest],
+    responders: &[TargetResponder],
+) -> BTreeMap<String, String> {
+    let role = |v: &str| {
+        matches!(
+            v,
+            ROLE_REQUESTER | ROLE_RESPONDER | ROLE_REQUESTER_RESPONDER
+        )
+    };
+    let mut labels: BTreeMap<String, String> = existing
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !role(v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for r in requests {
+        labels.insert(r.spec.requester.clone(), ROLE_REQUESTER.to_owned());
+    }
+    for t in responders {
+        let value = if labels.get(&t.name).map(String::as_str) == Some(ROLE_REQUESTER) {
+            ROLE_REQUESTER_RESPONDER
+        } else {
+            ROLE_RESPONDER
+        };
+        labels.insert(t.name.clone(), value.to_owned());
+    }
+    labels
+}
+
+fn owner_reference(r: &EvictionRequest) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: CRD_API_VERSION.to_owned(),
+        kind: "EvictionRequest".to_owned(),
+        name: r.metadata.name.clone()?,
+        uid: r.metadata.uid.clone()?,
+        ..OwnerReference::default()
+    })
+}
+
+/// Existing EvictionRequest owner references kept (garbage collection removes them), one
+/// added for each request not being deleted.
+fn desired_owners(
+    existing: &[OwnerReference],
+    requests: &[&EvictionRequest],
+) -> Vec<OwnerReference> {
+    let mut out = existing.to_vec();
+    for r in requests.iter().filter(|r| !deleted(r)) {
+        if let Some(o) = owner_reference(r) {
+            if !out.iter().any(|x| x.kind == o.kind && x.uid == o.uid) {
+                out.push(o);
+            }
+        }
+    }
+    out
+}
+
+/// An EvictionRequest status with `conditions` (whole value: other types kept).
+fn request_status(r: &EvictionRequest, pair: [Condition; 2]) -> EvictionRequestStatus {
+    let existing = r.status.as_ref().and_then(|s| s.conditions.as_ref());
+    EvictionRequestStatus {
+        conditions: Some(with_conditions(existing, pair)),
+        observed_generation: Some(r.metadata.generation.unwrap_or(1)),
+    }
+}
+
+/// A request upstream stops syncing: `TargetEvicted=True` or `Failed=True` for `EvictionInvalid`.
+fn request_is_final(r: &EvictionRequest) -> bool {
+    let conditions = r.status.as_ref().and_then(|s| s.conditions.as_ref());
+    is_true(conditions, TARGET_EVICTED)
+        || find(conditions, FAILED)
+            .is_some_and(|c| c.status == "True" && c.reason == EVICTION_INVALID)
+}
+
+/// Upstream `findRelevantEviction`: the latest `TargetEvicted`, else the oldest active, else
+/// the latest `Failed` one; and whether a new Eviction may be made (no evicted or active one).
+fn relevant_eviction<'a>(mine: &[&'a Eviction]) -> (Option<&'a Eviction>, bool) {
+    let when = |e: &Eviction, kind: &str| {
+        find(eviction_conditions(e), kind).map(|c| ts(&c.last_transition_time))
+    };
+    let created = |e: &Eviction| e.metadata.creation_timestamp.as_ref().map(ts);
+    let evicted = mine
+        .iter()
+        .filter(|e| is_true(eviction_conditions(e), TARGET_EVICTED))
+        .max_by_key(|e| when(e, TARGET_EVICTED));
+    if let Some(e) = evicted {
+        return (Some(*e), false);
+    }
+    let active = mine
+        .iter()
+        .filter(|e| !eviction_is_final(e))
+        .min_by_key(|e| (created(e), name_of(&e.metadata).to_owned()));
+    if let Some(e) = active {
+        return (Some(*e), false);
+    }
+    let failed = mine.iter().max_by_key(|e| when(e, FAILED));
+    (failed.copied(), true)
+}
+
+/// The controller's decision for the pod `target` names.
+///
+/// `requests` are the EvictionRequests naming the pod (by name; those naming another UID are
+/// left alone and reported). `evictions` are the namespace's Evictions of that pod name (any
+/// UID: they decide the next name; only those of `target.uid` are acted on). `pod` says what
+/// is known of the pod with `target.uid`.
+pub(crate) fn decide(
+    target: &TargetRef,
+    pod: &PodFacts,
+    requests: &[EvictionRequest],
+    evictions: &[Eviction],
+    now: Timestamp,
+) -> Decision {
+    let mut d = Decision::default();
+    let mut ours: Vec<&EvictionRequest> = Vec::new();
+    for r in requests {
+        match request_target(r) {
+            Some((name, uid)) if name == target.name && uid == target.uid => ours.push(r),
+            Some((name, uid)) if name == target.name => d.problems.push(format!(
+                "EvictionRequest {} names pod {name} with UID {uid}, not {}: left alone",
+                name_of(&r.metadata),
+                target.uid
+            )),
+            _ => {}
+        }
+    }
+    let mine: Vec<&Eviction> = evictions
+        .iter()
+        .filter(|e| target_of(e) == Some((target.name.as_str(), target.uid.as_str())))
+        .collect();
+    for e in evictions {
+        if let Some((name, uid)) = target_of(e) {
+            if name == target.name && uid != target.uid && !eviction_is_final(e) {
+                d.problems.push(format!(
+                    "Eviction {} targets pod UID {uid}, not {}: not acted on",
+                    name_of(&e.metadata),
+                    target.uid
+                ));
+            }
+        }
+    }
+
+    let relevant_active = relevant_eviction(&mine).0.filter(|e| !eviction_is_final(e));
+    let pod_group_message =
+        "Target pod references a SchedulingGroup. Eviction is currently not supported.";
+
+    // Evictions: a second active one refused, the others carried on, final ones left alone.
+    let mut updated: Vec<Eviction> = Vec::new();
+    for e in &mine {
+        if eviction_is_final(e) {
+            continue;
+        }
+        let name = name_of(&e.metadata).to_owned();
+        let existing = eviction_conditions(e);
+        let refuse = |message: &str| EvictionStatus {
+            conditions: Some(with_conditions(
+                existing,
+                invalid_pair(existing, message, now),
+            )),
+            observed_generation: Some(e.metadata.generation.unwrap_or(1)),
+            ..e.status.clone().unwrap_or_default()
+        };
+        let status = if relevant_active.is_some_and(|r| !std::ptr::eq(r, *e)) {
+            refuse("Active Eviction already exists for the same target.")
+        } else if pod.in_pod_group {
+            refuse(pod_group_message)
+        } else {
+            let (status, wake) = eviction_status(e, pod, &ours, now, &mut d.problems);
+            d.wake_at = earliest(d.wake_at, wake);
+            let metadata = EvictionMetadata {
+                labels: desired_labels(
+                    e.metadata.labels.as_ref(),
+                    &ours,
+                    status.target_responders.as_deref().unwrap_or_default(),
+                ),
+                owner_references: desired_owners(
+                    e.metadata.owner_references.as_deref().unwrap_or_default(),
+                    &ours,
+                ),
+            };
+            if e.metadata.labels.clone().unwrap_or_default() != metadata.labels
+                || e.metadata.owner_references.clone().unwrap_or_default()
+                    != metadata.owner_references
+            {
+                d.eviction_metadata.push((name.clone(), metadata));
+            }
+            status
+        };
+        if e.status.as_ref() != Some(&status) {
+            d.eviction_statuses.push((name, status.clone()));
+            updated.push(Eviction {
+                status: Some(status),
+                ..(*e).clone()
+            });
+        }
+    }
+    // The Evictions as this decision leaves them: one failing now is replaced in this pass.
+    let after: Vec<&Eviction> = mine
+        .iter()
+        .map(|e| {
+            updated
+                .iter()
+                .find(|u| u.metadata.name == e.metadata.name)
+                .unwrap_or(e)
+        })
+        .collect();
+    let (relevant, may_create) = relevant_eviction(&after);
+    let mut relevant_status: Option<EvictionStatus> = relevant.and_then(|e| e.status.clone());
+
+    // Requests: refused while no Eviction exists for a pod not found (or always for a pod
+    // of a PodGroup); the others mirror the relevant Eviction.
+    let invalid = match (&pod.presence, mine.is_empty()) {
+        _ if pod.in_pod_group => Some(pod_group_message.to_owned()),
+        (Presence::Absent, true) => Some("Target pod not found.".to_owned()),
+        (Presence::Replaced { uid }, true) => Some(format!(
+            "Target pod UID mismatch: expected {}, got {uid}.",
+            target.uid
+        )),
+        _ => None,
+    };
+    // Only a request still being processed makes an Eviction (upstream creates them while
+    // syncing a request, and stops syncing refused or evicted ones).
+    let wanted = ours
+        .iter()
+        .any(|r| wants_eviction(r) && !request_is_final(r));
+    if invalid.is_none() && may_create && wanted {
+        let mut new = Eviction {
+            metadata: ObjectMeta {
+                name: Some(eviction_name(
+                    &target.name,
+                    evictions.iter().map(|e| name_of(&e.metadata)),
+                )),
+                owner_references: Some(desired_owners(&[], &ours)),
+                ..ObjectMeta::default()
+            },
+            spec: EvictionSpec {
+                target: EvictionTarget {
+                    pod: Some(EvictionPodReference {
+                        name: target.name.clone(),
+                        uid: target.uid.clone(),
+                    }),
+                },
+            },
+            status: None,
+        };
+        let (status, wake) = eviction_status(&new, pod, &ours, now, &mut d.problems);
+        d.wake_at = earliest(d.wake_at, wake);
+        let responders = status.target_responders.as_deref().unwrap_or_default();
+        new.metadata.labels = Some(desired_labels(None, &ours, responders));
+        new.status = Some(status.clone());
+        relevant_status = Some(status);
+        d.create = Some(new);
+    }
+    for r in &ours {
+        if request_is_final(r) {
+            continue;
+        }
+        let existing = r.status.as_ref().and_then(|s| s.conditions.as_ref());
+        let pair = match &invalid {
+            Some(message) => invalid_pair(existing, message, now),
+            None => {
+                let from = relevant_status.as_ref().and_then(|s| s.conditions.as_ref());
+                [FAILED, TARGET_EVICTED].map(|kind| match find(from, kind) {
+                    Some(c) => condition(existing, kind, &c.status, &c.reason, &c.message, now),
+                    None => condition(
+                        existing,
+                        kind,
+                        "False",
+                        AWAITING_EVICTION,
+                        "waiting for an Eviction to report on progress",
+                        now,
+                    ),
+                })
+            }
+        };
+        let status = request_status(r, pair);
+        if r.status.as_ref() != Some(&status) {
+            d.request_statuses
+                .push((name_of(&r.metadata).to_owned(), status));
+        }
+    }
+    d
+}
+
+/// What nodegrace's evictor does about one Eviction.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EvictorDecision {
+    /// Call the Eviction API for the pod now (with its UID as precondition), then hand the
+    /// outcome to [`evictor_attempted`].
+    pub evict_now: bool,
+    /// The evictor's entry of `status.responders` to write, when it changed.
+    pub status: Option<ResponderStatus>,
+    /// When to look again if nothing else changes first.
+    pub wake_at: Option<Timestamp>,
+}
+
+impl EvictorDecision {
+    fn idle() -> Self {
+        EvictorDecision {
+            evict_now: false,
+            status: None,
+            wake_at: None,
+        }
+    }
+}
+
+/// The evictor's own entry, when the evictor is Active on `eviction`, the controller has set
+/// its entry up and it has not completed.
+fn evictor_entry(eviction: &Eviction) -> Option<&ResponderStatus> {
+    if eviction_is_final(eviction) {
+        return None;
+    }
+    let status = eviction.status.as_ref()?;
+    status
+        .target_responders
+        .as_ref()?
+        .iter()
+        .find(|t| t.name == NODEGRACE_EVICTOR && t.state == ACTIVE)?;
+    status
+        .responders
+        .as_ref()?
+        .iter()
+        .find(|r| r.name == NODEGRACE_EVICTOR)
+        .filter(|r| r.completion_time.is_none())
+}
+
+/// Failed attempts so far, as the entry's message counts them (`(attempts=N)`, upstream's
+/// wording, which upstream also reads back).
+pub(crate) fn recorded_attempts(message: Option<&str>) -> u32 {
+    let Some(message) = message else { return 0 };
+    let Some(i) = message.find("(attempts=") else {
+        return 0;
+    };
+    let digits: String = message[i + "(attempts=".len()..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    match message[i + "(attempts=".len() + digits.len()..].starts_with(')') {
+        true => digits.parse().unwrap_or(0),
+        false => 0,
+    }
+}
+
+/// The wait after the `failures`-th failed attempt: [`EVICTOR_BACKOFF_BASE`] doubled per
+/// earlier failure, at most `cap`.
+pub(crate) fn evictor_backoff(failures: u32, cap: Duration) -> Duration {
+    let exp = failures.saturating_sub(1).min(31);
+    EVICTOR_BACKOFF_BASE
+        .checked_mul(1u32 << exp)
+        .map_or(cap, |d| d.min(cap))
+}
+
+/// The entry to write (message, heartbeat, completion), when anything in it changes or the
+/// last heartbeat is about [`EVICTOR_HEARTBEAT`] old; `None` otherwise.
+fn evictor_write(
+    entry: &ResponderStatus,
+    message: String,
+    expected_completion: Option<Timestamp>,
+    completed: bool,
+    now: Timestamp,
+) -> Option<ResponderStatus> {
+    let mut message = message;
+    if message.chars().count() > 4000 {
+        message = message.chars().take(4000).collect();
+    }
+    let heartbeat_due = entry
+        .heartbeat_time
+        .as_ref()
+        .is_none_or(|t| elapsed(now, ts(t)) + Duration::from_secs(1) >= EVICTOR_HEARTBEAT);
+    let expected = expected_completion.map(|t| Time(t.max(now)));
+    let expected_changed = expected.is_some() && expected != entry.expected_completion_time;
+    let changed = entry.message.as_deref() != Some(message.as_str());
+    if !(heartbeat_due || expected_changed || changed || completed) {
+        return None;
+    }
+    let mut out = entry.clone();
+    out.message = Some(message);
+    out.heartbeat_time = Some(Time(now));
+    if expected_changed {
+        out.expected_completion_time = expected;
+    }
+    if completed {
+        out.expected_completion_time = Some(Time(now));
+        out.completion_time = Some(Time(now));
+    }
+    Some(out)
+}
+
+/// The evictor's decision for `eviction` of the pod `pod_name` with `facts`.
+/// `last_attempt` is when the evictor last called the Eviction API for this pod and failed
+/// (kept in memory, as upstream does: after a restart it tries at once); `backoff_cap` is
+/// [`EVICTOR_BACKOFF_CAP`], or shorter during a shutdown.
+pub(crate) fn decide_evictor(
+    eviction: &Eviction,
+    pod_name: &str,
+    facts: &PodFacts,
+    last_attempt: Option<Timestamp>,
+    backoff_cap: Duration,
+    now: Timestamp,
+) -> EvictorDecision {
+    let Some(entry) = evictor_entry(eviction) else {
+        return EvictorDecision::idle();
+    };
+    let heartbeat = Some(after(now, EVICTOR_HEARTBEAT));
+    let report = |message: String, expected: Option<Timestamp>, completed: bool| EvictorDecision {
+        evict_now: false,
+        status: evictor_write(entry, message, expected, completed, now),
+        wake_at: (!completed).then_some(heartbeat).flatten(),
+    };
+    match &facts.presence {
+        Presence::Absent | Presence::Replaced { .. } => {
+            report(format!("pod {pod_name:?} has been deleted"), None, true)
+        }
+        Presence::Terminal { .. } => report(format!("pod {pod_name:?} has terminated"), None, true),
+        Presence::Terminating { deletion_timestamp } => report(
+            format!("pod {pod_name:?} is being deleted and terminates gracefully"),
+            Some(*deletion_timestamp),
+            false,
+        ),
+        Presence::Running if facts.kind != PodKind::Regular => {
+            let what = match facts.kind {
+                PodKind::DaemonSet => "a DaemonSet pod",
+                _ => "a mirror pod",
+            };
+            report(
+                format!(
+                    "pod {pod_name:?} is {what}: the Eviction API is not called for it; nodegrace's drain terminates it"
+                ),
+                None,
+                false,
+            )
+        }
+        Presence::Running => {
+            let failures = recorded_attempts(entry.message.as_deref());
+            let retry_at = last_attempt.map(|t| after(t, evictor_backoff(failures, backoff_cap)));
+            match retry_at {
+                Some(at) if at > now => EvictorDecision {
+                    evict_now: false,
+                    status: evictor_write(
+                        entry,
+                        entry.message.clone().unwrap_or_default(),
+                        None,
+                        false,
+                        now,
+                    ),
+                    wake_at: earliest(Some(at), heartbeat),
+                },
+                _ => EvictorDecision {
+                    evict_now: true,
+                    status: None,
+                    wake_at: None,
+                },
+            }
+        }
+    }
+}
+
+/// What the Eviction API answered the evictor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EvictionOutcome {
+    /// The pod is being deleted.
+    Evicted,
+    /// Refused (e.g. 429 for a PodDisruptionBudget), with the error and the server's
+    /// Retry-After, if any.
+    Refused {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The evictor's entry after an attempt, and when to try again. The adapter remembers `now`
+/// as the last attempt when the outcome is `Refused`, and forgets it on `Evicted`.
+pub(crate) fn evictor_attempted(
+    eviction: &Eviction,
+    pod_name: &str,
+    outcome: &EvictionOutcome,
+    backoff_cap: Duration,
+    now: Timestamp,
+) -> EvictorDecision {
+    let Some(entry) = evictor_entry(eviction) else {
+        return EvictorDecision::idle();
+    };
+    let heartbeat = after(now, EVICTOR_HEARTBEAT);
+    match outcome {
+        EvictionOutcome::Evicted => EvictorDecision {
+            evict_now: false,
+            status: evictor_write(
+                entry,
+                format!("pod {pod_name:?} was evicted through the Eviction API and terminates gracefully"),
+                None,
+                false,
+                now,
+            ),
+            wake_at: Some(heartbeat),
+        },
+        EvictionOutcome::Refused { error, retry_after } => {
+            let failures = recorded_attempts(entry.message.as_deref()).saturating_add(1);
+            let mut wait = evictor_backoff(failures, backoff_cap);
+            if let Some(server) = retry_after {
+                wait = wait.max(*server);
+            }
+            EvictorDecision {
+                evict_now: false,
+                status: evictor_write(
+                    entry,
+                    format!("evicting pod {pod_name:?} through the Eviction API failed (attempts={failures}): {error}"),
+                    None,
+                    false,
+                    now,
+                ),
+                wake_at: Some(after(now, wait).min(heartbeat)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
