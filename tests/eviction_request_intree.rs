@@ -346,6 +346,12 @@ async fn an_eviction_naming_another_pods_uid_evicts_nothing_and_is_logged() {
             .any(|l| l.contains("names another pod's UID"))
     })
     .await;
+    eventually(
+        15,
+        "a Warning event on the pod naming the other UID",
+        || !env.events("EvictionTargetMismatch").is_empty(),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         env.evictions().is_empty(),
@@ -353,6 +359,20 @@ async fn an_eviction_naming_another_pods_uid_evicts_nothing_and_is_logged() {
         env.evictions()
     );
     assert!(env.pod_exists("cache"));
+    let events = env.events("EvictionTargetMismatch");
+    assert_eq!(events.len(), 1, "once: {events:?}");
+    let e = &events[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["regarding"]["kind"], "Pod");
+    assert_eq!(e["regarding"]["name"], "cache");
+    assert_eq!(e["regarding"]["uid"], cache.as_str());
+    assert_eq!(e["metadata"]["namespace"], "work");
+    let note = e["note"].as_str().unwrap();
+    assert!(
+        note.contains("0000-other") && note.contains("cache-rogue"),
+        "{note}"
+    );
+    assert_eq!(e["reportingController"], "nodegrace");
 }
 
 #[tokio::test]
@@ -406,6 +426,35 @@ async fn bad_responder_declarations_are_logged() {
     assert!(find("many", "11 responders declared"));
     assert!(find("badname", "no domain prefix"));
     assert!(find("mixed", "disagree"));
+    // The same problems as Warning events on the pods, once per pod and problem.
+    eventually(15, "the events written", || {
+        env.events("EvictionResponderInvalid").len() >= 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events = env.events("EvictionResponderInvalid");
+    let on = |pod: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e["regarding"]["kind"] == "Pod" && e["regarding"]["name"] == pod)
+            .map(|e| {
+                assert_eq!(e["type"], "Warning");
+                assert_eq!(e["metadata"]["namespace"], "work");
+                e["note"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let many = on("many");
+    assert_eq!(many.len(), 1, "{many:?}");
+    assert!(many[0].contains("11 responders declared"), "{many:?}");
+    let badname = on("badname");
+    assert!(
+        badname.iter().any(|n| n.contains("no domain prefix")),
+        "{badname:?}"
+    );
+    let mixed = on("mixed");
+    assert_eq!(mixed.len(), 1, "{mixed:?}");
+    assert!(mixed[0].contains("disagree"), "{mixed:?}");
 }
 
 #[tokio::test]
