@@ -382,6 +382,7 @@ async fn bad_responder_declarations_are_logged() {
     env.pod("many", Kind::Default, 0, 30, json!({"app": "many"}));
     env.pod("badname", Kind::Default, 0, 30, json!({"app": "badname"}));
     env.pod("mixed", Kind::Default, 0, 30, json!({"app": "mixed"}));
+    env.pod("twice", Kind::Default, 0, 30, json!({"app": "twice"}));
     let set = |pod: &str, responders: Value, annotations: Option<Value>| {
         env.cluster
             .store
@@ -409,6 +410,14 @@ async fn bad_responder_declarations_are_logged() {
             json!({"interceptor.evictionrequest.coordination.k8s.io/priority_db.example.com": "20000"}),
         ),
     );
+    // The field and nodegrace's annotation disagreeing: the field wins, the difference is named.
+    set(
+        "twice",
+        json!([{"name": "db.example.com/operator", "priority": 10000}]),
+        Some(
+            json!({"nodegrace.dev/eviction-responders": r#"[{"name":"db.example.com/operator","priority":20000}]"#}),
+        ),
+    );
     let drainer = start(&env);
     // Responders that never answer hold their pods until the escalation: a short budget.
     tokio::time::timeout(
@@ -426,9 +435,10 @@ async fn bad_responder_declarations_are_logged() {
     assert!(find("many", "11 responders declared"));
     assert!(find("badname", "no domain prefix"));
     assert!(find("mixed", "disagree"));
+    assert!(find("twice", "disagree; spec.evictionResponders is used"));
     // The same problems as Warning events on the pods, once per pod and problem.
     eventually(15, "the events written", || {
-        env.events("EvictionResponderInvalid").len() >= 3
+        env.events("EvictionResponderInvalid").len() >= 4
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -455,6 +465,16 @@ async fn bad_responder_declarations_are_logged() {
     let mixed = on("mixed");
     assert_eq!(mixed.len(), 1, "{mixed:?}");
     assert!(mixed[0].contains("disagree"), "{mixed:?}");
+    assert!(
+        mixed[0].contains("deprecated and read by nothing"),
+        "{mixed:?}"
+    );
+    let twice = on("twice");
+    assert_eq!(twice.len(), 1, "{twice:?}");
+    assert!(
+        twice[0].contains("nodegrace.dev/eviction-responders"),
+        "{twice:?}"
+    );
 }
 
 #[tokio::test]

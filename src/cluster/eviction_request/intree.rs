@@ -124,13 +124,15 @@ impl InTreeTerminator {
             .spec
             .as_ref()
             .and_then(|s| s.eviction_responders.as_deref());
+        // The pod API of a cluster serving the in-tree API has spec.evictionResponders.
         let check = check_responders(
             field,
             pod.metadata.annotations.as_ref(),
             crate::api::INTERCEPTOR_ANNOTATION_PREFIX,
+            true,
         );
         for problem in &check.problems {
-            warn!(node = %self.node, pod = %key, "eviction responders: {problem}");
+            warn!(node = %self.node, pod = %key, responders_from = %check.source, "eviction responders: {problem}");
             warn_on_pod(
                 &self.recorder,
                 key,
