@@ -621,12 +621,12 @@ where
 /// With the in-tree API in use, nothing follows nodegrace's EvictionRequest CRD any more: this
 /// node's requester (`requester`) leaves every request of the CRD labelled for the node, so
 /// that none holds a pod for it (an external controller of the CRD would still evict it). A
-/// failure is tried again at the next connection.
+/// failure is tried again when the daemon next starts (it connects once).
 async fn leave_old_crd_requests(old: &Requester, node: &str, requester: &str) {
     let pods = match old.own_requests().await {
         Ok(pods) => pods,
         Err(err) => {
-            tracing::warn!(node = %node, requester, error = crate::cluster::error_text(&err), "could not list this node's EvictionRequests (evictionrequests.nodegrace.dev) to withdraw from them; tried again at the next connection");
+            tracing::warn!(node = %node, requester, error = crate::cluster::error_text(&err), "could not list this node's EvictionRequests (evictionrequests.nodegrace.dev) to withdraw from them; tried again when the daemon next starts");
             return;
         }
     };
@@ -646,7 +646,7 @@ async fn leave_old_crd_requests(old: &Requester, node: &str, requester: &str) {
             ) => kept += 1,
             Err(err) => {
                 failed += 1;
-                tracing::warn!(node = %node, pod = %pod, requester, error = crate::cluster::error_text(&err), "withdrawing from an EvictionRequest (evictionrequests.nodegrace.dev) failed; tried again at the next connection");
+                tracing::warn!(node = %node, pod = %pod, requester, error = crate::cluster::error_text(&err), "withdrawing from an EvictionRequest (evictionrequests.nodegrace.dev) failed; tried again when the daemon next starts");
             }
         }
     }
