@@ -544,6 +544,18 @@ where
         }
         _ => None,
     };
+    if in_tree.is_some() && eviction_requests && crate::api::node_label_value(&node).is_some() {
+        if let Some(name) = crate::api::node_requester(&node) {
+            let old = Requester::new(clients.nodegrace.clone(), &node);
+            let (node, stop) = (node.clone(), stop.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = leave_old_crd_requests(&old, &node, &name) => {}
+                }
+            });
+        }
+    }
     let eviction_requests = eviction_requests && in_tree.is_none();
     // ---- end in-tree path choice ----
     let requester = eviction_requests
@@ -605,6 +617,43 @@ where
         });
     }
     engine
+}
+
+/// With the in-tree API in use, nothing follows nodegrace's EvictionRequest CRD any more: this
+/// node's requester (`requester`) leaves every request of the CRD labelled for the node, so
+/// that none holds a pod for it (an external controller of the CRD would still evict it). A
+/// failure is tried again when the daemon next starts (it connects once).
+async fn leave_old_crd_requests(old: &Requester, node: &str, requester: &str) {
+    let pods = match old.own_requests().await {
+        Ok(pods) => pods,
+        Err(err) => {
+            tracing::warn!(node = %node, requester, error = crate::cluster::error_text(&err), "could not list this node's EvictionRequests (evictionrequests.nodegrace.dev) to withdraw from them; tried again when the daemon next starts");
+            return;
+        }
+    };
+    let (mut withdrawn, mut kept, mut failed) = (0usize, 0usize, 0usize);
+    for pod in &pods {
+        match old.withdraw(pod).await {
+            Ok(
+                eviction_request::Withdrawn::Removed
+                | eviction_request::Withdrawn::Cancelled
+                | eviction_request::Withdrawn::Deleted,
+            ) => withdrawn += 1,
+            Ok(eviction_request::Withdrawn::NotRequested) => {}
+            // Complete and held by others, or not cancellable: the requester stays by the
+            // request's own rules.
+            Ok(
+                eviction_request::Withdrawn::LeftToOthers | eviction_request::Withdrawn::Forbidden,
+            ) => kept += 1,
+            Err(err) => {
+                failed += 1;
+                tracing::warn!(node = %node, pod = %pod, requester, error = crate::cluster::error_text(&err), "withdrawing from an EvictionRequest (evictionrequests.nodegrace.dev) failed; tried again when the daemon next starts");
+            }
+        }
+    }
+    if !pods.is_empty() {
+        tracing::info!(node = %node, requester, withdrawn, kept, failed, "withdrew from this node's EvictionRequests of nodegrace's CRD (evictionrequests.nodegrace.dev): the in-tree API is used instead");
+    }
 }
 
 /// Connects until the apiserver answers and both credentials pass `identity::verify`:
