@@ -346,6 +346,12 @@ async fn an_eviction_naming_another_pods_uid_evicts_nothing_and_is_logged() {
             .any(|l| l.contains("names another pod's UID"))
     })
     .await;
+    eventually(
+        15,
+        "a Warning event on the pod naming the other UID",
+        || !env.events("EvictionTargetMismatch").is_empty(),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         env.evictions().is_empty(),
@@ -353,6 +359,20 @@ async fn an_eviction_naming_another_pods_uid_evicts_nothing_and_is_logged() {
         env.evictions()
     );
     assert!(env.pod_exists("cache"));
+    let events = env.events("EvictionTargetMismatch");
+    assert_eq!(events.len(), 1, "once: {events:?}");
+    let e = &events[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["regarding"]["kind"], "Pod");
+    assert_eq!(e["regarding"]["name"], "cache");
+    assert_eq!(e["regarding"]["uid"], cache.as_str());
+    assert_eq!(e["metadata"]["namespace"], "work");
+    let note = e["note"].as_str().unwrap();
+    assert!(
+        note.contains("0000-other") && note.contains("cache-rogue"),
+        "{note}"
+    );
+    assert_eq!(e["reportingController"], "nodegrace");
 }
 
 #[tokio::test]
@@ -362,6 +382,7 @@ async fn bad_responder_declarations_are_logged() {
     env.pod("many", Kind::Default, 0, 30, json!({"app": "many"}));
     env.pod("badname", Kind::Default, 0, 30, json!({"app": "badname"}));
     env.pod("mixed", Kind::Default, 0, 30, json!({"app": "mixed"}));
+    env.pod("twice", Kind::Default, 0, 30, json!({"app": "twice"}));
     let set = |pod: &str, responders: Value, annotations: Option<Value>| {
         env.cluster
             .store
@@ -389,6 +410,14 @@ async fn bad_responder_declarations_are_logged() {
             json!({"interceptor.evictionrequest.coordination.k8s.io/priority_db.example.com": "20000"}),
         ),
     );
+    // The field and nodegrace's annotation disagreeing: the field wins, the difference is named.
+    set(
+        "twice",
+        json!([{"name": "db.example.com/operator", "priority": 10000}]),
+        Some(
+            json!({"nodegrace.dev/eviction-responders": r#"[{"name":"db.example.com/operator","priority":20000}]"#}),
+        ),
+    );
     let drainer = start(&env);
     // Responders that never answer hold their pods until the escalation: a short budget.
     tokio::time::timeout(
@@ -406,6 +435,46 @@ async fn bad_responder_declarations_are_logged() {
     assert!(find("many", "11 responders declared"));
     assert!(find("badname", "no domain prefix"));
     assert!(find("mixed", "disagree"));
+    assert!(find("twice", "disagree; spec.evictionResponders is used"));
+    // The same problems as Warning events on the pods, once per pod and problem.
+    eventually(15, "the events written", || {
+        env.events("EvictionResponderInvalid").len() >= 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events = env.events("EvictionResponderInvalid");
+    let on = |pod: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e["regarding"]["kind"] == "Pod" && e["regarding"]["name"] == pod)
+            .map(|e| {
+                assert_eq!(e["type"], "Warning");
+                assert_eq!(e["metadata"]["namespace"], "work");
+                e["note"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let many = on("many");
+    assert_eq!(many.len(), 1, "{many:?}");
+    assert!(many[0].contains("11 responders declared"), "{many:?}");
+    let badname = on("badname");
+    assert!(
+        badname.iter().any(|n| n.contains("no domain prefix")),
+        "{badname:?}"
+    );
+    let mixed = on("mixed");
+    assert_eq!(mixed.len(), 1, "{mixed:?}");
+    assert!(mixed[0].contains("disagree"), "{mixed:?}");
+    assert!(
+        mixed[0].contains("deprecated and read by nothing"),
+        "{mixed:?}"
+    );
+    let twice = on("twice");
+    assert_eq!(twice.len(), 1, "{twice:?}");
+    assert!(
+        twice[0].contains("nodegrace.dev/eviction-responders"),
+        "{twice:?}"
+    );
 }
 
 #[tokio::test]
@@ -510,4 +579,99 @@ async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
         "nodegrace evicted it through the Eviction API"
     );
     assert!(env.deletes().is_empty(), "long before any escalation");
+}
+
+/// A cluster that gained the in-tree API while nodegrace's EvictionRequest CRD is still served:
+/// at connection this node's requester leaves the CRD's requests labelled for the node (nothing
+/// follows them any more), and leaves every other requester's entry as it was.
+#[tokio::test]
+async fn with_both_served_this_nodes_requester_leaves_the_old_crds_requests() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    env.cluster
+        .install_crd(&nodegrace::eviction_request_crd().unwrap())
+        .unwrap();
+    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    let ours = nodegrace::node_requester(NODE).unwrap();
+    let other = "descheduler.example.com";
+    env.pod("legacy", Kind::Default, 0, 30, json!({"app": "legacy"}));
+    env.pod("legacy2", Kind::Default, 0, 30, json!({"app": "legacy2"}));
+    env.pod("theirs", Kind::Default, 0, 30, json!({"app": "theirs"}));
+    let old_request = |pod: &str, requesters: &[&str]| {
+        let uid = uid(&env, pod);
+        let mut r = serde_json::to_value(nodegrace::EvictionRequest::for_pod(
+            "work",
+            pod,
+            &uid,
+            requesters[0],
+            vec![],
+        ))
+        .unwrap();
+        r["spec"]["requesters"] = json!(requesters
+            .iter()
+            .map(|n| json!({"name": n}))
+            .collect::<Vec<_>>());
+        r["metadata"]["labels"] = json!({"nodegrace.dev/node": NODE});
+        env.cluster.insert(&r).unwrap();
+        uid
+    };
+    let shared = old_request("legacy", &[&ours, other]);
+    let alone = old_request("legacy2", &[&ours]);
+    let theirs = old_request("theirs", &[other]);
+    let read = |uid: &str| {
+        env.cluster
+            .store
+            .get_obj("nodegrace.dev", "evictionrequests", "work", uid)
+    };
+    let requesters = |uid: &str| -> Vec<String> {
+        read(uid).unwrap()["spec"]["requesters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let _drainer = start(&env);
+    eventually(15, "our requester left both requests", || {
+        requesters(&shared) == [other] && requesters(&alone).is_empty()
+    })
+    .await;
+    eventually(15, "one info line with the count", || {
+        log_lines("evictionrequests.nodegrace.dev").iter().any(|l| {
+            l.contains("withdrew from this node's EvictionRequests") && l.contains("withdrawn=2")
+        })
+    })
+    .await;
+    assert!(
+        read(&shared).is_some() && read(&alone).is_some(),
+        "none deleted"
+    );
+    assert_eq!(
+        requesters(&theirs),
+        [other],
+        "another requester's request untouched"
+    );
+    let reqs = env.requests();
+    let crd_writes: Vec<String> = reqs
+        .iter()
+        .filter(|r| {
+            r.method != "GET"
+                && r.path
+                    .contains("/apis/nodegrace.dev/v1alpha1/namespaces/work/evictionrequests")
+        })
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(
+        crd_writes.len(),
+        2,
+        "one patch for each of ours: {crd_writes:?}"
+    );
+    assert!(
+        crd_writes.iter().all(|w| w.starts_with("PATCH")),
+        "{crd_writes:?}"
+    );
+    assert!(
+        !crd_writes.iter().any(|w| w.ends_with(&theirs)),
+        "{crd_writes:?}"
+    );
+    assert_eq!(crd_requests_posted(&reqs), 0);
 }

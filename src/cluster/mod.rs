@@ -24,6 +24,18 @@ pub use terminate::{EvictionApi, PodTerminator, Request};
 /// Field manager for writes that are not per-node server-side applies.
 pub(crate) const FIELD_MANAGER: &str = "nodegrace";
 
+/// The recorder of nodegrace's events on `node`: every event names the same reporting
+/// controller and the node as its instance, whichever part of the daemon writes it.
+pub(crate) fn event_recorder(client: kube::Client, node: &str) -> kube::runtime::events::Recorder {
+    kube::runtime::events::Recorder::new(
+        client,
+        kube::runtime::events::Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance: Some(node.to_owned()),
+        },
+    )
+}
+
 /// An error and its causes on one line, as `{:#}` writes them (each clipped to a few hundred
 /// characters: one may quote a whole value of a file), except that an apiserver's
 /// Status reads `HTTP 500 (InternalError): message` rather than kube's text for it (which

@@ -25,8 +25,8 @@ use crate::shutdown::ShutdownRequest;
 use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
-use crate::plan::lifecycle::{route, Route, RouteEvent};
 use crate::plan::intree::{choose_path, EvictionPath, Served};
+use crate::plan::lifecycle::{route, Route, RouteEvent};
 use crate::plan::reachability::retry_delay;
 use rand::Rng as _;
 
@@ -527,10 +527,8 @@ where
         }
     };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
-    let path = crate::plan::intree::choose_path(
-        served,
-        crate::api::node_requester(&node).is_some(),
-    );
+    let path =
+        crate::plan::intree::choose_path(served, crate::api::node_requester(&node).is_some());
     let lifecycle_api = match path {
         EvictionPath::InTree => Some(eviction_request::LifecycleApi::in_tree()),
         EvictionPath::LifecycleCrds => Some(eviction_request::LifecycleApi::nodegrace()),
@@ -546,8 +544,20 @@ where
         tracing::info!(node = %node, requester = %t.key(), api = %api.group(), "pods are asked to leave through EvictionRequests");
         t
     });
-    if served.legacy_crd && path != EvictionPath::LegacyCrd {
-        tracing::warn!(node = %node, "evictionrequests.nodegrace.dev (deprecated) is still served but not used: nodegrace asks through {}", lifecycle.as_ref().map_or("the Eviction API", |_| if path == EvictionPath::InTree { "lifecycle.k8s.io" } else { "lifecycle.nodegrace.dev" }));
+    // Nothing follows the deprecated CRD once a lifecycle API is used: this node's requester
+    // leaves its requests there.
+    if lifecycle.is_some() && served.legacy_crd && crate::api::node_label_value(&node).is_some() {
+        if let Some(name) = crate::api::node_requester(&node) {
+            tracing::warn!(node = %node, "evictionrequests.nodegrace.dev (deprecated) is still served but not used: nodegrace asks through {}", if path == EvictionPath::InTree { "lifecycle.k8s.io" } else { "lifecycle.nodegrace.dev" });
+            let old = Requester::new(clients.nodegrace.clone(), &node);
+            let (node, stop) = (node.clone(), stop.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = leave_old_crd_requests(&old, &node, &name) => {}
+                }
+            });
+        }
     }
     let requester = (path == EvictionPath::LegacyCrd)
         .then(|| crate::api::node_requester(&node))
@@ -633,6 +643,43 @@ where
         });
     }
     engine
+}
+
+/// With the in-tree API in use, nothing follows nodegrace's EvictionRequest CRD any more: this
+/// node's requester (`requester`) leaves every request of the CRD labelled for the node, so
+/// that none holds a pod for it (an external controller of the CRD would still evict it). A
+/// failure is tried again when the daemon next starts (it connects once).
+async fn leave_old_crd_requests(old: &Requester, node: &str, requester: &str) {
+    let pods = match old.own_requests().await {
+        Ok(pods) => pods,
+        Err(err) => {
+            tracing::warn!(node = %node, requester, error = crate::cluster::error_text(&err), "could not list this node's EvictionRequests (evictionrequests.nodegrace.dev) to withdraw from them; tried again when the daemon next starts");
+            return;
+        }
+    };
+    let (mut withdrawn, mut kept, mut failed) = (0usize, 0usize, 0usize);
+    for pod in &pods {
+        match old.withdraw(pod).await {
+            Ok(
+                eviction_request::Withdrawn::Removed
+                | eviction_request::Withdrawn::Cancelled
+                | eviction_request::Withdrawn::Deleted,
+            ) => withdrawn += 1,
+            Ok(eviction_request::Withdrawn::NotRequested) => {}
+            // Complete and held by others, or not cancellable: the requester stays by the
+            // request's own rules.
+            Ok(
+                eviction_request::Withdrawn::LeftToOthers | eviction_request::Withdrawn::Forbidden,
+            ) => kept += 1,
+            Err(err) => {
+                failed += 1;
+                tracing::warn!(node = %node, pod = %pod, requester, error = crate::cluster::error_text(&err), "withdrawing from an EvictionRequest (evictionrequests.nodegrace.dev) failed; tried again when the daemon next starts");
+            }
+        }
+    }
+    if !pods.is_empty() {
+        tracing::info!(node = %node, requester, withdrawn, kept, failed, "withdrew from this node's EvictionRequests of nodegrace's CRD (evictionrequests.nodegrace.dev): the in-tree API is used instead");
+    }
 }
 
 /// Connects until the apiserver answers and both credentials pass `identity::verify`:

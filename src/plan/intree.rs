@@ -298,37 +298,149 @@ pub(crate) struct DeclaredResponder {
     pub priority: i64,
 }
 
+/// The annotation a pod declares its responders in where the cluster's pod API has no
+/// `spec.evictionResponders`: a JSON list in the field's shape,
+/// `[{"name":"example.com/db","priority":10000}]`.
+pub(crate) const RESPONDERS_ANNOTATION: &str = "nodegrace.dev/eviction-responders";
+
+/// An example of the declaration, for the problem sentences.
+const DECLARATION_EXAMPLE: &str = r#"[{"name":"example.com/db","priority":10000}]"#;
+
+/// Where a pod's responders were taken from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum ResponderSource {
+    /// `spec.evictionResponders`.
+    Field,
+    /// [`RESPONDERS_ANNOTATION`] (a malformed one declares nothing; its problems say why).
+    Annotation,
+    /// Nothing declared that the path reads: the default imperative evictor alone.
+    #[default]
+    Undeclared,
+}
+
+impl ResponderSource {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Field => "spec.evictionResponders",
+            Self::Annotation => "annotation nodegrace.dev/eviction-responders",
+            Self::Undeclared => "none declared",
+        }
+    }
+}
+
+impl std::fmt::Display for ResponderSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The responders a pod declares, and what is wrong with them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ResponderCheck {
-    /// From `spec.evictionResponders`.
+    /// The responders in force, from `source`.
     pub responders: Vec<DeclaredResponder>,
+    pub source: ResponderSource,
     /// One sentence per problem, for a log line or an event.
     pub problems: Vec<String>,
 }
 
-/// Checks, for the in-tree path, a pod's `spec.evictionResponders` (`field`) against the
-/// in-tree rules (at most [`MAX_POD_RESPONDERS`], unique domain-prefixed names outside the
-/// reserved domains, priority 0..=100000 with 0..=999 only for `*.k8s.io`) and its old
-/// `<annotation_prefix><name>: <priority>[/<role>]` annotations against the field: the
-/// in-tree controllers never read them.
+/// Reads [`RESPONDERS_ANNOTATION`]'s `value`: the responders it declares, in its order, and
+/// what is wrong with it. An entry without a usable name or priority is left out.
+pub(crate) fn parse_responders_annotation(value: &str) -> (Vec<DeclaredResponder>, Vec<String>) {
+    let what = format!("annotation {RESPONDERS_ANNOTATION}");
+    let parsed: serde_json::Value = match serde_json::from_str(value) {
+        Ok(v) => v,
+        Err(err) => {
+            return (
+                Vec::new(),
+                vec![format!(
+                    "{what} is not JSON ({err}); write a list such as {DECLARATION_EXAMPLE}"
+                )],
+            )
+        }
+    };
+    let Some(entries) = parsed.as_array() else {
+        return (
+            Vec::new(),
+            vec![format!(
+                "{what} must be a JSON list such as {DECLARATION_EXAMPLE}"
+            )],
+        );
+    };
+    let mut responders = Vec::new();
+    let mut problems = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let n = i + 1;
+        let Some(object) = entry.as_object() else {
+            problems.push(format!(
+                "{what}: entry {n} is not an object with a name and a priority"
+            ));
+            continue;
+        };
+        for field in object.keys() {
+            if field != "name" && field != "priority" {
+                problems.push(format!(
+                    "{what}: entry {n} has an unknown field {field:?} (only name and priority)"
+                ));
+            }
+        }
+        let name = object.get("name").and_then(serde_json::Value::as_str);
+        let priority = object.get("priority");
+        match (name, priority) {
+            (None, _) => problems.push(format!("{what}: entry {n} has no name (a string)")),
+            (Some(name), None) => {
+                problems.push(format!("{what}: entry {n} ({name}) has no priority"));
+            }
+            (Some(name), Some(p)) => match p.as_i64() {
+                Some(priority) => responders.push(DeclaredResponder {
+                    name: name.to_owned(),
+                    priority,
+                }),
+                None => problems.push(format!(
+                    "{what}: the priority {p} of entry {n} ({name}) is not a whole number"
+                )),
+            },
+        }
+    }
+    (responders, problems)
+}
+
+/// Checks the responders a pod declares. They come from `spec.evictionResponders`
+/// (`field`) when it is set, else from the [`RESPONDERS_ANNOTATION`] annotation — unless
+/// the cluster's pod API has the field (`field_served`, the in-tree path of 1.37), where the
+/// in-tree controllers read the field alone and the annotation is only compared with it.
+/// The responders in force are checked against the in-tree rules (at most
+/// [`MAX_POD_RESPONDERS`], unique domain-prefixed names outside the reserved domains,
+/// priority 0..=100000 with 0..=999 only for `*.k8s.io`). The field and the annotation
+/// disagreeing is a problem (the field wins); the old
+/// `<old_annotation_prefix><name>: <priority>[/<role>]` annotations are deprecated and read by
+/// nothing on this path: each use is a problem naming what to declare instead.
 pub(crate) fn check_responders(
     field: Option<&[EvictionResponder]>,
     annotations: Option<&BTreeMap<String, String>>,
-    annotation_prefix: &str,
+    old_annotation_prefix: &str,
+    field_served: bool,
 ) -> ResponderCheck {
-    let from_field: Vec<DeclaredResponder> = field
-        .into_iter()
-        .flatten()
-        .map(|r| DeclaredResponder {
-            name: r.name.clone(),
-            priority: i64::from(r.priority),
-        })
-        .collect();
+    let from_field: Option<Vec<DeclaredResponder>> = field.filter(|f| !f.is_empty()).map(|f| {
+        f.iter()
+            .map(|r| DeclaredResponder {
+                name: r.name.clone(),
+                priority: i64::from(r.priority),
+            })
+            .collect()
+    });
     let mut problems = Vec::new();
-    let mut from_annotations = Vec::new();
+    let from_annotation = annotations
+        .and_then(|a| a.get(RESPONDERS_ANNOTATION))
+        .map(|value| {
+            let (list, bad) = parse_responders_annotation(value);
+            let clean = bad.is_empty();
+            problems.extend(bad);
+            (list, clean)
+        });
+    let mut from_old = Vec::new();
     for (key, value) in annotations.into_iter().flatten() {
-        let Some(name) = key.strip_prefix(annotation_prefix) else {
+        let Some(name) = key.strip_prefix(old_annotation_prefix) else {
             continue;
         };
         match value
@@ -338,38 +450,61 @@ pub(crate) fn check_responders(
             .trim()
             .parse::<i64>()
         {
-            Ok(priority) => from_annotations.push(DeclaredResponder {
+            Ok(priority) => from_old.push(DeclaredResponder {
                 name: name.to_owned(),
                 priority,
             }),
             Err(_) => problems.push(format!(
-                "annotation {key}: priority {value:?} is not a number"
+                "annotation {key} (deprecated): priority {value:?} is not a number"
             )),
         }
     }
-    let field_set = field.is_some_and(|f| !f.is_empty());
-    if !from_annotations.is_empty() {
-        if field_set {
-            let mut a = from_field.clone();
-            let mut b = from_annotations.clone();
-            a.sort();
-            b.sort();
-            if a != b {
-                problems.push(format!(
-                    "spec.evictionResponders ({}) and the {annotation_prefix}* annotations ({}) disagree; the in-tree API uses spec.evictionResponders",
-                    describe(&a),
-                    describe(&b)
-                ));
+    let (source, responders) = match (from_field, from_annotation) {
+        (Some(field), annotation) => {
+            if let Some((annotation, true)) = annotation {
+                if sorted(&field) != sorted(&annotation) {
+                    problems.push(format!(
+                        "spec.evictionResponders ({}) and annotation {RESPONDERS_ANNOTATION} ({}) disagree; spec.evictionResponders is used",
+                        describe(&field),
+                        describe(&annotation)
+                    ));
+                }
             }
-        } else {
-            problems.push(format!(
-                "the {annotation_prefix}* annotations ({}) are not read by the in-tree API; declare spec.evictionResponders",
-                describe(&from_annotations)
-            ));
+            (ResponderSource::Field, field)
         }
+        (None, Some((annotation, _))) if field_served => {
+            problems.push(format!(
+                "annotation {RESPONDERS_ANNOTATION} ({}) is not read where the pod API has spec.evictionResponders (the in-tree EvictionRequest API): declare them in spec.evictionResponders",
+                describe(&annotation)
+            ));
+            (ResponderSource::Undeclared, Vec::new())
+        }
+        (None, Some((annotation, _))) => (ResponderSource::Annotation, annotation),
+        (None, None) => (ResponderSource::Undeclared, Vec::new()),
+    };
+    if !from_old.is_empty() {
+        let old = format!(
+            "the {old_annotation_prefix}* annotations ({}) are deprecated and read by nothing on this path",
+            describe(&from_old)
+        );
+        problems.push(if responders.is_empty() {
+            let instead = if field_served {
+                "spec.evictionResponders".to_owned()
+            } else {
+                format!("annotation {RESPONDERS_ANNOTATION}")
+            };
+            format!(
+                "{old}; declare the responders in {instead} instead, e.g. {DECLARATION_EXAMPLE}"
+            )
+        } else if sorted(&responders) != sorted(&from_old) {
+            format!(
+                "{old}, and they disagree with {source} ({}), which is used: remove them",
+                describe(&responders)
+            )
+        } else {
+            format!("{old}; {source} declares the same: remove them")
+        });
     }
-    let responders = from_field;
-    let source = "spec.evictionResponders";
     if responders.len() > MAX_POD_RESPONDERS {
         problems.push(format!(
             "{} responders declared ({source}); the in-tree API allows at most {MAX_POD_RESPONDERS}",
@@ -403,8 +538,15 @@ pub(crate) fn check_responders(
     }
     ResponderCheck {
         responders,
+        source,
         problems,
     }
+}
+
+fn sorted(list: &[DeclaredResponder]) -> Vec<DeclaredResponder> {
+    let mut list = list.to_vec();
+    list.sort();
+    list
 }
 
 fn describe(list: &[DeclaredResponder]) -> String {
@@ -442,7 +584,10 @@ mod tests {
         assert_eq!(choose_path(served(true, true, true), true), InTree);
         assert_eq!(choose_path(served(true, false, false), false), InTree);
         assert_eq!(choose_path(served(false, true, true), true), LifecycleCrds);
-        assert_eq!(choose_path(served(false, true, false), false), LifecycleCrds);
+        assert_eq!(
+            choose_path(served(false, true, false), false),
+            LifecycleCrds
+        );
         assert_eq!(choose_path(served(false, false, true), true), LegacyCrd);
         assert_eq!(choose_path(served(false, false, true), false), EvictionApi);
         assert_eq!(choose_path(served(false, false, false), true), EvictionApi);
@@ -596,16 +741,38 @@ mod tests {
             .collect()
     }
 
+    fn annotated(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn declared(list: &[(&str, i64)]) -> Vec<DeclaredResponder> {
+        list.iter()
+            .map(|(n, p)| DeclaredResponder {
+                name: (*n).into(),
+                priority: *p,
+            })
+            .collect()
+    }
+
     #[test]
     fn valid_responders_raise_no_problem() {
         let f = field(&[
             ("db.example.com/operator", 10000),
             ("backup.example.com/x", 2000),
         ]);
-        let check = check_responders(Some(&f), None, PREFIX);
+        let check = check_responders(Some(&f), None, PREFIX, true);
         assert!(check.problems.is_empty(), "{:?}", check.problems);
         assert_eq!(check.responders.len(), 2);
-        assert!(check_responders(None, None, PREFIX).problems.is_empty());
+        assert_eq!(check.source, ResponderSource::Field);
+        let none = check_responders(None, None, PREFIX, true);
+        assert!(none.problems.is_empty());
+        assert_eq!(none.source, ResponderSource::Undeclared);
+        assert!(check_responders(Some(&[]), None, PREFIX, false)
+            .problems
+            .is_empty());
     }
 
     #[test]
@@ -614,7 +781,7 @@ mod tests {
             .map(|i| (format!("r{i}.example.com/x"), 5000))
             .collect();
         let refs: Vec<(&str, i32)> = many.iter().map(|(n, p)| (n.as_str(), *p)).collect();
-        let check = check_responders(Some(&field(&refs)), None, PREFIX);
+        let check = check_responders(Some(&field(&refs)), None, PREFIX, true);
         assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
         assert!(check.problems[0].contains("11 responders"));
 
@@ -624,7 +791,7 @@ mod tests {
             ("low.example.com/x", 500),
             ("high.example.com/x", 100_001),
         ]);
-        let problems = check_responders(Some(&bad), None, PREFIX).problems;
+        let problems = check_responders(Some(&bad), None, PREFIX, true).problems;
         assert_eq!(problems.len(), 4, "{problems:?}");
         assert!(problems[0].contains("no domain prefix"));
         assert!(problems[1].contains("reserved for Kubernetes"));
@@ -633,24 +800,189 @@ mod tests {
     }
 
     #[test]
-    fn the_old_annotation_disagreeing_with_the_field_is_named_and_the_field_wins() {
-        let annotations: BTreeMap<String, String> = [(
-            format!("{PREFIX}db.example.com"),
-            "20000/knowledgeable".to_owned(),
-        )]
-        .into();
+    fn the_old_annotation_is_deprecated_and_the_field_wins_over_it() {
+        let annotations = annotated(&[(
+            "interceptor.evictionrequest.coordination.k8s.io/priority_db.example.com",
+            "20000/knowledgeable",
+        )]);
         let f = field(&[("db.example.com/operator", 10000)]);
-        let check = check_responders(Some(&f), Some(&annotations), PREFIX);
+        let check = check_responders(Some(&f), Some(&annotations), PREFIX, true);
         assert_eq!(check.responders[0].name, "db.example.com/operator");
-        assert!(
-            check.problems.iter().any(|p| p.contains("disagree")),
-            "{:?}",
-            check.problems
-        );
-        // The annotation alone is ignored by the in-tree controllers: said so.
-        let alone = check_responders(None, Some(&annotations), PREFIX);
+        assert_eq!(check.source, ResponderSource::Field);
+        assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
+        assert!(check.problems[0].contains("deprecated and read by nothing"));
+        assert!(check.problems[0].contains("disagree with spec.evictionResponders"));
+        // Alone: nothing reads it; the sentence names what to declare instead.
+        let alone = check_responders(None, Some(&annotations), PREFIX, true);
         assert!(alone.responders.is_empty());
+        assert_eq!(alone.source, ResponderSource::Undeclared);
         assert_eq!(alone.problems.len(), 1);
-        assert!(alone.problems[0].contains("not read by the in-tree API"));
+        assert!(alone.problems[0].contains("deprecated and read by nothing"));
+        assert!(alone.problems[0].contains("declare the responders in spec.evictionResponders"));
+        let crd = check_responders(None, Some(&annotations), PREFIX, false);
+        assert!(crd.problems[0].contains(&format!(
+            "declare the responders in annotation {RESPONDERS_ANNOTATION}"
+        )));
+        let garbled = annotated(&[(
+            "interceptor.evictionrequest.coordination.k8s.io/priority_x.example.com",
+            "high",
+        )]);
+        let check = check_responders(None, Some(&garbled), PREFIX, true);
+        assert!(check.problems[0].contains("not a number"), "{check:?}");
+    }
+
+    #[test]
+    fn the_annotation_declares_responders_where_the_pod_api_lacks_the_field() {
+        let annotations = annotated(&[(
+            RESPONDERS_ANNOTATION,
+            r#"[{"name":"db.example.com/operator","priority":10000},{"name":"b.example.com/x","priority":2000}]"#,
+        )]);
+        let check = check_responders(None, Some(&annotations), PREFIX, false);
+        assert!(check.problems.is_empty(), "{:?}", check.problems);
+        assert_eq!(check.source, ResponderSource::Annotation);
+        assert_eq!(
+            check.responders,
+            declared(&[
+                ("db.example.com/operator", 10000),
+                ("b.example.com/x", 2000)
+            ])
+        );
+        // The same annotation where the pod API has the field: not read; said so.
+        let in_tree = check_responders(None, Some(&annotations), PREFIX, true);
+        assert_eq!(in_tree.source, ResponderSource::Undeclared);
+        assert!(in_tree.responders.is_empty());
+        assert_eq!(in_tree.problems.len(), 1, "{:?}", in_tree.problems);
+        assert!(in_tree.problems[0].contains("declare them in spec.evictionResponders"));
+    }
+
+    #[test]
+    fn the_field_and_the_annotation_disagreeing_is_named_and_the_field_wins() {
+        let f = field(&[("db.example.com/operator", 10000)]);
+        let same = annotated(&[(
+            RESPONDERS_ANNOTATION,
+            r#"[{"name":"db.example.com/operator","priority":10000}]"#,
+        )]);
+        for served in [true, false] {
+            let check = check_responders(Some(&f), Some(&same), PREFIX, served);
+            assert!(check.problems.is_empty(), "{:?}", check.problems);
+            assert_eq!(check.source, ResponderSource::Field);
+        }
+        let other = annotated(&[(
+            RESPONDERS_ANNOTATION,
+            r#"[{"name":"db.example.com/operator","priority":20000}]"#,
+        )]);
+        for served in [true, false] {
+            let check = check_responders(Some(&f), Some(&other), PREFIX, served);
+            assert_eq!(check.source, ResponderSource::Field);
+            assert_eq!(
+                check.responders,
+                declared(&[("db.example.com/operator", 10000)])
+            );
+            assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
+            assert!(check.problems[0].contains("disagree; spec.evictionResponders is used"));
+            assert!(check.problems[0].contains("db.example.com/operator=20000"));
+        }
+    }
+
+    #[test]
+    fn a_malformed_annotation_is_named_entry_by_entry() {
+        let problems = |value: &str| {
+            let a = annotated(&[(RESPONDERS_ANNOTATION, value)]);
+            check_responders(None, Some(&a), PREFIX, false)
+        };
+        let not_json = problems("[{name: db}]");
+        assert!(not_json.responders.is_empty());
+        assert_eq!(not_json.source, ResponderSource::Annotation);
+        assert!(not_json.problems[0].contains("is not JSON"), "{not_json:?}");
+        assert!(
+            problems(r#"{"name":"a.example.com/x","priority":5000}"#).problems[0]
+                .contains("must be a JSON list")
+        );
+        let check = problems(
+            r#"[{"priority":5000},{"name":"a.example.com/x"},{"name":"b.example.com/x","priority":"high"},
+                {"name":"c.example.com/x","priority":2.5},"d.example.com/x",
+                {"name":"e.example.com/x","priority":5000,"role":"x"}]"#,
+        );
+        assert_eq!(check.responders, declared(&[("e.example.com/x", 5000)]));
+        let p = &check.problems;
+        assert_eq!(p.len(), 6, "{p:?}");
+        assert!(p[0].contains("entry 1 has no name"), "{p:?}");
+        assert!(
+            p[1].contains("entry 2 (a.example.com/x) has no priority"),
+            "{p:?}"
+        );
+        assert!(p[2].contains("\"high\" of entry 3"), "{p:?}");
+        assert!(p[3].contains("2.5 of entry 4"), "{p:?}");
+        assert!(p[4].contains("entry 5 is not an object"), "{p:?}");
+        assert!(p[5].contains("unknown field \"role\""), "{p:?}");
+        // What it declares is checked like the field.
+        let eleven: Vec<String> = (0..11)
+            .map(|i| format!(r#"{{"name":"r{i}.example.com/x","priority":5000}}"#))
+            .collect();
+        let check = problems(&format!("[{}]", eleven.join(",")));
+        assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
+        assert!(check.problems[0]
+            .contains("11 responders declared (annotation nodegrace.dev/eviction-responders)"));
+        let check = problems(
+            r#"[{"name":"x.k8s.io/mine","priority":5000},{"name":"low.example.com/x","priority":500},
+                {"name":"no-prefix","priority":-1},{"name":"low.example.com/x","priority":500}]"#,
+        );
+        let p = &check.problems;
+        assert!(
+            p.iter().any(|s| s.contains("reserved for Kubernetes")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|s| s.contains("reserved for *.k8s.io")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|s| s.contains("no domain prefix")), "{p:?}");
+        assert!(p.iter().any(|s| s.contains("outside 0..=100000")), "{p:?}");
+        assert!(p.iter().any(|s| s.contains("declared twice")), "{p:?}");
+        // A malformed annotation beside the field: its problems, no disagreement on top.
+        let f = field(&[("db.example.com/operator", 10000)]);
+        let a = annotated(&[(RESPONDERS_ANNOTATION, "not json")]);
+        let check = check_responders(Some(&f), Some(&a), PREFIX, true);
+        assert_eq!(check.problems.len(), 1, "{:?}", check.problems);
+        assert!(check.problems[0].contains("is not JSON"));
+    }
+
+    fn valid_responders() -> impl proptest::strategy::Strategy<Value = Vec<DeclaredResponder>> {
+        use proptest::strategy::Strategy;
+        let name = "[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?){0,3}/[A-Za-z0-9]([-A-Za-z0-9_.]{0,30}[A-Za-z0-9])?"
+            .prop_filter("not a reserved domain", |n| !is_reserved_domain(n));
+        proptest::collection::btree_map(
+            name,
+            i64::from(RESERVED_PRIORITY_MAX) + 1..=i64::from(MAX_RESPONDER_PRIORITY),
+            0..=MAX_POD_RESPONDERS,
+        )
+        .prop_map(|m| {
+            m.into_iter()
+                .map(|(name, priority)| DeclaredResponder { name, priority })
+                .collect()
+        })
+        .prop_shuffle()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn valid_responders_written_as_the_annotation_read_back_the_same(list in valid_responders()) {
+            let value = serde_json::to_string(
+                &list.iter().map(|r| json!({"name": r.name, "priority": r.priority})).collect::<Vec<_>>(),
+            ).unwrap();
+            let (parsed, problems) = parse_responders_annotation(&value);
+            proptest::prop_assert!(problems.is_empty(), "{:?}", problems);
+            proptest::prop_assert_eq!(&parsed, &list);
+            let a = annotated(&[(RESPONDERS_ANNOTATION, value.as_str())]);
+            let check = check_responders(None, Some(&a), PREFIX, false);
+            proptest::prop_assert!(check.problems.is_empty(), "{:?}", check.problems);
+            proptest::prop_assert_eq!(check.source, ResponderSource::Annotation);
+            proptest::prop_assert_eq!(check.responders, list);
+        }
+
+        #[test]
+        fn any_annotation_value_is_read_without_panicking(value in ".{0,200}") {
+            let _ = parse_responders_annotation(&value);
+        }
     }
 }

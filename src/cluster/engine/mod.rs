@@ -39,7 +39,7 @@ use anyhow::{Context as _, Result};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
@@ -416,13 +416,7 @@ impl Engine {
         let terminator = opts
             .terminator
             .unwrap_or_else(|| Arc::new(EvictionApi::new(opts.client.clone())));
-        let recorder = Recorder::new(
-            opts.client.clone(),
-            Reporter {
-                controller: "nodegrace".into(),
-                instance: Some(opts.node.clone()),
-            },
-        );
+        let recorder = crate::cluster::event_recorder(opts.client.clone(), &opts.node);
         let shared = Arc::new(Shared {
             client: opts.client.clone(),
             node: opts.node.clone(),

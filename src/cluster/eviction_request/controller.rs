@@ -16,7 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
@@ -110,13 +110,7 @@ fn until(now: Timestamp, then: Timestamp) -> Duration {
 
 impl Reconciler {
     pub fn new(client: Client, config: &ControllerConfig) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "nodegrace".to_owned(),
-                instance: Some(config.node.clone()),
-            },
-        );
+        let recorder = crate::cluster::event_recorder(client.clone(), &config.node);
         let (backoff_max, clock) = (config.backoff_max, config.clock);
         Self {
             evictor: client.clone(),

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::lifecycle::v1alpha1::{
     Eviction, EvictionRequest, EvictionRequestPodReference, EvictionRequestSpec,
     EvictionRequestTarget,
@@ -21,11 +21,12 @@ use k8s_openapi::api::lifecycle::v1alpha1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::DynamicObject;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::lifecycle_api::{typed, LifecycleApi};
 use super::{BlockSink, PodKey, PodState, NODE_LABEL};
@@ -75,19 +76,22 @@ pub(crate) struct InTreeTerminator {
     seen: Mutex<BTreeSet<String>>,
     /// Pods whose responder declarations were already complained about.
     checked: Mutex<HashSet<String>>,
+    /// Warning events on pods (nodegrace's identity).
+    recorder: Recorder,
 }
 
 impl InTreeTerminator {
     pub(crate) fn new(api: LifecycleApi, client: Client, evictor: Client, node: &str) -> Self {
         Self {
             api,
-            client,
             evictor,
             node: node.to_owned(),
             key: crate::plan::intree::requester_key(node),
             wanted: Wanted::default(),
             seen: Mutex::new(BTreeSet::new()),
             checked: Mutex::new(HashSet::new()),
+            recorder: crate::cluster::event_recorder(client.clone(), node),
+            client,
         }
     }
 
@@ -106,6 +110,7 @@ impl InTreeTerminator {
             node_label: crate::api::node_label_value(&self.node).map(str::to_owned),
             wanted: self.wanted.clone(),
             blocks,
+            recorder: self.recorder.clone(),
         }
     }
 
@@ -122,13 +127,22 @@ impl InTreeTerminator {
             .spec
             .as_ref()
             .and_then(|s| s.eviction_responders.as_deref());
+        // The pod API of a cluster serving the in-tree API has spec.evictionResponders.
         let check = check_responders(
             field,
             pod.metadata.annotations.as_ref(),
             crate::api::INTERCEPTOR_ANNOTATION_PREFIX,
+            true,
         );
         for problem in &check.problems {
-            warn!(node = %self.node, pod = %key, "eviction responders: {problem}");
+            warn!(node = %self.node, pod = %key, responders_from = %check.source, "eviction responders: {problem}");
+            warn_on_pod(
+                &self.recorder,
+                key,
+                "EvictionResponderInvalid",
+                "RequestEviction",
+                problem,
+            );
         }
     }
 
@@ -348,6 +362,7 @@ pub(crate) struct Progress {
     node_label: Option<String>,
     wanted: Wanted,
     blocks: BlockSink,
+    recorder: Recorder,
 }
 
 impl Progress {
@@ -489,6 +504,13 @@ impl Progress {
             Response::Refuse { named_uid } => {
                 if seen.refused.insert(format!("{object}/{named_uid}")) {
                     warn!(pod = %pod, pod_uid = %pod.uid, eviction = %object, eviction_target_uid = %named_uid, "an Eviction (lifecycle.k8s.io) about this pod names another pod's UID: ignored, nothing is evicted for it");
+                    warn_on_pod(
+                        &self.recorder,
+                        pod,
+                        "EvictionTargetMismatch",
+                        "IgnoreEviction",
+                        &format!("Eviction {object} (lifecycle.k8s.io) about this pod (UID {}) names another pod's UID {named_uid}: ignored, nothing is evicted for it", pod.uid),
+                    );
                 }
             }
             Response::EvictDirectly { why } => {
@@ -511,6 +533,33 @@ impl Progress {
             }
         }
     }
+}
+
+/// A Warning event on `pod`, written in the background: an event that cannot be written is
+/// a debug line, never an error of the drain.
+fn warn_on_pod(recorder: &Recorder, pod: &PodKey, reason: &str, action: &str, note: &str) {
+    let reference = ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(pod.name.clone()),
+        namespace: Some(pod.namespace.clone()),
+        uid: Some(pod.uid.clone()),
+        ..ObjectReference::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(crate::text::clip(note).into_owned()),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    let recorder = recorder.clone();
+    let pod = pod.to_string();
+    tokio::spawn(async move {
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            debug!(pod = %pod, reason = %event.reason, error = %err, "could not record an event");
+        }
+    });
 }
 
 /// What the watch already did, per pod UID.

@@ -37,10 +37,6 @@ impl LifecycleApi {
         }
     }
 
-    pub(crate) fn is_in_tree(&self) -> bool {
-        self.requests.api_version == IN_TREE_API_VERSION
-    }
-
     pub(crate) fn request_resource(&self) -> ApiResource {
         self.requests.clone()
     }
@@ -131,7 +127,6 @@ mod tests {
             );
             assert_eq!(typed::<EvictionRequest>(&written).unwrap(), request);
         }
-        assert!(LifecycleApi::in_tree().is_in_tree());
         assert_eq!(LifecycleApi::nodegrace().group(), "lifecycle.nodegrace.dev");
     }
 }

@@ -70,6 +70,8 @@ struct Memory {
     evicted: BTreeSet<String>,
     /// Problems already told, `<uid>/<sentence>`.
     told: BTreeSet<String>,
+    /// What is wrong with the responders the pod being looked at declares.
+    problems: Vec<String>,
     timers: BTreeMap<Timestamp, BTreeSet<Target>>,
 }
 
@@ -307,7 +309,9 @@ impl LifecycleController {
                 uid: uid.clone(),
             };
             let decision = decide(&target, &facts, &requests, &evictions, now);
-            self.tell(pod.as_deref(), &uid, &decision.problems, memory).await;
+            let mut problems = std::mem::take(&mut memory.problems);
+            problems.extend(decision.problems.iter().cloned());
+            self.tell(pod.as_deref(), &uid, &problems, memory).await;
             let wake = decision.wake_at;
             let current = self.apply(namespace, &decision, &evictions).await?;
             let mut evictor_wake = None;
@@ -317,7 +321,11 @@ impl LifecycleController {
                     .await?;
             }
             for at in [wake, evictor_wake].into_iter().flatten() {
-                memory.timers.entry(at).or_default().insert(target_key(namespace, name));
+                memory
+                    .timers
+                    .entry(at)
+                    .or_default()
+                    .insert(target_key(namespace, name));
             }
         }
         Ok(())
@@ -371,11 +379,14 @@ impl LifecycleController {
             _ => PodKind::Regular,
         };
         let spec = pod.spec.as_ref();
+        // Before 1.37 the pod API has no evictionResponders: the annotation stands in.
         let check = crate::plan::intree::check_responders(
             spec.and_then(|s| s.eviction_responders.as_deref()),
             pod.metadata.annotations.as_ref(),
             crate::api::INTERCEPTOR_ANNOTATION_PREFIX,
+            false,
         );
+        memory.problems = check.problems;
         PodFacts {
             presence,
             kind,
@@ -439,7 +450,10 @@ impl LifecycleController {
                 .with_context(|| format!("labelling Eviction {namespace}/{name}"))?;
         }
         for (name, status) in &decision.eviction_statuses {
-            let Some(old) = known.iter().find(|e| e.metadata.name.as_deref() == Some(name)) else {
+            let Some(old) = known
+                .iter()
+                .find(|e| e.metadata.name.as_deref() == Some(name))
+            else {
                 continue;
             };
             current = Some(self.write_status(&api, old, json!(status)).await?);
@@ -447,7 +461,10 @@ impl LifecycleController {
         let requests = self.api.requests(&self.client, Some(namespace));
         for (name, status) in &decision.request_statuses {
             let patch = json!({"status": status});
-            match requests.patch_status(name, &params(), &Patch::Merge(&patch)).await {
+            match requests
+                .patch_status(name, &params(), &Patch::Merge(&patch))
+                .await
+            {
                 Ok(_) => {}
                 Err(err) if api_error_code_of(&err) == Some(404) => {}
                 Err(err) => {
@@ -517,7 +534,9 @@ impl LifecycleController {
             let outcome = match evict::evict(&pods, name, uid, None).await {
                 Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
                 Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
-                    error: budget.map_or(message.clone(), |b| format!("{message} (PodDisruptionBudget {b})")),
+                    error: budget.map_or(message.clone(), |b| {
+                        format!("{message} (PodDisruptionBudget {b})")
+                    }),
                     retry_after: None,
                 },
                 Err(err) => EvictionOutcome::Refused {
