@@ -1,0 +1,224 @@
+//! nodegrace's `lifecycle.nodegrace.dev` CRDs (the in-tree 1.37 shapes) against the fake
+//! apiserver: the daemon as their requester and as the eviction-request controller and
+//! imperative evictor of its node's pods — responders in priority order, a responder that
+//! completes hands over, the evictor evicts, DaemonSet pods stay the drain's — and bad input.
+
+#[path = "engine_support/mod.rs"]
+mod engine_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use engine_support::{eventually, request, Env, Kind, NODE};
+use nodegrace::{BootIdSource, Drainer, KubeletControl, NodeDrainer, NodeParts, ShutdownKind};
+use nodegrace_testkit::fake_apiserver::{Filter, RecordedRequest};
+use nodegrace_testkit::fake_cri::FakeRuntime;
+use nodegrace_testkit::fake_kubelet::KubeletConfig;
+use serde_json::{json, Value};
+
+const GROUP: &str = "lifecycle.nodegrace.dev";
+const KEY: &str = "nodegrace.dev/node-a";
+const EVICTOR: &str = "imperative-eviction.nodegrace.dev/evictor";
+const OPERATOR: &str = "db.example.com/operator";
+
+struct NoKubelet;
+
+#[async_trait]
+impl KubeletControl for NoKubelet {
+    async fn stop(&self, _unit: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn start(&self, _unit: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+async fn env_with_our_crds() -> Env {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    for crd in [
+        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
+        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
+    ] {
+        env.cluster.install_crd(&crd).unwrap();
+    }
+    env
+}
+
+fn start(env: &Env) -> NodeDrainer {
+    let parts = NodeParts {
+        settings: env.settings(),
+        node: NODE.into(),
+        runtime: Arc::new(FakeRuntime::new()),
+        kubelet: Some(Arc::new(NoKubelet)),
+        gate: env.gate.clone(),
+        metrics: env.metrics.clone(),
+        boot_id: BootIdSource::File(env.dir.path().join("boot_id")),
+    };
+    let cluster = env.cluster.clone();
+    NodeDrainer::start(parts, move || {
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
+    })
+}
+
+fn uid(env: &Env, pod: &str) -> String {
+    env.cluster.store.get_obj("", "pods", "work", pod).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn annotate(env: &Env, pod: &str, key: &str, value: &str) {
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", pod, |p| {
+            p["metadata"]["annotations"] = json!({ key: value });
+        })
+        .unwrap();
+}
+
+/// The Eviction of the pod with `uid`, if the controller made one.
+fn eviction_of(env: &Env, uid: &str) -> Option<Value> {
+    let (all, _) = env.cluster.store.list(&Filter::all(GROUP, "evictions"));
+    all.into_iter()
+        .find(|e| e["spec"]["target"]["pod"]["uid"] == uid)
+}
+
+fn states(eviction: &Value) -> Vec<(String, i64, String)> {
+    eviction["status"]["targetResponders"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap_or_default().to_owned(),
+                r["priority"].as_i64().unwrap_or(-1),
+                r["state"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Acts as `responder` on the Eviction of `uid`: heartbeat, message, completion.
+fn respond(env: &Env, uid: &str, responder: &str, complete: bool) {
+    let e = eviction_of(env, uid).unwrap();
+    let name = e["metadata"]["name"].as_str().unwrap().to_owned();
+    let now = env.cluster.store.now_str();
+    env.cluster
+        .store
+        .update_in_process(GROUP, "evictions", "work", &name, |e| {
+            for r in e["status"]["responders"].as_array_mut().unwrap() {
+                if r["name"] == responder {
+                    r["heartbeatTime"] = json!(now);
+                    r["message"] = json!("primary moved away");
+                    if complete {
+                        r["completionTime"] = json!(now);
+                    }
+                }
+            }
+        })
+        .unwrap();
+}
+
+fn posted_requests(reqs: &[RecordedRequest]) -> Vec<Value> {
+    reqs.iter()
+        .filter(|r| {
+            r.method == "POST"
+                && r.path == format!("/apis/{GROUP}/v1alpha1/namespaces/work/evictionrequests")
+        })
+        .map(|r| r.body_json().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
+    let env = env_with_our_crds().await;
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+    env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
+    annotate(
+        &env,
+        "db",
+        "nodegrace.dev/eviction-responders",
+        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
+    );
+    let (db, web) = (uid(&env, "db"), uid(&env, "web"));
+    let drainer = Arc::new(start(&env));
+    let drain = {
+        let drainer = drainer.clone();
+        tokio::spawn(async move {
+            drainer
+                .drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+                .await
+        })
+    };
+
+    // db's Eviction: its operator active first, nodegrace's evictor after it.
+    eventually(20, "db's Eviction with its operator active", || {
+        eviction_of(&env, &db).is_some_and(|e| {
+            states(&e).first().map(|s| s.2.as_str()) == Some("Active")
+        })
+    })
+    .await;
+    let e = eviction_of(&env, &db).unwrap();
+    assert_eq!(
+        states(&e),
+        [
+            (OPERATOR.to_owned(), 10000, "Active".to_owned()),
+            (EVICTOR.to_owned(), 100, "Inactive".to_owned()),
+        ]
+    );
+    assert_eq!(e["metadata"]["labels"][KEY], "requester");
+    assert_eq!(e["metadata"]["labels"]["nodegrace.dev/node"], NODE);
+    // web, declaring nothing, is evicted by the evictor; db is not while its operator works.
+    eventually(20, "web evicted", || !env.pod_exists("web")).await;
+    assert!(env.pod_exists("db"));
+    assert!(!env.evictions().contains(&"db".to_owned()));
+
+    respond(&env, &db, OPERATOR, true);
+    tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the drain ends")
+        .unwrap()
+        .unwrap();
+    assert!(!env.pod_exists("db") && !env.pod_exists("ds"));
+    assert_eq!(
+        {
+            let mut e = env.evictions();
+            e.sort();
+            e
+        },
+        ["db", "web"]
+    );
+    assert_eq!(env.deletes(), ["ds"], "the DaemonSet pod stays the drain's");
+    let e = eviction_of(&env, &db).unwrap();
+    assert_eq!(
+        states(&e)
+            .iter()
+            .map(|s| s.2.as_str())
+            .collect::<Vec<_>>(),
+        ["Completed", "Completed"]
+    );
+    let conditions = e["status"]["conditions"].as_array().unwrap();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c["type"] == "TargetEvicted" && c["status"] == "True"),
+        "{conditions:?}"
+    );
+    let sent = posted_requests(&env.requests());
+    let mut targets: Vec<&str> = sent
+        .iter()
+        .map(|r| {
+            assert_eq!(r["spec"]["requester"], KEY);
+            assert_eq!(r["spec"]["intent"], "Eviction");
+            r["spec"]["target"]["pod"]["uid"].as_str().unwrap()
+        })
+        .collect();
+    targets.sort();
+    let mut want = [db.as_str(), web.as_str()];
+    want.sort();
+    assert_eq!(targets, want);
+    // Env's teardown checks every request against the shipped ClusterRole.
+}
