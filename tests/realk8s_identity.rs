@@ -735,6 +735,16 @@ async fn no_credential_of_a_node_keeps_another_nodes_evictions() {
             .await,
         );
     }
+    refused(
+        "nodegrace:node:A labels B's Eviction for itself",
+        By::Policy(LC_EVICTIONS),
+        ng.patch(
+            &theirs,
+            &realk8s::dry::patch(),
+            &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: a}}})),
+        )
+        .await,
+    );
     accepted(
         "nodegrace:node:A deletes its own Eviction",
         ng.delete(&own, &realk8s::dry::delete()).await,
