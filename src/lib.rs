@@ -56,6 +56,7 @@ pub use crate::cri::v1;
 pub mod lifecycle {
     pub use crate::api::lifecycle::*;
     pub use crate::api::{lifecycle_eviction_crd, lifecycle_eviction_request_crd};
+    pub use crate::plan::intree::requester_key;
 }
 
 // The CRDs and their names and labels.
@@ -77,7 +78,9 @@ pub use crate::cluster::eviction_request::{
     Intent, PodKey, Reconciler, Requested, Requester, WallClock, Withdrawn,
     NODE_LABEL as REQUEST_NODE_LABEL,
 };
-pub use crate::cluster::identity::{required_in_tree, verify as verify_identity};
+pub use crate::cluster::identity::{
+    required_in_tree, required_lifecycle_crds, verify as verify_identity,
+};
 pub use crate::cluster::{EvictionApi, PodTerminator, Request};
 
 // Settings.

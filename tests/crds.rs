@@ -719,10 +719,14 @@ mod rbac {
                 "/nodes: get,list,watch,patch",
                 "/pods/status: patch",
                 "/pods: get,list,watch",
-                "apiextensions.k8s.io/customresourcedefinitions[evictionrequests.nodegrace.dev,nodemaintenances.nodegrace.dev]: get",
+                "apiextensions.k8s.io/customresourcedefinitions[evictionrequests.nodegrace.dev,nodemaintenances.nodegrace.dev,evictionrequests.lifecycle.nodegrace.dev,evictions.lifecycle.nodegrace.dev]: get",
                 "events.k8s.io/events: create,patch",
                 "lifecycle.k8s.io/evictionrequests: get,list,watch,create,patch",
                 "lifecycle.k8s.io/evictions: list,watch",
+                "lifecycle.nodegrace.dev/evictionrequests/status: patch,update",
+                "lifecycle.nodegrace.dev/evictionrequests: get,list,watch,create,patch",
+                "lifecycle.nodegrace.dev/evictions/status: patch,update",
+                "lifecycle.nodegrace.dev/evictions: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/evictionrequests/status: patch,update",
                 "nodegrace.dev/evictionrequests: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/nodemaintenances/status: patch,update",
@@ -1632,5 +1636,210 @@ mod rbac {
             ))
             .contains("status of EvictionRequests labelled nodegrace.dev/node=one"));
         }
+    }
+
+    #[test]
+    fn the_cluster_role_grants_what_the_lifecycle_crd_path_checks_for() {
+        let docs = documents("clusterrole.yaml");
+        let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+        let has = |list: &Value, item: &str| list.as_array().unwrap().iter().any(|v| v == item);
+        for p in nodegrace::required_lifecycle_crds(true) {
+            let resource = if p.subresource.is_empty() {
+                p.resource.to_owned()
+            } else {
+                format!("{}/{}", p.resource, p.subresource)
+            };
+            let granted = role["rules"].as_array().unwrap().iter().any(|r| {
+                has(&r["apiGroups"], p.group)
+                    && has(&r["resources"], &resource)
+                    && has(&r["verbs"], p.verb)
+            });
+            assert!(granted, "{p}");
+        }
+    }
+
+    /// An EvictionRequest of lifecycle.k8s.io or lifecycle.nodegrace.dev (same shape).
+    fn lifecycle_request(requester: &str, node: Option<&str>, intent: &str) -> Value {
+        let mut r = json!({
+            "metadata": {"name": "nodegrace-uid-1", "namespace": "shop", "labels": {"app": "web"}},
+            "spec": {"intent": intent, "requester": requester,
+                     "target": {"pod": {"name": "web-0", "uid": "uid-1"}}}
+        });
+        if let Some(node) = node {
+            r["metadata"]["labels"][nodegrace::REQUEST_NODE_LABEL] = json!(node);
+        }
+        r
+    }
+
+    #[test]
+    fn a_node_requests_lifecycle_evictions_only_under_its_own_key_and_label() {
+        let p = policy("lifecycle-evictionrequests");
+        let ours = nodegrace::lifecycle::requester_key("one");
+        let theirs = nodegrace::lifecycle::requester_key("two");
+        let me = Some("one");
+        let create = |r: Value| admit(&p, ME, "CREATE", "", r, Value::Null);
+        assert_eq!(create(lifecycle_request(&ours, me, "Eviction")), Ok(()));
+        for (requester, label) in [
+            (theirs.as_str(), me),
+            (ours.as_str(), Some("two")),
+            (ours.as_str(), None),
+            ("someone.example/x", me),
+        ] {
+            denied(create(lifecycle_request(requester, label, "Eviction")));
+        }
+        // Withdrawing its own; not relabelling or unlabelling it, not another node's.
+        let own = lifecycle_request(&ours, me, "Eviction");
+        assert_eq!(
+            admit(
+                &p,
+                ME,
+                "UPDATE",
+                "",
+                lifecycle_request(&ours, me, "Withdrawn"),
+                own.clone()
+            ),
+            Ok(())
+        );
+        for label in [Some("two"), None] {
+            assert!(denied(admit(
+                &p,
+                ME,
+                "UPDATE",
+                "",
+                lifecycle_request(&ours, label, "Eviction"),
+                own.clone()
+            ))
+            .contains("not change that label"));
+        }
+        let b = lifecycle_request(&theirs, Some("two"), "Eviction");
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "",
+            lifecycle_request(&theirs, Some("two"), "Withdrawn"),
+            b.clone(),
+        ));
+        assert_eq!(
+            admit(&p, ME, "DELETE", "", Value::Null, own.clone()),
+            Ok(())
+        );
+        denied(admit(&p, ME, "DELETE", "", Value::Null, b.clone()));
+        // Another requester's request labelled for this node is not its to change.
+        denied(admit(
+            &p,
+            ME,
+            "DELETE",
+            "",
+            Value::Null,
+            lifecycle_request("descheduler.example.com/x", me, "Eviction"),
+        ));
+
+        // Status, as the controller of its pods: its own and unlabelled requests only.
+        let with_status = |r: &Value| {
+            let mut r = r.clone();
+            r["status"] = json!({"conditions": [{"type": "Invalid", "status": "True"}]});
+            r
+        };
+        let unlabelled = lifecycle_request("descheduler.example.com/x", None, "Eviction");
+        for old in [&own, &unlabelled] {
+            assert_eq!(
+                admit(&p, ME, "UPDATE", "status", with_status(old), old.clone()),
+                Ok(())
+            );
+        }
+        assert!(denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "status",
+            with_status(&b),
+            b.clone()
+        ))
+        .contains("labelled for another node"));
+    }
+
+    #[test]
+    fn a_node_with_a_name_too_long_for_a_label_writes_no_lifecycle_object() {
+        let long = format!("{}.example.internal", "n".repeat(60));
+        let user = format!("nodegrace:node:{long}");
+        let key = nodegrace::lifecycle::requester_key(&long);
+        for r in [
+            lifecycle_request(&key, None, "Eviction"),
+            lifecycle_request(&key, Some(&long), "Eviction"),
+        ] {
+            assert!(denied(admit(
+                &policy("lifecycle-evictionrequests"),
+                &user,
+                "CREATE",
+                "",
+                r,
+                Value::Null
+            ))
+            .contains("over 63 characters"));
+        }
+        assert!(denied(admit(
+            &policy("lifecycle-evictions"),
+            &user,
+            "CREATE",
+            "",
+            eviction(Some(&long)),
+            Value::Null
+        ))
+        .contains("over 63 characters"));
+    }
+
+    fn eviction(node: Option<&str>) -> Value {
+        let mut e = json!({
+            "metadata": {"name": "uid-1", "namespace": "shop", "labels": {"nodegrace.dev/one": "requester"}},
+            "spec": {"target": {"pod": {"name": "web-0", "uid": "uid-1"}}}
+        });
+        if let Some(node) = node {
+            e["metadata"]["labels"][nodegrace::REQUEST_NODE_LABEL] = json!(node);
+        }
+        e
+    }
+
+    #[test]
+    fn a_node_keeps_only_the_evictions_labelled_for_it() {
+        let p = policy("lifecycle-evictions");
+        let create = |e: Value| admit(&p, ME, "CREATE", "", e, Value::Null);
+        assert_eq!(create(eviction(Some("one"))), Ok(()));
+        for label in [Some("two"), None] {
+            assert!(denied(create(eviction(label))).contains("nodegrace.dev/node=one"));
+        }
+        let own = eviction(Some("one"));
+        let theirs = eviction(Some("two"));
+        let with_status = |e: &Value| {
+            let mut e = e.clone();
+            e["status"] = json!({"responders": [{"name": "imperative-eviction.nodegrace.dev/evictor",
+                                                 "startTime": "2026-01-01T00:00:00Z"}]});
+            e
+        };
+        assert_eq!(
+            admit(&p, ME, "UPDATE", "status", with_status(&own), own.clone()),
+            Ok(())
+        );
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "status",
+            with_status(&theirs),
+            theirs.clone(),
+        ));
+        for label in [Some("two"), None] {
+            denied(admit(&p, ME, "UPDATE", "", eviction(label), own.clone()));
+        }
+        denied(admit(
+            &p,
+            ME,
+            "UPDATE",
+            "",
+            eviction(Some("one")),
+            theirs.clone(),
+        ));
+        assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, own), Ok(()));
+        denied(admit(&p, ME, "DELETE", "", Value::Null, theirs));
     }
 }

@@ -15,6 +15,7 @@ mod realk8s;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use nodegrace::lifecycle::{requester_key, Eviction, EvictionRequest as LifecycleRequest};
 use nodegrace::{
     EvictionRequest, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION,
     REQUEST_NODE_LABEL as NODE_LABEL,
@@ -24,6 +25,8 @@ use serde_json::{json, Value};
 const NS: &str = "default";
 const MAINTENANCES: &str = "nodegrace-node-restriction-nodemaintenances";
 const REQUESTS: &str = "nodegrace-node-restriction-evictionrequests";
+const LC_REQUESTS: &str = "nodegrace-node-restriction-lifecycle-evictionrequests";
+const LC_EVICTIONS: &str = "nodegrace-node-restriction-lifecycle-evictions";
 
 /// Who refused a request, told by the apiserver's message.
 #[derive(Clone, Copy, Debug)]
@@ -140,6 +143,50 @@ impl Cluster {
         api.create(&PostParams::default(), &r).await.unwrap()
     }
 
+    /// A `lifecycle.nodegrace.dev` EvictionRequest for `node`'s pod under `requester`,
+    /// labelled for `label` (not made).
+    async fn lifecycle_request(
+        &self,
+        node: &str,
+        requester: &str,
+        label: Option<&str>,
+    ) -> LifecycleRequest {
+        let pod = Api::<Pod>::namespaced(self.admin.clone(), NS)
+            .get(&self.pod_of(node))
+            .await
+            .unwrap();
+        serde_json::from_value(json!({
+            "apiVersion": "lifecycle.nodegrace.dev/v1alpha1", "kind": "EvictionRequest",
+            "metadata": {
+                "name": format!("nodegrace-{}", pod.uid().unwrap()),
+                "namespace": NS,
+                "labels": label.map(|l| json!({NODE_LABEL: l})).unwrap_or(json!({})),
+            },
+            "spec": {"intent": "Eviction", "requester": requester,
+                     "target": {"pod": {"name": pod.name_any(), "uid": pod.uid().unwrap()}}},
+        }))
+        .unwrap()
+    }
+
+    /// The `lifecycle.nodegrace.dev` Eviction of `node`'s pod, labelled for `label` (not
+    /// made).
+    async fn eviction(&self, node: &str, label: Option<&str>) -> Eviction {
+        let pod = Api::<Pod>::namespaced(self.admin.clone(), NS)
+            .get(&self.pod_of(node))
+            .await
+            .unwrap();
+        serde_json::from_value(json!({
+            "apiVersion": "lifecycle.nodegrace.dev/v1alpha1", "kind": "Eviction",
+            "metadata": {
+                "name": pod.uid().unwrap(),
+                "namespace": NS,
+                "labels": label.map(|l| json!({NODE_LABEL: l})).unwrap_or(json!({})),
+            },
+            "spec": {"target": {"pod": {"name": pod.name_any(), "uid": pod.uid().unwrap()}}},
+        }))
+        .unwrap()
+    }
+
     /// A NodeMaintenance the admin makes selecting `node` with `term`, with the nodegrace
     /// finalizer, a label, and `node`'s status entry saying it is still draining.
     async fn maintenance(&mut self, name: &str, node: &str, term: Value) -> NodeMaintenance {
@@ -181,12 +228,17 @@ impl Cluster {
             let _ = nms.delete(m, &DeleteParams::default()).await;
         }
         let ers: Api<EvictionRequest> = Api::namespaced(self.admin.clone(), NS);
+        let lifecycle_ers: Api<LifecycleRequest> = Api::namespaced(self.admin.clone(), NS);
+        let evictions: Api<Eviction> = Api::namespaced(self.admin.clone(), NS);
         let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
         for p in &self.pods {
             if let Ok(pod) = pods.get(p).await {
-                let _ = ers
-                    .delete(&pod.uid().unwrap_or_default(), &DeleteParams::default())
+                let uid = pod.uid().unwrap_or_default();
+                let _ = ers.delete(&uid, &DeleteParams::default()).await;
+                let _ = lifecycle_ers
+                    .delete(&format!("nodegrace-{uid}"), &DeleteParams::default())
                     .await;
+                let _ = evictions.delete(&uid, &DeleteParams::default()).await;
             }
             let _ = pods.delete(p, &DeleteParams::default()).await;
         }
@@ -417,6 +469,301 @@ async fn no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions() {
         "nodegrace:node:A deletes B's request",
         By::Policy(REQUESTS),
         ng.delete(&theirs, &realk8s::dry::delete()).await,
+    );
+    c.cleanup().await;
+}
+
+/// Waits until the admission policy `name`, maybe applied a moment ago, refuses `attempt`
+/// (the apiserver's policy informers catch up within seconds), then checks the refusal.
+async fn once_in_effect<T, F, Fut>(what: &str, name: &'static str, attempt: F)
+where
+    T: std::fmt::Debug,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while attempt().await.is_ok() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    refused(what, By::Policy(name), attempt().await);
+}
+
+/// Rows "EvictionRequests (lifecycle.nodegrace.dev)": node A's identity asks for evictions
+/// only under its own requester key and labelled for itself, withdraws its own, and leaves
+/// B's requests and their status alone. The lifecycle.k8s.io half of the policy is the same
+/// rule, which 1.28 cannot serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credential_of_a_node_requests_or_withdraws_under_another_nodes_key() {
+    if !realk8s::enabled(
+        "realk8s_identity::no_credential_of_a_node_requests_or_withdraws_under_another_nodes_key",
+    ) {
+        return;
+    }
+    let c = Cluster::new().await;
+    let (a, b) = (c.a.clone(), c.b.clone());
+    let (key_a, key_b) = (requester_key(&a), requester_key(&b));
+    let ng: Api<LifecycleRequest> = Api::namespaced(c.ng.clone(), NS);
+    let admin: Api<LifecycleRequest> = Api::namespaced(c.admin.clone(), NS);
+
+    let own = c.lifecycle_request(&a, &key_a, Some(&a)).await;
+    accepted(
+        "nodegrace:node:A asks for its pod's eviction under its key, labelled for itself",
+        ng.create(&realk8s::dry::post(), &own).await,
+    );
+    let with_b_key = c.lifecycle_request(&a, &key_b, Some(&a)).await;
+    let post = realk8s::dry::post();
+    once_in_effect("nodegrace:node:A asks under B's key", LC_REQUESTS, || {
+        ng.create(&post, &with_b_key)
+    })
+    .await;
+    for (what, request) in [
+        (
+            "labelled for B",
+            c.lifecycle_request(&a, &key_a, Some(&b)).await,
+        ),
+        ("unlabelled", c.lifecycle_request(&a, &key_a, None).await),
+        (
+            "under the key someone.example/x",
+            c.lifecycle_request(&a, "someone.example/x", Some(&a)).await,
+        ),
+        (
+            "for B's pod under B's key labelled for B",
+            c.lifecycle_request(&b, &key_b, Some(&b)).await,
+        ),
+    ] {
+        refused(
+            &format!("nodegrace:node:A asks for an eviction {what}"),
+            By::Policy(LC_REQUESTS),
+            ng.create(&realk8s::dry::post(), &request).await,
+        );
+    }
+    let kubelet: Api<LifecycleRequest> = Api::namespaced(c.kubelet.clone(), NS);
+    refused(
+        "system:node:A makes a lifecycle EvictionRequest",
+        By::Rbac,
+        kubelet.create(&realk8s::dry::post(), &own).await,
+    );
+
+    // Requests as they stand: A's own, B's, and another requester's (unlabelled) for B's pod.
+    let own = admin.create(&PostParams::default(), &own).await.unwrap();
+    let theirs = c.lifecycle_request(&b, &key_b, Some(&b)).await;
+    let theirs = admin.create(&PostParams::default(), &theirs).await.unwrap();
+    let (own, theirs) = (own.name_any(), theirs.name_any());
+    let withdraw = Patch::Merge(json!({"spec": {"intent": "Withdrawn"}}));
+    accepted(
+        "nodegrace:node:A withdraws its own request",
+        ng.patch(&own, &realk8s::dry::patch(), &withdraw).await,
+    );
+    refused(
+        "nodegrace:node:A withdraws B's request",
+        By::Policy(LC_REQUESTS),
+        ng.patch(&theirs, &realk8s::dry::patch(), &withdraw).await,
+    );
+    for (what, label) in [("to B", json!(b)), ("away", Value::Null)] {
+        refused(
+            &format!("nodegrace:node:A changes the label of its own request {what}"),
+            By::Policy(LC_REQUESTS),
+            ng.patch(
+                &own,
+                &realk8s::dry::patch(),
+                &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: label}}})),
+            )
+            .await,
+        );
+    }
+    refused(
+        "nodegrace:node:A labels B's request for itself",
+        By::Policy(LC_REQUESTS),
+        ng.patch(
+            &theirs,
+            &realk8s::dry::patch(),
+            &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: a}}})),
+        )
+        .await,
+    );
+    // delete is not granted (a request is withdrawn, and goes with its pod): RBAC refuses
+    // A's own as well; the policy would refuse B's.
+    refused(
+        "nodegrace:node:A deletes B's request",
+        By::Rbac,
+        ng.delete(&theirs, &realk8s::dry::delete()).await,
+    );
+
+    // Status, as the controller of A's pods: not of B's requests.
+    let status = Patch::Merge(json!({"status": {"conditions": [{
+        "type": "Invalid", "status": "True", "reason": "Set", "message": "x",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}));
+    accepted(
+        "nodegrace:node:A writes the status of its own request",
+        ng.patch_status(&own, &realk8s::dry::patch(), &status).await,
+    );
+    refused(
+        "nodegrace:node:A writes the status of B's request",
+        By::Policy(LC_REQUESTS),
+        ng.patch_status(&theirs, &realk8s::dry::patch(), &status)
+            .await,
+    );
+    // The limit: another requester's request carries no node label, and the controller of
+    // its pod's node writes its status; admission cannot tell which node that is.
+    let mut other = c.lifecycle_request(&b, "descheduler.example/x", None).await;
+    other.metadata.name = Some(format!("descheduler-{}", c.pod_of(&b)));
+    let other = admin.create(&PostParams::default(), &other).await.unwrap();
+    accepted(
+        "nodegrace:node:A writes the status of another requester's unlabelled request",
+        ng.patch_status(&other.name_any(), &realk8s::dry::patch(), &status)
+            .await,
+    );
+    admin
+        .delete(&other.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // An admin is not a node: the same writes go through.
+    accepted(
+        "the admin withdraws B's request",
+        admin
+            .patch(&theirs, &realk8s::dry::patch(), &withdraw)
+            .await,
+    );
+    accepted(
+        "the admin relabels B's request",
+        admin
+            .patch(
+                &theirs,
+                &realk8s::dry::patch(),
+                &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: a}}})),
+            )
+            .await,
+    );
+    accepted(
+        "the admin writes the status of B's request",
+        admin
+            .patch_status(&theirs, &realk8s::dry::patch(), &status)
+            .await,
+    );
+    accepted(
+        "the admin deletes B's request",
+        admin.delete(&theirs, &realk8s::dry::delete()).await,
+    );
+    c.cleanup().await;
+}
+
+/// Rows "Evictions (lifecycle.nodegrace.dev)": node A's identity keeps the Evictions
+/// labelled for itself, status included, and none of B's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_credential_of_a_node_keeps_another_nodes_evictions() {
+    if !realk8s::enabled("realk8s_identity::no_credential_of_a_node_keeps_another_nodes_evictions")
+    {
+        return;
+    }
+    let c = Cluster::new().await;
+    let (a, b) = (c.a.clone(), c.b.clone());
+    let ng: Api<Eviction> = Api::namespaced(c.ng.clone(), NS);
+    let admin: Api<Eviction> = Api::namespaced(c.admin.clone(), NS);
+
+    let own = c.eviction(&a, Some(&a)).await;
+    accepted(
+        "nodegrace:node:A makes its pod's Eviction labelled for itself",
+        ng.create(&realk8s::dry::post(), &own).await,
+    );
+    let labelled_b = c.eviction(&b, Some(&b)).await;
+    let post = realk8s::dry::post();
+    once_in_effect(
+        "nodegrace:node:A makes an Eviction labelled for B",
+        LC_EVICTIONS,
+        || ng.create(&post, &labelled_b),
+    )
+    .await;
+    refused(
+        "nodegrace:node:A makes an unlabelled Eviction",
+        By::Policy(LC_EVICTIONS),
+        ng.create(&realk8s::dry::post(), &c.eviction(&a, None).await)
+            .await,
+    );
+    let kubelet: Api<Eviction> = Api::namespaced(c.kubelet.clone(), NS);
+    refused(
+        "system:node:A makes an Eviction",
+        By::Rbac,
+        kubelet.create(&realk8s::dry::post(), &own).await,
+    );
+
+    let own = admin.create(&PostParams::default(), &own).await.unwrap();
+    let theirs = admin
+        .create(&PostParams::default(), &labelled_b)
+        .await
+        .unwrap();
+    let (own, theirs) = (own.name_any(), theirs.name_any());
+    // The default imperative evictor's entry, and the controller's view of the requesters.
+    let status = Patch::Merge(json!({"status": {
+        "requesters": [{"name": requester_key(&a), "intent": "Eviction"}],
+        "targetResponders": [{"name": "imperative-eviction.nodegrace.dev/evictor",
+                              "priority": 100, "state": "Active"}],
+        "responders": [{"name": "imperative-eviction.nodegrace.dev/evictor",
+                        "startTime": "2026-01-01T00:00:00Z",
+                        "heartbeatTime": "2026-01-01T00:00:00Z",
+                        "message": "evicting"}],
+    }}));
+    accepted(
+        "nodegrace:node:A writes the status of its own Eviction",
+        ng.patch_status(&own, &realk8s::dry::patch(), &status).await,
+    );
+    refused(
+        "nodegrace:node:A writes the status of B's Eviction",
+        By::Policy(LC_EVICTIONS),
+        ng.patch_status(&theirs, &realk8s::dry::patch(), &status)
+            .await,
+    );
+    let annotate = Patch::Merge(json!({"metadata": {"annotations": {"x": "y"}}}));
+    accepted(
+        "nodegrace:node:A changes its own Eviction",
+        ng.patch(&own, &realk8s::dry::patch(), &annotate).await,
+    );
+    refused(
+        "nodegrace:node:A changes B's Eviction",
+        By::Policy(LC_EVICTIONS),
+        ng.patch(&theirs, &realk8s::dry::patch(), &annotate).await,
+    );
+    for (what, label) in [("to B", json!(b)), ("away", Value::Null)] {
+        refused(
+            &format!("nodegrace:node:A changes the label of its own Eviction {what}"),
+            By::Policy(LC_EVICTIONS),
+            ng.patch(
+                &own,
+                &realk8s::dry::patch(),
+                &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: label}}})),
+            )
+            .await,
+        );
+    }
+    refused(
+        "nodegrace:node:A labels B's Eviction for itself",
+        By::Policy(LC_EVICTIONS),
+        ng.patch(
+            &theirs,
+            &realk8s::dry::patch(),
+            &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: a}}})),
+        )
+        .await,
+    );
+    accepted(
+        "nodegrace:node:A deletes its own Eviction",
+        ng.delete(&own, &realk8s::dry::delete()).await,
+    );
+    refused(
+        "nodegrace:node:A deletes B's Eviction",
+        By::Policy(LC_EVICTIONS),
+        ng.delete(&theirs, &realk8s::dry::delete()).await,
+    );
+
+    accepted(
+        "the admin writes the status of B's Eviction",
+        admin
+            .patch_status(&theirs, &realk8s::dry::patch(), &status)
+            .await,
+    );
+    accepted(
+        "the admin deletes B's Eviction",
+        admin.delete(&theirs, &realk8s::dry::delete()).await,
     );
     c.cleanup().await;
 }

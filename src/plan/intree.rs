@@ -127,7 +127,7 @@ fn fnv1a(s: &str) -> u64 {
 
 /// nodegrace's requester key on `node`: `nodegrace.dev/<node>`. A node name longer than a
 /// key's name part allows (63) keeps its first 46 characters and gains a hash of the whole.
-pub(crate) fn requester_key(node: &str) -> String {
+pub fn requester_key(node: &str) -> String {
     if is_qualified_name_part(node) {
         return format!("{REQUESTER_DOMAIN}/{node}");
     }

@@ -248,6 +248,8 @@ impl ControlPlane {
         for crd in [
             "nodemaintenances.nodegrace.dev",
             "evictionrequests.nodegrace.dev",
+            "evictionrequests.lifecycle.nodegrace.dev",
+            "evictions.lifecycle.nodegrace.dev",
         ] {
             self.kubectl_ok(&[
                 "wait",
