@@ -156,9 +156,8 @@ async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
 
     // db's Eviction: its operator active first, nodegrace's evictor after it.
     eventually(20, "db's Eviction with its operator active", || {
-        eviction_of(&env, &db).is_some_and(|e| {
-            states(&e).first().map(|s| s.2.as_str()) == Some("Active")
-        })
+        eviction_of(&env, &db)
+            .is_some_and(|e| states(&e).first().map(|s| s.2.as_str()) == Some("Active"))
     })
     .await;
     let e = eviction_of(&env, &db).unwrap();
@@ -194,10 +193,7 @@ async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
     assert_eq!(env.deletes(), ["ds"], "the DaemonSet pod stays the drain's");
     let e = eviction_of(&env, &db).unwrap();
     assert_eq!(
-        states(&e)
-            .iter()
-            .map(|s| s.2.as_str())
-            .collect::<Vec<_>>(),
+        states(&e).iter().map(|s| s.2.as_str()).collect::<Vec<_>>(),
         ["Completed", "Completed"]
     );
     let conditions = e["status"]["conditions"].as_array().unwrap();

@@ -361,7 +361,24 @@ pub fn required_lifecycle_crds(controller: bool) -> Vec<Permission> {
 /// [`verify`]'s permission check for the in-tree EvictionRequest API: a missing grant is a
 /// [`CredentialError`] naming it.
 pub(crate) async fn verify_in_tree(clients: &Clients, verified: &Verified) -> anyhow::Result<()> {
-    let wanted = required_in_tree();
+    verify_nodegrace_may(clients, verified, required_in_tree()).await
+}
+
+/// Whether nodegrace's credential may use its `lifecycle.nodegrace.dev` CRDs, as requester and
+/// (`controller`) as the eviction-request controller of its pods.
+pub(crate) async fn verify_lifecycle_crds(
+    clients: &Clients,
+    verified: &Verified,
+    controller: bool,
+) -> anyhow::Result<()> {
+    verify_nodegrace_may(clients, verified, required_lifecycle_crds(controller)).await
+}
+
+async fn verify_nodegrace_may(
+    clients: &Clients,
+    verified: &Verified,
+    wanted: Vec<Permission>,
+) -> anyhow::Result<()> {
     let answers =
         futures::future::join_all(wanted.iter().map(|p| allowed(&clients.nodegrace, p))).await;
     let mut lacking = Vec::new();

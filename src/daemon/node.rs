@@ -724,8 +724,12 @@ where
             let crd = path == EvictionPath::LegacyCrd;
             let verified =
                 identity::verify(&clients, paths, node, crd, crd && controller_wanted).await?;
-            if path == EvictionPath::InTree {
-                identity::verify_in_tree(&clients, &verified).await?;
+            match path {
+                EvictionPath::InTree => identity::verify_in_tree(&clients, &verified).await?,
+                EvictionPath::LifecycleCrds => {
+                    identity::verify_lifecycle_crds(&clients, &verified, controller_wanted).await?;
+                }
+                EvictionPath::LegacyCrd | EvictionPath::EvictionApi => {}
             }
             anyhow::Ok((clients, served, verified))
         };

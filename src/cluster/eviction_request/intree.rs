@@ -537,7 +537,14 @@ impl Progress {
 
 /// A Warning event on `pod`, written in the background: an event that cannot be written is
 /// a debug line, never an error of the drain.
-fn warn_on_pod(recorder: &Recorder, pod: &PodKey, reason: &str, action: &str, note: &str) {
+/// A Warning event on `pod`, written in the background (a failure is only logged).
+pub(super) fn warn_on_pod(
+    recorder: &Recorder,
+    pod: &PodKey,
+    reason: &str,
+    action: &str,
+    note: &str,
+) {
     let reference = ObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Pod".to_owned()),

@@ -14,22 +14,23 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest, ResponderStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::controller::Message;
+use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
-use super::{BlockSink, ControllerHandle, WallClock, NODE_LABEL};
+use super::{BlockSink, ControllerHandle, PodKey, WallClock, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::{error_text, FIELD_MANAGER};
@@ -72,6 +73,9 @@ struct Memory {
     told: BTreeSet<String>,
     /// What is wrong with the responders the pod being looked at declares.
     problems: Vec<String>,
+    /// Evictions as this controller last wrote them, by `namespace/name`, until the watch
+    /// shows them: a look must not decide on a cache older than its own writes.
+    written: HashMap<String, Eviction>,
     timers: BTreeMap<Timestamp, BTreeSet<Target>>,
 }
 
@@ -91,13 +95,7 @@ impl LifecycleController {
         clock: WallClock,
     ) -> (Self, ControllerHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "nodegrace".to_owned(),
-                instance: Some(node.to_owned()),
-            },
-        );
+        let recorder = crate::cluster::event_recorder(client.clone(), node);
         (
             Self {
                 api: LifecycleApi::nodegrace(),
@@ -188,7 +186,13 @@ impl LifecycleController {
                     return Ok(());
                 }
                 event = events.next() => match event {
-                    Some(Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o))) => {
+                    Some(Ok(watcher::Event::Delete(o))) => {
+                        if let Some(ns) = &o.metadata.namespace {
+                            memory.written.remove(&format!("{ns}/{}", o.metadata.name.as_deref().unwrap_or_default()));
+                        }
+                        dirty.extend(target_of(&o));
+                    }
+                    Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
                         dirty.extend(target_of(&o));
                     }
                     Some(Ok(_)) => {}
@@ -282,45 +286,75 @@ impl LifecycleController {
             .into_iter()
             .filter(|o| about(o))
             .collect();
-        // A pod not in this node's cache is another node's, unless a request was claimed.
+        // A pod not in this node's cache is another node's, unless this node labelled a
+        // request about it (its own): then the pod is gone.
         if pod.is_none() && labelled.is_empty() {
             return Ok(());
         }
         let mut requests = labelled;
         for o in unclaimed {
-            requests.push(self.claim(&o).await?);
+            requests.push(typed(&o)?);
         }
-        let evictions: Vec<Eviction> = caches
+        let mut evictions: Vec<Eviction> = caches
             .evictions
             .state()
             .iter()
             .filter(|o| about(o))
             .map(|o| typed(o))
             .collect::<Result<_>>()?;
+        overlay(&mut evictions, &mut memory.written, namespace, name);
         let uids: BTreeSet<String> = requests
             .iter()
             .filter_map(|r| r.spec.target.pod.as_ref().map(|p| p.uid.clone()))
             .collect();
-        let now = self.clock.now();
         for uid in uids {
             let facts = self.facts(pod.as_deref(), &uid, memory);
+            // The evictor reports first: a pod it evicted that is now gone is its completion,
+            // which the controller must see before it closes the Eviction.
+            let mut wakes = Vec::new();
+            if let Some(i) = evictions.iter().position(|e| is_open_for(e, &uid)) {
+                let (written, wake) = self
+                    .run_evictor(namespace, name, &uid, &facts, &evictions[i], memory)
+                    .await?;
+                wakes.push(wake);
+                if let Some(written) = written {
+                    evictions[i] = written;
+                }
+            }
             let target = TargetRef {
                 name: name.clone(),
                 uid: uid.clone(),
             };
-            let decision = decide(&target, &facts, &requests, &evictions, now);
-            let mut problems = std::mem::take(&mut memory.problems);
-            problems.extend(decision.problems.iter().cloned());
-            self.tell(pod.as_deref(), &uid, &problems, memory).await;
-            let wake = decision.wake_at;
-            let current = self.apply(namespace, &decision, &evictions).await?;
-            let mut evictor_wake = None;
-            if let Some(eviction) = current {
-                evictor_wake = self
-                    .run_evictor(namespace, name, &uid, &facts, &eviction, memory)
-                    .await?;
+            let decision = decide(&target, &facts, &requests, &evictions, self.clock.now());
+            let responder_problems = std::mem::take(&mut memory.problems);
+            self.tell(
+                pod.as_deref(),
+                &uid,
+                "EvictionResponderInvalid",
+                &responder_problems,
+                memory,
+            );
+            self.tell(
+                pod.as_deref(),
+                &uid,
+                "EvictionRequestInvalid",
+                &decision.problems,
+                memory,
+            );
+            wakes.push(decision.wake_at);
+            if !decision.is_quiet() {
+                // The evictor acts at once when the decision made it the active responder.
+                if let Some(current) = self
+                    .apply(namespace, &decision, &evictions, &requests, memory)
+                    .await?
+                {
+                    let (_, wake) = self
+                        .run_evictor(namespace, name, &uid, &facts, &current, memory)
+                        .await?;
+                    wakes.push(wake);
+                }
             }
-            for at in [wake, evictor_wake].into_iter().flatten() {
+            for at in wakes.into_iter().flatten() {
                 memory
                     .timers
                     .entry(at)
@@ -395,30 +429,14 @@ impl LifecycleController {
         }
     }
 
-    /// Labels an unlabelled request about one of this node's pods for this node.
-    async fn claim(&self, request: &DynamicObject) -> Result<EvictionRequest> {
-        let ns = request.metadata.namespace.as_deref().unwrap_or_default();
-        let name = request.metadata.name.as_deref().unwrap_or_default();
-        let patch = json!({"metadata": {
-            "resourceVersion": request.metadata.resource_version,
-            "labels": {NODE_LABEL: self.node},
-        }});
-        let written = self
-            .api
-            .requests(&self.client, Some(ns))
-            .patch(name, &params(), &Patch::Merge(&patch))
-            .await
-            .with_context(|| format!("labelling EvictionRequest {ns}/{name} for this node"))?;
-        info!(node = %self.node, request = %format!("{ns}/{name}"), "claimed an EvictionRequest about this node's pod");
-        typed(&written)
-    }
-
     /// Writes `decision`; returns the Eviction it leaves in charge of the pod, if any.
     async fn apply(
         &self,
         namespace: &str,
         decision: &Decision,
         known: &[Eviction],
+        requests: &[EvictionRequest],
+        memory: &mut Memory,
     ) -> Result<Option<Eviction>> {
         let api = self.api.evictions(&self.client, Some(namespace));
         let mut current: Option<Eviction> = None;
@@ -436,8 +454,11 @@ impl LifecycleController {
                 .with_context(|| format!("creating Eviction {namespace}/{name}"))?;
             info!(node = %self.node, eviction = %format!("{namespace}/{name}"), "created an Eviction");
             let mut created: Eviction = typed(&created)?;
+            Self::remember(memory, &created);
             if let Some(status) = status {
-                created = self.write_status(&api, &created, json!(status)).await?;
+                created = self
+                    .write_status(&api, &created, json!(status), memory)
+                    .await?;
             }
             current = Some(created);
         }
@@ -445,9 +466,11 @@ impl LifecycleController {
             let mut labels = metadata.labels.clone();
             labels.insert(NODE_LABEL.to_owned(), self.node.clone());
             let patch = json!({"metadata": {"labels": labels, "ownerReferences": metadata.owner_references}});
-            api.patch(name, &params(), &Patch::Merge(&patch))
+            let written = api
+                .patch(name, &params(), &Patch::Merge(&patch))
                 .await
                 .with_context(|| format!("labelling Eviction {namespace}/{name}"))?;
+            Self::remember(memory, &typed(&written)?);
         }
         for (name, status) in &decision.eviction_statuses {
             let Some(old) = known
@@ -456,12 +479,16 @@ impl LifecycleController {
             else {
                 continue;
             };
-            current = Some(self.write_status(&api, old, json!(status)).await?);
+            current = Some(self.write_status(&api, old, json!(status), memory).await?);
         }
-        let requests = self.api.requests(&self.client, Some(namespace));
+        let request_api = self.api.requests(&self.client, Some(namespace));
         for (name, status) in &decision.request_statuses {
-            let patch = json!({"status": status});
-            match requests
+            let version = requests
+                .iter()
+                .find(|r| r.metadata.name.as_deref() == Some(name))
+                .and_then(|r| r.metadata.resource_version.clone());
+            let patch = json!({"metadata": {"resourceVersion": version}, "status": status});
+            match request_api
                 .patch_status(name, &params(), &Patch::Merge(&patch))
                 .await
             {
@@ -489,6 +516,7 @@ impl LifecycleController {
         api: &Api<DynamicObject>,
         eviction: &Eviction,
         status: serde_json::Value,
+        memory: &mut Memory,
     ) -> Result<Eviction> {
         let name = eviction.metadata.name.clone().unwrap_or_default();
         let patch = json!({
@@ -499,7 +527,18 @@ impl LifecycleController {
             .patch_status(&name, &params(), &Patch::Merge(&patch))
             .await
             .with_context(|| format!("writing the status of Eviction {name}"))?;
-        typed(&written)
+        let written: Eviction = typed(&written)?;
+        Self::remember(memory, &written);
+        Ok(written)
+    }
+
+    fn remember(memory: &mut Memory, eviction: &Eviction) {
+        let key = format!(
+            "{}/{}",
+            eviction.metadata.namespace.as_deref().unwrap_or_default(),
+            eviction.metadata.name.as_deref().unwrap_or_default()
+        );
+        memory.written.insert(key, eviction.clone());
     }
 
     /// nodegrace's imperative evictor, when it is the Eviction's active responder.
@@ -511,7 +550,7 @@ impl LifecycleController {
         facts: &PodFacts,
         eviction: &Eviction,
         memory: &mut Memory,
-    ) -> Result<Option<Timestamp>> {
+    ) -> Result<(Option<Eviction>, Option<Timestamp>)> {
         let cap = memory.backoff_cap.unwrap_or(EVICTOR_BACKOFF_CAP);
         let now = self.clock.now();
         let mut d = decide_evictor(
@@ -562,10 +601,14 @@ impl LifecycleController {
             }
             d = evictor_attempted(eviction, name, &outcome, cap, now);
         }
-        if let Some(entry) = d.status {
-            self.write_evictor_entry(namespace, eviction, entry).await?;
-        }
-        Ok(d.wake_at)
+        let written = match d.status {
+            Some(entry) => {
+                self.write_evictor_entry(namespace, eviction, entry, memory)
+                    .await?
+            }
+            None => None,
+        };
+        Ok((written, d.wake_at))
     }
 
     async fn write_evictor_entry(
@@ -573,7 +616,8 @@ impl LifecycleController {
         namespace: &str,
         eviction: &Eviction,
         entry: ResponderStatus,
-    ) -> Result<()> {
+        memory: &mut Memory,
+    ) -> Result<Option<Eviction>> {
         let mut responders = eviction
             .status
             .as_ref()
@@ -581,32 +625,39 @@ impl LifecycleController {
             .unwrap_or_default();
         match responders.iter_mut().find(|r| r.name == entry.name) {
             Some(r) => *r = entry,
-            None => return Ok(()),
+            None => return Ok(None),
         }
         let api = self.api.evictions(&self.client, Some(namespace));
-        self.write_status(&api, eviction, json!({"responders": responders}))
+        self.write_status(&api, eviction, json!({"responders": responders}), memory)
             .await
-            .map(|_| ())
+            .map(Some)
     }
 
-    /// Logs and records on the pod each problem once.
-    async fn tell(&self, pod: Option<&Pod>, uid: &str, problems: &[String], memory: &mut Memory) {
+    /// Logs each problem once, and records it as a Warning event on the pod (`reason`).
+    fn tell(
+        &self,
+        pod: Option<&Pod>,
+        uid: &str,
+        reason: &str,
+        problems: &[String],
+        memory: &mut Memory,
+    ) {
         for problem in problems {
             if !memory.told.insert(format!("{uid}/{problem}")) {
                 continue;
             }
-            warn!(node = %self.node, pod_uid = %uid, "eviction request: {problem}");
-            let Some(pod) = pod else { continue };
-            let reference: ObjectReference = pod.object_ref(&());
-            let event = Event {
-                type_: EventType::Warning,
-                reason: "EvictionRequestInvalid".into(),
-                note: Some(problem.chars().take(1000).collect()),
-                action: "Evict".into(),
-                secondary: None,
-            };
-            if let Err(err) = self.recorder.publish(&event, &reference).await {
-                debug!(error = %err, "recording an event failed");
+            let key = pod.map(|p| {
+                PodKey::new(
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default(),
+                    uid,
+                )
+            });
+            warn!(node = %self.node, pod = %key.as_ref().map(ToString::to_string).unwrap_or_default(), pod_uid = %uid, "{reason}: {problem}");
+            if let Some(key) =
+                key.filter(|_| pod.and_then(|p| p.metadata.uid.as_deref()) == Some(uid))
+            {
+                warn_on_pod(&self.recorder, &key, reason, "Evict", problem);
             }
         }
     }
@@ -624,6 +675,55 @@ fn api_error_code_of(err: &kube::Error) -> Option<u16> {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
     }
+}
+
+/// Puts this controller's own last writes over the watch cache's older copies of the
+/// Evictions of `namespace/name`, and forgets those the cache has caught up with.
+fn overlay(
+    evictions: &mut Vec<Eviction>,
+    written: &mut HashMap<String, Eviction>,
+    namespace: &str,
+    name: &str,
+) {
+    let version = |e: &Eviction| {
+        e.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let prefix = format!("{namespace}/");
+    written.retain(|key, mine| {
+        if !key.starts_with(&prefix)
+            || mine.spec.target.pod.as_ref().map(|p| p.name.as_str()) != Some(name)
+        {
+            return true;
+        }
+        let cached = evictions
+            .iter_mut()
+            .find(|e| e.metadata.name == mine.metadata.name);
+        match cached {
+            Some(c) if version(c) >= version(mine) => false,
+            Some(c) => {
+                *c = mine.clone();
+                true
+            }
+            None => {
+                evictions.push(mine.clone());
+                true
+            }
+        }
+    });
+}
+
+/// An Eviction of the pod with `uid` that is still running.
+fn is_open_for(eviction: &Eviction, uid: &str) -> bool {
+    eviction
+        .spec
+        .target
+        .pod
+        .as_ref()
+        .is_some_and(|p| p.uid == uid)
+        && !crate::plan::evictions::eviction_is_final(eviction)
 }
 
 fn target_key(namespace: &str, name: &str) -> Target {
