@@ -450,37 +450,43 @@ fn progress_responders(
         }
         return (false, None);
     }
-    let Some(i) = active.or_else(|| targets.iter().position(|t| t.state == INACTIVE)) else {
+    let Some(mut i) = active.or_else(|| targets.iter().position(|t| t.state == INACTIVE)) else {
         return (false, None);
     };
-    let (state, wake) = match status_of(&targets[i].name) {
-        None => (ACTIVE, Some(after(now, HEARTBEAT_DEADLINE))),
-        Some(s) if s.completion_time.is_some() => (COMPLETED, None),
-        Some(s) => {
-            let last = s
-                .heartbeat_time
-                .as_ref()
-                .or(s.start_time.as_ref())
-                .map_or(now, ts);
-            if elapsed(now, last) >= HEARTBEAT_DEADLINE {
-                (INTERRUPTED, None)
-            } else {
-                (ACTIVE, Some(after(last, HEARTBEAT_DEADLINE)))
+    // Upstream hands over one responder per pass and sees the next one's state on the next
+    // pass (the same instant when nothing else happens); going on here until a responder
+    // stays Active reaches the same states in one write.
+    loop {
+        let state = match status_of(&targets[i].name) {
+            None => ACTIVE,
+            Some(s) if s.completion_time.is_some() => COMPLETED,
+            Some(s) => {
+                if elapsed(now, last_word(s, now)) >= HEARTBEAT_DEADLINE {
+                    INTERRUPTED
+                } else {
+                    ACTIVE
+                }
             }
+        };
+        targets[i].state = state.to_owned();
+        if state == ACTIVE {
+            let since = status_of(&targets[i].name).map_or(now, |s| last_word(s, now));
+            return (false, Some(after(since, HEARTBEAT_DEADLINE)));
         }
-    };
-    targets[i].state = state.to_owned();
-    if state == ACTIVE {
-        return (false, wake);
-    }
-    match targets.get_mut(i + 1) {
-        Some(next) => {
-            next.state = ACTIVE.to_owned();
-            (false, Some(after(now, HEARTBEAT_DEADLINE)))
+        if i + 1 == targets.len() {
+            return (true, None);
         }
-        // Upstream notices this on its next pass; deciding it now saves a write.
-        None => (true, None),
+        i += 1;
     }
+}
+
+/// What the heartbeat deadline counts from: the heartbeat, else the start (upstream reads
+/// the heartbeat first even when it is older than the start), else now.
+fn last_word(s: &ResponderStatus, now: Timestamp) -> Timestamp {
+    s.heartbeat_time
+        .as_ref()
+        .or(s.start_time.as_ref())
+        .map_or(now, ts)
 }
 
 /// Upstream `shouldDeferCompletion`: the Active responder of a pod that was deleted and is
@@ -542,7 +548,8 @@ fn eviction_status(
                     name: t.name.clone(),
                     ..ResponderStatus::default()
                 });
-            if s.start_time.is_none() && t.state == ACTIVE {
+            // Every responder that has been Active has a start time.
+            if s.start_time.is_none() && t.state != INACTIVE {
                 s.start_time = Some(Time(now));
             }
             s

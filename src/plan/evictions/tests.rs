@@ -358,6 +358,34 @@ fn a_responder_silent_for_twenty_minutes_is_interrupted_and_the_next_takes_over(
 }
 
 #[test]
+fn a_responder_that_reported_before_its_turn_is_passed_over_in_the_same_write() {
+    let mut w = World::with(vec![request("nodegrace.dev/n1", INTENT_EVICTION, 0)]);
+    let pod = running(&[(DB, 10_000), (BACKUP, 2000)]);
+    w.settle(&pod, at(0));
+    // The backup agent marks itself done while the operator still works, and its stale
+    // heartbeat would not count: completion wins.
+    w.responder_mut(BACKUP).completion_time = Some(Time(at(5)));
+    w.responder_mut(DB).completion_time = Some(Time(at(60)));
+    let d = w.decide(&pod, at(61));
+    assert_eq!(d.eviction_statuses.len(), 1);
+    w.apply(&d, at(61));
+    assert_eq!(
+        w.states(),
+        st(&[
+            (DB, COMPLETED),
+            (BACKUP, COMPLETED),
+            (NODEGRACE_EVICTOR, ACTIVE)
+        ])
+    );
+    assert_eq!(w.responder_mut(BACKUP).start_time, Some(Time(at(61))));
+    assert_eq!(
+        w.responder_mut(NODEGRACE_EVICTOR).start_time,
+        Some(Time(at(61)))
+    );
+    assert!(w.decide(&pod, at(61)).is_quiet());
+}
+
+#[test]
 fn a_heartbeat_moves_the_deadline() {
     let mut w = World::with(vec![request("nodegrace.dev/n1", INTENT_EVICTION, 0)]);
     let pod = running(&[(DB, 10_000)]);
@@ -1112,8 +1140,9 @@ mod properties {
         Withdraw(usize),
         Delete(usize),
         Wait(i64),
-        Heartbeat,
-        Complete,
+        /// The Active responder (0) or, late or out of turn, the (k-1)-th one writes.
+        Heartbeat(usize),
+        Complete(usize),
         Evictor(bool),
         Terminating,
         Terminal,
@@ -1133,8 +1162,8 @@ mod properties {
             1 => (0..REQUESTERS.len()).prop_map(Event::Withdraw),
             1 => (0..REQUESTERS.len()).prop_map(Event::Delete),
             3 => prop_oneof![Just(1i64), Just(5), Just(300), Just(1199), Just(1200), Just(3000)].prop_map(Event::Wait),
-            2 => Just(Event::Heartbeat),
-            2 => Just(Event::Complete),
+            2 => (0..6usize).prop_map(|k| Event::Heartbeat(k.saturating_sub(2))),
+            2 => (0..6usize).prop_map(|k| Event::Complete(k.saturating_sub(2))),
             2 => any::<bool>().prop_map(Event::Evictor),
             1 => Just(Event::Terminating),
             1 => Just(Event::Terminal),
@@ -1203,20 +1232,19 @@ mod properties {
                 }
                 Event::Delete(k) => w.requests.retain(|r| r.spec.requester != REQUESTERS[*k]),
                 Event::Wait(s) => now += s,
-                Event::Heartbeat | Event::Complete => {
+                Event::Heartbeat(k) | Event::Complete(k) => {
                     let Some(e) = w.evictions.iter_mut().find(|e| !eviction_is_final(e)) else {
                         continue;
                     };
                     let Some(status) = e.status.as_mut() else {
                         continue;
                     };
-                    let Some(active) = status
-                        .target_responders
-                        .iter()
-                        .flatten()
-                        .find(|t| t.state == ACTIVE)
-                        .map(|t| t.name.clone())
-                    else {
+                    let list = status.target_responders.clone().unwrap_or_default();
+                    let who = match k {
+                        0 => list.iter().find(|t| t.state == ACTIVE),
+                        k => list.get((k - 1) % list.len().max(1)),
+                    };
+                    let Some(active) = who.map(|t| t.name.clone()) else {
                         continue;
                     };
                     if let Some(r) = status
@@ -1225,7 +1253,7 @@ mod properties {
                         .flatten()
                         .find(|r| r.name == active)
                     {
-                        if matches!(ev, Event::Complete) {
+                        if matches!(ev, Event::Complete(_)) {
                             r.completion_time.get_or_insert(Time(at(now)));
                         } else {
                             r.heartbeat_time = Some(Time(at(now)));
