@@ -293,7 +293,7 @@ fn the_highest_priority_responder_is_active_first() {
 
 #[test]
 fn equal_priorities_go_by_top_level_domain_first_then_lower_labels_then_key() {
-    let mut names = vec![
+    let mut names = [
         ("b.example.org/x", 5000),
         ("a.example.org/x", 5000),
         ("z.example.com/x", 5000),
