@@ -949,10 +949,12 @@ impl EvictorDecision {
     }
 }
 
-/// The evictor's own entry, when the evictor is Active on `eviction`, the controller has set
-/// its entry up and it has not completed.
-fn evictor_entry(eviction: &Eviction) -> Option<&ResponderStatus> {
-    if eviction_is_final(eviction) {
+/// The evictor's own entry, when `eviction` is of `target`, the evictor is Active on it, the
+/// controller has set its entry up and it has not completed.
+fn evictor_entry<'a>(eviction: &'a Eviction, target: &TargetRef) -> Option<&'a ResponderStatus> {
+    if eviction_is_final(eviction)
+        || target_of(eviction) != Some((target.name.as_str(), target.uid.as_str()))
+    {
         return None;
     }
     let status = eviction.status.as_ref()?;
@@ -1031,21 +1033,23 @@ fn evictor_write(
     Some(out)
 }
 
-/// The evictor's decision for `eviction` of the pod `pod_name` with `facts`.
+/// The evictor's decision for `eviction` of the pod `target` (with `facts`; the Eviction API
+/// is called with `target.uid` as precondition). An Eviction of another pod is left alone.
 /// `last_attempt` is when the evictor last called the Eviction API for this pod and failed
 /// (kept in memory, as upstream does: after a restart it tries at once); `backoff_cap` is
 /// [`EVICTOR_BACKOFF_CAP`], or shorter during a shutdown.
 pub(crate) fn decide_evictor(
     eviction: &Eviction,
-    pod_name: &str,
+    target: &TargetRef,
     facts: &PodFacts,
     last_attempt: Option<Timestamp>,
     backoff_cap: Duration,
     now: Timestamp,
 ) -> EvictorDecision {
-    let Some(entry) = evictor_entry(eviction) else {
+    let Some(entry) = evictor_entry(eviction, target) else {
         return EvictorDecision::idle();
     };
+    let pod_name = target.name.as_str();
     let heartbeat = Some(after(now, EVICTOR_HEARTBEAT));
     let report = |message: String, expected: Option<Timestamp>, completed: bool| EvictorDecision {
         evict_now: false,
@@ -1117,14 +1121,15 @@ pub(crate) enum EvictionOutcome {
 /// as the last attempt when the outcome is `Refused`, and forgets it on `Evicted`.
 pub(crate) fn evictor_attempted(
     eviction: &Eviction,
-    pod_name: &str,
+    target: &TargetRef,
     outcome: &EvictionOutcome,
     backoff_cap: Duration,
     now: Timestamp,
 ) -> EvictorDecision {
-    let Some(entry) = evictor_entry(eviction) else {
+    let Some(entry) = evictor_entry(eviction, target) else {
         return EvictorDecision::idle();
     };
+    let pod_name = target.name.as_str();
     let heartbeat = after(now, EVICTOR_HEARTBEAT);
     match outcome {
         EvictionOutcome::Evicted => EvictorDecision {

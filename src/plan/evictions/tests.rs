@@ -898,7 +898,14 @@ fn evictor_active(message: Option<&str>) -> Eviction {
 #[test]
 fn the_evictor_evicts_only_when_it_is_the_active_responder() {
     let e = evictor_active(None);
-    let d = decide_evictor(&e, POD, &running(&[]), None, EVICTOR_BACKOFF_CAP, at(1));
+    let d = decide_evictor(
+        &e,
+        &target(),
+        &running(&[]),
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(1),
+    );
     assert!(d.evict_now);
     assert_eq!(d.status, None);
 
@@ -906,13 +913,26 @@ fn the_evictor_evicts_only_when_it_is_the_active_responder() {
     w.settle(&running(&[(DB, 10_000)]), at(0));
     let d = decide_evictor(
         w.eviction(),
-        POD,
+        &target(),
         &running(&[]),
         None,
         EVICTOR_BACKOFF_CAP,
         at(1),
     );
     assert_eq!(d, EvictorDecision::idle(), "another responder is Active");
+
+    let other = TargetRef {
+        name: POD.into(),
+        uid: "another-pod".into(),
+    };
+    let d = decide_evictor(&e, &other, &running(&[]), None, EVICTOR_BACKOFF_CAP, at(1));
+    assert_eq!(d, EvictorDecision::idle(), "an Eviction of another pod UID");
+    let refused = EvictionOutcome::Refused {
+        error: "x".into(),
+        retry_after: None,
+    };
+    let d = evictor_attempted(&e, &other, &refused, EVICTOR_BACKOFF_CAP, at(1));
+    assert_eq!(d, EvictorDecision::idle());
 }
 
 #[test]
@@ -922,7 +942,7 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
         error: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
         retry_after: None,
     };
-    let d = evictor_attempted(&e, POD, &refused, EVICTOR_BACKOFF_CAP, at(10));
+    let d = evictor_attempted(&e, &target(), &refused, EVICTOR_BACKOFF_CAP, at(10));
     let status = d.status.clone().unwrap();
     let message = status.message.clone().unwrap();
     assert!(message.contains("(attempts=1)"), "{message}");
@@ -934,7 +954,7 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
     let e = evictor_active(Some(&message));
     let wait = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(10)),
         EVICTOR_BACKOFF_CAP,
@@ -944,14 +964,14 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
     assert_eq!(wait.wake_at, Some(at(15)));
     let go = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(10)),
         EVICTOR_BACKOFF_CAP,
         at(15),
     );
     assert!(go.evict_now);
-    let second = evictor_attempted(&e, POD, &refused, EVICTOR_BACKOFF_CAP, at(15));
+    let second = evictor_attempted(&e, &target(), &refused, EVICTOR_BACKOFF_CAP, at(15));
     assert!(second
         .status
         .unwrap()
@@ -981,7 +1001,17 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
         Duration::from_secs(20)
     );
     // After a restart the last attempt is unknown: try at once.
-    assert!(decide_evictor(&e, POD, &running(&[]), None, EVICTOR_BACKOFF_CAP, at(12)).evict_now);
+    assert!(
+        decide_evictor(
+            &e,
+            &target(),
+            &running(&[]),
+            None,
+            EVICTOR_BACKOFF_CAP,
+            at(12)
+        )
+        .evict_now
+    );
 }
 
 #[test]
@@ -989,7 +1019,7 @@ fn a_long_back_off_still_heartbeats_every_three_minutes_and_honours_retry_after(
     let e = evictor_active(Some("x (attempts=9): refused"));
     let d = evictor_attempted(
         &e,
-        POD,
+        &target(),
         &EvictionOutcome::Refused {
             error: "too many requests".into(),
             retry_after: Some(Duration::from_secs(3600)),
@@ -1003,7 +1033,7 @@ fn a_long_back_off_still_heartbeats_every_three_minutes_and_honours_retry_after(
     e.status.as_mut().unwrap().responders.as_mut().unwrap()[0] = entry.clone();
     let quiet = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(0)),
         EVICTOR_BACKOFF_CAP,
@@ -1012,7 +1042,7 @@ fn a_long_back_off_still_heartbeats_every_three_minutes_and_honours_retry_after(
     assert_eq!(quiet.status, None);
     let beat = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(0)),
         EVICTOR_BACKOFF_CAP,
@@ -1038,7 +1068,7 @@ fn the_evictor_completes_when_the_pod_is_gone_or_terminal_and_waits_while_it_ter
     ] {
         let d = decide_evictor(
             &e,
-            POD,
+            &target(),
             &facts(presence, &[]),
             None,
             EVICTOR_BACKOFF_CAP,
@@ -1055,7 +1085,14 @@ fn the_evictor_completes_when_the_pod_is_gone_or_terminal_and_waits_while_it_ter
         },
         &[],
     );
-    let d = decide_evictor(&e, POD, &terminating, None, EVICTOR_BACKOFF_CAP, at(7));
+    let d = decide_evictor(
+        &e,
+        &target(),
+        &terminating,
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(7),
+    );
     assert!(!d.evict_now);
     let s = d.status.unwrap();
     assert_eq!(s.completion_time, None);
@@ -1067,7 +1104,7 @@ fn the_evictor_completes_when_the_pod_is_gone_or_terminal_and_waits_while_it_ter
         Some(Time(at(8)));
     let d = decide_evictor(
         &done,
-        POD,
+        &target(),
         &facts(Presence::Absent, &[]),
         None,
         EVICTOR_BACKOFF_CAP,
@@ -1082,7 +1119,7 @@ fn daemonset_and_mirror_pods_are_not_evicted_by_the_evictor_which_keeps_heartbea
     for kind in [PodKind::DaemonSet, PodKind::Mirror] {
         let mut pod = running(&[]);
         pod.kind = kind;
-        let d = decide_evictor(&e, POD, &pod, None, EVICTOR_BACKOFF_CAP, at(1));
+        let d = decide_evictor(&e, &target(), &pod, None, EVICTOR_BACKOFF_CAP, at(1));
         assert!(!d.evict_now);
         let s = d.status.unwrap();
         assert_eq!(s.completion_time, None);
@@ -1096,11 +1133,18 @@ fn end_to_end_a_request_is_answered_by_the_evictor_and_ends_target_evicted() {
     let mut w = World::with(vec![request("nodegrace.dev/worker-1", INTENT_EVICTION, 0)]);
     let pod = running(&[]);
     w.settle(&pod, at(0));
-    let d = decide_evictor(w.eviction(), POD, &pod, None, EVICTOR_BACKOFF_CAP, at(1));
+    let d = decide_evictor(
+        w.eviction(),
+        &target(),
+        &pod,
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(1),
+    );
     assert!(d.evict_now);
     let d = evictor_attempted(
         w.eviction(),
-        POD,
+        &target(),
         &EvictionOutcome::Evicted,
         EVICTOR_BACKOFF_CAP,
         at(1),
@@ -1114,7 +1158,14 @@ fn end_to_end_a_request_is_answered_by_the_evictor_and_ends_target_evicted() {
     );
     assert!(w.settle(&terminating, at(2)).is_quiet());
     let gone = facts(Presence::Absent, &[]);
-    let d = decide_evictor(w.eviction(), POD, &gone, None, EVICTOR_BACKOFF_CAP, at(33));
+    let d = decide_evictor(
+        w.eviction(),
+        &target(),
+        &gone,
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(33),
+    );
     *w.responder_mut(NODEGRACE_EVICTOR) = d.status.unwrap();
     w.settle(&gone, at(33));
     assert_eq!(w.states(), st(&[(NODEGRACE_EVICTOR, COMPLETED)]));
@@ -1265,8 +1316,14 @@ mod properties {
                         continue;
                     };
                     let e = w.evictions[idx].clone();
-                    let mut d =
-                        decide_evictor(&e, POD, &pod, last_attempt, EVICTOR_BACKOFF_CAP, at(now));
+                    let mut d = decide_evictor(
+                        &e,
+                        &target(),
+                        &pod,
+                        last_attempt,
+                        EVICTOR_BACKOFF_CAP,
+                        at(now),
+                    );
                     if d.evict_now {
                         let outcome = if *allowed {
                             EvictionOutcome::Evicted
@@ -1276,7 +1333,13 @@ mod properties {
                                 retry_after: None,
                             }
                         };
-                        d = evictor_attempted(&e, POD, &outcome, EVICTOR_BACKOFF_CAP, at(now));
+                        d = evictor_attempted(
+                            &e,
+                            &target(),
+                            &outcome,
+                            EVICTOR_BACKOFF_CAP,
+                            at(now),
+                        );
                         last_attempt = (!*allowed).then_some(at(now));
                         if *allowed {
                             pod.presence = Presence::Terminating {
