@@ -450,37 +450,43 @@ fn progress_responders(
         }
         return (false, None);
     }
-    let Some(i) = active.or_else(|| targets.iter().position(|t| t.state == INACTIVE)) else {
+    let Some(mut i) = active.or_else(|| targets.iter().position(|t| t.state == INACTIVE)) else {
         return (false, None);
     };
-    let (state, wake) = match status_of(&targets[i].name) {
-        None => (ACTIVE, Some(after(now, HEARTBEAT_DEADLINE))),
-        Some(s) if s.completion_time.is_some() => (COMPLETED, None),
-        Some(s) => {
-            let last = s
-                .heartbeat_time
-                .as_ref()
-                .or(s.start_time.as_ref())
-                .map_or(now, ts);
-            if elapsed(now, last) >= HEARTBEAT_DEADLINE {
-                (INTERRUPTED, None)
-            } else {
-                (ACTIVE, Some(after(last, HEARTBEAT_DEADLINE)))
+    // Upstream hands over one responder per pass and sees the next one's state on the next
+    // pass (the same instant when nothing else happens); going on here until a responder
+    // stays Active reaches the same states in one write.
+    loop {
+        let state = match status_of(&targets[i].name) {
+            None => ACTIVE,
+            Some(s) if s.completion_time.is_some() => COMPLETED,
+            Some(s) => {
+                if elapsed(now, last_word(s, now)) >= HEARTBEAT_DEADLINE {
+                    INTERRUPTED
+                } else {
+                    ACTIVE
+                }
             }
+        };
+        targets[i].state = state.to_owned();
+        if state == ACTIVE {
+            let since = status_of(&targets[i].name).map_or(now, |s| last_word(s, now));
+            return (false, Some(after(since, HEARTBEAT_DEADLINE)));
         }
-    };
-    targets[i].state = state.to_owned();
-    if state == ACTIVE {
-        return (false, wake);
-    }
-    match targets.get_mut(i + 1) {
-        Some(next) => {
-            next.state = ACTIVE.to_owned();
-            (false, Some(after(now, HEARTBEAT_DEADLINE)))
+        if i + 1 == targets.len() {
+            return (true, None);
         }
-        // Upstream notices this on its next pass; deciding it now saves a write.
-        None => (true, None),
+        i += 1;
     }
+}
+
+/// What the heartbeat deadline counts from: the heartbeat, else the start (upstream reads
+/// the heartbeat first even when it is older than the start), else now.
+fn last_word(s: &ResponderStatus, now: Timestamp) -> Timestamp {
+    s.heartbeat_time
+        .as_ref()
+        .or(s.start_time.as_ref())
+        .map_or(now, ts)
 }
 
 /// Upstream `shouldDeferCompletion`: the Active responder of a pod that was deleted and is
@@ -542,7 +548,8 @@ fn eviction_status(
                     name: t.name.clone(),
                     ..ResponderStatus::default()
                 });
-            if s.start_time.is_none() && t.state == ACTIVE {
+            // Every responder that has been Active has a start time.
+            if s.start_time.is_none() && t.state != INACTIVE {
                 s.start_time = Some(Time(now));
             }
             s
@@ -942,10 +949,12 @@ impl EvictorDecision {
     }
 }
 
-/// The evictor's own entry, when the evictor is Active on `eviction`, the controller has set
-/// its entry up and it has not completed.
-fn evictor_entry(eviction: &Eviction) -> Option<&ResponderStatus> {
-    if eviction_is_final(eviction) {
+/// The evictor's own entry, when `eviction` is of `target`, the evictor is Active on it, the
+/// controller has set its entry up and it has not completed.
+fn evictor_entry<'a>(eviction: &'a Eviction, target: &TargetRef) -> Option<&'a ResponderStatus> {
+    if eviction_is_final(eviction)
+        || target_of(eviction) != Some((target.name.as_str(), target.uid.as_str()))
+    {
         return None;
     }
     let status = eviction.status.as_ref()?;
@@ -1024,21 +1033,23 @@ fn evictor_write(
     Some(out)
 }
 
-/// The evictor's decision for `eviction` of the pod `pod_name` with `facts`.
+/// The evictor's decision for `eviction` of the pod `target` (with `facts`; the Eviction API
+/// is called with `target.uid` as precondition). An Eviction of another pod is left alone.
 /// `last_attempt` is when the evictor last called the Eviction API for this pod and failed
 /// (kept in memory, as upstream does: after a restart it tries at once); `backoff_cap` is
 /// [`EVICTOR_BACKOFF_CAP`], or shorter during a shutdown.
 pub(crate) fn decide_evictor(
     eviction: &Eviction,
-    pod_name: &str,
+    target: &TargetRef,
     facts: &PodFacts,
     last_attempt: Option<Timestamp>,
     backoff_cap: Duration,
     now: Timestamp,
 ) -> EvictorDecision {
-    let Some(entry) = evictor_entry(eviction) else {
+    let Some(entry) = evictor_entry(eviction, target) else {
         return EvictorDecision::idle();
     };
+    let pod_name = target.name.as_str();
     let heartbeat = Some(after(now, EVICTOR_HEARTBEAT));
     let report = |message: String, expected: Option<Timestamp>, completed: bool| EvictorDecision {
         evict_now: false,
@@ -1110,14 +1121,15 @@ pub(crate) enum EvictionOutcome {
 /// as the last attempt when the outcome is `Refused`, and forgets it on `Evicted`.
 pub(crate) fn evictor_attempted(
     eviction: &Eviction,
-    pod_name: &str,
+    target: &TargetRef,
     outcome: &EvictionOutcome,
     backoff_cap: Duration,
     now: Timestamp,
 ) -> EvictorDecision {
-    let Some(entry) = evictor_entry(eviction) else {
+    let Some(entry) = evictor_entry(eviction, target) else {
         return EvictorDecision::idle();
     };
+    let pod_name = target.name.as_str();
     let heartbeat = after(now, EVICTOR_HEARTBEAT);
     match outcome {
         EvictionOutcome::Evicted => EvictorDecision {

@@ -17,6 +17,9 @@
 //!   the node is done; what each answer means for the next pass.
 //! - [`reachability`]: whether the apiserver can be used, the back-off between tries, when a
 //!   shutdown falls back offline and when time lost to an outage is planned again.
+//! - [`evictions`]: nodegrace's own eviction-request controller and default evictor for its
+//!   `lifecycle.nodegrace.dev` CRDs (the in-tree 1.37 shapes), per target pod
+//!   ([`evictions::decide`], [`evictions::decide_evictor`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -293,7 +293,7 @@ fn the_highest_priority_responder_is_active_first() {
 
 #[test]
 fn equal_priorities_go_by_top_level_domain_first_then_lower_labels_then_key() {
-    let mut names = vec![
+    let mut names = [
         ("b.example.org/x", 5000),
         ("a.example.org/x", 5000),
         ("z.example.com/x", 5000),
@@ -355,6 +355,34 @@ fn a_responder_silent_for_twenty_minutes_is_interrupted_and_the_next_takes_over(
         w.responder_mut(NODEGRACE_EVICTOR).start_time,
         Some(Time(at(20 * 60)))
     );
+}
+
+#[test]
+fn a_responder_that_reported_before_its_turn_is_passed_over_in_the_same_write() {
+    let mut w = World::with(vec![request("nodegrace.dev/n1", INTENT_EVICTION, 0)]);
+    let pod = running(&[(DB, 10_000), (BACKUP, 2000)]);
+    w.settle(&pod, at(0));
+    // The backup agent marks itself done while the operator still works, and its stale
+    // heartbeat would not count: completion wins.
+    w.responder_mut(BACKUP).completion_time = Some(Time(at(5)));
+    w.responder_mut(DB).completion_time = Some(Time(at(60)));
+    let d = w.decide(&pod, at(61));
+    assert_eq!(d.eviction_statuses.len(), 1);
+    w.apply(&d, at(61));
+    assert_eq!(
+        w.states(),
+        st(&[
+            (DB, COMPLETED),
+            (BACKUP, COMPLETED),
+            (NODEGRACE_EVICTOR, ACTIVE)
+        ])
+    );
+    assert_eq!(w.responder_mut(BACKUP).start_time, Some(Time(at(61))));
+    assert_eq!(
+        w.responder_mut(NODEGRACE_EVICTOR).start_time,
+        Some(Time(at(61)))
+    );
+    assert!(w.decide(&pod, at(61)).is_quiet());
 }
 
 #[test]
@@ -870,7 +898,14 @@ fn evictor_active(message: Option<&str>) -> Eviction {
 #[test]
 fn the_evictor_evicts_only_when_it_is_the_active_responder() {
     let e = evictor_active(None);
-    let d = decide_evictor(&e, POD, &running(&[]), None, EVICTOR_BACKOFF_CAP, at(1));
+    let d = decide_evictor(
+        &e,
+        &target(),
+        &running(&[]),
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(1),
+    );
     assert!(d.evict_now);
     assert_eq!(d.status, None);
 
@@ -878,13 +913,26 @@ fn the_evictor_evicts_only_when_it_is_the_active_responder() {
     w.settle(&running(&[(DB, 10_000)]), at(0));
     let d = decide_evictor(
         w.eviction(),
-        POD,
+        &target(),
         &running(&[]),
         None,
         EVICTOR_BACKOFF_CAP,
         at(1),
     );
     assert_eq!(d, EvictorDecision::idle(), "another responder is Active");
+
+    let other = TargetRef {
+        name: POD.into(),
+        uid: "another-pod".into(),
+    };
+    let d = decide_evictor(&e, &other, &running(&[]), None, EVICTOR_BACKOFF_CAP, at(1));
+    assert_eq!(d, EvictorDecision::idle(), "an Eviction of another pod UID");
+    let refused = EvictionOutcome::Refused {
+        error: "x".into(),
+        retry_after: None,
+    };
+    let d = evictor_attempted(&e, &other, &refused, EVICTOR_BACKOFF_CAP, at(1));
+    assert_eq!(d, EvictorDecision::idle());
 }
 
 #[test]
@@ -894,7 +942,7 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
         error: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
         retry_after: None,
     };
-    let d = evictor_attempted(&e, POD, &refused, EVICTOR_BACKOFF_CAP, at(10));
+    let d = evictor_attempted(&e, &target(), &refused, EVICTOR_BACKOFF_CAP, at(10));
     let status = d.status.clone().unwrap();
     let message = status.message.clone().unwrap();
     assert!(message.contains("(attempts=1)"), "{message}");
@@ -906,7 +954,7 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
     let e = evictor_active(Some(&message));
     let wait = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(10)),
         EVICTOR_BACKOFF_CAP,
@@ -916,14 +964,14 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
     assert_eq!(wait.wake_at, Some(at(15)));
     let go = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(10)),
         EVICTOR_BACKOFF_CAP,
         at(15),
     );
     assert!(go.evict_now);
-    let second = evictor_attempted(&e, POD, &refused, EVICTOR_BACKOFF_CAP, at(15));
+    let second = evictor_attempted(&e, &target(), &refused, EVICTOR_BACKOFF_CAP, at(15));
     assert!(second
         .status
         .unwrap()
@@ -953,7 +1001,17 @@ fn a_refused_eviction_is_retried_with_exponential_back_off_and_counted_in_the_me
         Duration::from_secs(20)
     );
     // After a restart the last attempt is unknown: try at once.
-    assert!(decide_evictor(&e, POD, &running(&[]), None, EVICTOR_BACKOFF_CAP, at(12)).evict_now);
+    assert!(
+        decide_evictor(
+            &e,
+            &target(),
+            &running(&[]),
+            None,
+            EVICTOR_BACKOFF_CAP,
+            at(12)
+        )
+        .evict_now
+    );
 }
 
 #[test]
@@ -961,7 +1019,7 @@ fn a_long_back_off_still_heartbeats_every_three_minutes_and_honours_retry_after(
     let e = evictor_active(Some("x (attempts=9): refused"));
     let d = evictor_attempted(
         &e,
-        POD,
+        &target(),
         &EvictionOutcome::Refused {
             error: "too many requests".into(),
             retry_after: Some(Duration::from_secs(3600)),
@@ -975,7 +1033,7 @@ fn a_long_back_off_still_heartbeats_every_three_minutes_and_honours_retry_after(
     e.status.as_mut().unwrap().responders.as_mut().unwrap()[0] = entry.clone();
     let quiet = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(0)),
         EVICTOR_BACKOFF_CAP,
@@ -984,7 +1042,7 @@ fn a_long_back_off_still_heartbeats_every_three_minutes_and_honours_retry_after(
     assert_eq!(quiet.status, None);
     let beat = decide_evictor(
         &e,
-        POD,
+        &target(),
         &running(&[]),
         Some(at(0)),
         EVICTOR_BACKOFF_CAP,
@@ -1010,7 +1068,7 @@ fn the_evictor_completes_when_the_pod_is_gone_or_terminal_and_waits_while_it_ter
     ] {
         let d = decide_evictor(
             &e,
-            POD,
+            &target(),
             &facts(presence, &[]),
             None,
             EVICTOR_BACKOFF_CAP,
@@ -1027,7 +1085,14 @@ fn the_evictor_completes_when_the_pod_is_gone_or_terminal_and_waits_while_it_ter
         },
         &[],
     );
-    let d = decide_evictor(&e, POD, &terminating, None, EVICTOR_BACKOFF_CAP, at(7));
+    let d = decide_evictor(
+        &e,
+        &target(),
+        &terminating,
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(7),
+    );
     assert!(!d.evict_now);
     let s = d.status.unwrap();
     assert_eq!(s.completion_time, None);
@@ -1039,7 +1104,7 @@ fn the_evictor_completes_when_the_pod_is_gone_or_terminal_and_waits_while_it_ter
         Some(Time(at(8)));
     let d = decide_evictor(
         &done,
-        POD,
+        &target(),
         &facts(Presence::Absent, &[]),
         None,
         EVICTOR_BACKOFF_CAP,
@@ -1054,7 +1119,7 @@ fn daemonset_and_mirror_pods_are_not_evicted_by_the_evictor_which_keeps_heartbea
     for kind in [PodKind::DaemonSet, PodKind::Mirror] {
         let mut pod = running(&[]);
         pod.kind = kind;
-        let d = decide_evictor(&e, POD, &pod, None, EVICTOR_BACKOFF_CAP, at(1));
+        let d = decide_evictor(&e, &target(), &pod, None, EVICTOR_BACKOFF_CAP, at(1));
         assert!(!d.evict_now);
         let s = d.status.unwrap();
         assert_eq!(s.completion_time, None);
@@ -1068,11 +1133,18 @@ fn end_to_end_a_request_is_answered_by_the_evictor_and_ends_target_evicted() {
     let mut w = World::with(vec![request("nodegrace.dev/worker-1", INTENT_EVICTION, 0)]);
     let pod = running(&[]);
     w.settle(&pod, at(0));
-    let d = decide_evictor(w.eviction(), POD, &pod, None, EVICTOR_BACKOFF_CAP, at(1));
+    let d = decide_evictor(
+        w.eviction(),
+        &target(),
+        &pod,
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(1),
+    );
     assert!(d.evict_now);
     let d = evictor_attempted(
         w.eviction(),
-        POD,
+        &target(),
         &EvictionOutcome::Evicted,
         EVICTOR_BACKOFF_CAP,
         at(1),
@@ -1086,7 +1158,14 @@ fn end_to_end_a_request_is_answered_by_the_evictor_and_ends_target_evicted() {
     );
     assert!(w.settle(&terminating, at(2)).is_quiet());
     let gone = facts(Presence::Absent, &[]);
-    let d = decide_evictor(w.eviction(), POD, &gone, None, EVICTOR_BACKOFF_CAP, at(33));
+    let d = decide_evictor(
+        w.eviction(),
+        &target(),
+        &gone,
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(33),
+    );
     *w.responder_mut(NODEGRACE_EVICTOR) = d.status.unwrap();
     w.settle(&gone, at(33));
     assert_eq!(w.states(), st(&[(NODEGRACE_EVICTOR, COMPLETED)]));
@@ -1112,8 +1191,9 @@ mod properties {
         Withdraw(usize),
         Delete(usize),
         Wait(i64),
-        Heartbeat,
-        Complete,
+        /// The Active responder (0) or, late or out of turn, the (k-1)-th one writes.
+        Heartbeat(usize),
+        Complete(usize),
         Evictor(bool),
         Terminating,
         Terminal,
@@ -1133,8 +1213,8 @@ mod properties {
             1 => (0..REQUESTERS.len()).prop_map(Event::Withdraw),
             1 => (0..REQUESTERS.len()).prop_map(Event::Delete),
             3 => prop_oneof![Just(1i64), Just(5), Just(300), Just(1199), Just(1200), Just(3000)].prop_map(Event::Wait),
-            2 => Just(Event::Heartbeat),
-            2 => Just(Event::Complete),
+            2 => (0..6usize).prop_map(|k| Event::Heartbeat(k.saturating_sub(2))),
+            2 => (0..6usize).prop_map(|k| Event::Complete(k.saturating_sub(2))),
             2 => any::<bool>().prop_map(Event::Evictor),
             1 => Just(Event::Terminating),
             1 => Just(Event::Terminal),
@@ -1203,20 +1283,19 @@ mod properties {
                 }
                 Event::Delete(k) => w.requests.retain(|r| r.spec.requester != REQUESTERS[*k]),
                 Event::Wait(s) => now += s,
-                Event::Heartbeat | Event::Complete => {
+                Event::Heartbeat(k) | Event::Complete(k) => {
                     let Some(e) = w.evictions.iter_mut().find(|e| !eviction_is_final(e)) else {
                         continue;
                     };
                     let Some(status) = e.status.as_mut() else {
                         continue;
                     };
-                    let Some(active) = status
-                        .target_responders
-                        .iter()
-                        .flatten()
-                        .find(|t| t.state == ACTIVE)
-                        .map(|t| t.name.clone())
-                    else {
+                    let list = status.target_responders.clone().unwrap_or_default();
+                    let who = match k {
+                        0 => list.iter().find(|t| t.state == ACTIVE),
+                        k => list.get((k - 1) % list.len().max(1)),
+                    };
+                    let Some(active) = who.map(|t| t.name.clone()) else {
                         continue;
                     };
                     if let Some(r) = status
@@ -1225,7 +1304,7 @@ mod properties {
                         .flatten()
                         .find(|r| r.name == active)
                     {
-                        if matches!(ev, Event::Complete) {
+                        if matches!(ev, Event::Complete(_)) {
                             r.completion_time.get_or_insert(Time(at(now)));
                         } else {
                             r.heartbeat_time = Some(Time(at(now)));
@@ -1237,8 +1316,14 @@ mod properties {
                         continue;
                     };
                     let e = w.evictions[idx].clone();
-                    let mut d =
-                        decide_evictor(&e, POD, &pod, last_attempt, EVICTOR_BACKOFF_CAP, at(now));
+                    let mut d = decide_evictor(
+                        &e,
+                        &target(),
+                        &pod,
+                        last_attempt,
+                        EVICTOR_BACKOFF_CAP,
+                        at(now),
+                    );
                     if d.evict_now {
                         let outcome = if *allowed {
                             EvictionOutcome::Evicted
@@ -1248,7 +1333,13 @@ mod properties {
                                 retry_after: None,
                             }
                         };
-                        d = evictor_attempted(&e, POD, &outcome, EVICTOR_BACKOFF_CAP, at(now));
+                        d = evictor_attempted(
+                            &e,
+                            &target(),
+                            &outcome,
+                            EVICTOR_BACKOFF_CAP,
+                            at(now),
+                        );
                         last_attempt = (!*allowed).then_some(at(now));
                         if *allowed {
                             pod.presence = Presence::Terminating {
