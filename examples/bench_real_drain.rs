@@ -30,7 +30,7 @@
 //! `BENCH_PODS` (default 110, at least 4), `BENCH_EXIT_MS` (default 1000), `BENCH_VERBOSE=1`
 //! (every pod's timeline too).
 //! `BENCH_DIRECT=1` measures the direct Eviction API path: it deletes the cluster-wide
-//! EvictionRequest CRD (and with it every EvictionRequest) before the node boots and applies
+//! EvictionRequest CRDs (and with them every EvictionRequest) before the node boots and applies
 //! the cluster side again at the end, so it **needs the control plane to itself** — run it
 //! only when no other test uses the control plane (no `ng-` nspawn containers).
 
@@ -111,8 +111,9 @@ fn other_nodes(ours: &str) -> Vec<String> {
     found
 }
 
-/// The direct Eviction API path: the EvictionRequest CRD is absent while this lives; the
-/// cluster side (CRDs included) is applied again when it goes.
+/// The direct Eviction API path: the EvictionRequest CRDs (nodegrace's lifecycle ones and the
+/// deprecated one) are absent while this lives; the cluster side (CRDs included) is applied
+/// again when it goes.
 struct WithoutEvictionRequests {
     cp: &'static ControlPlane,
 }
@@ -123,6 +124,8 @@ impl WithoutEvictionRequests {
             "delete",
             "crd",
             "evictionrequests.nodegrace.dev",
+            nodegrace::lifecycle::EVICTION_REQUESTS_CRD_NAME,
+            nodegrace::lifecycle::EVICTIONS_CRD_NAME,
             "--ignore-not-found",
             "--wait=true",
             "--timeout=60s",
@@ -130,10 +133,15 @@ impl WithoutEvictionRequests {
         let guard = WithoutEvictionRequests { cp };
         let client = cp.admin().await;
         for _ in 0..300 {
-            // The daemon's own test of which path to take.
-            if !nodegrace::is_crd_installed(&client)
+            // The daemon's own test of which path to take, and the lifecycle group gone.
+            let lifecycle = client
+                .list_api_group_resources(nodegrace::lifecycle::LIFECYCLE_API_VERSION)
                 .await
-                .expect("discovery")
+                .is_ok_and(|l| !l.resources.is_empty());
+            if !lifecycle
+                && !nodegrace::is_crd_installed(&client)
+                    .await
+                    .expect("discovery")
             {
                 return guard;
             }
@@ -198,7 +206,9 @@ fn secs(seconds: Option<f64>) -> String {
 }
 
 fn is_ask(r: &Request, pod: &PodInfo) -> bool {
-    (r.verb == "create" && r.resource == "evictionrequests" && r.name == pod.uid)
+    (r.verb == "create"
+        && r.resource == "evictionrequests"
+        && (r.name == pod.uid || r.name == format!("nodegrace-{}", pod.uid)))
         || (r.resource == "pods"
             && r.name == pod.name
             && ((r.verb == "create" && r.subresource == "eviction")

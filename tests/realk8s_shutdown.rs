@@ -930,32 +930,22 @@ async fn a_label_selected_maintenance_waits_for_every_selected_node() {
     f.cleanup().await;
 }
 
-/// KEP-4563 on the real apiserver: while a maintenance still wants a pod evicted, this
-/// node's requester is put back on the pod's EvictionRequest when someone else removes it
-/// (an interceptor holds the eviction meanwhile); once the maintenance completes, it is
-/// withdrawn and the request is cancelled, the pod left running.
+/// KEP-4563 in the shapes Kubernetes 1.37 shipped, on the real apiserver with nodegrace's
+/// `lifecycle.nodegrace.dev` CRDs as packaged: a maintenance asks for a pod whose declared
+/// responder never finishes; the pod's Eviction has that responder Active and nodegrace's
+/// evictor waiting behind it, the pod keeps running; once the maintenance completes,
+/// nodegrace's request says `Withdrawn`, the Eviction fails as cancelled, the responder is
+/// Canceled and the pod is left running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
-    if skip("a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod") {
+async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
+    if skip("a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws") {
         return;
     }
-    use nodegrace::EvictionRequest;
-    fn complete(r: &EvictionRequest) -> bool {
-        r.status
-            .iter()
-            .flat_map(|s| &s.conditions)
-            .any(|c| c.type_ == "Complete" && c.status == "True")
-    }
+    use nodegrace::lifecycle::{Eviction, EvictionRequest};
+    const OPERATOR: &str = "db-operator.example.com/operator";
     let mut f = Fixture::new("ng-req").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        PodShape::new("db").intercepted_by("db-operator.example.com"),
-    )
-    .await;
+    workload::deployment(c, &ns, &node, 1, PodShape::new("db").responded_by(OPERATOR)).await;
     f.kubelet.wait_running(1).await;
     let pod_uid = f.kubelet.live_pods()[0].uid().unwrap();
     f.node.boot();
@@ -968,49 +958,71 @@ async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
     .await
     .unwrap();
 
-    let requester = nodegrace::node_requester(&node).unwrap();
+    let key = nodegrace::lifecycle::requester_key(&node);
     let requests: Api<EvictionRequest> = Api::namespaced(c.clone(), &ns);
-    let wait_request = |what: &'static str, check: Box<dyn Fn(&EvictionRequest) -> bool>| {
-        let requests = requests.clone();
+    let evictions: Api<Eviction> = Api::namespaced(c.clone(), &ns);
+    let request_name = format!("nodegrace-{pod_uid}");
+    let states = |e: &Eviction| -> Vec<(String, String)> {
+        e.status
+            .iter()
+            .flat_map(|s| s.target_responders.iter().flatten())
+            .map(|t| (t.name.clone(), t.state.clone()))
+            .collect()
+    };
+    let condition = |e: &Eviction, kind: &str| -> Option<(String, String)> {
+        e.status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .find(|c| c.type_ == kind)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let wait_eviction = |what: &'static str, check: Box<dyn Fn(&Eviction) -> bool>| {
+        let evictions = evictions.clone();
         let uid = pod_uid.clone();
         async move {
             for _ in 0..300 {
-                if let Some(r) = requests.get_opt(&uid).await.unwrap() {
-                    if check(&r) {
-                        return r;
-                    }
+                let list = evictions.list(&Default::default()).await.unwrap();
+                if let Some(e) = list.items.into_iter().find(|e| {
+                    e.spec.target.pod.as_ref().map(|p| p.uid.as_str()) == Some(uid.as_str())
+                        && check(e)
+                }) {
+                    return e;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            panic!("EvictionRequest {uid}: timed out waiting for {what}");
+            panic!("Eviction of {uid}: timed out waiting for {what}");
         }
     };
-    let mine = requester.clone();
-    wait_request(
-        "this node's requester",
-        Box::new(move |r| r.spec.requesters.iter().any(|q| q.name == mine)),
+    let held = wait_eviction(
+        "the responder active",
+        Box::new(move |e| states(e).first().map(|s| s.1.as_str()) == Some("Active")),
     )
     .await;
+    assert_eq!(
+        states(&held),
+        [
+            (OPERATOR.to_owned(), "Active".to_owned()),
+            (
+                "imperative-eviction.nodegrace.dev/evictor".to_owned(),
+                "Inactive".to_owned()
+            )
+        ]
+    );
+    assert_eq!(
+        held.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(&key))
+            .map(String::as_str),
+        Some("requester")
+    );
+    let request = requests.get(&request_name).await.unwrap();
+    assert_eq!(request.spec.requester, key);
+    assert_eq!(request.spec.intent, "Eviction");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.kubelet.live_pods().len(), 1, "the responder holds it");
 
-    // Someone else takes every requester off.
-    requests
-        .patch(
-            &pod_uid,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"requesters": []}})),
-        )
-        .await
-        .unwrap();
-    let mine = requester.clone();
-    let back = wait_request(
-        "the requester back",
-        Box::new(move |r| r.spec.requesters.iter().any(|q| q.name == mine)),
-    )
-    .await;
-    assert!(!complete(&back), "cancelled instead: {back:?}");
-    assert_eq!(f.kubelet.live_pods().len(), 1, "the interceptor holds it");
-
-    // The maintenance completes: the request is withdrawn and cancelled, the pod stays.
+    // The maintenance completes: the request is withdrawn, the eviction cancelled, the pod stays.
     nms.patch(
         &name,
         &PatchParams::default(),
@@ -1018,13 +1030,30 @@ async fn a_removed_requester_is_put_back_while_the_maintenance_wants_the_pod() {
     )
     .await
     .unwrap();
-    let done = wait_request("cancelled", Box::new(complete)).await;
-    assert!(done.spec.requesters.is_empty(), "{done:?}");
+    let cancelled = wait_eviction(
+        "cancelled",
+        Box::new(move |e| {
+            condition(e, "Failed")
+                == Some(("True".to_owned(), "CanceledDueToNoRequesters".to_owned()))
+        }),
+    )
+    .await;
+    assert_eq!(states(&cancelled)[0].1, "Canceled", "{cancelled:?}");
+    assert_eq!(
+        requests.get(&request_name).await.unwrap().spec.intent,
+        "Withdrawn"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(f.kubelet.live_pods().len(), 1);
+    assert!(
+        !f.requests()
+            .iter()
+            .any(|r| r.resource == "pods" && r.subresource == "eviction"),
+        "nothing called the Eviction API for the held pod"
+    );
     audit::assert_allowed_by_cluster_role(&f.requests());
     let _ = nms.delete(&name, &DeleteParams::default()).await;
-    // The interceptor never finishes: take the workload away before the poweroff.
+    // The responder never finishes: take the workload away before the poweroff.
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c.clone(), &ns);
     deployments
         .delete("db", &DeleteParams::foreground())

@@ -63,8 +63,13 @@ fn confinement(r: &Request, node: &str) -> Option<String> {
         ("", "pods") => fields == format!("spec.nodeName={node}"),
         // The budget blocking one of its pods, in that pod's namespace.
         ("policy", "poddisruptionbudgets") => !r.namespace.is_empty(),
-        ("nodegrace.dev", "nodemaintenances" | "evictionrequests") => {
+        ("nodegrace.dev", "nodemaintenances" | "evictionrequests")
+        | ("lifecycle.nodegrace.dev", "evictionrequests") => {
             labels == own_label || labels == unlabelled
+        }
+        // The controller's own Evictions; the requester's, by its key.
+        ("lifecycle.nodegrace.dev", "evictions") => {
+            labels == own_label || labels == nodegrace::lifecycle::requester_key(node)
         }
         _ => false,
     };
@@ -141,7 +146,7 @@ async fn a_node_lists_and_watches_only_what_concerns_it() {
     );
     for (group, resource) in [
         ("nodegrace.dev", "nodemaintenances"),
-        ("nodegrace.dev", "evictionrequests"),
+        ("lifecycle.nodegrace.dev", "evictionrequests"),
     ] {
         let watched: Vec<String> = reads
             .iter()

@@ -21,8 +21,9 @@ pub struct PodShape<'a> {
     /// How long the pod takes to exit once asked to (the kubelet stand-in plays it).
     pub exit_after_ms: u64,
     pub grace_seconds: i64,
-    /// An EvictionRequest interceptor the pod declares (annotation), by name.
-    pub interceptor: Option<&'a str>,
+    /// An eviction responder the pod declares (`nodegrace.dev/eviction-responders`,
+    /// priority 10000, what a managing controller uses), by name.
+    pub responder: Option<&'a str>,
     /// For a real kubelet ([`super::real_kubelet`]): a busybox container that exits
     /// `exit_after_ms` after SIGTERM (so the kubelet kills it at its grace period when that
     /// is shorter), on the host's network, from the locally imported image.
@@ -42,7 +43,7 @@ impl<'a> PodShape<'a> {
             priority_class: None,
             exit_after_ms: 300,
             grace_seconds: 30,
-            interceptor: None,
+            responder: None,
             real: false,
             pool: None,
         }
@@ -54,10 +55,10 @@ impl<'a> PodShape<'a> {
         self
     }
 
-    /// Declares the interceptor `name` (priority 100): the pod's EvictionRequest waits for
-    /// it instead of going straight to the Eviction API.
-    pub fn intercepted_by(mut self, name: &'a str) -> Self {
-        self.interceptor = Some(name);
+    /// Declares the responder `name`: the pod's Eviction waits for it before nodegrace's
+    /// evictor calls the Eviction API.
+    pub fn responded_by(mut self, name: &'a str) -> Self {
+        self.responder = Some(name);
         self
     }
 
@@ -110,9 +111,9 @@ impl<'a> PodShape<'a> {
             }]);
         }
         let mut annotations = json!({EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()});
-        if let Some(name) = self.interceptor {
-            annotations[format!("{}{name}", nodegrace::INTERCEPTOR_ANNOTATION_PREFIX)] =
-                json!("100");
+        if let Some(name) = self.responder {
+            annotations["nodegrace.dev/eviction-responders"] =
+                json!(json!([{"name": name, "priority": 10000}]).to_string());
         }
         json!({
             "metadata": {"labels": {"app": self.app}, "annotations": annotations},

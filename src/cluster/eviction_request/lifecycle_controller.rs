@@ -553,9 +553,13 @@ impl LifecycleController {
     ) -> Result<(Option<Eviction>, Option<Timestamp>)> {
         let cap = memory.backoff_cap.unwrap_or(EVICTOR_BACKOFF_CAP);
         let now = self.clock.now();
+        let target = TargetRef {
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+        };
         let mut d = decide_evictor(
             eviction,
-            name,
+            &target,
             facts,
             memory.last_attempt.get(uid).copied(),
             cap,
@@ -599,7 +603,7 @@ impl LifecycleController {
                     }
                 }
             }
-            d = evictor_attempted(eviction, name, &outcome, cap, now);
+            d = evictor_attempted(eviction, &target, &outcome, cap, now);
         }
         let written = match d.status {
             Some(entry) => {
