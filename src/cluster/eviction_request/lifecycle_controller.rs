@@ -574,18 +574,26 @@ impl LifecycleController {
         }
         if d.evict_now {
             let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
-            let outcome = match evict::evict(&pods, name, uid, None).await {
-                Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
-                Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
-                    error: budget.map_or(message.clone(), |b| {
-                        format!("{message} (PodDisruptionBudget {b})")
-                    }),
-                    retry_after: None,
-                },
-                Err(err) => EvictionOutcome::Refused {
-                    error: error_text(&err),
-                    retry_after: None,
-                },
+            // What blocks the pod, as the drain names it: the budget when the apiserver says.
+            let (outcome, blocker) = match evict::evict(&pods, name, uid, None).await {
+                Ok(Outcome::Accepted | Outcome::Gone) => (EvictionOutcome::Evicted, None),
+                Ok(Outcome::Blocked { budget, message }) => (
+                    EvictionOutcome::Refused {
+                        error: message.clone(),
+                        retry_after: None,
+                    },
+                    Some(budget.unwrap_or(message)),
+                ),
+                Err(err) => {
+                    let error = error_text(&err);
+                    (
+                        EvictionOutcome::Refused {
+                            error: error.clone(),
+                            retry_after: None,
+                        },
+                        Some(error),
+                    )
+                }
             };
             match &outcome {
                 EvictionOutcome::Evicted => {
@@ -596,10 +604,10 @@ impl LifecycleController {
                         blocks(uid, None);
                     }
                 }
-                EvictionOutcome::Refused { error, .. } => {
+                EvictionOutcome::Refused { .. } => {
                     memory.last_attempt.insert(uid.to_owned(), now);
                     if let Some(blocks) = &self.blocks {
-                        blocks(uid, Some(error.clone()));
+                        blocks(uid, blocker);
                     }
                 }
             }
