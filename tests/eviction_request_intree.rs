@@ -675,3 +675,48 @@ async fn with_both_served_this_nodes_requester_leaves_the_old_crds_requests() {
     );
     assert_eq!(crd_requests_posted(&reqs), 0);
 }
+
+#[tokio::test]
+async fn with_both_served_this_nodes_lifecycle_crd_requests_are_withdrawn() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    for crd in [
+        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
+        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
+    ] {
+        env.cluster.install_crd(&crd).unwrap();
+    }
+    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    env.pod("kept", Kind::Default, 0, 30, json!({"app": "kept"}));
+    env.pod("others", Kind::Default, 0, 30, json!({"app": "others"}));
+    // Named as nodegrace names its requests.
+    let request = |pod: &str, requester: &str, labels: Value| {
+        let uid = uid(&env, pod);
+        let name = format!("nodegrace-{uid}");
+        env.cluster
+            .insert(&json!({
+                "apiVersion": "lifecycle.nodegrace.dev/v1alpha1", "kind": "EvictionRequest",
+                "metadata": {"name": name, "namespace": "work", "labels": labels},
+                "spec": {"intent": "Eviction", "requester": requester,
+                         "target": {"pod": {"name": pod, "uid": uid}}},
+            }))
+            .unwrap();
+        name
+    };
+    // What this node asked before the cluster gained the in-tree API, and someone else's.
+    let mine = request("kept", KEY, json!({"nodegrace.dev/node": NODE}));
+    let theirs = request("others", "descheduler.example.com/d", json!({}));
+    let intent = |name: &str| {
+        env.cluster
+            .store
+            .get_obj("lifecycle.nodegrace.dev", "evictionrequests", "work", name)
+            .unwrap()["spec"]["intent"]
+            .clone()
+    };
+    let _drainer = start(&env);
+    eventually(15, "this node's request withdrawn", || {
+        intent(&mine) == "Withdrawn"
+    })
+    .await;
+    assert_eq!(intent(&theirs), "Eviction", "another requester's untouched");
+    assert!(env.pod_exists("kept") && env.pod_exists("others"));
+}

@@ -548,7 +548,7 @@ where
     // leaves its requests there.
     if lifecycle.is_some() && served.legacy_crd && crate::api::node_label_value(&node).is_some() {
         if let Some(name) = crate::api::node_requester(&node) {
-            tracing::warn!(node = %node, "evictionrequests.nodegrace.dev (deprecated) is still served but not used: nodegrace asks through {}", if path == EvictionPath::InTree { "lifecycle.k8s.io" } else { "lifecycle.nodegrace.dev" });
+            tracing::warn!(node = %node, "evictionrequests.nodegrace.dev (deprecated) is still served but not used: {}", if path == EvictionPath::InTree { "the in-tree API is used (lifecycle.k8s.io)" } else { "nodegrace's lifecycle.nodegrace.dev CRDs are used" });
             let old = Requester::new(clients.nodegrace.clone(), &node);
             let (node, stop) = (node.clone(), stop.clone());
             tokio::spawn(async move {
@@ -558,6 +558,26 @@ where
                 }
             });
         }
+    }
+    // Likewise for nodegrace's lifecycle CRDs once the cluster serves the in-tree API.
+    if path == EvictionPath::InTree && served.lifecycle_crds {
+        let ours = eviction_request::InTreeTerminator::new(
+            eviction_request::LifecycleApi::nodegrace(),
+            clients.nodegrace.clone(),
+            clients.kubelet.clone(),
+            &node,
+        );
+        let (node, stop) = (node.clone(), stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                result = ours.withdraw_all() => match result {
+                    Ok(0) => {}
+                    Ok(withdrawn) => tracing::info!(node = %node, withdrawn, "withdrew this node's EvictionRequests of lifecycle.nodegrace.dev: the in-tree API is used instead"),
+                    Err(err) => tracing::warn!(node = %node, error = crate::cluster::error_text(&err), "withdrawing this node's EvictionRequests of lifecycle.nodegrace.dev failed; tried again when the daemon next starts"),
+                },
+            }
+        });
     }
     let requester = (path == EvictionPath::LegacyCrd)
         .then(|| crate::api::node_requester(&node))
@@ -678,7 +698,7 @@ async fn leave_old_crd_requests(old: &Requester, node: &str, requester: &str) {
         }
     }
     if !pods.is_empty() {
-        tracing::info!(node = %node, requester, withdrawn, kept, failed, "withdrew from this node's EvictionRequests of nodegrace's CRD (evictionrequests.nodegrace.dev): the in-tree API is used instead");
+        tracing::info!(node = %node, requester, withdrawn, kept, failed, "withdrew from this node's EvictionRequests of nodegrace's deprecated CRD (evictionrequests.nodegrace.dev): a lifecycle API is used instead");
     }
 }
 

@@ -244,6 +244,18 @@ impl InTreeTerminator {
         released
     }
 
+    /// Withdraws every request of this node's with intent Eviction (on an API nodegrace no
+    /// longer uses); how many.
+    pub(crate) async fn withdraw_all(&self) -> Result<usize> {
+        let pods = self.own_requests().await?;
+        for pod in &pods {
+            let api = self.requests(&pod.namespace);
+            self.set_intent(&api, &request_name(&pod.uid), pod, INTENT_WITHDRAWN)
+                .await?;
+        }
+        Ok(pods.len())
+    }
+
     /// This node's requests with intent Eviction (what a restarted daemon may have left).
     async fn own_requests(&self) -> Result<Vec<PodKey>> {
         let Some(value) = crate::api::node_label_value(&self.node) else {

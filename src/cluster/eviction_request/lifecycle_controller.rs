@@ -57,7 +57,7 @@ pub(crate) struct LifecycleController {
     blocks: Option<BlockSink>,
     clock: WallClock,
     shutting_down: Arc<AtomicBool>,
-    rx: mpsc::UnboundedReceiver<Message>,
+    rx: Option<mpsc::UnboundedReceiver<Message>>,
 }
 
 /// What the controller remembers between looks.
@@ -107,7 +107,7 @@ impl LifecycleController {
                 blocks: None,
                 clock,
                 shutting_down: Arc::new(AtomicBool::new(false)),
-                rx,
+                rx: Some(rx),
             },
             ControllerHandle::from_sender(tx),
         )
@@ -169,6 +169,7 @@ impl LifecycleController {
         info!(node = %self.node, api = %self.api.group(), "eviction-request controller started");
         let mut memory = Memory::default();
         let mut dirty: BTreeSet<Target> = BTreeSet::new();
+        let mut rx = self.rx.take();
         loop {
             while let Some(target) = dirty.pop_first() {
                 self.look(&caches, &target, &mut memory).await;
@@ -199,16 +200,20 @@ impl LifecycleController {
                     Some(Err(err)) => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
                     None => anyhow::bail!("the lifecycle.nodegrace.dev watches ended"),
                 },
-                message = self.rx.recv() => match message {
+                message = recv_opt(&mut rx) => match message {
                     Some(Message::PodChanged { namespace, uid }) => {
-                        dirty.extend(self.pod_name(&namespace, &uid).map(|n| (namespace, n)));
+                        let name = self
+                            .pod_name(&namespace, &uid)
+                            .or_else(|| requested_name(&caches, &namespace, &uid));
+                        dirty.extend(name.map(|n| (namespace, n)));
                     }
                     Some(Message::BackoffMax(cap)) => {
                         memory.backoff_cap = Some(cap);
                         dirty.extend(all_targets(&caches));
                     }
                     Some(_) => {}
-                    None => std::future::pending::<()>().await,
+                    // Every handle dropped: no more pod changes; the watches go on.
+                    None => rx = None,
                 },
                 () = sleep_opt(sleep) => {
                     let now = self.clock.now();
@@ -747,6 +752,28 @@ fn target_of(object: &DynamicObject) -> Option<Target> {
     let ns = object.metadata.namespace.clone()?;
     let name = object.data.pointer("/spec/target/pod/name")?.as_str()?;
     Some((ns, name.to_owned()))
+}
+
+/// The pod name a request about the pod `uid` gives (the pod may be gone from the cache).
+fn requested_name(caches: &Caches, namespace: &str, uid: &str) -> Option<String> {
+    [&caches.ours, &caches.unclaimed]
+        .into_iter()
+        .flat_map(|s| s.state())
+        .find(|o| {
+            o.metadata.namespace.as_deref() == Some(namespace)
+                && o.data
+                    .pointer("/spec/target/pod/uid")
+                    .and_then(|v| v.as_str())
+                    == Some(uid)
+        })
+        .and_then(|o| target_of(&o).map(|(_, name)| name))
+}
+
+async fn recv_opt(rx: &mut Option<mpsc::UnboundedReceiver<Message>>) -> Option<Message> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 fn all_targets(caches: &Caches) -> Vec<Target> {
