@@ -218,3 +218,96 @@ async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
     assert_eq!(targets, want);
     // Env's teardown checks every request against the shipped ClusterRole.
 }
+
+#[tokio::test]
+async fn a_budget_refusing_the_evictor_names_it_and_the_pod_is_escalated_at_the_deadline() {
+    let env = env_with_our_crds().await;
+    env.pod("pg", Kind::Default, 0, 30, json!({"app": "pg"}));
+    env.pdb("pg-pdb", "pg", 1);
+    let pg = uid(&env, "pg");
+    let drainer = start(&env);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Poweroff, Duration::from_secs(4))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert!(!env.pod_exists("pg"));
+    // The evictor asked (refused by the budget, again after its short shutdown back-off),
+    // then the drain's escalation deleted it: cooperative first, as on every path.
+    assert!(!env.evictions().is_empty());
+    assert_eq!(env.deletes(), ["pg"]);
+    let blocked: Vec<Value> = env.events("EvictionBlocked");
+    assert!(
+        blocked
+            .iter()
+            .any(|e| e["note"].as_str().unwrap().contains("pg-pdb")),
+        "{blocked:?}"
+    );
+    // The evictor's refusals were written to its entry, counted, then its completion.
+    let pg_eviction = eviction_of(&env, &pg).unwrap();
+    let status_path = format!(
+        "/apis/{GROUP}/v1alpha1/namespaces/work/evictions/{}/status",
+        pg_eviction["metadata"]["name"].as_str().unwrap()
+    );
+    let refusals = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path == status_path)
+        .filter(|r| String::from_utf8_lossy(&r.body).contains("(attempts="))
+        .count();
+    assert!(refusals >= 1, "no refusal written to the evictor's entry");
+    assert!(states(&pg_eviction).iter().all(|s| s.0 == EVICTOR));
+}
+
+#[tokio::test]
+async fn an_invalid_declaration_is_told_and_skipped_and_an_old_uids_request_evicts_nothing() {
+    let env = env_with_our_crds().await;
+    env.pod("api", Kind::Default, 0, 30, json!({"app": "api"}));
+    annotate(
+        &env,
+        "api",
+        "nodegrace.dev/eviction-responders",
+        r#"[{"name":"no-slash","priority":10000}]"#,
+    );
+    env.pod("cache", Kind::Default, 0, 30, json!({"app": "cache"}));
+    let api = uid(&env, "api");
+    // Another requester's request for a pod named "cache" with another, older UID.
+    let old_uid = "0ld00000-0000-4000-8000-000000000000";
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "lifecycle.nodegrace.dev/v1alpha1", "kind": "EvictionRequest",
+            "metadata": {"name": "stale", "namespace": "work"},
+            "spec": {"intent": "Eviction", "requester": "descheduler.example.com/d",
+                     "target": {"pod": {"name": "cache", "uid": old_uid}}},
+        }))
+        .unwrap();
+    let drainer = start(&env);
+    // The stale request evicts nothing, even with the controller running for a while.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(env.pod_exists("cache"));
+    assert!(env.evictions().is_empty(), "{:?}", env.evictions());
+
+    // A drain of api: its invalid responder is told and skipped; the evictor evicts it.
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert!(!env.pod_exists("api"));
+    assert!(env
+        .events("EvictionResponderInvalid")
+        .iter()
+        .any(|e| e["note"].as_str().unwrap_or_default().contains("no-slash")));
+    eventually(10, "only nodegrace's evictor, completed", || {
+        eviction_of(&env, &api)
+            .is_some_and(|e| states(&e) == [(EVICTOR.to_owned(), 100, "Completed".to_owned())])
+    })
+    .await;
+    // cache left once, for the drain's own request; the old UID's request acted on nothing.
+    let cache_evictions = env.evictions().iter().filter(|p| *p == "cache").count();
+    assert_eq!(cache_evictions, 1);
+}

@@ -627,9 +627,7 @@ where
             engine.pod_store(),
             eviction_request::WallClock::System,
         );
-        let controller = controller
-            .retrying_as_in_shutdown_when(engine.shutting_down())
-            .reporting_blocks_to(engine.eviction_block_sink());
+        let controller = controller.retrying_as_in_shutdown_when(engine.shutting_down());
         engine.attach_eviction_request_controller(handle);
         let stop = stop.clone();
         tokio::spawn(async move {

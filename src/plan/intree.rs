@@ -254,10 +254,11 @@ pub(crate) fn respond(progress: &Progress) -> Response {
     match progress {
         Progress::Pending => Response::Nothing,
         Progress::Responding { responder, message } => {
+            let evictor = is_imperative_evictor(responder);
             let text = match message {
-                Some(m) if responder == IMPERATIVE_EVICTOR => without_retry_count(m),
+                Some(m) if evictor => without_retry_count(m),
                 Some(m) => format!("responder {responder}: {m}"),
-                None if responder == IMPERATIVE_EVICTOR => return Response::Report(None),
+                None if evictor => return Response::Report(None),
                 None => format!("responder {responder}"),
             };
             Response::Report(Some(text))
@@ -280,9 +281,21 @@ pub(crate) fn respond(progress: &Progress) -> Response {
     }
 }
 
-/// The imperative evictor's message without its retry count, so that the blocker the drain
-/// names stays the same from one retry to the next.
+/// The in-tree imperative evictor or nodegrace's, on its CRDs: what they say is the Eviction
+/// API's answer, not a responder's own work.
+fn is_imperative_evictor(responder: &str) -> bool {
+    responder == IMPERATIVE_EVICTOR || responder == crate::plan::evictions::NODEGRACE_EVICTOR
+}
+
+/// The imperative evictor's message without its retry count (`(attempts=N)`, as upstream's
+/// code writes it, or the KEP's `number of retries: N`), so that the blocker the drain names
+/// stays the same from one retry to the next.
 fn without_retry_count(message: &str) -> String {
+    if let Some(i) = message.find(" (attempts=") {
+        if let Some(end) = message[i..].find(')') {
+            return format!("{}{}", &message[..i], &message[i + end + 1..]);
+        }
+    }
     match message.find("number of retries") {
         Some(i) => message[..i]
             .trim_end_matches(|c: char| c == ',' || c == ';' || c.is_whitespace())
@@ -666,6 +679,18 @@ mod tests {
             respond(&progress),
             Response::Report(Some(
                 "Cannot evict pod as it would violate the pod's disruption budget.".into()
+            ))
+        );
+        // nodegrace's own evictor, on its CRDs, words its refusals as upstream's code does.
+        let ours = with_status(json!({
+            "targetResponders": [{"name": crate::plan::evictions::NODEGRACE_EVICTOR, "priority": 100, "state": "Active"}],
+            "responders": [{"name": crate::plan::evictions::NODEGRACE_EVICTOR,
+                "message": "evicting pod \"pg\" through the Eviction API failed (attempts=4): PodDisruptionBudget pg-pdb: refused"}],
+        }));
+        assert_eq!(
+            respond(&read_eviction(&ours, "u1")),
+            Response::Report(Some(
+                "evicting pod \"pg\" through the Eviction API failed: PodDisruptionBudget pg-pdb: refused".into()
             ))
         );
         let custom = with_status(json!({

@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 use super::controller::Message;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
-use super::{BlockSink, ControllerHandle, PodKey, WallClock, NODE_LABEL};
+use super::{ControllerHandle, PodKey, WallClock, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::{error_text, FIELD_MANAGER};
@@ -54,7 +54,6 @@ pub(crate) struct LifecycleController {
     node: String,
     pods: Store<Pod>,
     recorder: Recorder,
-    blocks: Option<BlockSink>,
     clock: WallClock,
     shutting_down: Arc<AtomicBool>,
     rx: Option<mpsc::UnboundedReceiver<Message>>,
@@ -104,18 +103,12 @@ impl LifecycleController {
                 node: node.to_owned(),
                 pods,
                 recorder,
-                blocks: None,
                 clock,
                 shutting_down: Arc::new(AtomicBool::new(false)),
                 rx: Some(rx),
             },
             ControllerHandle::from_sender(tx),
         )
-    }
-
-    pub(crate) fn reporting_blocks_to(mut self, blocks: BlockSink) -> Self {
-        self.blocks = Some(blocks);
-        self
     }
 
     pub(crate) fn retrying_as_in_shutdown_when(mut self, flag: Arc<AtomicBool>) -> Self {
@@ -579,41 +572,29 @@ impl LifecycleController {
         }
         if d.evict_now {
             let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
-            // What blocks the pod, as the drain names it: the budget when the apiserver says.
-            let (outcome, blocker) = match evict::evict(&pods, name, uid, None).await {
-                Ok(Outcome::Accepted | Outcome::Gone) => (EvictionOutcome::Evicted, None),
-                Ok(Outcome::Blocked { budget, message }) => (
-                    EvictionOutcome::Refused {
-                        error: message.clone(),
-                        retry_after: None,
-                    },
-                    Some(budget.unwrap_or(message)),
-                ),
-                Err(err) => {
-                    let error = error_text(&err);
-                    (
-                        EvictionOutcome::Refused {
-                            error: error.clone(),
-                            retry_after: None,
-                        },
-                        Some(error),
-                    )
-                }
+            // The budget is named in the evictor's message, which the requester's watch reads
+            // back for the drain (as the in-tree evictor's on 1.37).
+            let outcome = match evict::evict(&pods, name, uid, None).await {
+                Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
+                Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
+                    error: budget.map_or(message.clone(), |b| {
+                        format!("PodDisruptionBudget {b}: {message}")
+                    }),
+                    retry_after: None,
+                },
+                Err(err) => EvictionOutcome::Refused {
+                    error: error_text(&err),
+                    retry_after: None,
+                },
             };
             match &outcome {
                 EvictionOutcome::Evicted => {
                     memory.last_attempt.remove(uid);
                     memory.evicted.insert(uid.to_owned());
                     info!(node = %self.node, pod = %format!("{namespace}/{name}"), "evicted the pod through the Eviction API (imperative evictor)");
-                    if let Some(blocks) = &self.blocks {
-                        blocks(uid, None);
-                    }
                 }
                 EvictionOutcome::Refused { .. } => {
                     memory.last_attempt.insert(uid.to_owned(), now);
-                    if let Some(blocks) = &self.blocks {
-                        blocks(uid, blocker);
-                    }
                 }
             }
             d = evictor_attempted(eviction, &target, &outcome, cap, now);
