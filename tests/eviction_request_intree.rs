@@ -10,29 +10,15 @@ mod engine_support;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use engine_support::{eventually, request, Env, Kind, NODE};
-use nodegrace::{BootIdSource, Drainer, KubeletControl, NodeDrainer, NodeParts, ShutdownKind};
+use engine_support::{eventually, request, start_drainer, Env, Kind, NODE};
+use nodegrace::{Drainer, NodeDrainer, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::RecordedRequest;
-use nodegrace_testkit::fake_cri::FakeRuntime;
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use nodegrace_testkit::fake_lifecycle::FakeEvictionControllers;
 use serde_json::{json, Value};
 
 const KEY: &str = "nodegrace.dev/node-a";
 const REQUESTS: &str = "/apis/lifecycle.k8s.io/v1alpha1/namespaces/work/evictionrequests";
-
-struct NoKubelet;
-
-#[async_trait]
-impl KubeletControl for NoKubelet {
-    async fn stop(&self, _unit: &str) -> anyhow::Result<()> {
-        Ok(())
-    }
-    async fn start(&self, _unit: &str) -> anyhow::Result<()> {
-        Ok(())
-    }
-}
 
 /// Warnings and infos of every test in this binary (one global subscriber: a thread-local one
 /// can miss events whose callsite another thread registered first). Tests look for their own
@@ -76,20 +62,7 @@ fn log_lines(containing: &str) -> Vec<String> {
 
 fn start(env: &Env) -> NodeDrainer {
     logs();
-    let parts = NodeParts {
-        settings: env.settings(),
-        node: NODE.into(),
-        runtime: Arc::new(FakeRuntime::new()),
-        kubelet: Some(Arc::new(NoKubelet)),
-        gate: env.gate.clone(),
-        metrics: env.metrics.clone(),
-        boot_id: BootIdSource::File(env.dir.path().join("boot_id")),
-    };
-    let cluster = env.cluster.clone();
-    NodeDrainer::start(parts, move || {
-        let cluster = cluster.clone();
-        async move { cluster.clients() }
-    })
+    start_drainer(env)
 }
 
 fn uid(env: &Env, pod: &str) -> String {

@@ -9,11 +9,9 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use engine_support::{eventually, request, Env, Kind, NODE};
-use nodegrace::{BootIdSource, Drainer, KubeletControl, NodeDrainer, NodeParts, ShutdownKind};
+use engine_support::{eventually, request, start_drainer, Env, Kind, NODE};
+use nodegrace::{Drainer, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::{Filter, RecordedRequest};
-use nodegrace_testkit::fake_cri::FakeRuntime;
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::{json, Value};
 
@@ -21,18 +19,6 @@ const GROUP: &str = "lifecycle.nodegrace.dev";
 const KEY: &str = "nodegrace.dev/node-a";
 const EVICTOR: &str = "imperative-eviction.nodegrace.dev/evictor";
 const OPERATOR: &str = "db.example.com/operator";
-
-struct NoKubelet;
-
-#[async_trait]
-impl KubeletControl for NoKubelet {
-    async fn stop(&self, _unit: &str) -> anyhow::Result<()> {
-        Ok(())
-    }
-    async fn start(&self, _unit: &str) -> anyhow::Result<()> {
-        Ok(())
-    }
-}
 
 async fn env_with_our_crds() -> Env {
     let env = Env::new(KubeletConfig::node(NODE)).await;
@@ -43,23 +29,6 @@ async fn env_with_our_crds() -> Env {
         env.cluster.install_crd(&crd).unwrap();
     }
     env
-}
-
-fn start(env: &Env) -> NodeDrainer {
-    let parts = NodeParts {
-        settings: env.settings(),
-        node: NODE.into(),
-        runtime: Arc::new(FakeRuntime::new()),
-        kubelet: Some(Arc::new(NoKubelet)),
-        gate: env.gate.clone(),
-        metrics: env.metrics.clone(),
-        boot_id: BootIdSource::File(env.dir.path().join("boot_id")),
-    };
-    let cluster = env.cluster.clone();
-    NodeDrainer::start(parts, move || {
-        let cluster = cluster.clone();
-        async move { cluster.clients() }
-    })
 }
 
 fn uid(env: &Env, pod: &str) -> String {
@@ -144,7 +113,7 @@ async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
         &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
     );
     let (db, web) = (uid(&env, "db"), uid(&env, "web"));
-    let drainer = Arc::new(start(&env));
+    let drainer = Arc::new(start_drainer(&env));
     let drain = {
         let drainer = drainer.clone();
         tokio::spawn(async move {
@@ -225,7 +194,7 @@ async fn a_budget_refusing_the_evictor_names_it_and_the_pod_is_escalated_at_the_
     env.pod("pg", Kind::Default, 0, 30, json!({"app": "pg"}));
     env.pdb("pg-pdb", "pg", 1);
     let pg = uid(&env, "pg");
-    let drainer = start(&env);
+    let drainer = start_drainer(&env);
     tokio::time::timeout(
         Duration::from_secs(30),
         drainer.drain(&request(ShutdownKind::Poweroff, Duration::from_secs(4))),
@@ -283,7 +252,7 @@ async fn an_invalid_declaration_is_told_and_skipped_and_an_old_uids_request_evic
                      "target": {"pod": {"name": "cache", "uid": old_uid}}},
         }))
         .unwrap();
-    let drainer = start(&env);
+    let drainer = start_drainer(&env);
     // The stale request evicts nothing, even with the controller running for a while.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(env.pod_exists("cache"));

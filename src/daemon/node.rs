@@ -628,6 +628,9 @@ where
             eviction_request::WallClock::System,
         );
         let controller = controller.retrying_as_in_shutdown_when(engine.shutting_down());
+        if let Some(t) = &lifecycle {
+            t.announce_to(handle.clone());
+        }
         engine.attach_eviction_request_controller(handle);
         let stop = stop.clone();
         tokio::spawn(async move {

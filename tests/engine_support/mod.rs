@@ -398,3 +398,34 @@ impl StaticPodGate for FakeGate {
         Ok(Vec::new())
     }
 }
+
+/// A kubelet unit control that does nothing (the drains here never reach the fallback).
+pub struct NoKubelet;
+
+#[async_trait::async_trait]
+impl nodegrace::KubeletControl for NoKubelet {
+    async fn stop(&self, _unit: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn start(&self, _unit: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// The daemon's drainer for `env`'s node, connecting to its fake apiserver as the daemon does.
+pub fn start_drainer(env: &Env) -> nodegrace::NodeDrainer {
+    let parts = nodegrace::NodeParts {
+        settings: env.settings(),
+        node: NODE.into(),
+        runtime: Arc::new(nodegrace_testkit::fake_cri::FakeRuntime::new()),
+        kubelet: Some(Arc::new(NoKubelet)),
+        gate: env.gate.clone(),
+        metrics: env.metrics.clone(),
+        boot_id: nodegrace::BootIdSource::File(env.dir.path().join("boot_id")),
+    };
+    let cluster = env.cluster.clone();
+    nodegrace::NodeDrainer::start(parts, move || {
+        let cluster = cluster.clone();
+        async move { cluster.clients() }
+    })
+}

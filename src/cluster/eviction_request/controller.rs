@@ -549,8 +549,13 @@ fn log_eviction(
 }
 
 pub(super) enum Message {
-    PodChanged { namespace: String, uid: String },
+    PodChanged {
+        namespace: String,
+        uid: String,
+    },
     Created(Box<EvictionRequest>),
+    /// This node's requester wrote a request of the `lifecycle` API (the write's answer).
+    LifecycleRequested(Box<k8s_openapi::api::lifecycle::v1alpha1::EvictionRequest>),
     BackoffMax(Duration),
     Concurrency(usize),
 }
@@ -577,6 +582,15 @@ impl ControllerHandle {
     /// This node's requester created `request` (the create's answer): reconciled at once.
     pub(crate) fn created(&self, request: EvictionRequest) {
         let _ = self.tx.send(Message::Created(Box::new(request)));
+    }
+
+    /// This node's requester wrote `request` on the `lifecycle` API: looked at at once, not
+    /// when the watch shows it (after an apiserver restart that can be seconds later).
+    pub(crate) fn lifecycle_requested(
+        &self,
+        request: k8s_openapi::api::lifecycle::v1alpha1::EvictionRequest,
+    ) {
+        let _ = self.tx.send(Message::LifecycleRequested(Box::new(request)));
     }
 
     /// Changes the eviction back-off cap (shorter under a shutdown deadline).
@@ -770,6 +784,7 @@ impl Controller {
                         }
                     }
                     Some(Message::Created(request)) => work.created(*request),
+                    Some(Message::LifecycleRequested(_)) => {}
                     Some(Message::Concurrency(n)) => work.window.set_max(n),
                     Some(Message::BackoffMax(cap)) => {
                         reconciler.set_backoff_max(cap);

@@ -74,6 +74,8 @@ pub(crate) struct InTreeTerminator {
     wanted: Wanted,
     /// Maintenances seen asking since this daemon started.
     seen: Mutex<BTreeSet<String>>,
+    /// This node's controller of nodegrace's CRDs, told of each request written.
+    announce: std::sync::OnceLock<super::ControllerHandle>,
     /// Pods whose responder declarations were already complained about.
     checked: Mutex<HashSet<String>>,
     /// Warning events on pods (nodegrace's identity).
@@ -89,9 +91,21 @@ impl InTreeTerminator {
             key: crate::plan::intree::requester_key(node),
             wanted: Wanted::default(),
             seen: Mutex::new(BTreeSet::new()),
+            announce: std::sync::OnceLock::new(),
             checked: Mutex::new(HashSet::new()),
             recorder: crate::cluster::event_recorder(client.clone(), node),
             client,
+        }
+    }
+
+    /// Tells `controller` of every request this requester writes.
+    pub(crate) fn announce_to(&self, controller: super::ControllerHandle) {
+        let _ = self.announce.set(controller);
+    }
+
+    fn announce(&self, written: &DynamicObject) {
+        if let (Some(controller), Ok(request)) = (self.announce.get(), typed(written)) {
+            controller.lifecycle_requested(request);
         }
     }
 
@@ -186,7 +200,8 @@ impl InTreeTerminator {
             ..PostParams::default()
         };
         match api.create(&params, &self.api.to_dynamic(&request)?).await {
-            Ok(_) => {
+            Ok(written) => {
+                self.announce(&written);
                 info!(node = %self.node, pod = %key, requester = %self.key, api = %self.api.group(), "created the pod's EvictionRequest");
                 return Ok(());
             }
@@ -212,7 +227,8 @@ impl InTreeTerminator {
             ..PatchParams::default()
         };
         match api.patch(name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => {
+            Ok(written) => {
+                self.announce(&written);
                 info!(node = %self.node, pod = %key, intent, api = %self.api.group(), "set the intent of the pod's EvictionRequest");
                 Ok(())
             }

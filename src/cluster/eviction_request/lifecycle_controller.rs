@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 use super::controller::Message;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
-use super::{ControllerHandle, PodKey, WallClock, NODE_LABEL};
+use super::{is_daemonset_pod, is_mirror, ControllerHandle, PodKey, WallClock, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::{error_text, FIELD_MANAGER};
@@ -75,6 +75,8 @@ struct Memory {
     /// Evictions as this controller last wrote them, by `namespace/name`, until the watch
     /// shows them: a look must not decide on a cache older than its own writes.
     written: HashMap<String, Eviction>,
+    /// This node's requests as its requester last wrote them, the same way.
+    requested: HashMap<String, EvictionRequest>,
     timers: BTreeMap<Timestamp, BTreeSet<Target>>,
 }
 
@@ -181,9 +183,9 @@ impl LifecycleController {
                 }
                 event = events.next() => match event {
                     Some(Ok(watcher::Event::Delete(o))) => {
-                        if let Some(ns) = &o.metadata.namespace {
-                            memory.written.remove(&format!("{ns}/{}", o.metadata.name.as_deref().unwrap_or_default()));
-                        }
+                        let key = object_key(&o.metadata);
+                        memory.written.remove(&key);
+                        memory.requested.remove(&key);
                         dirty.extend(target_of(&o));
                     }
                     Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
@@ -199,6 +201,14 @@ impl LifecycleController {
                             .pod_name(&namespace, &uid)
                             .or_else(|| requested_name(&caches, &namespace, &uid));
                         dirty.extend(name.map(|n| (namespace, n)));
+                    }
+                    Some(Message::LifecycleRequested(request)) => {
+                        let key = object_key(&request.metadata);
+                        let target = request.spec.target.pod.as_ref().map(|p| p.name.clone());
+                        if let (Some(ns), Some(name)) = (request.metadata.namespace.clone(), target) {
+                            dirty.insert((ns, name));
+                        }
+                        memory.requested.insert(key, *request);
                     }
                     Some(Message::BackoffMax(cap)) => {
                         memory.backoff_cap = Some(cap);
@@ -286,13 +296,20 @@ impl LifecycleController {
             .collect();
         // A pod not in this node's cache is another node's, unless this node labelled a
         // request about it (its own): then the pod is gone.
-        if pod.is_none() && labelled.is_empty() {
+        let requested_here = memory.requested.values().any(|r| {
+            r.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
+        });
+        if pod.is_none() && labelled.is_empty() && !requested_here {
             return Ok(());
         }
         let mut requests = labelled;
         for o in unclaimed {
             requests.push(typed(&o)?);
         }
+        overlay(&mut requests, &mut memory.requested, namespace, |r| {
+            r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
+        });
         let mut evictions: Vec<Eviction> = caches
             .evictions
             .state()
@@ -300,7 +317,9 @@ impl LifecycleController {
             .filter(|o| about(o))
             .map(|o| typed(o))
             .collect::<Result<_>>()?;
-        overlay(&mut evictions, &mut memory.written, namespace, name);
+        overlay(&mut evictions, &mut memory.written, namespace, |e| {
+            e.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
+        });
         let uids: BTreeSet<String> = requests
             .iter()
             .filter_map(|r| r.spec.target.pod.as_ref().map(|p| p.uid.clone()))
@@ -397,15 +416,7 @@ impl LifecycleController {
         if !matches!(presence, Presence::Running) {
             memory.evicted.remove(uid);
         }
-        let mirror = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-        let daemonset = pod.metadata.owner_references.iter().flatten().any(|o| {
-            o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1"
-        });
-        let kind = match (mirror, daemonset) {
+        let kind = match (is_mirror(pod), is_daemonset_pod(pod)) {
             (true, _) => PodKind::Mirror,
             (false, true) => PodKind::DaemonSet,
             _ => PodKind::Regular,
@@ -531,12 +542,9 @@ impl LifecycleController {
     }
 
     fn remember(memory: &mut Memory, eviction: &Eviction) {
-        let key = format!(
-            "{}/{}",
-            eviction.metadata.namespace.as_deref().unwrap_or_default(),
-            eviction.metadata.name.as_deref().unwrap_or_default()
-        );
-        memory.written.insert(key, eviction.clone());
+        memory
+            .written
+            .insert(object_key(&eviction.metadata), eviction.clone());
     }
 
     /// nodegrace's imperative evictor, when it is the Eviction's active responder.
@@ -675,42 +683,51 @@ fn api_error_code_of(err: &kube::Error) -> Option<u16> {
     }
 }
 
-/// Puts this controller's own last writes over the watch cache's older copies of the
-/// Evictions of `namespace/name`, and forgets those the cache has caught up with.
-fn overlay(
-    evictions: &mut Vec<Eviction>,
-    written: &mut HashMap<String, Eviction>,
+/// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's
+/// older copies of the objects in `namespace` that `about` selects, and forgets those the
+/// cache has caught up with.
+fn overlay<K: kube::Resource>(
+    cached: &mut Vec<K>,
+    written: &mut HashMap<String, K>,
     namespace: &str,
-    name: &str,
-) {
-    let version = |e: &Eviction| {
-        e.metadata
+    about: impl Fn(&K) -> bool,
+) where
+    K: Clone,
+{
+    let version = |o: &K| {
+        o.meta()
             .resource_version
             .as_deref()
             .and_then(|v| v.parse::<u64>().ok())
     };
     let prefix = format!("{namespace}/");
     written.retain(|key, mine| {
-        if !key.starts_with(&prefix)
-            || mine.spec.target.pod.as_ref().map(|p| p.name.as_str()) != Some(name)
-        {
+        if !key.starts_with(&prefix) || !about(mine) {
             return true;
         }
-        let cached = evictions
+        match cached
             .iter_mut()
-            .find(|e| e.metadata.name == mine.metadata.name);
-        match cached {
+            .find(|o| o.meta().name == mine.meta().name)
+        {
             Some(c) if version(c) >= version(mine) => false,
             Some(c) => {
                 *c = mine.clone();
                 true
             }
             None => {
-                evictions.push(mine.clone());
+                cached.push(mine.clone());
                 true
             }
         }
     });
+}
+
+fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// An Eviction of the pod with `uid` that is still running.

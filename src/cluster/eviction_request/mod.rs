@@ -166,18 +166,27 @@ impl PodState {
         if pod.metadata.deletion_timestamp.is_some() {
             return PodState::Terminating;
         }
-        let mirror = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-        let daemonset = pod.metadata.owner_references.iter().flatten().any(|o| {
-            o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1"
-        });
         PodState::Present {
-            evictable: !mirror && !daemonset,
+            evictable: !is_mirror(pod) && !is_daemonset_pod(pod),
         }
     }
+}
+
+/// A static pod's mirror on the apiserver.
+pub(crate) fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+}
+
+/// A pod a DaemonSet controls.
+pub(crate) fn is_daemonset_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
 }
 
 /// Wall-clock time for heartbeats and conditions. `System` in the daemon; `Tokio` derives
