@@ -160,11 +160,14 @@ async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
         ["db", "web"]
     );
     assert_eq!(env.deletes(), ["ds"], "the DaemonSet pod stays the drain's");
+    eventually(10, "both responders completed", || {
+        eviction_of(&env, &db).is_some_and(|e| {
+            states(&e).iter().map(|s| s.2.as_str()).collect::<Vec<_>>()
+                == ["Completed", "Completed"]
+        })
+    })
+    .await;
     let e = eviction_of(&env, &db).unwrap();
-    assert_eq!(
-        states(&e).iter().map(|s| s.2.as_str()).collect::<Vec<_>>(),
-        ["Completed", "Completed"]
-    );
     let conditions = e["status"]["conditions"].as_array().unwrap();
     assert!(
         conditions

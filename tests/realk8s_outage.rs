@@ -425,8 +425,11 @@ fn assert_each_pod_went_once(
         let answer_lost = journal.lines().any(|l| {
             l.contains(&format!("evicting pod {}: ", r.name)) && l.contains("SendRequest")
         });
+        // Likewise one answered with a server error while etcd went away: carried out, but
+        // the apiserver could not say so.
+        let answered_5xx = evictions(reqs, &r.name).iter().any(|e| e.code >= 500);
         assert!(
-            accepted == 1 || (accepted == 0 && answer_lost),
+            accepted == 1 || (accepted == 0 && (answer_lost || answered_5xx)),
             "{} evicted {accepted} times\n{}",
             r.key(),
             context()

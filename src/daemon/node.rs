@@ -626,6 +626,7 @@ where
             &node_name,
             engine.pod_store(),
             eviction_request::WallClock::System,
+            config.concurrency,
         );
         let controller = controller.retrying_as_in_shutdown_when(engine.shutting_down());
         if let Some(t) = &lifecycle {

@@ -256,6 +256,8 @@ pub(crate) fn respond(progress: &Progress) -> Response {
         Progress::Responding { responder, message } => {
             let evictor = is_imperative_evictor(responder);
             let text = match message {
+                // The evictor's other messages (evicted, terminating) hold nothing.
+                Some(m) if evictor && !is_refusal(m) => return Response::Report(None),
                 Some(m) if evictor => without_retry_count(m),
                 Some(m) => format!("responder {responder}: {m}"),
                 None if evictor => return Response::Report(None),
@@ -285,6 +287,11 @@ pub(crate) fn respond(progress: &Progress) -> Response {
 /// API's answer, not a responder's own work.
 fn is_imperative_evictor(responder: &str) -> bool {
     responder == IMPERATIVE_EVICTOR || responder == crate::plan::evictions::NODEGRACE_EVICTOR
+}
+
+/// An imperative evictor's message about a refused eviction: it counts its attempts.
+fn is_refusal(message: &str) -> bool {
+    message.contains("(attempts=") || message.contains("number of retries")
 }
 
 /// The imperative evictor's message without its retry count (`(attempts=N)`, as upstream's
@@ -692,6 +699,16 @@ mod tests {
             Response::Report(Some(
                 "evicting pod \"pg\" through the Eviction API failed: PodDisruptionBudget pg-pdb: refused".into()
             ))
+        );
+        let evicted_by_ours = with_status(json!({
+            "targetResponders": [{"name": crate::plan::evictions::NODEGRACE_EVICTOR, "priority": 100, "state": "Active"}],
+            "responders": [{"name": crate::plan::evictions::NODEGRACE_EVICTOR,
+                "message": "pod \"pg\" was evicted through the Eviction API and terminates gracefully"}],
+        }));
+        assert_eq!(
+            respond(&read_eviction(&evicted_by_ours, "u1")),
+            Response::Report(None),
+            "an eviction carried out holds nothing"
         );
         let custom = with_status(json!({
             "targetResponders": [{"name": "db.example.com/operator", "priority": 10000, "state": "Active"}],

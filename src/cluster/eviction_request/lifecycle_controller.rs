@@ -57,12 +57,15 @@ pub(crate) struct LifecycleController {
     clock: WallClock,
     shutting_down: Arc<AtomicBool>,
     rx: Option<mpsc::UnboundedReceiver<Message>>,
+    /// Pods looked at at once (`drain.max_concurrent_requests`).
+    concurrency: usize,
 }
 
-/// What the controller remembers between looks.
+/// What the controller remembers between looks at one pod (by namespace and name): looks at
+/// different pods run at once, each with its own.
 #[derive(Default)]
 struct Memory {
-    /// The evictor's cap on its back-off (shorter during a shutdown).
+    /// The evictor's cap on its back-off (shorter during a shutdown), as of this look.
     backoff_cap: Option<Duration>,
     /// Per pod UID: the evictor's last refused attempt.
     last_attempt: HashMap<String, Timestamp>,
@@ -77,7 +80,19 @@ struct Memory {
     written: HashMap<String, Eviction>,
     /// This node's requests as its requester last wrote them, the same way.
     requested: HashMap<String, EvictionRequest>,
-    timers: BTreeMap<Timestamp, BTreeSet<Target>>,
+    /// When to look again, collected by a look.
+    wakes: Vec<Timestamp>,
+}
+
+impl Memory {
+    /// Nothing worth keeping once the look is over.
+    fn is_idle(&self) -> bool {
+        self.last_attempt.is_empty()
+            && self.evicted.is_empty()
+            && self.written.is_empty()
+            && self.requested.is_empty()
+            && self.told.is_empty()
+    }
 }
 
 /// The watched objects.
@@ -94,6 +109,7 @@ impl LifecycleController {
         node: &str,
         pods: Store<Pod>,
         clock: WallClock,
+        concurrency: usize,
     ) -> (Self, ControllerHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let recorder = crate::cluster::event_recorder(client.clone(), node);
@@ -108,6 +124,7 @@ impl LifecycleController {
                 clock,
                 shutting_down: Arc::new(AtomicBool::new(false)),
                 rx: Some(rx),
+                concurrency: concurrency.max(1),
             },
             ControllerHandle::from_sender(tx),
         )
@@ -162,14 +179,36 @@ impl LifecycleController {
             self.watch(&evictions, w_evictions, mine).boxed(),
         ]);
         info!(node = %self.node, api = %self.api.group(), "eviction-request controller started");
-        let mut memory = Memory::default();
+        let mut memories: HashMap<Target, Memory> = HashMap::new();
+        let mut timers: BTreeMap<Timestamp, BTreeSet<Target>> = BTreeMap::new();
+        let mut backoff_cap: Option<Duration> = None;
         let mut dirty: BTreeSet<Target> = BTreeSet::new();
         let mut rx = self.rx.take();
         loop {
-            while let Some(target) = dirty.pop_first() {
-                self.look(&caches, &target, &mut memory).await;
+            while !dirty.is_empty() {
+                let batch: Vec<Target> = (0..self.concurrency)
+                    .map_while(|_| dirty.pop_first())
+                    .collect();
+                let this = &self;
+                let looks = batch.into_iter().map(|target| {
+                    let mut memory = memories.remove(&target).unwrap_or_default();
+                    memory.backoff_cap = backoff_cap;
+                    let caches = &caches;
+                    async move {
+                        this.look(caches, &target, &mut memory).await;
+                        (target, memory)
+                    }
+                });
+                for (target, mut memory) in futures::future::join_all(looks).await {
+                    for at in memory.wakes.drain(..) {
+                        timers.entry(at).or_default().insert(target.clone());
+                    }
+                    if !memory.is_idle() {
+                        memories.insert(target, memory);
+                    }
+                }
             }
-            let next = memory.timers.keys().next().copied();
+            let next = timers.keys().next().copied();
             let sleep = next.map(|at| {
                 let now = self.clock.now();
                 at.duration_since(now)
@@ -184,8 +223,10 @@ impl LifecycleController {
                 event = events.next() => match event {
                     Some(Ok(watcher::Event::Delete(o))) => {
                         let key = object_key(&o.metadata);
-                        memory.written.remove(&key);
-                        memory.requested.remove(&key);
+                        if let Some(m) = target_of(&o).and_then(|t| memories.get_mut(&t)) {
+                            m.written.remove(&key);
+                            m.requested.remove(&key);
+                        }
                         dirty.extend(target_of(&o));
                     }
                     Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
@@ -206,12 +247,13 @@ impl LifecycleController {
                         let key = object_key(&request.metadata);
                         let target = request.spec.target.pod.as_ref().map(|p| p.name.clone());
                         if let (Some(ns), Some(name)) = (request.metadata.namespace.clone(), target) {
-                            dirty.insert((ns, name));
+                            let target = (ns, name);
+                            memories.entry(target.clone()).or_default().requested.insert(key, *request);
+                            dirty.insert(target);
                         }
-                        memory.requested.insert(key, *request);
                     }
                     Some(Message::BackoffMax(cap)) => {
-                        memory.backoff_cap = Some(cap);
+                        backoff_cap = Some(cap);
                         dirty.extend(all_targets(&caches));
                     }
                     Some(_) => {}
@@ -220,8 +262,8 @@ impl LifecycleController {
                 },
                 () = sleep_opt(sleep) => {
                     let now = self.clock.now();
-                    let later = memory.timers.split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
-                    for (_, due) in std::mem::replace(&mut memory.timers, later) {
+                    let later = timers.split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
+                    for (_, due) in std::mem::replace(&mut timers, later) {
                         dirty.extend(due);
                     }
                 }
@@ -251,10 +293,12 @@ impl LifecycleController {
     async fn look(&self, caches: &Caches, target: &Target, memory: &mut Memory) {
         if let Err(err) = self.try_look(caches, target, memory).await {
             let now = self.clock.now();
+            // Refused for a stale cache (409), or the object is gone (404, e.g. collected with
+            // its pod): decided again on a fresher view, quietly.
             let stale = err
                 .chain()
                 .filter_map(|c| c.downcast_ref::<kube::Error>())
-                .any(|e| matches!(api_error_code_of(e), Some(409)));
+                .any(|e| matches!(api_error_code_of(e), Some(409 | 404)));
             if !stale {
                 warn!(node = %self.node, pod = %format!("{}/{}", target.0, target.1), error = error_text(&err), "eviction-request controller: a write failed; trying again");
             }
@@ -266,11 +310,7 @@ impl LifecycleController {
                     rand::random::<f64>(),
                 )
             };
-            memory
-                .timers
-                .entry(now.checked_add(again).unwrap_or(now))
-                .or_default()
-                .insert(target.clone());
+            memory.wakes.push(now.checked_add(again).unwrap_or(now));
         }
     }
 
@@ -371,13 +411,7 @@ impl LifecycleController {
                     wakes.push(wake);
                 }
             }
-            for at in wakes.into_iter().flatten() {
-                memory
-                    .timers
-                    .entry(at)
-                    .or_default()
-                    .insert(target_key(namespace, name));
-            }
+            memory.wakes.extend(wakes.into_iter().flatten());
         }
         Ok(())
     }
@@ -532,10 +566,19 @@ impl LifecycleController {
             "metadata": {"resourceVersion": eviction.metadata.resource_version},
             "status": status,
         });
-        let written = api
+        let written = match api
             .patch_status(&name, &params(), &Patch::Merge(&patch))
             .await
-            .with_context(|| format!("writing the status of Eviction {name}"))?;
+        {
+            Ok(written) => written,
+            Err(err) => {
+                if api_error_code_of(&err) == Some(404) {
+                    // Collected (with its requests and pod): forget what was written to it.
+                    memory.written.remove(&object_key(&eviction.metadata));
+                }
+                return Err(err).with_context(|| format!("writing the status of Eviction {name}"));
+            }
+        };
         let written: Eviction = typed(&written)?;
         Self::remember(memory, &written);
         Ok(written)
@@ -739,10 +782,6 @@ fn is_open_for(eviction: &Eviction, uid: &str) -> bool {
         .as_ref()
         .is_some_and(|p| p.uid == uid)
         && !crate::plan::evictions::eviction_is_final(eviction)
-}
-
-fn target_key(namespace: &str, name: &str) -> Target {
-    (namespace.to_owned(), name.to_owned())
 }
 
 /// The pod an EvictionRequest or Eviction is about.
