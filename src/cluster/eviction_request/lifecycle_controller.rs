@@ -42,6 +42,9 @@ use crate::plan::evictions::{
 /// A pod by namespace and name, as EvictionRequests and Evictions name it.
 type Target = (String, String);
 
+/// How long the final writes about a pod that is gone wait for its objects to be collected.
+const GONE_SETTLE: Duration = Duration::from_secs(5);
+
 /// How soon a look refused for a stale cache is tried again.
 const STALE_RETRY: Duration = Duration::from_millis(200);
 
@@ -82,6 +85,8 @@ struct Memory {
     requested: HashMap<String, EvictionRequest>,
     /// When to look again, collected by a look.
     wakes: Vec<Timestamp>,
+    /// Per pod UID: when the pod was first seen gone.
+    gone_at: HashMap<String, Timestamp>,
 }
 
 impl Memory {
@@ -92,6 +97,7 @@ impl Memory {
             && self.written.is_empty()
             && self.requested.is_empty()
             && self.told.is_empty()
+            && self.gone_at.is_empty()
     }
 }
 
@@ -293,12 +299,16 @@ impl LifecycleController {
     async fn look(&self, caches: &Caches, target: &Target, memory: &mut Memory) {
         if let Err(err) = self.try_look(caches, target, memory).await {
             let now = self.clock.now();
-            // Refused for a stale cache (409), or the object is gone (404, e.g. collected with
-            // its pod): decided again on a fresher view, quietly.
-            let stale = err
+            let code = err
                 .chain()
                 .filter_map(|c| c.downcast_ref::<kube::Error>())
-                .any(|e| matches!(api_error_code_of(e), Some(409 | 404)));
+                .find_map(api_error_code_of);
+            // The object is gone (collected with its pod): its Delete event brings the next look.
+            if code == Some(404) {
+                return;
+            }
+            // Refused for a stale cache: decided again on a fresher view, quietly.
+            let stale = code == Some(409);
             if !stale {
                 warn!(node = %self.node, pod = %format!("{}/{}", target.0, target.1), error = error_text(&err), "eviction-request controller: a write failed; trying again");
             }
@@ -341,6 +351,10 @@ impl LifecycleController {
                 && r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
         });
         if pod.is_none() && labelled.is_empty() && !requested_here {
+            // Nothing of this node's about it any more.
+            memory.gone_at.clear();
+            memory.last_attempt.clear();
+            memory.evicted.clear();
             return Ok(());
         }
         let mut requests = labelled;
@@ -366,6 +380,18 @@ impl LifecycleController {
             .collect();
         for uid in uids {
             let facts = self.facts(pod.as_deref(), &uid, memory);
+            // A pod gone takes its requests and their Evictions with it (owner references)
+            // moments later: the final writes wait a while, so as not to spend the apiserver
+            // on objects being collected while the next pods are to be evicted.
+            if matches!(facts.presence, Presence::Absent | Presence::Replaced { .. }) {
+                let now = self.clock.now();
+                let since = *memory.gone_at.entry(uid.clone()).or_insert(now);
+                let settle = since.checked_add(GONE_SETTLE).unwrap_or(since);
+                if now < settle {
+                    memory.wakes.push(settle);
+                    continue;
+                }
+            }
             // The evictor reports first: a pod it evicted that is now gone is its completion,
             // which the controller must see before it closes the Eviction.
             let mut wakes = Vec::new();
@@ -401,10 +427,7 @@ impl LifecycleController {
             wakes.push(decision.wake_at);
             if !decision.is_quiet() {
                 // The evictor acts at once when the decision made it the active responder.
-                if let Some(current) = self
-                    .apply(namespace, &decision, &evictions, &requests, memory)
-                    .await?
-                {
+                if let Some(current) = self.apply(namespace, &decision, &evictions, memory).await? {
                     let (_, wake) = self
                         .run_evictor(namespace, name, &uid, &facts, &current, memory)
                         .await?;
@@ -478,7 +501,6 @@ impl LifecycleController {
         namespace: &str,
         decision: &Decision,
         known: &[Eviction],
-        requests: &[EvictionRequest],
         memory: &mut Memory,
     ) -> Result<Option<Eviction>> {
         let api = self.api.evictions(&self.client, Some(namespace));
@@ -526,11 +548,8 @@ impl LifecycleController {
         }
         let request_api = self.api.requests(&self.client, Some(namespace));
         for (name, status) in &decision.request_statuses {
-            let version = requests
-                .iter()
-                .find(|r| r.metadata.name.as_deref() == Some(name))
-                .and_then(|r| r.metadata.resource_version.clone());
-            let patch = json!({"metadata": {"resourceVersion": version}, "status": status});
+            // Only the controller writes a request's status: no precondition needed.
+            let patch = json!({"status": status});
             match request_api
                 .patch_status(name, &params(), &Patch::Merge(&patch))
                 .await
