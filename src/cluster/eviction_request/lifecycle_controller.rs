@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest, ResponderStatus};
 use k8s_openapi::jiff::Timestamp;
@@ -221,13 +221,20 @@ impl LifecycleController {
                     .max(k8s_openapi::jiff::SignedDuration::ZERO)
                     .unsigned_abs()
             });
-            tokio::select! {
+            let mut input = tokio::select! {
                 () = stop.cancelled() => {
                     info!(node = %self.node, "eviction-request controller stopped");
                     return Ok(());
                 }
-                event = events.next() => match event {
-                    Some(Ok(watcher::Event::Delete(o))) => {
+                event = events.next() => Input::Watched(event),
+                message = recv_opt(&mut rx) => Input::Told(message),
+                () = sleep_opt(sleep) => Input::Timer,
+            };
+            // What else is ready joins the next batch: pods asked together are looked at
+            // together.
+            loop {
+                match input {
+                    Input::Watched(Some(Ok(watcher::Event::Delete(o)))) => {
                         let key = object_key(&o.metadata);
                         if let Some(m) = target_of(&o).and_then(|t| memories.get_mut(&t)) {
                             m.written.remove(&key);
@@ -235,44 +242,59 @@ impl LifecycleController {
                         }
                         dirty.extend(target_of(&o));
                     }
-                    Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
-                        dirty.extend(target_of(&o));
+                    Input::Watched(Some(Ok(
+                        watcher::Event::Apply(o) | watcher::Event::InitApply(o),
+                    ))) => dirty.extend(target_of(&o)),
+                    Input::Watched(Some(Ok(_))) => {}
+                    Input::Watched(Some(Err(err))) => {
+                        debug!(error = %err, "watching lifecycle.nodegrace.dev");
                     }
-                    Some(Ok(_)) => {}
-                    Some(Err(err)) => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
-                    None => anyhow::bail!("the lifecycle.nodegrace.dev watches ended"),
-                },
-                message = recv_opt(&mut rx) => match message {
-                    Some(Message::PodChanged { namespace, uid }) => {
+                    Input::Watched(None) => {
+                        anyhow::bail!("the lifecycle.nodegrace.dev watches ended")
+                    }
+                    Input::Told(Some(Message::PodChanged { namespace, uid })) => {
                         let name = self
                             .pod_name(&namespace, &uid)
                             .or_else(|| requested_name(&caches, &namespace, &uid));
                         dirty.extend(name.map(|n| (namespace, n)));
                     }
-                    Some(Message::LifecycleRequested(request)) => {
+                    Input::Told(Some(Message::LifecycleRequested(request))) => {
                         let key = object_key(&request.metadata);
                         let target = request.spec.target.pod.as_ref().map(|p| p.name.clone());
-                        if let (Some(ns), Some(name)) = (request.metadata.namespace.clone(), target) {
+                        if let (Some(ns), Some(name)) = (request.metadata.namespace.clone(), target)
+                        {
                             let target = (ns, name);
-                            memories.entry(target.clone()).or_default().requested.insert(key, *request);
+                            memories
+                                .entry(target.clone())
+                                .or_default()
+                                .requested
+                                .insert(key, *request);
                             dirty.insert(target);
                         }
                     }
-                    Some(Message::BackoffMax(cap)) => {
+                    Input::Told(Some(Message::BackoffMax(cap))) => {
                         backoff_cap = Some(cap);
                         dirty.extend(all_targets(&caches));
                     }
-                    Some(_) => {}
+                    Input::Told(Some(_)) => {}
                     // Every handle dropped: no more pod changes; the watches go on.
-                    None => rx = None,
-                },
-                () = sleep_opt(sleep) => {
-                    let now = self.clock.now();
-                    let later = timers.split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
-                    for (_, due) in std::mem::replace(&mut timers, later) {
-                        dirty.extend(due);
+                    Input::Told(None) => rx = None,
+                    Input::Timer => {
+                        let now = self.clock.now();
+                        let later = timers
+                            .split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
+                        for (_, due) in std::mem::replace(&mut timers, later) {
+                            dirty.extend(due);
+                        }
                     }
                 }
+                input = if let Some(event) = events.next().now_or_never() {
+                    Input::Watched(event)
+                } else if let Some(message) = rx.as_mut().and_then(|r| r.try_recv().ok()) {
+                    Input::Told(Some(message))
+                } else {
+                    break;
+                };
             }
         }
     }
@@ -801,6 +823,13 @@ fn is_open_for(eviction: &Eviction, uid: &str) -> bool {
         .as_ref()
         .is_some_and(|p| p.uid == uid)
         && !crate::plan::evictions::eviction_is_final(eviction)
+}
+
+/// What woke the controller's loop.
+enum Input {
+    Watched(Option<Result<watcher::Event<DynamicObject>, watcher::Error>>),
+    Told(Option<Message>),
+    Timer,
 }
 
 /// The pod an EvictionRequest or Eviction is about.
