@@ -226,7 +226,7 @@ impl LifecycleController {
                     info!(node = %self.node, "eviction-request controller stopped");
                     return Ok(());
                 }
-                event = events.next() => Input::Watched(event),
+                event = events.next() => Input::Watched(event.map(|e| e.map(Box::new))),
                 message = recv_opt(&mut rx) => Input::Told(message),
                 () = sleep_opt(sleep) => Input::Timer,
             };
@@ -234,18 +234,20 @@ impl LifecycleController {
             // together.
             loop {
                 match input {
-                    Input::Watched(Some(Ok(watcher::Event::Delete(o)))) => {
-                        let key = object_key(&o.metadata);
-                        if let Some(m) = target_of(&o).and_then(|t| memories.get_mut(&t)) {
-                            m.written.remove(&key);
-                            m.requested.remove(&key);
+                    Input::Watched(Some(Ok(event))) => match *event {
+                        watcher::Event::Delete(o) => {
+                            let key = object_key(&o.metadata);
+                            if let Some(m) = target_of(&o).and_then(|t| memories.get_mut(&t)) {
+                                m.written.remove(&key);
+                                m.requested.remove(&key);
+                            }
+                            dirty.extend(target_of(&o));
                         }
-                        dirty.extend(target_of(&o));
-                    }
-                    Input::Watched(Some(Ok(
-                        watcher::Event::Apply(o) | watcher::Event::InitApply(o),
-                    ))) => dirty.extend(target_of(&o)),
-                    Input::Watched(Some(Ok(_))) => {}
+                        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+                            dirty.extend(target_of(&o));
+                        }
+                        _ => {}
+                    },
                     Input::Watched(Some(Err(err))) => {
                         debug!(error = %err, "watching lifecycle.nodegrace.dev");
                     }
@@ -289,7 +291,7 @@ impl LifecycleController {
                     }
                 }
                 input = if let Some(event) = events.next().now_or_never() {
-                    Input::Watched(event)
+                    Input::Watched(event.map(|e| e.map(Box::new)))
                 } else if let Some(message) = rx.as_mut().and_then(|r| r.try_recv().ok()) {
                     Input::Told(Some(message))
                 } else {
@@ -770,14 +772,12 @@ fn api_error_code_of(err: &kube::Error) -> Option<u16> {
 /// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's
 /// older copies of the objects in `namespace` that `about` selects, and forgets those the
 /// cache has caught up with.
-fn overlay<K: kube::Resource>(
+fn overlay<K: kube::Resource + Clone>(
     cached: &mut Vec<K>,
     written: &mut HashMap<String, K>,
     namespace: &str,
     about: impl Fn(&K) -> bool,
-) where
-    K: Clone,
-{
+) {
     let version = |o: &K| {
         o.meta()
             .resource_version
@@ -827,7 +827,7 @@ fn is_open_for(eviction: &Eviction, uid: &str) -> bool {
 
 /// What woke the controller's loop.
 enum Input {
-    Watched(Option<Result<watcher::Event<DynamicObject>, watcher::Error>>),
+    Watched(Option<Result<Box<watcher::Event<DynamicObject>>, watcher::Error>>),
     Told(Option<Message>),
     Timer,
 }
