@@ -311,7 +311,9 @@ impl InTreeTerminator {
 #[async_trait]
 impl PodTerminator for InTreeTerminator {
     async fn connect(&self) {
-        crate::cluster::terminate::open_connection(&self.client).await;
+        // The kubelet's connection carries no watch and may have been closed while idle; its
+        // evictions (the CRDs' evictor) and escalations must share one, not open one each.
+        crate::cluster::terminate::open_connection(&self.evictor).await;
     }
 
     async fn terminate(
