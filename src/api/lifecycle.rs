@@ -16,7 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The API group and version of these CRDs.
-pub const LIFECYCLE_API_VERSION: &str = "lifecycle.nodegrace.dev/v1alpha1";
+pub const LIFECYCLE_API_VERSION: &str = crate::plan::evictions::CRD_API_VERSION;
 pub const LIFECYCLE_GROUP: &str = "lifecycle.nodegrace.dev";
 pub const EVICTION_REQUESTS_CRD_NAME: &str = "evictionrequests.lifecycle.nodegrace.dev";
 pub const EVICTIONS_CRD_NAME: &str = "evictions.lifecycle.nodegrace.dev";
