@@ -197,6 +197,10 @@ async fn a_budget_refusing_the_evictor_names_it_and_the_pod_is_escalated_at_the_
     env.pod("pg", Kind::Default, 0, 30, json!({"app": "pg"}));
     env.pdb("pg-pdb", "pg", 1);
     let pg = uid(&env, "pg");
+    // Every eviction is answered late, so that one is on its way when the drain escalates.
+    env.cluster
+        .api
+        .delay(Some("POST"), "*/eviction", Duration::from_millis(900));
     let drainer = start_drainer(&env);
     tokio::time::timeout(
         Duration::from_secs(30),
@@ -230,6 +234,19 @@ async fn a_budget_refusing_the_evictor_names_it_and_the_pod_is_escalated_at_the_
         .filter(|r| String::from_utf8_lossy(&r.body).contains("(attempts="))
         .count();
     assert!(refusals >= 1, "no refusal written to the evictor's entry");
+    // Once deleted by the drain the pod's budget no longer guards it: the evictor, which
+    // would now be let through, stopped asking, and the DELETE waited for the eviction on
+    // its way (whose answer comes in after the drain returned).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let evicted_after = env
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path == status_path)
+        .any(|r| String::from_utf8_lossy(&r.body).contains("was evicted through the Eviction API"));
+    assert!(
+        !evicted_after,
+        "the evictor evicted the pod the drain had deleted"
+    );
     assert!(states(&pg_eviction).iter().all(|s| s.0 == EVICTOR));
 }
 

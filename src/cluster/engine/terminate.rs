@@ -20,7 +20,9 @@ use crate::plan::pass::{self, Answer, Noted, PassDecisions, PodRequest};
 use crate::plan::reachability::Window;
 use crate::plan::{PodInfo, PodType};
 
-use super::{anyhow_is_unusable, is_api_answer, DrainState, MaintView, Shared, RETRY_AFTER_ERROR};
+use super::{
+    anyhow_is_unusable, is_api_answer, lock, DrainState, MaintView, Shared, RETRY_AFTER_ERROR,
+};
 
 /// Names listed in one event; the count stays exact beyond it.
 const EVENT_MAX_NAMES: usize = 20;
@@ -92,13 +94,14 @@ impl Shared {
         }
 
         let terminator = self.terminator.clone();
+        let controller = lock(&self.eviction_requests).clone();
         let max = self.settings().drain.max_concurrent_requests;
         let window = st.window.get_or_insert_with(|| Window::new(max));
         window.set_max(max);
         let concurrency = window.limit();
         let results: Vec<_> = futures::stream::iter(d.requests.iter().cloned())
             .map(|r| {
-                let terminator = terminator.clone();
+                let (terminator, controller) = (terminator.clone(), controller.clone());
                 let object = raw.get(r.pod.uid.as_str()).map(|p| (*p).clone());
                 let request = match r.action {
                     Action::Delete { grace_seconds } | Action::Escalate { grace_seconds } => {
@@ -107,6 +110,9 @@ impl Shared {
                     Action::Evict | Action::Gate => Request::Cooperative,
                 };
                 async move {
+                    if let (Request::Delete { .. }, Some(controller)) = (request, &controller) {
+                        controller.escalating(&r.pod.uid).await;
+                    }
                     let result = terminator
                         .terminate(&r.pod, object.as_deref(), request, &r.maintenance)
                         .await;

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::decide::{self, Action, EvictionResult, Inputs, Release, Transition};
+use super::gate::EvictorGate;
 use super::work::{Caches, Key, Owned, Queue, Ready, Watch, Work};
 use super::{Intent, PodState, WallClock, NODE_LABEL};
 use crate::api::EvictionRequest;
@@ -82,6 +83,7 @@ pub struct Reconciler {
     evicted: Mutex<HashMap<String, String>>,
     blocks: Option<BlockSink>,
     intent: Option<Intent>,
+    gate: EvictorGate,
 }
 
 /// What one reconcile left behind.
@@ -122,6 +124,7 @@ impl Reconciler {
             evicted: Mutex::new(HashMap::new()),
             blocks: None,
             intent: None,
+            gate: EvictorGate::default(),
         }
     }
 
@@ -240,6 +243,7 @@ impl Reconciler {
         };
         if request.is_complete() {
             self.set_not_before(&key, None);
+            self.gate.forget(&pod_ref.uid);
             return Ok(Reconciled::default());
         }
         let namespace = request.metadata.namespace.clone().unwrap_or_default();
@@ -296,6 +300,13 @@ impl Reconciler {
                         *status
                     }
                     Action::Evict { released } => {
+                        let Some(_sending) = self.gate.sending(&pod_ref.uid) else {
+                            // The drain deletes it at its deadline; the watch shows that soon.
+                            return Ok(Reconciled {
+                                written,
+                                recheck_after: Some(Duration::from_secs(1)),
+                            });
+                        };
                         let result = self.evict(&pods, &pod_ref.name, &pod_ref.uid).await?;
                         log_eviction(&pod_key, released.as_ref(), &result, &current);
                         state = self.note_eviction(&key, &namespace, &pod_ref.uid, &result, state);
@@ -564,11 +575,18 @@ pub(super) enum Message {
 #[derive(Clone)]
 pub struct ControllerHandle {
     tx: mpsc::UnboundedSender<Message>,
+    gate: EvictorGate,
 }
 
 impl ControllerHandle {
-    pub(super) fn from_sender(tx: mpsc::UnboundedSender<Message>) -> Self {
-        Self { tx }
+    pub(super) fn from_sender(tx: mpsc::UnboundedSender<Message>, gate: EvictorGate) -> Self {
+        Self { tx, gate }
+    }
+
+    /// The drain is about to DELETE the pod `uid` at its deadline: the controller's evictor
+    /// leaves it from now on (returns once an eviction already sent is answered).
+    pub(crate) async fn escalating(&self, uid: &str) {
+        self.gate.escalating(uid).await;
     }
 
     /// A pod of this node changed or was deleted (call from the pod watch).
@@ -651,6 +669,7 @@ impl Controller {
     ) -> (Self, ControllerHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let reconciler = Reconciler::new(client.clone(), &config);
+        let gate = reconciler.gate.clone();
         (
             Self {
                 client,
@@ -661,7 +680,7 @@ impl Controller {
                 rx,
                 shutting_down: Arc::new(AtomicBool::new(false)),
             },
-            ControllerHandle { tx },
+            ControllerHandle { tx, gate },
         )
     }
 }

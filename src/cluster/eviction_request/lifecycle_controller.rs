@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::controller::Message;
+use super::gate::EvictorGate;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
 use super::{is_daemonset_pod, is_mirror, ControllerHandle, PodKey, WallClock, NODE_LABEL};
@@ -35,8 +36,8 @@ use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::{error_text, FIELD_MANAGER};
 use crate::plan::evictions::{
-    decide, decide_evictor, evictor_attempted, Decision, EvictionOutcome, EvictorDecision,
-    PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
+    activated_eviction, decide, decide_evictor, evictor_attempted, with_evictor_entry, Decision,
+    EvictionOutcome, EvictorDecision, PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
 };
 
 /// A pod by namespace and name, as EvictionRequests and Evictions name it.
@@ -62,6 +63,7 @@ pub(crate) struct LifecycleController {
     rx: Option<mpsc::UnboundedReceiver<Message>>,
     /// Pods looked at at once (`drain.max_concurrent_requests`).
     concurrency: usize,
+    gate: EvictorGate,
 }
 
 /// What the controller remembers between looks at one pod (by namespace and name): looks at
@@ -119,6 +121,7 @@ impl LifecycleController {
     ) -> (Self, ControllerHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let recorder = crate::cluster::event_recorder(client.clone(), node);
+        let gate = EvictorGate::default();
         (
             Self {
                 api: LifecycleApi::nodegrace(),
@@ -131,8 +134,9 @@ impl LifecycleController {
                 shutting_down: Arc::new(AtomicBool::new(false)),
                 rx: Some(rx),
                 concurrency: concurrency.max(1),
+                gate: gate.clone(),
             },
-            ControllerHandle::from_sender(tx),
+            ControllerHandle::from_sender(tx, gate),
         )
     }
 
@@ -450,13 +454,20 @@ impl LifecycleController {
             );
             wakes.push(decision.wake_at);
             if !decision.is_quiet() {
-                // The evictor acts at once when the decision made it the active responder.
-                if let Some(current) = self.apply(namespace, &decision, &evictions, memory).await? {
-                    let (_, wake) = self
-                        .run_evictor(namespace, name, &uid, &facts, &current, memory)
-                        .await?;
-                    wakes.push(wake);
+                let mut decision = decision;
+                // The evictor acts at once when the decision makes it the active responder,
+                // and its report joins the decision's write.
+                if let Some(activated) = activated_eviction(&decision, &evictions, &target) {
+                    let d = self
+                        .evictor_step(namespace, name, &uid, &facts, &activated, memory)
+                        .await;
+                    if let (Some(entry), Some(at)) = (d.status, activated.metadata.name.as_deref())
+                    {
+                        with_evictor_entry(&mut decision, at, entry);
+                    }
+                    wakes.push(d.wake_at);
                 }
+                self.apply(namespace, &decision, &evictions, memory).await?;
             }
             memory.wakes.extend(wakes.into_iter().flatten());
         }
@@ -466,6 +477,7 @@ impl LifecycleController {
     fn facts(&self, pod: Option<&Pod>, uid: &str, memory: &mut Memory) -> PodFacts {
         let Some(pod) = pod else {
             memory.evicted.remove(uid);
+            self.gate.forget(uid);
             return PodFacts {
                 presence: Presence::Absent,
                 kind: PodKind::Regular,
@@ -519,16 +531,15 @@ impl LifecycleController {
         }
     }
 
-    /// Writes `decision`; returns the Eviction it leaves in charge of the pod, if any.
+    /// Writes `decision`.
     async fn apply(
         &self,
         namespace: &str,
         decision: &Decision,
         known: &[Eviction],
         memory: &mut Memory,
-    ) -> Result<Option<Eviction>> {
+    ) -> Result<()> {
         let api = self.api.evictions(&self.client, Some(namespace));
-        let mut current: Option<Eviction> = None;
         if let Some(new) = &decision.create {
             let mut new = new.clone();
             new.metadata
@@ -542,14 +553,12 @@ impl LifecycleController {
                 .await
                 .with_context(|| format!("creating Eviction {namespace}/{name}"))?;
             info!(node = %self.node, eviction = %format!("{namespace}/{name}"), "created an Eviction");
-            let mut created: Eviction = typed(&created)?;
+            let created: Eviction = typed(&created)?;
             Self::remember(memory, &created);
             if let Some(status) = status {
-                created = self
-                    .write_status(&api, &created, json!(status), memory)
+                self.write_status(&api, &created, json!(status), memory)
                     .await?;
             }
-            current = Some(created);
         }
         for (name, metadata) in &decision.eviction_metadata {
             let mut labels = metadata.labels.clone();
@@ -568,7 +577,7 @@ impl LifecycleController {
             else {
                 continue;
             };
-            current = Some(self.write_status(&api, old, json!(status), memory).await?);
+            self.write_status(&api, old, json!(status), memory).await?;
         }
         let request_api = self.api.requests(&self.client, Some(namespace));
         for (name, status) in &decision.request_statuses {
@@ -587,13 +596,7 @@ impl LifecycleController {
                 }
             }
         }
-        if current.is_none() {
-            current = known
-                .iter()
-                .find(|e| !crate::plan::evictions::eviction_is_final(e))
-                .cloned();
-        }
-        Ok(current)
+        Ok(())
     }
 
     /// Replaces the status of `eviction`, refused when it changed since it was read.
@@ -633,7 +636,8 @@ impl LifecycleController {
             .insert(object_key(&eviction.metadata), eviction.clone());
     }
 
-    /// nodegrace's imperative evictor, when it is the Eviction's active responder.
+    /// nodegrace's imperative evictor, when it is the Eviction's active responder: its
+    /// attempt and its entry written.
     async fn run_evictor(
         &self,
         namespace: &str,
@@ -643,56 +647,9 @@ impl LifecycleController {
         eviction: &Eviction,
         memory: &mut Memory,
     ) -> Result<(Option<Eviction>, Option<Timestamp>)> {
-        let cap = memory.backoff_cap.unwrap_or(EVICTOR_BACKOFF_CAP);
-        let now = self.clock.now();
-        let target = TargetRef {
-            name: name.to_owned(),
-            uid: uid.to_owned(),
-        };
-        let mut d = decide_evictor(
-            eviction,
-            &target,
-            facts,
-            memory.last_attempt.get(uid).copied(),
-            cap,
-            now,
-        );
-        if d.evict_now && memory.evicted.contains(uid) {
-            d = EvictorDecision {
-                evict_now: false,
-                status: None,
-                wake_at: None,
-            };
-        }
-        if d.evict_now {
-            let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
-            // The budget is named in the evictor's message, which the requester's watch reads
-            // back for the drain (as the in-tree evictor's on 1.37).
-            let outcome = match evict::evict(&pods, name, uid, None).await {
-                Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
-                Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
-                    error: budget.map_or(message.clone(), |b| {
-                        format!("PodDisruptionBudget {b}: {message}")
-                    }),
-                    retry_after: None,
-                },
-                Err(err) => EvictionOutcome::Refused {
-                    error: error_text(&err),
-                    retry_after: None,
-                },
-            };
-            match &outcome {
-                EvictionOutcome::Evicted => {
-                    memory.last_attempt.remove(uid);
-                    memory.evicted.insert(uid.to_owned());
-                    info!(node = %self.node, pod = %format!("{namespace}/{name}"), "evicted the pod through the Eviction API (imperative evictor)");
-                }
-                EvictionOutcome::Refused { .. } => {
-                    memory.last_attempt.insert(uid.to_owned(), now);
-                }
-            }
-            d = evictor_attempted(eviction, &target, &outcome, cap, now);
-        }
+        let d = self
+            .evictor_step(namespace, name, uid, facts, eviction, memory)
+            .await;
         let written = match d.status {
             Some(entry) => {
                 self.write_evictor_entry(namespace, eviction, entry, memory)
@@ -701,6 +658,70 @@ impl LifecycleController {
             None => None,
         };
         Ok((written, d.wake_at))
+    }
+
+    /// The evictor's decision on `eviction`, the Eviction API called when it says so; the
+    /// entry to write is the caller's.
+    async fn evictor_step(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        facts: &PodFacts,
+        eviction: &Eviction,
+        memory: &mut Memory,
+    ) -> EvictorDecision {
+        let cap = memory.backoff_cap.unwrap_or(EVICTOR_BACKOFF_CAP);
+        let now = self.clock.now();
+        let target = TargetRef {
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+        };
+        let d = decide_evictor(
+            eviction,
+            &target,
+            facts,
+            memory.last_attempt.get(uid).copied(),
+            cap,
+            now,
+        );
+        if !d.evict_now {
+            return d;
+        }
+        // Evicted already (the watch shows the deletion a moment later), or deleted by the
+        // drain at its deadline: not evicted again.
+        let sending = self.gate.sending(uid);
+        if memory.evicted.contains(uid) || sending.is_none() {
+            return EvictorDecision::idle();
+        }
+        let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
+        // The budget is named in the evictor's message, which the requester's watch reads
+        // back for the drain (as the in-tree evictor's on 1.37).
+        let outcome = match evict::evict(&pods, name, uid, None).await {
+            Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
+            Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
+                error: budget.map_or(message.clone(), |b| {
+                    format!("PodDisruptionBudget {b}: {message}")
+                }),
+                retry_after: None,
+            },
+            Err(err) => EvictionOutcome::Refused {
+                error: error_text(&err),
+                retry_after: None,
+            },
+        };
+        drop(sending);
+        match &outcome {
+            EvictionOutcome::Evicted => {
+                memory.last_attempt.remove(uid);
+                memory.evicted.insert(uid.to_owned());
+                info!(node = %self.node, pod = %format!("{namespace}/{name}"), "evicted the pod through the Eviction API (imperative evictor)");
+            }
+            EvictionOutcome::Refused { .. } => {
+                memory.last_attempt.insert(uid.to_owned(), now);
+            }
+        }
+        evictor_attempted(eviction, &target, &outcome, cap, now)
     }
 
     async fn write_evictor_entry(

@@ -35,6 +35,7 @@
 
 mod controller;
 pub(crate) mod decide;
+mod gate;
 mod intree;
 mod lifecycle_api;
 mod lifecycle_controller;

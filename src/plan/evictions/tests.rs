@@ -1129,6 +1129,68 @@ fn daemonset_and_mirror_pods_are_not_evicted_by_the_evictor_which_keeps_heartbea
 }
 
 #[test]
+fn the_evictor_acts_on_the_eviction_a_decision_activates_it_on_before_it_is_written() {
+    // No responder of the pod's own: the Eviction is created with the evictor Active.
+    let mut w = World::with(vec![request("nodegrace.dev/n1", INTENT_EVICTION, 0)]);
+    let pod = running(&[]);
+    let mut d = w.decide(&pod, at(0));
+    let activated = activated_eviction(&d, &w.evictions, &target()).expect("the created one");
+    assert_eq!(activated.metadata.name.as_deref(), Some("pod-1-web"));
+    let tried = decide_evictor(
+        &activated,
+        &target(),
+        &pod,
+        None,
+        EVICTOR_BACKOFF_CAP,
+        at(0),
+    );
+    assert!(tried.evict_now);
+    let after = evictor_attempted(
+        &activated,
+        &target(),
+        &EvictionOutcome::Evicted,
+        EVICTOR_BACKOFF_CAP,
+        at(0),
+    );
+    with_evictor_entry(&mut d, "pod-1-web", after.status.expect("an entry"));
+    w.apply(&d, at(0));
+    // One write carries the activation and the evictor's report.
+    assert_eq!(w.states(), st(&[(NODEGRACE_EVICTOR, ACTIVE)]));
+    let entry = w.responder_mut(NODEGRACE_EVICTOR).clone();
+    assert!(entry
+        .message
+        .is_some_and(|m| m.contains("was evicted through the Eviction API")));
+    assert_eq!(entry.start_time, Some(Time(at(0))));
+    // Once written, a decision activates nothing: the evictor reports on its own then.
+    let again = w.decide(&pod, at(1));
+    assert_eq!(activated_eviction(&again, &w.evictions, &target()), None);
+
+    // A responder completing hands over to the evictor in a status write.
+    let mut w = World::with(vec![request("nodegrace.dev/n1", INTENT_EVICTION, 0)]);
+    let pod = running(&[(DB, 10_000)]);
+    let d = w.settle(&pod, at(0));
+    assert_eq!(
+        activated_eviction(&d, &w.evictions, &target()),
+        None,
+        "{d:?}"
+    );
+    w.responder_mut(DB).completion_time = Some(Time(at(30)));
+    let d = w.decide(&pod, at(31));
+    assert!(d.create.is_none());
+    let activated = activated_eviction(&d, &w.evictions, &target()).expect("the known one");
+    assert_eq!(
+        states(&activated),
+        st(&[(DB, COMPLETED), (NODEGRACE_EVICTOR, ACTIVE)])
+    );
+    // Another pod's Eviction is never the evictor's.
+    let other = TargetRef {
+        name: POD.into(),
+        uid: "another-uid".into(),
+    };
+    assert_eq!(activated_eviction(&d, &w.evictions, &other), None);
+}
+
+#[test]
 fn end_to_end_a_request_is_answered_by_the_evictor_and_ends_target_evicted() {
     let mut w = World::with(vec![request("nodegrace.dev/worker-1", INTENT_EVICTION, 0)]);
     let pod = running(&[]);
