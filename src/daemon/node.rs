@@ -26,8 +26,11 @@ use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
 use crate::plan::intree::{choose_path, EvictionPath, Served};
+
+mod paths;
 use crate::plan::lifecycle::{route, Route, RouteEvent};
 use crate::plan::reachability::retry_delay;
+use paths::{leave_unused_apis, start_crd_controller, start_lifecycle_controller};
 use rand::Rng as _;
 
 const RETRY_MIN: Duration = Duration::from_secs(1);
@@ -527,8 +530,8 @@ where
         }
     };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
-    let path =
-        crate::plan::intree::choose_path(served, crate::api::node_requester(&node).is_some());
+    let node_labelled = crate::api::node_label_value(&node).is_some();
+    let path = crate::plan::intree::choose_path(served, node_labelled);
     let lifecycle_api = match path {
         EvictionPath::InTree => Some(eviction_request::LifecycleApi::in_tree()),
         EvictionPath::LifecycleCrds => Some(eviction_request::LifecycleApi::nodegrace()),
@@ -544,46 +547,12 @@ where
         tracing::info!(node = %node, requester = %t.key(), api = %api.group(), "pods are asked to leave through EvictionRequests");
         t
     });
-    // Nothing follows the deprecated CRD once a lifecycle API is used: this node's requester
-    // leaves its requests there.
-    if lifecycle.is_some() && served.legacy_crd && crate::api::node_label_value(&node).is_some() {
-        if let Some(name) = crate::api::node_requester(&node) {
-            tracing::warn!(node = %node, "evictionrequests.nodegrace.dev (deprecated) is still served but not used: {}", if path == EvictionPath::InTree { "the in-tree API is used (lifecycle.k8s.io)" } else { "nodegrace's lifecycle.nodegrace.dev CRDs are used" });
-            let old = Requester::new(clients.nodegrace.clone(), &node);
-            let (node, stop) = (node.clone(), stop.clone());
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = stop.cancelled() => {}
-                    () = leave_old_crd_requests(&old, &node, &name) => {}
-                }
-            });
-        }
-    }
-    // Likewise for nodegrace's lifecycle CRDs once the cluster serves the in-tree API.
-    if path == EvictionPath::InTree && served.lifecycle_crds {
-        let ours = eviction_request::InTreeTerminator::new(
-            eviction_request::LifecycleApi::nodegrace(),
-            clients.nodegrace.clone(),
-            clients.kubelet.clone(),
-            &node,
-        );
-        let (node, stop) = (node.clone(), stop.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                () = stop.cancelled() => {}
-                result = ours.withdraw_all() => match result {
-                    Ok(0) => {}
-                    Ok(withdrawn) => tracing::info!(node = %node, withdrawn, "withdrew this node's EvictionRequests of lifecycle.nodegrace.dev: the in-tree API is used instead"),
-                    Err(err) => tracing::warn!(node = %node, error = crate::cluster::error_text(&err), "withdrawing this node's EvictionRequests of lifecycle.nodegrace.dev failed; tried again when the daemon next starts"),
-                },
-            }
-        });
-    }
+    leave_unused_apis(path, served, &clients, &node, &stop);
     let requester = (path == EvictionPath::LegacyCrd)
         .then(|| crate::api::node_requester(&node))
         .flatten();
-    if served.legacy_crd && !served.in_tree && !served.lifecycle_crds && requester.is_none() {
-        tracing::warn!(node = %node, "the node name is too long for an EvictionRequest requester name (<node>.nodemaintenance.nodegrace.dev, at most 253 characters): pods are evicted through the Eviction API directly");
+    if !node_labelled && (served.in_tree || served.lifecycle_crds || served.legacy_crd) {
+        tracing::warn!(node = %node, "the node name is longer than a label value (63 characters): the admission policy cannot confine this node's EvictionRequests to it, so pods are evicted through the Eviction API directly (their declared responders are not asked)");
     }
     if requester.is_some() {
         tracing::warn!(node = %node, "only the deprecated evictionrequests.nodegrace.dev CRD is served: it is used for this release; apply the lifecycle.nodegrace.dev CRDs from packaging/crds");
@@ -620,88 +589,19 @@ where
         tokio::spawn(async move { progress.run(stop, shutting_down).await });
     }
     if path == EvictionPath::LifecycleCrds && controller_wanted {
-        let (controller, handle) = eviction_request::LifecycleController::new(
-            clients.nodegrace.clone(),
-            clients.kubelet.clone(),
+        start_lifecycle_controller(
+            &clients,
             &node_name,
-            engine.pod_store(),
-            eviction_request::WallClock::System,
+            &engine,
+            lifecycle.as_deref(),
             config.concurrency,
+            &stop,
         );
-        let controller = controller.retrying_as_in_shutdown_when(engine.shutting_down());
-        if let Some(t) = &lifecycle {
-            t.announce_to(handle.clone());
-        }
-        engine.attach_eviction_request_controller(handle);
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            if let Err(err) = controller.run(stop).await {
-                tracing::error!(
-                    error = crate::cluster::error_text(&err),
-                    "the eviction-request controller (lifecycle.nodegrace.dev) stopped"
-                );
-            }
-        });
     }
     if run_controller {
-        let (controller, handle) =
-            Controller::new(clients.nodegrace.clone(), engine.pod_store(), config);
-        let mut controller = controller
-            .evicting_with(clients.kubelet.clone())
-            .retrying_as_in_shutdown_when(engine.shutting_down())
-            .reporting_blocks_to(engine.eviction_block_sink());
-        if let Some(intent) = intent {
-            controller = controller.reasserting(intent);
-        }
-        node_requester.announce_to(handle.clone());
-        engine.attach_eviction_request_controller(handle);
-        tokio::spawn(async move {
-            if let Err(err) = controller.run(stop).await {
-                tracing::error!(
-                    error = crate::cluster::error_text(&err),
-                    "the eviction-request controller stopped"
-                );
-            }
-        });
+        start_crd_controller(&clients, &engine, &node_requester, intent, config, stop);
     }
     engine
-}
-
-/// With the in-tree API in use, nothing follows nodegrace's EvictionRequest CRD any more: this
-/// node's requester (`requester`) leaves every request of the CRD labelled for the node, so
-/// that none holds a pod for it (an external controller of the CRD would still evict it). A
-/// failure is tried again when the daemon next starts (it connects once).
-async fn leave_old_crd_requests(old: &Requester, node: &str, requester: &str) {
-    let pods = match old.own_requests().await {
-        Ok(pods) => pods,
-        Err(err) => {
-            tracing::warn!(node = %node, requester, error = crate::cluster::error_text(&err), "could not list this node's EvictionRequests (evictionrequests.nodegrace.dev) to withdraw from them; tried again when the daemon next starts");
-            return;
-        }
-    };
-    let (mut withdrawn, mut kept, mut failed) = (0usize, 0usize, 0usize);
-    for pod in &pods {
-        match old.withdraw(pod).await {
-            Ok(
-                eviction_request::Withdrawn::Removed
-                | eviction_request::Withdrawn::Cancelled
-                | eviction_request::Withdrawn::Deleted,
-            ) => withdrawn += 1,
-            Ok(eviction_request::Withdrawn::NotRequested) => {}
-            // Complete and held by others, or not cancellable: the requester stays by the
-            // request's own rules.
-            Ok(
-                eviction_request::Withdrawn::LeftToOthers | eviction_request::Withdrawn::Forbidden,
-            ) => kept += 1,
-            Err(err) => {
-                failed += 1;
-                tracing::warn!(node = %node, pod = %pod, requester, error = crate::cluster::error_text(&err), "withdrawing from an EvictionRequest (evictionrequests.nodegrace.dev) failed; tried again when the daemon next starts");
-            }
-        }
-    }
-    if !pods.is_empty() {
-        tracing::info!(node = %node, requester, withdrawn, kept, failed, "withdrew from this node's EvictionRequests of nodegrace's deprecated CRD (evictionrequests.nodegrace.dev): a lifecycle API is used instead");
-    }
 }
 
 /// Connects until the apiserver answers and both credentials pass `identity::verify`:
@@ -742,7 +642,7 @@ where
                 legacy_crd: eviction_request::is_crd_installed(&clients.nodegrace).await?,
             };
             // Only the path taken needs its permissions.
-            let path = choose_path(served, true);
+            let path = choose_path(served, crate::api::node_label_value(node).is_some());
             let crd = path == EvictionPath::LegacyCrd;
             let verified =
                 identity::verify(&clients, paths, node, crd, crd && controller_wanted).await?;

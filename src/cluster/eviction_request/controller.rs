@@ -249,13 +249,7 @@ impl Reconciler {
         let namespace = request.metadata.namespace.clone().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), &namespace);
         let mut state = PodState::of(pod, &pod_ref.uid);
-        let evicted = self
-            .evicted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .is_some_and(|uid| *uid == pod_ref.uid);
-        if evicted && matches!(state, PodState::Present { .. }) {
+        if self.was_evicted(&key, &pod_ref.uid) && matches!(state, PodState::Present { .. }) {
             state = PodState::Terminating;
         }
         let pod_key = format!("{namespace}/{}", pod_ref.name);
@@ -418,6 +412,15 @@ impl Reconciler {
         api.get_opt(&name)
             .await
             .with_context(|| format!("reading EvictionRequest {key}"))
+    }
+
+    /// Whether this controller's eviction of the pod `uid` (of request `key`) was accepted.
+    fn was_evicted(&self, key: &str, uid: &str) -> bool {
+        self.evicted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_some_and(|evicted| evicted == uid)
     }
 
     /// The Eviction API with the pod's UID as precondition; an apiserver refusal other

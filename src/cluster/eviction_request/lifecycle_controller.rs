@@ -40,8 +40,13 @@ use crate::plan::evictions::{
     EvictionOutcome, EvictorDecision, PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
 };
 
+mod evictor;
+
 /// A pod by namespace and name, as EvictionRequests and Evictions name it.
 type Target = (String, String);
+
+/// The requests and Evictions about one pod name.
+type Gathered = (Vec<EvictionRequest>, Vec<Eviction>);
 
 /// How long the final writes about a pod that is gone wait for its objects to be collected.
 const GONE_SETTLE: Duration = Duration::from_secs(5);
@@ -101,6 +106,17 @@ impl Memory {
             && self.told.is_empty()
             && self.gone_at.is_empty()
     }
+}
+
+/// What the controller's loop keeps between inputs.
+#[derive(Default)]
+struct LoopState {
+    memories: HashMap<Target, Memory>,
+    /// When to look at which pods again.
+    timers: BTreeMap<Timestamp, BTreeSet<Target>>,
+    backoff_cap: Option<Duration>,
+    /// Pods to look at.
+    dirty: BTreeSet<Target>,
 }
 
 /// The watched objects.
@@ -189,36 +205,13 @@ impl LifecycleController {
             self.watch(&evictions, w_evictions, mine).boxed(),
         ]);
         info!(node = %self.node, api = %self.api.group(), "eviction-request controller started");
-        let mut memories: HashMap<Target, Memory> = HashMap::new();
-        let mut timers: BTreeMap<Timestamp, BTreeSet<Target>> = BTreeMap::new();
-        let mut backoff_cap: Option<Duration> = None;
-        let mut dirty: BTreeSet<Target> = BTreeSet::new();
+        let mut state = LoopState::default();
         let mut rx = self.rx.take();
         loop {
-            while !dirty.is_empty() {
-                let batch: Vec<Target> = (0..self.concurrency)
-                    .map_while(|_| dirty.pop_first())
-                    .collect();
-                let this = &self;
-                let looks = batch.into_iter().map(|target| {
-                    let mut memory = memories.remove(&target).unwrap_or_default();
-                    memory.backoff_cap = backoff_cap;
-                    let caches = &caches;
-                    async move {
-                        this.look(caches, &target, &mut memory).await;
-                        (target, memory)
-                    }
-                });
-                for (target, mut memory) in futures::future::join_all(looks).await {
-                    for at in memory.wakes.drain(..) {
-                        timers.entry(at).or_default().insert(target.clone());
-                    }
-                    if !memory.is_idle() {
-                        memories.insert(target, memory);
-                    }
-                }
+            while !state.dirty.is_empty() {
+                self.look_at_a_batch(&caches, &mut state).await;
             }
-            let next = timers.keys().next().copied();
+            let next = state.timers.keys().next().copied();
             let sleep = next.map(|at| {
                 let now = self.clock.now();
                 at.duration_since(now)
@@ -237,63 +230,11 @@ impl LifecycleController {
             // What else is ready joins the next batch: pods asked together are looked at
             // together.
             loop {
-                match input {
-                    Input::Watched(Some(Ok(event))) => match *event {
-                        watcher::Event::Delete(o) => {
-                            let key = object_key(&o.metadata);
-                            if let Some(m) = target_of(&o).and_then(|t| memories.get_mut(&t)) {
-                                m.written.remove(&key);
-                                m.requested.remove(&key);
-                            }
-                            dirty.extend(target_of(&o));
-                        }
-                        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                            dirty.extend(target_of(&o));
-                        }
-                        _ => {}
-                    },
-                    Input::Watched(Some(Err(err))) => {
-                        debug!(error = %err, "watching lifecycle.nodegrace.dev");
-                    }
-                    Input::Watched(None) => {
-                        anyhow::bail!("the lifecycle.nodegrace.dev watches ended")
-                    }
-                    Input::Told(Some(Message::PodChanged { namespace, uid })) => {
-                        let name = self
-                            .pod_name(&namespace, &uid)
-                            .or_else(|| requested_name(&caches, &namespace, &uid));
-                        dirty.extend(name.map(|n| (namespace, n)));
-                    }
-                    Input::Told(Some(Message::LifecycleRequested(request))) => {
-                        let key = object_key(&request.metadata);
-                        let target = request.spec.target.pod.as_ref().map(|p| p.name.clone());
-                        if let (Some(ns), Some(name)) = (request.metadata.namespace.clone(), target)
-                        {
-                            let target = (ns, name);
-                            memories
-                                .entry(target.clone())
-                                .or_default()
-                                .requested
-                                .insert(key, *request);
-                            dirty.insert(target);
-                        }
-                    }
-                    Input::Told(Some(Message::BackoffMax(cap))) => {
-                        backoff_cap = Some(cap);
-                        dirty.extend(all_targets(&caches));
-                    }
-                    Input::Told(Some(_)) => {}
+                if let Input::Told(None) = input {
                     // Every handle dropped: no more pod changes; the watches go on.
-                    Input::Told(None) => rx = None,
-                    Input::Timer => {
-                        let now = self.clock.now();
-                        let later = timers
-                            .split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
-                        for (_, due) in std::mem::replace(&mut timers, later) {
-                            dirty.extend(due);
-                        }
-                    }
+                    rx = None;
                 }
+                self.take(input, &caches, &mut state)?;
                 input = if let Some(event) = events.next().now_or_never() {
                     Input::Watched(event.map(|e| e.map(Box::new)))
                 } else if let Some(message) = rx.as_mut().and_then(|r| r.try_recv().ok()) {
@@ -303,6 +244,91 @@ impl LifecycleController {
                 };
             }
         }
+    }
+
+    /// Looks at the next `concurrency` pods to look at, at once.
+    async fn look_at_a_batch(&self, caches: &Caches, state: &mut LoopState) {
+        let batch: Vec<Target> = (0..self.concurrency)
+            .map_while(|_| state.dirty.pop_first())
+            .collect();
+        let looks = batch.into_iter().map(|target| {
+            let mut memory = state.memories.remove(&target).unwrap_or_default();
+            memory.backoff_cap = state.backoff_cap;
+            async move {
+                self.look(caches, &target, &mut memory).await;
+                (target, memory)
+            }
+        });
+        for (target, mut memory) in futures::future::join_all(looks).await {
+            for at in memory.wakes.drain(..) {
+                state.timers.entry(at).or_default().insert(target.clone());
+            }
+            if !memory.is_idle() {
+                state.memories.insert(target, memory);
+            }
+        }
+    }
+
+    /// Which pods an input calls for a look at.
+    fn take(&self, input: Input, caches: &Caches, state: &mut LoopState) -> Result<()> {
+        let dirty = &mut state.dirty;
+        match input {
+            Input::Watched(Some(Ok(event))) => match *event {
+                watcher::Event::Delete(o) => {
+                    let key = object_key(&o.metadata);
+                    if let Some(m) = target_of(&o).and_then(|t| state.memories.get_mut(&t)) {
+                        m.written.remove(&key);
+                        m.requested.remove(&key);
+                    }
+                    dirty.extend(target_of(&o));
+                }
+                watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+                    dirty.extend(target_of(&o));
+                }
+                _ => {}
+            },
+            Input::Watched(Some(Err(err))) => {
+                debug!(error = %err, "watching lifecycle.nodegrace.dev");
+            }
+            Input::Watched(None) => {
+                anyhow::bail!("the lifecycle.nodegrace.dev watches ended")
+            }
+            Input::Told(Some(Message::PodChanged { namespace, uid })) => {
+                let name = self
+                    .pod_name(&namespace, &uid)
+                    .or_else(|| requested_name(caches, &namespace, &uid));
+                dirty.extend(name.map(|n| (namespace, n)));
+            }
+            Input::Told(Some(Message::LifecycleRequested(request))) => {
+                let key = object_key(&request.metadata);
+                let target = request.spec.target.pod.as_ref().map(|p| p.name.clone());
+                if let (Some(ns), Some(name)) = (request.metadata.namespace.clone(), target) {
+                    let target = (ns, name);
+                    state
+                        .memories
+                        .entry(target.clone())
+                        .or_default()
+                        .requested
+                        .insert(key, *request);
+                    dirty.insert(target);
+                }
+            }
+            Input::Told(Some(Message::BackoffMax(cap))) => {
+                state.backoff_cap = Some(cap);
+                dirty.extend(all_targets(caches));
+            }
+            Input::Told(Some(_) | None) => {}
+            Input::Timer => {
+                let now = self.clock.now();
+                let later = state
+                    .timers
+                    .split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
+                for (_, due) in std::mem::replace(&mut state.timers, later) {
+                    dirty.extend(due);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn pod_name(&self, namespace: &str, uid: &str) -> Option<String> {
@@ -354,54 +380,11 @@ impl LifecycleController {
 
     async fn try_look(&self, caches: &Caches, target: &Target, memory: &mut Memory) -> Result<()> {
         let (namespace, name) = target;
-        let about = |o: &DynamicObject| {
-            o.metadata.namespace.as_deref() == Some(namespace)
-                && target_of(o).is_some_and(|(_, n)| &n == name)
-        };
         let pod = self.pod(namespace, name);
-        let labelled: Vec<EvictionRequest> = caches
-            .ours
-            .state()
-            .iter()
-            .filter(|o| about(o))
-            .map(|o| typed(o))
-            .collect::<Result<_>>()?;
-        let unclaimed: Vec<Arc<DynamicObject>> = caches
-            .unclaimed
-            .state()
-            .into_iter()
-            .filter(|o| about(o))
-            .collect();
-        // A pod not in this node's cache is another node's, unless this node labelled a
-        // request about it (its own): then the pod is gone.
-        let requested_here = memory.requested.values().any(|r| {
-            r.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
-        });
-        if pod.is_none() && labelled.is_empty() && !requested_here {
-            // Nothing of this node's about it any more.
-            memory.gone_at.clear();
-            memory.last_attempt.clear();
-            memory.evicted.clear();
+        let Some((requests, mut evictions)) = self.gather(caches, target, pod.is_some(), memory)?
+        else {
             return Ok(());
-        }
-        let mut requests = labelled;
-        for o in unclaimed {
-            requests.push(typed(&o)?);
-        }
-        overlay(&mut requests, &mut memory.requested, namespace, |r| {
-            r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
-        });
-        let mut evictions: Vec<Eviction> = caches
-            .evictions
-            .state()
-            .iter()
-            .filter(|o| about(o))
-            .map(|o| typed(o))
-            .collect::<Result<_>>()?;
-        overlay(&mut evictions, &mut memory.written, namespace, |e| {
-            e.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
-        });
+        };
         let uids: BTreeSet<String> = requests
             .iter()
             .filter_map(|r| r.spec.target.pod.as_ref().map(|p| p.uid.clone()))
@@ -472,6 +455,66 @@ impl LifecycleController {
             memory.wakes.extend(wakes.into_iter().flatten());
         }
         Ok(())
+    }
+
+    /// The requests and Evictions about `target` (a pod name), the controller's own writes
+    /// laid over the caches; `None` when nothing of this node's is about it any more.
+    fn gather(
+        &self,
+        caches: &Caches,
+        target: &Target,
+        pod_cached: bool,
+        memory: &mut Memory,
+    ) -> Result<Option<Gathered>> {
+        let (namespace, name) = target;
+        let about = |o: &DynamicObject| {
+            o.metadata.namespace.as_deref() == Some(namespace)
+                && target_of(o).is_some_and(|(_, n)| &n == name)
+        };
+        let labelled: Vec<EvictionRequest> = caches
+            .ours
+            .state()
+            .iter()
+            .filter(|o| about(o))
+            .map(|o| typed(o))
+            .collect::<Result<_>>()?;
+        let unclaimed: Vec<Arc<DynamicObject>> = caches
+            .unclaimed
+            .state()
+            .into_iter()
+            .filter(|o| about(o))
+            .collect();
+        // A pod not in this node's cache is another node's, unless this node labelled a
+        // request about it (its own): then the pod is gone.
+        let requested_here = memory.requested.values().any(|r| {
+            r.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
+        });
+        if !pod_cached && labelled.is_empty() && !requested_here {
+            // Nothing of this node's about it any more.
+            memory.gone_at.clear();
+            memory.last_attempt.clear();
+            memory.evicted.clear();
+            return Ok(None);
+        }
+        let mut requests = labelled;
+        for o in unclaimed {
+            requests.push(typed(&o)?);
+        }
+        overlay(&mut requests, &mut memory.requested, namespace, |r| {
+            r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
+        });
+        let mut evictions: Vec<Eviction> = caches
+            .evictions
+            .state()
+            .iter()
+            .filter(|o| about(o))
+            .map(|o| typed(o))
+            .collect::<Result<_>>()?;
+        overlay(&mut evictions, &mut memory.written, namespace, |e| {
+            e.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
+        });
+        Ok(Some((requests, evictions)))
     }
 
     fn facts(&self, pod: Option<&Pod>, uid: &str, memory: &mut Memory) -> PodFacts {
@@ -634,116 +677,6 @@ impl LifecycleController {
         memory
             .written
             .insert(object_key(&eviction.metadata), eviction.clone());
-    }
-
-    /// nodegrace's imperative evictor, when it is the Eviction's active responder: its
-    /// attempt and its entry written.
-    async fn run_evictor(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        facts: &PodFacts,
-        eviction: &Eviction,
-        memory: &mut Memory,
-    ) -> Result<(Option<Eviction>, Option<Timestamp>)> {
-        let d = self
-            .evictor_step(namespace, name, uid, facts, eviction, memory)
-            .await;
-        let written = match d.status {
-            Some(entry) => {
-                self.write_evictor_entry(namespace, eviction, entry, memory)
-                    .await?
-            }
-            None => None,
-        };
-        Ok((written, d.wake_at))
-    }
-
-    /// The evictor's decision on `eviction`, the Eviction API called when it says so; the
-    /// entry to write is the caller's.
-    async fn evictor_step(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: &str,
-        facts: &PodFacts,
-        eviction: &Eviction,
-        memory: &mut Memory,
-    ) -> EvictorDecision {
-        let cap = memory.backoff_cap.unwrap_or(EVICTOR_BACKOFF_CAP);
-        let now = self.clock.now();
-        let target = TargetRef {
-            name: name.to_owned(),
-            uid: uid.to_owned(),
-        };
-        let d = decide_evictor(
-            eviction,
-            &target,
-            facts,
-            memory.last_attempt.get(uid).copied(),
-            cap,
-            now,
-        );
-        if !d.evict_now {
-            return d;
-        }
-        // Evicted already (the watch shows the deletion a moment later), or deleted by the
-        // drain at its deadline: not evicted again.
-        let sending = self.gate.sending(uid);
-        if memory.evicted.contains(uid) || sending.is_none() {
-            return EvictorDecision::idle();
-        }
-        let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
-        // The budget is named in the evictor's message, which the requester's watch reads
-        // back for the drain (as the in-tree evictor's on 1.37).
-        let outcome = match evict::evict(&pods, name, uid, None).await {
-            Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
-            Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
-                error: budget.map_or(message.clone(), |b| {
-                    format!("PodDisruptionBudget {b}: {message}")
-                }),
-                retry_after: None,
-            },
-            Err(err) => EvictionOutcome::Refused {
-                error: error_text(&err),
-                retry_after: None,
-            },
-        };
-        drop(sending);
-        match &outcome {
-            EvictionOutcome::Evicted => {
-                memory.last_attempt.remove(uid);
-                memory.evicted.insert(uid.to_owned());
-                info!(node = %self.node, pod = %format!("{namespace}/{name}"), "evicted the pod through the Eviction API (imperative evictor)");
-            }
-            EvictionOutcome::Refused { .. } => {
-                memory.last_attempt.insert(uid.to_owned(), now);
-            }
-        }
-        evictor_attempted(eviction, &target, &outcome, cap, now)
-    }
-
-    async fn write_evictor_entry(
-        &self,
-        namespace: &str,
-        eviction: &Eviction,
-        entry: ResponderStatus,
-        memory: &mut Memory,
-    ) -> Result<Option<Eviction>> {
-        let mut responders = eviction
-            .status
-            .as_ref()
-            .and_then(|s| s.responders.clone())
-            .unwrap_or_default();
-        match responders.iter_mut().find(|r| r.name == entry.name) {
-            Some(r) => *r = entry,
-            None => return Ok(None),
-        }
-        let api = self.api.evictions(&self.client, Some(namespace));
-        self.write_status(&api, eviction, json!({"responders": responders}), memory)
-            .await
-            .map(Some)
     }
 
     /// Logs each problem once, and records it as a Warning event on the pod (`reason`).
