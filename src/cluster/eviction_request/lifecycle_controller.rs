@@ -234,7 +234,7 @@ impl LifecycleController {
                     // Every handle dropped: no more pod changes; the watches go on.
                     rx = None;
                 }
-                self.take(input, &caches, &mut state)?;
+                self.take_input(input, &caches, &mut state)?;
                 input = if let Some(event) = events.next().now_or_never() {
                     Input::Watched(event.map(|e| e.map(Box::new)))
                 } else if let Some(message) = rx.as_mut().and_then(|r| r.try_recv().ok()) {
@@ -270,7 +270,7 @@ impl LifecycleController {
     }
 
     /// Which pods an input calls for a look at.
-    fn take(&self, input: Input, caches: &Caches, state: &mut LoopState) -> Result<()> {
+    fn take_input(&self, input: Input, caches: &Caches, state: &mut LoopState) -> Result<()> {
         let dirty = &mut state.dirty;
         match input {
             Input::Watched(Some(Ok(event))) => match *event {
