@@ -34,7 +34,7 @@ use super::lifecycle_api::{typed, LifecycleApi};
 use super::{is_daemonset_pod, is_mirror, ControllerHandle, PodKey, WallClock, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
-use crate::cluster::{error_text, FIELD_MANAGER};
+use crate::cluster::{api_error_code, error_text, FIELD_MANAGER};
 use crate::plan::evictions::{
     activated_eviction, decide, decide_evictor, evictor_attempted, with_evictor_entry, Decision,
     EvictionOutcome, EvictorDecision, PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
@@ -353,10 +353,7 @@ impl LifecycleController {
     async fn look(&self, caches: &Caches, target: &Target, memory: &mut Memory) {
         if let Err(err) = self.try_look(caches, target, memory).await {
             let now = self.clock.now();
-            let code = err
-                .chain()
-                .filter_map(|c| c.downcast_ref::<kube::Error>())
-                .find_map(api_error_code_of);
+            let code = answered_code(&err);
             // The object is gone (collected with its pod): its Delete event brings the next look.
             if code == Some(404) {
                 return;
@@ -631,7 +628,7 @@ impl LifecycleController {
                 .await
             {
                 Ok(_) => {}
-                Err(err) if api_error_code_of(&err) == Some(404) => {}
+                Err(err) if api_error_code(&err) == Some(404) => {}
                 Err(err) => {
                     return Err(err).with_context(|| {
                         format!("writing the status of EvictionRequest {namespace}/{name}")
@@ -661,7 +658,7 @@ impl LifecycleController {
         {
             Ok(written) => written,
             Err(err) => {
-                if api_error_code_of(&err) == Some(404) {
+                if api_error_code(&err) == Some(404) {
                     // Collected (with its requests and pod): forget what was written to it.
                     memory.written.remove(&object_key(&eviction.metadata));
                 }
@@ -716,11 +713,11 @@ fn params() -> PatchParams {
     }
 }
 
-fn api_error_code_of(err: &kube::Error) -> Option<u16> {
-    match err {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
-    }
+/// The HTTP status the apiserver answered `err` with, if it answered.
+fn answered_code(err: &anyhow::Error) -> Option<u16> {
+    err.chain()
+        .filter_map(|c| c.downcast_ref::<kube::Error>())
+        .find_map(api_error_code)
 }
 
 /// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's

@@ -133,9 +133,5 @@ impl LifecycleController {
 /// Whether the Eviction API refused (a 4xx other than throttling): an attempt, counted and
 /// backed off from. Anything else said nothing of the pod.
 fn refused_by_the_apiserver(err: &anyhow::Error) -> bool {
-    let code = err
-        .chain()
-        .filter_map(|c| c.downcast_ref::<kube::Error>())
-        .find_map(api_error_code_of);
-    code.is_some_and(|c| c < 500) && evict::anyhow_throttled(err).is_none()
+    answered_code(err).is_some_and(|c| c < 500) && evict::anyhow_throttled(err).is_none()
 }
