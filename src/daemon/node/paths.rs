@@ -14,9 +14,10 @@ pub(super) fn leave_unused_apis(
 ) {
     let node = node.to_owned();
     // Nothing follows the deprecated CRD once a lifecycle API is used: this node's requester
-    // leaves its requests there.
+    // leaves its requests there. (A lifecycle path is only chosen for a node whose name fits
+    // the node label.)
     let lifecycle_used = matches!(path, EvictionPath::InTree | EvictionPath::LifecycleCrds);
-    if lifecycle_used && served.legacy_crd && crate::api::node_label_value(&node).is_some() {
+    if lifecycle_used && served.legacy_crd {
         if let Some(name) = crate::api::node_requester(&node) {
             tracing::warn!(node = %node, "evictionrequests.nodegrace.dev (deprecated) is still served but not used: {}", if path == EvictionPath::InTree { "the in-tree API is used (lifecycle.k8s.io)" } else { "nodegrace's lifecycle.nodegrace.dev CRDs are used" });
             let old = Requester::new(clients.nodegrace.clone(), &node);

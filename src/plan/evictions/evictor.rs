@@ -242,9 +242,11 @@ pub(crate) fn evictor_attempted(
 }
 
 /// The Eviction of `target` that `decision` makes the evictor Active on: the one it creates,
-/// or a known one with the status it writes. The evictor acts on it before those writes go
-/// out — a status write is bookkeeping, and an apiserver struggling to store it must not hold
-/// the pod's eviction back — and its entry joins the same write ([`with_evictor_entry`]).
+/// or a known one, on which it was not Active yet, with the status it writes. The evictor
+/// acts on it before those writes go out — a status write is bookkeeping, and an apiserver
+/// struggling to store it must not hold the pod's eviction back — and its entry joins the
+/// same write ([`with_evictor_entry`]). Where it was Active already it has acted on the
+/// known Eviction itself.
 pub(crate) fn activated_eviction(
     decision: &Decision,
     known: &[Eviction],
@@ -254,10 +256,13 @@ pub(crate) fn activated_eviction(
         .eviction_statuses
         .iter()
         .filter_map(|(name, status)| {
-            let mut e = known
+            let old = known
                 .iter()
-                .find(|e| e.metadata.name.as_deref() == Some(name))?
-                .clone();
+                .find(|e| e.metadata.name.as_deref() == Some(name))?;
+            if evictor_entry(old, target).is_some() {
+                return None;
+            }
+            let mut e = old.clone();
             e.status = Some(status.clone());
             Some(e)
         });

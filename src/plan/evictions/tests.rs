@@ -1161,9 +1161,15 @@ fn the_evictor_acts_on_the_eviction_a_decision_activates_it_on_before_it_is_writ
         .message
         .is_some_and(|m| m.contains("was evicted through the Eviction API")));
     assert_eq!(entry.start_time, Some(Time(at(0))));
-    // Once written, a decision activates nothing: the evictor reports on its own then.
+    // Once written, a decision activates nothing: the evictor reports on its own then, also
+    // when the decision writes the Eviction again (a second requester joins).
     let again = w.decide(&pod, at(1));
     assert_eq!(activated_eviction(&again, &w.evictions, &target()), None);
+    w.requests
+        .push(request("example.com/descheduler", INTENT_EVICTION, 1));
+    let joined = w.decide(&pod, at(2));
+    assert_eq!(joined.eviction_statuses.len(), 1, "{joined:?}");
+    assert_eq!(activated_eviction(&joined, &w.evictions, &target()), None);
 
     // A responder completing hands over to the evictor in a status write.
     let mut w = World::with(vec![request("nodegrace.dev/n1", INTENT_EVICTION, 0)]);

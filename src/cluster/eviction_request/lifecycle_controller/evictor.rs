@@ -58,10 +58,12 @@ impl LifecycleController {
         }
         // Evicted already (the watch shows the deletion a moment later), or deleted by the
         // drain at its deadline: not evicted again.
-        let sending = self.gate.sending(uid);
-        if memory.evicted.contains(uid) || sending.is_none() {
+        if memory.evicted.contains(uid) {
             return EvictorDecision::idle();
         }
+        let Some(sending) = self.gate.sending(uid) else {
+            return EvictorDecision::idle();
+        };
         let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
         // The budget is named in the evictor's message, which the requester's watch reads
         // back for the drain (as the in-tree evictor's on 1.37).
