@@ -820,6 +820,7 @@ mod tests {
                         attempts,
                         last_try: (attempts > 0).then_some((S(at), S(delay))),
                         blocked_by: None,
+                        budget: None,
                         throttled: 0,
                         escalated,
                     }

@@ -244,6 +244,7 @@ fn a_maintenance_this_node_completed_is_not_completed_again() {
         backoff_cap_shutdown: S(5),
         drain_began: None,
         daemonset_terminated: &HashMap::new(),
+        budgets: &HashMap::new(),
     })
     .unwrap();
     assert_eq!(d.complete, ["held", "unseen"]);
