@@ -731,7 +731,7 @@ mod rbac {
                 "nodegrace.dev/evictionrequests: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
-                "policy/poddisruptionbudgets: list",
+                "policy/poddisruptionbudgets: list,watch",
             ]
         );
         let binding = docs
