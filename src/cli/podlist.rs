@@ -117,7 +117,7 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
         let stream = serde_json::Deserializer::from_str(trimmed).into_iter::<Document>();
         for (i, doc) in stream.enumerate() {
             let what = || format!("JSON value {}", i + 1);
-            let doc = doc.with_context(what)?;
+            let doc = doc.map_err(|e| anyhow::anyhow!("{}: {}", what(), json_fault(&e)))?;
             objects += 1;
             collect(doc, &mut pods).with_context(what)?;
         }
@@ -131,7 +131,8 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
         }
         for (i, doc) in serde_yaml::Deserializer::from_str(trimmed).enumerate() {
             let what = || format!("YAML document {}", i + 1);
-            let doc = Option::<Document>::deserialize(doc).with_context(what)?;
+            let doc = Option::<Document>::deserialize(doc)
+                .map_err(|e| anyhow::anyhow!("{}: {}", what(), crate::text::yaml_fault(&e)))?;
             let Some(doc) = doc else { continue };
             objects += 1;
             collect(doc, &mut pods).with_context(what)?;
@@ -141,6 +142,12 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
         bail!("no Kubernetes objects in it; expected kubectl get pods -o yaml output");
     }
     Ok(pods)
+}
+
+/// A pod list may be any file `plan` was given (a key, a kubeconfig): its errors say where,
+/// never what the file holds there.
+fn json_fault(e: &serde_json::Error) -> String {
+    crate::text::parse_fault(&e.to_string(), Some((e.line(), e.column())))
 }
 
 fn collect(doc: Document, out: &mut Vec<ListedPod>) -> Result<()> {
@@ -168,7 +175,7 @@ fn collect(doc: Document, out: &mut Vec<ListedPod>) -> Result<()> {
                     let what = if item_kind.is_empty() {
                         "an object without a kind".to_string()
                     } else {
-                        format!("a {item_kind}")
+                        a_kind(item_kind)
                     };
                     bail!("items[{j}] is {what}, not a Pod");
                 }
@@ -178,9 +185,22 @@ fn collect(doc: Document, out: &mut Vec<ListedPod>) -> Result<()> {
         "" => {
             bail!("not a Kubernetes object (no kind); expected a Pod, a PodList or a List of pods")
         }
-        other => bail!("a {other}, not a Pod, PodList or List of pods"),
+        other => bail!("{}, not a Pod, PodList or List of pods", a_kind(other)),
     }
     Ok(())
+}
+
+/// "a ConfigMap": a kind is named only when it looks like one (a Kubernetes kind is a
+/// CamelCase word), since the file may be anything, a key or a token among them.
+fn a_kind(kind: &str) -> String {
+    let looks_like_a_kind = kind.len() <= 63
+        && kind.starts_with(|c: char| c.is_ascii_uppercase())
+        && kind.chars().all(|c| c.is_ascii_alphanumeric());
+    if looks_like_a_kind {
+        format!("a {kind}")
+    } else {
+        "an object of another kind".to_string()
+    }
 }
 
 fn push(out: &mut Vec<ListedPod>, raw: RawPod<IgnoredAny>) -> Result<()> {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use http::{HeaderName, HeaderValue};
 
-use crate::cluster::kubeconfig::KubeconfigFile;
+use crate::cluster::kubeconfig::{without_text, KubeconfigFile};
 use crate::config::Settings;
 
 /// Sent with every request, so that audit logs tell nodegrace's requests under the kubelet's
@@ -106,8 +106,16 @@ pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Resul
             .await
             .with_context(|| format!("cannot use kubeconfig {} ({what})", path.display()))?
         }
-        None => kube::Config::infer().await.with_context(|| {
-            format!("no kubeconfig ({what}: none given, no in-cluster config, no $KUBECONFIG)")
+        None => kube::Config::infer().await.map_err(|e| {
+            let parse = std::error::Error::source(&e)
+                .and_then(|s| s.downcast_ref::<kube::config::KubeconfigError>())
+                .and_then(without_text);
+            match parse {
+                Some(why) => anyhow::anyhow!("$KUBECONFIG ({what}) is not a kubeconfig: {why}"),
+                None => anyhow::Error::new(e).context(format!(
+                    "no kubeconfig ({what}: none given, no in-cluster config, no $KUBECONFIG)"
+                )),
+            }
         })?,
     };
     // kube retries 429/503/504 inside the client by default, for up to many minutes: a PDB

@@ -140,7 +140,8 @@ fn drop_ins(dir: &Path) -> Result<Vec<PathBuf>, String> {
 
 fn merge_file(fields: &mut Fields, bytes: &[u8]) -> Result<(), String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_string())?;
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+    let doc: Value = serde_yaml::from_str(text)
+        .map_err(|e| format!("not YAML: {}", crate::text::yaml_fault(&e)))?;
     let map = match doc {
         Value::Mapping(m) => m,
         // An empty file.
@@ -150,10 +151,7 @@ fn merge_file(fields: &mut Fields, bytes: &[u8]) -> Result<(), String> {
     let get = |key: &str| map.get(Value::String(key.into()));
     if let Some(kind) = get("kind") {
         if kind.as_str() != Some("KubeletConfiguration") {
-            return Err(format!(
-                "kind {} is not KubeletConfiguration",
-                serde_yaml::to_string(kind).unwrap_or_default().trim()
-            ));
+            return Err("its kind is not KubeletConfiguration".into());
         }
     }
     if let Some(v) = get("shutdownGracePeriod") {

@@ -28,7 +28,8 @@ pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err("file is empty".into());
     }
-    let doc: Value = serde_yaml::from_slice(bytes).map_err(|e| format!("not YAML/JSON: {e}"))?;
+    let doc: Value = serde_yaml::from_slice(bytes)
+        .map_err(|e| format!("not YAML/JSON: {}", crate::text::yaml_fault(&e)))?;
     let Value::Mapping(_) = doc else {
         return Err("top level is not an object".into());
     };
