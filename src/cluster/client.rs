@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use http::{HeaderName, HeaderValue};
 
+use crate::cluster::bounded::BoundedLayer;
 use crate::cluster::kubeconfig::{without_text, KubeconfigFile};
 use crate::config::Settings;
 
@@ -73,11 +74,13 @@ impl Role {
 }
 
 /// Timeouts of a client. `read`, when given, bounds every read, which suits one-shot CLI
-/// requests but would cut the daemon's long-running watches.
+/// requests but would cut the daemon's long-running watches. `answer`, when given, bounds
+/// the whole answer (headers and body) of every request but a watch.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     pub connect: Duration,
     pub read: Option<Duration>,
+    pub answer: Option<Duration>,
 }
 
 /// A client for `role`'s kubeconfig at `path` (None: in-cluster config or `$KUBECONFIG`).
@@ -130,7 +133,7 @@ pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Resul
         HeaderName::from_static("user-agent"),
         HeaderValue::from_static(USER_AGENT),
     ));
-    over_http2(config).context("cannot build the apiserver client")
+    over_http2(config, timeouts.answer).context("cannot build the apiserver client")
 }
 
 /// How often an HTTP/2 connection with nothing received is pinged (busy or idle), and how long
@@ -144,7 +147,7 @@ const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// apiserver just when it is busiest, and every watch held one for good. Over HTTP/2 one
 /// connection per identity carries the watches and a whole band's requests, as client-go's
 /// does. Plain `http://` endpoints stay HTTP/1.1.
-fn over_http2(config: kube::Config) -> Result<kube::Client> {
+fn over_http2(config: kube::Config, answer: Option<Duration>) -> Result<kube::Client> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     use kube::client::ConfigExt;
@@ -187,6 +190,7 @@ fn over_http2(config: kube::Config) -> Result<kube::Client> {
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
+        .layer(BoundedLayer { deadline: answer })
         .service(transport);
     Ok(kube::Client::new(service, config.default_namespace))
 }
@@ -203,6 +207,7 @@ pub(crate) async fn client(
         Timeouts {
             connect: connect_timeout,
             read: read_timeout,
+            answer: read_timeout,
         },
     )
     .await
