@@ -406,6 +406,11 @@ fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Conf
             ));
         }
     }
+    for (candidate, dir) in [(state, state_dir), (gate, gate_dir)] {
+        if let Some(why) = cannot_exist(dir) {
+            return Err(blame(ctx, &[candidate], &why));
+        }
+    }
     if gate_dir.starts_with(manifest_dir) {
         return Err(blame(
             ctx,
@@ -455,6 +460,32 @@ fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Conf
         ));
     }
     Ok(())
+}
+
+/// Why a directory nodegrace creates and writes to can never be one: it is under a file, or
+/// on /proc or /sys (where nothing can be created, or what is there is the kernel's). The
+/// deepest part of the path that exists is what decides, with its symlinks followed.
+fn cannot_exist(dir: &std::path::Path) -> Option<String> {
+    let existing = dir.ancestors().find_map(|a| {
+        let meta = std::fs::metadata(a).ok()?;
+        Some((a, meta))
+    })?;
+    let (found, meta) = existing;
+    if !meta.is_dir() {
+        return Some(format!(
+            "{} cannot be a directory: {} is not a directory",
+            dir.display(),
+            found.display()
+        ));
+    }
+    let real = std::fs::canonicalize(found).ok()?;
+    let kernel = ["/proc", "/sys"]
+        .into_iter()
+        .find(|k| real.starts_with(k) || (found == dir && dir.starts_with(k)))?;
+    Some(format!(
+        "{} is on {kernel}, the kernel's view of itself, where nothing of nodegrace's can be kept",
+        dir.display()
+    ))
 }
 
 /// The three reserves come out of the shutdown budget; Default pods need some of it too.
