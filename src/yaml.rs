@@ -73,10 +73,8 @@ impl Scan {
                 i == 0 || after_space || matches!(prev, '[' | '{' | ',' | ':' | '?' | '-');
             match c {
                 '#' if i == 0 || after_space => break,
-                '"' | '\'' if self.depth > 0 || node_start => {
-                    if token_start {
-                        self.quote = Some(c);
-                    }
+                '"' | '\'' if (self.depth > 0 || node_start) && token_start => {
+                    self.quote = Some(c);
                 }
                 '[' | '{' if self.depth > 0 || node_start => {
                     self.depth += 1;
