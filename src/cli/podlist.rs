@@ -40,7 +40,12 @@ impl ListedPod {
     pub fn from_pod(pod: &Pod) -> std::result::Result<ListedPod, ClassifyError> {
         Ok(ListedPod {
             info: PodInfo::from_pod(pod)?,
-            node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            // The apiserver takes an empty nodeName for none.
+            node_name: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
         })
     }
@@ -574,5 +579,12 @@ mod tests {
             parse_pod_list("\u{feff}{\"kind\":\"Pod\"", &LabelKeys::All).expect_err("cut short")
         );
         assert!(err.starts_with("JSON value 1: EOF while parsing"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_node_name_is_no_binding() {
+        let text = "kind: Pod\nmetadata: {name: a}\nspec: {nodeName: \"\"}\n";
+        let pods = parse_pod_list(text, &LabelKeys::All).expect("parses");
+        assert_eq!(pods[0].node_name, None);
     }
 }

@@ -334,6 +334,17 @@ fn fallback_section(
                 &format!("{unit:?} must be a systemd service unit name, e.g. \"kubelet.service\""),
             ));
         }
+        let essential = unit == "nodegrace.service"
+            || unit.starts_with("dbus")
+            || unit.starts_with("systemd-")
+            || unit == "init.service";
+        if essential {
+            return Err(ctx.leaf(
+                leaf,
+                "fallback.kubelet_unit",
+                &format!("{unit:?} is not the kubelet: the offline fallback stops this unit, and stopping nodegrace itself, the system bus or a systemd service would end the drain"),
+            ));
+        }
         t.kubelet_unit = unit.clone();
     }
     if let Some(bands) = &fb.shutdown_grace_period_by_pod_priority {

@@ -493,7 +493,10 @@ fn out_of_range_values() {
 /// with the same FILE:LINE:COL: key: message form.
 #[test]
 fn values_the_daemon_cannot_use_are_refused() {
-    let cases: [(&str, &str, usize, &str); 21] = [
+    let cases: [(&str, &str, usize, &str); 24] = [
+        ("[fallback]\nkubelet_unit = \"dbus.service\"\n", "fallback.kubelet_unit", 2, "is not the kubelet"),
+        ("[fallback]\nkubelet_unit = \"nodegrace.service\"\n", "fallback.kubelet_unit", 2, "is not the kubelet"),
+        ("[fallback]\nkubelet_unit = \"systemd-logind.service\"\n", "fallback.kubelet_unit", 2, "is not the kubelet"),
         ("state_dir = \"/etc/kubernetes/manifests/ng\"\n", "state_dir", 1, "must not be the manifest directory"),
         ("state_dir = \"/dev/null/nodegrace\"\n", "state_dir", 1, "cannot be a directory: /dev/null is not a directory"),
         ("state_dir = \"/proc/nodegrace\"\n", "state_dir", 1, "is on /proc"),
