@@ -475,9 +475,10 @@ fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Conf
 
 /// Why a directory nodegrace creates and writes to can never be one: it is under a file, or
 /// on /proc or /sys (where nothing can be created, or what is there is the kernel's). The
-/// deepest part of the path that exists is what decides, with its symlinks followed.
+/// deepest parent that exists is what decides, with its symlinks followed; the directory
+/// itself being something else is a state to report at run time, not a setting's fault.
 fn cannot_exist(dir: &std::path::Path) -> Option<String> {
-    let existing = dir.ancestors().find_map(|a| {
+    let existing = dir.ancestors().skip(1).find_map(|a| {
         let meta = std::fs::metadata(a).ok()?;
         Some((a, meta))
     })?;
@@ -492,7 +493,7 @@ fn cannot_exist(dir: &std::path::Path) -> Option<String> {
     let real = std::fs::canonicalize(found).ok()?;
     let kernel = ["/proc", "/sys"]
         .into_iter()
-        .find(|k| real.starts_with(k) || (found == dir && dir.starts_with(k)))?;
+        .find(|k| real.starts_with(k) || dir.starts_with(k))?;
     Some(format!(
         "{} is on {kernel}, the kernel's view of itself, where nothing of nodegrace's can be kept",
         dir.display()
