@@ -28,6 +28,7 @@ mod staticpods;
 mod systemd;
 mod telemetry;
 mod text;
+mod yaml;
 
 /// The commands behind `main`'s argument parsing (and the simulator's), with their
 /// exit codes and output helpers.

@@ -86,6 +86,47 @@ pub(crate) fn print_stderr(line: &str) {
         .write_all(format!("{line}\n").as_bytes());
 }
 
+/// A parser's error about a file that may hold credentials (a kubeconfig, a key, the
+/// kubelet's configuration, a pod list): what kind of fault and where, nothing of the file.
+/// Parsers quote the lines around a fault or the offending value, which put a token or the
+/// start of a private key into terminals and the journal. serde's "missing field `x`"
+/// names the schema's field, not the file's text, and is kept.
+pub(crate) fn parse_fault(message: &str, at: Option<(usize, usize)>) -> String {
+    let kept = match message.strip_prefix("missing field `") {
+        Some(rest) => match rest.find('`') {
+            Some(end) => &message[.."missing field `".len() + end + 1],
+            None => "missing field",
+        },
+        None => {
+            let end = [
+                message.find(['"', '`', '\'', '\n']),
+                message.find(" at line "),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(message.len());
+            message[..end].trim_end_matches([' ', ',', ':', ';'])
+        }
+    };
+    let kept = if kept.is_empty() {
+        "cannot be parsed"
+    } else {
+        kept
+    };
+    match at {
+        Some((line, column)) => {
+            format!("{kept} at line {line} column {column} (the file's text is not shown)")
+        }
+        None => format!("{kept} (the file's text is not shown)"),
+    }
+}
+
+/// [`parse_fault`] of a serde_yaml error.
+pub(crate) fn yaml_fault(e: &serde_yaml::Error) -> String {
+    parse_fault(&e.to_string(), e.location().map(|l| (l.line(), l.column())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +152,42 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
             value
+        );
+    }
+
+    #[test]
+    fn a_parse_fault_quotes_nothing_of_the_file() {
+        let key = "-----BEGIN EC PRIVATE KEY----- MHcCAQEEINCmmb017z9iltyDQ2FGXzn";
+        assert_eq!(
+            parse_fault(
+                &format!(
+                    "invalid type: string \"{key}\", expected struct RawPod at line 1 column 1"
+                ),
+                Some((1, 1))
+            ),
+            "invalid type: string at line 1 column 1 (the file's text is not shown)"
+        );
+        assert_eq!(
+            parse_fault(
+                "unknown field `abcdef.0123456789abcdef`, expected one of",
+                Some((3, 5))
+            ),
+            "unknown field at line 3 column 5 (the file's text is not shown)"
+        );
+        assert_eq!(
+            parse_fault("missing field `metadata`", Some((2, 1))),
+            "missing field `metadata` at line 2 column 1 (the file's text is not shown)"
+        );
+        assert_eq!(
+            parse_fault(
+                "did not find expected ',' or ']' at line 9 column 1, while parsing",
+                None
+            ),
+            "did not find expected (the file's text is not shown)"
+        );
+        assert_eq!(
+            parse_fault("\"abcdef\"", Some((1, 2))),
+            "cannot be parsed at line 1 column 2 (the file's text is not shown)"
         );
     }
 

@@ -96,3 +96,39 @@ fn a_symlinked_kubelet_drop_in_is_a_warning_and_changes_nothing() {
         "the kubelet's files are left as they were"
     );
 }
+
+#[test]
+fn a_state_directory_that_cannot_exist_is_refused_by_check_config_and_run() {
+    let env = CliEnv::new("https://127.0.0.1:1", "15m", "");
+    let config = env.path("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(env.path("a-file"), "").unwrap();
+    let under_a_file = env.path("a-file/state").display().to_string();
+    for (state_dir, why) in [
+        (under_a_file.as_str(), "a-file is not a directory"),
+        ("/proc/nodegrace", "is on /proc"),
+        ("/sys/nodegrace", "is on /sys"),
+    ] {
+        let configured = text.replace(
+            &format!("state_dir = \"{}\"", env.path("state").display()),
+            &format!("state_dir = \"{state_dir}\""),
+        );
+        assert_ne!(configured, text);
+        std::fs::write(&config, configured).unwrap();
+        for command in ["check-config", "run"] {
+            let out = env.run(&[command]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{command} {state_dir}: {stderr}"
+            );
+            assert!(
+                stderr.contains("config.toml:1:")
+                    && stderr.contains("state_dir: ")
+                    && stderr.contains(why),
+                "{command} {state_dir}: {stderr}"
+            );
+        }
+    }
+}

@@ -202,6 +202,7 @@ async fn counted(path: &Path, tally: &Arc<Tally>) -> anyhow::Result<Client> {
     let timeouts = Timeouts {
         connect: Duration::from_secs(5),
         read: None,
+        answer: None,
     };
     let inner = build(Some(path), "bench identity", timeouts).await?;
     let namespace = inner.default_namespace().to_owned();

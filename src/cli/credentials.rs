@@ -21,9 +21,11 @@ pub struct RequestOptions {
     pub force: bool,
 }
 
+/// No read timeout: `request` and `approve --watch` watch for as long as they wait.
 const TIMEOUTS: Timeouts = Timeouts {
     connect: Duration::from_secs(10),
     read: None,
+    answer: Some(issue::ANSWER_TIMEOUT),
 };
 
 /// `nodegrace credentials request`.

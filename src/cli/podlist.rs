@@ -40,7 +40,12 @@ impl ListedPod {
     pub fn from_pod(pod: &Pod) -> std::result::Result<ListedPod, ClassifyError> {
         Ok(ListedPod {
             info: PodInfo::from_pod(pod)?,
-            node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            // The apiserver takes an empty nodeName for none.
+            node_name: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
             phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
         })
     }
@@ -117,7 +122,7 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
         let stream = serde_json::Deserializer::from_str(trimmed).into_iter::<Document>();
         for (i, doc) in stream.enumerate() {
             let what = || format!("JSON value {}", i + 1);
-            let doc = doc.with_context(what)?;
+            let doc = doc.map_err(|e| anyhow::anyhow!("{}: {}", what(), json_fault(&e)))?;
             objects += 1;
             collect(doc, &mut pods).with_context(what)?;
         }
@@ -129,9 +134,16 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
                 MAX_YAML_BYTES / (1024 * 1024)
             );
         }
+        if let Some(at) = crate::yaml::too_deep(trimmed) {
+            bail!(
+                "flow collections nested deeper than {} levels at {at}: not read",
+                crate::yaml::MAX_FLOW_DEPTH
+            );
+        }
         for (i, doc) in serde_yaml::Deserializer::from_str(trimmed).enumerate() {
             let what = || format!("YAML document {}", i + 1);
-            let doc = Option::<Document>::deserialize(doc).with_context(what)?;
+            let doc = Option::<Document>::deserialize(doc)
+                .map_err(|e| anyhow::anyhow!("{}: {}", what(), crate::text::yaml_fault(&e)))?;
             let Some(doc) = doc else { continue };
             objects += 1;
             collect(doc, &mut pods).with_context(what)?;
@@ -141,6 +153,12 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
         bail!("no Kubernetes objects in it; expected kubectl get pods -o yaml output");
     }
     Ok(pods)
+}
+
+/// A pod list may be any file `plan` was given (a key, a kubeconfig): its errors say where,
+/// never what the file holds there.
+fn json_fault(e: &serde_json::Error) -> String {
+    crate::text::parse_fault(&e.to_string(), Some((e.line(), e.column())))
 }
 
 fn collect(doc: Document, out: &mut Vec<ListedPod>) -> Result<()> {
@@ -168,7 +186,7 @@ fn collect(doc: Document, out: &mut Vec<ListedPod>) -> Result<()> {
                     let what = if item_kind.is_empty() {
                         "an object without a kind".to_string()
                     } else {
-                        format!("a {item_kind}")
+                        a_kind(item_kind)
                     };
                     bail!("items[{j}] is {what}, not a Pod");
                 }
@@ -178,9 +196,22 @@ fn collect(doc: Document, out: &mut Vec<ListedPod>) -> Result<()> {
         "" => {
             bail!("not a Kubernetes object (no kind); expected a Pod, a PodList or a List of pods")
         }
-        other => bail!("a {other}, not a Pod, PodList or List of pods"),
+        other => bail!("{}, not a Pod, PodList or List of pods", a_kind(other)),
     }
     Ok(())
+}
+
+/// "a ConfigMap": a kind is named only when it looks like one (a Kubernetes kind is a
+/// CamelCase word), since the file may be anything, a key or a token among them.
+fn a_kind(kind: &str) -> String {
+    let looks_like_a_kind = kind.len() <= 63
+        && kind.starts_with(|c: char| c.is_ascii_uppercase())
+        && kind.chars().all(|c| c.is_ascii_alphanumeric());
+    if looks_like_a_kind {
+        format!("a {kind}")
+    } else {
+        "an object of another kind".to_string()
+    }
 }
 
 fn push(out: &mut Vec<ListedPod>, raw: RawPod<IgnoredAny>) -> Result<()> {
@@ -548,5 +579,12 @@ mod tests {
             parse_pod_list("\u{feff}{\"kind\":\"Pod\"", &LabelKeys::All).expect_err("cut short")
         );
         assert!(err.starts_with("JSON value 1: EOF while parsing"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_node_name_is_no_binding() {
+        let text = "kind: Pod\nmetadata: {name: a}\nspec: {nodeName: \"\"}\n";
+        let pods = parse_pod_list(text, &LabelKeys::All).expect("parses");
+        assert_eq!(pods[0].node_name, None);
     }
 }

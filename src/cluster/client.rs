@@ -14,7 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use http::{HeaderName, HeaderValue};
 
-use crate::cluster::kubeconfig::KubeconfigFile;
+use crate::cluster::bounded::BoundedLayer;
+use crate::cluster::kubeconfig::{without_text, KubeconfigFile};
 use crate::config::Settings;
 
 /// Sent with every request, so that audit logs tell nodegrace's requests under the kubelet's
@@ -73,11 +74,13 @@ impl Role {
 }
 
 /// Timeouts of a client. `read`, when given, bounds every read, which suits one-shot CLI
-/// requests but would cut the daemon's long-running watches.
+/// requests but would cut the daemon's long-running watches. `answer`, when given, bounds
+/// the whole answer (headers and body) of every request but a watch.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     pub connect: Duration,
     pub read: Option<Duration>,
+    pub answer: Option<Duration>,
 }
 
 /// A client for `role`'s kubeconfig at `path` (None: in-cluster config or `$KUBECONFIG`).
@@ -106,8 +109,16 @@ pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Resul
             .await
             .with_context(|| format!("cannot use kubeconfig {} ({what})", path.display()))?
         }
-        None => kube::Config::infer().await.with_context(|| {
-            format!("no kubeconfig ({what}: none given, no in-cluster config, no $KUBECONFIG)")
+        None => kube::Config::infer().await.map_err(|e| {
+            let parse = std::error::Error::source(&e)
+                .and_then(|s| s.downcast_ref::<kube::config::KubeconfigError>())
+                .and_then(without_text);
+            match parse {
+                Some(why) => anyhow::anyhow!("$KUBECONFIG ({what}) is not a kubeconfig: {why}"),
+                None => anyhow::Error::new(e).context(format!(
+                    "no kubeconfig ({what}: none given, no in-cluster config, no $KUBECONFIG)"
+                )),
+            }
         })?,
     };
     // kube retries 429/503/504 inside the client by default, for up to many minutes: a PDB
@@ -122,7 +133,7 @@ pub async fn build(path: Option<&Path>, what: &str, timeouts: Timeouts) -> Resul
         HeaderName::from_static("user-agent"),
         HeaderValue::from_static(USER_AGENT),
     ));
-    over_http2(config).context("cannot build the apiserver client")
+    over_http2(config, timeouts.answer).context("cannot build the apiserver client")
 }
 
 /// How often an HTTP/2 connection with nothing received is pinged (busy or idle), and how long
@@ -136,7 +147,7 @@ const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// apiserver just when it is busiest, and every watch held one for good. Over HTTP/2 one
 /// connection per identity carries the watches and a whole band's requests, as client-go's
 /// does. Plain `http://` endpoints stay HTTP/1.1.
-fn over_http2(config: kube::Config) -> Result<kube::Client> {
+fn over_http2(config: kube::Config, answer: Option<Duration>) -> Result<kube::Client> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     use kube::client::ConfigExt;
@@ -179,6 +190,7 @@ fn over_http2(config: kube::Config) -> Result<kube::Client> {
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
+        .layer(BoundedLayer { deadline: answer })
         .service(transport);
     Ok(kube::Client::new(service, config.default_namespace))
 }
@@ -195,6 +207,7 @@ pub(crate) async fn client(
         Timeouts {
             connect: connect_timeout,
             read: read_timeout,
+            answer: read_timeout,
         },
     )
     .await

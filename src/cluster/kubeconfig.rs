@@ -88,6 +88,21 @@ pub(crate) struct KubeconfigFile {
     pub config: Kubeconfig,
 }
 
+/// kube's parse error of a kubeconfig with its location only: its own quotes the lines
+/// around the fault, a token or key among them. None: not a parse error.
+pub(crate) fn without_text(err: &kube::config::KubeconfigError) -> Option<String> {
+    let kube::config::KubeconfigError::Parse(e) = err else {
+        return None;
+    };
+    let at = e
+        .location()
+        .map(|l| (l.line() as usize, l.column() as usize));
+    Some(crate::text::parse_fault(
+        "not valid YAML or not a kubeconfig",
+        at,
+    ))
+}
+
 fn absolute(dir: &Path, file: &mut Option<String>) {
     if let Some(f) = file.as_mut() {
         if !f.is_empty() && Path::new(f.as_str()).is_relative() {
@@ -104,8 +119,17 @@ impl KubeconfigFile {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let text =
             String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
-        let mut config = Kubeconfig::from_yaml(&text)
-            .with_context(|| format!("{} is not a kubeconfig", path.display()))?;
+        if let Some(at) = crate::yaml::too_deep(&text) {
+            bail!(
+                "{}: not read: flow collections nested deeper than {} levels at {at}",
+                path.display(),
+                crate::yaml::MAX_FLOW_DEPTH
+            );
+        }
+        let mut config = Kubeconfig::from_yaml(&text).map_err(|e| {
+            let why = without_text(&e).unwrap_or_else(|| e.to_string());
+            anyhow::anyhow!("{} is not a kubeconfig: {why}", path.display())
+        })?;
         let dir = path.parent().unwrap_or(Path::new("/"));
         for c in &mut config.clusters {
             if let Some(cluster) = c.cluster.as_mut() {

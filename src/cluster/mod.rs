@@ -3,6 +3,7 @@
 //! optimistic concurrency on resourceVersion, UID preconditions, 429 back-off.
 
 pub(crate) mod backoff;
+pub(crate) mod bounded;
 pub(crate) mod client;
 pub(crate) mod engine;
 pub(crate) mod evict;

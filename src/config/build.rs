@@ -334,6 +334,17 @@ fn fallback_section(
                 &format!("{unit:?} must be a systemd service unit name, e.g. \"kubelet.service\""),
             ));
         }
+        let essential = unit == "nodegrace.service"
+            || unit.starts_with("dbus")
+            || unit.starts_with("systemd-")
+            || unit == "init.service";
+        if essential {
+            return Err(ctx.leaf(
+                leaf,
+                "fallback.kubelet_unit",
+                &format!("{unit:?} is not the kubelet: the offline fallback stops this unit, and stopping nodegrace itself, the system bus or a systemd service would end the drain"),
+            ));
+        }
         t.kubelet_unit = unit.clone();
     }
     if let Some(bands) = &fb.shutdown_grace_period_by_pod_priority {
@@ -406,6 +417,11 @@ fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Conf
             ));
         }
     }
+    for (candidate, dir) in [(state, state_dir), (gate, gate_dir)] {
+        if let Some(why) = cannot_exist(dir) {
+            return Err(blame(ctx, &[candidate], &why));
+        }
+    }
     if gate_dir.starts_with(manifest_dir) {
         return Err(blame(
             ctx,
@@ -455,6 +471,33 @@ fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Conf
         ));
     }
     Ok(())
+}
+
+/// Why a directory nodegrace creates and writes to can never be one: it is under a file, or
+/// on /proc or /sys (where nothing can be created, or what is there is the kernel's). The
+/// deepest parent that exists is what decides, with its symlinks followed; the directory
+/// itself being something else is a state to report at run time, not a setting's fault.
+fn cannot_exist(dir: &std::path::Path) -> Option<String> {
+    let existing = dir.ancestors().skip(1).find_map(|a| {
+        let meta = std::fs::metadata(a).ok()?;
+        Some((a, meta))
+    })?;
+    let (found, meta) = existing;
+    if !meta.is_dir() {
+        return Some(format!(
+            "{} cannot be a directory: {} is not a directory",
+            dir.display(),
+            found.display()
+        ));
+    }
+    let real = std::fs::canonicalize(found).ok()?;
+    let kernel = ["/proc", "/sys"]
+        .into_iter()
+        .find(|k| real.starts_with(k) || dir.starts_with(k))?;
+    Some(format!(
+        "{} is on {kernel}, the kernel's view of itself, where nothing of nodegrace's can be kept",
+        dir.display()
+    ))
 }
 
 /// The three reserves come out of the shutdown budget; Default pods need some of it too.

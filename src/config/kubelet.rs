@@ -18,6 +18,12 @@ const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 /// nodegrace's own bound on a band's grace period.
 const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 
+/// Most drop-ins read (a node has a handful), and most bytes of the file and its drop-ins
+/// together: past either the kubelet's configuration is set aside, so that reading it stays
+/// well under a second.
+const MAX_DROP_INS: usize = 64;
+const MAX_TOTAL_BYTES: usize = 4 << 20;
+
 /// What the kubelet's configuration says about its Graceful Node Shutdown.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct KubeletShutdown {
@@ -57,6 +63,14 @@ pub(crate) fn read(config: Option<&Path>, dir: Option<&Path>) -> KubeletShutdown
     let mut paths: Vec<PathBuf> = config.map(Path::to_path_buf).into_iter().collect();
     if let Some(dir) = dir {
         match drop_ins(dir) {
+            Ok(list) if list.len() > MAX_DROP_INS => {
+                out.warnings.push(format!(
+                    "{}: {} drop-ins, more than the {MAX_DROP_INS} read",
+                    crate::text::escape(&dir.display().to_string()),
+                    list.len()
+                ));
+                return out;
+            }
             Ok(list) => paths.extend(list),
             Err(why) => {
                 out.warnings.push(why);
@@ -64,9 +78,24 @@ pub(crate) fn read(config: Option<&Path>, dir: Option<&Path>) -> KubeletShutdown
             }
         }
     }
+    let mut total = 0;
     for path in paths {
         let bytes = match read_regular(&path, CONFIG_FILE_LIMIT, Symlinks::Refuse) {
-            Ok(b) => b,
+            Ok(b) if total + b.len() > MAX_TOTAL_BYTES => {
+                out.warnings.push(format!(
+                    "{}: the kubelet's configuration and drop-ins pass {} MiB together here, more than is read",
+                    crate::text::escape(&path.display().to_string()),
+                    MAX_TOTAL_BYTES >> 20
+                ));
+                return KubeletShutdown {
+                    warnings: out.warnings,
+                    ..KubeletShutdown::default()
+                };
+            }
+            Ok(b) => {
+                total += b.len();
+                b
+            }
             Err(ReadError::NotFound) => continue,
             Err(err) => {
                 out.warnings.push(format!(
@@ -140,7 +169,14 @@ fn drop_ins(dir: &Path) -> Result<Vec<PathBuf>, String> {
 
 fn merge_file(fields: &mut Fields, bytes: &[u8]) -> Result<(), String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_string())?;
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+    if let Some(at) = crate::yaml::too_deep(text) {
+        return Err(format!(
+            "not read: flow collections nested deeper than {} levels at {at}",
+            crate::yaml::MAX_FLOW_DEPTH
+        ));
+    }
+    let doc: Value = serde_yaml::from_str(text)
+        .map_err(|e| format!("not YAML: {}", crate::text::yaml_fault(&e)))?;
     let map = match doc {
         Value::Mapping(m) => m,
         // An empty file.
@@ -150,10 +186,7 @@ fn merge_file(fields: &mut Fields, bytes: &[u8]) -> Result<(), String> {
     let get = |key: &str| map.get(Value::String(key.into()));
     if let Some(kind) = get("kind") {
         if kind.as_str() != Some("KubeletConfiguration") {
-            return Err(format!(
-                "kind {} is not KubeletConfiguration",
-                serde_yaml::to_string(kind).unwrap_or_default().trim()
-            ));
+            return Err("its kind is not KubeletConfiguration".into());
         }
     }
     if let Some(v) = get("shutdownGracePeriod") {
@@ -324,6 +357,58 @@ mod tests {
         let p = dir.join(name);
         std::fs::write(&p, text).unwrap();
         p
+    }
+
+    #[test]
+    fn deep_nesting_and_too_many_or_too_large_drop_ins_are_set_aside_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let head = "kind: KubeletConfiguration\nshutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n";
+        let config = write(
+            dir.path(),
+            "config.yaml",
+            &format!("{head}x: {}", "[".repeat((1 << 20) - 200)),
+        );
+        let d = dir.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        let start = std::time::Instant::now();
+        let read_now = read(Some(&config), Some(&d));
+        assert!(start.elapsed() < std::time::Duration::from_secs(1));
+        assert!(read_now.bands.is_empty());
+        assert!(
+            read_now.warnings[0].contains("nested deeper than 64 levels at line 4 column 68"),
+            "{:?}",
+            read_now.warnings
+        );
+
+        write(dir.path(), "config.yaml", head);
+        for i in 0..=MAX_DROP_INS {
+            write(&d, &format!("{i:03}.conf"), "kind: KubeletConfiguration\n");
+        }
+        let many = read(Some(&config), Some(&d));
+        assert!(many.bands.is_empty());
+        assert!(
+            many.warnings[0].contains("65 drop-ins, more than the 64 read"),
+            "{:?}",
+            many.warnings
+        );
+
+        for i in 0..=MAX_DROP_INS {
+            std::fs::remove_file(d.join(format!("{i:03}.conf"))).unwrap();
+        }
+        let big = format!("kind: KubeletConfiguration\n#{}\n", "x".repeat(900 << 10));
+        for i in 0..5 {
+            write(&d, &format!("{i}.conf"), &big);
+        }
+        let large = read(Some(&config), Some(&d));
+        assert!(large.bands.is_empty());
+        assert!(
+            large.warnings[0]
+                .contains("4.conf: the kubelet's configuration and drop-ins pass 4 MiB together"),
+            "{:?}",
+            large.warnings
+        );
+        std::fs::remove_file(d.join("4.conf")).unwrap();
+        assert_eq!(read(Some(&config), Some(&d)).bands.len(), 2);
     }
 
     #[test]

@@ -493,8 +493,15 @@ fn out_of_range_values() {
 /// with the same FILE:LINE:COL: key: message form.
 #[test]
 fn values_the_daemon_cannot_use_are_refused() {
-    let cases: [(&str, &str, usize, &str); 17] = [
+    let cases: [(&str, &str, usize, &str); 24] = [
+        ("[fallback]\nkubelet_unit = \"dbus.service\"\n", "fallback.kubelet_unit", 2, "is not the kubelet"),
+        ("[fallback]\nkubelet_unit = \"nodegrace.service\"\n", "fallback.kubelet_unit", 2, "is not the kubelet"),
+        ("[fallback]\nkubelet_unit = \"systemd-logind.service\"\n", "fallback.kubelet_unit", 2, "is not the kubelet"),
         ("state_dir = \"/etc/kubernetes/manifests/ng\"\n", "state_dir", 1, "must not be the manifest directory"),
+        ("state_dir = \"/dev/null/nodegrace\"\n", "state_dir", 1, "cannot be a directory: /dev/null is not a directory"),
+        ("state_dir = \"/proc/nodegrace\"\n", "state_dir", 1, "is on /proc"),
+        ("state_dir = \"/sys/fs/nodegrace/x\"\n", "state_dir", 1, "is on /sys"),
+        ("[static_pods]\ngate_dir = \"/proc/self/gate\"\n", "static_pods.gate_dir", 2, "is on /proc"),
         (
             "state_dir = \"/srv/ng\"\n[static_pods]\nmanifest_dir = \"/srv\"\ngate_dir = \"/var/gate\"\n",
             "state_dir",

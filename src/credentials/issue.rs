@@ -30,6 +30,10 @@ pub(crate) const SIGNER: &str = "kubernetes.io/kube-apiserver-client";
 /// What an ECDSA client certificate is for.
 pub(crate) const USAGES: [&str; 2] = ["digital signature", "client auth"];
 
+/// How long one request of the credential flow (not the watch for the approval) may take to
+/// be answered in full.
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What to issue and where.
 #[derive(Debug, Clone)]
 pub(crate) struct Issue {

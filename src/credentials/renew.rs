@@ -174,6 +174,7 @@ async fn renew_once(issue: &Issue) -> Result<bool> {
         Timeouts {
             connect: Duration::from_secs(10),
             read: None,
+            answer: Some(issue::ANSWER_TIMEOUT),
         },
     )
     .await?;

@@ -706,6 +706,7 @@ pub async fn daemon_clients(settings: &Settings, connect_timeout: Duration) -> R
     let timeouts = Timeouts {
         connect: connect_timeout,
         read: None,
+        answer: None,
     };
     let build = |role: Role| {
         let node = node.clone();

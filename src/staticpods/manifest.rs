@@ -28,7 +28,17 @@ pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err("file is empty".into());
     }
-    let doc: Value = serde_yaml::from_slice(bytes).map_err(|e| format!("not YAML/JSON: {e}"))?;
+    if let Some(at) = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(crate::yaml::too_deep)
+    {
+        return Err(format!(
+            "not read: flow collections nested deeper than {} levels at {at}",
+            crate::yaml::MAX_FLOW_DEPTH
+        ));
+    }
+    let doc: Value = serde_yaml::from_slice(bytes)
+        .map_err(|e| format!("not YAML/JSON: {}", crate::text::yaml_fault(&e)))?;
     let Value::Mapping(_) = doc else {
         return Err("top level is not an object".into());
     };
