@@ -384,7 +384,7 @@ mod tests {
         let long = format!("{}.example", "a".repeat(240));
         let name = request_name(&long, &a);
         assert!(name.len() <= 253, "{}", name.len());
-        assert!(crate::api::is_dns_subdomain(&name), "{name}");
+        assert!(crate::plan::intree::is_dns_subdomain(&name), "{name}");
     }
 
     #[test]
