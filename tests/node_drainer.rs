@@ -545,12 +545,20 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
     );
 }
 
+/// nodegrace's `lifecycle.nodegrace.dev` CRDs, the default path where they are packaged.
+fn install_lifecycle_crds(env: &Env) {
+    for crd in [
+        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
+        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
+    ] {
+        env.cluster.install_crd(&crd).unwrap();
+    }
+}
+
 #[tokio::test]
 async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.cluster
-        .install_crd(&nodegrace::eviction_request_crd().unwrap())
-        .unwrap();
+    install_lifecycle_crds(&env);
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
     let settings = env.settings();
@@ -572,7 +580,7 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
         .requests()
         .iter()
         .filter(|r| r.method == "POST" && r.path.ends_with("/evictionrequests"))
-        .map(|r| r.body_json().unwrap()["spec"]["target"]["podRef"]["name"].to_string())
+        .map(|r| r.body_json().unwrap()["spec"]["target"]["pod"]["name"].to_string())
         .collect();
     assert!(
         posted.contains(&"\"web\"".to_string()),
@@ -586,14 +594,12 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
     drop(drainer);
 }
 
-/// On the EvictionRequest path the eviction-request controller meets the budget; the
-/// maintenance names it as it does on the direct path (KEP-4212 drainMessage).
+/// On the EvictionRequest path (nodegrace's CRDs) the evictor meets the budget; the
+/// maintenance names it as on the direct path (KEP-4212 drainMessage).
 #[tokio::test]
 async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_path() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.cluster
-        .install_crd(&nodegrace::eviction_request_crd().unwrap())
-        .unwrap();
+    install_lifecycle_crds(&env);
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pdb("db-pdb", "db", 1);
     env.admin_maintenance("upgrade", "Drain", json!([]));
@@ -607,7 +613,7 @@ async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_p
     eventually(15, "the budget named in the node's entry", || {
         env.maintenance("upgrade")
             .and_then(|m| m.node_status(NODE).map(|e| e.drain_message.clone()))
-            .is_some_and(|msg| msg.contains("PodDisruptionBudget work/db-pdb"))
+            .is_some_and(|msg| msg.contains("PodDisruptionBudget db-pdb"))
     })
     .await;
     eventually(5, "an EvictionBlocked event", || {

@@ -594,14 +594,8 @@ mod tests {
             warnings: vec![],
         };
         let lacking = vec![
-            (
-                Role::Nodegrace,
-                required(Role::Nodegrace, "n1")[0].clone(),
-            ),
-            (
-                Role::Kubelet,
-                required(Role::Kubelet, "n1")[0].clone(),
-            ),
+            (Role::Nodegrace, required(Role::Nodegrace, "n1")[0].clone()),
+            (Role::Kubelet, required(Role::Kubelet, "n1")[0].clone()),
         ];
         let m = lacks(&v, &lacking, false);
         assert_eq!(

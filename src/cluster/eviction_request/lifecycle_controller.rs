@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::handle::Message;
 use super::gate::EvictorGate;
+use super::handle::Message;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
 use super::{is_daemonset_pod, is_mirror, ControllerHandle, PodKey, WallClock, NODE_LABEL};
