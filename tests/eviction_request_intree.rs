@@ -102,15 +102,6 @@ fn crd_requests_posted(reqs: &[RecordedRequest]) -> usize {
         .count()
 }
 
-fn install_lifecycle_crds(env: &Env) {
-    for crd in [
-        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
-    ] {
-        env.cluster.install_crd(&crd).unwrap();
-    }
-}
-
 /// A pod that declares responders leaves through the in-tree API (its responder first, then
 /// the in-tree evictor); a pod that declares none is evicted through the Eviction API at once,
 /// as the imperative evictor would, without the objects; a DaemonSet pod is deleted.
@@ -165,7 +156,7 @@ async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it()
 #[tokio::test]
 async fn with_both_served_the_in_tree_api_wins_and_says_so() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    install_lifecycle_crds(&env);
+    env.install_lifecycle_crds();
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("both", Kind::Default, 0, 30, json!({"app": "both"}));
     let drainer = start(&env);
@@ -576,7 +567,7 @@ async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
 #[tokio::test]
 async fn with_both_served_this_nodes_lifecycle_crd_requests_are_withdrawn() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    install_lifecycle_crds(&env);
+    env.install_lifecycle_crds();
     let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("kept", Kind::Default, 0, 30, json!({"app": "kept"}));
     env.pod("others", Kind::Default, 0, 30, json!({"app": "others"}));

@@ -545,20 +545,10 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
     );
 }
 
-/// nodegrace's `lifecycle.nodegrace.dev` CRDs, the default path where they are packaged.
-fn install_lifecycle_crds(env: &Env) {
-    for crd in [
-        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
-    ] {
-        env.cluster.install_crd(&crd).unwrap();
-    }
-}
-
 #[tokio::test]
 async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    install_lifecycle_crds(&env);
+    env.install_lifecycle_crds();
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
     let settings = env.settings();
@@ -599,7 +589,7 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
 #[tokio::test]
 async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_path() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    install_lifecycle_crds(&env);
+    env.install_lifecycle_crds();
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pdb("db-pdb", "db", 1);
     env.admin_maintenance("upgrade", "Drain", json!([]));
