@@ -573,7 +573,7 @@ mod rbac {
                 "lifecycle.nodegrace.dev/evictions: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
-                "policy/poddisruptionbudgets: list",
+                "policy/poddisruptionbudgets: list,watch",
             ]
         );
         let binding = docs
