@@ -52,9 +52,8 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
-use nodegrace::{
-    node_selector_for, shutdown_maintenance_name, EvictionRequest, NodeMaintenance, NODE_LABEL,
-};
+use nodegrace::lifecycle::EvictionRequest;
+use nodegrace::{node_selector_for, shutdown_maintenance_name, NodeMaintenance, NODE_LABEL};
 use realk8s::fixture::Fixture;
 use serde_json::json;
 
@@ -175,11 +174,16 @@ async fn drain_of(
     let mut requests = Vec::new();
     for p in 0..pods {
         let uid = format!("{node}-pod-{p}");
-        let mut r =
-            EvictionRequest::for_pod(&ns, &format!("pod-{p}"), &uid, "bench.example.com", vec![]);
-        r.metadata.labels = Some([(NODE_LABEL.to_string(), node.clone())].into());
+        let r: EvictionRequest = serde_json::from_value(json!({
+            "apiVersion": nodegrace::lifecycle::LIFECYCLE_API_VERSION, "kind": "EvictionRequest",
+            "metadata": {"name": format!("bench-{uid}"), "namespace": ns,
+                         "labels": {NODE_LABEL: node}},
+            "spec": {"intent": "Eviction", "requester": "bench.example.com/fleet",
+                     "target": {"pod": {"name": format!("pod-{p}"), "uid": uid}}},
+        }))
+        .expect("eviction request");
         if ers.create(&PostParams::default(), &r).await.is_ok() {
-            requests.push(uid);
+            requests.push(format!("bench-{uid}"));
         }
     }
     for step in 0..updates {
@@ -187,8 +191,8 @@ async fn drain_of(
             json!({"metadata": {"annotations": {"bench.example.com/step": step.to_string()}}}),
         );
         let _ = nms.patch(&name, &PatchParams::default(), &patch).await;
-        for uid in &requests {
-            let _ = ers.patch(uid, &PatchParams::default(), &patch).await;
+        for name in &requests {
+            let _ = ers.patch(name, &PatchParams::default(), &patch).await;
         }
     }
 }

@@ -111,9 +111,8 @@ fn other_nodes(ours: &str) -> Vec<String> {
     found
 }
 
-/// The direct Eviction API path: the EvictionRequest CRDs (nodegrace's lifecycle ones and the
-/// deprecated one) are absent while this lives; the cluster side (CRDs included) is applied
-/// again when it goes.
+/// The direct Eviction API path: nodegrace's lifecycle CRDs are absent while this lives; the
+/// cluster side (CRDs included) is applied again when it goes.
 struct WithoutEvictionRequests {
     cp: &'static ControlPlane,
 }
@@ -123,7 +122,6 @@ impl WithoutEvictionRequests {
         cp.kubectl_ok(&[
             "delete",
             "crd",
-            "evictionrequests.nodegrace.dev",
             nodegrace::lifecycle::EVICTION_REQUESTS_CRD_NAME,
             nodegrace::lifecycle::EVICTIONS_CRD_NAME,
             "--ignore-not-found",
@@ -133,16 +131,11 @@ impl WithoutEvictionRequests {
         let guard = WithoutEvictionRequests { cp };
         let client = cp.admin().await;
         for _ in 0..300 {
-            // The daemon's own test of which path to take, and the lifecycle group gone.
             let lifecycle = client
                 .list_api_group_resources(nodegrace::lifecycle::LIFECYCLE_API_VERSION)
                 .await
                 .is_ok_and(|l| !l.resources.is_empty());
-            if !lifecycle
-                && !nodegrace::is_crd_installed(&client)
-                    .await
-                    .expect("discovery")
-            {
+            if !lifecycle {
                 return guard;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

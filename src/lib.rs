@@ -62,12 +62,11 @@ pub mod lifecycle {
 
 // The CRDs and their names and labels.
 pub use crate::api::{
-    crd_files, crds_yaml, eviction_request_crd, node_maintenance_crd, node_requester,
-    node_selector_for, node_status_apply_patch, node_status_patch_params,
-    shutdown_maintenance_name, EvictionRequest, Interceptor, NodeMaintenance,
+    crd_files, crds_yaml, node_maintenance_crd, node_selector_for, node_status_apply_patch,
+    node_status_patch_params, shutdown_maintenance_name, NodeMaintenance,
     NodeMaintenanceNodeStatus, NodeMaintenanceSpec, NodeMaintenanceStatus, Stage,
-    DNS1123_SUBDOMAIN_PATTERN, EVICTION_REQUEST_CRD_NAME, FINALIZER_MAINTENANCE_COMPLETION,
-    INTERCEPTOR_ANNOTATION_PREFIX, NODE_LABEL, NODE_MAINTENANCE_CRD_NAME, REQUESTER_SUFFIX,
+    FINALIZER_MAINTENANCE_COMPLETION, INTERCEPTOR_ANNOTATION_PREFIX, NODE_LABEL,
+    NODE_MAINTENANCE_CRD_NAME,
 };
 
 // The cluster engine, the eviction-request controller and the apiserver clients.
@@ -75,9 +74,7 @@ pub use crate::cluster::client::{build as build_clients, Clients, Timeouts};
 pub use crate::cluster::engine::COMPLETED_MESSAGE;
 pub use crate::cluster::engine::{AfterBoot, Engine, EngineError, EngineOptions};
 pub use crate::cluster::eviction_request::{
-    is_crd_installed, Controller, ControllerConfig, ControllerHandle, EvictionRequestTerminator,
-    Intent, PodKey, Reconciler, Requested, Requester, WallClock, Withdrawn,
-    NODE_LABEL as REQUEST_NODE_LABEL,
+    ControllerHandle, PodKey, WallClock, NODE_LABEL as REQUEST_NODE_LABEL,
 };
 pub use crate::cluster::identity::{
     required_in_tree, required_lifecycle_crds, verify as verify_identity,

@@ -90,7 +90,6 @@ fn crds_command_output_is_a_stream_of_every_crd() {
         names,
         [
             api::NODE_MAINTENANCE_CRD_NAME,
-            api::EVICTION_REQUEST_CRD_NAME,
             nodegrace::lifecycle::EVICTION_REQUESTS_CRD_NAME,
             nodegrace::lifecycle::EVICTIONS_CRD_NAME,
         ]
@@ -233,63 +232,6 @@ fn node_maintenance_crd_structure() {
     assert_eq!(rules_at(&schema, "status.nodeStatuses[]").len(), 1);
 }
 
-#[test]
-fn eviction_request_crd_structure() {
-    let crd = crd_json(api::eviction_request_crd().unwrap());
-    assert_eq!(crd["metadata"]["name"], "evictionrequests.nodegrace.dev");
-    assert_eq!(crd["spec"]["scope"], "Namespaced");
-    assert_eq!(crd["spec"]["names"]["kind"], "EvictionRequest");
-    let version = &crd["spec"]["versions"][0];
-    assert_eq!(version["name"], "v1alpha1");
-    assert_eq!(version["subresources"]["status"], json!({}));
-    let columns: Vec<&str> = version["additionalPrinterColumns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(columns, ["Pod", "Interceptor", "Complete", "Age"]);
-
-    let schema = schema_of(&crd);
-    assert_eq!(node(&schema, "spec")["required"], json!(["target"]));
-    assert_eq!(node(&schema, "spec.type")["enum"], json!(["Soft"]));
-    assert_eq!(node(&schema, "spec.type")["default"], "Soft");
-    let deadline = node(&schema, "spec.heartbeatDeadlineSeconds");
-    assert_eq!(
-        (number(deadline, "minimum"), number(deadline, "maximum")),
-        (600.0, 86400.0)
-    );
-    assert_eq!(deadline["default"], 1800);
-    assert_eq!(node(&schema, "spec.interceptors")["maxItems"], 100);
-    let requester_name = node(&schema, "spec.requesters[].name");
-    assert_eq!(requester_name["pattern"], api::DNS1123_SUBDOMAIN_PATTERN);
-    assert_eq!(requester_name["maxLength"], 253);
-    assert_map_list(&schema, "spec.requesters", "name");
-    assert_map_list(&schema, "spec.interceptors", "name");
-    assert_map_list(&schema, "status.conditions", "type");
-    // kube marks an optional enum nullable and lists null among its values.
-    let policies = node(&schema, "status.evictionRequestCancellationPolicy")["enum"].clone();
-    assert_eq!(policies, json!(["Allow", "Forbid", null]));
-    assert_eq!(
-        node(&schema, "status.podEvictionStatus")["required"],
-        json!(["failedAPIEvictionCounter"])
-    );
-    assert_eq!(node(&schema, "status.message")["maxLength"], 32768);
-    assert!(rules_at(&schema, ".")
-        .iter()
-        .any(|r| r.contains("self.metadata.name == self.spec.target.podRef.uid")));
-    for immutable in ["spec.type", "spec.target", "spec.heartbeatDeadlineSeconds"] {
-        assert!(
-            rules_at(&schema, immutable).contains(&"self == oldSelf".to_owned()),
-            "{immutable}"
-        );
-    }
-    assert_eq!(
-        rules_at(&schema, "status.podEvictionStatus.failedAPIEvictionCounter"),
-        ["self >= oldSelf"]
-    );
-}
-
 /// Every `x-kubernetes-validations` rule in a schema, with the path it sits at.
 fn all_rules(schema: &Value, path: String, out: &mut Vec<(String, Value)>) {
     if let Some(rules) = schema["x-kubernetes-validations"].as_array() {
@@ -309,7 +251,8 @@ fn all_rules(schema: &Value, path: String, out: &mut Vec<(String, Value)>) {
 fn every_cel_rule_compiles_and_uses_only_crd_variables() {
     for crd in [
         api::node_maintenance_crd().unwrap(),
-        api::eviction_request_crd().unwrap(),
+        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
+        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
     ] {
         let schema = schema_of(&crd_json(crd));
         let mut rules = Vec::new();
@@ -388,10 +331,11 @@ fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
 }
 
 #[test]
-fn both_schemas_are_structural() {
+fn every_schema_is_structural() {
     for crd in [
         api::node_maintenance_crd().unwrap(),
-        api::eviction_request_crd().unwrap(),
+        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
+        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
     ] {
         let schema = schema_of(&crd_json(crd));
         assert_eq!(schema["type"], "object");
@@ -535,114 +479,14 @@ fn node_status_entries_keep_key_and_ref_consistent() {
     assert_rejected(&schema, &nm, None, "nodeRef.name must equal nodeName");
 }
 
-fn er_schema() -> Value {
-    schema_of(&crd_json(api::eviction_request_crd().unwrap()))
-}
-
-fn eviction_request() -> Value {
-    let mut er = serde_json::to_value(api::EvictionRequest::for_pod(
-        "shop",
-        "db-0",
-        "5f3e1c2a-0000-4000-8000-000000000001",
-        api::REQUESTER_SUFFIX,
-        vec![api::Interceptor {
-            name: "statefulset.apps.k8s.io".into(),
-        }],
-    ))
-    .unwrap();
-    er["status"] = json!({"message": ""});
-    er
-}
-
-#[test]
-fn eviction_request_name_is_the_pod_uid() {
-    let schema = er_schema();
-    assert_accepted(&schema, &eviction_request(), None);
-    let mut renamed = eviction_request();
-    renamed["metadata"]["name"] = json!("db-0");
-    assert_rejected(&schema, &renamed, None, "must equal spec.target.podRef.uid");
-    let mut no_target = eviction_request();
-    no_target["spec"]["target"] = json!({});
-    assert_rejected(&schema, &no_target, None, "podRef is required");
-}
-
-#[test]
-fn eviction_request_spec_fields_are_immutable() {
-    let schema = er_schema();
-    let old = eviction_request();
-    let mut new = old.clone();
-    new["spec"]["target"]["podRef"]["name"] = json!("db-1");
-    assert_rejected(&schema, &new, Some(&old), "target is immutable");
-    let mut new = old.clone();
-    new["spec"]["heartbeatDeadlineSeconds"] = json!(3600);
-    assert_rejected(
-        &schema,
-        &new,
-        Some(&old),
-        "heartbeatDeadlineSeconds is immutable",
-    );
-    let mut new = old.clone();
-    new["spec"]["interceptors"] = json!([]);
-    assert_rejected(&schema, &new, Some(&old), "interceptors are immutable");
-}
-
-#[test]
-fn requesters_are_frozen_when_forbidden_or_complete() {
-    let schema = er_schema();
-    let mut unrequested = eviction_request();
-    unrequested["spec"]["requesters"] = json!([]);
-
-    // Joining and withdrawing are normal while cancellation is allowed.
-    let old = eviction_request();
-    let mut joined = old.clone();
-    joined["spec"]["requesters"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "descheduler.example.com"}));
-    assert_accepted(&schema, &joined, Some(&old));
-    assert_accepted(&schema, &unrequested, Some(&old));
-
-    let mut forbidden = old.clone();
-    forbidden["status"]["evictionRequestCancellationPolicy"] = json!("Forbid");
-    let mut withdrawn = unrequested.clone();
-    withdrawn["status"] = forbidden["status"].clone();
-    assert_rejected(&schema, &withdrawn, Some(&forbidden), "cannot change while");
-
-    let mut complete = old.clone();
-    complete["status"]["conditions"] = json!([{"type": "Complete", "status": "True",
-        "reason": "PodTerminated", "message": "", "lastTransitionTime": "2026-11-22T02:00:00Z"}]);
-    let mut withdrawn = unrequested.clone();
-    withdrawn["status"] = complete["status"].clone();
-    assert_rejected(&schema, &withdrawn, Some(&complete), "cannot change while");
-}
-
-#[test]
-fn eviction_request_status_rules() {
-    let schema = er_schema();
-    let mut er = eviction_request();
-    er["status"]["activeInterceptorName"] = json!("statefulset.apps.k8s.io");
-    assert_accepted(&schema, &er, None);
-    er["status"]["activeInterceptorName"] = json!("someone-else.example.com");
-    assert_rejected(&schema, &er, None, "must name one of spec.interceptors");
-
-    let mut old = eviction_request();
-    old["status"]["podEvictionStatus"] = json!({"failedAPIEvictionCounter": 3});
-    let mut new = old.clone();
-    new["status"]["podEvictionStatus"]["failedAPIEvictionCounter"] = json!(4);
-    assert_accepted(&schema, &new, Some(&old));
-    new["status"]["podEvictionStatus"]["failedAPIEvictionCounter"] = json!(2);
-    assert_rejected(&schema, &new, Some(&old), "can only increase");
-}
-
 /// Kubernetes 1.28 (the oldest release nodegrace supports) refuses `optionalOldSelf`
-/// (1.29+) as an unknown field, so no rule may use it: a request created without
-/// requesters is not refused but cancelled by the eviction-request controller at once
-/// (`decide::no_requesters_cancels_unless_forbidden`).
+/// (1.29+) as an unknown field, so no rule may use it.
 #[test]
 fn no_rule_needs_a_kubernetes_newer_than_1_28() {
     for crd in [
-        crd_json(api::eviction_request_crd().unwrap()),
         crd_json(api::node_maintenance_crd().unwrap()),
+        crd_json(nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap()),
+        crd_json(nodegrace::lifecycle::lifecycle_eviction_crd().unwrap()),
     ] {
         let text = serde_json::to_string(&crd).unwrap();
         assert!(
@@ -718,8 +562,8 @@ mod rbac {
                 "/nodes/status: patch",
                 "/nodes: get,list,watch,patch",
                 "/pods/status: patch",
-                "/pods: get,list,watch",
-                "apiextensions.k8s.io/customresourcedefinitions[evictionrequests.nodegrace.dev,nodemaintenances.nodegrace.dev,evictionrequests.lifecycle.nodegrace.dev,evictions.lifecycle.nodegrace.dev]: get",
+                "/pods: list,watch",
+                "apiextensions.k8s.io/customresourcedefinitions[nodemaintenances.nodegrace.dev,evictionrequests.lifecycle.nodegrace.dev,evictions.lifecycle.nodegrace.dev]: get",
                 "events.k8s.io/events: create,patch",
                 "lifecycle.k8s.io/evictionrequests: get,list,watch,create,patch",
                 "lifecycle.k8s.io/evictions: list,watch",
@@ -727,8 +571,6 @@ mod rbac {
                 "lifecycle.nodegrace.dev/evictionrequests: get,list,watch,create,patch",
                 "lifecycle.nodegrace.dev/evictions/status: patch,update",
                 "lifecycle.nodegrace.dev/evictions: get,list,watch,create,patch,update,delete",
-                "nodegrace.dev/evictionrequests/status: patch,update",
-                "nodegrace.dev/evictionrequests: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
                 "policy/poddisruptionbudgets: list,watch",
@@ -1420,222 +1262,6 @@ mod rbac {
         aggregate["status"]["drainStatus"] = json!({"drainMessage": "Draining"});
         aggregate["status"]["conditions"] = drained_cond("True");
         assert_eq!(admit(&p, ME, "UPDATE", "status", aggregate, own), Ok(()));
-    }
-
-    fn eviction_request(requesters: &[&str], node: Option<&str>) -> Value {
-        let requesters: Vec<Value> = requesters.iter().map(|r| json!({"name": r})).collect();
-        let mut r = json!({
-            "metadata": {"name": "uid-1", "namespace": "shop", "labels": {"app": "web"}},
-            "spec": {"type": "Soft", "target": {"podRef": {"name": "web-0", "uid": "uid-1"}},
-                     "requesters": requesters, "heartbeatDeadlineSeconds": 1800}
-        });
-        if let Some(node) = node {
-            r["metadata"]["labels"][nodegrace::REQUEST_NODE_LABEL] = json!(node);
-        }
-        r
-    }
-
-    #[test]
-    fn a_node_manages_only_its_own_requester() {
-        let p = policy("evictionrequests");
-        let ours = nodegrace::node_requester("one").unwrap();
-        let ours = ours.as_str();
-        let theirs = nodegrace::node_requester("two").unwrap();
-        let theirs = theirs.as_str();
-        let other = "descheduler.example.com";
-        let me = Some("one");
-        assert_eq!(
-            admit(
-                &p,
-                ME,
-                "CREATE",
-                "",
-                eviction_request(&[ours], me),
-                Value::Null
-            ),
-            Ok(())
-        );
-        denied(admit(
-            &p,
-            ME,
-            "CREATE",
-            "",
-            eviction_request(&[ours, other], me),
-            Value::Null,
-        ));
-        denied(admit(
-            &p,
-            ME,
-            "CREATE",
-            "",
-            eviction_request(&[theirs], me),
-            Value::Null,
-        ));
-        // Join and withdraw beside another requester.
-        assert_eq!(
-            admit(
-                &p,
-                ME,
-                "UPDATE",
-                "",
-                eviction_request(&[other, ours], me),
-                eviction_request(&[other], me)
-            ),
-            Ok(())
-        );
-        assert_eq!(
-            admit(
-                &p,
-                ME,
-                "UPDATE",
-                "",
-                eviction_request(&[other], me),
-                eviction_request(&[other, ours], me)
-            ),
-            Ok(())
-        );
-        denied(admit(
-            &p,
-            ME,
-            "UPDATE",
-            "",
-            eviction_request(&[ours], me),
-            eviction_request(&[other, ours], me),
-        ));
-        // Another node's requester cannot be withdrawn, nor its request deleted.
-        assert!(denied(admit(
-            &p,
-            ME,
-            "UPDATE",
-            "",
-            eviction_request(&[], me),
-            eviction_request(&[theirs], me),
-        ))
-        .contains(ours));
-        assert_eq!(
-            admit(
-                &p,
-                ME,
-                "DELETE",
-                "",
-                Value::Null,
-                eviction_request(&[ours], me)
-            ),
-            Ok(())
-        );
-        assert_eq!(
-            admit(&p, ME, "DELETE", "", Value::Null, eviction_request(&[], me)),
-            Ok(())
-        );
-        denied(admit(
-            &p,
-            ME,
-            "DELETE",
-            "",
-            Value::Null,
-            eviction_request(&[ours, other], me),
-        ));
-        denied(admit(
-            &p,
-            ME,
-            "DELETE",
-            "",
-            Value::Null,
-            eviction_request(&[theirs], me),
-        ));
-    }
-
-    /// Which node controls a request is its label: a node creates only requests labelled for
-    /// itself, labels unlabelled ones for itself, and never touches another node's.
-    #[test]
-    fn a_node_acts_only_on_requests_labelled_for_it() {
-        let p = policy("evictionrequests");
-        let ours = nodegrace::node_requester("one").unwrap();
-        let ours = ours.as_str();
-        let other = "descheduler.example.com";
-        for label in [None, Some("two")] {
-            assert!(denied(admit(
-                &p,
-                ME,
-                "CREATE",
-                "",
-                eviction_request(&[ours], label),
-                Value::Null
-            ))
-            .contains("may only create EvictionRequests labelled nodegrace.dev/node=one"));
-        }
-        // Claiming a descheduler's unlabelled request, then joining it.
-        assert_eq!(
-            admit(
-                &p,
-                ME,
-                "UPDATE",
-                "",
-                eviction_request(&[other], Some("one")),
-                eviction_request(&[other], None)
-            ),
-            Ok(())
-        );
-        assert_eq!(
-            admit(
-                &p,
-                ME,
-                "UPDATE",
-                "",
-                eviction_request(&[other, ours], Some("one")),
-                eviction_request(&[other], None)
-            ),
-            Ok(())
-        );
-        // Not another node's, not even to relabel it.
-        for new_label in [Some("one"), Some("two"), None] {
-            denied(admit(
-                &p,
-                ME,
-                "UPDATE",
-                "",
-                eviction_request(&[other], new_label),
-                eviction_request(&[other], Some("two")),
-            ));
-        }
-        // Nor dropping its own label from a request.
-        denied(admit(
-            &p,
-            ME,
-            "UPDATE",
-            "",
-            eviction_request(&[other], None),
-            eviction_request(&[other], Some("one")),
-        ));
-
-        // Status: only of requests labelled for it.
-        let with_status = |label| {
-            let mut r = eviction_request(&[other], label);
-            r["status"] = json!({"activeInterceptorName": "db.example.com"});
-            r
-        };
-        assert_eq!(
-            admit(
-                &p,
-                ME,
-                "UPDATE",
-                "status",
-                with_status(Some("one")),
-                eviction_request(&[other], Some("one"))
-            ),
-            Ok(())
-        );
-        for label in [None, Some("two")] {
-            assert!(denied(admit(
-                &p,
-                ME,
-                "UPDATE",
-                "status",
-                with_status(label),
-                eviction_request(&[other], label)
-            ))
-            .contains("status of EvictionRequests labelled nodegrace.dev/node=one"));
-        }
     }
 
     #[test]

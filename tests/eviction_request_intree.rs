@@ -91,11 +91,12 @@ fn posted(reqs: &[RecordedRequest]) -> Vec<Value> {
         .collect()
 }
 
+/// The EvictionRequests POSTed to nodegrace's `lifecycle.nodegrace.dev` CRDs.
 fn crd_requests_posted(reqs: &[RecordedRequest]) -> usize {
     reqs.iter()
         .filter(|r| {
             r.method == "POST"
-                && r.path.contains("/apis/nodegrace.dev/")
+                && r.path.contains("/apis/lifecycle.nodegrace.dev/")
                 && r.path.ends_with("/evictionrequests")
         })
         .count()
@@ -153,37 +154,9 @@ async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it()
 }
 
 #[tokio::test]
-async fn without_the_in_tree_api_the_crd_path_is_used() {
-    let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.cluster
-        .install_crd(&nodegrace::eviction_request_crd().unwrap())
-        .unwrap();
-    env.pod("web2", Kind::Default, 0, 30, json!({"app": "web2"}));
-    let drainer = start(&env);
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
-    )
-    .await
-    .expect("the drain ends")
-    .unwrap();
-    assert!(!env.pod_exists("web2"));
-    let reqs = env.requests();
-    assert!(posted(&reqs).is_empty());
-    assert_eq!(crd_requests_posted(&reqs), 1);
-    assert!(
-        reqs.iter()
-            .any(|r| r.method == "GET" && r.path == "/apis/lifecycle.k8s.io/v1alpha1"),
-        "the in-tree API was looked for"
-    );
-}
-
-#[tokio::test]
 async fn with_both_served_the_in_tree_api_wins_and_says_so() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.cluster
-        .install_crd(&nodegrace::eviction_request_crd().unwrap())
-        .unwrap();
+    env.install_lifecycle_crds();
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("both", Kind::Default, 0, 30, json!({"app": "both"}));
     let drainer = start(&env);
@@ -205,12 +178,15 @@ async fn with_both_served_the_in_tree_api_wins_and_says_so() {
     assert!(
         !reqs.iter().any(|r| r
             .path
-            .contains("/apis/nodegrace.dev/v1alpha1/evictionrequests")
+            .contains("/apis/lifecycle.nodegrace.dev/v1alpha1/evictionrequests")
             && r.is_watch()),
         "our controller stood down"
     );
-    let said = log_lines("in-tree API is used");
-    assert!(!said.is_empty(), "one line says which API wins");
+    let said = log_lines("pods are asked to leave through EvictionRequests");
+    assert!(
+        said.iter().any(|l| l.contains("api=lifecycle.k8s.io")),
+        "one line says which API wins: {said:?}"
+    );
 }
 
 #[tokio::test]
@@ -588,110 +564,10 @@ async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
     assert!(env.deletes().is_empty(), "long before any escalation");
 }
 
-/// A cluster that gained the in-tree API while nodegrace's EvictionRequest CRD is still served:
-/// at connection this node's requester leaves the CRD's requests labelled for the node (nothing
-/// follows them any more), and leaves every other requester's entry as it was.
-#[tokio::test]
-async fn with_both_served_this_nodes_requester_leaves_the_old_crds_requests() {
-    let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.cluster
-        .install_crd(&nodegrace::eviction_request_crd().unwrap())
-        .unwrap();
-    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
-    let ours = nodegrace::node_requester(NODE).unwrap();
-    let other = "descheduler.example.com";
-    env.pod("legacy", Kind::Default, 0, 30, json!({"app": "legacy"}));
-    env.pod("legacy2", Kind::Default, 0, 30, json!({"app": "legacy2"}));
-    env.pod("theirs", Kind::Default, 0, 30, json!({"app": "theirs"}));
-    let old_request = |pod: &str, requesters: &[&str]| {
-        let uid = uid(&env, pod);
-        let mut r = serde_json::to_value(nodegrace::EvictionRequest::for_pod(
-            "work",
-            pod,
-            &uid,
-            requesters[0],
-            vec![],
-        ))
-        .unwrap();
-        r["spec"]["requesters"] = json!(requesters
-            .iter()
-            .map(|n| json!({"name": n}))
-            .collect::<Vec<_>>());
-        r["metadata"]["labels"] = json!({"nodegrace.dev/node": NODE});
-        env.cluster.insert(&r).unwrap();
-        uid
-    };
-    let shared = old_request("legacy", &[&ours, other]);
-    let alone = old_request("legacy2", &[&ours]);
-    let theirs = old_request("theirs", &[other]);
-    let read = |uid: &str| {
-        env.cluster
-            .store
-            .get_obj("nodegrace.dev", "evictionrequests", "work", uid)
-    };
-    let requesters = |uid: &str| -> Vec<String> {
-        read(uid).unwrap()["spec"]["requesters"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| r["name"].as_str().unwrap().to_owned())
-            .collect()
-    };
-    let _drainer = start(&env);
-    eventually(15, "our requester left both requests", || {
-        requesters(&shared) == [other] && requesters(&alone).is_empty()
-    })
-    .await;
-    eventually(15, "one info line with the count", || {
-        log_lines("evictionrequests.nodegrace.dev").iter().any(|l| {
-            l.contains("withdrew from this node's EvictionRequests") && l.contains("withdrawn=2")
-        })
-    })
-    .await;
-    assert!(
-        read(&shared).is_some() && read(&alone).is_some(),
-        "none deleted"
-    );
-    assert_eq!(
-        requesters(&theirs),
-        [other],
-        "another requester's request untouched"
-    );
-    let reqs = env.requests();
-    let crd_writes: Vec<String> = reqs
-        .iter()
-        .filter(|r| {
-            r.method != "GET"
-                && r.path
-                    .contains("/apis/nodegrace.dev/v1alpha1/namespaces/work/evictionrequests")
-        })
-        .map(|r| format!("{} {}", r.method, r.path))
-        .collect();
-    assert_eq!(
-        crd_writes.len(),
-        2,
-        "one patch for each of ours: {crd_writes:?}"
-    );
-    assert!(
-        crd_writes.iter().all(|w| w.starts_with("PATCH")),
-        "{crd_writes:?}"
-    );
-    assert!(
-        !crd_writes.iter().any(|w| w.ends_with(&theirs)),
-        "{crd_writes:?}"
-    );
-    assert_eq!(crd_requests_posted(&reqs), 0);
-}
-
 #[tokio::test]
 async fn with_both_served_this_nodes_lifecycle_crd_requests_are_withdrawn() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    for crd in [
-        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
-    ] {
-        env.cluster.install_crd(&crd).unwrap();
-    }
+    env.install_lifecycle_crds();
     let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("kept", Kind::Default, 0, 30, json!({"app": "kept"}));
     env.pod("others", Kind::Default, 0, 30, json!({"app": "others"}));

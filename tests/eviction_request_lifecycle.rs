@@ -22,12 +22,7 @@ const OPERATOR: &str = "db.example.com/operator";
 
 async fn env_with_our_crds() -> Env {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    for crd in [
-        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
-    ] {
-        env.cluster.install_crd(&crd).unwrap();
-    }
+    env.install_lifecycle_crds();
     env
 }
 

@@ -546,11 +546,9 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
 }
 
 #[tokio::test]
-async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
+async fn with_nodegraces_crds_a_pod_without_responders_is_evicted_directly() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.cluster
-        .install_crd(&nodegrace::eviction_request_crd().unwrap())
-        .unwrap();
+    env.install_lifecycle_crds();
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
     let settings = env.settings();
@@ -568,15 +566,13 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
         .unwrap();
 
     assert!(!env.pod_exists("web") && !env.pod_exists("ds"));
-    let posted: Vec<String> = env
-        .requests()
-        .iter()
-        .filter(|r| r.method == "POST" && r.path.ends_with("/evictionrequests"))
-        .map(|r| r.body_json().unwrap()["spec"]["target"]["podRef"]["name"].to_string())
-        .collect();
+    // web declares no responders: evicted directly, without an EvictionRequest.
+    assert_eq!(env.evictions(), ["web"]);
     assert!(
-        posted.contains(&"\"web\"".to_string()),
-        "an EvictionRequest for web: {posted:?}"
+        !env.requests()
+            .iter()
+            .any(|r| r.method == "POST" && r.path.ends_with("/evictionrequests")),
+        "no EvictionRequest for a pod without responders"
     );
     assert!(
         runtime.calls().is_empty(),
@@ -586,14 +582,12 @@ async fn with_the_eviction_request_api_pods_leave_through_eviction_requests() {
     drop(drainer);
 }
 
-/// On the EvictionRequest path the eviction-request controller meets the budget; the
-/// maintenance names it as it does on the direct path (KEP-4212 drainMessage).
+/// With nodegrace's CRDs served, a pod without responders meets its budget on the Eviction
+/// API; the maintenance names it (KEP-4212 drainMessage).
 #[tokio::test]
-async fn a_blocking_budget_is_named_on_the_maintenance_on_the_eviction_request_path() {
+async fn a_blocking_budget_is_named_on_the_maintenance_with_nodegraces_crds() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.cluster
-        .install_crd(&nodegrace::eviction_request_crd().unwrap())
-        .unwrap();
+    env.install_lifecycle_crds();
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pdb("db-pdb", "db", 1);
     env.admin_maintenance("upgrade", "Drain", json!([]));

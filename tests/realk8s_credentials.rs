@@ -300,8 +300,6 @@ async fn the_daemon_names_a_wrong_identity_and_a_missing_permission() {
                 &clients,
                 [Some(nodegrace.as_path()), Some(kubelet.as_path())],
                 &node,
-                true,
-                true,
             )
             .await
         }

@@ -17,14 +17,12 @@ use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodegrace::lifecycle::{requester_key, Eviction, EvictionRequest as LifecycleRequest};
 use nodegrace::{
-    EvictionRequest, NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION,
-    REQUEST_NODE_LABEL as NODE_LABEL,
+    NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION, REQUEST_NODE_LABEL as NODE_LABEL,
 };
 use serde_json::{json, Value};
 
 const NS: &str = "default";
 const MAINTENANCES: &str = "nodegrace-node-restriction-nodemaintenances";
-const REQUESTS: &str = "nodegrace-node-restriction-evictionrequests";
 const LC_REQUESTS: &str = "nodegrace-node-restriction-lifecycle-evictionrequests";
 const LC_EVICTIONS: &str = "nodegrace-node-restriction-lifecycle-evictions";
 
@@ -70,10 +68,6 @@ fn dry_evict() -> EvictParams {
         delete_options: Some(realk8s::dry::delete()),
         post_options: realk8s::dry::post(),
     }
-}
-
-fn requester(node: &str) -> String {
-    nodegrace::node_requester(node).unwrap()
 }
 
 /// Nodes A and B, a pod bound to each, and A's two credentials.
@@ -124,23 +118,6 @@ impl Cluster {
 
     fn pod_of(&self, node: &str) -> String {
         format!("p-{node}")
-    }
-
-    /// An EvictionRequest the admin makes for `node`'s pod, labelled for `node`, with a
-    /// status the controller of `node` would write.
-    async fn request_for(&self, node: &str) -> EvictionRequest {
-        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
-        let pod = pods.get(&self.pod_of(node)).await.unwrap();
-        let mut r = EvictionRequest::for_pod(
-            NS,
-            &pod.name_any(),
-            &pod.uid().unwrap(),
-            &requester(node),
-            vec![],
-        );
-        r.metadata.labels = Some([(NODE_LABEL.to_owned(), node.to_owned())].into());
-        let api: Api<EvictionRequest> = Api::namespaced(self.admin.clone(), NS);
-        api.create(&PostParams::default(), &r).await.unwrap()
     }
 
     /// A `lifecycle.nodegrace.dev` EvictionRequest for `node`'s pod under `requester`,
@@ -227,14 +204,12 @@ impl Cluster {
                 .await;
             let _ = nms.delete(m, &DeleteParams::default()).await;
         }
-        let ers: Api<EvictionRequest> = Api::namespaced(self.admin.clone(), NS);
         let lifecycle_ers: Api<LifecycleRequest> = Api::namespaced(self.admin.clone(), NS);
         let evictions: Api<Eviction> = Api::namespaced(self.admin.clone(), NS);
         let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
         for p in &self.pods {
             if let Ok(pod) = pods.get(p).await {
                 let uid = pod.uid().unwrap_or_default();
-                let _ = ers.delete(&uid, &DeleteParams::default()).await;
                 let _ = lifecycle_ers
                     .delete(&format!("nodegrace-{uid}"), &DeleteParams::default())
                     .await;
@@ -364,112 +339,6 @@ async fn no_credential_of_a_node_writes_another_node() {
                 .await,
         );
     }
-    c.cleanup().await;
-}
-
-/// Rows "make an EvictionRequest for a pod bound to B" and "change B's EvictionRequests,
-/// their status included".
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions() {
-    if !realk8s::enabled(
-        "realk8s_identity::no_credential_of_a_node_asks_for_or_steers_another_nodes_evictions",
-    ) {
-        return;
-    }
-    let c = Cluster::new().await;
-    let ng: Api<EvictionRequest> = Api::namespaced(c.ng.clone(), NS);
-    let pods: Api<Pod> = Api::namespaced(c.admin.clone(), NS);
-    let b_pod = pods.get(&c.pod_of(&c.b)).await.unwrap();
-    let new_for_b_pod = |label: Option<&str>, requester_node: &str| {
-        let mut r = EvictionRequest::for_pod(
-            NS,
-            &b_pod.name_any(),
-            &b_pod.uid().unwrap(),
-            &requester(requester_node),
-            vec![],
-        );
-        r.metadata.labels = label.map(|l| [(NODE_LABEL.to_owned(), l.to_owned())].into());
-        r
-    };
-    refused(
-        "nodegrace:node:A requests B's pod's eviction for B to carry out",
-        By::Policy(REQUESTS),
-        ng.create(&realk8s::dry::post(), &new_for_b_pod(Some(&c.b), &c.a))
-            .await,
-    );
-    refused(
-        "nodegrace:node:A requests B's pod's eviction, unlabelled",
-        By::Policy(REQUESTS),
-        ng.create(&realk8s::dry::post(), &new_for_b_pod(None, &c.a))
-            .await,
-    );
-    // Accepted: admission cannot tell the pod's node. Nobody acts on it: B's daemon keeps
-    // off requests labelled for another node, and A's kubelet may not evict B's pod (above).
-    accepted(
-        "nodegrace:node:A requests B's pod's eviction labelled for itself",
-        ng.create(&realk8s::dry::post(), &new_for_b_pod(Some(&c.a), &c.a))
-            .await,
-    );
-    let kubelet: Api<EvictionRequest> = Api::namespaced(c.kubelet.clone(), NS);
-    refused(
-        "system:node:A makes an EvictionRequest",
-        By::Rbac,
-        kubelet
-            .create(&realk8s::dry::post(), &new_for_b_pod(Some(&c.a), &c.a))
-            .await,
-    );
-
-    let own = c.request_for(&c.a).await;
-    let theirs = c.request_for(&c.b).await;
-    let (own, theirs) = (own.name_any(), theirs.name_any());
-    let status = json!({"status": {
-        "evictionRequestCancellationPolicy": "Forbid",
-        "message": "set by another node",
-        "conditions": [{"type": "Complete", "status": "True", "reason": "Evicted",
-                        "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-    }});
-    accepted(
-        "nodegrace:node:A writes the status of its own request",
-        ng.patch_status(&own, &realk8s::dry::patch(), &Patch::Merge(&status))
-            .await,
-    );
-    refused(
-        "nodegrace:node:A writes the status of B's request",
-        By::Policy(REQUESTS),
-        ng.patch_status(&theirs, &realk8s::dry::patch(), &Patch::Merge(&status))
-            .await,
-    );
-    refused(
-        "system:node:A writes the status of B's request",
-        By::Rbac,
-        kubelet
-            .patch_status(&theirs, &realk8s::dry::patch(), &Patch::Merge(&status))
-            .await,
-    );
-    let relabel = json!({"metadata": {"labels": {NODE_LABEL: c.a}}});
-    refused(
-        "nodegrace:node:A labels B's request for itself",
-        By::Policy(REQUESTS),
-        ng.patch(&theirs, &realk8s::dry::patch(), &Patch::Merge(&relabel))
-            .await,
-    );
-    let withdraw_b = json!({"spec": {"requesters": [{"name": requester(&c.a)}]}});
-    accepted(
-        "nodegrace:node:A replaces the requesters of its own request by itself",
-        ng.patch(&own, &realk8s::dry::patch(), &Patch::Merge(&withdraw_b))
-            .await,
-    );
-    refused(
-        "nodegrace:node:A withdraws B's requester",
-        By::Policy(REQUESTS),
-        ng.patch(&theirs, &realk8s::dry::patch(), &Patch::Merge(&withdraw_b))
-            .await,
-    );
-    refused(
-        "nodegrace:node:A deletes B's request",
-        By::Policy(REQUESTS),
-        ng.delete(&theirs, &realk8s::dry::delete()).await,
-    );
     c.cleanup().await;
 }
 

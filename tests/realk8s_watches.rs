@@ -63,8 +63,7 @@ fn confinement(r: &Request, node: &str) -> Option<String> {
         ("", "pods") => fields == format!("spec.nodeName={node}"),
         // The budget blocking one of its pods, in that pod's namespace.
         ("policy", "poddisruptionbudgets") => !r.namespace.is_empty(),
-        ("nodegrace.dev", "nodemaintenances" | "evictionrequests")
-        | ("lifecycle.nodegrace.dev", "evictionrequests") => {
+        ("nodegrace.dev", "nodemaintenances") | ("lifecycle.nodegrace.dev", "evictionrequests") => {
             labels == own_label || labels == unlabelled
         }
         // The controller's own Evictions; the requester's, by its key.

@@ -197,10 +197,6 @@ pub(crate) fn blocking_budget(status: &Status) -> Option<String> {
         })
 }
 
-/// Delay before eviction attempt `attempt` (0-based) after 429s (its home is the pass's
-/// decisions).
-pub(crate) use crate::plan::pass::backoff;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,15 +301,5 @@ mod tests {
         assert!(classify(Err(kube::Error::Api(s))).is_err());
         let conflict = status(409, "Operation cannot be fulfilled", vec![]);
         assert!(classify(Err(kube::Error::Api(conflict))).is_err());
-    }
-
-    #[test]
-    fn backoff_doubles_to_the_cap() {
-        let cap = Duration::from_secs(15 * 60);
-        assert_eq!(backoff(0, cap), Duration::from_secs(1));
-        assert_eq!(backoff(3, cap), Duration::from_secs(8));
-        assert_eq!(backoff(20, cap), cap);
-        assert_eq!(backoff(u32::MAX, cap), cap);
-        assert_eq!(backoff(5, Duration::from_secs(5)), Duration::from_secs(5));
     }
 }

@@ -162,38 +162,20 @@ fn permission(verb: &'static str, group: &'static str, resource: &'static str) -
     }
 }
 
-/// What the daemon asks of `role`'s credential; EvictionRequest rights only when that API
-/// is installed (`controller`: when this node acts as their controller).
-pub(crate) fn required(
-    role: Role,
-    node: &str,
-    eviction_requests: bool,
-    controller: bool,
-) -> Vec<Permission> {
+/// What the daemon asks of `role`'s credential on every path (an EvictionRequest API's rights
+/// are checked once its path is chosen).
+pub(crate) fn required(role: Role, node: &str) -> Vec<Permission> {
     match role {
-        Role::Nodegrace => {
-            let mut list = vec![
-                Permission {
-                    name: Some(node.to_owned()),
-                    ..permission("patch", "", "nodes")
-                },
-                permission("watch", "", "pods"),
-                permission("watch", "nodegrace.dev", "nodemaintenances"),
-                permission("create", "nodegrace.dev", "nodemaintenances"),
-                permission("patch", "nodegrace.dev", "nodemaintenances/status"),
-            ];
-            if eviction_requests {
-                list.push(permission("create", "nodegrace.dev", "evictionrequests"));
-                if controller {
-                    list.push(permission(
-                        "update",
-                        "nodegrace.dev",
-                        "evictionrequests/status",
-                    ));
-                }
-            }
-            list
-        }
+        Role::Nodegrace => vec![
+            Permission {
+                name: Some(node.to_owned()),
+                ..permission("patch", "", "nodes")
+            },
+            permission("watch", "", "pods"),
+            permission("watch", "nodegrace.dev", "nodemaintenances"),
+            permission("create", "nodegrace.dev", "nodemaintenances"),
+            permission("patch", "nodegrace.dev", "nodemaintenances/status"),
+        ],
         Role::Kubelet => vec![
             permission("create", "", "pods/eviction"),
             permission("delete", "", "pods"),
@@ -254,8 +236,6 @@ pub async fn verify(
     clients: &Clients,
     paths: [Option<&Path>; 2],
     node: &str,
-    eviction_requests: bool,
-    controller: bool,
 ) -> anyhow::Result<Verified> {
     let mut verified = Verified::default();
     let roles: &[Role] = if clients.shared {
@@ -300,7 +280,7 @@ pub async fn verify(
             Role::Nodegrace => &clients.nodegrace,
             Role::Kubelet => &clients.kubelet,
         };
-        let wanted = required(role, node, eviction_requests, controller);
+        let wanted = required(role, node);
         let answers = futures::future::join_all(wanted.iter().map(|p| allowed(client, p))).await;
         for (p, answer) in wanted.into_iter().zip(answers) {
             match answer {
@@ -614,14 +594,8 @@ mod tests {
             warnings: vec![],
         };
         let lacking = vec![
-            (
-                Role::Nodegrace,
-                required(Role::Nodegrace, "n1", false, false)[0].clone(),
-            ),
-            (
-                Role::Kubelet,
-                required(Role::Kubelet, "n1", false, false)[0].clone(),
-            ),
+            (Role::Nodegrace, required(Role::Nodegrace, "n1")[0].clone()),
+            (Role::Kubelet, required(Role::Kubelet, "n1")[0].clone()),
         ];
         let m = lacks(&v, &lacking, false);
         assert_eq!(

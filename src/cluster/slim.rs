@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::Resource;
 
-use crate::api::{EvictionRequest, NodeMaintenance};
+use crate::api::NodeMaintenance;
 
 /// What a reflector keeps of an object: what the daemon reads of it. The caches live as long
 /// as the daemon, on every node.
@@ -19,7 +19,6 @@ pub(crate) trait Slim: Resource {
 
 impl Slim for Node {}
 impl Slim for NodeMaintenance {}
-impl Slim for EvictionRequest {}
 
 impl Slim for Pod {
     /// A pod keeps its metadata, what the drain plan and the eviction paths read of its spec

@@ -11,9 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::client::{client_for, Clients, ReloadingClient, Role, Timeouts};
-use crate::cluster::eviction_request::{
-    self, Controller, ControllerConfig, EvictionRequestTerminator, Requester,
-};
+use crate::cluster::eviction_request;
 use crate::cluster::identity::{self, CredentialError};
 use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions, EvictionApi, PodTerminator};
 use crate::config::{CompletionPolicy, Settings};
@@ -30,7 +28,7 @@ use crate::plan::intree::{choose_path, EvictionPath, Served};
 mod paths;
 use crate::plan::lifecycle::{route, Route, RouteEvent};
 use crate::plan::reachability::retry_delay;
-use paths::{leave_unused_apis, start_crd_controller, start_lifecycle_controller};
+use paths::{leave_unused_apis, start_lifecycle_controller};
 use rand::Rng as _;
 
 const RETRY_MIN: Duration = Duration::from_secs(1);
@@ -535,7 +533,7 @@ where
     let lifecycle_api = match path {
         EvictionPath::InTree => Some(eviction_request::LifecycleApi::in_tree()),
         EvictionPath::LifecycleCrds => Some(eviction_request::LifecycleApi::nodegrace()),
-        EvictionPath::LegacyCrd | EvictionPath::EvictionApi => None,
+        EvictionPath::EvictionApi => None,
     };
     let lifecycle = lifecycle_api.map(|api| {
         let t = Arc::new(eviction_request::InTreeTerminator::new(
@@ -548,30 +546,14 @@ where
         t
     });
     leave_unused_apis(path, served, &clients, &node, &stop);
-    let requester = (path == EvictionPath::LegacyCrd)
-        .then(|| crate::api::node_requester(&node))
-        .flatten();
-    if !node_labelled && (served.in_tree || served.lifecycle_crds || served.legacy_crd) {
+    if !node_labelled && (served.in_tree || served.lifecycle_crds) {
         tracing::warn!(node = %node, "the node name is longer than a label value (63 characters): the admission policy cannot confine this node's EvictionRequests to it, so pods are evicted through the Eviction API directly (their declared responders are not asked)");
     }
-    if requester.is_some() {
-        tracing::warn!(node = %node, "only the deprecated evictionrequests.nodegrace.dev CRD is served: it is used for this release; apply the lifecycle.nodegrace.dev CRDs from packaging/crds");
-    }
-    let node_requester = Requester::new(clients.nodegrace.clone(), &node);
-    let er_terminator = requester.is_some().then(|| {
-        Arc::new(EvictionRequestTerminator::new(
-            clients.kubelet.clone(),
-            node_requester.clone(),
-        ))
-    });
-    let intent = er_terminator.as_ref().map(|t| t.intent());
-    let terminator: Arc<dyn PodTerminator> = match (&lifecycle, er_terminator) {
-        (Some(t), _) => t.clone(),
-        (None, Some(t)) => t,
-        (None, None) => Arc::new(EvictionApi::new(clients.kubelet.clone())),
+    let terminator: Arc<dyn PodTerminator> = match &lifecycle {
+        Some(t) => t.clone(),
+        None => Arc::new(EvictionApi::new(clients.kubelet.clone())),
     };
-    let run_controller = requester.is_some() && controller_wanted;
-    let config = ControllerConfig::from_settings(&settings, &node);
+    let concurrency = settings.drain.max_concurrent_requests;
     let node_name = node.clone();
     let engine = Engine::start(EngineOptions {
         client: clients.nodegrace.clone(),
@@ -594,18 +576,15 @@ where
             &node_name,
             &engine,
             lifecycle.as_deref(),
-            config.concurrency,
+            concurrency,
             &stop,
         );
-    }
-    if run_controller {
-        start_crd_controller(&clients, &engine, &node_requester, intent, config, stop);
     }
     engine
 }
 
 /// Connects until the apiserver answers and both credentials pass `identity::verify`:
-/// whether the in-tree EvictionRequest API is served, whether ours is installed, and who
+/// whether the in-tree EvictionRequest API is served, whether nodegrace's lifecycle CRDs are, and who
 /// each client is. Failures are logged (a refused credential loudly, an absent apiserver now
 /// and then) and retried.
 async fn connect_verified<F, Fut, C>(
@@ -639,19 +618,16 @@ where
                     &eviction_request::LifecycleApi::nodegrace(),
                 )
                 .await?,
-                legacy_crd: eviction_request::is_crd_installed(&clients.nodegrace).await?,
             };
             // Only the path taken needs its permissions.
             let path = choose_path(served, crate::api::node_label_value(node).is_some());
-            let crd = path == EvictionPath::LegacyCrd;
-            let verified =
-                identity::verify(&clients, paths, node, crd, crd && controller_wanted).await?;
+            let verified = identity::verify(&clients, paths, node).await?;
             match path {
                 EvictionPath::InTree => identity::verify_in_tree(&clients, &verified).await?,
                 EvictionPath::LifecycleCrds => {
                     identity::verify_lifecycle_crds(&clients, &verified, controller_wanted).await?;
                 }
-                EvictionPath::LegacyCrd | EvictionPath::EvictionApi => {}
+                EvictionPath::EvictionApi => {}
             }
             anyhow::Ok((clients, served, verified))
         };

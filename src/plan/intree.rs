@@ -31,9 +31,6 @@ pub(crate) enum EvictionPath {
     /// requester, and (unless an external one is configured) the eviction-request controller
     /// and imperative evictor for its node's pods.
     LifecycleCrds,
-    /// The deprecated `evictionrequests.nodegrace.dev` CRD of the 2025 draft (and its own
-    /// controller unless an external one is configured): still served for one release.
-    LegacyCrd,
     /// The Eviction API directly.
     EvictionApi,
 }
@@ -45,12 +42,10 @@ pub(crate) struct Served {
     pub in_tree: bool,
     /// `lifecycle.nodegrace.dev/v1alpha1` evictionrequests and evictions.
     pub lifecycle_crds: bool,
-    /// `evictionrequests.nodegrace.dev`.
-    pub legacy_crd: bool,
 }
 
 /// The path for what discovery found: the in-tree API first (what workloads written for 1.37
-/// respond to), then nodegrace's CRDs of the same shapes, then the deprecated CRD.
+/// respond to), then nodegrace's CRDs of the same shapes, then the Eviction API.
 /// `node_labelled` is false when the node name is too long for a label value (over 63
 /// characters): every request nodegrace writes carries the node label, which the packaged
 /// admission policy matches against the writer's node, so such a node takes the Eviction API.
@@ -61,8 +56,6 @@ pub(crate) fn choose_path(served: Served, node_labelled: bool) -> EvictionPath {
         EvictionPath::InTree
     } else if served.lifecycle_crds {
         EvictionPath::LifecycleCrds
-    } else if served.legacy_crd {
-        EvictionPath::LegacyCrd
     } else {
         EvictionPath::EvictionApi
     }

@@ -247,7 +247,6 @@ impl ControlPlane {
         }
         for crd in [
             "nodemaintenances.nodegrace.dev",
-            "evictionrequests.nodegrace.dev",
             "evictionrequests.lifecycle.nodegrace.dev",
             "evictions.lifecycle.nodegrace.dev",
         ] {

@@ -229,7 +229,7 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
 
     use super::*;
-    use crate::cluster::eviction_request::{interceptors_from_annotations, PodState};
+    use crate::cluster::eviction_request::PodState;
     use crate::plan::PodInfo;
 
     /// A Deployment's pod as kube-apiserver v1.28 sends it in a watch event.
@@ -309,12 +309,8 @@ mod tests {
             PodInfo::from_pod(&kept).expect("classifies"),
             PodInfo::from_pod(&sent).expect("classifies")
         );
-        let interceptors = interceptors_from_annotations(kept.metadata.annotations.as_ref());
-        assert_eq!(interceptors.len(), 1);
-        assert_eq!(
-            interceptors,
-            interceptors_from_annotations(sent.metadata.annotations.as_ref())
-        );
+        // The responders a pod declares by annotation.
+        assert_eq!(kept.metadata.annotations, sent.metadata.annotations);
         assert_eq!(
             kept.metadata.resource_version,
             sent.metadata.resource_version

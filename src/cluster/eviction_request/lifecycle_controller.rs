@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::controller::Message;
 use super::gate::EvictorGate;
+use super::handle::Message;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
 use super::{is_daemonset_pod, is_mirror, ControllerHandle, PodKey, WallClock, NODE_LABEL};
@@ -115,6 +115,8 @@ struct LoopState {
     /// When to look at which pods again.
     timers: BTreeMap<Timestamp, BTreeSet<Target>>,
     backoff_cap: Option<Duration>,
+    /// `drain.max_concurrent_requests` as last reloaded.
+    concurrency: Option<usize>,
     /// Pods to look at.
     dirty: BTreeSet<Target>,
 }
@@ -248,7 +250,7 @@ impl LifecycleController {
 
     /// Looks at the next `concurrency` pods to look at, at once.
     async fn look_at_a_batch(&self, caches: &Caches, state: &mut LoopState) {
-        let batch: Vec<Target> = (0..self.concurrency)
+        let batch: Vec<Target> = (0..state.concurrency.unwrap_or(self.concurrency))
             .map_while(|_| state.dirty.pop_first())
             .collect();
         let looks = batch.into_iter().map(|target| {
@@ -317,7 +319,8 @@ impl LifecycleController {
                 state.backoff_cap = Some(cap);
                 dirty.extend(all_targets(caches));
             }
-            Input::Told(Some(_) | None) => {}
+            Input::Told(Some(Message::Concurrency(n))) => state.concurrency = Some(n),
+            Input::Told(None) => {}
             Input::Timer => {
                 let now = self.clock.now();
                 let later = state

@@ -14,26 +14,19 @@ fn with_status(status: serde_json::Value) -> Eviction {
 }
 
 #[test]
-fn the_in_tree_api_wins_then_our_crds_of_its_shape_then_the_deprecated_crd() {
-    let served = |in_tree, lifecycle_crds, legacy_crd| Served {
+fn the_in_tree_api_wins_then_our_crds_of_its_shape_then_the_eviction_api() {
+    let served = |in_tree, lifecycle_crds| Served {
         in_tree,
         lifecycle_crds,
-        legacy_crd,
     };
     use EvictionPath::*;
-    assert_eq!(choose_path(served(true, true, true), true), InTree);
-    assert_eq!(choose_path(served(true, false, false), true), InTree);
-    assert_eq!(choose_path(served(false, true, true), true), LifecycleCrds);
-    assert_eq!(choose_path(served(false, true, false), true), LifecycleCrds);
-    assert_eq!(choose_path(served(false, false, true), true), LegacyCrd);
-    assert_eq!(choose_path(served(false, false, false), true), EvictionApi);
+    assert_eq!(choose_path(served(true, true), true), InTree);
+    assert_eq!(choose_path(served(true, false), true), InTree);
+    assert_eq!(choose_path(served(false, true), true), LifecycleCrds);
+    assert_eq!(choose_path(served(false, false), true), EvictionApi);
     // A node name that fits no label: admission refuses its requests on every path.
-    for (a, b, c) in [
-        (true, true, true),
-        (false, true, false),
-        (false, false, true),
-    ] {
-        assert_eq!(choose_path(served(a, b, c), false), EvictionApi);
+    for (a, b) in [(true, true), (true, false), (false, true)] {
+        assert_eq!(choose_path(served(a, b), false), EvictionApi);
     }
 }
 

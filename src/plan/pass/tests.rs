@@ -515,3 +515,13 @@ proptest! {
         prop_assert_eq!(d.drain_over, draining.is_empty());
     }
 }
+
+#[test]
+fn backoff_doubles_to_the_cap() {
+    let cap = Duration::from_secs(15 * 60);
+    assert_eq!(backoff(0, cap), Duration::from_secs(1));
+    assert_eq!(backoff(3, cap), Duration::from_secs(8));
+    assert_eq!(backoff(20, cap), cap);
+    assert_eq!(backoff(u32::MAX, cap), cap);
+    assert_eq!(backoff(5, Duration::from_secs(5)), Duration::from_secs(5));
+}
