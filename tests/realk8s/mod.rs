@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod faults;
 pub mod fixture;
 pub mod kubelet;
 pub mod node;
