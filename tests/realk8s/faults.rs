@@ -125,7 +125,10 @@ pub fn released_on_time(signal: f64, last_gone: f64, release: f64) -> Result<(),
     if release - last_gone >= 2.0 {
         return Err(broken(
             "released late after the last pod",
-            format!("released {:.3} s after the last pod went", release - last_gone),
+            format!(
+                "released {:.3} s after the last pod went",
+                release - last_gone
+            ),
         ));
     }
     Ok(())
