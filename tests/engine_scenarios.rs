@@ -1064,6 +1064,54 @@ async fn time_lost_to_an_outage_is_planned_again_not_charged_to_the_first_band()
     );
 }
 
+/// Issue 33: the apiserver goes away just after the first band's eviction was accepted and
+/// stays away past the escalation time the shutdown planned at its start. The pod, terminating
+/// gracefully (8 s), is not deleted when the apiserver answers again: an escalation is decided
+/// from the plan made after the outage, never from a deadline the outage moved into the past.
+#[tokio::test]
+async fn an_outage_just_after_a_bands_evictions_costs_it_no_grace() {
+    let env = Env::new(kubelet(8000)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    let mut settings = env.settings();
+    // The shipped default, so that the outage is ridden out, not fallen back from.
+    settings.fallback.apiserver_timeout = Duration::from_secs(10);
+    let engine = env.engine(settings);
+    let api = env.cluster.api.clone();
+    let evicted = {
+        let env_requests = env.cluster.api.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            while pod_requests(&env_requests.requests(), "POST", "/eviction").is_empty() {
+                assert!(started.elapsed() < Duration::from_secs(10), "never evicted");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            api.set_reachable(false).await.unwrap();
+            // Planned at the start (12 s, one band), web escalates at 6 s; the outage ends at
+            // about 7 s, and planned again then it escalates at 7 + 5 / 2 = 9.5 s, after its
+            // 8 s of graceful termination.
+            tokio::time::sleep(Duration::from_millis(6800)).await;
+            // It comes back as a restarted apiserver does: reads refused (403) until its
+            // authorization caches are loaded, while writes already go through.
+            api.inject_errors(Some("GET"), "*", 403, 12);
+            api.set_reachable(true).await.unwrap();
+        })
+    };
+    engine
+        .shutdown_drain(&request(ShutdownKind::Poweroff, Duration::from_secs(12)))
+        .await
+        .expect("an outage shorter than fallback.apiserver_timeout is ridden out");
+    evicted.await.unwrap();
+    assert!(!env.pod_exists("web"));
+    assert_eq!(env.evictions(), ["web"], "evicted once");
+    assert!(
+        env.deletes().is_empty(),
+        "web deleted, its grace cut: {:?}",
+        env.deletes()
+    );
+    assert!(env.events("Escalated").is_empty());
+}
+
 #[tokio::test]
 async fn a_shutdown_cuts_a_long_eviction_back_off_to_its_own_cap() {
     let env = Env::new(kubelet(100)).await;

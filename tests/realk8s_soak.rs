@@ -253,7 +253,7 @@ async fn inject(
             // the old one go and is armed again; the operator powers off again.
             let deadline = at + 30.0;
             loop {
-                if container.wait_exit(Duration::ZERO).is_some() {
+                if container.wait_exit(Duration::from_millis(50)).is_some() {
                     break realk8s::now_unix();
                 }
                 let ours = container.journal_of("nodegrace");
@@ -311,7 +311,7 @@ struct Measured {
 
 /// One shutdown with `d`'s fault, and its checks.
 async fn run_once(d: Draw) -> (Outcome, Measured) {
-    let (mut f, manifest) = booted_with_bands("ng-soak", true).await;
+    let (mut f, manifest) = booted_with_bands("ng-soak", true, FAULT_BUDGET_SECS).await;
     let restore = Restore {
         cp: f.cp,
         node: f.name.clone(),
@@ -473,7 +473,12 @@ fn check(
         signal,
     )?;
     // After logind forgot the poweroff the node waits, empty or not, for the next one.
-    released_on_time(last_signal, last_gone.max(last_signal), release)?;
+    released_on_time(
+        FAULT_BUDGET_SECS,
+        last_signal,
+        last_gone.max(last_signal),
+        release,
+    )?;
     if std::fs::read(&gated).ok().as_deref() != Some(manifest) {
         return Err(broken(
             "static manifest lost",

@@ -63,6 +63,10 @@ pub(crate) struct Deadlines<'a> {
     pub schedule: &'a [StepSchedule],
     /// When the shutdown began, on the drain clock.
     pub start: Duration,
+    /// The schedule may be acted on now
+    /// ([`crate::plan::reachability::Reachability::schedule_holds`]): false while the
+    /// apiserver cannot be used, and after an outage until the schedule is made again.
+    pub holds: bool,
 }
 
 impl Deadlines<'_> {
@@ -222,6 +226,9 @@ fn escalation(
     wake_at: &mut Option<Duration>,
 ) -> Option<Action> {
     let deadlines = s.deadlines?;
+    if !deadlines.holds {
+        return None;
+    }
     let info = &pod.info;
     if info.pod_type == PodType::Static || track.escalated {
         return None;
@@ -274,22 +281,26 @@ mod tests {
         step_targets: Vec<DrainTargets>,
         schedule: Vec<StepSchedule>,
         terminated: HashMap<String, String>,
+        /// What the engine passes as [`Deadlines::holds`].
+        holds: bool,
     }
+
+    const RESERVES: BudgetReserves = BudgetReserves {
+        daemonset: Duration::from_secs(10),
+        static_pods: Duration::from_secs(10),
+        critical: Duration::from_secs(10),
+        critical_priority: 2_000_000_000,
+    };
 
     impl World {
         fn new(pods: Vec<PodInfo>, budget: Duration) -> World {
+            World::with_reserves(pods, budget, &RESERVES)
+        }
+
+        fn with_reserves(pods: Vec<PodInfo>, budget: Duration, reserves: &BudgetReserves) -> World {
             let plan = normalize_drain_plan(&[]).unwrap();
             let steps = plan_steps(&plan, &pods).unwrap();
-            let schedule = split_budget(
-                budget,
-                &steps,
-                &BudgetReserves {
-                    daemonset: S(10),
-                    static_pods: S(10),
-                    critical: S(10),
-                    critical_priority: 2_000_000_000,
-                },
-            );
+            let schedule = split_budget(budget, &steps, reserves);
             let step_targets = (0..plan.len())
                 .map(|i| DrainTargets::for_plan(&plan, i).unwrap())
                 .collect();
@@ -300,6 +311,7 @@ mod tests {
                 step_targets,
                 schedule,
                 terminated: HashMap::new(),
+                holds: true,
             }
         }
 
@@ -320,6 +332,7 @@ mod tests {
                     step_targets: &self.step_targets,
                     schedule: &self.schedule,
                     start: Duration::ZERO,
+                    holds: self.holds,
                 }),
                 backoff_cap: S(5),
                 drain_began: Some(1_000),
@@ -415,6 +428,178 @@ mod tests {
             names(&w.decide(escalate_at, false)),
             [("never-asked".into(), Action::Evict)]
         );
+    }
+
+    /// What one shutdown with an outage came to ([`shutdown_with_outage`]).
+    #[derive(Debug, Default)]
+    struct OutageRun {
+        /// (when, pod) of each escalation decided.
+        escalations: Vec<(Duration, String)>,
+        evictions: HashMap<String, u32>,
+        /// When the last pod was seen gone.
+        emptied: Option<Duration>,
+    }
+
+    /// A shutdown of `pods` (budget 20 s, critical reserve 2 s, so the regular band's
+    /// cooperative drain ends at 9 s as planned at the start) with the apiserver away for
+    /// `[outage.0, outage.0 + outage.1)`. A pass decides every 100 ms. A request reaches the
+    /// apiserver only while it answers; an evicted pod's containers exit `exit` later, and the
+    /// API shows it gone once the apiserver answers. When the outage ends the budget is split
+    /// again over the pods left and the reachability says from when that schedule holds, as
+    /// the engine does (`cluster/engine/reach.rs`). Each escalation decided is checked against
+    /// the schedule in force: due by it, and decided while that schedule held.
+    fn shutdown_with_outage(
+        pods: Vec<PodInfo>,
+        outage: (Duration, Duration),
+        exit: Duration,
+    ) -> OutageRun {
+        use crate::plan::budget::split_remaining;
+        use crate::plan::reachability::{worth_acting_on, Change, Reachability};
+        let budget = S(20);
+        let reserves = BudgetReserves {
+            critical: S(2),
+            ..RESERVES
+        };
+        let mut w = World::with_reserves(pods, budget, &reserves);
+        let (mut reach, mut planned_at) = (Reachability::default(), Duration::ZERO);
+        let mut exits: HashMap<String, Duration> = HashMap::new();
+        let mut run = OutageRun::default();
+        let tick = Duration::from_millis(100);
+        let mut now = Duration::ZERO;
+        while now <= budget {
+            let answers = now < outage.0 || now >= outage.0 + outage.1;
+            if answers {
+                w.pods
+                    .retain(|p| exits.get(&p.info.uid).is_none_or(|at| *at > now));
+                if let Change::CameBack { lost, .. } = reach.answered(now) {
+                    if worth_acting_on(lost) {
+                        let infos: Vec<PodInfo> = w.pods.iter().map(|p| p.info.clone()).collect();
+                        let steps = plan_steps(&w.plan, &infos).unwrap();
+                        w.schedule = split_remaining(budget, now, &steps, &reserves);
+                        planned_at = now;
+                    }
+                }
+            } else {
+                reach.failed(now, "connection refused".into());
+            }
+            if w.pods.is_empty() {
+                run.emptied.get_or_insert(now);
+            }
+            w.holds = reach.schedule_holds(planned_at);
+            let d = w.decide(now, true);
+            for (pod, action) in d.actions {
+                if let Action::Escalate { .. } = action {
+                    let index = w.step_targets.iter().position(|t| t.targets(&pod)).unwrap();
+                    let step = w.schedule.iter().find(|s| s.index == index).unwrap();
+                    assert!(
+                        now >= step.escalate_at,
+                        "{} escalated at {now:?}, before {:?}",
+                        pod.name,
+                        step.escalate_at
+                    );
+                    assert!(
+                        answers && planned_at >= outage.0 + outage.1 || now < outage.0,
+                        "{} escalated at {now:?} from a schedule the outage {outage:?} moved",
+                        pod.name
+                    );
+                    run.escalations.push((now, pod.name.clone()));
+                }
+                if !answers {
+                    continue;
+                }
+                let track = w.tracks.entry(pod.uid.clone()).or_default();
+                track.asked = true;
+                track.accepted = true;
+                track.escalated |= matches!(action, Action::Escalate { .. });
+                if action == Action::Evict {
+                    *run.evictions.entry(pod.name.clone()).or_default() += 1;
+                }
+                let gone = exits.entry(pod.uid.clone()).or_insert(now + exit);
+                if let Action::Escalate { grace_seconds } = action {
+                    *gone = (*gone).min(now + S(grace_seconds as u64));
+                }
+                if let Some(p) = w.pods.iter_mut().find(|p| p.info.uid == pod.uid) {
+                    p.info.terminating = true;
+                    p.deletion_due = Some(now + S(pod.termination_grace_period_seconds as u64));
+                }
+            }
+            now += tick;
+        }
+        run
+    }
+
+    fn band_pods() -> Vec<PodInfo> {
+        vec![
+            pod("web-1", PodType::Default, 0),
+            pod("web-2", PodType::Default, 0),
+            pod("web-3", PodType::Default, 0),
+            pod("crit", PodType::Default, 2_000_000_000),
+        ]
+    }
+
+    /// Issue 33: the apiserver away for 9.8 s (less than the fallback's 10 s) from a moment of
+    /// the first band: before its evictions, just after they were accepted, while its pods
+    /// terminate, after they went. Planned at the start, the band's cooperative drain ends at
+    /// 9 s, inside the outage; planned again when the apiserver answers, every pod (3 s to
+    /// exit) has time, so none is escalated, each is evicted once and the node empties.
+    #[test]
+    fn an_outage_at_any_moment_of_a_band_escalates_nothing_that_has_time() {
+        let ms = Duration::from_millis;
+        for start in [ms(0), ms(100), ms(200), ms(1500), ms(3500)] {
+            let run = shutdown_with_outage(band_pods(), (start, ms(9800)), S(3));
+            assert!(
+                run.escalations.is_empty(),
+                "outage from {start:?}: {:?}",
+                run.escalations
+            );
+            assert!(
+                run.evictions.values().all(|n| *n == 1) && run.evictions.len() == 4,
+                "outage from {start:?}: {:?}",
+                run.evictions
+            );
+            assert!(run.emptied.is_some(), "outage from {start:?}: pods left");
+        }
+    }
+
+    /// The rule itself: a schedule that does not hold (the apiserver away, or back but not
+    /// planned again yet) has no deadline acted on; the same pass on a schedule that holds
+    /// escalates the band whose time is up.
+    #[test]
+    fn no_deadline_of_a_schedule_that_does_not_hold_is_acted_on() {
+        let reserves = BudgetReserves {
+            critical: S(2),
+            ..RESERVES
+        };
+        let mut w = World::with_reserves(band_pods(), S(20), &reserves);
+        for p in w
+            .pods
+            .iter_mut()
+            .filter(|p| p.info.name.starts_with("web-"))
+        {
+            p.info.terminating = true;
+            p.deletion_due = Some(S(30));
+            w.tracks.insert(
+                p.info.uid.clone(),
+                PodTrack {
+                    asked: true,
+                    accepted: true,
+                    ..PodTrack::default()
+                },
+            );
+        }
+        let at = Duration::from_millis(9500);
+        w.holds = false;
+        let away = w.decide(at, true);
+        assert!(away.actions.is_empty(), "{:?}", names(&away));
+        assert_eq!(away.wake_at, None);
+        w.holds = true;
+        let escalated = w
+            .decide(at, true)
+            .actions
+            .iter()
+            .filter(|(_, a)| matches!(a, Action::Escalate { .. }))
+            .count();
+        assert_eq!(escalated, 3);
     }
 
     #[test]
@@ -523,6 +708,25 @@ mod tests {
                     }
                 }),
         )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Issue 33, at random moments: an outage of any start and length short of the
+        /// fallback, pods of any exit time. Every escalation is due by the schedule in force
+        /// and was decided from one made after the outage (checked inside the run); a pod is
+        /// evicted at most once.
+        #[test]
+        fn escalations_after_an_outage_come_from_the_new_schedule(
+            start_ms in 0u64..12_000,
+            length_ms in 1_000u64..9_900,
+            exit_ms in 100u64..8_000,
+        ) {
+            let ms = Duration::from_millis;
+            let run = shutdown_with_outage(band_pods(), (ms(start_ms), ms(length_ms)), ms(exit_ms));
+            prop_assert!(run.evictions.values().all(|n| *n == 1), "{:?}", run.evictions);
+        }
     }
 
     proptest! {

@@ -57,6 +57,8 @@ pub(crate) struct ShutdownFacts<'a> {
     pub(crate) schedule: &'a [StepSchedule],
     /// When it began, on the drain clock.
     pub(crate) start: Duration,
+    /// Its schedule may be acted on now (see [`Deadlines::holds`]).
+    pub(crate) holds: bool,
 }
 
 /// Everything [`decide`] looks at.
@@ -167,6 +169,7 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
             step_targets: c.step_targets,
             schedule: c.schedule,
             start: c.start,
+            holds: c.holds,
         }),
         backoff_cap,
         drain_began: s.drain_began,

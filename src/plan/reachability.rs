@@ -78,6 +78,8 @@ struct Outage {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Reachability {
     outage: Option<Outage>,
+    /// When the last outage worth acting on ended ([`worth_acting_on`]).
+    came_back: Option<Duration>,
 }
 
 /// What an outcome changed.
@@ -97,10 +99,16 @@ impl Reachability {
     /// A usable answer at `now`.
     pub(crate) fn answered(&mut self, now: Duration) -> Change {
         match self.outage.take() {
-            Some(o) => Change::CameBack {
-                lost: now.saturating_sub(o.since),
-                said: o.said.is_some(),
-            },
+            Some(o) => {
+                let lost = now.saturating_sub(o.since);
+                if worth_acting_on(lost) {
+                    self.came_back = Some(now);
+                }
+                Change::CameBack {
+                    lost,
+                    said: o.said.is_some(),
+                }
+            }
             None => Change::Same,
         }
     }
@@ -132,6 +140,15 @@ impl Reachability {
 
     pub(crate) fn usable(&self) -> bool {
         self.outage.is_none()
+    }
+
+    /// Whether the deadlines of a shutdown schedule made at `planned_at` may be acted on now:
+    /// the apiserver is usable and no outage worth acting on ended after the schedule was made.
+    /// While it cannot be used, the time passing is lost, and the schedule is made again over
+    /// what is left when it answers; a deadline of the old schedule that passed meanwhile was
+    /// moved by the outage, not reached by the pods.
+    pub(crate) fn schedule_holds(&self, planned_at: Duration) -> bool {
+        self.usable() && self.came_back.is_none_or(|at| at <= planned_at)
     }
 
     /// How long every answer has been unusable, at `now`; zero while usable.

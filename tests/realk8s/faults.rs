@@ -53,14 +53,18 @@ pub async fn start_apiserver(f: &Fixture) {
         .expect("up.sh");
 }
 
-/// A node booted under the fault budget with pods in bands: 3 `web` pods exiting 3 s after
+/// A node booted under `budget_secs` (the shutdown's `max_delay`) with pods in bands: 3 `web` pods exiting 3 s after
 /// SIGTERM, 1 critical `crit`, the DaemonSet pod `agent` when `daemonset`, and the static pod
 /// `etcd`, whose manifest's bytes are returned.
-pub async fn booted_with_bands(prefix: &str, daemonset: bool) -> (Fixture, Vec<u8>) {
+pub async fn booted_with_bands(
+    prefix: &str,
+    daemonset: bool,
+    budget_secs: u64,
+) -> (Fixture, Vec<u8>) {
     let mut f = Fixture::new(prefix).await;
     f.node.config_dropins.push((
         "50-budget.toml".into(),
-        format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n"),
+        format!("[shutdown]\nmax_delay = \"{budget_secs}s\"\n"),
     ));
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     let ms = |band: usize| (BAND_EXITS[band] * 1000.0) as u64;
@@ -114,9 +118,14 @@ pub async fn wait_first_band_asked(f: &Fixture) {
         .await;
 }
 
-/// The inhibitor went within the fault budget after `signal` and within 2 s of the last pod.
-pub fn released_on_time(signal: f64, last_gone: f64, release: f64) -> Result<(), Broken> {
-    if release - signal >= FAULT_BUDGET_SECS as f64 {
+/// The inhibitor went within `budget_secs` after `signal` and within 2 s of the last pod.
+pub fn released_on_time(
+    budget_secs: u64,
+    signal: f64,
+    last_gone: f64,
+    release: f64,
+) -> Result<(), Broken> {
+    if release - signal >= budget_secs as f64 {
         return Err(broken(
             "released after the budget",
             format!("released {:.1} s after the signal", release - signal),
@@ -135,12 +144,13 @@ pub fn released_on_time(signal: f64, last_gone: f64, release: f64) -> Result<(),
 }
 
 pub fn assert_released_on_time(
+    budget_secs: u64,
     signal: f64,
     last_gone: f64,
     release: f64,
     context: &dyn Fn() -> String,
 ) {
-    if let Err(b) = released_on_time(signal, last_gone, release) {
+    if let Err(b) = released_on_time(budget_secs, signal, last_gone, release) {
         panic!("{}\n{}", b.detail, context());
     }
 }

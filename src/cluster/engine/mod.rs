@@ -387,6 +387,8 @@ struct ShutdownCtx {
     schedule: Vec<StepSchedule>,
     /// Tokio instant of `ShutdownRequest::started_at`.
     start: Instant,
+    /// When `schedule` was made, on the drain clock.
+    planned_at: Duration,
     /// The last time the schedule was split again over what was left of the budget.
     replanned: Option<Replan>,
 }

@@ -143,6 +143,9 @@ impl Shared {
             Ok(steps) => steps,
             Err(err) => {
                 tracing::warn!(node = %self.node, maintenance = %ctx.name, error = %err, "cannot plan the shutdown again; keeping its schedule");
+                let mut kept = (**ctx).clone();
+                kept.planned_at = self.now();
+                *slot = Some(Arc::new(kept));
                 return;
             }
         };
@@ -151,6 +154,7 @@ impl Shared {
         tracing::info!(node = %self.node, maintenance = %ctx.name, lost = ?lost, at = ?at, left = ?left, cause = %cause, "time lost: the rest of the shutdown budget is split again over the pods left");
         let mut next = (**ctx).clone();
         next.schedule = schedule;
+        next.planned_at = self.now();
         next.replanned = Some(Replan {
             at,
             lost,

@@ -169,6 +169,9 @@ impl Shared {
                 own: p.own,
             })
             .collect();
+        let holds = ctx_any
+            .as_ref()
+            .is_some_and(|c| lock(&self.reach).schedule_holds(c.planned_at));
         let settings = self.settings();
         let decisions = pass::decide(&PassSnapshot {
             now,
@@ -179,6 +182,7 @@ impl Shared {
                 step_targets: &c.step_targets,
                 schedule: &c.schedule,
                 start: c.start.saturating_duration_since(self.epoch),
+                holds,
             }),
             previous: previous.as_ref(),
             pods: &node_pods,

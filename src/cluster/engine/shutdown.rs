@@ -90,39 +90,46 @@ impl Engine {
             .map(|i| DrainTargets::for_plan(&plan, i))
             .collect::<Result<Vec<_>, _>>()
             .context("computing the shutdown drain targets")?;
-        let elapsed = (chrono::Utc::now() - req.started_at)
-            .to_std()
-            .unwrap_or(Duration::ZERO);
-        let start = Instant::now()
-            .checked_sub(elapsed)
-            .unwrap_or_else(Instant::now);
-        // Time already gone (an apiserver that answered late, a restart, the offline
-        // fallback) comes out of what is left, split over the pods still there; it is not
-        // charged to the first band.
-        let schedule = split_remaining(req.budget, elapsed, &steps, &reserves);
-        let replanned = reachability::worth_acting_on(elapsed).then(|| Replan {
-            at: elapsed,
-            lost: elapsed,
-            left: req.budget.saturating_sub(elapsed),
-            cause: if req.resumed {
-                "the drain went on after the offline fallback or a restart".into()
-            } else {
-                "the drain could not start earlier (the apiserver answered late)".into()
-            },
-        });
-        if let Some(r) = &replanned {
-            tracing::info!(node = %sh.node, maintenance = %name, lost = ?r.lost, left = ?req.budget.saturating_sub(elapsed), cause = %r.cause, "time lost: the rest of the shutdown budget is split over the pods left");
+        {
+            // Held while the schedule is made, so that an outage ending meanwhile plans it again
+            // after it is in place ([`Shared::replan_shutdown`] takes the same lock).
+            let mut slot = lock(&sh.shutdown);
+            let planned_at = sh.now();
+            let elapsed = (chrono::Utc::now() - req.started_at)
+                .to_std()
+                .unwrap_or(Duration::ZERO);
+            let start = Instant::now()
+                .checked_sub(elapsed)
+                .unwrap_or_else(Instant::now);
+            // Time already gone (an apiserver that answered late, a restart, the offline
+            // fallback) comes out of what is left, split over the pods still there; it is not
+            // charged to the first band.
+            let schedule = split_remaining(req.budget, elapsed, &steps, &reserves);
+            let replanned = reachability::worth_acting_on(elapsed).then(|| Replan {
+                at: elapsed,
+                lost: elapsed,
+                left: req.budget.saturating_sub(elapsed),
+                cause: if req.resumed {
+                    "the drain went on after the offline fallback or a restart".into()
+                } else {
+                    "the drain could not start earlier (the apiserver answered late)".into()
+                },
+            });
+            if let Some(r) = &replanned {
+                tracing::info!(node = %sh.node, maintenance = %name, lost = ?r.lost, left = ?req.budget.saturating_sub(elapsed), cause = %r.cause, "time lost: the rest of the shutdown budget is split over the pods left");
+            }
+            *slot = Some(Arc::new(ShutdownCtx {
+                name: name.clone(),
+                plan: plan.clone(),
+                step_targets,
+                budget: req.budget,
+                reserves,
+                schedule,
+                start,
+                planned_at,
+                replanned,
+            }));
         }
-        *lock(&sh.shutdown) = Some(Arc::new(ShutdownCtx {
-            name: name.clone(),
-            plan: plan.clone(),
-            step_targets,
-            budget: req.budget,
-            reserves,
-            schedule,
-            start,
-            replanned,
-        }));
         sh.progress.send_replace(Progress::default());
         sh.bump();
         tracing::info!(node = %sh.node, maintenance = %name, kind = %req.kind, resumed = req.resumed, "shutdown drain started");

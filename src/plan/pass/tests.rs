@@ -95,6 +95,7 @@ impl World {
                 step_targets: &self.step_targets,
                 schedule: &self.schedule,
                 start: Duration::ZERO,
+                holds: true,
             }),
             previous: None,
             pods: &self.pods,
