@@ -55,7 +55,8 @@ pub struct PodRecord {
     /// When the kubelet removed it.
     pub gone_at: Option<f64>,
     /// When an update first put its deletion deadline before its exit: its grace cut short
-    /// (a DELETE, or an eviction, with a shorter grace period than it needed).
+    /// (a DELETE, or an eviction, with a shorter grace period than it needed). Never for a
+    /// mirror pod, which the stand-in deletes itself once its static pod exited.
     pub grace_cut_at: Option<f64>,
 }
 
@@ -374,7 +375,7 @@ async fn watch_pods(client: Client, node: String, state: Arc<Mutex<State>>, wake
                     let deadline = ts.0.as_microsecond() as f64 / 1e6;
                     let wanted = seen + exit_after(&pod.metadata);
                     let exit = wanted.min(deadline);
-                    if deadline < wanted && rec.exited_at.is_none() {
+                    if deadline < wanted && rec.exited_at.is_none() && !rec.mirror {
                         rec.grace_cut_at.get_or_insert_with(now_unix);
                     }
                     // Once exited, the updates its own final DELETE causes change nothing
