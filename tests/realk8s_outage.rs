@@ -76,7 +76,7 @@ async fn a_restarting_apiserver_is_waited_for_not_drained_around() {
     f.node.boot();
     // A restart of the apiserver the daemon is connected to: connected (its pod cache
     // written) before the apiserver goes.
-    wait_pod_cache(&f, 3);
+    wait_pod_cache(&f.node.state, 3);
 
     f.cp.stop_apiserver();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -157,7 +157,7 @@ async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
         .collect();
     f.node.boot();
     // The offline fallback works from the pod cache the daemon keeps while online.
-    wait_pod_cache(&f, 4);
+    wait_pod_cache(&f.node.state, 4);
 
     poweroff_offline_then_reboot(&mut f).await;
 
@@ -237,7 +237,7 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
     containerd.wait_started(&marks).await;
     let originals: Vec<String> = live.iter().filter_map(|p| p.uid()).collect();
     f.node.boot();
-    wait_pod_cache(&f, 2);
+    wait_pod_cache(&f.node.state, 2);
 
     let c1 = poweroff_offline_then_reboot(&mut f).await;
     for name in &marks {
@@ -695,7 +695,7 @@ async fn a_throttling_apiserver_costs_no_pod_its_grace() {
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
     f.kubelet.wait_running(104).await;
     f.node.boot();
-    wait_pod_cache(&f, 104);
+    wait_pod_cache(&f.node.state, 104);
 
     f.cp.throttle(&node);
     let mut container = f.node.container.take().expect("booted");

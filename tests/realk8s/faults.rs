@@ -32,13 +32,14 @@ fn broken(invariant: &'static str, detail: String) -> Broken {
     Broken { invariant, detail }
 }
 
-/// Waits until the daemon's pod cache (written while it is connected) lists `pods` pods.
-pub fn wait_pod_cache(f: &Fixture, pods: usize) {
+/// Waits until the daemon's pod cache in the node's `state` directory (written while it is
+/// connected; the offline fallback works from it) lists `pods` pods.
+pub fn wait_pod_cache(state: &std::path::Path, pods: usize) {
     real::wait_until(
         &format!("the pod cache with {pods} pods"),
         Duration::from_secs(30),
         || {
-            let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
+            let text = std::fs::read_to_string(state.join("pods.json")).ok()?;
             let cache: Value = serde_json::from_str(&text).ok()?;
             (cache["pods"].as_array()?.len() == pods).then_some(())
         },
@@ -98,7 +99,7 @@ pub async fn booted_with_bands(
     let pods = if daemonset { 6 } else { 5 };
     f.kubelet.wait_running(pods).await;
     f.node.boot();
-    wait_pod_cache(&f, pods);
+    wait_pod_cache(&f.node.state, pods);
     (f, manifest)
 }
 
