@@ -90,6 +90,11 @@ impl Fault {
         }
     }
 
+    /// Whether the fault lasts the drawn outage.
+    fn lasts(self) -> bool {
+        self.stops_control_plane() || self == Fault::Throttled
+    }
+
     /// Whether the fault stops part of the control plane (started again after it).
     fn stops_control_plane(self) -> bool {
         matches!(
@@ -119,6 +124,19 @@ impl Draw {
             moment: rng.random_range(0.0..6.0),
             outage: rng.random_range(2.0..8.0),
         }
+    }
+
+    /// The fault, its moment and (where it lasts it) the outage drawn.
+    fn describe(&self) -> String {
+        let mut text = format!(
+            "{} {:.2} s after the poweroff",
+            self.fault.name(),
+            self.moment
+        );
+        if self.fault.lasts() {
+            text.push_str(&format!(" for {:.2} s", self.outage));
+        }
+        text
     }
 
     /// The moment's bucket in the table.
@@ -521,12 +539,10 @@ async fn soak(runs: u64) {
         let d = Draw::new(*seed);
         say(&format!("soak seed: {seed}"));
         say(&format!(
-            "soak run {}/{}: {} {:.2} s after the poweroff (outage {:.2} s)",
+            "soak run {}/{}: {}",
             n + 1,
             seeds.len(),
-            d.fault.name(),
-            d.moment,
-            d.outage
+            d.describe()
         ));
         let ran = tokio::spawn(run_once(d)).await;
         let (outcome, m) = match ran {
@@ -544,14 +560,17 @@ async fn soak(runs: u64) {
             }
         };
         say(&format!(
-            "soak run {}/{} seed {seed}: {} (signal -> release {:.2} s, bound {:.2} s, outage {:.2} s{}{})",
+            "soak run {}/{} seed {seed}: {} (signal -> release {:.2} s, {}, outage {:.2} s{})",
             n + 1,
             seeds.len(),
             outcome.label(),
             m.drain,
-            m.bound,
+            if m.offline {
+                "offline".to_owned()
+            } else {
+                format!("bound {:.2} s", m.bound)
+            },
             m.outage,
-            if m.offline { ", offline" } else { "" },
             if d.fault == Fault::Throttled {
                 format!(", {} answered 429", m.throttled)
             } else {
@@ -571,11 +590,9 @@ async fn soak(runs: u64) {
                 _ => String::new(),
             };
             format!(
-                "seed {}: {} {:.2} s after the poweroff (outage {:.2} s): {}: {detail}",
+                "seed {}: {}: {}: {detail}",
                 r.draw.seed,
-                r.draw.fault.name(),
-                r.draw.moment,
-                r.draw.outage,
+                r.draw.describe(),
                 r.outcome.label()
             )
         })
