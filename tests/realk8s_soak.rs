@@ -10,8 +10,8 @@
 //! deleted) until the node is down.
 //!
 //! Each run draws from a seed of its own, printed before it starts (`soak seed: N`);
-//! `NODEGRACE_SOAK_SEED=N` replays that one run, `NODEGRACE_SOAK_RUNS` sets the number of
-//! runs (3 by default; the long soak, `#[ignore]`d: 100). The runs end with a table of
+//! `NODEGRACE_SOAK_SEED=N` replays that run (`N,M,...`: those runs), `NODEGRACE_SOAK_RUNS`
+//! sets the number of runs (3 by default; the long soak, `#[ignore]`d: 100). The runs end with a table of
 //! fault × moment × outcome and the seeds of the failures.
 //!
 //! Checked on every run, from the audit log and the kubelet stand-in's records
@@ -526,13 +526,20 @@ struct Run {
     outcome: Outcome,
 }
 
-/// `runs` shutdowns with a fresh seed each (or the one `NODEGRACE_SOAK_SEED` replays); the
+/// `runs` shutdowns with a fresh seed each (or those `NODEGRACE_SOAK_SEED` replays); the
 /// table printed; fails if any run broke an invariant.
 async fn soak(runs: u64) {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let seeds: Vec<u64> = match env_u64("NODEGRACE_SOAK_SEED") {
-        Some(seed) => vec![seed],
-        None => (0..runs).map(|_| rand::random::<u32>().into()).collect(),
+    let seeds: Vec<u64> = match std::env::var("NODEGRACE_SOAK_SEED") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("NODEGRACE_SOAK_SEED={list}: not seeds"))
+            })
+            .collect(),
+        Err(_) => (0..runs).map(|_| rand::random::<u32>().into()).collect(),
     };
     let mut done = Vec::new();
     for (n, seed) in seeds.iter().enumerate() {
@@ -599,7 +606,7 @@ async fn soak(runs: u64) {
         .collect();
     assert!(
         failures.is_empty(),
-        "{} of {} runs failed (replay one with NODEGRACE_SOAK_SEED=<seed>):\n{}",
+        "{} of {} runs failed (replay with NODEGRACE_SOAK_SEED=<seed>[,<seed>...]):\n{}",
         failures.len(),
         done.len(),
         failures.join("\n")
