@@ -72,6 +72,17 @@ fn uid(env: &Env, pod: &str) -> String {
         .to_owned()
 }
 
+/// `pod` declares `responder` (`spec.evictionResponders`): only such a pod is asked for
+/// through an EvictionRequest; the others go straight to the Eviction API.
+fn declare(env: &Env, pod: &str, responder: &str) {
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", pod, |p| {
+            p["spec"]["evictionResponders"] = json!([{"name": responder, "priority": 10000}])
+        })
+        .unwrap();
+}
+
 /// The EvictionRequests POSTed to the in-tree API.
 fn posted(reqs: &[RecordedRequest]) -> Vec<Value> {
     reqs.iter()
@@ -90,14 +101,28 @@ fn crd_requests_posted(reqs: &[RecordedRequest]) -> usize {
         .count()
 }
 
+/// A pod that declares responders leaves through the in-tree API (its responder first, then
+/// the in-tree evictor); a pod that declares none is evicted through the Eviction API at once,
+/// as the imperative evictor would, without the objects; a DaemonSet pod is deleted.
 #[tokio::test]
-async fn where_the_in_tree_api_is_served_pods_leave_through_it() {
+async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    let controllers = Arc::new(FakeEvictionControllers::start(env.cluster.store.clone()));
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
+    env.pod("kv", Kind::Default, 0, 30, json!({"app": "kv"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
-    let web = uid(&env, "web");
+    declare(&env, "kv", "kv.example.com/operator");
+    let kv = uid(&env, "kv");
     let drainer = start(&env);
+    let operator = {
+        let controllers = controllers.clone();
+        let kv = kv.clone();
+        tokio::spawn(async move {
+            while !controllers.respond("work", &kv, "kv.example.com/operator", "done", true) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     tokio::time::timeout(
         Duration::from_secs(30),
         drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
@@ -105,26 +130,24 @@ async fn where_the_in_tree_api_is_served_pods_leave_through_it() {
     .await
     .expect("the drain ends")
     .unwrap();
+    operator.await.unwrap();
 
-    assert!(!env.pod_exists("web") && !env.pod_exists("ds"));
+    assert!(!env.pod_exists("web") && !env.pod_exists("kv") && !env.pod_exists("ds"));
     let reqs = env.requests();
     let sent = posted(&reqs);
-    assert_eq!(sent.len(), 1, "one request, for web only: {sent:?}");
+    assert_eq!(sent.len(), 1, "one request, for kv only: {sent:?}");
     let r = &sent[0];
-    assert_eq!(r["metadata"]["name"], format!("nodegrace-{web}"));
+    assert_eq!(r["metadata"]["name"], format!("nodegrace-{kv}"));
     assert_eq!(r["spec"]["requester"], KEY);
     assert_eq!(r["spec"]["intent"], "Eviction");
-    assert_eq!(
-        r["spec"]["target"]["pod"],
-        json!({"name": "web", "uid": web})
-    );
-    // The in-tree imperative evictor evicted web; nodegrace did not call the Eviction API.
-    assert_eq!(controllers.evicted(), ["work/web"]);
-    assert!(env.evictions().is_empty(), "{:?}", env.evictions());
+    assert_eq!(r["spec"]["target"]["pod"], json!({"name": "kv", "uid": kv}));
+    // The in-tree imperative evictor evicted kv after its responder; nodegrace evicted web.
+    assert_eq!(controllers.evicted(), ["work/kv"]);
+    assert_eq!(env.evictions(), ["web"]);
     // The DaemonSet pod stayed nodegrace's: deleted by it, never requested.
     assert_eq!(env.deletes(), ["ds"]);
     assert_eq!(crd_requests_posted(&reqs), 0);
-    let eviction = controllers.eviction_of("work", &web).unwrap();
+    let eviction = controllers.eviction_of("work", &kv).unwrap();
     assert_eq!(eviction["metadata"]["labels"][KEY], "requester");
     // Env's teardown checks every request against the shipped ClusterRole.
 }
@@ -173,9 +196,11 @@ async fn with_both_served_the_in_tree_api_wins_and_says_so() {
     .unwrap();
     assert!(!env.pod_exists("both"));
     let reqs = env.requests();
-    assert_eq!(posted(&reqs).len(), 1);
+    // It declares no responder: evicted directly, no request on either API.
+    assert!(posted(&reqs).is_empty());
     assert_eq!(crd_requests_posted(&reqs), 0, "our CRD stands down");
-    assert_eq!(controllers.evicted(), ["work/both"]);
+    assert!(controllers.evicted().is_empty());
+    assert_eq!(env.evictions(), ["both"]);
     // Our eviction-request controller did not start: it would watch our CRD.
     assert!(
         !reqs.iter().any(|r| r
@@ -194,9 +219,14 @@ async fn a_cancelled_maintenance_withdraws_and_the_eviction_is_cancelled() {
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pdb("db-pdb", "db", 1);
+    declare(&env, "db", "db.example.com/operator");
     let db = uid(&env, "db");
     env.admin_maintenance("upgrade", "Drain", json!([]));
     let _drainer = start(&env);
+    eventually(15, "the operator done with db", || {
+        controllers.respond("work", &db, "db.example.com/operator", "done", true)
+    })
+    .await;
     eventually(15, "the imperative evictor refused by the budget", || {
         controllers
             .eviction_of("work", &db)
@@ -263,8 +293,10 @@ async fn a_blocked_pod_is_escalated_at_the_deadline_as_on_every_path() {
     .unwrap();
     let took = started.elapsed();
     assert!(!env.pod_exists("pg"));
-    assert_eq!(posted(&env.requests()).len(), 1);
-    assert!(controllers.evicted().is_empty(), "the budget held");
+    // No responder: the Eviction API directly, refused by the budget until the deadline.
+    assert!(posted(&env.requests()).is_empty());
+    assert!(controllers.evicted().is_empty());
+    assert!(env.evictions().iter().all(|p| p == "pg") && !env.evictions().is_empty());
     // Cooperative until half the budget, then DELETE with what is left, as on the other paths.
     assert_eq!(env.deletes(), ["pg"]);
     let delete = env
@@ -284,7 +316,7 @@ async fn a_blocked_pod_is_escalated_at_the_deadline_as_on_every_path() {
     assert!(env
         .events("EvictionBlocked")
         .iter()
-        .any(|e| e["note"].as_str().unwrap().contains("disruption budget")));
+        .any(|e| e["note"].as_str().unwrap().contains("pg-pdb")));
 }
 
 #[tokio::test]
@@ -293,6 +325,7 @@ async fn an_eviction_naming_another_pods_uid_evicts_nothing_and_is_logged() {
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("cache", Kind::Default, 0, 30, json!({"app": "cache"}));
     env.pdb("cache-pdb", "cache", 1);
+    declare(&env, "cache", "cache.example.com/operator");
     let cache = uid(&env, "cache");
     env.admin_maintenance("rotate", "Drain", json!([]));
     let _drainer = start(&env);
@@ -531,6 +564,7 @@ async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
             p["spec"]["schedulingGroup"] = json!({"podGroupName": "g"})
         })
         .unwrap();
+    declare(&env, "gang", "gang.example.com/operator");
     let gang = uid(&env, "gang");
     let drainer = start(&env);
     tokio::time::timeout(

@@ -132,32 +132,32 @@ impl InTreeTerminator {
         self.api.requests(&self.client, Some(namespace))
     }
 
-    /// Says once per pod what is wrong with the responders it declares.
-    fn check_pod(&self, key: &PodKey, pod: &Pod) {
-        if !lock(&self.checked).insert(key.uid.clone()) {
-            return;
-        }
+    /// Whether `pod` declares eviction responders (`spec.evictionResponders`, or before 1.37
+    /// the annotation); what is wrong with its declaration is said once per pod.
+    fn declares_responders(&self, key: &PodKey, pod: &Pod) -> bool {
         let field = pod
             .spec
             .as_ref()
             .and_then(|s| s.eviction_responders.as_deref());
-        // The pod API of a cluster serving the in-tree API has spec.evictionResponders.
         let check = check_responders(
             field,
             pod.metadata.annotations.as_ref(),
             crate::api::INTERCEPTOR_ANNOTATION_PREFIX,
-            true,
+            self.api.pod_field_served(),
         );
-        for problem in &check.problems {
-            warn!(node = %self.node, pod = %key, responders_from = %check.source, "eviction responders: {problem}");
-            warn_on_pod(
-                &self.recorder,
-                key,
-                "EvictionResponderInvalid",
-                "RequestEviction",
-                problem,
-            );
+        if lock(&self.checked).insert(key.uid.clone()) {
+            for problem in &check.problems {
+                warn!(node = %self.node, pod = %key, responders_from = %check.source, "eviction responders: {problem}");
+                warn_on_pod(
+                    &self.recorder,
+                    key,
+                    "EvictionResponderInvalid",
+                    "RequestEviction",
+                    problem,
+                );
+            }
         }
+        !check.responders.is_empty()
     }
 
     /// Creates the pod's EvictionRequest, or turns an existing one back to intent Eviction.
@@ -339,8 +339,10 @@ impl PodTerminator for InTreeTerminator {
                     }
                     PodState::Terminating | PodState::Present { evictable: true } => {}
                 }
-                if let Some(o) = object {
-                    self.check_pod(&key, o);
+                // A pod no responder answers for is what the imperative evictor would evict
+                // at once: the Eviction API directly, without the objects.
+                if !object.is_some_and(|o| self.declares_responders(&key, o)) {
+                    return evict::evict(&pods, &pod.name, &pod.uid, None).await;
                 }
                 self.request(&key).await?;
                 self.record(key, maintenance);

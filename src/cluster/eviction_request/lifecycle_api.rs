@@ -45,6 +45,12 @@ impl LifecycleApi {
         self.evictions.clone()
     }
 
+    /// Whether the pod API beside it has `spec.evictionResponders` (the in-tree API of 1.37);
+    /// before, pods declare responders in an annotation.
+    pub(crate) fn pod_field_served(&self) -> bool {
+        self.requests.api_version == IN_TREE_API_VERSION
+    }
+
     /// The group, for log lines and messages.
     pub(crate) fn group(&self) -> &str {
         &self.requests.group
