@@ -668,7 +668,7 @@ async fn random_faults_at_random_moments_break_no_invariant() {
 /// The long soak (README, "Run the tests"):
 /// `NODEGRACE_REAL_TESTS=1 cargo test --test realk8s_soak -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the long soak: 100 shutdowns, over an hour; run by hand (README)"]
+#[ignore = "the long soak: 100 shutdowns, about 45 minutes; run by hand (README)"]
 async fn the_long_soak() {
     if skip("the_long_soak") {
         return;
