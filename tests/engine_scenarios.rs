@@ -1112,6 +1112,85 @@ async fn an_outage_just_after_a_bands_evictions_costs_it_no_grace() {
     assert!(env.events("Escalated").is_empty());
 }
 
+/// Issue 28: a pod a PodDisruptionBudget refused is asked again the moment the budget allows
+/// a disruption (its replacement Ready elsewhere), not when its back-off ends; the budget is
+/// watched by name in its namespace, never cluster-wide.
+#[tokio::test]
+async fn a_refused_pod_is_asked_again_when_its_budget_opens_not_on_a_timer() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("api-1", Kind::Default, 0, 30, json!({"app": "api"}));
+    env.pod("api-2", Kind::Default, 0, 30, json!({"app": "api"}));
+    env.pod_on(
+        "node-b",
+        "api-b",
+        Kind::Default,
+        0,
+        30,
+        json!({"app": "api"}),
+    );
+    env.pdb("api-pdb", "api", 2);
+    let mut settings = env.settings();
+    // The shipped cap, so that a retry on the timer would come late.
+    settings.drain.eviction_backoff_max_shutdown = Duration::from_secs(5);
+    let engine = env.engine(settings);
+    let replacement_ready = {
+        let env_pods = env.cluster.clone();
+        tokio::spawn(async move {
+            // api-1 goes (one disruption allowed), api-2 is refused (at about 0.1, 1.1 and
+            // 3.1 s on the back-off, next 7.1 s); its replacement is Ready on node-b at 3.5 s.
+            tokio::time::sleep(Duration::from_millis(3500)).await;
+            let now = env_pods.store.now_str();
+            env_pods
+                .insert(&json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "api-r", "namespace": "work", "labels": {"app": "api"}},
+                    "spec": {"nodeName": "node-b", "containers": [{"name": "main", "image": "pause"}]},
+                    "status": nodegrace_testkit::fake_apiserver::running_status(&now),
+                }))
+                .unwrap();
+            let ready_at = std::time::Instant::now();
+            let going = |p: Option<Value>| {
+                p.is_none_or(|p| p.pointer("/metadata/deletionTimestamp").is_some())
+            };
+            while !going(env_pods.store.get_obj("", "pods", "work", "api-2")) {
+                assert!(
+                    ready_at.elapsed() < Duration::from_secs(20),
+                    "api-2 never evicted"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            ready_at.elapsed()
+        })
+    };
+    engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let after = replacement_ready.await.unwrap();
+    assert!(
+        after < Duration::from_millis(800),
+        "api-2 evicted {after:?} after its budget opened"
+    );
+    assert!(env.deletes().is_empty());
+    let watched: Vec<_> = env
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("poddisruptionbudgets") && r.is_watch())
+        .collect();
+    assert!(
+        !watched.is_empty()
+            && watched
+                .iter()
+                .all(|r| r.path.starts_with("/apis/policy/v1/namespaces/work/")
+                    && r.query.contains("metadata.name%3Dapi-pdb")),
+        "the budget watched by name in its namespace: {:?}",
+        watched
+            .iter()
+            .map(|r| format!("{}?{}", r.path, r.query))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test]
 async fn a_shutdown_cuts_a_long_eviction_back_off_to_its_own_cap() {
     let env = Env::new(kubelet(100)).await;

@@ -50,6 +50,8 @@ pub(crate) struct PodTrack {
     pub last_try: Option<(Duration, Duration)>,
     /// `namespace/pdb` (or the apiserver's message) of the last refusal.
     pub blocked_by: Option<String>,
+    /// `namespace/name` of the PodDisruptionBudget that refused the last eviction.
+    pub budget: Option<String>,
     /// Requests the apiserver throttled (429, not a budget's): not an answer to them.
     pub throttled: u32,
     pub escalated: bool,
@@ -76,6 +78,18 @@ impl Deadlines<'_> {
     }
 }
 
+/// A PodDisruptionBudget that refused an eviction of this drain, as its watch last showed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BudgetStatus {
+    /// `status.disruptionsAllowed`.
+    pub allowed: i32,
+    /// `status.observedGeneration` is the budget's `metadata.generation`: the disruption
+    /// controller has seen its spec, so `allowed` can be believed.
+    pub current: bool,
+    /// When the watch showed it, on the drain clock.
+    pub seen_at: Duration,
+}
+
 /// Everything [`decide`] looks at.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Snapshot<'a> {
@@ -96,6 +110,8 @@ pub(crate) struct Snapshot<'a> {
     pub drain_began: Option<i64>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
     pub daemonset_terminated: &'a HashMap<String, String>,
+    /// The budgets that refused evictions, by `namespace/name`, as last watched.
+    pub budgets: &'a HashMap<String, BudgetStatus>,
 }
 
 /// What to do to one pod now.
@@ -178,6 +194,7 @@ pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
     let none = PodTrack::default();
     let mut actions = Vec::new();
     let mut wake_at = None;
+    let mut opened = BudgetsOpened::new(s.budgets);
     if !s.maintenances.is_empty() {
         for pod in &evaluation.to_terminate {
             let Some(node_pod) = by_uid.get(pod.uid.as_str()) else {
@@ -194,7 +211,7 @@ pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
             if let Some((at, delay)) = track.last_try {
                 // The cap in force now: a shutdown starting mid back-off shortens it.
                 let retry = at + delay.min(s.backoff_cap);
-                if retry > s.now {
+                if retry > s.now && !opened.take(track.budget.as_deref(), at) {
                     min_wake(&mut wake_at, retry);
                     continue;
                 }
@@ -216,6 +233,41 @@ pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
         actions,
         wake_at,
     })
+}
+
+/// The disruptions each refusing budget allows now, handed out in plan order: a pod its
+/// budget refused is asked again before its back-off ends when the budget's watch shows,
+/// after the refusal, a status the disruption controller computed for its current spec
+/// that allows a disruption — no more pods at once than it allows. The back-off stays
+/// for a budget whose status never changes, or whose watch fails.
+struct BudgetsOpened<'a> {
+    budgets: &'a HashMap<String, BudgetStatus>,
+    taken: HashMap<&'a str, i32>,
+}
+
+impl<'a> BudgetsOpened<'a> {
+    fn new(budgets: &'a HashMap<String, BudgetStatus>) -> Self {
+        Self {
+            budgets,
+            taken: HashMap::new(),
+        }
+    }
+
+    /// Whether the pod refused at `refused_at` by `budget` may be asked again now.
+    fn take(&mut self, budget: Option<&str>, refused_at: Duration) -> bool {
+        let Some((name, status)) = budget.and_then(|b| self.budgets.get_key_value(b)) else {
+            return false;
+        };
+        if !status.current || status.seen_at <= refused_at {
+            return false;
+        }
+        let taken = self.taken.entry(name.as_str()).or_insert(0);
+        if *taken >= status.allowed {
+            return false;
+        }
+        *taken += 1;
+        true
+    }
 }
 
 /// The escalation of `pod` if one is due now; otherwise notes when one would be.
@@ -283,6 +335,7 @@ mod tests {
         terminated: HashMap<String, String>,
         /// What the engine passes as [`Deadlines::holds`].
         holds: bool,
+        budgets: HashMap<String, BudgetStatus>,
     }
 
     const RESERVES: BudgetReserves = BudgetReserves {
@@ -312,6 +365,7 @@ mod tests {
                 schedule,
                 terminated: HashMap::new(),
                 holds: true,
+                budgets: HashMap::new(),
             }
         }
 
@@ -337,6 +391,7 @@ mod tests {
                 backoff_cap: S(5),
                 drain_began: Some(1_000),
                 daemonset_terminated: &self.terminated,
+                budgets: &self.budgets,
             })
             .unwrap()
         }
@@ -602,6 +657,68 @@ mod tests {
         assert_eq!(escalated, 3);
     }
 
+    /// Issue 28: pods a budget refused are asked again when its watch shows it allows a
+    /// disruption, as many as it allows, in plan order; never on a status seen before the
+    /// refusal or one the disruption controller computed for an older spec.
+    #[test]
+    fn a_budget_that_opens_lets_as_many_refused_pods_be_asked_as_it_allows() {
+        let mut w = World::new(
+            vec![
+                pod("api-1", PodType::Default, 0),
+                pod("api-2", PodType::Default, 0),
+                pod("api-3", PodType::Default, 0),
+            ],
+            S(100),
+        );
+        for name in ["api-1", "api-2", "api-3"] {
+            w.tracks.insert(
+                format!("uid-{name}"),
+                PodTrack {
+                    asked: true,
+                    attempts: 1,
+                    last_try: Some((S(10), S(5))),
+                    blocked_by: Some("PodDisruptionBudget ns/api".into()),
+                    budget: Some("ns/api".into()),
+                    ..PodTrack::default()
+                },
+            );
+        }
+        let at = S(11);
+        let asked = |w: &World| {
+            w.decide(at, true)
+                .actions
+                .iter()
+                .map(|(p, _)| p.name.clone())
+                .collect::<Vec<_>>()
+        };
+        // No status yet: the back-off (until 15 s) holds them.
+        assert!(asked(&w).is_empty());
+        let status = |allowed, current, seen_at| BudgetStatus {
+            allowed,
+            current,
+            seen_at,
+        };
+        // Seen before the refusals, or not yet computed for its spec: not believed.
+        w.budgets.insert("ns/api".into(), status(1, true, S(9)));
+        assert!(asked(&w).is_empty());
+        w.budgets
+            .insert("ns/api".into(), status(1, false, S(10) + S(1) / 2));
+        assert!(asked(&w).is_empty());
+        // Allows one: the first in plan order.
+        w.budgets
+            .insert("ns/api".into(), status(1, true, S(10) + S(1) / 2));
+        assert_eq!(asked(&w), ["api-1"]);
+        w.budgets
+            .insert("ns/api".into(), status(2, true, S(10) + S(1) / 2));
+        assert_eq!(asked(&w), ["api-1", "api-2"]);
+        // Another budget's status opens nothing here.
+        w.budgets.clear();
+        w.budgets.insert("ns/other".into(), status(5, true, S(11)));
+        assert!(asked(&w).is_empty());
+        // The back-off still ends by itself.
+        assert_eq!(w.decide(S(15), true).actions.len(), 3);
+    }
+
     #[test]
     fn daemonset_pods_are_deleted_and_static_pods_gated_in_their_bands() {
         let w = World::new(
@@ -703,6 +820,7 @@ mod tests {
                         attempts,
                         last_try: (attempts > 0).then_some((S(at), S(delay))),
                         blocked_by: None,
+                        budget: None,
                         throttled: 0,
                         escalated,
                     }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::drain::{self, Action, Deadlines, Decision, NodePod, PodTrack};
+use super::drain::{self, Action, BudgetStatus, Deadlines, Decision, NodePod, PodTrack};
 use super::targets::{DrainTargets, MaintenanceInput};
 use super::{DrainPlanEntry, PlanError, PodInfo, StepSchedule};
 
@@ -83,6 +83,8 @@ pub(crate) struct PassSnapshot<'a> {
     pub(crate) drain_began: Option<i64>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
     pub(crate) daemonset_terminated: &'a HashMap<String, String>,
+    /// The budgets that refused evictions, by `namespace/name`, as last watched.
+    pub(crate) budgets: &'a HashMap<String, BudgetStatus>,
 }
 
 /// One request for a pod (gates aside): what, and for which maintenance.
@@ -174,6 +176,7 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
         backoff_cap,
         drain_began: s.drain_began,
         daemonset_terminated: s.daemonset_terminated,
+        budgets: s.budgets,
     })?;
 
     let holder = |pod: &PodInfo| {
@@ -266,9 +269,11 @@ pub(crate) enum Answer {
     Accepted,
     /// 404: taken as gone only once the watch drops it.
     Gone,
-    /// Refused, by this budget or for this reason.
+    /// Refused, by this budget or for this reason; `budget`: the PodDisruptionBudget's
+    /// `namespace/name` when the apiserver named it.
     Blocked {
         by: String,
+        budget: Option<String>,
     },
     /// 429 that is not a budget's: the apiserver did not look at the request.
     Throttled {
@@ -316,6 +321,7 @@ pub(crate) fn note_answer(
             track.asked = true;
             track.accepted = true;
             track.blocked_by = None;
+            track.budget = None;
             if escalated {
                 track.escalated = true;
                 noted.escalated = true;
@@ -329,13 +335,14 @@ pub(crate) fn note_answer(
             track.escalated |= escalated;
             retry_in(track, retry_after_error);
         }
-        Answer::Blocked { by } => {
+        Answer::Blocked { by, budget } => {
             track.asked = true;
             let delay = backoff(track.attempts, cap);
             track.attempts += 1;
             retry_in(track, delay);
             noted.newly_blocked = track.blocked_by.as_deref() != Some(by.as_str());
             track.blocked_by = Some(by.clone());
+            track.budget = budget.clone();
         }
         Answer::Throttled { wait } => {
             // Not asked (so not escalated for it), and no back-off earned.

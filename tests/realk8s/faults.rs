@@ -13,8 +13,13 @@ use crate::real;
 
 /// The shutdown budget of the fault tests: the shipped reserves (30 s each for critical,
 /// DaemonSet and static pods) leave the first band 20 s, whose escalation the first plan
-/// puts at 10 s (half its share). The only change to the shipped configuration.
+/// puts at 10 s (half its share).
 pub const FAULT_BUDGET_SECS: u64 = 110;
+
+/// The configuration drop-in of [`FAULT_BUDGET_SECS`], the only change to the shipped one.
+pub fn fault_budget_config() -> String {
+    format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n")
+}
 
 /// The exit times of [`booted_with_bands`]'s bands in drain order (`web`, `crit`, the
 /// DaemonSet's `agent`, the static `etcd`), in seconds: their sum is the ideal drain.
@@ -54,19 +59,18 @@ pub async fn start_apiserver(f: &Fixture) {
         .expect("up.sh");
 }
 
-/// A node booted under `budget_secs` (the shutdown's `max_delay`) with pods in bands: 3 `web` pods exiting 3 s after
+/// A node booted with the configuration drop-in `config` (its budget) and pods in bands: 3 `web` pods exiting 3 s after
 /// SIGTERM, 1 critical `crit`, the DaemonSet pod `agent` when `daemonset`, and the static pod
 /// `etcd`, whose manifest's bytes are returned.
 pub async fn booted_with_bands(
     prefix: &str,
     daemonset: bool,
-    budget_secs: u64,
+    config: String,
 ) -> (Fixture, Vec<u8>) {
     let mut f = Fixture::new(prefix).await;
-    f.node.config_dropins.push((
-        "50-budget.toml".into(),
-        format!("[shutdown]\nmax_delay = \"{budget_secs}s\"\n"),
-    ));
+    f.node
+        .config_dropins
+        .push(("50-budget.toml".into(), config));
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     let ms = |band: usize| (BAND_EXITS[band] * 1000.0) as u64;
     workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(ms(0))).await;

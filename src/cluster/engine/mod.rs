@@ -12,6 +12,7 @@
 //! its entry in each maintenance's `status.nodeStatuses` (never backtracking), pods already
 //! terminating are not asked again, and the shutdown maintenance is adopted by name.
 
+mod budgets;
 mod offline;
 mod reach;
 mod reconcile;
@@ -184,6 +185,10 @@ struct Shared {
     /// What the eviction-request controller found blocking each pod (by UID); None: no
     /// longer blocked. Taken into the drain's tracks at the next pass.
     eviction_blocks: Mutex<HashMap<String, Option<String>>>,
+    /// The PodDisruptionBudgets that refused this drain's evictions, watched.
+    budgets: Mutex<budgets::Budgets>,
+    /// Itself, for the tasks it starts while it runs.
+    me: std::sync::Weak<Shared>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -419,7 +424,7 @@ impl Engine {
             .terminator
             .unwrap_or_else(|| Arc::new(EvictionApi::new(opts.client.clone())));
         let recorder = crate::cluster::event_recorder(opts.client.clone(), &opts.node);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
             client: opts.client.clone(),
             node: opts.node.clone(),
             settings: std::sync::RwLock::new(Arc::new(opts.settings)),
@@ -447,6 +452,8 @@ impl Engine {
             timings: Mutex::new(ShutdownTimings::default()),
             eviction_requests: Mutex::new(None),
             eviction_blocks: Mutex::new(HashMap::new()),
+            budgets: Mutex::new(budgets::Budgets::default()),
+            me: me.clone(),
         });
         let c = &opts.client;
         let node = &opts.node;

@@ -173,6 +173,7 @@ impl Shared {
             .as_ref()
             .is_some_and(|c| lock(&self.reach).schedule_holds(c.planned_at));
         let settings = self.settings();
+        let budgets = lock(&self.budgets).statuses.clone();
         let decisions = pass::decide(&PassSnapshot {
             now,
             maintenances: &facts,
@@ -191,6 +192,7 @@ impl Shared {
             backoff_cap_shutdown: settings.drain.eviction_backoff_max_shutdown,
             drain_began: drain_began(&draining),
             daemonset_terminated: &st.daemonset_terminated,
+            budgets: &budgets,
         })?;
         let seen = Seen {
             node: &node,
@@ -317,6 +319,9 @@ impl Shared {
             st.targets_since = None;
             st.tracks.clear();
             st.daemonset_terminated.clear();
+            self.stop_budget_watches();
+        } else {
+            self.watch_budgets(st.tracks.values().filter_map(|t| t.budget.as_deref()));
         }
 
         self.publish_fallback(st, seen.selecting).await;

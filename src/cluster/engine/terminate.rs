@@ -172,11 +172,16 @@ impl Shared {
                 match outcome {
                     Outcome::Accepted => Answer::Accepted,
                     Outcome::Gone => Answer::Gone,
-                    Outcome::Blocked { budget, message } => Answer::Blocked {
-                        by: budget
-                            .map(|b| format!("PodDisruptionBudget {}/{b}", r.pod.namespace))
-                            .unwrap_or(message),
-                    },
+                    Outcome::Blocked { budget, message } => {
+                        let budget = budget.map(|b| format!("{}/{b}", r.pod.namespace));
+                        Answer::Blocked {
+                            by: budget
+                                .as_ref()
+                                .map(|b| format!("PodDisruptionBudget {b}"))
+                                .unwrap_or(message),
+                            budget,
+                        }
+                    }
                 }
             }
             Err(err) => match anyhow_throttled(&err) {
@@ -215,7 +220,7 @@ impl Shared {
                     told.escalated.entry(m).or_default().push(r.pod.key());
                 }
             }
-            Answer::Blocked { by } if noted.newly_blocked => {
+            Answer::Blocked { by, .. } if noted.newly_blocked => {
                 tracing::info!(node = %self.node, maintenance = %m, pod = %r.pod.key(), blocked_by = %by, "eviction blocked");
                 told.blocked
                     .entry((m, by.clone()))

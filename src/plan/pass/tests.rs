@@ -104,6 +104,7 @@ impl World {
             backoff_cap_shutdown: S(5),
             drain_began: Some(1_000),
             daemonset_terminated: &self.terminated,
+            budgets: &HashMap::new(),
         })
         .unwrap()
     }
@@ -243,6 +244,7 @@ fn a_maintenance_this_node_completed_is_not_completed_again() {
         backoff_cap_shutdown: S(5),
         drain_began: None,
         daemonset_terminated: &HashMap::new(),
+        budgets: &HashMap::new(),
     })
     .unwrap();
     assert_eq!(d.complete, ["held", "unseen"]);
@@ -259,7 +261,10 @@ fn answers_update_the_track_and_say_when_to_try_again() {
     assert!(t.asked && t.accepted && t.escalated && n.escalated && n.retry.is_none());
 
     let mut t = PodTrack::default();
-    let by = Answer::Blocked { by: "pdb".into() };
+    let by = Answer::Blocked {
+        by: "pdb".into(),
+        budget: None,
+    };
     let n = note_answer(&mut t, &by, false, now, S(5), err, 0.0);
     assert_eq!(n.retry, Some(now + S(1)));
     assert!(n.newly_blocked && t.asked && !t.accepted);

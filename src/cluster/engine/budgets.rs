@@ -1,0 +1,120 @@
+//! The PodDisruptionBudgets that refused this drain's evictions, each watched by name in its
+//! namespace while the drain runs — never a cluster-wide watch, so a node's cost stays
+//! independent of the cluster's size — so that `plan::drain` can ask the refused pods again
+//! the moment a budget allows a disruption instead of after their back-off.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use futures::StreamExt;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+
+use super::{lock, Shared};
+use crate::cluster::backoff::WatchBackoff;
+use crate::plan::drain::BudgetStatus;
+
+/// The budgets watched, by `namespace/name`, and what their watches last showed.
+#[derive(Default)]
+pub(super) struct Budgets {
+    watches: HashMap<String, JoinHandle<()>>,
+    pub(super) statuses: HashMap<String, BudgetStatus>,
+}
+
+impl Drop for Budgets {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Budgets {
+    fn stop(&mut self) {
+        for (_, task) in self.watches.drain() {
+            task.abort();
+        }
+        self.statuses.clear();
+    }
+}
+
+/// The status as `plan::drain` reads it; None before the disruption controller wrote one.
+fn status_of(pdb: &PodDisruptionBudget, seen_at: std::time::Duration) -> Option<BudgetStatus> {
+    let status = pdb.status.as_ref()?;
+    Some(BudgetStatus {
+        allowed: status.disruptions_allowed.unwrap_or(0),
+        current: status.observed_generation.is_some()
+            && status.observed_generation == pdb.metadata.generation,
+        seen_at,
+    })
+}
+
+impl Shared {
+    /// Starts a watch of each budget in `wanted` (`namespace/name`) not watched yet.
+    pub(super) fn watch_budgets<'a>(&self, wanted: impl Iterator<Item = &'a str>) {
+        let mut budgets = lock(&self.budgets);
+        for key in wanted {
+            if budgets.watches.contains_key(key) {
+                continue;
+            }
+            let Some((namespace, name)) = key.split_once('/') else {
+                continue;
+            };
+            tracing::debug!(node = %self.node, budget = %key, "watching a PodDisruptionBudget that refused an eviction");
+            let task = tokio::spawn(watch_budget(
+                self.client.clone(),
+                namespace.to_owned(),
+                name.to_owned(),
+                self.me.clone(),
+                self.shutting_down.clone(),
+            ));
+            budgets.watches.insert(key.to_owned(), task);
+        }
+    }
+
+    /// The drain is over: no budget is watched any more.
+    pub(super) fn stop_budget_watches(&self) {
+        lock(&self.budgets).stop();
+    }
+}
+
+async fn watch_budget(
+    client: Client,
+    namespace: String,
+    name: String,
+    shared: Weak<Shared>,
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let key = format!("{namespace}/{name}");
+    let api: Api<PodDisruptionBudget> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config)
+        .backoff(WatchBackoff::new(shutting_down))
+        .boxed();
+    while let Some(event) = events.next().await {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match event {
+            Ok(watcher::Event::Apply(pdb) | watcher::Event::InitApply(pdb)) => {
+                let now = shared.now();
+                let mut budgets = lock(&shared.budgets);
+                match status_of(&pdb, now) {
+                    Some(status) => budgets.statuses.insert(key.clone(), status),
+                    None => budgets.statuses.remove(&key),
+                };
+                drop(budgets);
+                shared.bump();
+            }
+            Ok(watcher::Event::Delete(_)) => {
+                lock(&shared.budgets).statuses.remove(&key);
+                shared.bump();
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            // The back-off of the pods it refused stays in force meanwhile.
+            Err(err) => {
+                tracing::debug!(node = %shared.node, budget = %key, error = %err, "watching a PodDisruptionBudget failed; retrying");
+            }
+        }
+    }
+}
