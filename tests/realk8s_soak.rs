@@ -579,23 +579,27 @@ async fn soak(runs: u64) {
                 (Outcome::Harness(text), Measured::default())
             }
         };
+        let figures = match &outcome {
+            Outcome::Harness(text) => text.lines().next().unwrap_or_default().to_owned(),
+            _ if m.offline => format!(
+                "signal -> release {:.2} s, offline, outage {:.2} s",
+                m.drain, m.outage
+            ),
+            _ => format!(
+                "signal -> release {:.2} s, bound {:.2} s, outage {:.2} s",
+                m.drain, m.bound, m.outage
+            ),
+        };
+        let storm = if d.fault == Fault::Throttled {
+            format!(", {} answered 429", m.throttled)
+        } else {
+            String::new()
+        };
         say(&format!(
-            "soak run {}/{} seed {seed}: {} (signal -> release {:.2} s, {}, outage {:.2} s{})",
+            "soak run {}/{} seed {seed}: {} ({figures}{storm})",
             n + 1,
             seeds.len(),
-            outcome.label(),
-            m.drain,
-            if m.offline {
-                "offline".to_owned()
-            } else {
-                format!("bound {:.2} s", m.bound)
-            },
-            m.outage,
-            if d.fault == Fault::Throttled {
-                format!(", {} answered 429", m.throttled)
-            } else {
-                String::new()
-            }
+            outcome.label()
         ));
         done.push(Run { draw: d, outcome });
     }
