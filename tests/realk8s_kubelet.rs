@@ -21,6 +21,7 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use nodegrace::v1 as cri;
 use realk8s::audit::{self, Request};
+use realk8s::faults::wait_pod_cache;
 use realk8s::fixture::*;
 use realk8s::node::SystemBus;
 use realk8s::real_kubelet::{self as rk, containers, ApiProxy, Ctr, PodWatch, RealFixture};
@@ -113,19 +114,6 @@ fn kubelet_refuses(kubelet: &rk::RealKubelet, file: &str, when: &str) {
                 .lines()
                 .any(|l| l.contains(file) && l.contains("manifest"))
                 .then_some(())
-        },
-    );
-}
-
-/// Waits until the daemon's pod cache lists `pods` pods (the offline fallback's priorities).
-fn wait_pod_cache(f: &RealFixture, pods: usize) {
-    real::wait_until(
-        &format!("the pod cache with {pods} pods"),
-        Duration::from_secs(30),
-        || {
-            let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
-            let cache: Value = serde_json::from_str(&text).ok()?;
-            (cache["pods"].as_array()?.len() == pods).then_some(())
         },
     );
 }
@@ -607,7 +595,7 @@ async fn an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_con
     let apps = [("web", 2), ("slow", 1), ("crit", 1)];
     let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
     f.node.boot();
-    wait_pod_cache(&f, 4);
+    wait_pod_cache(&f.node.state, 4);
     let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
 
     let port = f.proxy.as_ref().expect("proxy").port;
@@ -768,7 +756,7 @@ async fn a_real_kubelet_that_does_not_stop_at_poweroff_is_reported_and_its_conta
     let apps = [("web", 2), ("slow", 1), ("crit", 1)];
     let originals = rk::wait_running(c, &ns, &node, &apps, Duration::from_secs(90)).await;
     f.node.boot();
-    wait_pod_cache(&f, 4);
+    wait_pod_cache(&f.node.state, 4);
     let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
 
     let watch = rk::ContainerWatch::start(&endpoint);

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 use realk8s::audit;
+use realk8s::faults::*;
 use realk8s::fixture::*;
 use realk8s::kubelet::Kubelet;
 use realk8s::workload::{self, PodShape};
@@ -28,26 +29,6 @@ fn skip(test: &str) -> bool {
     }
     real::require_prerequisites();
     false
-}
-
-/// Waits until the daemon's pod cache (written while it is connected) lists `pods` pods.
-fn wait_pod_cache(f: &Fixture, pods: usize) {
-    real::wait_until(
-        &format!("the pod cache with {pods} pods"),
-        Duration::from_secs(30),
-        || {
-            let text = std::fs::read_to_string(f.node.state.join("pods.json")).ok()?;
-            let cache: Value = serde_json::from_str(&text).ok()?;
-            (cache["pods"].as_array()?.len() == pods).then_some(())
-        },
-    );
-}
-
-async fn start_apiserver(f: &Fixture) {
-    let cp = f.cp;
-    tokio::task::spawn_blocking(move || cp.heal())
-        .await
-        .expect("up.sh");
 }
 
 /// Powers the node off with the apiserver down (the local fallback runs), then brings the
@@ -95,7 +76,7 @@ async fn a_restarting_apiserver_is_waited_for_not_drained_around() {
     f.node.boot();
     // A restart of the apiserver the daemon is connected to: connected (its pod cache
     // written) before the apiserver goes.
-    wait_pod_cache(&f, 3);
+    wait_pod_cache(&f.node.state, 3);
 
     f.cp.stop_apiserver();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -176,7 +157,7 @@ async fn an_offline_shutdown_is_recorded_after_the_reboot_with_every_pod() {
         .collect();
     f.node.boot();
     // The offline fallback works from the pod cache the daemon keeps while online.
-    wait_pod_cache(&f, 4);
+    wait_pod_cache(&f.node.state, 4);
 
     poweroff_offline_then_reboot(&mut f).await;
 
@@ -256,7 +237,7 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
     containerd.wait_started(&marks).await;
     let originals: Vec<String> = live.iter().filter_map(|p| p.uid()).collect();
     f.node.boot();
-    wait_pod_cache(&f, 2);
+    wait_pod_cache(&f.node.state, 2);
 
     let c1 = poweroff_offline_then_reboot(&mut f).await;
     for name in &marks {
@@ -319,11 +300,6 @@ async fn pods_stopped_offline_get_the_status_of_a_kubelet_shutdown_after_the_reb
     drop(containerd);
 }
 
-/// The shutdown budget of the fault tests: the shipped reserves (30 s each for critical,
-/// DaemonSet and static pods) leave the first band 20 s, whose escalation the first plan
-/// puts at 10 s (half its share). The only change to the shipped configuration.
-const FAULT_BUDGET_SECS: u64 = 110;
-
 /// What goes wrong, and when, relative to the shutdown.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
@@ -381,134 +357,9 @@ impl Fault {
         match self {
             Fault::ApiserverAwayPastTheFirstBandsDeadline
             | Fault::EtcdAwayPastTheFirstBandsDeadline => PAST_DEADLINE_CONFIG.to_owned(),
-            _ => format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n"),
+            _ => fault_budget_config(),
         }
     }
-}
-
-/// Until the kubelet stand-in saw the three `web` pods (the first band) asked to stop.
-async fn wait_first_band_asked(f: &Fixture) {
-    f.kubelet
-        .wait_for(
-            "the first band asked to stop",
-            Duration::from_secs(30),
-            |r, _| {
-                r.iter()
-                    .filter(|r| r.name.starts_with("web-") && r.stop_seen.is_some())
-                    .count()
-                    == 3
-            },
-        )
-        .await;
-}
-
-/// The inhibitor went within the fault budget after `signal` and within 2 s of the last pod.
-fn assert_released_on_time(
-    budget_secs: u64,
-    signal: f64,
-    last_gone: f64,
-    release: f64,
-    context: &dyn Fn() -> String,
-) {
-    assert!(
-        release - signal < budget_secs as f64,
-        "released {:.1} s after the signal\n{}",
-        release - signal,
-        context()
-    );
-    assert!(
-        release - last_gone < 2.0,
-        "released {:.3} s after the last pod went\n{}",
-        release - last_gone,
-        context()
-    );
-}
-
-/// Every pod of the apps named by `prefixes` that ran before `signal` is gone; each pod of a
-/// Deployment was evicted exactly once (one accepted eviction) and never DELETEd (its
-/// graceful termination was not cut). Returns when the last of them went.
-fn assert_each_pod_went_once(
-    f: &Fixture,
-    reqs: &[audit::Request],
-    journal: &str,
-    prefixes: &[&str],
-    signal: f64,
-    context: &dyn Fn() -> String,
-) -> f64 {
-    let records = f.kubelet.records();
-    let mut last_gone = 0f64;
-    for r in records
-        .iter()
-        .filter(|r| prefixes.iter().any(|p| r.name.starts_with(p)))
-        .filter(|r| r.running_at.is_some_and(|t| t < signal))
-    {
-        let gone = r
-            .gone_at
-            .unwrap_or_else(|| panic!("{} still there\n{}", r.key(), context()));
-        last_gone = last_gone.max(gone);
-        // The DaemonSet pod is DELETEd, the static pod's mirror goes with its manifest.
-        if r.name.starts_with("agent-") || r.mirror {
-            continue;
-        }
-        let accepted = evictions(reqs, &r.name)
-            .iter()
-            .filter(|e| e.code == 201)
-            .count();
-        // An eviction the apiserver carried out as it was killed has no audit record (the
-        // record is written after the answer, which never came): nodegrace logged its
-        // answer as lost.
-        let answer_lost = journal.lines().any(|l| {
-            l.contains(&format!("evicting pod {}: ", r.name)) && l.contains("SendRequest")
-        });
-        // Likewise one answered with a server error while etcd went away: carried out, but
-        // the apiserver could not say so.
-        let answered_5xx = evictions(reqs, &r.name).iter().any(|e| e.code >= 500);
-        assert!(
-            accepted == 1 || (accepted == 0 && (answer_lost || answered_5xx)),
-            "{} evicted {accepted} times\n{}",
-            r.key(),
-            context()
-        );
-        assert!(
-            deletes(reqs, &r.name).is_empty(),
-            "{} deleted: its graceful termination was cut\n{}",
-            r.key(),
-            context()
-        );
-    }
-    last_gone
-}
-
-/// A node booted under the fault budget with pods in bands: 3 `web` pods exiting 3 s after
-/// SIGTERM, 1 critical `crit`, the DaemonSet pod `agent` when `daemonset`, and the static pod
-/// `etcd`, whose manifest's bytes are returned.
-async fn booted_with_bands(prefix: &str, daemonset: bool, config: String) -> (Fixture, Vec<u8>) {
-    let mut f = Fixture::new(prefix).await;
-    f.node
-        .config_dropins
-        .push(("50-budget.toml".into(), config));
-    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(3000)).await;
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        PodShape::new("crit")
-            .priority("system-cluster-critical")
-            .exits_after_ms(500),
-    )
-    .await;
-    if daemonset {
-        workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
-    }
-    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
-    let manifest = std::fs::read(f.node.manifests.join("etcd.yaml")).expect("manifest");
-    let pods = if daemonset { 6 } else { 5 };
-    f.kubelet.wait_running(pods).await;
-    f.node.boot();
-    wait_pod_cache(&f, pods);
-    (f, manifest)
 }
 
 /// One row of the fault table: the apiserver killed (SIGKILL) and started again around or
@@ -856,7 +707,7 @@ async fn a_throttling_apiserver_costs_no_pod_its_grace() {
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
     f.kubelet.wait_running(104).await;
     f.node.boot();
-    wait_pod_cache(&f, 104);
+    wait_pod_cache(&f.node.state, 104);
 
     f.cp.throttle(&node);
     let mut container = f.node.container.take().expect("booted");
@@ -901,15 +752,6 @@ async fn a_throttling_apiserver_costs_no_pod_its_grace() {
         after_signal as f64 / 104.0
     );
     f.cleanup().await;
-}
-
-/// Applies the shipped RBAC again when dropped.
-struct BindingBack(&'static realk8s::ControlPlane);
-
-impl Drop for BindingBack {
-    fn drop(&mut self) {
-        self.0.apply_cluster_side();
-    }
 }
 
 /// Row 6 of the fault table: nodegrace's credential is refused mid-drain (its RBAC binding

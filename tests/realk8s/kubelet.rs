@@ -54,6 +54,10 @@ pub struct PodRecord {
     pub exit_due: Option<f64>,
     /// When the kubelet removed it.
     pub gone_at: Option<f64>,
+    /// When an update first put its deletion deadline before its exit: its grace cut short
+    /// (a DELETE, or an eviction, with a shorter grace period than it needed). Never for a
+    /// mirror pod, which the stand-in deletes itself once its static pod exited.
+    pub grace_cut_at: Option<f64>,
 }
 
 impl PodRecord {
@@ -369,7 +373,11 @@ async fn watch_pods(client: Client, node: String, state: Arc<Mutex<State>>, wake
                 Some(ts) => {
                     let seen = *rec.stop_seen.get_or_insert_with(now_unix);
                     let deadline = ts.0.as_microsecond() as f64 / 1e6;
-                    let exit = (seen + exit_after(&pod.metadata)).min(deadline);
+                    let wanted = seen + exit_after(&pod.metadata);
+                    let exit = wanted.min(deadline);
+                    if deadline < wanted && rec.exited_at.is_none() && !rec.mirror {
+                        rec.grace_cut_at.get_or_insert_with(now_unix);
+                    }
                     // Once exited, the updates its own final DELETE causes change nothing
                     // (a second DELETE would only load the apiserver).
                     if rec.exited_at.is_none() {

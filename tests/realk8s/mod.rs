@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod faults;
 pub mod fixture;
 pub mod kubelet;
 pub mod node;
@@ -317,11 +318,13 @@ impl ControlPlane {
     /// Stops the apiserver process only (etcd and the controllers keep running).
     pub fn stop_apiserver(&self) {
         self.kill("kube-apiserver");
+        closed("kube-apiserver", 6443);
     }
 
     /// Stops etcd only: the apiserver keeps running and answers errors or late.
     pub fn stop_etcd(&self) {
         self.kill("etcd");
+        closed("etcd", 2379);
     }
 
     /// SIGKILL to the control-plane process `name` (its `<name>.pid`); returns once it is gone.
@@ -344,6 +347,20 @@ impl ControlPlane {
         }
         panic!("{name} (pid {pid}) did not stop");
     }
+}
+
+/// Fails unless nothing answers on 127.0.0.1:`port` any more once `name`'s process was
+/// killed: a fault that did not happen must not pass for one that did. (A second `up.sh`
+/// run at the same time, outside the lock, leaves the pid file naming a process that could
+/// not bind while the first one keeps serving.)
+fn closed(name: &str, port: u16) {
+    for _ in 0..40 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("{name} was killed by its pid file, yet 127.0.0.1:{port} still answers: a process the pid file does not name serves it");
 }
 
 /// The control plane, started again if an outage test stopped part of it, from async code.

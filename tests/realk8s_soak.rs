@@ -1,0 +1,694 @@
+//! Real-control-plane tier, a randomized fault soak: shutdowns of a node with pods in four
+//! bands (`realk8s::faults::booted_with_bands`: the real control plane, the node's real
+//! logind, the shipped configuration with a 110 s budget), each with ONE fault drawn at
+//! random, at a random moment 0–6 s after `systemctl poweroff`:
+//! the apiserver killed (SIGKILL) and started again 2–8 s later; etcd, the same; the daemon
+//! killed (SIGKILL; systemd restarts it); the apiserver killed, then the daemon, the
+//! apiserver back 2–8 s later; the node's dbus-daemon or logind restarted (logind forgets
+//! the poweroff: `systemctl poweroff` again once nodegrace is armed again); the node's
+//! requests throttled (429) for 2–8 s; nodegrace's credential refused (its RBAC binding
+//! deleted) until the node is down.
+//!
+//! Each run draws from a seed of its own, printed before it starts (`soak seed: N`);
+//! `NODEGRACE_SOAK_SEED=N` replays that run (`N,M,...`: those runs), `NODEGRACE_SOAK_RUNS`
+//! sets the number of runs (3 by default; the long soak, `#[ignore]`d: 100). The runs end with a table of
+//! fault × moment × outcome and the seeds of the failures.
+//!
+//! Checked on every run, from the audit log and the kubelet stand-in's records
+//! (`realk8s::faults`): no pod is left, none had its grace cut, none of the Deployments' pods
+//! is DELETEd or evicted twice; the static manifest is gated byte for byte; the inhibitor is
+//! released within the budget and within 2 s of the node being empty; the drain (signal to
+//! release) within [`SLACK_SECS`] of ideal plus outage. A shutdown that went on offline (the
+//! credential refused, or an outage longer than `fallback.apiserver_timeout`) is checked as
+//! `realk8s_outage` checks one: released within the budget, no pod evicted twice or
+//! DELETEd, the manifest in exactly one place, byte for byte; offline only after the
+//! timeout, never on a shorter outage.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root; it stops the shared apiserver and etcd and
+//! deletes the shipped RBAC binding for a while, so nothing else may use the control plane
+//! meanwhile (cargo runs test binaries one after another).
+
+mod real;
+mod realk8s;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use realk8s::faults::*;
+use realk8s::fixture::{deletes, evictions, Fixture};
+use realk8s::ControlPlane;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The drain may take this much longer than ideal plus outage: the reconnection after an
+/// outage (watches listed again, the first eviction within 1 s of the apiserver answering,
+/// as `realk8s_outage` asserts), the kubelet stand-in's and the apiserver's answers on a
+/// loaded 2-core machine, and the control plane's controllers being restarted meanwhile.
+/// Issue 33 measured every drain within 3 s of ideal plus outage.
+const SLACK_SECS: f64 = 3.0;
+
+/// The node's `fallback.apiserver_timeout`: an outage shorter than this (less a second for
+/// when the daemon last heard from the apiserver) never goes offline. 20 s, not the shipped
+/// 10 s: up.sh restarts a killed apiserver in 9–11 s on a loaded 2-core machine, so with 10 s
+/// every apiserver kill would go offline and none would try the drain planned again after an
+/// outage (issue 33); `realk8s_outage`'s past-deadline faults do the same.
+const APISERVER_TIMEOUT_SECS: u64 = 20;
+
+/// The node's configuration drop-in: the fault budget and the apiserver timeout above.
+fn soak_config() -> String {
+    format!(
+        "{}[fallback]\napiserver_timeout = \"{APISERVER_TIMEOUT_SECS}s\"\n",
+        fault_budget_config()
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    ApiserverKilled,
+    EtcdKilled,
+    DaemonKilled,
+    ApiserverThenDaemon,
+    DbusRestarted,
+    LogindRestarted,
+    Throttled,
+    CredentialRevoked,
+}
+
+const FAULTS: [Fault; 8] = [
+    Fault::ApiserverKilled,
+    Fault::EtcdKilled,
+    Fault::DaemonKilled,
+    Fault::ApiserverThenDaemon,
+    Fault::DbusRestarted,
+    Fault::LogindRestarted,
+    Fault::Throttled,
+    Fault::CredentialRevoked,
+];
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::ApiserverKilled => "apiserver killed",
+            Fault::EtcdKilled => "etcd killed",
+            Fault::DaemonKilled => "daemon killed",
+            Fault::ApiserverThenDaemon => "apiserver, then daemon",
+            Fault::DbusRestarted => "dbus restarted",
+            Fault::LogindRestarted => "logind restarted",
+            Fault::Throttled => "429 storm",
+            Fault::CredentialRevoked => "credential revoked",
+        }
+    }
+
+    /// Whether the fault lasts the drawn outage.
+    fn lasts(self) -> bool {
+        self.stops_control_plane() || self == Fault::Throttled
+    }
+
+    /// Whether the fault stops part of the control plane (started again after it).
+    fn stops_control_plane(self) -> bool {
+        matches!(
+            self,
+            Fault::ApiserverKilled | Fault::EtcdKilled | Fault::ApiserverThenDaemon
+        )
+    }
+}
+
+/// One run's draws, all from its seed.
+#[derive(Debug, Clone, Copy)]
+struct Draw {
+    seed: u64,
+    fault: Fault,
+    /// Seconds after `systemctl poweroff`.
+    moment: f64,
+    /// How long the apiserver or etcd stays down, or the storm lasts, in seconds.
+    outage: f64,
+}
+
+impl Draw {
+    fn new(seed: u64) -> Draw {
+        let mut rng = StdRng::seed_from_u64(seed);
+        Draw {
+            seed,
+            fault: FAULTS[rng.random_range(0..FAULTS.len())],
+            moment: rng.random_range(0.0..6.0),
+            outage: rng.random_range(2.0..8.0),
+        }
+    }
+
+    /// The fault, its moment and (where it lasts it) the outage drawn.
+    fn describe(&self) -> String {
+        let mut text = format!(
+            "{} {:.2} s after the poweroff",
+            self.fault.name(),
+            self.moment
+        );
+        if self.fault.lasts() {
+            text.push_str(&format!(" for {:.2} s", self.outage));
+        }
+        text
+    }
+
+    /// The moment's bucket in the table.
+    fn bucket(&self) -> &'static str {
+        match self.moment {
+            m if m < 2.0 => "0-2 s",
+            m if m < 4.0 => "2-4 s",
+            _ => "4-6 s",
+        }
+    }
+}
+
+/// How a run ended: passed (the fault landed before the release, or after it), or which
+/// invariant broke, or the harness itself failed (a panic: its message).
+#[derive(Debug, Clone)]
+enum Outcome {
+    Passed,
+    PassedOffline,
+    FaultAfterRelease,
+    Broken(Broken),
+    Harness(String),
+}
+
+impl Outcome {
+    fn label(&self) -> String {
+        match self {
+            Outcome::Passed => "passed".into(),
+            Outcome::PassedOffline => "passed (offline)".into(),
+            Outcome::FaultAfterRelease => "passed (fault after the release)".into(),
+            Outcome::Broken(b) => b.invariant.into(),
+            Outcome::Harness(_) => "harness failed".into(),
+        }
+    }
+
+    fn failed(&self) -> bool {
+        matches!(self, Outcome::Broken(_) | Outcome::Harness(_))
+    }
+}
+
+/// When the fault came and when it was over (Unix seconds).
+struct Injected {
+    at: f64,
+    over: f64,
+}
+
+/// Lifts a storm or gives the credential back, whatever the run did (the control plane is
+/// started again by `inject`, or after a panic by `soak`).
+struct Restore {
+    cp: &'static ControlPlane,
+    node: String,
+    fault: Fault,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        match self.fault {
+            Fault::Throttled => self.cp.unthrottle(&self.node),
+            Fault::CredentialRevoked => self.cp.apply_cluster_side(),
+            _ => {}
+        }
+    }
+}
+
+/// A line on the test's stderr even when the test passes (libtest captures `eprintln!`):
+/// the seeds and the table belong in every run's output.
+fn say(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+    })
+}
+
+fn kill_daemon(container: &real::Container) {
+    if let Some(pid) = container.host_pid_of("/usr/bin/nodegrace") {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Blocking control-plane calls, off the runtime's workers.
+async fn blocking(f: impl FnOnce() + Send + 'static) {
+    tokio::task::spawn_blocking(f).await.expect("control plane");
+}
+
+/// Injects `d`'s fault into the shutdown under way. The apiserver and etcd are back (and
+/// the controllers started anew) when it returns.
+async fn inject(
+    d: &Draw,
+    f: &Fixture,
+    container: &mut real::Container,
+) -> Result<Injected, Broken> {
+    let cp = f.cp;
+    let outage = Duration::from_secs_f64(d.outage);
+    let at = realk8s::now_unix();
+    let over = match d.fault {
+        Fault::ApiserverKilled | Fault::EtcdKilled | Fault::ApiserverThenDaemon => {
+            if d.fault == Fault::EtcdKilled {
+                cp.stop_etcd();
+            } else {
+                cp.stop_apiserver();
+            }
+            if d.fault == Fault::ApiserverThenDaemon {
+                kill_daemon(container);
+            }
+            tokio::time::sleep(outage).await;
+            blocking(move || cp.up()).await;
+            let back = realk8s::now_unix();
+            blocking(move || cp.heal()).await;
+            back
+        }
+        Fault::DaemonKilled => {
+            kill_daemon(container);
+            // Over when systemd restarted it: read from the journal once the node is down.
+            at
+        }
+        Fault::DbusRestarted | Fault::LogindRestarted => {
+            let unit = if d.fault == Fault::DbusRestarted {
+                "dbus.service"
+            } else {
+                "systemd-logind.service"
+            };
+            let _ = container.exec(&["systemctl", "restart", "--no-block", unit]);
+            // logind forgets the poweroff: nodegrace takes a new inhibitor before it lets
+            // the old one go and is armed again; the operator powers off again.
+            let deadline = at + 30.0;
+            loop {
+                if container.wait_exit(Duration::from_millis(50)).is_some() {
+                    break realk8s::now_unix();
+                }
+                let ours = container.journal_of("nodegrace");
+                let why = |reason: &str| {
+                    ours.iter()
+                        .find(|l| l.time >= at && l.field("REASON") == Some(reason))
+                        .map(|l| l.time)
+                };
+                let replaced = why("replaced by the inhibitor taken after reconnecting");
+                let armed = why("shutdown cancelled while disconnected");
+                if replaced.zip(armed).is_some_and(|(r, a)| r <= a) {
+                    let _ = container.exec(&["systemctl", "poweroff"]);
+                    break realk8s::now_unix();
+                }
+                if realk8s::now_unix() > deadline {
+                    return Err(Broken {
+                        invariant: "not armed again",
+                        detail: format!(
+                            "{unit} restarted: no new inhibitor and no cancelled shutdown within 30 s"
+                        ),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Fault::Throttled => {
+            let node = f.name.clone();
+            blocking(move || cp.throttle(&node)).await;
+            tokio::time::sleep(outage).await;
+            let node = f.name.clone();
+            blocking(move || cp.unthrottle(&node)).await;
+            realk8s::now_unix()
+        }
+        Fault::CredentialRevoked => {
+            blocking(move || {
+                cp.kubectl_ok(&["delete", "clusterrolebinding", "nodegrace-node"]);
+            })
+            .await;
+            // Refused until the node is down (the binding comes back with `Restore`).
+            at
+        }
+    };
+    Ok(Injected { at, over })
+}
+
+/// What a run measured, for its line in the output.
+#[derive(Default)]
+struct Measured {
+    drain: f64,
+    bound: f64,
+    outage: f64,
+    offline: bool,
+    throttled: usize,
+}
+
+/// One shutdown with `d`'s fault, and its checks.
+async fn run_once(d: Draw) -> (Outcome, Measured) {
+    let (mut f, manifest) = booted_with_bands("ng-soak", true, soak_config()).await;
+    let restore = Restore {
+        cp: f.cp,
+        node: f.name.clone(),
+        fault: d.fault,
+    };
+    let mut container = f.node.container.take().expect("booted");
+    let _ = container.exec(&["systemctl", "poweroff"]);
+    tokio::time::sleep(Duration::from_secs_f64(d.moment)).await;
+    let injected = inject(&d, &f, &mut container).await;
+    let exited = tokio::task::block_in_place(|| {
+        container.wait_exit(Duration::from_secs(FAULT_BUDGET_SECS + 30))
+    });
+    if d.fault == Fault::CredentialRevoked {
+        drop(restore);
+    }
+    let journal = container.journal_text();
+    let mut m = Measured::default();
+    let outcome = match (exited, injected) {
+        (None, _) => Outcome::Broken(Broken {
+            invariant: "no poweroff",
+            detail: format!("the node is still up {FAULT_BUDGET_SECS} s + 30 s after the fault"),
+        }),
+        (Some(_), Err(b)) => Outcome::Broken(b),
+        (Some(_), Ok(i)) => match check(&d, &f, &container, &journal, &manifest, &i, &mut m) {
+            Ok(o) => o,
+            Err(b) => Outcome::Broken(b),
+        },
+    };
+    if outcome.failed() {
+        eprintln!(
+            "soak seed {}: {:?}\njournal:\n{journal}\nrequests: {:#?}",
+            d.seed,
+            outcome,
+            realk8s::audit::count_by_kind(&f.requests())
+        );
+    }
+    f.cleanup().await;
+    (outcome, m)
+}
+
+fn broken(invariant: &'static str, detail: String) -> Broken {
+    Broken { invariant, detail }
+}
+
+/// The invariants of a run whose node is down.
+fn check(
+    d: &Draw,
+    f: &Fixture,
+    container: &real::Container,
+    journal: &str,
+    manifest: &[u8],
+    i: &Injected,
+    m: &mut Measured,
+) -> Result<Outcome, Broken> {
+    let logind = container.journal_of("systemd-logind");
+    let ours = container.journal_of("nodegrace");
+    let signal = real::first_with(&logind, "The system will power off now")
+        .ok_or_else(|| broken("no poweroff", "logind never announced it".into()))?
+        .time;
+    // The poweroff that went through: the second one where logind forgot the first.
+    let last_signal =
+        real::last_with(&logind, "The system will power off now").map_or(signal, |l| l.time);
+    let release = ours
+        .iter()
+        .rev()
+        .find(|l| l.contains("phase change") && l.field("PHASE") == Some("Released"))
+        .ok_or_else(|| broken("never released", "no Released phase change".into()))?
+        .time;
+    let reqs: Vec<_> = f
+        .requests()
+        .into_iter()
+        .filter(|r| r.user_agent.starts_with("nodegrace/"))
+        .collect();
+    m.throttled = reqs
+        .iter()
+        .filter(|r| r.code == 429 && r.received >= signal)
+        .count();
+    let after_release = i.at >= release;
+    let over = if d.fault == Fault::DaemonKilled {
+        // The restarted daemon's first line.
+        let killed = ours.iter().rev().find(|l| l.time <= i.at).map(|l| &l.pid);
+        ours.iter()
+            .find(|l| l.time > i.at && Some(&l.pid) != killed)
+            .map_or(i.at, |l| l.time)
+    } else {
+        i.over
+    };
+    m.outage = if after_release { 0.0 } else { over - i.at };
+    m.drain = release - signal;
+    m.offline = ours.iter().any(|l| l.contains("draining locally"));
+
+    let gated = f.node.state.join("gated-manifests").join("etcd.yaml");
+    if m.offline {
+        let local = ours
+            .iter()
+            .find(|l| l.contains("draining locally"))
+            .map_or(release, |l| l.time);
+        let refused_for = local - i.at;
+        let long_outage =
+            d.fault.stops_control_plane() && m.outage >= APISERVER_TIMEOUT_SECS as f64 - 1.0;
+        if d.fault != Fault::CredentialRevoked && !long_outage {
+            return Err(broken(
+                "offline without a long outage",
+                format!("drained locally; outage {:.1} s", m.outage),
+            ));
+        }
+        if d.fault == Fault::CredentialRevoked
+            && !(APISERVER_TIMEOUT_SECS as f64 - 1.0..APISERVER_TIMEOUT_SECS as f64 + 5.0)
+                .contains(&refused_for)
+        {
+            return Err(broken(
+                "offline not at the timeout",
+                format!("offline {refused_for:.1} s after the credential was refused"),
+            ));
+        }
+        if release - signal >= FAULT_BUDGET_SECS as f64 {
+            return Err(broken(
+                "released after the budget",
+                format!("released {:.1} s after the signal", release - signal),
+            ));
+        }
+        for r in f
+            .kubelet
+            .records()
+            .iter()
+            .filter(|r| r.name.starts_with("web-") || r.name.starts_with("crit-"))
+        {
+            let accepted = evictions(&reqs, &r.name)
+                .iter()
+                .filter(|e| e.code == 201)
+                .count();
+            if accepted > 1 {
+                return Err(broken(
+                    "not evicted exactly once",
+                    format!("{} evicted {accepted} times", r.key()),
+                ));
+            }
+            if !deletes(&reqs, &r.name).is_empty() {
+                return Err(broken("a pod deleted", format!("{} deleted", r.key())));
+            }
+        }
+        let kept = f.node.manifests.join("etcd.yaml");
+        let copies = [&gated, &kept]
+            .into_iter()
+            .filter(|p| std::fs::read(p).ok().as_deref() == Some(manifest))
+            .count();
+        if copies != 1 {
+            return Err(broken(
+                "static manifest lost",
+                format!("the manifest is in {copies} places, byte for byte"),
+            ));
+        }
+        return Ok(Outcome::PassedOffline);
+    }
+
+    let last_gone = each_pod_went_once(
+        f,
+        &reqs,
+        journal,
+        &["web-", "crit-", "agent-", "etcd-"],
+        signal,
+    )?;
+    // After logind forgot the poweroff the node waits, empty or not, for the next one.
+    released_on_time(
+        FAULT_BUDGET_SECS,
+        last_signal,
+        last_gone.max(last_signal),
+        release,
+    )?;
+    if std::fs::read(&gated).ok().as_deref() != Some(manifest) {
+        return Err(broken(
+            "static manifest lost",
+            format!("not gated byte for byte at {}", gated.display()),
+        ));
+    }
+    let ideal: f64 = BAND_EXITS.iter().sum();
+    m.bound = ideal + m.outage + SLACK_SECS;
+    if m.drain > m.bound {
+        return Err(broken(
+            "drain over its bound",
+            format!(
+                "signal -> release {:.2} s, bound {:.2} s (ideal {ideal:.1} + outage {:.2} + {SLACK_SECS})",
+                m.drain, m.bound, m.outage
+            ),
+        ));
+    }
+    Ok(if after_release {
+        Outcome::FaultAfterRelease
+    } else {
+        Outcome::Passed
+    })
+}
+
+struct Run {
+    draw: Draw,
+    outcome: Outcome,
+}
+
+/// `runs` shutdowns with a fresh seed each (or those `NODEGRACE_SOAK_SEED` replays); the
+/// table printed; fails if any run broke an invariant.
+async fn soak(runs: u64) {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let seeds: Vec<u64> = match std::env::var("NODEGRACE_SOAK_SEED") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("NODEGRACE_SOAK_SEED={list}: not seeds"))
+            })
+            .collect(),
+        Err(_) => (0..runs).map(|_| rand::random::<u32>().into()).collect(),
+    };
+    let mut done = Vec::new();
+    for (n, seed) in seeds.iter().enumerate() {
+        let d = Draw::new(*seed);
+        say(&format!("soak seed: {seed}"));
+        say(&format!(
+            "soak run {}/{}: {}",
+            n + 1,
+            seeds.len(),
+            d.describe()
+        ));
+        let ran = tokio::spawn(run_once(d)).await;
+        let (outcome, m) = match ran {
+            Ok(r) => r,
+            Err(e) => {
+                let message = e.into_panic();
+                let text = message
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| message.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                // The control plane as it was before the run, whatever the panic left.
+                blocking(|| realk8s::control_plane().heal()).await;
+                (Outcome::Harness(text), Measured::default())
+            }
+        };
+        let figures = match &outcome {
+            Outcome::Harness(text) => text.lines().next().unwrap_or_default().to_owned(),
+            _ if m.offline => format!(
+                "signal -> release {:.2} s, offline, outage {:.2} s",
+                m.drain, m.outage
+            ),
+            _ => format!(
+                "signal -> release {:.2} s, bound {:.2} s, outage {:.2} s",
+                m.drain, m.bound, m.outage
+            ),
+        };
+        let storm = if d.fault == Fault::Throttled {
+            format!(", {} answered 429", m.throttled)
+        } else {
+            String::new()
+        };
+        say(&format!(
+            "soak run {}/{} seed {seed}: {} ({figures}{storm})",
+            n + 1,
+            seeds.len(),
+            outcome.label()
+        ));
+        done.push(Run { draw: d, outcome });
+    }
+    say(&table(&done));
+    let failures: Vec<String> = done
+        .iter()
+        .filter(|r| r.outcome.failed())
+        .map(|r| {
+            let detail = match &r.outcome {
+                Outcome::Broken(b) => b.detail.clone(),
+                Outcome::Harness(text) => text.lines().next().unwrap_or_default().to_owned(),
+                _ => String::new(),
+            };
+            format!(
+                "seed {}: {}: {}: {detail}",
+                r.draw.seed,
+                r.draw.describe(),
+                r.outcome.label()
+            )
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs failed (replay with NODEGRACE_SOAK_SEED=<seed>[,<seed>...]):\n{}",
+        failures.len(),
+        done.len(),
+        failures.join("\n")
+    );
+}
+
+/// Fault × moment bucket × outcome, with the seeds of the failures.
+fn table(runs: &[Run]) -> String {
+    let mut rows: BTreeMap<(Fault, &str, String), Vec<&Run>> = BTreeMap::new();
+    for r in runs {
+        rows.entry((r.draw.fault, r.draw.bucket(), r.outcome.label()))
+            .or_default()
+            .push(r);
+    }
+    let mut out = format!(
+        "{:<24} {:<7} {:<34} {:>4}  seeds of failures\n",
+        "fault", "moment", "outcome", "runs"
+    );
+    for ((fault, bucket, label), rs) in &rows {
+        let seeds: Vec<String> = rs
+            .iter()
+            .filter(|r| r.outcome.failed())
+            .map(|r| r.draw.seed.to_string())
+            .collect();
+        out.push_str(&format!(
+            "{:<24} {bucket:<7} {label:<34} {:>4}  {}\n",
+            fault.name(),
+            rs.len(),
+            seeds.join(" ")
+        ));
+    }
+    let failed = runs.iter().filter(|r| r.outcome.failed()).count();
+    out.push_str(&format!(
+        "soak: {} runs, {} passed, {failed} failed",
+        runs.len(),
+        runs.len() - failed
+    ));
+    out
+}
+
+fn skip(test: &str) -> bool {
+    if !realk8s::enabled(&format!("realk8s_soak::{test}")) {
+        return true;
+    }
+    real::require_prerequisites();
+    false
+}
+
+/// The short soak `scripts/test-all` runs: a few shutdowns, each with a random fault at a
+/// random moment, from fresh seeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_faults_at_random_moments_break_no_invariant() {
+    if skip("random_faults_at_random_moments_break_no_invariant") {
+        return;
+    }
+    soak(env_u64("NODEGRACE_SOAK_RUNS").unwrap_or(3)).await;
+}
+
+/// The long soak (README, "Run the tests"):
+/// `NODEGRACE_REAL_TESTS=1 cargo test --test realk8s_soak -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the long soak: 100 shutdowns, about 45 minutes; run by hand (README)"]
+async fn the_long_soak() {
+    if skip("the_long_soak") {
+        return;
+    }
+    soak(env_u64("NODEGRACE_SOAK_RUNS").unwrap_or(100)).await;
+}
