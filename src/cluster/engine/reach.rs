@@ -139,28 +139,27 @@ impl Shared {
             return;
         };
         let at = ctx.start.elapsed();
-        let steps = match crate::plan::plan_steps(&ctx.plan, &self.pod_infos()) {
-            Ok(steps) => steps,
+        // Made now, whether split again or kept: either way it is the schedule after the
+        // outage, which `schedule_holds` compares with.
+        let mut next = (**ctx).clone();
+        next.planned_at = self.now();
+        match crate::plan::plan_steps(&ctx.plan, &self.pod_infos()) {
+            Ok(steps) => {
+                let left = ctx.budget.saturating_sub(at);
+                tracing::info!(node = %self.node, maintenance = %ctx.name, lost = ?lost, at = ?at, left = ?left, cause = %cause, "time lost: the rest of the shutdown budget is split again over the pods left");
+                next.schedule =
+                    crate::plan::budget::split_remaining(ctx.budget, at, &steps, &ctx.reserves);
+                next.replanned = Some(Replan {
+                    at,
+                    lost,
+                    left,
+                    cause,
+                });
+            }
             Err(err) => {
                 tracing::warn!(node = %self.node, maintenance = %ctx.name, error = %err, "cannot plan the shutdown again; keeping its schedule");
-                let mut kept = (**ctx).clone();
-                kept.planned_at = self.now();
-                *slot = Some(Arc::new(kept));
-                return;
             }
-        };
-        let schedule = crate::plan::budget::split_remaining(ctx.budget, at, &steps, &ctx.reserves);
-        let left = ctx.budget.saturating_sub(at);
-        tracing::info!(node = %self.node, maintenance = %ctx.name, lost = ?lost, at = ?at, left = ?left, cause = %cause, "time lost: the rest of the shutdown budget is split again over the pods left");
-        let mut next = (**ctx).clone();
-        next.schedule = schedule;
-        next.planned_at = self.now();
-        next.replanned = Some(Replan {
-            at,
-            lost,
-            left,
-            cause,
-        });
+        }
         *slot = Some(Arc::new(next));
     }
 
