@@ -191,6 +191,7 @@ async fn main() -> Result<()> {
             budget: Duration::from_secs(15 * 60),
             resumed: false,
             boot_id: "bench-boot".into(),
+            started_since_boot: None,
         })
         .await?;
     let total = signal.elapsed();

@@ -64,12 +64,67 @@ pub struct ShutdownRequest {
     pub resumed: bool,
     /// `/proc/sys/kernel/random/boot_id` of the boot being shut down.
     pub boot_id: String,
+    /// `CLOCK_BOOTTIME` when it began. Time gone is measured on it within the boot, so a step
+    /// of the wall clock (NTP while the apiserver was away) moves no deadline; None (a state
+    /// file that lacks it, a clock that cannot be read) measures on the wall clock.
+    pub started_since_boot: Option<Duration>,
 }
 
 impl ShutdownRequest {
-    /// Time left until the budget ends, measured against the wall clock.
+    /// Time gone since it began: on the boot clock where both ends can be read on it, else
+    /// on the wall clock (`now`).
+    pub fn elapsed(&self, now: chrono::DateTime<chrono::Utc>) -> Duration {
+        match (self.started_since_boot, since_boot()) {
+            (Some(start), Some(at)) => at.saturating_sub(start),
+            _ => (now - self.started_at).to_std().unwrap_or(Duration::ZERO),
+        }
+    }
+
+    /// Time left until the budget ends.
     pub fn remaining(&self, now: chrono::DateTime<chrono::Utc>) -> Duration {
-        let elapsed = (now - self.started_at).to_std().unwrap_or(Duration::ZERO);
-        self.budget.saturating_sub(elapsed)
+        self.budget.saturating_sub(self.elapsed(now))
+    }
+}
+
+/// `CLOCK_BOOTTIME`: time since this boot began, suspend included, never stepped.
+pub(crate) fn since_boot() -> Option<Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    Some(Duration::new(
+        u64::try_from(t.tv_sec()).ok()?,
+        u32::try_from(t.tv_nsec()).ok()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 33: the node's wall clock stepped an hour while the drain waited for the
+    /// apiserver; two seconds have gone, not an hour and two seconds.
+    #[test]
+    fn time_gone_is_measured_on_the_boot_clock_not_the_stepped_wall_clock() {
+        let Some(boot) = since_boot() else {
+            panic!("CLOCK_BOOTTIME cannot be read");
+        };
+        let now = chrono::Utc::now();
+        let req = ShutdownRequest {
+            kind: ShutdownKind::Poweroff,
+            started_at: now - chrono::TimeDelta::hours(1),
+            budget: Duration::from_secs(90),
+            resumed: false,
+            boot_id: "b".into(),
+            started_since_boot: boot.checked_sub(Duration::from_secs(2)),
+        };
+        let elapsed = req.elapsed(now);
+        assert!(
+            elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(5),
+            "{elapsed:?}"
+        );
+        assert!(req.remaining(now) > Duration::from_secs(85));
+        let wall_only = ShutdownRequest {
+            started_since_boot: None,
+            ..req
+        };
+        assert_eq!(wall_only.remaining(now), Duration::ZERO);
     }
 }

@@ -109,6 +109,7 @@ impl Env {
             started_at: started,
             budget_seconds: 600.0,
             boot_id: "boot-1".into(),
+            started_since_boot_seconds: None,
             updated_at: chrono::Utc::now(),
         }
         .store(&self.path("state"))

@@ -503,11 +503,18 @@ fn check(
         &["web-", "crit-", "agent-", "etcd-"],
         signal,
     )?;
-    // After logind forgot the poweroff the node waits, empty or not, for the next one.
+    // After logind forgot the poweroff the node waits, empty or not, for the next one; and
+    // a node that emptied while the apiserver (or the daemon) was away can be known empty
+    // only once it is back.
+    let known_empty_from = if after_release {
+        last_gone
+    } else {
+        last_gone.max(over)
+    };
     released_on_time(
         FAULT_BUDGET_SECS,
         last_signal,
-        last_gone.max(last_signal),
+        known_empty_from.max(last_signal),
         release,
     )?;
     if std::fs::read(&gated).ok().as_deref() != Some(manifest) {

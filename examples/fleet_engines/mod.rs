@@ -299,6 +299,7 @@ impl FleetNode {
             budget: Settings::default().shutdown.max_delay,
             resumed: false,
             boot_id: self.boot_id(),
+            started_since_boot: None,
         };
         if let Err(e) = self.drainer().drain(&request).await {
             eprintln!("{}: drain: {e:#}", self.name);

@@ -37,6 +37,25 @@ pub(crate) struct NodePod {
     pub created: Option<i64>,
 }
 
+/// When a terminating pod's deletion is due, on the drain clock. `by_timestamp` reads its
+/// `deletionTimestamp` against this node's wall clock, which a clock step or the apiserver's
+/// skew can move by hours; `seen_at` is when this node first saw it terminating and `grace` its
+/// `deletionGracePeriodSeconds`. Its deletion began before it was seen, so it is due no later
+/// than `seen_at + grace` whatever the clocks say: a clock behind never makes a pod that is
+/// going in time look late (and escalated, its grace cut); a clock ahead can only make it look
+/// due sooner, which holds an escalation back, never brings one on.
+pub(crate) fn deletion_due(
+    by_timestamp: Option<Duration>,
+    seen_at: Duration,
+    grace: Option<Duration>,
+) -> Option<Duration> {
+    let bound = grace.map(|g| seen_at.saturating_add(g));
+    match (by_timestamp, bound) {
+        (Some(t), Some(b)) => Some(t.min(b)),
+        (t, b) => t.or(b),
+    }
+}
+
 /// What the drain remembers of one pod between passes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct PodTrack {
@@ -423,6 +442,49 @@ mod tests {
                 ("b".into(), Action::Evict)
             ]
         );
+    }
+
+    /// Issue 33: a clock step (or the apiserver's skew) while the apiserver was away makes a
+    /// pod that is going in time read an hour late by its `deletionTimestamp`; it is not
+    /// escalated, its grace not cut.
+    #[test]
+    fn a_pod_going_in_time_is_not_escalated_whatever_the_clocks_say() {
+        let mut w = World::new(vec![pod("web", PodType::Default, 0)], S(100));
+        let (escalate_at, end) = (w.schedule[0].escalate_at, w.schedule[0].end);
+        w.tracks.insert(
+            "uid-web".into(),
+            PodTrack {
+                asked: true,
+                accepted: true,
+                ..PodTrack::default()
+            },
+        );
+        w.pods[0].info.terminating = true;
+        // Seen terminating at 60 s with 30 s of grace: due by 90 s, before its step ends.
+        assert!(
+            S(90) <= end && escalate_at < S(90),
+            "{escalate_at:?} {end:?}"
+        );
+        let hour = S(3600);
+        for by_timestamp in [S(90), S(90) + hour, S(61)] {
+            w.pods[0].deletion_due = deletion_due(Some(by_timestamp), S(60), Some(S(30)));
+            assert!(
+                names(&w.decide(escalate_at, true)).is_empty(),
+                "escalated with its deletionTimestamp read as due at {by_timestamp:?}"
+            );
+        }
+        // What the node's wall clock alone says, an hour behind: the grace would be cut.
+        w.pods[0].deletion_due = Some(S(90) + hour);
+        assert!(!names(&w.decide(escalate_at, true)).is_empty());
+    }
+
+    #[test]
+    fn a_deletion_is_due_no_later_than_seen_plus_its_grace() {
+        assert_eq!(deletion_due(Some(S(40)), S(5), Some(S(30))), Some(S(35)));
+        assert_eq!(deletion_due(Some(S(20)), S(5), Some(S(30))), Some(S(20)));
+        assert_eq!(deletion_due(None, S(5), Some(S(30))), Some(S(35)));
+        assert_eq!(deletion_due(Some(S(40)), S(5), None), Some(S(40)));
+        assert_eq!(deletion_due(None, S(5), None), None);
     }
 
     #[test]

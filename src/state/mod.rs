@@ -218,6 +218,10 @@ pub struct ShutdownState {
     pub budget_seconds: f64,
     /// `/proc/sys/kernel/random/boot_id` of the boot being shut down.
     pub boot_id: String,
+    /// `CLOCK_BOOTTIME` when it began, seconds: the deadline origin a wall-clock step does not
+    /// move (within the boot `boot_id` names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_since_boot_seconds: Option<f64>,
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
@@ -236,6 +240,13 @@ impl Checked for ShutdownState {
             ));
         }
         check_boot_id(&self.boot_id)?;
+        if let Some(b) = self.started_since_boot_seconds {
+            if !b.is_finite() || b < 0.0 || b > 1e12 {
+                return Err(format!(
+                    "startedSinceBootSeconds {b} is not a time since boot"
+                ));
+            }
+        }
         let latest = chrono::Utc::now() + MAX_CLOCK_SKEW;
         if self.started_at > latest {
             return Err(format!(
@@ -280,6 +291,12 @@ impl ShutdownState {
         std::time::Duration::try_from_secs_f64(self.budget_seconds)
             .unwrap_or(std::time::Duration::ZERO)
             .min(crate::config::MAX_SHUTDOWN_DELAY)
+    }
+
+    /// Its `CLOCK_BOOTTIME` origin, when recorded and a time.
+    pub fn started_since_boot(&self) -> Option<std::time::Duration> {
+        self.started_since_boot_seconds
+            .and_then(|b| std::time::Duration::try_from_secs_f64(b).ok())
     }
 
     /// Writes, fsyncs and renames into place.
@@ -472,6 +489,7 @@ mod tests {
             started_at: chrono::Utc::now(),
             budget_seconds: 900.0,
             boot_id: current_boot_id(),
+            started_since_boot_seconds: Some(12.5),
             updated_at: chrono::Utc::now(),
         };
         s.store(dir.path()).unwrap();

@@ -271,6 +271,7 @@ pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
         budget,
         resumed: false,
         boot_id: "boot-1".into(),
+        started_since_boot: None,
     }
 }
 

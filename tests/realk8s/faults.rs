@@ -224,10 +224,17 @@ pub fn each_pod_went_once(
                 format!("{} evicted {accepted} times", r.key()),
             ));
         }
-        if !deletes(reqs, &r.name).is_empty() {
+        if let Some(d) = deletes(reqs, &r.name).first() {
             return Err(broken(
                 "a pod deleted",
-                format!("{} deleted: its graceful termination was cut", r.key()),
+                format!(
+                    "{} deleted: its graceful termination was cut (DELETE {} by {} {:.2} s after the signal, answered {})",
+                    r.key(),
+                    d.uri,
+                    d.user,
+                    d.received - signal,
+                    d.code
+                ),
             ));
         }
     }

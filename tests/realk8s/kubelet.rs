@@ -58,6 +58,8 @@ pub struct PodRecord {
     /// (a DELETE, or an eviction, with a shorter grace period than it needed). Never for a
     /// mirror pod, which the stand-in deletes itself once its static pod exited.
     pub grace_cut_at: Option<f64>,
+    /// Its `deletionGracePeriodSeconds` and when the stand-in first saw that value.
+    pub grace_seen: Option<(i64, f64)>,
 }
 
 impl PodRecord {
@@ -372,7 +374,21 @@ async fn watch_pods(client: Client, node: String, state: Arc<Mutex<State>>, wake
             match &pod.metadata.deletion_timestamp {
                 Some(ts) => {
                     let seen = *rec.stop_seen.get_or_insert_with(now_unix);
-                    let deadline = ts.0.as_microsecond() as f64 / 1e6;
+                    // As the kubelet kills a pod: its current grace period from when that
+                    // period was seen (a shorter one, from a DELETE, restarts the kill), not
+                    // the `deletionTimestamp`, which a watch resumed after an outage shows
+                    // long past.
+                    let deadline = match pod.metadata.deletion_grace_period_seconds {
+                        Some(grace) => {
+                            let since = match rec.grace_seen {
+                                Some((g, at)) if g == grace => at,
+                                _ => now_unix(),
+                            };
+                            rec.grace_seen = Some((grace, since));
+                            since + grace as f64
+                        }
+                        None => ts.0.as_microsecond() as f64 / 1e6,
+                    };
                     let wanted = seen + exit_after(&pod.metadata);
                     let exit = wanted.min(deadline);
                     if deadline < wanted && rec.exited_at.is_none() && !rec.mirror {

@@ -348,6 +348,8 @@ struct DrainState {
     targets: DrainTargets,
     targets_since: Option<Instant>,
     tracks: HashMap<String, crate::plan::drain::PodTrack>,
+    /// Terminating pods (UID) and when this engine first saw them so, on the drain clock.
+    terminating_seen: HashMap<String, Duration>,
     node_overlay: Option<Arc<Node>>,
     nm_overlay: HashMap<String, Arc<NodeMaintenance>>,
     last_entry_write: HashMap<String, Instant>,

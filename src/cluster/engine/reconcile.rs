@@ -1,6 +1,6 @@
 //! One pass of the reconcile loop: read the reflected state, decide, carry it out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use crate::cluster::node::{
     PREVIOUS_UNSCHEDULABLE_ANNOTATION,
 };
 use crate::cluster::nodesel;
-use crate::plan::drain::{self, NodePod};
+use crate::plan::drain::{self, deletion_due, NodePod};
 use crate::plan::pass::{self, MaintenanceFacts, PassDecisions, PassSnapshot, ShutdownFacts};
 use crate::plan::targets::MaintenanceInput;
 use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets, NodeReport, PodInfo};
@@ -159,7 +159,7 @@ impl Shared {
             .and_then(|c| c.replanned.clone().map(|r| (c.name.clone(), r)));
         self.take_eviction_blocks(st, &node, &prepared);
         let now = self.epoch.elapsed();
-        let node_pods = self.node_pods(&classified, now);
+        let node_pods = node_pods(&classified, now, &mut st.terminating_seen);
         let inputs: Vec<MaintenanceInput> = prepared
             .iter()
             .map(|p| MaintenanceInput {
@@ -344,33 +344,6 @@ impl Shared {
                 Err(err) => {
                     tracing::debug!(node = %self.node, error = %err, "ignoring a pod that cannot be classified");
                     None
-                }
-            })
-            .collect()
-    }
-
-    /// The pods as the drain decision reads them, times on the drain clock (`now`).
-    fn node_pods(&self, classified: &[(Arc<Pod>, PodInfo)], now: Duration) -> Vec<NodePod> {
-        let wall = chrono::Utc::now().timestamp_millis();
-        classified
-            .iter()
-            .map(|(pod, info)| {
-                let deletion_due = pod.metadata.deletion_timestamp.as_ref().map(|t| {
-                    let left = t.0.as_millisecond().saturating_sub(wall).max(0);
-                    now + Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX))
-                });
-                let tolerant_daemonset = tolerates_everything(pod)
-                    .then(|| daemonset_owner(pod).map(str::to_owned))
-                    .flatten();
-                NodePod {
-                    info: info.clone(),
-                    deletion_due,
-                    tolerant_daemonset,
-                    created: pod
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|t| t.0.as_second()),
                 }
             })
             .collect()
@@ -717,4 +690,48 @@ impl Shared {
             st.eviction_requests_tuned = Some((cap, concurrency));
         }
     }
+}
+
+/// The pods as the drain decision reads them, times on the drain clock (`now`). `seen` keeps
+/// when each terminating pod (by UID) was first seen so, for [`deletion_due`].
+fn node_pods(
+    classified: &[(Arc<Pod>, PodInfo)],
+    now: Duration,
+    seen: &mut HashMap<String, Duration>,
+) -> Vec<NodePod> {
+    let wall = chrono::Utc::now().timestamp_millis();
+    seen.retain(|uid, _| {
+        classified
+            .iter()
+            .any(|(_, i)| &i.uid == uid && i.terminating)
+    });
+    classified
+        .iter()
+        .map(|(pod, info)| {
+            let deletion_due = pod.metadata.deletion_timestamp.as_ref().and_then(|t| {
+                let left = t.0.as_millisecond().saturating_sub(wall).max(0);
+                let by_timestamp =
+                    now + Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
+                let seen_at = *seen.entry(info.uid.clone()).or_insert(now);
+                let grace = pod
+                    .metadata
+                    .deletion_grace_period_seconds
+                    .map(|g| Duration::from_secs(u64::try_from(g).unwrap_or(0)));
+                deletion_due(Some(by_timestamp), seen_at, grace)
+            });
+            let tolerant_daemonset = tolerates_everything(pod)
+                .then(|| daemonset_owner(pod).map(str::to_owned))
+                .flatten();
+            NodePod {
+                info: info.clone(),
+                deletion_due,
+                tolerant_daemonset,
+                created: pod
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.as_second()),
+            }
+        })
+        .collect()
 }

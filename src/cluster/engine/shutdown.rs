@@ -95,9 +95,7 @@ impl Engine {
             // after it is in place ([`Shared::replan_shutdown`] takes the same lock).
             let mut slot = lock(&sh.shutdown);
             let planned_at = sh.now();
-            let elapsed = (chrono::Utc::now() - req.started_at)
-                .to_std()
-                .unwrap_or(Duration::ZERO);
+            let elapsed = req.elapsed(chrono::Utc::now());
             let start = Instant::now()
                 .checked_sub(elapsed)
                 .unwrap_or_else(Instant::now);

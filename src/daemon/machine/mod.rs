@@ -454,6 +454,7 @@ impl Machine {
             budget: p.budget(),
             resumed,
             boot_id: p.boot_id.clone(),
+            started_since_boot: p.started_since_boot(),
         }
     }
 
@@ -471,6 +472,7 @@ impl Machine {
             started_at: req.started_at,
             budget_seconds: req.budget.as_secs_f64(),
             boot_id: req.boot_id.clone(),
+            started_since_boot_seconds: req.started_since_boot.map(|d| d.as_secs_f64()),
             updated_at: chrono::Utc::now(),
         };
         let dir = self.settings.state_dir.clone();
@@ -527,6 +529,7 @@ impl Machine {
                 }),
                 resumed: false,
                 boot_id: self.boot_id.clone(),
+                started_since_boot: crate::shutdown::since_boot(),
             },
         };
         let remaining = req.remaining(now);

@@ -325,15 +325,20 @@ impl Inner {
 }
 
 /// Wall-clock timestamps derived from tokio's clock, so paused time moves them consistently.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Clock {
     wall: DateTime<Utc>,
     mono: tokio::time::Instant,
+    /// Steps taken so far (milliseconds), as an NTP step moves a host's clock.
+    stepped_ms: std::sync::atomic::AtomicI64,
 }
 
 impl Clock {
     fn now(&self) -> DateTime<Utc> {
-        self.wall + chrono::Duration::from_std(self.mono.elapsed()).unwrap_or_default()
+        let stepped = chrono::Duration::milliseconds(
+            self.stepped_ms.load(std::sync::atomic::Ordering::SeqCst),
+        );
+        self.wall + chrono::Duration::from_std(self.mono.elapsed()).unwrap_or_default() + stepped
     }
 }
 
@@ -523,6 +528,7 @@ impl Store {
             clock: Clock {
                 wall: Utc::now(),
                 mono: tokio::time::Instant::now(),
+                stepped_ms: Default::default(),
             },
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -540,6 +546,13 @@ impl Store {
 
     pub fn now(&self) -> DateTime<Utc> {
         self.clock.now()
+    }
+
+    /// Steps the apiserver's clock by `by` (timestamps it writes from now on move with it).
+    pub fn step_clock(&self, by: chrono::Duration) {
+        self.clock
+            .stepped_ms
+            .fetch_add(by.num_milliseconds(), std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn now_str(&self) -> String {
