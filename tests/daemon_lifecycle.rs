@@ -491,6 +491,56 @@ async fn a_hanging_reload_does_not_hold_up_a_shutdown() {
     within(d.task).await.unwrap().unwrap();
 }
 
+/// A reload whose read never ends is abandoned after 5 s; SIGHUPs while it still hangs read
+/// nothing more (its thread cannot be stopped: three SIGHUPs must not leave three), and once
+/// it has ended the next SIGHUP reads again.
+#[tokio::test]
+async fn sighups_during_a_hung_read_start_no_other_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let settings = env.settings();
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    let hold = std::sync::Mutex::new(hold);
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = reads.clone();
+    let base = settings.clone();
+    let daemon = env
+        .daemon(settings, Arc::new(drainer.clone()))
+        .with_reloader(Box::new(move || {
+            if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                let _ = hold.lock().unwrap().recv();
+            }
+            Ok(base.clone())
+        }));
+    let d = env.spawn_until_armed(daemon).await;
+    let count = || reads.load(std::sync::atomic::Ordering::SeqCst);
+    d.handle.reload();
+    tokio::time::sleep(Duration::from_millis(5200)).await;
+    d.handle.reload();
+    d.handle.reload();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(count(), 1, "a read started beside the hung one");
+    // The daemon still answers: a shutdown is drained.
+    env.fakes
+        .prepare_for_shutdown_typed(true, "poweroff")
+        .await
+        .unwrap();
+    within(drainer.wait_until(|r| r.drains.len() == 1)).await;
+    drainer.finish();
+    within(d.handle.wait_for(|s| s.phase == Phase::Released))
+        .await
+        .unwrap();
+
+    release.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    d.handle.reload();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(count(), 2, "the hung read ended: SIGHUP reads again");
+    d.handle.terminate();
+    within(d.task).await.unwrap().unwrap();
+}
+
 /// logind before 255 says nothing about the kind in `PrepareForShutdown`: the daemon reads it
 /// from logind's `ScheduledShutdown` (what logind 252 sets during the delay), else from a
 /// shutdown job systemd has queued, else it is unknown.

@@ -27,7 +27,7 @@ const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 /// together: past either the kubelet's configuration is not read, so that reading it stays
 /// well under a second.
 const MAX_DROP_INS: usize = 64;
-const MAX_TOTAL_BYTES: usize = 4 << 20;
+const MAX_TOTAL_BYTES: usize = 1 << 20;
 /// The kubelet walks the drop-in directory's subdirectories too; nodegrace this deep.
 const MAX_DIR_DEPTH: usize = 8;
 
@@ -870,17 +870,17 @@ mod tests {
         for i in 0..=MAX_DROP_INS {
             std::fs::remove_file(d.join(format!("{i:03}.conf"))).unwrap();
         }
-        let big = format!("{HEAD}#{}\n", "x".repeat(900 << 10));
-        for i in 0..5 {
+        let big = format!("{HEAD}#{}\n", "x".repeat(300 << 10));
+        for i in 0..4 {
             write(&d, &format!("{i}.conf"), &big);
         }
         let large = read(Some(&config), Some(&d));
         assert!(
-            matches!(&large.verdict, Verdict::NotRead(w) if w.contains("4.conf: the kubelet's configuration and drop-ins pass 4 MiB together")),
+            matches!(&large.verdict, Verdict::NotRead(w) if w.contains("3.conf: the kubelet's configuration and drop-ins pass 1 MiB together")),
             "{:?}",
             large.verdict
         );
-        std::fs::remove_file(d.join("4.conf")).unwrap();
+        std::fs::remove_file(d.join("3.conf")).unwrap();
         assert_eq!(read(Some(&config), Some(&d)).bands().len(), 2);
     }
 

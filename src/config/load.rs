@@ -45,6 +45,15 @@ impl Fragment {
 
 /// Loads `main` and the drop-ins `<dir of main>/config.d/*.toml` (see [`load_report`]).
 pub(crate) fn load(main: &Path) -> Result<Settings, ConfigError> {
+    // A read that hangs (a file on a hung filesystem) for the daemon's tests: `test-hooks`
+    // builds only.
+    #[cfg(feature = "test-hooks")]
+    if let Some(secs) = std::env::var("NODEGRACE_TEST_CONFIG_READ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+    }
     load_report(main).map(|loaded| loaded.settings)
 }
 

@@ -61,6 +61,11 @@ pub(crate) const MAX_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(10 * 36
 pub(crate) const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 /// What to do with the shutdown NodeMaintenance after a cancelled shutdown or after boot.
+/// How long the daemon waits for its configuration, at start and on SIGHUP: every file
+/// class is capped so that a read takes well under a second; past this the read is stuck (a
+/// file on a hung filesystem) and is abandoned with an error.
+pub(crate) const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompletionPolicy {
     /// Move it to stage Complete: uncordon (per the rules), restore static pods.

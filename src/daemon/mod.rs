@@ -105,8 +105,8 @@ pub(crate) fn run(
         .context("building the async runtime")?;
     let config_path: PathBuf = config.to_path_buf();
     let result = runtime.block_on(async move {
-        let target = crate::telemetry::init();
-        tracing::info!(version = env!("CARGO_PKG_VERSION"), log = ?target, "nodegrace starting");
+        // `run` has set logging up and said it is starting before reading anything.
+        crate::telemetry::init();
         log_kubelet_settings(&settings);
         let metrics = crate::metrics::Metrics::new();
         let stop_metrics = tokio_util::sync::CancellationToken::new();
