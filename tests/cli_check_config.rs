@@ -132,3 +132,84 @@ fn a_state_directory_that_cannot_exist_is_refused_by_check_config_and_run() {
         }
     }
 }
+
+/// The kubelet's configuration as the kubelet reads it, seen through `check-config`,
+/// `status` and `plan`: a file it accepts (`shutdownGracePeriod` alone: a critical band of
+/// 0s) is used; one it refuses is set aside, and each command says so and what nodegrace
+/// does instead.
+#[test]
+fn check_config_status_and_plan_say_when_the_kubelets_configuration_is_set_aside() {
+    let env = env_with_kubelet();
+    let pods = format!("{}/tests/data/pods-node-a.yaml", env!("CARGO_MANIFEST_DIR"));
+    std::fs::remove_file(env.path("kubelet/kubelet.conf.d/10-shutdown.conf")).unwrap();
+    let head = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+    let text = |args: &[&str]| {
+        let out = env.run(args);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    std::fs::write(
+        env.path("kubelet/config.yaml"),
+        format!("\u{feff}{head}shutdownGracePeriod: 30s\n"),
+    )
+    .unwrap();
+    let check = text(&["check-config"]);
+    assert!(!check.contains("set aside"), "{check}");
+    assert!(
+        check.contains("priority = 2000000000\nshutdown_grace_period = \"0s\""),
+        "{check}"
+    );
+    let status = text(&["status"]);
+    assert!(
+        status.contains("its Graceful Node Shutdown is on: nodegrace leaves GracefulNodeShutdownInProgress to it"),
+        "{status}"
+    );
+    let plan = text(&["plan", "--pods", &pods]);
+    assert!(
+        plan.contains("bands from the kubelet's configuration ("),
+        "{plan}"
+    );
+    assert!(!plan.contains("set aside"), "{plan}");
+
+    // Refused by the kubelet: critical time with no total.
+    std::fs::write(
+        env.path("kubelet/config.yaml"),
+        format!("{head}shutdownGracePeriod: 0s\nshutdownGracePeriodCriticalPods: 30s\n"),
+    )
+    .unwrap();
+    let why = "config.yaml: shutdownGracePeriodCriticalPods (30s) is longer than shutdownGracePeriod (0ns); instead the fallback uses nodegrace's defaults and nodegrace writes GracefulNodeShutdownInProgress itself";
+    let check = text(&["check-config"]);
+    assert!(
+        check.contains("# warning: the kubelet's configuration is set aside: the kubelet refuses it too (it does not start with it): ")
+            && check.contains(why),
+        "{check}"
+    );
+    let status = text(&["status"]);
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("Kubelet GNS"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("SET ASIDE: the kubelet refuses it too") && line.contains(why),
+        "{status}"
+    );
+    assert!(
+        status.contains("\n  bands from   nodegrace's defaults\n"),
+        "{status}"
+    );
+    let json = text(&["status", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["kubeletConfig"]["gnsOn"], false, "{json}");
+    assert!(
+        v["kubeletConfig"]["setAside"]
+            .as_str()
+            .is_some_and(|s| s.contains(why)),
+        "{json}"
+    );
+    let plan = text(&["plan", "--pods", &pods]);
+    assert!(
+        plan.contains("  bands from nodegrace's defaults\n  the kubelet's configuration is set aside: the kubelet refuses it too")
+            && plan.contains(why),
+        "{plan}"
+    );
+}

@@ -453,25 +453,46 @@ async fn a_corrupt_state_file_is_set_aside_and_the_shutdown_drained_afresh() {
     d.kill().await;
 }
 
+/// A reloader returning `base` whose first read hangs until the sender is used (a file on a
+/// hung mount), and the count of its reads.
+#[allow(clippy::type_complexity)]
+fn first_read_hangs(
+    base: nodegrace::Settings,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Box<dyn Fn() -> anyhow::Result<nodegrace::Settings> + Send + Sync>,
+) {
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    let hold = std::sync::Mutex::new(hold);
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = reads.clone();
+    let reloader = Box::new(move || {
+        if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            let _ = hold.lock().unwrap().recv();
+        }
+        Ok(base.clone())
+    });
+    (release, reads, reloader)
+}
+
 /// SIGHUP reads the configuration off the state machine's thread: while the read hangs (a
-/// file on a hung mount), shutdowns are still handled; later control messages wait for it
-/// so that they keep their order.
+/// file on a hung mount), shutdowns are still handled. The read is abandoned after 5 s;
+/// SIGHUPs while it still hangs read nothing more (its thread cannot be stopped: three
+/// SIGHUPs must not leave three), and once it has ended the next SIGHUP reads again.
 #[tokio::test]
-async fn a_hanging_reload_does_not_hold_up_a_shutdown() {
+async fn a_hanging_reload_holds_up_no_shutdown_and_starts_no_other_read() {
     let dir = tempfile::tempdir().unwrap();
     let env = env(&dir, 20 * MIN).await;
     let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
     let settings = env.settings();
-    let (release, hold) = std::sync::mpsc::channel::<()>();
-    let hold = std::sync::Mutex::new(hold);
-    let base = settings.clone();
+    let (release, reads, reloader) = first_read_hangs(settings.clone());
     let daemon = env
         .daemon(settings, Arc::new(drainer.clone()))
-        .with_reloader(Box::new(move || {
-            let _ = hold.lock().unwrap().recv();
-            Ok(base.clone())
-        }));
+        .with_reloader(reloader);
     let d = env.spawn_until_armed(daemon).await;
+    let count = || reads.load(std::sync::atomic::Ordering::SeqCst);
+    let reloaded_at = std::time::Instant::now();
     d.handle.reload();
     tokio::time::sleep(Duration::from_millis(50)).await;
 
@@ -486,7 +507,17 @@ async fn a_hanging_reload_does_not_hold_up_a_shutdown() {
         .await
         .unwrap();
 
+    tokio::time::sleep(Duration::from_millis(5200).saturating_sub(reloaded_at.elapsed())).await;
+    d.handle.reload();
+    d.handle.reload();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(count(), 1, "a read started beside the hung one");
+
     release.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    d.handle.reload();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(count(), 2, "the hung read ended: SIGHUP reads again");
     d.handle.terminate();
     within(d.task).await.unwrap().unwrap();
 }

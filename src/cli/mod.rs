@@ -56,7 +56,14 @@ pub fn load_settings(
 pub fn run(config: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     // Still single-threaded: the LISTEN_* variables can be read and removed safely.
     let stored_inhibitor = crate::systemd::take_stored_fd(crate::systemd::INHIBITOR_FDNAME);
-    let settings = match load_settings(config) {
+    let target = crate::telemetry::init();
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        log = ?target,
+        config = %crate::text::escape(&config.display().to_string()),
+        "nodegrace starting: reading the configuration"
+    );
+    let settings = match load_settings_within(config, crate::config::READ_LIMIT) {
         Ok(s) => s,
         Err(code) => return Ok(code),
     };
@@ -70,6 +77,35 @@ pub fn run(config: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
     }
     crate::daemon::run(settings, config, stored_inhibitor)?;
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// [`load_settings`] on a thread of its own, abandoned after `limit`: a read stuck on a hung
+/// filesystem ends `run` with an error (exit [`EXIT_FAILURE`]: a restart may find the
+/// filesystem back) instead of leaving it silent and unprotected.
+fn load_settings_within(
+    path: &std::path::Path,
+    limit: std::time::Duration,
+) -> Result<crate::config::Settings, std::process::ExitCode> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = path.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("config-read".into())
+        .spawn(move || {
+            let _ = tx.send(load_settings(&owned));
+        });
+    if let Err(e) = spawned {
+        crate::cli::print_stderr(&format!(
+            "nodegrace: cannot start a thread to read the configuration: {e}"
+        ));
+        return Err(std::process::ExitCode::from(EXIT_FAILURE));
+    }
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        crate::cli::print_stderr(&format!(
+            "nodegrace: reading the configuration did not finish in {} s (a file on a hung filesystem?): abandoned, not started",
+            limit.as_secs()
+        ));
+        Err(std::process::ExitCode::from(EXIT_FAILURE))
+    })
 }
 
 /// `nodegrace check-config`: validate, then print the files read and the effective settings.

@@ -143,6 +143,10 @@ pub(crate) struct OfflineReport {
     /// Sum of the grace periods of the bands with pods.
     pub max_duration_seconds: f64,
     pub note: Option<String>,
+    /// Where the bands come from.
+    pub bands_from: String,
+    /// Why the kubelet's configuration is set aside and what nodegrace does instead.
+    pub kubelet_set_aside: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -527,6 +531,8 @@ fn offline_report(settings: &Settings, pods: &[PodInfo]) -> OfflineReport {
         })
     });
     OfflineReport {
+        bands_from: fallback.bands_from.to_string(),
+        kubelet_set_aside: fallback.kubelet_set_aside.clone(),
         enabled: fallback.enabled,
         max_duration_seconds: secs(max),
         bands: groups
@@ -723,6 +729,12 @@ fn render_offline(out: &mut String, r: &PlanReport) {
     ));
     if let Some(note) = &off.note {
         out.push_str(&format!("  {note}\n"));
+    }
+    out.push_str(&format!("  bands from {}\n", off.bands_from));
+    if let Some(why) = &off.kubelet_set_aside {
+        out.push_str(&format!(
+            "  the kubelet's configuration is set aside: {why}\n"
+        ));
     }
     let mut rows = vec![vec![
         "BAND PRIORITY".to_string(),

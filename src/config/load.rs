@@ -45,6 +45,15 @@ impl Fragment {
 
 /// Loads `main` and the drop-ins `<dir of main>/config.d/*.toml` (see [`load_report`]).
 pub(crate) fn load(main: &Path) -> Result<Settings, ConfigError> {
+    // A read that hangs (a file on a hung filesystem) for the daemon's tests: `test-hooks`
+    // builds only.
+    #[cfg(feature = "test-hooks")]
+    if let Some(secs) = std::env::var("NODEGRACE_TEST_CONFIG_READ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+    }
     load_report(main).map(|loaded| loaded.settings)
 }
 
@@ -104,7 +113,8 @@ pub(crate) fn load_fragments(fragments: &[Fragment]) -> Result<Settings, ConfigE
 }
 
 /// The kubelet's own Graceful Node Shutdown, read from its configuration: whether it is on,
-/// and its bands for the fallback unless nodegrace's files set bands.
+/// and its bands for the fallback unless nodegrace's files set bands; where the
+/// configuration is set aside, why and what nodegrace does instead.
 fn apply_kubelet(settings: &mut Settings) {
     let fb = &mut settings.fallback;
     let kubelet = super::kubelet::read(
@@ -112,11 +122,21 @@ fn apply_kubelet(settings: &mut Settings) {
         fb.kubelet_config_dir.as_deref(),
     );
     fb.kubelet_gns = kubelet.gns_on();
-    fb.kubelet_warnings = kubelet.warnings.clone();
-    if kubelet.gns_on() && fb.bands_from == BandsSource::Defaults {
-        fb.shutdown_grace_period_by_pod_priority = kubelet.bands;
-        fb.bands_from = BandsSource::Kubelet(kubelet.files);
+    if !kubelet.bands().is_empty() && fb.bands_from == BandsSource::Defaults {
+        fb.shutdown_grace_period_by_pod_priority = kubelet.bands().to_vec();
+        fb.bands_from = BandsSource::Kubelet(kubelet.files.clone());
     }
+    fb.kubelet_set_aside = kubelet.set_aside().map(|why| {
+        let condition = if fb.kubelet_gns {
+            "leaves GracefulNodeShutdownInProgress to the kubelet"
+        } else {
+            "writes GracefulNodeShutdownInProgress itself"
+        };
+        format!(
+            "{why}; instead the fallback uses {} and nodegrace {condition}",
+            fb.bands_from
+        )
+    });
 }
 
 fn fragment_from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Fragment, ConfigError> {

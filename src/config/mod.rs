@@ -61,6 +61,11 @@ pub(crate) const MAX_CREDENTIAL_LIFETIME: Duration = Duration::from_secs(10 * 36
 pub(crate) const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 /// What to do with the shutdown NodeMaintenance after a cancelled shutdown or after boot.
+/// How long the daemon waits for its configuration, at start and on SIGHUP: every file
+/// class is capped so that a read takes well under a second; past this the read is stuck (a
+/// file on a hung filesystem) and is abandoned with an error.
+pub(crate) const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompletionPolicy {
     /// Move it to stage Complete: uncordon (per the rules), restore static pods.
@@ -162,8 +167,9 @@ pub struct FallbackSettings {
     /// not a key of nodegrace's): the kubelet is then the node's graceful shutdown manager
     /// and nodegrace leaves the `GracefulNodeShutdownInProgress` condition to it.
     pub kubelet_gns: bool,
-    /// Why the kubelet's configuration was set aside, if it was (not a key).
-    pub kubelet_warnings: Vec<String>,
+    /// Why the kubelet's configuration is set aside and what nodegrace does instead, if it
+    /// is (not a key).
+    pub kubelet_set_aside: Option<String>,
 }
 
 /// Where the fallback's bands came from.
@@ -259,7 +265,7 @@ impl Default for Settings {
                 kubelet_config_dir: Some(PathBuf::from("/etc/kubernetes/kubelet.conf.d")),
                 bands_from: BandsSource::Defaults,
                 kubelet_gns: false,
-                kubelet_warnings: Vec::new(),
+                kubelet_set_aside: None,
             },
             static_pods: StaticPodSettings {
                 manifest_dir: PathBuf::from("/etc/kubernetes/manifests"),
@@ -373,10 +379,10 @@ pub(crate) fn check_config_report(main: &Path, loaded: &Loaded) -> String {
     if fb.kubelet_gns {
         out.push_str("# the kubelet's own Graceful Node Shutdown is on: nodegrace leaves the GracefulNodeShutdownInProgress condition to it\n");
     }
-    for w in &fb.kubelet_warnings {
+    if let Some(why) = &fb.kubelet_set_aside {
         out.push_str(&format!(
             "# warning: the kubelet's configuration is set aside: {}\n",
-            crate::text::escape(w)
+            crate::text::escape(why)
         ));
     }
     out.push_str("# effective settings:\n");

@@ -1126,8 +1126,8 @@ fn the_kubelets_bands_are_used_unless_nodegrace_sets_its_own() {
     let dir = Dir::new();
     let keys = kubelet_dir(
         &dir,
-        "kind: KubeletConfiguration\nshutdownGracePeriod: 2m\nshutdownGracePeriodCriticalPods: 20s\n",
-        &[("50-prio.conf", "kind: KubeletConfiguration\nshutdownGracePeriod: 0s\nshutdownGracePeriodByPodPriority:\n- priority: 0\n  shutdownGracePeriodSeconds: 40\n- priority: 1000\n  shutdownGracePeriodSeconds: 10\n")],
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 2m\nshutdownGracePeriodCriticalPods: 20s\n",
+        &[("50-prio.conf", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 0s\nshutdownGracePeriodCriticalPods: 0s\nshutdownGracePeriodByPodPriority:\n- priority: 0\n  shutdownGracePeriodSeconds: 40\n- priority: 1000\n  shutdownGracePeriodSeconds: 10\n")],
     );
     dir.write("config.toml", &keys);
     let loaded = load_report(&dir.main()).unwrap();
@@ -1202,7 +1202,15 @@ fn a_broken_kubelet_configuration_is_a_warning_that_changes_nothing() {
     );
     assert_eq!(fb.bands_from, BandsSource::Defaults);
     assert!(!fb.kubelet_gns);
-    assert_eq!(fb.kubelet_warnings.len(), 1, "{:?}", fb.kubelet_warnings);
+    assert!(
+        fb.kubelet_set_aside.as_deref().is_some_and(|w| w.contains(
+            "the kubelet refuses it too (it does not start with it): "
+        ) && w.ends_with(
+            "; instead the fallback uses nodegrace's defaults and nodegrace writes GracefulNodeShutdownInProgress itself"
+        )),
+        "{:?}",
+        fb.kubelet_set_aside
+    );
     let report = check_config_report(&dir.main(), &loaded);
     assert!(
         report.contains("# warning: the kubelet's configuration is set aside: "),
@@ -1221,7 +1229,7 @@ fn a_broken_kubelet_configuration_is_a_warning_that_changes_nothing() {
     );
     let loaded = load_report(&dir.main()).unwrap();
     assert_eq!(loaded.settings.fallback.kubelet_config, None);
-    assert!(loaded.settings.fallback.kubelet_warnings.is_empty());
+    assert!(loaded.settings.fallback.kubelet_set_aside.is_none());
     dir.write(
         "config.toml",
         "[fallback]\nkubelet_config = \"kubelet.yaml\"\n",

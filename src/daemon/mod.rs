@@ -58,8 +58,8 @@ pub(crate) fn build_drainer(
 /// Where the fallback's bands come from, and why the kubelet's configuration was set aside.
 fn log_kubelet_settings(settings: &Settings) {
     let fb = &settings.fallback;
-    for w in &fb.kubelet_warnings {
-        tracing::warn!(warning = %w, "the kubelet's configuration is set aside: the fallback uses nodegrace's bands");
+    if let Some(why) = &fb.kubelet_set_aside {
+        tracing::warn!(why = %why, "the kubelet's configuration is set aside");
     }
     tracing::info!(bands_from = %fb.bands_from, kubelet_gns = fb.kubelet_gns, "offline fallback bands");
     if fb.kubelet_gns {
@@ -105,8 +105,8 @@ pub(crate) fn run(
         .context("building the async runtime")?;
     let config_path: PathBuf = config.to_path_buf();
     let result = runtime.block_on(async move {
-        let target = crate::telemetry::init();
-        tracing::info!(version = env!("CARGO_PKG_VERSION"), log = ?target, "nodegrace starting");
+        // `run` has set logging up and said it is starting before reading anything.
+        crate::telemetry::init();
         log_kubelet_settings(&settings);
         let metrics = crate::metrics::Metrics::new();
         let stop_metrics = tokio_util::sync::CancellationToken::new();

@@ -47,14 +47,18 @@ gate_dir = "{root}/gate"
     /// `nodegrace --config <config.toml> <args>`, the daemon status file under the
     /// directory, `$KUBECONFIG` unset.
     pub fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_nodegrace"))
-            .arg("--config")
+        self.command(args).output().unwrap()
+    }
+
+    /// The command [`CliEnv::run`] runs, to add to.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_nodegrace"));
+        c.arg("--config")
             .arg(self.path("config.toml"))
             .args(args)
             .env("NODEGRACE_STATUS_FILE", self.path("status.json"))
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap()
+            .env_remove("KUBECONFIG");
+        c
     }
 }
 

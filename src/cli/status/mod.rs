@@ -48,7 +48,21 @@ pub(crate) struct StatusReport {
     pub maintenances: MaintenanceSection,
     pub static_pods: StaticPodSection,
     pub pod_cache: PodCacheSection,
+    pub kubelet_config: KubeletConfigSection,
     pub last_shutdown: ShutdownSection,
+}
+
+/// What nodegrace made of the kubelet's configuration.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct KubeletConfigSection {
+    /// The kubelet's own Graceful Node Shutdown is on (it is then the node's graceful
+    /// shutdown manager).
+    pub gns_on: bool,
+    /// Where the fallback's bands come from.
+    pub bands_from: String,
+    /// Why the kubelet's configuration is set aside and what nodegrace does instead.
+    pub set_aside: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -372,6 +386,11 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
         maintenances,
         static_pods: static_pod_section(settings),
         pod_cache,
+        kubelet_config: KubeletConfigSection {
+            gns_on: settings.fallback.kubelet_gns,
+            bands_from: settings.fallback.bands_from.to_string(),
+            set_aside: settings.fallback.kubelet_set_aside.clone(),
+        },
         last_shutdown: ShutdownSection {
             persisted,
             persisted_error,

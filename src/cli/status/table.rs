@@ -77,6 +77,7 @@ pub(crate) fn render_table(r: &StatusReport) -> String {
     access_rows(&mut rows, r);
     maintenance_rows(&mut rows, r);
     local_rows(&mut rows, r);
+    kubelet_rows(&mut rows, r);
     shutdown_rows(&mut rows, r);
 
     let l = &r.last_shutdown;
@@ -262,6 +263,21 @@ fn maintenance_rows(rows: &mut Rows, r: &StatusReport) {
             rows.row("  bands", format!("unknown: {e}"));
         }
     }
+}
+
+/// The kubelet's configuration: whether its own GNS is on, where the fallback's bands come
+/// from, and why the configuration is set aside.
+fn kubelet_rows(rows: &mut Rows, r: &StatusReport) {
+    let k = &r.kubelet_config;
+    rows.row(
+        "Kubelet GNS",
+        match (&k.set_aside, k.gns_on) {
+            (Some(why), _) => format!("SET ASIDE: {why}"),
+            (None, true) => "its Graceful Node Shutdown is on: nodegrace leaves GracefulNodeShutdownInProgress to it".into(),
+            (None, false) => "its Graceful Node Shutdown is off".into(),
+        },
+    );
+    rows.row("  bands from", k.bands_from.clone());
 }
 
 /// What is kept on the node: gated static pods and the pod cache.

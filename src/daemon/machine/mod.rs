@@ -35,7 +35,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// logind's built-in `InhibitDelayMaxSec`, used before the real value could be read.
 const LOGIND_DEFAULT_DELAY: Duration = Duration::from_secs(5);
 /// How long a configuration reload may take before the running settings are kept.
-const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
+const RELOAD_TIMEOUT: Duration = crate::config::READ_LIMIT;
 /// How often logind's inhibitors are read again for a kubelet delay lock: the kubelet takes
 /// its lock once its runtime is up, often after nodegrace has connected.
 const KUBELET_INHIBITOR_CHECK: Duration = Duration::from_secs(30);
@@ -177,6 +177,7 @@ impl Daemon {
             reloader: self.reloader.map(SharedReloader::from),
             reloading: None,
             reload_give_up: None,
+            reload_abandoned: None,
             adopted: self.adopted,
             _control_tx: self.control_tx,
             control_rx: self.control_rx,
@@ -249,6 +250,9 @@ struct Machine {
     /// A reload in progress: control messages wait for it, so that they keep their order.
     reloading: Option<JoinHandle<Result<Settings>>>,
     reload_give_up: Option<Instant>,
+    /// A reload given up on whose read has not ended (its thread cannot be stopped): no
+    /// other read starts until it does, so SIGHUPs cannot pile up stuck threads.
+    reload_abandoned: Option<JoinHandle<Result<Settings>>>,
     /// The inhibitor fd systemd passed back at start, until the first connection uses it.
     adopted: Option<OwnedFd>,
     _control_tx: mpsc::UnboundedSender<Control>,
@@ -343,11 +347,11 @@ impl Machine {
                 }
                 Step::ReloadTimedOut => {
                     // The blocking thread is left to finish on its own; its result is dropped.
-                    self.reloading = None;
+                    self.reload_abandoned = self.reloading.take();
                     self.reload_give_up = None;
                     tracing::error!(
                         timeout = ?RELOAD_TIMEOUT,
-                        "reading the configuration did not finish in time; keeping the running one"
+                        "reading the configuration did not finish in time (a file on a hung filesystem?): abandoned, keeping the running one; no other reload starts until that read ends"
                     );
                     Flow::Continue
                 }

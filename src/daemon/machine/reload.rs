@@ -9,6 +9,17 @@ impl Machine {
             tracing::info!("nothing to reload");
             return;
         };
+        if self
+            .reload_abandoned
+            .as_ref()
+            .is_some_and(|read| !read.is_finished())
+        {
+            tracing::error!(
+                "the configuration read abandoned earlier has still not ended (a file on a hung filesystem?): not read again; keeping the running configuration"
+            );
+            return;
+        }
+        self.reload_abandoned = None;
         self.reloading = Some(tokio::task::spawn_blocking(move || reloader()));
         self.reload_give_up = Some(instant_after(RELOAD_TIMEOUT));
     }
