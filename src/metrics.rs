@@ -1,26 +1,19 @@
-//! Prometheus metrics, served as text on a loopback address when `[metrics] listen` is set.
-//! Recording is cheap and lock-free, so it is always on; only the listener is optional.
+//! Prometheus metrics, served as text on `[metrics] listen` (`endpoint`). Recording is cheap
+//! and lock-free, so it is always on; only the listener is optional.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
+mod endpoint;
+pub(crate) use endpoint::serve;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// How a pod was made to go away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -252,82 +245,9 @@ fn unix_seconds(at: chrono::DateTime<chrono::Utc>) -> f64 {
     at.timestamp_millis() as f64 / 1000.0
 }
 
-/// Binds `addr` and serves `/metrics` until `stop` is cancelled. Binding errors are returned
-/// at once so that a bad address is reported at start, not lost in a background task.
-pub(crate) async fn serve(
-    addr: SocketAddr,
-    metrics: Metrics,
-    stop: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding metrics listener on {addr}"))?;
-    Ok(tokio::spawn(accept_loop(listener, metrics, stop)))
-}
-
-async fn accept_loop(listener: TcpListener, metrics: Metrics, stop: CancellationToken) {
-    loop {
-        let stream = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    tracing::warn!(error = %err, "metrics listener accept failed");
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| respond(req, metrics.clone()));
-            if let Err(err) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %err, "metrics connection ended with an error");
-            }
-        });
-    }
-}
-
-async fn respond(
-    req: Request<hyper::body::Incoming>,
-    metrics: Metrics,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, content_type, body) = if req.uri().path() != "/metrics" {
-        (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found\n".to_string(),
-        )
-    } else {
-        match metrics.render() {
-            Ok(text) => (
-                StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                text,
-            ),
-            Err(err) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                format!("{err:#}\n"),
-            ),
-        }
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(value) = http::HeaderValue::from_str(content_type) {
-        response
-            .headers_mut()
-            .insert(http::header::CONTENT_TYPE, value);
-    }
-    Ok(response)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn recorded_values_appear_in_the_exposition() {
@@ -356,37 +276,5 @@ mod tests {
             text.contains("nodegrace_band_duration_seconds{band=\"Default/0\"} 1.5"),
             "{text}"
         );
-    }
-
-    #[tokio::test]
-    async fn serves_metrics_over_http_and_stops_on_cancel() {
-        let m = Metrics::new();
-        m.escalated();
-        let stop = CancellationToken::new();
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = probe.local_addr().unwrap();
-        drop(probe);
-        let task = serve(addr, m, stop.clone()).await.unwrap();
-        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut reply = String::new();
-        conn.read_to_string(&mut reply).await.unwrap();
-        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-        assert!(reply.contains("nodegrace_escalations_total 1"), "{reply}");
-        stop.cancel();
-        task.await.unwrap();
-        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
-    }
-
-    #[tokio::test]
-    async fn a_busy_address_is_an_error_at_start() {
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = taken.local_addr().unwrap();
-        let err = serve(addr, Metrics::new(), CancellationToken::new())
-            .await
-            .unwrap_err();
-        assert!(format!("{err:#}").contains("binding metrics listener"));
     }
 }

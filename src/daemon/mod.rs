@@ -111,8 +111,14 @@ pub(crate) fn run(
         let metrics = crate::metrics::Metrics::new();
         let stop_metrics = tokio_util::sync::CancellationToken::new();
         if let Some(addr) = settings.metrics.listen {
-            crate::metrics::serve(addr, metrics.clone(), stop_metrics.clone()).await?;
-            tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+            // The node is protected without metrics: a taken port is reported, not fatal.
+            match crate::metrics::serve(addr, metrics.clone(), stop_metrics.clone()).await {
+                Ok(_) => tracing::info!(%addr, "serving Prometheus metrics on /metrics"),
+                Err(err) => tracing::error!(
+                    error = format!("{err:#}"),
+                    "metrics are not served until nodegrace is restarted with metrics.listen free or changed; the node is protected all the same"
+                ),
+            }
         }
         let drainer = build_drainer(&settings, metrics.clone())?;
         let daemon = Daemon::new(
