@@ -2,7 +2,8 @@
 //! binary, under systemd's default soft limit of 1,024 open files, on a private bus with the
 //! fake logind and against the fake apiserver, drains a shutdown while 2,000 idle and
 //! half-sent connections are held against its metrics port; and a port already taken is
-//! reported by its key while the daemon still holds its inhibitor.
+//! reported by its key while the daemon still holds its inhibitor; what the endpoint serves
+//! after a drain passes `promtool check metrics`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,6 +18,8 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+
+mod promtool;
 
 const DAEMON_NOFILE: u64 = 1024;
 const NODE: &str = "node-a";
@@ -381,4 +384,43 @@ async fn a_metrics_port_already_taken_is_reported_by_its_key_and_the_node_still_
     std::thread::sleep(Duration::from_secs(1));
     assert!(daemon.child.try_wait().ok().flatten().is_none(), "{log}");
     assert_eq!(bus.held_by_us(), 1);
+}
+
+#[tokio::test]
+async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() {
+    let Some(promtool) = promtool::promtool("promtool check metrics on the endpoint") else {
+        return;
+    };
+    let env = Env::new(&["web-1", "web-2"]).await;
+    let bus_dir = tempfile::tempdir().unwrap();
+    let bus = bus_env(bus_dir.path()).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let daemon = Daemon::start(&env, &bus, port);
+    wait_armed(&bus, &daemon).await;
+    bus.fakes
+        .prepare_for_shutdown_typed(true, "reboot")
+        .await
+        .unwrap();
+    let released = tokio::time::timeout(
+        Duration::from_secs(30),
+        bus.fakes.wait_until(|s| s.held().is_empty()),
+    )
+    .await;
+    assert!(released.is_ok(), "{}", daemon.log());
+    // The status mirror sets the last gauges just after the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reply = scrape(&addr).await;
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{reply}");
+    for line in [
+        "nodegrace_pods_terminated_total{method=\"eviction\"} 2",
+        "nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"} 1",
+        "nodegrace_armed 0",
+        "nodegrace_draining 0",
+        "nodegrace_bus_connected 1",
+    ] {
+        assert!(body.contains(line), "{line} missing:\n{body}");
+    }
+    promtool::check_metrics(&promtool, body);
 }

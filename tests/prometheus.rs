@@ -3,43 +3,10 @@
 //! README. Skipped with a message when promtool is absent, unless `NODEGRACE_REAL_TESTS=1`
 //! (scripts/test-all), where its absence fails.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-/// promtool's path, or None (after saying so) when it is absent outside the full suite.
-fn promtool(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("promtool"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("NODEGRACE_REAL_TESTS").as_deref() != Ok("1"),
-            "{test}: promtool is missing; scripts/install-test-deps installs it (Debian package prometheus)"
-        );
-        eprintln!(
-            "skipped: {test} (promtool absent; apt-get install prometheus, or scripts/test-all)"
-        );
-    }
-    found
-}
-
-/// Runs `promtool args`, failing with its output unless it succeeds; returns its stdout.
-fn run_promtool(promtool: &Path, args: &[&str], dir: &Path) -> String {
-    let out = Command::new(promtool)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
-    text
-}
+mod promtool;
+use promtool::{promtool, run_promtool};
 
 fn repo_file(path: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()

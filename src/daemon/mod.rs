@@ -153,6 +153,7 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         Option<Duration>,
         Option<chrono::DateTime<chrono::Utc>>,
         Phase,
+        bool,
     );
     let key = |s: &Status| -> Key {
         (
@@ -160,12 +161,18 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
             s.budget.as_ref().map(|b| b.budget),
             s.shutdown.as_ref().map(|d| d.started_at),
             s.phase,
+            s.bus_connected,
         )
     };
     let mut last: Option<Key> = None;
     while let Some(status) = handle.wait_for(|s| Some(key(s)) != last).await {
         let now = key(&status);
         metrics.set_inhibitor_held(status.inhibitor_held);
+        metrics.set_bus_connected(status.bus_connected);
+        metrics.set_phase(
+            status.phase == Phase::Armed,
+            status.phase == Phase::Draining,
+        );
         if let Some(budget) = now.1 {
             metrics.set_effective_budget(budget);
         }
@@ -176,6 +183,12 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         }
         if status.phase == Phase::Released && last.as_ref().map(|l| l.3) != Some(Phase::Released) {
             metrics.shutdown_ended(status.updated_at);
+            if let Some(shutdown) = &status.shutdown {
+                let took = (status.updated_at - shutdown.started_at)
+                    .to_std()
+                    .unwrap_or_default();
+                metrics.shutdown_took(shutdown.kind.as_str(), took);
+            }
         }
         last = Some(now);
     }

@@ -239,12 +239,26 @@ async fn respond(
             "not found\n".to_string(),
         )
     } else {
-        match metrics.render() {
-            Ok(text) => (
-                StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                text,
-            ),
+        let openmetrics = req
+            .headers()
+            .get_all(http::header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.contains("application/openmetrics-text"));
+        let rendered = if openmetrics {
+            metrics.render().map(|text| {
+                (
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    text,
+                )
+            })
+        } else {
+            metrics
+                .render_text()
+                .map(|text| ("text/plain; version=0.0.4; charset=utf-8", text))
+        };
+        match rendered {
+            Ok((content_type, text)) => (StatusCode::OK, content_type, text),
             Err(err) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "text/plain",
@@ -286,8 +300,12 @@ mod tests {
     }
 
     async fn scrape(addr: SocketAddr) -> String {
+        scrape_with(addr, "").await
+    }
+
+    async fn scrape_with(addr: SocketAddr, headers: &str) -> String {
         let mut conn = TcpStream::connect(addr).await.unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.write_all(format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{headers}\r\n").as_bytes())
             .await
             .unwrap();
         let mut reply = String::new();
@@ -303,6 +321,16 @@ mod tests {
         let reply = scrape(addr).await;
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
         assert!(reply.contains("nodegrace_escalations_total 1"), "{reply}");
+        assert!(reply.contains("text/plain; version=0.0.4"), "{reply}");
+        assert!(!reply.contains("# EOF"), "{reply}");
+        // Prometheus asks for OpenMetrics and gets it.
+        let open = scrape_with(
+            addr,
+            "Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n",
+        )
+        .await;
+        assert!(open.contains("application/openmetrics-text"), "{open}");
+        assert!(open.trim_end().ends_with("# EOF"), "{open}");
         stop.cancel();
         task.await.unwrap();
         assert!(TcpStream::connect(addr).await.is_err());
