@@ -38,33 +38,9 @@ impl Env {
         cluster
             .install_crd(&nodegrace::node_maintenance_crd().unwrap())
             .unwrap();
-        cluster
-            .insert(&json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-                "spec": {},
-            }))
-            .unwrap();
-        cluster
-            .store
-            .update_in_process("", "nodes", "", NODE, |n| {
-                n["status"] = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]})
-            })
-            .unwrap();
-        cluster.ensure_namespace(NS).unwrap();
-        let now = cluster.store.now_str();
+        cluster.add_node(NODE).unwrap();
         for name in pods {
-            cluster
-                .insert(&json!({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": name, "namespace": NS},
-                    "spec": {
-                        "nodeName": NODE, "priority": 0, "terminationGracePeriodSeconds": 2,
-                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                    },
-                    "status": nodegrace_testkit::fake_apiserver::running_status(&now),
-                }))
-                .unwrap();
+            cluster.add_running_pod(NS, name, NODE, json!({})).unwrap();
         }
         let kubelet = cluster.kubelet(KubeletConfig::node(NODE));
         Env {
@@ -226,6 +202,18 @@ async fn wait_armed(bus: &TestEnv, daemon: &Daemon) {
     );
 }
 
+/// The cluster with `pods`, the bus with the fakes, and the daemon armed with its metrics on
+/// a free local port (also returned, as an address).
+async fn armed_daemon(pods: &[&str]) -> (Env, tempfile::TempDir, TestEnv, Daemon, String) {
+    let env = Env::new(pods).await;
+    let bus_dir = tempfile::tempdir().unwrap();
+    let bus = bus_env(bus_dir.path()).await;
+    let port = free_port();
+    let daemon = Daemon::start(&env, &bus, port);
+    wait_armed(&bus, &daemon).await;
+    (env, bus_dir, bus, daemon, format!("127.0.0.1:{port}"))
+}
+
 /// Holds `count` connections to `addr`: odd ones send half a request head, even ones nothing.
 /// Returns how many are established now and the token that closes them all.
 fn flood(addr: String, count: usize) -> (Arc<AtomicUsize>, CancellationToken) {
@@ -275,13 +263,7 @@ async fn two_thousand_idle_and_half_sent_connections_cost_the_drain_nothing() {
     );
 
     let pods = ["web-1", "web-2", "web-3"];
-    let env = Env::new(&pods).await;
-    let bus_dir = tempfile::tempdir().unwrap();
-    let bus = bus_env(bus_dir.path()).await;
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let daemon = Daemon::start(&env, &bus, port);
-    wait_armed(&bus, &daemon).await;
+    let (env, _bus_dir, bus, daemon, addr) = armed_daemon(&pods).await;
     // Settled: the watches are up and the endpoint answers.
     assert!(scrape(&addr).await.starts_with("HTTP/1.1 200"));
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -391,13 +373,7 @@ async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() 
     let Some(promtool) = promtool::promtool("promtool check metrics on the endpoint") else {
         return;
     };
-    let env = Env::new(&["web-1", "web-2"]).await;
-    let bus_dir = tempfile::tempdir().unwrap();
-    let bus = bus_env(bus_dir.path()).await;
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let daemon = Daemon::start(&env, &bus, port);
-    wait_armed(&bus, &daemon).await;
+    let (_env, _bus_dir, bus, daemon, addr) = armed_daemon(&["web-1", "web-2"]).await;
     bus.fakes
         .prepare_for_shutdown_typed(true, "reboot")
         .await
