@@ -1,26 +1,20 @@
-//! Prometheus metrics, served as text on a loopback address when `[metrics] listen` is set.
-//! Recording is cheap and lock-free, so it is always on; only the listener is optional.
+//! Prometheus metrics, served as text on `[metrics] listen` (`endpoint`). Recording is cheap
+//! and lock-free, so it is always on; only the listener is optional.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
+mod endpoint;
+pub(crate) use endpoint::serve;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// How a pod was made to go away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +58,32 @@ struct CredentialLabel {
     credential: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// Why an eviction was refused, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A PodDisruptionBudget (or another reason the apiserver gave for a 429).
+    Budget,
+    /// The apiserver throttled the request without looking at it.
+    Throttled,
+    /// Any other failure.
+    Error,
+}
+
+/// Seconds: from a few seconds to the 24 h `shutdown.max_delay` allows.
+const SHUTDOWN_BUCKETS: [f64; 12] = [
+    1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 86400.0,
+];
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Every metric nodegrace exports. Cloning shares the same series.
@@ -80,6 +100,12 @@ pub struct Metrics {
     effective_budget: FloatGauge,
     api_errors: Family<OperationLabel, Counter>,
     credential_expiry: Family<CredentialLabel, FloatGauge>,
+    armed: Gauge,
+    draining: Gauge,
+    offline_fallback: Gauge,
+    bus_connected: Gauge,
+    shutdown_duration: Family<KindLabel, Histogram>,
+    evictions_refused: Family<ReasonLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -157,6 +183,44 @@ impl Metrics {
             "Unix time the client certificate of each credential expires (nodegrace: node.kubeconfig, kubelet: node.kubelet_kubeconfig); absent without a certificate",
             credential_expiry.clone(),
         );
+        let armed = Gauge::default();
+        registry.register(
+            "armed",
+            "1 while the inhibitor is held and no shutdown is in progress",
+            armed.clone(),
+        );
+        let draining = Gauge::default();
+        registry.register(
+            "draining",
+            "1 while a shutdown drain is in progress",
+            draining.clone(),
+        );
+        let offline_fallback = Gauge::default();
+        registry.register(
+            "offline_fallback",
+            "1 while the node is drained locally through the CRI runtime because the apiserver cannot be used",
+            offline_fallback.clone(),
+        );
+        let bus_connected = Gauge::default();
+        registry.register(
+            "bus_connected",
+            "1 while the daemon is connected to the system bus (logind)",
+            bus_connected.clone(),
+        );
+        let shutdown_duration = Family::<KindLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(SHUTDOWN_BUCKETS)) as fn() -> Histogram,
+        );
+        registry.register(
+            "shutdown_duration_seconds",
+            "Time from the shutdown signal to the inhibitor's release, by kind of shutdown",
+            shutdown_duration.clone(),
+        );
+        let evictions_refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "evictions_refused",
+            "Evictions refused, by reason: budget (a PodDisruptionBudget), throttled (429 without a budget), error",
+            evictions_refused.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             shutdown_start,
@@ -169,7 +233,48 @@ impl Metrics {
             effective_budget,
             api_errors,
             credential_expiry,
+            armed,
+            draining,
+            offline_fallback,
+            bus_connected,
+            shutdown_duration,
+            evictions_refused,
         }
+    }
+
+    pub(crate) fn set_phase(&self, armed: bool, draining: bool) {
+        self.armed.set(i64::from(armed));
+        self.draining.set(i64::from(draining));
+    }
+
+    pub(crate) fn set_bus_connected(&self, connected: bool) {
+        self.bus_connected.set(i64::from(connected));
+    }
+
+    /// 1 until the returned guard is dropped.
+    pub(crate) fn offline_fallback(&self) -> OfflineFallback {
+        self.offline_fallback.set(1);
+        OfflineFallback(self.offline_fallback.clone())
+    }
+
+    /// A shutdown of `kind` ("poweroff", "reboot", ...) released its inhibitor after `took`.
+    pub(crate) fn shutdown_took(&self, kind: &str, took: std::time::Duration) {
+        self.shutdown_duration
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn eviction_refused(&self, why: Refusal) {
+        let reason = match why {
+            Refusal::Budget => "budget",
+            Refusal::Throttled => "throttled",
+            Refusal::Error => "error",
+        };
+        self.evictions_refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     pub(crate) fn shutdown_started(&self, at: chrono::DateTime<chrono::Utc>) {
@@ -240,94 +345,69 @@ impl Metrics {
         }
     }
 
-    /// The exposition text, as served on `/metrics`.
+    /// The OpenMetrics exposition, as served to a client that accepts it (Prometheus does).
     pub fn render(&self) -> Result<String> {
         let mut out = String::new();
         encode(&mut out, &self.registry).context("encoding metrics")?;
         Ok(out)
     }
+
+    /// The same in Prometheus's text format 0.0.4, as served to everyone else (curl,
+    /// `promtool check metrics`): a counter's family is named with its `_total`, and there is
+    /// no `# EOF`.
+    pub fn render_text(&self) -> Result<String> {
+        Ok(openmetrics_to_text(&self.render()?))
+    }
+}
+
+/// Keeps `nodegrace_offline_fallback` at 1 while it lives.
+pub(crate) struct OfflineFallback(Gauge);
+
+impl Drop for OfflineFallback {
+    fn drop(&mut self) {
+        self.0.set(0);
+    }
+}
+
+fn openmetrics_to_text(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|prefix| Some((prefix, line.strip_prefix(prefix)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let suffix = if counters.contains(name) {
+                    "_total"
+                } else {
+                    ""
+                };
+                out.push_str(&format!("{prefix}{name}{suffix} {tail}\n"));
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 fn unix_seconds(at: chrono::DateTime<chrono::Utc>) -> f64 {
     at.timestamp_millis() as f64 / 1000.0
 }
 
-/// Binds `addr` and serves `/metrics` until `stop` is cancelled. Binding errors are returned
-/// at once so that a bad address is reported at start, not lost in a background task.
-pub(crate) async fn serve(
-    addr: SocketAddr,
-    metrics: Metrics,
-    stop: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding metrics listener on {addr}"))?;
-    Ok(tokio::spawn(accept_loop(listener, metrics, stop)))
-}
-
-async fn accept_loop(listener: TcpListener, metrics: Metrics, stop: CancellationToken) {
-    loop {
-        let stream = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    tracing::warn!(error = %err, "metrics listener accept failed");
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| respond(req, metrics.clone()));
-            if let Err(err) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %err, "metrics connection ended with an error");
-            }
-        });
-    }
-}
-
-async fn respond(
-    req: Request<hyper::body::Incoming>,
-    metrics: Metrics,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, content_type, body) = if req.uri().path() != "/metrics" {
-        (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found\n".to_string(),
-        )
-    } else {
-        match metrics.render() {
-            Ok(text) => (
-                StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                text,
-            ),
-            Err(err) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                format!("{err:#}\n"),
-            ),
-        }
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(value) = http::HeaderValue::from_str(content_type) {
-        response
-            .headers_mut()
-            .insert(http::header::CONTENT_TYPE, value);
-    }
-    Ok(response)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn recorded_values_appear_in_the_exposition() {
@@ -338,7 +418,31 @@ mod tests {
         m.set_inhibitor_held(true);
         m.set_effective_budget(std::time::Duration::from_secs(90));
         m.band_finished("Default/0", std::time::Duration::from_millis(1500));
+        m.shutdown_took("reboot", std::time::Duration::from_secs(42));
+        m.eviction_refused(Refusal::Budget);
+        m.set_phase(false, true);
+        let offline = m.offline_fallback();
         let text = m.render().unwrap();
+        assert!(text.contains("nodegrace_offline_fallback 1"), "{text}");
+        drop(offline);
+        assert!(m.render().unwrap().contains("nodegrace_offline_fallback 0"));
+        let text_format = m.render_text().unwrap();
+        assert!(
+            text_format.contains("# TYPE nodegrace_pods_terminated_total counter\n"),
+            "{text_format}"
+        );
+        assert!(text_format.contains("# HELP nodegrace_pods_terminated_total Pods"));
+        assert!(!text_format.contains("# EOF"), "{text_format}");
+        for line in [
+            "nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"} 1",
+            "nodegrace_shutdown_duration_seconds_bucket{le=\"60.0\",kind=\"reboot\"} 1",
+            "nodegrace_shutdown_duration_seconds_bucket{le=\"30.0\",kind=\"reboot\"} 0",
+            "nodegrace_evictions_refused_total{reason=\"budget\"} 1",
+            "nodegrace_draining 1",
+            "nodegrace_armed 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
         assert!(
             text.contains("nodegrace_pods_terminated_total{method=\"eviction\"} 2"),
             "{text}"
@@ -356,37 +460,5 @@ mod tests {
             text.contains("nodegrace_band_duration_seconds{band=\"Default/0\"} 1.5"),
             "{text}"
         );
-    }
-
-    #[tokio::test]
-    async fn serves_metrics_over_http_and_stops_on_cancel() {
-        let m = Metrics::new();
-        m.escalated();
-        let stop = CancellationToken::new();
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = probe.local_addr().unwrap();
-        drop(probe);
-        let task = serve(addr, m, stop.clone()).await.unwrap();
-        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut reply = String::new();
-        conn.read_to_string(&mut reply).await.unwrap();
-        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-        assert!(reply.contains("nodegrace_escalations_total 1"), "{reply}");
-        stop.cancel();
-        task.await.unwrap();
-        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
-    }
-
-    #[tokio::test]
-    async fn a_busy_address_is_an_error_at_start() {
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = taken.local_addr().unwrap();
-        let err = serve(addr, Metrics::new(), CancellationToken::new())
-            .await
-            .unwrap_err();
-        assert!(format!("{err:#}").contains("binding metrics listener"));
     }
 }

@@ -148,6 +148,15 @@ async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it()
     // The DaemonSet pod stayed nodegrace's: deleted by it, never requested.
     assert_eq!(env.deletes(), ["ds"]);
     assert_eq!(crd_requests_posted(&reqs), 0);
+    // Counted by the way each went: kv through its request, web evicted directly.
+    let metrics = env.metrics.render().unwrap();
+    for line in [
+        "nodegrace_pods_terminated_total{method=\"eviction_request\"} 1",
+        "nodegrace_pods_terminated_total{method=\"eviction\"} 1",
+        "nodegrace_pods_terminated_total{method=\"delete\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
     let eviction = controllers.eviction_of("work", &kv).unwrap();
     assert_eq!(eviction["metadata"]["labels"][KEY], "requester");
     // Env's teardown checks every request against the shipped ClusterRole.

@@ -47,8 +47,8 @@ pub trait PodTerminator: Send + Sync + 'static {
         Ok(())
     }
 
-    /// The method counted in metrics for an accepted `request`.
-    fn method(&self, request: Request) -> TerminationMethod {
+    /// The method counted in metrics for an accepted `request` for `pod`.
+    fn method(&self, _pod: &PodInfo, request: Request) -> TerminationMethod {
         match request {
             Request::Cooperative => TerminationMethod::Eviction,
             Request::Delete { .. } => TerminationMethod::Delete,

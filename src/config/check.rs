@@ -314,16 +314,6 @@ pub(super) fn metrics_listen(
             &format!("{text:?} is not an IP address and port such as \"127.0.0.1:9847\""),
         )
     })?;
-    if !addr.ip().is_loopback() {
-        return Err(ctx.leaf(
-            leaf,
-            "metrics.listen",
-            &format!(
-                "{addr} is not a loopback address; the metrics endpoint has no authentication, \
-                 so it only listens on 127.0.0.1 or [::1] (scrape it through a local agent or proxy)"
-            ),
-        ));
-    }
     if addr.port() == 0 {
         return Err(ctx.leaf(leaf, "metrics.listen", "needs a fixed port, not 0"));
     }

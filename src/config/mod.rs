@@ -207,10 +207,24 @@ pub struct StaticPodSettings {
     pub gate_dir: PathBuf,
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetricsSettings {
     /// Prometheus listen address; None turns metrics off.
     pub listen: Option<SocketAddr>,
+}
+
+/// Every address, like node_exporter's, so that the cluster's Prometheus can scrape each
+/// node; 9847 is none of the kubelet's (10248, 10250, 10255), kube-proxy's (10249, 10256),
+/// node_exporter's (9100) or Prometheus's own (9090, 9091, 9093).
+const DEFAULT_METRICS_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9847);
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            listen: Some(DEFAULT_METRICS_LISTEN),
+        }
+    }
 }
 
 impl Default for Settings {

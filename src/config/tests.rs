@@ -50,6 +50,18 @@ fn empty_text_is_the_defaults() {
 }
 
 #[test]
+fn metrics_are_on_for_every_address_by_default_and_an_empty_listen_turns_them_off() {
+    assert_eq!(
+        Settings::default().metrics.listen,
+        Some("0.0.0.0:9847".parse().unwrap())
+    );
+    let off = load_str("[metrics]\nlisten = \"\"\n").unwrap();
+    assert_eq!(off.metrics.listen, None);
+    let v6 = load_str("[metrics]\nlisten = \"[::]:9847\"\n").unwrap();
+    assert_eq!(v6.metrics.listen, Some("[::]:9847".parse().unwrap()));
+}
+
+#[test]
 fn shipped_config_equals_the_defaults() {
     let text = shipped_config();
     assert_eq!(load_str(&text).unwrap(), Settings::default());
@@ -309,7 +321,7 @@ fn check_config_output_lists_files_and_durations_as_strings() {
     let b = out.find("#   /e/config.d/10-a.toml").unwrap();
     assert!(a < b, "{out}");
     assert!(out.contains("max_delay = \"15m\""), "{out}");
-    assert!(out.contains("listen = \"\""), "{out}");
+    assert!(out.contains("listen = \"0.0.0.0:9847\""), "{out}");
     let missing = Loaded {
         files: vec![],
         main_missing: true,
@@ -417,7 +429,7 @@ fn bad_durations() {
 
 #[test]
 fn out_of_range_values() {
-    let cases: [(&str, &str, usize, &str); 19] = [
+    let cases: [(&str, &str, usize, &str); 18] = [
         ("[shutdown]\nmax_delay = \"0s\"\n", "shutdown.max_delay", 2, "greater than zero"),
         ("[shutdown]\nmax_delay = \"25h\"\n", "shutdown.max_delay", 2, "at most 1day"),
         ("[shutdown]\nstop_drain_timeout = \"111s\"\n", "shutdown.stop_drain_timeout", 2, "at most 1m 50s"),
@@ -461,7 +473,6 @@ fn out_of_range_values() {
             "greater than zero",
         ),
         ("[static_pods]\ngate_dir = \"/etc/kubernetes/manifests/gated\"\n", "static_pods.gate_dir", 2, "inside"),
-        ("[metrics]\nlisten = \"0.0.0.0:9847\"\n", "metrics.listen", 2, "no authentication"),
     ];
     for (text, key, line, needle) in cases {
         assert_err(&err(text), "<string>", key, line, needle);
@@ -940,7 +951,7 @@ fn restart_required_lists_changed_static_keys_only() {
     b.shutdown.on_cancel = CompletionPolicy::Complete;
     assert!(restart_required(&a, &b).is_empty());
     b.static_pods.gate_dir = "/elsewhere".into();
-    b.metrics.listen = Some("127.0.0.1:1".parse().unwrap());
+    b.metrics.listen = None;
     assert_eq!(
         restart_required(&a, &b),
         vec!["static_pods.gate_dir", "metrics.listen"]
@@ -1085,7 +1096,7 @@ mod roundtrip {
             s.fallback.apiserver_timeout = apiserver_timeout;
             s.fallback.shutdown_grace_period_by_pod_priority = bands;
             s.metrics.listen = metrics_on.then(|| {
-                if v6 { format!("[::1]:{port}") } else { format!("127.0.0.1:{port}") }
+                if v6 { format!("[::]:{port}") } else { format!("0.0.0.0:{port}") }
                     .parse()
                     .unwrap()
             });

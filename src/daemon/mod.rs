@@ -111,8 +111,14 @@ pub(crate) fn run(
         let metrics = crate::metrics::Metrics::new();
         let stop_metrics = tokio_util::sync::CancellationToken::new();
         if let Some(addr) = settings.metrics.listen {
-            crate::metrics::serve(addr, metrics.clone(), stop_metrics.clone()).await?;
-            tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+            // The node is protected without metrics: a taken port is reported, not fatal.
+            match crate::metrics::serve(addr, metrics.clone(), stop_metrics.clone()).await {
+                Ok(_) => tracing::info!(%addr, "serving Prometheus metrics on /metrics"),
+                Err(err) => tracing::error!(
+                    error = format!("{err:#}"),
+                    "metrics are not served until nodegrace is restarted with metrics.listen free or changed; the node is protected all the same"
+                ),
+            }
         }
         let drainer = build_drainer(&settings, metrics.clone())?;
         let daemon = Daemon::new(
@@ -147,6 +153,7 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         Option<Duration>,
         Option<chrono::DateTime<chrono::Utc>>,
         Phase,
+        bool,
     );
     let key = |s: &Status| -> Key {
         (
@@ -154,12 +161,18 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
             s.budget.as_ref().map(|b| b.budget),
             s.shutdown.as_ref().map(|d| d.started_at),
             s.phase,
+            s.bus_connected,
         )
     };
     let mut last: Option<Key> = None;
     while let Some(status) = handle.wait_for(|s| Some(key(s)) != last).await {
         let now = key(&status);
         metrics.set_inhibitor_held(status.inhibitor_held);
+        metrics.set_bus_connected(status.bus_connected);
+        metrics.set_phase(
+            status.phase == Phase::Armed,
+            status.phase == Phase::Draining,
+        );
         if let Some(budget) = now.1 {
             metrics.set_effective_budget(budget);
         }
@@ -170,6 +183,12 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         }
         if status.phase == Phase::Released && last.as_ref().map(|l| l.3) != Some(Phase::Released) {
             metrics.shutdown_ended(status.updated_at);
+            if let Some(shutdown) = &status.shutdown {
+                let took = (status.updated_at - shutdown.started_at)
+                    .to_std()
+                    .unwrap_or_default();
+                metrics.shutdown_took(shutdown.kind.as_str(), took);
+            }
         }
         last = Some(now);
     }

@@ -318,6 +318,7 @@ impl NodeDrainer {
         switch_back: bool,
     ) -> (RouteEvent, Option<Arc<Engine>>) {
         self.parts.metrics.fallback_used();
+        let _offline = self.parts.metrics.offline_fallback();
         let fallback = self.new_fallback();
         let cache = self.load_cache();
         let _record = OfflineRecorder::start(&self.settings().state_dir, req, fallback.clone());

@@ -14,7 +14,7 @@ use crate::api::NodeMaintenance;
 use crate::cluster::evict::{anyhow_throttled, Outcome};
 use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
-use crate::metrics::TerminationMethod;
+use crate::metrics::{Refusal, TerminationMethod};
 use crate::plan::drain::Action;
 use crate::plan::pass::{self, Answer, Noted, PassDecisions, PodRequest};
 use crate::plan::reachability::Window;
@@ -211,9 +211,19 @@ impl Shared {
         noted: Noted,
     ) {
         let m = r.maintenance.clone();
+        let refusal = match answer {
+            Answer::Blocked { .. } => Some(Refusal::Budget),
+            Answer::Throttled { .. } => Some(Refusal::Throttled),
+            Answer::Failed { answered: true } => Some(Refusal::Error),
+            _ => None,
+        };
+        if let Some(why) = refusal {
+            self.metrics.eviction_refused(why);
+        }
         match answer {
             Answer::Accepted => {
-                self.metrics.pod_terminated(self.terminator.method(request));
+                self.metrics
+                    .pod_terminated(self.terminator.method(&r.pod, request));
                 if noted.escalated {
                     self.metrics.escalated();
                     tracing::warn!(node = %self.node, maintenance = %m, pod = %r.pod.key(), ?request, "escalated to DELETE at the shutdown deadline");

@@ -375,9 +375,14 @@ impl PodTerminator for InTreeTerminator {
         first_error.map_or(Ok(()), Err)
     }
 
-    fn method(&self, request: Request) -> TerminationMethod {
+    /// A pod without responders was evicted through the Eviction API directly: only the pods
+    /// asked for through a request are counted as such.
+    fn method(&self, pod: &PodInfo, request: Request) -> TerminationMethod {
         match request {
-            Request::Cooperative => TerminationMethod::EvictionRequest,
+            Request::Cooperative if lock(&self.wanted).contains_key(&pod.uid) => {
+                TerminationMethod::EvictionRequest
+            }
+            Request::Cooperative => TerminationMethod::Eviction,
             Request::Delete { .. } => TerminationMethod::Delete,
         }
     }

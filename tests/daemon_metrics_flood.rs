@@ -1,0 +1,402 @@
+//! The metrics endpoint cannot cost the daemon its inhibitor or its bus: the `nodegrace run`
+//! binary, under systemd's default soft limit of 1,024 open files, on a private bus with the
+//! fake logind and against the fake apiserver, drains a shutdown while 2,000 idle and
+//! half-sent connections are held against its metrics port; and a port already taken is
+//! reported by its key while the daemon still holds its inhibitor; what the endpoint serves
+//! after a drain passes `promtool check metrics`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nodegrace_testkit::fake_apiserver::FakeCluster;
+use nodegrace_testkit::fake_kubelet::{FakeKubelet, KubeletConfig};
+use nodegrace_testkit::{FakeState, TestEnv};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+mod promtool;
+
+const DAEMON_NOFILE: u64 = 1024;
+const NODE: &str = "node-a";
+const NS: &str = "work";
+
+/// A fake cluster with the node, its kubelet stand-in and `pods` running on it.
+struct Env {
+    cluster: FakeCluster,
+    _kubelet: FakeKubelet,
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    async fn new(pods: &[&str]) -> Env {
+        let cluster = FakeCluster::start().await.unwrap();
+        cluster
+            .install_crd(&nodegrace::node_maintenance_crd().unwrap())
+            .unwrap();
+        cluster.add_node(NODE).unwrap();
+        for name in pods {
+            cluster.add_running_pod(NS, name, NODE, json!({})).unwrap();
+        }
+        let kubelet = cluster.kubelet(KubeletConfig::node(NODE));
+        Env {
+            cluster,
+            _kubelet: kubelet,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn pod_exists(&self, name: &str) -> bool {
+        self.cluster.store.get_obj("", "pods", NS, name).is_some()
+    }
+
+    /// Pods the apiserver was asked to evict.
+    fn evicted(&self) -> Vec<String> {
+        self.cluster
+            .api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/eviction"))
+            .filter_map(|r| {
+                r.path
+                    .split("/pods/")
+                    .nth(1)?
+                    .split('/')
+                    .next()
+                    .map(String::from)
+            })
+            .collect()
+    }
+}
+
+/// The daemon as a child process; killed when dropped.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn start(env: &Env, bus: &TestEnv, metrics_port: u16) -> Daemon {
+        let dir = env.dir.path();
+        let root = dir.display();
+        nodegrace_testkit::write_kubeconfig(&dir.join("kubeconfig"), &env.cluster.api.url())
+            .unwrap();
+        for d in ["state", "manifests", "gate", "logind.conf.d"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(
+            dir.join("config.toml"),
+            format!(
+                r#"state_dir = "{root}/state"
+[node]
+name = "{NODE}"
+kubeconfig = "{root}/kubeconfig"
+kubelet_kubeconfig = ""
+renew_credential = false
+[shutdown]
+max_delay = "60s"
+manage_logind_dropin = false
+logind_dropin_dir = "{root}/logind.conf.d"
+[drain]
+reserve_daemonset = "1s"
+reserve_static = "1s"
+reserve_critical = "1s"
+volume_detach_timeout = "1s"
+[fallback]
+stop_kubelet = false
+[static_pods]
+manifest_dir = "{root}/manifests"
+gate_dir = "{root}/gate"
+[metrics]
+listen = "127.0.0.1:{metrics_port}"
+"#
+            ),
+        )
+        .unwrap();
+        let log = dir.join("daemon.log");
+        // systemd's default for a unit without LimitNOFILE=: the limit the probe in issue 30
+        // exhausted.
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -n {DAEMON_NOFILE} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_nodegrace"))
+            .arg("--config")
+            .arg(dir.join("config.toml"))
+            .arg("run")
+            .env("DBUS_SYSTEM_BUS_ADDRESS", bus.bus.address())
+            .env("NODEGRACE_STATUS_FILE", dir.join("status.json"))
+            .env_remove("KUBECONFIG")
+            .env_remove("JOURNAL_STREAM")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("LISTEN_FDS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon { child, log }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// User and system CPU time the daemon used so far.
+    fn cpu(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        // Fields after the command's closing parenthesis; utime and stime are the 14th and
+        // 15th of the whole line.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .unwrap()
+            .unwrap() as u64;
+        Duration::from_millis(ticks * 1000 / per_second)
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+async fn bus_env(dir: &Path) -> TestEnv {
+    TestEnv::start(dir, FakeState::with_delay(Duration::from_secs(120)))
+        .await
+        .unwrap()
+}
+
+async fn wait_armed(bus: &TestEnv, daemon: &Daemon) {
+    let held = tokio::time::timeout(
+        Duration::from_secs(30),
+        bus.fakes
+            .wait_until(|s| !s.taken_by("nodegrace").is_empty() && !s.held().is_empty()),
+    )
+    .await;
+    assert!(
+        held.is_ok(),
+        "no inhibitor within 30 s; log:\n{}",
+        daemon.log()
+    );
+}
+
+/// The cluster with `pods`, the bus with the fakes, and the daemon armed with its metrics on
+/// a free local port (also returned, as an address).
+async fn armed_daemon(pods: &[&str]) -> (Env, tempfile::TempDir, TestEnv, Daemon, String) {
+    let env = Env::new(pods).await;
+    let bus_dir = tempfile::tempdir().unwrap();
+    let bus = bus_env(bus_dir.path()).await;
+    let port = free_port();
+    let daemon = Daemon::start(&env, &bus, port);
+    wait_armed(&bus, &daemon).await;
+    (env, bus_dir, bus, daemon, format!("127.0.0.1:{port}"))
+}
+
+/// Holds `count` connections to `addr`: odd ones send half a request head, even ones nothing.
+/// Returns how many are established now and the token that closes them all.
+fn flood(addr: String, count: usize) -> (Arc<AtomicUsize>, CancellationToken) {
+    let established = Arc::new(AtomicUsize::new(0));
+    let release = CancellationToken::new();
+    for i in 0..count {
+        let (addr, established, release) = (addr.clone(), established.clone(), release.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = release.cancelled() => {}
+                _ = async {
+                    let Ok(mut conn) = TcpStream::connect(&addr).await else { return };
+                    established.fetch_add(1, Ordering::Relaxed);
+                    if i % 2 == 1 {
+                        let _ = conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: flood\r\n").await;
+                    }
+                    std::future::pending::<()>().await;
+                } => {}
+            }
+        });
+    }
+    (established, release)
+}
+
+async fn scrape(addr: &str) -> String {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    tokio::time::timeout(Duration::from_secs(20), conn.read_to_string(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    reply
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_idle_and_half_sent_connections_cost_the_drain_nothing() {
+    // The flood's own descriptors are the test's, not the daemon's.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    assert!(
+        hard >= 4096,
+        "the test needs 2,000 sockets; hard limit {hard}"
+    );
+
+    let pods = ["web-1", "web-2", "web-3"];
+    let (env, _bus_dir, bus, daemon, addr) = armed_daemon(&pods).await;
+    // Settled: the watches are up and the endpoint answers.
+    assert!(scrape(&addr).await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let fds_before = daemon.open_fds();
+
+    let cpu_before = daemon.cpu();
+    let flood_started = Instant::now();
+    let (established, release) = flood(addr.clone(), 2000);
+    let mut max_fds = fds_before;
+    let sample = |max: &mut usize| *max = (*max).max(daemon.open_fds());
+    while flood_started.elapsed() < Duration::from_secs(3) {
+        sample(&mut max_fds);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held_at_shutdown = established.load(Ordering::Relaxed);
+
+    let signalled = Instant::now();
+    bus.fakes.prepare_for_shutdown(true).await.unwrap();
+    let mut released = None;
+    while signalled.elapsed() < Duration::from_secs(40) {
+        sample(&mut max_fds);
+        if released.is_none() && bus.fakes.state().held().is_empty() {
+            released = Some(signalled.elapsed());
+        }
+        // The flood outlasts the release and a connection time limit (10 s).
+        if released.is_some() && flood_started.elapsed() > Duration::from_secs(12) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let flood_lasted = flood_started.elapsed();
+    let cpu = daemon.cpu() - cpu_before;
+    let held_at_end = established.load(Ordering::Relaxed);
+    release.cancel();
+    let log = daemon.log();
+    println!(
+        "established {held_at_shutdown} of 2000 at the signal, {held_at_end} by the end; daemon fds {fds_before} before, at most {max_fds}; \
+         released {released:?} after the signal; daemon CPU {cpu:?} in {flood_lasted:?}; log {} lines",
+        log.lines().count()
+    );
+
+    let released =
+        released.unwrap_or_else(|| panic!("the inhibitor was never released; log:\n{log}"));
+    assert!(
+        released < Duration::from_secs(15),
+        "released only after {released:?}"
+    );
+    for p in pods {
+        assert!(!env.pod_exists(p), "{p} still exists");
+        assert!(
+            env.evicted().contains(&p.to_string()),
+            "{p} was not evicted"
+        );
+    }
+    assert!(
+        held_at_shutdown >= 1000,
+        "only {held_at_shutdown} connections established: the flood did not happen"
+    );
+    assert!(
+        max_fds <= fds_before + 16 + 8,
+        "the endpoint took descriptors beyond its cap: {fds_before} before, {max_fds} at most"
+    );
+    assert!(max_fds < (DAEMON_NOFILE - 256) as usize);
+    assert!(
+        cpu < flood_lasted / 10,
+        "the daemon used {cpu:?} of CPU in {flood_lasted:?}"
+    );
+    assert!(!log.contains("Too many open files"), "{log}");
+    assert!(
+        log.lines().count() < 200,
+        "the log grew by {} lines",
+        log.lines().count()
+    );
+
+    // The endpoint serves again once the flood is gone.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reply = scrape(&addr).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("nodegrace_inhibitor_held 0"), "{reply}");
+}
+
+#[tokio::test]
+async fn a_metrics_port_already_taken_is_reported_by_its_key_and_the_node_still_protected() {
+    let env = Env::new(&[]).await;
+    let bus_dir = tempfile::tempdir().unwrap();
+    let bus = bus_env(bus_dir.path()).await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut daemon = Daemon::start(&env, &bus, port);
+    wait_armed(&bus, &daemon).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains("metrics.listen") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = daemon.log();
+    assert!(log.contains("metrics.listen"), "{log}");
+    assert!(log.contains(&format!("127.0.0.1:{port}")), "{log}");
+    assert!(log.contains("in use"), "{log}");
+    assert!(log.contains("the node is protected all the same"), "{log}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(daemon.child.try_wait().ok().flatten().is_none(), "{log}");
+    assert_eq!(bus.held_by_us(), 1);
+}
+
+#[tokio::test]
+async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() {
+    let Some(promtool) = promtool::promtool("promtool check metrics on the endpoint") else {
+        return;
+    };
+    let (_env, _bus_dir, bus, daemon, addr) = armed_daemon(&["web-1", "web-2"]).await;
+    bus.fakes
+        .prepare_for_shutdown_typed(true, "reboot")
+        .await
+        .unwrap();
+    let released = tokio::time::timeout(
+        Duration::from_secs(30),
+        bus.fakes.wait_until(|s| s.held().is_empty()),
+    )
+    .await;
+    assert!(released.is_ok(), "{}", daemon.log());
+    // The status mirror sets the last gauges just after the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reply = scrape(&addr).await;
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{reply}");
+    for line in [
+        "nodegrace_pods_terminated_total{method=\"eviction\"} 2",
+        "nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"} 1",
+        "nodegrace_armed 0",
+        "nodegrace_draining 0",
+        "nodegrace_bus_connected 1",
+    ] {
+        assert!(body.contains(line), "{line} missing:\n{body}");
+    }
+    promtool::check_metrics(&promtool, body);
+}
