@@ -241,7 +241,7 @@ impl Checked for ShutdownState {
         }
         check_boot_id(&self.boot_id)?;
         if let Some(b) = self.started_since_boot_seconds {
-            if !b.is_finite() || b < 0.0 || b > 1e12 {
+            if !(0.0..=1e12).contains(&b) {
                 return Err(format!(
                     "startedSinceBootSeconds {b} is not a time since boot"
                 ));

@@ -75,6 +75,10 @@ const STATUS_DEBOUNCE: Duration = Duration::from_millis(200);
 const POD_CACHE_DEBOUNCE: Duration = Duration::from_secs(1);
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// How often a shutdown drain asks while the apiserver seems well ([`Shared::probe`]).
+const QUIET_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// A probe not answered by then found the apiserver unusable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Between tries of a shutdown step the apiserver did not take.
 const RETRY_IN_SHUTDOWN: Duration = Duration::from_millis(200);
 

@@ -13,7 +13,10 @@ use tokio::time::Instant;
 
 use crate::plan::reachability::{self, Answer, Change};
 
-use super::{lock, Engine, EngineError, Ready, Replan, Shared, PROBE_INTERVAL, RETRY_IN_SHUTDOWN};
+use super::{
+    lock, Engine, EngineError, Ready, Replan, Shared, PROBE_INTERVAL, PROBE_TIMEOUT,
+    RETRY_IN_SHUTDOWN,
+};
 
 /// `d` to whole milliseconds, for messages.
 pub(super) fn round_ms(d: Duration) -> Duration {
@@ -164,14 +167,24 @@ impl Shared {
     }
 
     /// One cheap request to learn whether the apiserver answers.
+    /// A consistent read of the Node (no resourceVersion: served from etcd, not the watch
+    /// cache); one that gets no answer in [`PROBE_TIMEOUT`] counts as an unusable answer.
     pub(super) async fn probe(&self) {
         let api: Api<Node> = Api::all(self.client.clone());
-        let r = api
-            .get_metadata_opt(&self.node)
-            .await
-            .map_err(anyhow::Error::from);
+        let r = match tokio::time::timeout(PROBE_TIMEOUT, api.get_metadata_opt(&self.node)).await {
+            Ok(r) => r.map_err(anyhow::Error::from),
+            Err(_) => {
+                self.mark_unreachable(&format_args!(
+                    "reading the Node {}: no answer in {} s",
+                    self.node,
+                    PROBE_TIMEOUT.as_secs()
+                ));
+                return;
+            }
+        };
+        let was_usable = lock(&self.reach).usable();
         self.note(&r);
-        if r.is_ok() {
+        if r.is_ok() && !was_usable {
             self.bump();
         }
     }

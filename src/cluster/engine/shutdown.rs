@@ -34,7 +34,7 @@ use super::{
     anyhow_is_unusable, is_deleting, is_unusable, kind_str, lock, merge_params, merge_values,
     shutdown_maintenance_name, sleep_until_opt, AfterBoot, Engine, EngineError, Progress, Replan,
     Shared, ShutdownCtx, ShutdownTimings, BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL,
-    SHUTDOWN_KIND_ANNOTATION,
+    QUIET_PROBE_INTERVAL, SHUTDOWN_KIND_ANNOTATION,
 };
 
 /// How long the drain waits, beside the cordon, for the evicting identity's connection.
@@ -140,10 +140,18 @@ impl Engine {
             }
             events.borrow_and_update();
             let deadline = sh.unreachable_deadline();
-            // A watch that reconnected quietly says nothing: while failing, ask directly.
-            let probe_at = deadline.map(|_| Instant::now() + PROBE_INTERVAL);
+            // A watch that reconnected quietly says nothing: while failing, ask directly. While
+            // all is quiet ask too, less often: an apiserver whose etcd is away still streams
+            // its watch cache and answers nothing else, and only a read that reaches etcd
+            // tells the drain that its schedule is losing time (issue 33).
+            let probe_at = Instant::now()
+                + if deadline.is_some() {
+                    PROBE_INTERVAL
+                } else {
+                    QUIET_PROBE_INTERVAL
+                };
             tokio::select! {
-                _ = sleep_until_opt(probe_at) => sh.probe().await,
+                () = tokio::time::sleep_until(probe_at) => sh.probe().await,
                 r = progress.changed() => if r.is_err() {
                     return Err(anyhow::anyhow!("the engine stopped").into());
                 },
