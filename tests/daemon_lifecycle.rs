@@ -622,6 +622,91 @@ async fn with_metadata_the_kind_comes_from_the_signal() {
     }
 }
 
+/// Issue 29's bad input from logind 255+: metadata without a type (or with one that is not a
+/// string) leaves the kind to `ScheduledShutdown`, as before 255; the metadata signal alone
+/// (no plain one), or the plain one alone, starts the drain; a shutdown announced again
+/// (both signals twice, even naming another kind) drains once, as the kind first named.
+#[tokio::test]
+async fn odd_metadata_signals_start_one_drain_each_shutdown() {
+    use std::collections::HashMap;
+    use zbus::zvariant::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    let d = env
+        .spawn_armed(env.settings(), Arc::new(drainer.clone()))
+        .await;
+    let drained = |n: usize| {
+        let drainer = drainer.clone();
+        async move { within(drainer.wait_until(|r| r.drains.len() == n)).await }
+    };
+    let cancelled = |n: usize| {
+        let drainer = drainer.clone();
+        async move { within(drainer.wait_until(|r| r.cancels.len() == n)).await }
+    };
+
+    // No type, then the plain signal.
+    env.fakes.with(|s| s.scheduled_shutdown = "reboot".into());
+    env.fakes
+        .prepare_for_shutdown_metadata(true, HashMap::new())
+        .await
+        .unwrap();
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    assert_eq!(drained(1).await.drains[0].req.kind, ShutdownKind::Reboot);
+    env.fakes.prepare_for_shutdown(false).await.unwrap();
+    cancelled(1).await;
+
+    // A type that is no string, and no plain signal after it.
+    env.fakes.with(|s| s.scheduled_shutdown = "halt".into());
+    env.fakes
+        .prepare_for_shutdown_metadata(true, HashMap::from([("type", Value::from(7u32))]))
+        .await
+        .unwrap();
+    assert_eq!(drained(2).await.drains[1].req.kind, ShutdownKind::Halt);
+    env.fakes
+        .prepare_for_shutdown_metadata(false, HashMap::new())
+        .await
+        .unwrap();
+    cancelled(2).await;
+    env.fakes.with(|s| s.scheduled_shutdown.clear());
+
+    // The metadata signal alone; then both signals twice, once naming another kind.
+    env.fakes
+        .prepare_for_shutdown_metadata(true, HashMap::from([("type", Value::from("soft-reboot"))]))
+        .await
+        .unwrap();
+    assert_eq!(
+        drained(3).await.drains[2].req.kind,
+        ShutdownKind::SoftReboot
+    );
+    env.fakes.prepare_for_shutdown(true).await.unwrap();
+    env.fakes
+        .prepare_for_shutdown_typed(true, "soft-reboot")
+        .await
+        .unwrap();
+    env.fakes
+        .prepare_for_shutdown_typed(true, "poweroff")
+        .await
+        .unwrap();
+    within(d.handle.wait_for(|s| s.phase == Phase::Draining))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rec = drainer.record();
+    assert_eq!(rec.drains.len(), 3, "one drain per shutdown");
+    let file = Status::read(&env.paths().status_file).unwrap();
+    assert_eq!(file.shutdown.unwrap().kind, ShutdownKind::SoftReboot);
+    drainer.finish();
+    within(env.fakes.wait_until(|s| s.held().is_empty())).await;
+    let persisted = ShutdownState::load(&env.settings().state_dir)
+        .unwrap()
+        .unwrap();
+    assert_eq!(persisted.kind, ShutdownKind::SoftReboot);
+    assert_eq!(drainer.record().drains.len(), 3);
+    d.handle.terminate();
+    within(d.task).await.unwrap().unwrap();
+}
+
 /// A soft reboot keeps the kernel and so its boot id: the daemon that starts after one it
 /// let go takes it as a boot (after_boot), not as a shutdown cancelled while it was down,
 /// as it would a regular reboot.

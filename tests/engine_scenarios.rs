@@ -1604,6 +1604,118 @@ async fn after_a_soft_reboot_the_maintenance_of_the_same_boot_id_is_completed() 
     .await;
 }
 
+/// Issue 29's bad input: a second soft reboot while the first one's maintenance is still
+/// open (kept by `after_boot = "keep"`). The second shutdown adopts the open maintenance
+/// (no second object, no pod asked twice) and the boot after it completes it: uncordoned,
+/// the static pod's manifest back.
+#[tokio::test]
+async fn a_soft_reboot_while_the_last_ones_maintenance_is_open_adopts_it() {
+    let env = Env::new(kubelet(50)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+    let name = shutdown_maintenance_name(NODE);
+    let engine = env.engine(env.settings());
+    let soft = request(ShutdownKind::SoftReboot, Duration::from_secs(60));
+    engine.shutdown_drain(&soft).await.unwrap();
+    let first = env.maintenance(&name).unwrap().metadata.uid.unwrap();
+    drop(engine);
+
+    let engine = env.engine(env.settings());
+    let outcome = engine
+        .after_boot_of("boot-1", true, CompletionPolicy::Keep, None)
+        .await
+        .unwrap();
+    assert_eq!(outcome, AfterBoot::Kept);
+    assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
+    engine.shutdown_drain(&soft).await.unwrap();
+    let m = env.maintenance(&name).unwrap();
+    assert_eq!(m.metadata.uid.as_deref(), Some(first.as_str()), "adopted");
+    assert_eq!(m.spec.stage, Stage::Drain);
+    drop(engine);
+
+    let engine = env.engine(env.settings());
+    let outcome = engine
+        .after_boot_of("boot-1", true, CompletionPolicy::Complete, None)
+        .await
+        .unwrap();
+    assert_eq!(outcome, AfterBoot::Completed);
+    eventually(10, "completed, uncordoned, static pod restored", || {
+        let m = env.maintenance(&name).unwrap();
+        m.spec.stage == Stage::Complete
+            && m.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+            && env.node()["spec"]
+                .get("unschedulable")
+                .is_none_or(|u| u == false)
+            && env.gate.gated_files().is_empty()
+    })
+    .await;
+    assert_eq!(env.evictions(), ["web"], "each pod asked once");
+}
+
+/// Issue 29's bad input: the state a soft reboot left names a shutdown whose maintenance was
+/// deleted while userspace restarted. Deleted with its finalizer in place, the engine of the
+/// new userspace carries out its Complete stage before it goes; deleted outright, there is
+/// nothing to complete. Either way the node ends uncordoned, the manifest back and the
+/// shutdown conditions cleared.
+#[tokio::test]
+async fn the_boot_after_a_soft_reboot_whose_maintenance_was_deleted_leaves_nothing_behind() {
+    for outright in [false, true] {
+        let env = Env::new(kubelet(50)).await;
+        env.pod("web", Kind::Default, 0, 30, json!({}));
+        env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+        let name = shutdown_maintenance_name(NODE);
+        let engine = env.engine(env.settings());
+        engine
+            .shutdown_drain(&request(ShutdownKind::SoftReboot, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        drop(engine);
+        if outright {
+            env.cluster
+                .store
+                .update_in_process("nodegrace.dev", "nodemaintenances", "", &name, |m| {
+                    m["metadata"]["finalizers"] = json!([]);
+                })
+                .unwrap();
+        }
+        assert!(env.cluster.store.finish_deletion(
+            "nodegrace.dev",
+            "nodemaintenances",
+            "",
+            &name,
+            None
+        ));
+
+        let engine = env.engine(env.settings());
+        let outcome = engine
+            .after_boot_of("boot-1", true, CompletionPolicy::Complete, None)
+            .await
+            .unwrap();
+        let want = if outright {
+            AfterBoot::NoMaintenance
+        } else {
+            AfterBoot::AlreadyComplete
+        };
+        assert_eq!(outcome, want, "deleted outright: {outright}");
+        eventually(10, "nothing left of the shutdown", || {
+            let node = env.node();
+            env.maintenance(&name).is_none()
+                && node["spec"].get("unschedulable").is_none_or(|u| u == false)
+                && !node["spec"]["taints"]
+                    .to_string()
+                    .contains("nodegrace.dev/")
+                && env.gate.gated_files().is_empty()
+        })
+        .await;
+        assert_eq!(
+            condition(&env, "DrainInProgress"),
+            Some(("False".into(), "NodeShutdownEnded".into()))
+        );
+        assert_eq!(env.evictions(), ["web"]);
+        drop(engine);
+    }
+}
+
 /// A file the kubelet refuses in its staticPodPath names no pod, so no priority: the
 /// shutdown gates it last, once the node is empty (after the static pods), and the boot's
 /// completion restores it, also when it is the only file gated.

@@ -510,6 +510,20 @@ fn configured_directories_are_writable_and_a_reboot_is_named() {
     if skip("configured_directories_are_writable_and_a_reboot_is_named") {
         return;
     }
+    configured_directories_are_writable_and_a_reboot_is_named_on(real::Debian::Bookworm);
+}
+
+/// The same on Debian 13: systemd 257's generator run and sandbox, and logind 257, which
+/// names the reboot in `PrepareForShutdownWithMetadata`.
+#[test]
+fn on_debian_13_configured_directories_are_writable_and_a_reboot_is_named() {
+    if skip("on_debian_13_configured_directories_are_writable_and_a_reboot_is_named") {
+        return;
+    }
+    configured_directories_are_writable_and_a_reboot_is_named_on(real::Debian::Trixie);
+}
+
+fn configured_directories_are_writable_and_a_reboot_is_named_on(debian: real::Debian) {
     const CONFIG: &str = r#"state_dir = "/srv/nodegrace"
 [node]
 name = "nodegrace-test"
@@ -521,6 +535,7 @@ manifest_dir = "/srv/kubernetes/manifests"
 gate_dir = "/srv/nodegrace-gate"
 "#;
     let mut spec = nodegrace_spec_with(2, CONFIG);
+    spec.debian = debian;
     spec.bind(
         "/etc/systemd/system-generators/nodegrace-generator",
         real::repo_file("systemd/nodegrace-generator"),
@@ -529,7 +544,8 @@ gate_dir = "/srv/nodegrace-gate"
         "/srv/kubernetes/manifests/README",
         "the kubelet's manifests\n",
     );
-    let mut c = Container::boot("generator", &spec);
+    let mut c = Container::boot(&format!("generator-{}", debian.suite()), &spec);
+    assert_eq!(c.systemd_version(), debian.systemd());
     c.wait_active("nodegrace.service", Duration::from_secs(30));
     assert_holds_delay_inhibitor(&c);
     let rw = c.run(&[
@@ -566,7 +582,8 @@ gate_dir = "/srv/nodegrace-gate"
     ]);
     let exposure = String::from_utf8_lossy(&exposure.stdout).into_owned();
     eprintln!(
-        "systemd-analyze security (booted systemd 252, with the generated drop-in): {}",
+        "systemd-analyze security (booted systemd {}, with the generated drop-in): {}",
+        debian.systemd(),
         exposure
             .lines()
             .find(|l| l.contains("Overall exposure level"))
@@ -594,4 +611,55 @@ gate_dir = "/srv/nodegrace-gate"
         "the state directory was not writable:\n{}",
         c.journal_text()
     );
+}
+
+/// logind 257 names each shutdown it can be asked for here in its metadata; nodegrace drains
+/// for that kind and says so in `nodegrace status` while it drains. (`systemctl kexec`
+/// cannot be asked for in a container: without a kexec kernel loaded, logind 257 answers
+/// `RebootWithFlags(KEXEC)` with type "reboot" — measured — and loading one needs the host.)
+#[test]
+fn on_debian_13_poweroff_and_halt_are_named_in_the_drain_and_in_status() {
+    if skip("on_debian_13_poweroff_and_halt_are_named_in_the_drain_and_in_status") {
+        return;
+    }
+    for verb in ["poweroff", "halt"] {
+        let mut spec = nodegrace_spec(3);
+        spec.debian = real::Debian::Trixie;
+        let mut c = Container::boot(&format!("kind-{verb}"), &spec);
+        c.wait_active("nodegrace.service", Duration::from_secs(30));
+        real::wait_until("nodegrace's inhibitor", Duration::from_secs(15), || {
+            let list = c.run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
+            list.contains("nodegrace").then_some(())
+        });
+        let _ = c.exec(&["systemctl", "--no-block", verb]);
+        let status = real::wait_until(
+            "`nodegrace status` naming the shutdown",
+            Duration::from_secs(10),
+            || {
+                let out = c.exec(&["nodegrace", "status"]);
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                text.lines()
+                    .any(|l| l.starts_with("Shutdown") && l.contains(&format!(" {verb} since")))
+                    .then_some(text)
+            },
+        );
+        eprintln!(
+            "{verb}: {}",
+            status
+                .lines()
+                .find(|l| l.starts_with("Shutdown"))
+                .unwrap_or_default()
+        );
+        let exit = c.wait_exit(Duration::from_secs(60)).unwrap_or_else(|| {
+            panic!(
+                "the container did not {verb} within 60 s:\n{}",
+                c.journal_text()
+            )
+        });
+        assert!(exit.success(), "systemd-nspawn exited with {exit}");
+        let ng = c.journal_of("nodegrace");
+        let draining = first_with(&ng, "draining the node")
+            .unwrap_or_else(|| panic!("nodegrace never began draining:\n{}", c.journal_text()));
+        assert_eq!(draining.field("KIND"), Some(verb), "{}", c.journal_text());
+    }
 }

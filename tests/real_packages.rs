@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use real::{first_with, Container, Spec};
+use real::{first_with, Container, Debian, Spec};
 
 fn skip(test: &str) -> bool {
     if !real::enabled(&format!("real_packages::{test}")) {
@@ -238,9 +238,32 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
     if skip("deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff") {
         return;
     }
+    deb_installed_holds_its_inhibitor_and_delays_poweroff(Debian::Bookworm);
+}
+
+/// The same in Debian 13: systemd 257 enables the unit, runs the generator and takes the
+/// packaged logind drop-in.
+#[test]
+fn deb_installed_in_a_booted_debian_13_holds_its_inhibitor_and_delays_poweroff() {
+    if skip("deb_installed_in_a_booted_debian_13_holds_its_inhibitor_and_delays_poweroff") {
+        return;
+    }
+    deb_installed_holds_its_inhibitor_and_delays_poweroff(Debian::Trixie);
+}
+
+fn deb_installed_holds_its_inhibitor_and_delays_poweroff(debian: Debian) {
     let deb = package("NODEGRACE_TEST_DEB");
-    let mut spec = Spec::default();
+    let mut spec = Spec {
+        debian,
+        ..Spec::default()
+    };
     spec.bind("/root/nodegrace.deb", &deb)
+        // A gate directory elsewhere than the unit's defaults: the generator must make it
+        // writable, or the daemon refuses to start.
+        .file(
+            "/etc/nodegrace/config.d/50-gate.toml",
+            "[static_pods]\ngate_dir = \"/srv/nodegrace-gate\"\n",
+        )
         .file(
             "/etc/systemd/logind.conf.d/50-unattended-upgrades.conf",
             "[Login]\nInhibitDelayMaxSec=30\n",
@@ -250,7 +273,8 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
             real::marker_unit("marker"),
         )
         .want("marker.service");
-    let mut c = Container::boot("deb", &spec);
+    let mut c = Container::boot(&format!("deb-{}", debian.suite()), &spec);
+    assert_eq!(c.systemd_version(), debian.systemd());
     c.wait_active("marker.service", Duration::from_secs(30));
     c.wait_active("dbus.service", Duration::from_secs(10));
 
@@ -263,6 +287,22 @@ fn deb_installed_in_a_booted_debian_holds_its_inhibitor_and_delays_poweroff() {
         "enabled"
     );
     c.run(&["test", "-d", "/var/lib/nodegrace"]);
+    let generated = c.run(&[
+        "cat",
+        "/run/systemd/generator/nodegrace.service.d/50-nodegrace-paths.conf",
+    ]);
+    assert!(
+        generated.contains("/srv/nodegrace-gate"),
+        "the generator's drop-in does not name the gate directory:\n{generated}"
+    );
+    let rw = c.run(&[
+        "systemctl",
+        "show",
+        "-P",
+        "ReadWritePaths",
+        "nodegrace.service",
+    ]);
+    assert!(rw.contains("/srv/nodegrace-gate"), "ReadWritePaths: {rw}");
     let inhibitors = real::wait_until("nodegrace's inhibitor", Duration::from_secs(10), || {
         let list = c.run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
         list.lines()

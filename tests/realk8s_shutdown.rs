@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use nodegrace::NodeMaintenance;
+use real::Debian;
 use realk8s::audit;
 use realk8s::fixture::*;
 use realk8s::kubelet::{Kubelet, PodRecord};
@@ -169,7 +170,20 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
     if skip("poweroff_drains_every_band_in_order_through_evictions") {
         return;
     }
-    let mut f = Fixture::new("ng-off").await;
+    poweroff_drains_every_band(Fixture::new("ng-off").await).await;
+}
+
+/// The same on Debian 13 (systemd 257, whose logind names the shutdown in
+/// `PrepareForShutdownWithMetadata`), the node carrying everything in its own root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_debian_13_poweroff_drains_every_band_in_order_through_evictions() {
+    if skip("on_debian_13_poweroff_drains_every_band_in_order_through_evictions") {
+        return;
+    }
+    poweroff_drains_every_band(Fixture::on("ng-off13", Debian::Trixie).await).await;
+}
+
+async fn poweroff_drains_every_band(mut f: Fixture) {
     f.node.config_dropins.push((
         "50-budget.toml".into(),
         format!("[shutdown]\nmax_delay = \"{BUDGET_SECS}s\"\n"),
@@ -378,6 +392,12 @@ async fn poweroff_drains_every_band_in_order_through_evictions() {
     let nms: Api<NodeMaintenance> = Api::all(f.admin.clone());
     let m = nms.get(&format!("shutdown-{}", f.name)).await.unwrap();
     assert_eq!(m.spec.stage, nodegrace::Stage::Drain);
+    assert_eq!(
+        m.annotations()
+            .get("nodegrace.dev/shutdown-kind")
+            .map(String::as_str),
+        Some("poweroff")
+    );
     assert!(
         m.spec
             .reason
@@ -617,18 +637,40 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     if skip("the_boot_after_a_poweroff_completes_the_shutdown_maintenance") {
         return;
     }
-    let mut f = Fixture::new("ng-boot").await;
+    the_boot_after_completes_the_shutdown_maintenance(Fixture::new("ng-boot").await, "poweroff")
+        .await;
+}
+
+/// The same after a `systemctl reboot` of a Debian 13 (systemd 257) node that carries
+/// everything in its own root, as a host does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_debian_13_the_boot_after_a_reboot_completes_the_shutdown_maintenance() {
+    if skip("on_debian_13_the_boot_after_a_reboot_completes_the_shutdown_maintenance") {
+        return;
+    }
+    let f = Fixture::on("ng-boot13", Debian::Trixie).await;
+    the_boot_after_completes_the_shutdown_maintenance(f, "reboot").await;
+}
+
+async fn the_boot_after_completes_the_shutdown_maintenance(mut f: Fixture, verb: &str) {
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
     workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
     f.kubelet.wait_running(2).await;
     f.node.boot();
-    let _ = f.node.shutdown("poweroff", Duration::from_secs(120));
+    let _ = f.node.shutdown(verb, Duration::from_secs(120));
     let name = format!("shutdown-{node}");
     let before = wait_maintenance(c, &name, "the drain", Duration::from_secs(5), |m| {
         m.spec.stage == nodegrace::Stage::Drain
     })
     .await;
+    assert_eq!(
+        before
+            .annotations()
+            .get("nodegrace.dev/shutdown-kind")
+            .map(String::as_str),
+        Some(verb)
+    );
     assert!(f.node.state.join("gated-manifests/etcd.yaml").exists());
     let down = wait_node(c, &node, "the shutdown conditions", |n| {
         says(n, "GracefulNodeShutdownInProgress", "True", "NodeShutdown")
@@ -646,33 +688,10 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
     let booted_again = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
     f.node.boot();
 
-    let done = wait_maintenance(
-        c,
-        &name,
-        "completed after the boot",
-        Duration::from_secs(60),
-        |m| {
-            m.spec.stage == nodegrace::Stage::Complete
-                && m.node_status(&node)
-                    .is_some_and(|e| e.drain_message == "Completed")
-                && !has_finalizer(m)
-        },
-    )
-    .await;
+    let done = completed_after_the_boot(&f).await;
     assert_eq!(done.uid(), before.uid(), "the same maintenance, completed");
-    let up = wait_node(c, &node, "uncordoned", |n| {
-        !cordoned(n) && !maintenance_tainted(n)
-    })
-    .await;
     // The True the shutdown left is cleared first: before the maintenance is completed
     // and the node uncordoned.
-    for t in ["GracefulNodeShutdownInProgress", "DrainInProgress"] {
-        assert!(
-            says(&up, t, "False", "NodeShutdownEnded"),
-            "{t}: {:?}",
-            condition_of(&up, t)
-        );
-    }
     let reqs: Vec<audit::Request> = f
         .requests()
         .into_iter()
@@ -693,6 +712,40 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
         writes[0].completed <= completed_at,
         "the stale conditions were cleared after the maintenance was completed"
     );
+    audit::assert_allowed_by_cluster_role(&f.requests());
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}
+
+/// Waits until the boot after a shutdown completed `shutdown-<node>` (its finalizer gone),
+/// uncordoned the node with the shutdown conditions `False`, and put the gated static pod
+/// `etcd` back (its mirror pod too); returns the maintenance.
+async fn completed_after_the_boot(f: &Fixture) -> NodeMaintenance {
+    let (c, node) = (&f.admin, f.name.as_str());
+    let done = wait_maintenance(
+        c,
+        &format!("shutdown-{node}"),
+        "completed after the boot",
+        Duration::from_secs(60),
+        |m| {
+            m.spec.stage == nodegrace::Stage::Complete
+                && m.node_status(node)
+                    .is_some_and(|e| e.drain_message == "Completed")
+                && !has_finalizer(m)
+        },
+    )
+    .await;
+    let up = wait_node(c, node, "uncordoned", |n| {
+        !cordoned(n) && !maintenance_tainted(n)
+    })
+    .await;
+    for t in ["GracefulNodeShutdownInProgress", "DrainInProgress"] {
+        assert!(
+            says(&up, t, "False", "NodeShutdownEnded"),
+            "{t}: {:?}",
+            condition_of(&up, t)
+        );
+    }
     f.kubelet
         .wait_for(
             "the static pod's mirror back",
@@ -701,9 +754,7 @@ async fn the_boot_after_a_poweroff_completes_the_shutdown_maintenance() {
         )
         .await;
     assert!(f.node.manifests.join("etcd.yaml").exists());
-    audit::assert_allowed_by_cluster_role(&f.requests());
-    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
-    f.cleanup().await;
+    done
 }
 
 fn maintenance_by_label(
@@ -1137,4 +1188,116 @@ async fn nodegrace_complete_keeps_static_pods_gated_under_another_maintenance() 
     let _ = nms.delete(&name, &DeleteParams::default()).await;
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
+}
+
+/// A soft reboot of a Debian 13 (systemd 257) node end to end, as `how` asks for it: the
+/// drain runs as for a reboot (kind `soft-reboot` from logind's metadata), userspace restarts
+/// in the same container with the same boot id, and nodegrace of the new userspace knows it
+/// is the boot after that shutdown: the maintenance completes, the gated manifest is back,
+/// the node uncordoned, the conditions cleared, no pod asked to go twice.
+async fn a_soft_reboot_completes_in_the_new_userspace(prefix: &str, how: &[&str]) {
+    let mut f = Fixture::on(prefix, Debian::Trixie).await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(300)).await;
+    workload::static_pod(
+        &f.node.manifests,
+        &ns,
+        PodShape::new("etcd").exits_after_ms(200),
+    );
+    f.kubelet.wait_running(4).await;
+    let originals: Vec<String> = f
+        .kubelet
+        .live_pods()
+        .iter()
+        .filter(|p| app_of(p) == "web")
+        .map(|p| p.name_any())
+        .collect();
+    f.node.boot();
+    let boot_id = |f: &Fixture| {
+        f.node
+            .container()
+            .run(&["cat", "/proc/sys/kernel/random/boot_id"])
+    };
+    let boot_before = boot_id(&f);
+    let took = f.node.soft_reboot(how, Duration::from_secs(120));
+    println!(
+        "soft reboot ({}): new userspace's nodegrace armed after {took:.2?}",
+        how.join(" ")
+    );
+    assert_eq!(boot_id(&f), boot_before, "the kernel stayed");
+    let soft_reboots = f
+        .node
+        .container()
+        .run(&["systemctl", "show", "-P", "SoftRebootsCount"]);
+    assert_eq!(soft_reboots.trim(), "1", "systemd counted no soft reboot");
+
+    let done = completed_after_the_boot(&f).await;
+    assert_eq!(
+        done.annotations()
+            .get("nodegrace.dev/shutdown-kind")
+            .map(String::as_str),
+        Some("soft-reboot")
+    );
+    assert!(!f.node.state.join("gated-manifests/etcd.yaml").exists());
+
+    let container = f.node.container();
+    let journal = container.journal_text();
+    let ng = container.journal_of("nodegrace");
+    let draining = real::first_with(&ng, "draining the node")
+        .unwrap_or_else(|| panic!("nodegrace never began draining:\n{journal}"));
+    assert_eq!(draining.field("KIND"), Some("soft-reboot"), "{journal}");
+    assert!(
+        real::first_with(&ng, "the boot after a soft reboot").is_some(),
+        "the new userspace's nodegrace did not take it as the boot after the shutdown:\n{journal}"
+    );
+    let status = container.run(&["nodegrace", "status"]);
+    let last = status
+        .lines()
+        .find(|l| l.starts_with("Last shutdown"))
+        .unwrap_or_else(|| panic!("no last shutdown in `nodegrace status`:\n{status}"));
+    assert!(last.contains("soft-reboot"), "{status}");
+
+    let reqs = f.requests();
+    let mut evicted: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in reqs.iter().filter(|r| r.subresource == "eviction") {
+        *evicted.entry(r.name.as_str()).or_default() += 1;
+    }
+    for pod in &originals {
+        assert_eq!(
+            evicted.get(pod.as_str()),
+            Some(&1),
+            "{pod} evicted {:?} times: {evicted:?}",
+            evicted.get(pod.as_str())
+        );
+    }
+    assert!(evicted.values().all(|n| *n == 1), "{evicted:?}");
+    audit::assert_allowed_by_cluster_role(&reqs);
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    f.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_debian_13_a_soft_reboot_completes_in_the_new_userspace() {
+    if skip("on_debian_13_a_soft_reboot_completes_in_the_new_userspace") {
+        return;
+    }
+    a_soft_reboot_completes_in_the_new_userspace("ng-soft13", &["systemctl", "soft-reboot"]).await;
+}
+
+/// systemd 255+ makes `systemctl reboot` a soft reboot when `/run/nextroot/` holds a root
+/// (here the node's own root, bound there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_debian_13_a_reboot_into_run_nextroot_completes_in_the_new_userspace() {
+    if skip("on_debian_13_a_reboot_into_run_nextroot_completes_in_the_new_userspace") {
+        return;
+    }
+    a_soft_reboot_completes_in_the_new_userspace(
+        "ng-next13",
+        &[
+            "sh",
+            "-c",
+            "mkdir -p /run/nextroot && mount --bind / /run/nextroot && systemctl reboot",
+        ],
+    )
+    .await;
 }

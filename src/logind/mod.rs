@@ -59,15 +59,43 @@ pub enum LogindEvent {
 
 /// The `type` of `PrepareForShutdownWithMetadata` ("poweroff", "reboot", "kexec", ...), or
 /// of `ScheduledShutdown` ("dry-poweroff" and the like are not sent for a real shutdown).
+/// logind's manual spells poweroff "power-off"; logind 257 sends "poweroff": both are taken.
 pub(crate) fn shutdown_kind_from_type(t: &str) -> ShutdownKind {
     match t {
-        "poweroff" => ShutdownKind::Poweroff,
+        "poweroff" | "power-off" => ShutdownKind::Poweroff,
         "reboot" => ShutdownKind::Reboot,
         "halt" => ShutdownKind::Halt,
         "kexec" => ShutdownKind::Kexec,
         "soft-reboot" => ShutdownKind::SoftReboot,
         _ => ShutdownKind::Unknown,
     }
+}
+
+/// The kind `PrepareForShutdownWithMetadata` names. None (the daemon then asks logind's
+/// `ScheduledShutdown` and systemd's jobs, as before 255) when its `type` is missing or not
+/// a string; a type nodegrace does not know is `Unknown`. Both are logged: the drain runs
+/// either way, as for a shutdown of unknown kind.
+fn kind_from_metadata(
+    start: bool,
+    metadata: &HashMap<String, zbus::zvariant::OwnedValue>,
+) -> Option<ShutdownKind> {
+    let Some(value) = metadata.get("type") else {
+        if start {
+            tracing::warn!(keys = ?metadata.keys().collect::<Vec<_>>(), "PrepareForShutdownWithMetadata without a type: the shutdown's kind is read from logind's ScheduledShutdown or systemd's jobs");
+        }
+        return None;
+    };
+    let Ok(text) = String::try_from(value.clone()) else {
+        if start {
+            tracing::warn!(value = ?value, "PrepareForShutdownWithMetadata with a type that is not a string: the shutdown's kind is read from logind's ScheduledShutdown or systemd's jobs");
+        }
+        return None;
+    };
+    let kind = shutdown_kind_from_type(&text);
+    if start && kind == ShutdownKind::Unknown {
+        tracing::warn!(r#type = %text, "logind named a shutdown type nodegrace does not know: drained as a shutdown of unknown kind");
+    }
+    Some(kind)
 }
 
 /// logind as the daemon uses it. A stream from [`Logind::events`] ends when the bus
@@ -339,13 +367,7 @@ impl Logind for ZbusLogind {
                 "PrepareForShutdown" => body.deserialize::<bool>().map(|start| (start, None)),
                 "PrepareForShutdownWithMetadata" => body
                     .deserialize::<(bool, HashMap<String, zbus::zvariant::OwnedValue>)>()
-                    .map(|(start, metadata)| {
-                        let kind = metadata
-                            .get("type")
-                            .and_then(|v| String::try_from(v.clone()).ok())
-                            .map(|t| shutdown_kind_from_type(&t));
-                        (start, kind)
-                    }),
+                    .map(|(start, metadata)| (start, kind_from_metadata(start, &metadata))),
                 _ => return None,
             };
             match parsed {
@@ -368,5 +390,51 @@ impl Logind for ZbusLogind {
         .take_while(|e| futures::future::ready(e.is_some()))
         .filter_map(futures::future::ready);
         Ok(merged.boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_logind_names_is_a_kind_and_power_off_is_poweroff() {
+        for (sent, kind) in [
+            ("poweroff", ShutdownKind::Poweroff),
+            ("power-off", ShutdownKind::Poweroff),
+            ("reboot", ShutdownKind::Reboot),
+            ("halt", ShutdownKind::Halt),
+            ("kexec", ShutdownKind::Kexec),
+            ("soft-reboot", ShutdownKind::SoftReboot),
+            ("", ShutdownKind::Unknown),
+            ("Poweroff", ShutdownKind::Unknown),
+            ("suspend", ShutdownKind::Unknown),
+        ] {
+            assert_eq!(shutdown_kind_from_type(sent), kind, "{sent:?}");
+        }
+    }
+
+    #[test]
+    fn metadata_without_a_string_type_leaves_the_kind_to_be_asked() {
+        let with = |key: &str, value: zbus::zvariant::Value<'static>| {
+            HashMap::from([(
+                key.to_string(),
+                zbus::zvariant::OwnedValue::try_from(value).unwrap(),
+            )])
+        };
+        assert_eq!(kind_from_metadata(true, &HashMap::new()), None);
+        assert_eq!(
+            kind_from_metadata(true, &with("kind", "reboot".into())),
+            None
+        );
+        assert_eq!(kind_from_metadata(true, &with("type", 7u32.into())), None);
+        assert_eq!(
+            kind_from_metadata(true, &with("type", "power-off".into())),
+            Some(ShutdownKind::Poweroff)
+        );
+        assert_eq!(
+            kind_from_metadata(true, &with("type", "warp".into())),
+            Some(ShutdownKind::Unknown)
+        );
     }
 }

@@ -232,18 +232,36 @@ impl Fakes {
         start: bool,
         kind: &str,
     ) -> Result<std::time::Instant> {
+        let metadata =
+            std::collections::HashMap::from([("type", zbus::zvariant::Value::from(kind))]);
+        let at = self.prepare_for_shutdown_metadata(start, metadata).await?;
+        self.prepare_for_shutdown(start).await?;
+        Ok(at)
+    }
+
+    /// Sets `PreparingForShutdown` and emits only `PrepareForShutdownWithMetadata(start,
+    /// metadata)`, whatever the metadata holds; returns the moment of emission.
+    pub async fn prepare_for_shutdown_metadata(
+        &self,
+        start: bool,
+        metadata: std::collections::HashMap<&str, zbus::zvariant::Value<'_>>,
+    ) -> Result<std::time::Instant> {
         let conn = self.connection()?;
         let iface = conn
             .object_server()
             .interface::<_, FakeLogind>(LOGIND_PATH)
             .await?;
-        let mut metadata = std::collections::HashMap::new();
-        metadata.insert("type".to_string(), zbus::zvariant::Value::from(kind));
+        let metadata = metadata
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
         self.shared.with(|s| s.preparing = start);
+        self.shared
+            .log
+            .push(format!("logind: PrepareForShutdownWithMetadata({start})"));
         let at = std::time::Instant::now();
         FakeLogind::prepare_for_shutdown_with_metadata(iface.signal_emitter(), start, metadata)
             .await?;
-        self.prepare_for_shutdown(start).await?;
         Ok(at)
     }
 

@@ -1,13 +1,19 @@
 #!/bin/bash
 # Prints the path of a minimal Debian root with systemd for the real-systemd tests, building it
-# on first use. Cached between runs on the same machine; built in a temp dir and renamed into
+# on first use. Usage: ensure-root.sh [bookworm|trixie] (default bookworm: Debian 12, systemd 252;
+# trixie: Debian 13, systemd 257). Cached between runs on the same machine; built in a temp dir and renamed into
 # place only when complete, so a crash never leaves a half cache. Concurrent callers serialize
 # on a lock and reuse one build.
 set -euo pipefail
 
+suite=${1:-bookworm}
+case $suite in
+    bookworm|trixie) ;;
+    *) echo "ensure-root: unknown suite '$suite' (bookworm or trixie)" >&2; exit 2 ;;
+esac
 cache=${NODEGRACE_TEST_CACHE:-/var/cache/nodegrace-tests}
 # Bump the suffix whenever the package set below changes.
-root=$cache/bookworm-systemd-v1
+root=$cache/$suite-systemd-v1
 
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
@@ -39,10 +45,10 @@ command -v debootstrap >/dev/null || { echo "ensure-root: debootstrap is not ins
 mirror=$(debian_mirror)
 tmp=$(mktemp -d "$cache/.build.XXXXXX")
 trap 'rm -rf --one-file-system "$tmp"' EXIT
-echo "ensure-root: debootstrap bookworm from $mirror into $tmp (first run on this machine)" >&2
+echo "ensure-root: debootstrap $suite from $mirror into $tmp (first run on this machine)" >&2
 start=$(date +%s)
 if ! debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus \
-        bookworm "$tmp/root" "$mirror" >"$tmp/debootstrap.log" 2>&1; then
+        "$suite" "$tmp/root" "$mirror" >"$tmp/debootstrap.log" 2>&1; then
     tail -n 30 "$tmp/debootstrap.log" >&2
     echo "ensure-root: debootstrap failed" >&2
     exit 1

@@ -60,29 +60,165 @@ pub fn which(tool: &str) -> Option<PathBuf> {
         })
 }
 
-/// The cached Debian root (built by `tests/real/ensure-root.sh` on first use).
+/// The Debian releases a node boots: 12 (systemd 252) and 13 (systemd 257, whose logind
+/// sends `PrepareForShutdownWithMetadata` and can soft-reboot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Debian {
+    #[default]
+    Bookworm,
+    Trixie,
+}
+
+impl Debian {
+    pub const ALL: [Debian; 2] = [Debian::Bookworm, Debian::Trixie];
+
+    /// The suite's name, as `tests/real/ensure-root.sh` takes it.
+    pub fn suite(self) -> &'static str {
+        match self {
+            Debian::Bookworm => "bookworm",
+            Debian::Trixie => "trixie",
+        }
+    }
+
+    /// The systemd major version the release ships.
+    pub fn systemd(self) -> u32 {
+        match self {
+            Debian::Bookworm => 252,
+            Debian::Trixie => 257,
+        }
+    }
+}
+
+/// The cached Debian 12 root (built by `tests/real/ensure-root.sh` on first use).
 pub fn debian_root() -> PathBuf {
-    static ROOT: OnceLock<PathBuf> = OnceLock::new();
-    ROOT.get_or_init(|| {
-        let script = Path::new(MANIFEST_DIR).join("tests/real/ensure-root.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
+    debian_root_of(Debian::Bookworm)
+}
+
+/// The cached root of `debian` (built by `tests/real/ensure-root.sh` on first use).
+pub fn debian_root_of(debian: Debian) -> PathBuf {
+    static ROOTS: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
+    ROOTS[debian as usize]
+        .get_or_init(|| {
+            let script = Path::new(MANIFEST_DIR).join("tests/real/ensure-root.sh");
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg(debian.suite())
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("run tests/real/ensure-root.sh");
+            assert!(
+                out.status.success(),
+                "building the Debian {} root failed ({})",
+                debian.suite(),
+                out.status
+            );
+            let root = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            assert!(
+                root.join("usr/lib/systemd/systemd").exists(),
+                "{root:?} has no systemd"
+            );
+            root
+        })
+        .clone()
+}
+
+/// A node's own root: an overlay of a cached root, mounted on the host for as long as this
+/// lives. What the node writes, and what a test puts in it, stays in it across boots and
+/// through a soft reboot (which drops every bind mount nspawn made), as on a real host; the
+/// host reads it at [`OwnRoot::at`].
+pub struct OwnRoot {
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+    pub debian: Debian,
+}
+
+impl OwnRoot {
+    pub fn new(name: &str, debian: Debian) -> OwnRoot {
+        let lower = debian_root_of(debian);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("nodegrace-root-{name}-"))
+            .tempdir()
+            .expect("own root dir");
+        for sub in ["upper", "work", "root"] {
+            fs::create_dir_all(dir.path().join(sub)).expect("overlay dirs");
+        }
+        let root = dir.path().join("root");
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            dir.path().join("upper").display(),
+            dir.path().join("work").display()
+        );
+        let out = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &options])
+            .arg(&root)
             .output()
-            .expect("run tests/real/ensure-root.sh");
+            .expect("run mount");
         assert!(
             out.status.success(),
-            "building the Debian root failed ({})",
-            out.status
+            "mounting the node's root over {lower:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        let root = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        assert!(
-            root.join("usr/lib/systemd/systemd").exists(),
-            "{root:?} has no systemd"
-        );
-        root
-    })
-    .clone()
+        let own = OwnRoot {
+            dir: Some(dir),
+            root,
+            debian,
+        };
+        // The journal persists in the node's root (journald keeps it only where this exists).
+        fs::create_dir_all(own.at("/var/log/journal")).expect("journal dir in the node's root");
+        own
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the node's `container_path` is on the host.
+    pub fn at(&self, container_path: &str) -> PathBuf {
+        self.root.join(container_path.trim_start_matches('/'))
+    }
+
+    /// Writes a file into the node's root (its directories made as needed).
+    pub fn write(&self, container_path: &str, contents: impl AsRef<[u8]>) {
+        let path = self.at(container_path);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).expect("directory in the node's root");
+        }
+        fs::write(&path, contents).unwrap_or_else(|e| panic!("write {path:?}: {e}"));
+    }
+
+    /// Copies a host file into the node's root, mode included.
+    pub fn copy(&self, container_path: &str, host: &Path) {
+        let path = self.at(container_path);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).expect("directory in the node's root");
+        }
+        fs::copy(host, &path).unwrap_or_else(|e| panic!("copy {host:?} to {path:?}: {e}"));
+    }
+}
+
+impl Drop for OwnRoot {
+    fn drop(&mut self) {
+        let unmounted = Command::new("umount")
+            .arg(&self.root)
+            .status()
+            .is_ok_and(|s| s.success())
+            || Command::new("umount")
+                .arg("-l")
+                .arg(&self.root)
+                .status()
+                .is_ok_and(|s| s.success());
+        let Some(dir) = self.dir.take() else { return };
+        if !unmounted || std::thread::panicking() {
+            // Never remove files through a mounted overlay; keep a failed run's evidence.
+            let kept = dir.keep();
+            let _ = writeln!(
+                std::io::stderr(),
+                "node root kept in {} (upper/ holds what the node wrote)",
+                kept.display()
+            );
+        }
+    }
 }
 
 pub fn now_unix() -> f64 {
@@ -120,6 +256,13 @@ pub struct Spec {
     pub rw_dirs: BTreeMap<String, PathBuf>,
     /// Share the host's network (to reach a control plane on the host's loopback).
     pub host_network: bool,
+    /// The release booted from its cached root (with a volatile overlay: nothing the
+    /// container writes outside its binds is kept).
+    pub debian: Debian,
+    /// Boot this root instead (an [`OwnRoot`]'s), keeping what the container writes; the
+    /// files and bound files go into it rather than being bound, so a soft reboot keeps them,
+    /// and the journal is kept in it.
+    pub root: Option<PathBuf>,
 }
 
 impl Spec {
@@ -152,6 +295,8 @@ pub struct Container {
     pub results: tempfile::TempDir,
     /// This container's own cgroups (one per hierarchy nspawn uses), removed on drop.
     cgroups: Vec<PathBuf>,
+    /// Where its persistent journal is on the host.
+    journal_dir: PathBuf,
 }
 
 /// A fresh cgroup, named after the results dir, in each hierarchy systemd-nspawn places its
@@ -215,15 +360,12 @@ pub fn long_running_unit(name: &str) -> String {
 
 impl Container {
     pub fn boot(name: &str, spec: &Spec) -> Container {
-        let root = debian_root();
         let results = tempfile::Builder::new()
             .prefix(&format!("nodegrace-real-{name}-"))
             .tempdir()
             .expect("results dir");
         // The container's root and journald write here; readable afterwards from the host.
         fs::set_permissions(results.path(), fs::Permissions::from_mode(0o777)).ok();
-        let journal = results.path().join("journal");
-        fs::create_dir_all(&journal).expect("journal dir");
         let files_dir = results.path().join("files");
         fs::create_dir_all(&files_dir).expect("files dir");
 
@@ -231,24 +373,50 @@ impl Container {
             "--quiet".into(),
             "--register=no".into(),
             "--keep-unit".into(),
-            "--volatile=overlay".into(),
             format!("--machine=ng-{name}"),
-            format!("--directory={}", root.display()),
             format!("--bind={}:/results", results.path().display()),
-            format!("--bind={}:/var/log/journal", journal.display()),
         ];
-        for (i, (target, contents)) in spec.files.iter().enumerate() {
-            let host = files_dir.join(format!("{i}"));
-            fs::write(&host, contents).expect("write test file");
-            args.push(format!("--bind-ro={}:{target}", host.display()));
-        }
+        let journal_dir = match &spec.root {
+            Some(root) => {
+                args.push(format!("--directory={}", root.display()));
+                for (target, contents) in &spec.files {
+                    let path = root.join(target.trim_start_matches('/'));
+                    fs::create_dir_all(path.parent().expect("a file's directory"))
+                        .expect("directory in the node's root");
+                    fs::write(&path, contents).expect("write test file into the root");
+                }
+                for (target, host) in &spec.bind_files {
+                    let path = root.join(target.trim_start_matches('/'));
+                    fs::create_dir_all(path.parent().expect("a file's directory"))
+                        .expect("directory in the node's root");
+                    fs::copy(host, &path)
+                        .unwrap_or_else(|e| panic!("copy {host:?} to {path:?}: {e}"));
+                }
+                root.join("var/log/journal")
+            }
+            None => {
+                let journal = results.path().join("journal");
+                fs::create_dir_all(&journal).expect("journal dir");
+                args.extend([
+                    "--volatile=overlay".into(),
+                    format!("--directory={}", debian_root_of(spec.debian).display()),
+                    format!("--bind={}:/var/log/journal", journal.display()),
+                ]);
+                for (i, (target, contents)) in spec.files.iter().enumerate() {
+                    let host = files_dir.join(format!("{i}"));
+                    fs::write(&host, contents).expect("write test file");
+                    args.push(format!("--bind-ro={}:{target}", host.display()));
+                }
+                journal
+            }
+        };
         if !spec.host_network {
             args.push("--private-network".into());
         }
         for (target, host) in &spec.rw_dirs {
             args.push(format!("--bind={}:{target}", host.display()));
         }
-        for (target, host) in &spec.bind_files {
+        for (target, host) in spec.bind_files.iter().filter(|_| spec.root.is_none()) {
             assert!(
                 host.exists(),
                 "{host:?} (to bind at {target}) does not exist"
@@ -288,6 +456,7 @@ impl Container {
             nspawn,
             results,
             cgroups,
+            journal_dir,
         };
         let nspawn_pid = container.nspawn.id() as i32;
         container.pid1 = wait_until("the container's PID 1", Duration::from_secs(30), || {
@@ -338,6 +507,15 @@ impl Container {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The major version of the container's systemd (`systemctl --version`).
+    pub fn systemd_version(&self) -> u32 {
+        let out = self.run(&["systemctl", "--version"]);
+        out.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no version in `systemctl --version`: {out}"))
+    }
+
     pub fn is_active(&self, unit: &str) -> String {
         String::from_utf8_lossy(&self.exec(&["systemctl", "is-active", unit]).stdout)
             .trim()
@@ -386,7 +564,7 @@ impl Container {
     pub fn journal(&self) -> Vec<JournalLine> {
         let out = Command::new("journalctl")
             .arg("-D")
-            .arg(self.path("journal"))
+            .arg(&self.journal_dir)
             .args(["--no-pager", "-o", "json", "-q"])
             .output()
             .expect("run journalctl -D");

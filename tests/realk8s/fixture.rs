@@ -29,6 +29,15 @@ pub struct Fixture {
 
 impl Fixture {
     pub async fn new(prefix: &str) -> Fixture {
+        Fixture::with_node(prefix, None).await
+    }
+
+    /// A fixture whose node boots `debian` from its own root ([`TestNode::on`]).
+    pub async fn on(prefix: &str, debian: real::Debian) -> Fixture {
+        Fixture::with_node(prefix, Some(debian)).await
+    }
+
+    async fn with_node(prefix: &str, debian: Option<real::Debian>) -> Fixture {
         let cp = tokio::task::spawn_blocking(|| {
             let cp = super::control_plane();
             cp.ensure_running();
@@ -40,11 +49,12 @@ impl Fixture {
         let admin = cp.admin().await;
         let name = super::unique(prefix);
         workload::create_namespace(&admin, &name).await;
-        let node = TestNode::new(
-            &name,
-            cp.nodegrace_identity(&name),
-            cp.kubelet_identity(&name),
-        );
+        let (identity, kubelet_identity) =
+            (cp.nodegrace_identity(&name), cp.kubelet_identity(&name));
+        let node = match debian {
+            Some(debian) => TestNode::on(debian, &name, identity, kubelet_identity),
+            None => TestNode::new(&name, identity, kubelet_identity),
+        };
         let kubelet = Kubelet::start(
             &cp.kubelet_identity(&name),
             &name,

@@ -6,7 +6,8 @@
 //! side is played from the host by [`super::kubelet::Kubelet`]).
 //!
 //! The manifest and state directories live on the host, so they outlive a boot: booting
-//! the same node again is a reboot.
+//! the same node again is a reboot. A node made with [`TestNode::on`] (Debian 12 or 13)
+//! carries all of it in its own root instead, which also lives through a soft reboot.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -67,6 +68,8 @@ pub struct TestNode {
     /// default.
     pub kubelet_config: Option<PathBuf>,
     pub container: Option<Container>,
+    /// The node's own root ([`TestNode::on`]); dropped after the container.
+    own_root: Option<real::OwnRoot>,
 }
 
 /// A stand-in system bus for nodegrace in the node (`super::stand_in_logind`): its socket's
@@ -106,12 +109,46 @@ impl TestNode {
             system_bus: None,
             kubelet_config: None,
             container: None,
+            own_root: None,
         }
+    }
+
+    /// A node of `debian` that carries everything in its own root, as a host does: binary,
+    /// unit, configuration, identities, host name, manifests and state are files in it (not
+    /// bind mounts), so they outlive its boots and a soft reboot. `manifests` and `state` are
+    /// their host paths in that root.
+    pub fn on(
+        debian: real::Debian,
+        name: &str,
+        kubeconfig: PathBuf,
+        kubelet_kubeconfig: PathBuf,
+    ) -> TestNode {
+        let mut node = TestNode::new(name, kubeconfig, kubelet_kubeconfig);
+        let root = real::OwnRoot::new(name, debian);
+        node.manifests = root.at(&shipped_value("static_pods", "manifest_dir"));
+        node.state = root.at(&shipped_value("", "state_dir"));
+        std::fs::create_dir_all(&node.manifests).expect("manifest dir in the node's root");
+        std::fs::create_dir_all(&node.state).expect("state dir in the node's root");
+        node.own_root = Some(root);
+        node
+    }
+
+    /// The release the node boots.
+    pub fn debian(&self) -> real::Debian {
+        self.own_root
+            .as_ref()
+            .map_or(real::Debian::Bookworm, |r| r.debian)
+    }
+
+    /// The node's own root, when it has one ([`TestNode::on`]).
+    pub fn own_root(&self) -> Option<&real::OwnRoot> {
+        self.own_root.as_ref()
     }
 
     fn spec(&self) -> Spec {
         let mut spec = Spec {
             host_network: true,
+            root: self.own_root.as_ref().map(|r| r.path().to_path_buf()),
             ..Spec::default()
         };
         spec.bind("/usr/bin/nodegrace", real::nodegrace_binary())
@@ -140,14 +177,16 @@ impl TestNode {
                     .map(|u| u.unit.clone())
                     .unwrap_or_else(|| real::long_running_unit("kubelet")),
             )
-            .bind_rw(
-                &shipped_value("static_pods", "manifest_dir"),
-                &self.manifests,
-            )
-            .bind_rw(&shipped_value("", "state_dir"), &self.state)
             .want("kubelet.service")
             .want("nodegrace.service")
             .want("marker.service");
+        if self.own_root.is_none() {
+            spec.bind_rw(
+                &shipped_value("static_pods", "manifest_dir"),
+                &self.manifests,
+            )
+            .bind_rw(&shipped_value("", "state_dir"), &self.state);
+        }
         if let Some(dir) = &self.cri_dir {
             let endpoint = shipped_value("fallback", "cri_endpoint");
             let socket = Path::new(endpoint.trim_start_matches("unix://"));
@@ -196,24 +235,42 @@ impl TestNode {
     pub fn boot(&mut self) -> &Container {
         assert!(self.container.is_none(), "node {} is running", self.name);
         let container = Container::boot(&self.name, &self.spec());
-        container.wait_active("nodegrace.service", Duration::from_secs(60));
-        if self.system_bus.is_some() {
-            self.container = Some(container);
-            return self.container.as_ref().expect("booted");
-        }
-        real::wait_until(
-            "nodegrace's delay inhibitor",
-            Duration::from_secs(30),
-            || {
-                let list =
-                    container.run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
-                list.lines()
-                    .any(|l| l.contains("nodegrace") && l.contains("delay"))
-                    .then_some(())
-            },
+        assert_eq!(
+            container.systemd_version(),
+            self.debian().systemd(),
+            "node {} runs another systemd than Debian {}'s",
+            self.name,
+            self.debian().suite()
         );
+        container.wait_active("nodegrace.service", Duration::from_secs(60));
+        if self.system_bus.is_none() {
+            wait_inhibitor(&container);
+        }
         self.container = Some(container);
         self.container.as_ref().expect("booted")
+    }
+
+    /// Runs `how` inside (`systemctl soft-reboot`, systemd 254+) and waits until userspace
+    /// restarted in the same container (PID 1 and the kernel stay) and the new userspace's
+    /// nodegrace holds its inhibitor. Returns how long that took.
+    pub fn soft_reboot(&mut self, how: &[&str], timeout: Duration) -> Duration {
+        let before = self.nodegrace_pid();
+        let c = self.container();
+        let start = std::time::Instant::now();
+        let _ = c.exec(how);
+        real::wait_until("nodegrace of the new userspace", timeout, || {
+            assert!(
+                Path::new(&format!("/proc/{}", c.pid1)).exists(),
+                "node {} went down instead of soft-rebooting:\n{}",
+                self.name,
+                c.journal_text()
+            );
+            c.host_pid_of("/usr/bin/nodegrace")
+                .filter(|pid| *pid != before)
+        });
+        c.wait_active("nodegrace.service", Duration::from_secs(60));
+        wait_inhibitor(c);
+        start.elapsed()
     }
 
     pub fn container(&self) -> &Container {
@@ -250,4 +307,18 @@ impl TestNode {
     pub fn dirs(&self) -> &Path {
         self.dirs.path()
     }
+}
+
+/// Waits until nodegrace holds its delay inhibitor on the node's logind.
+fn wait_inhibitor(container: &Container) {
+    real::wait_until(
+        "nodegrace's delay inhibitor",
+        Duration::from_secs(30),
+        || {
+            let list = container.run(&["systemd-inhibit", "--list", "--no-pager", "--no-legend"]);
+            list.lines()
+                .any(|l| l.contains("nodegrace") && l.contains("delay"))
+                .then_some(())
+        },
+    );
 }

@@ -20,7 +20,8 @@ use crate::api::{
 };
 use crate::cluster::node::{
     cordon_patch, lb_exclusion_patch, maintenance_taint_patch, patch_node_with,
-    set_lifecycle_conditions, Lifecycle, REASON_SHUTDOWN_CANCELLED, REASON_SHUTDOWN_ENDED,
+    set_lifecycle_conditions, uncordon_patch, Lifecycle, REASON_SHUTDOWN_CANCELLED,
+    REASON_SHUTDOWN_ENDED,
 };
 use crate::cluster::{api_error_code, FIELD_MANAGER};
 use crate::config::CompletionPolicy;
@@ -238,7 +239,10 @@ impl Engine {
             .with_context(|| format!("reading NodeMaintenance {name}"))?;
         let m = match (found, offline) {
             (Some(m), _) => m,
-            (None, None) => return Ok(AfterBoot::NoMaintenance),
+            (None, None) => {
+                sh.undo_shutdown_without_maintenance(&name).await?;
+                return Ok(AfterBoot::NoMaintenance);
+            }
             (None, Some(record)) => match sh.create_offline_record(record, policy).await? {
                 Some(outcome) => return Ok(outcome),
                 // Someone created it meanwhile: go on with theirs.
@@ -409,6 +413,50 @@ impl Shared {
             |n| lb_exclusion_patch(n, false),
         )
         .await?;
+        self.bump();
+        Ok(())
+    }
+
+    /// `shutdown-<node>` is gone but the node still carries what a shutdown did to it (its
+    /// maintenance was deleted, finalizer and all, before a boot completed it: nodegrace was
+    /// down, e.g. during a soft reboot). With no other maintenance active on the node, what
+    /// its Complete stage would have undone is undone: cordon, taint, load-balancer
+    /// exclusion, gated static pod manifests.
+    async fn undo_shutdown_without_maintenance(&self, name: &str) -> Result<()> {
+        let gate = self.gate.clone();
+        let gated = tokio::task::spawn_blocking(move || gate.has_gated())
+            .await
+            .context("the static pod gate task failed")??;
+        let api: Api<Node> = Api::all(self.client.clone());
+        let node = api
+            .get(&self.node)
+            .await
+            .with_context(|| format!("reading node {}", self.node))?;
+        let marks = |n: &Node| {
+            merge_values(
+                merge_values(uncordon_patch(n), maintenance_taint_patch(n, false)),
+                lb_exclusion_patch(n, false),
+            )
+        };
+        if marks(&node).is_none() && !gated {
+            return Ok(());
+        }
+        let others = other_active_maintenances(&self.client, &self.node).await?;
+        if !others.is_empty() {
+            tracing::info!(node = %self.node, maintenance = %name, ?others, "the shutdown maintenance is gone; the node stays cordoned for the others");
+            return Ok(());
+        }
+        tracing::warn!(node = %self.node, maintenance = %name, gated, "the shutdown maintenance was deleted before the boot after it completed it: uncordoning the node and putting gated static pod manifests back");
+        patch_node_with(&api, &self.node, "undo the shutdown's cordon", marks).await?;
+        if gated {
+            let gate = self.gate.clone();
+            let kept = tokio::task::spawn_blocking(move || gate.restore_all())
+                .await
+                .context("the static pod restore task failed")??;
+            if !kept.is_empty() {
+                tracing::warn!(node = %self.node, ?kept, "gated manifests not restored (a file of that name exists)");
+            }
+        }
         self.bump();
         Ok(())
     }
