@@ -60,14 +60,7 @@ async fn a_clock_step_while_the_apiserver_was_away_cuts_no_grace() {
         .await
         .expect("an outage shorter than fallback.apiserver_timeout is ridden out");
     back.await.unwrap();
-    assert!(!env.pod_exists("web"));
-    assert_eq!(env.evictions(), ["web"], "evicted once");
-    assert!(
-        env.deletes().is_empty(),
-        "web deleted, its grace cut: {:?}",
-        env.deletes()
-    );
-    assert!(env.events("Escalated").is_empty());
+    assert_went_once_with_its_grace(&env, "web");
 }
 
 /// An apiserver that has just restarted answers 404 for a pod it still has (seen on v1.28.4):

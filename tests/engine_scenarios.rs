@@ -1102,14 +1102,7 @@ async fn an_outage_just_after_a_bands_evictions_costs_it_no_grace() {
         .await
         .expect("an outage shorter than fallback.apiserver_timeout is ridden out");
     evicted.await.unwrap();
-    assert!(!env.pod_exists("web"));
-    assert_eq!(env.evictions(), ["web"], "evicted once");
-    assert!(
-        env.deletes().is_empty(),
-        "web deleted, its grace cut: {:?}",
-        env.deletes()
-    );
-    assert!(env.events("Escalated").is_empty());
+    assert_went_once_with_its_grace(&env, "web");
 }
 
 /// Issue 28: a pod a PodDisruptionBudget refused is asked again the moment the budget allows

@@ -264,6 +264,18 @@ pub fn pod_requests(reqs: &[RecordedRequest], method: &str, suffix: &str) -> Vec
         .collect()
 }
 
+/// `pod` is gone, evicted once and never DELETEd or escalated: its grace was not cut.
+pub fn assert_went_once_with_its_grace(env: &Env, pod: &str) {
+    assert!(!env.pod_exists(pod));
+    assert_eq!(env.evictions(), [pod], "evicted once");
+    assert!(
+        env.deletes().is_empty(),
+        "{pod} deleted, its grace cut: {:?}",
+        env.deletes()
+    );
+    assert!(env.events("Escalated").is_empty());
+}
+
 pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
     ShutdownRequest {
         kind,
