@@ -700,11 +700,8 @@ fn node_pods(
     seen: &mut HashMap<String, Duration>,
 ) -> Vec<NodePod> {
     let wall = chrono::Utc::now().timestamp_millis();
-    seen.retain(|uid, _| {
-        classified
-            .iter()
-            .any(|(_, i)| &i.uid == uid && i.terminating)
-    });
+    // Rebuilt each pass from the pods terminating now: a pod gone is forgotten.
+    let mut before = std::mem::take(seen);
     classified
         .iter()
         .map(|(pod, info)| {
@@ -712,7 +709,8 @@ fn node_pods(
                 let left = t.0.as_millisecond().saturating_sub(wall).max(0);
                 let by_timestamp =
                     now + Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
-                let seen_at = *seen.entry(info.uid.clone()).or_insert(now);
+                let seen_at = before.remove(&info.uid).unwrap_or(now);
+                seen.insert(info.uid.clone(), seen_at);
                 let grace = pod
                     .metadata
                     .deletion_grace_period_seconds
