@@ -9,15 +9,7 @@ use std::time::{Duration, Instant};
 
 use engine_support::*;
 use nodegrace::ShutdownKind;
-use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use serde_json::json;
-
-fn kubelet(finish_ms: u64) -> KubeletConfig {
-    KubeletConfig {
-        default_finish: Duration::from_millis(finish_ms),
-        ..KubeletConfig::node(NODE)
-    }
-}
 
 /// The shipped `fallback.apiserver_timeout`, so that an outage is ridden out, not fallen back
 /// from.

@@ -13,13 +13,6 @@ use nodegrace::{
 use nodegrace_testkit::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
 use serde_json::{json, Value};
 
-fn kubelet(finish_ms: u64) -> KubeletConfig {
-    KubeletConfig {
-        default_finish: Duration::from_millis(finish_ms),
-        ..KubeletConfig::node(NODE)
-    }
-}
-
 #[tokio::test]
 async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     let env = Env::new(kubelet(150)).await;

@@ -264,6 +264,14 @@ pub fn pod_requests(reqs: &[RecordedRequest], method: &str, suffix: &str) -> Vec
         .collect()
 }
 
+/// A fake kubelet of the node whose pods take `finish_ms` to exit.
+pub fn kubelet(finish_ms: u64) -> KubeletConfig {
+    KubeletConfig {
+        default_finish: Duration::from_millis(finish_ms),
+        ..KubeletConfig::node(NODE)
+    }
+}
+
 /// `pod` is gone, evicted once and never DELETEd or escalated: its grace was not cut.
 pub fn assert_went_once_with_its_grace(env: &Env, pod: &str) {
     assert!(!env.pod_exists(pod));
