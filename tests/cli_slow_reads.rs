@@ -50,6 +50,15 @@ fn nested_lines(bytes: usize) -> String {
     line.repeat(bytes / line.len())
 }
 
+/// The costliest YAML of `bytes` that is read: as many nested lines as nodegrace's flow cost
+/// allows (4,096 lines of 4,096 each, 2^24), then a block list of the shortest items.
+fn costliest(bytes: usize) -> String {
+    let mut text = nested_lines(4_000 * 133);
+    let item = "  - a\n";
+    text.push_str(&item.repeat(bytes.saturating_sub(text.len()) / item.len()));
+    text
+}
+
 /// The command's output, and the CPU time it took (user and system: what the machine's
 /// load does not change much, unlike the wall time).
 fn timed(env: &CliEnv, args: &[&str]) -> (String, Duration) {
@@ -125,10 +134,7 @@ fn the_largest_configurations_are_read_in_time() {
 fn the_largest_manifest_and_pod_list_are_read_in_time() {
     let env = CliEnv::new(&format!("https://127.0.0.1:{}", refused_port()), "15m", "");
     let pod_head = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: big\n  namespace: kube-system\nspec:\n  containers:\n  - name: c\n    image: busybox\nx:\n";
-    let manifest = format!(
-        "{pod_head}{}",
-        nested_lines((8 << 20) - pod_head.len() - 200)
-    );
+    let manifest = format!("{pod_head}{}", costliest((8 << 20) - pod_head.len() - 200));
     std::fs::write(env.path("gate/big.yaml"), manifest).unwrap();
     let (out, took) = timed(&env, &["status"]);
     assert!(out.contains("kube-system/big (big.yaml)"), "{out}");
@@ -137,7 +143,7 @@ fn the_largest_manifest_and_pod_list_are_read_in_time() {
     let list_head = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Pod\n  metadata:\n    name: p\n    namespace: ns\n  spec:\n    nodeName: node-a\n    containers:\n    - name: c\n      image: busybox\n  x:\n";
     let pods = format!(
         "{list_head}{}",
-        nested_lines((16 << 20) - list_head.len() - 200).replace("\n  - ", "\n    - ")
+        costliest((16 << 20) - list_head.len() - 200).replace("\n  - ", "\n    - ")
     );
     std::fs::write(env.path("pods.yaml"), pods).unwrap();
     let path = env.path("pods.yaml").display().to_string();

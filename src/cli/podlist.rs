@@ -134,11 +134,8 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
                 MAX_YAML_BYTES / (1024 * 1024)
             );
         }
-        if let Some(at) = crate::yaml::too_deep(trimmed) {
-            bail!(
-                "flow collections nested deeper than {} levels at {at}: not read",
-                crate::yaml::MAX_FLOW_DEPTH
-            );
+        if let Some(why) = crate::yaml::why_not_read(trimmed) {
+            bail!("{why}: not read");
         }
         for (i, doc) in serde_yaml::Deserializer::from_str(trimmed).enumerate() {
             let what = || format!("YAML document {}", i + 1);

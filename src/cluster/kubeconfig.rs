@@ -119,12 +119,8 @@ impl KubeconfigFile {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let text =
             String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
-        if let Some(at) = crate::yaml::too_deep(&text) {
-            bail!(
-                "{}: not read: flow collections nested deeper than {} levels at {at}",
-                path.display(),
-                crate::yaml::MAX_FLOW_DEPTH
-            );
+        if let Some(why) = crate::yaml::why_not_read(&text) {
+            bail!("{}: not read: {why}", path.display());
         }
         let mut config = Kubeconfig::from_yaml(&text).map_err(|e| {
             let why = without_text(&e).unwrap_or_else(|| e.to_string());

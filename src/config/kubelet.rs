@@ -262,11 +262,8 @@ fn document(bytes: &[u8]) -> Result<Mapping, Fault> {
     }
     let text = decode_text(bytes).ok_or_else(|| Fault::Refused("not valid UTF-8".into()))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-    if let Some(at) = crate::yaml::too_deep(text) {
-        return Err(Fault::NotRead(format!(
-            "not read: flow collections nested deeper than {} levels at {at}",
-            crate::yaml::MAX_FLOW_DEPTH
-        )));
+    if let Some(why) = crate::yaml::why_not_read(text) {
+        return Err(Fault::NotRead(format!("not read: {why}")));
     }
     let mut doc: Value = serde_yaml::from_str(text)
         .map_err(|e| Fault::Refused(format!("not YAML: {}", crate::text::yaml_fault(&e))))?;

@@ -28,14 +28,11 @@ pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err("file is empty".into());
     }
-    if let Some(at) = std::str::from_utf8(bytes)
+    if let Some(why) = std::str::from_utf8(bytes)
         .ok()
-        .and_then(crate::yaml::too_deep)
+        .and_then(crate::yaml::why_not_read)
     {
-        return Err(format!(
-            "not read: flow collections nested deeper than {} levels at {at}",
-            crate::yaml::MAX_FLOW_DEPTH
-        ));
+        return Err(format!("not read: {why}"));
     }
     let doc: Value = serde_yaml::from_slice(bytes)
         .map_err(|e| format!("not YAML/JSON: {}", crate::text::yaml_fault(&e)))?;
