@@ -35,7 +35,10 @@
 //! its PDB's minAvailable); per Deployment the seconds from the signal until every replica
 //! runs again with fewer healthy replicas than minAvailable (healthy as the disruption
 //! controller counts it: Running, Ready, not terminating, and on a node that still has
-//! power), and the original pods' statuses afterwards.
+//! power), and the original pods' statuses afterwards. Its table has a lower bound: the least
+//! signal → release with the band order and the PDBs kept, from the replacements' measured
+//! time to Ready and the containers' exit (`lower_bound`). `BENCH_RUNS=N` runs every way N
+//! times, interleaved, and ends with the median and range of each.
 //!
 //! As root, with the control plane's scripts at `../shared/realk8s` (or `$NODEGRACE_REALK8S`;
 //! started if not running, never stopped), `containerd`, `runc`, `busybox-static`,
@@ -238,6 +241,8 @@ struct Outcome {
     out: BTreeMap<String, (f64, f64)>,
     /// The host's 1-minute load average at the signal (other work on the machine shows here).
     load: String,
+    /// Per replacement on the spare node: seconds from its creation to Ready.
+    ready_after: Vec<f64>,
 }
 
 fn healthy_on(s: &Seen, node1: &str, off: f64, at: f64) -> bool {
@@ -566,6 +571,7 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         after.insert(o.name.clone(), status);
     }
     let availability = availability(&all, &node1, signal, off, end);
+    let ready_after = ready_after(&all, &node2, signal);
     let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for o in &originals {
         let at = all
@@ -598,7 +604,45 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
         after,
         out,
         load,
+        ready_after,
     }
+}
+
+/// Per pod created on `node2` after the signal: seconds from when the watch first saw it
+/// to when it first was healthy.
+fn ready_after(timeline: &[Seen], node2: &str, signal: f64) -> Vec<f64> {
+    let mut first: BTreeMap<&str, (f64, Option<f64>)> = BTreeMap::new();
+    for s in timeline.iter().filter(|s| s.at >= signal) {
+        let e = first.entry(s.uid.as_str()).or_insert((s.at, None));
+        if s.node == node2 && s.healthy && e.1.is_none() {
+            e.1 = Some(s.at - e.0);
+        }
+    }
+    first.values().filter_map(|(_, ready)| *ready).collect()
+}
+
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// The least signal → release any way could take with the band order and every PDB kept: per
+/// Deployment band, one round of evictions for each `replicas − minAvailable` pods, every
+/// round but the last waiting for its replacements to be Ready (the median measured in the
+/// run), the last for its pods' exit; then the DaemonSet pod's and the static pod's exits.
+/// Requests, status writes and scheduling cost nothing here.
+fn lower_bound(o: &Outcome, exit_ms: u64) -> Option<f64> {
+    let ready = median(&o.ready_after)?;
+    let exit = exit_ms as f64 / 1000.0;
+    let deployments: f64 = DEPLOYMENTS
+        .iter()
+        .map(|(_, _, replicas, min)| {
+            let rounds = replicas.div_ceil(replicas - min);
+            (rounds - 1) as f64 * ready + exit
+        })
+        .sum();
+    Some(deployments + 2.0 * exit)
 }
 
 /// `Running`, `Failed (Terminated)`, `Running, terminating`...
@@ -718,7 +762,7 @@ fn report(o: &Outcome) {
     }
 }
 
-fn table(outcomes: &[Outcome]) {
+fn table(outcomes: &[Outcome], exit_ms: u64) {
     println!();
     println!(
         "| | {} |",
@@ -736,6 +780,12 @@ fn table(outcomes: &[Outcome]) {
         );
     };
     row("signal → release", &|o| secs(o.release - o.signal));
+    row("lower bound (band order, PDBs kept)", &|o| {
+        lower_bound(o, exit_ms).map_or("—".into(), secs)
+    });
+    row("replacement created → Ready (median)", &|o| {
+        median(&o.ready_after).map_or("—".into(), secs)
+    });
     row("signal → power off", &|o| secs(o.off - o.signal));
     row(
         "pods evicted / stopped without PDB check / killed by power-off",
@@ -772,6 +822,7 @@ async fn main() {
     let exit_ms: u64 = env_or("BENCH_EXIT_MS", 1000);
     let restore_timeout: f64 = env_or("BENCH_RESTORE_S", RESTORE_TIMEOUT_S);
     let modes: String = env_or("BENCH_MODES", "gns,nodegrace,drain".to_owned());
+    let runs: usize = env_or("BENCH_RUNS", 1);
     let ways: Vec<Way> = modes
         .split(',')
         .map(|m| match m.trim() {
@@ -802,11 +853,82 @@ async fn main() {
         binary.display(),
         GNS_CONFIG.replace('\n', " ")
     );
-    let mut outcomes = Vec::new();
-    for way in ways {
-        let o = run(way, exit_ms, restore_timeout).await;
-        report(&o);
-        outcomes.push(o);
+    let mut all: Vec<Outcome> = Vec::new();
+    for n in 1..=runs {
+        let mut outcomes = Vec::new();
+        for &way in &ways {
+            println!("\n-- run {n} of {runs} --");
+            let o = run(way, exit_ms, restore_timeout).await;
+            report(&o);
+            outcomes.push(o);
+        }
+        table(&outcomes, exit_ms);
+        all.extend(outcomes);
     }
-    table(&outcomes);
+    if runs > 1 {
+        summary(&all, &ways, exit_ms, runs);
+    }
+}
+
+/// Over the runs, per way: median (min–max) of the times, and each run's counts.
+fn summary(all: &[Outcome], ways: &[Way], exit_ms: u64, runs: usize) {
+    println!("\n{runs} runs each, median (min–max); counts per run");
+    println!(
+        "| | {} |",
+        ways.iter()
+            .map(|w| w.label())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---|{}", "---|".repeat(ways.len()));
+    let row = |label: &str, cell: &dyn Fn(&[&Outcome]) -> String| {
+        let cells: Vec<String> = ways
+            .iter()
+            .map(|w| {
+                let mine: Vec<&Outcome> = all.iter().filter(|o| o.way == *w).collect();
+                cell(&mine)
+            })
+            .collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    };
+    let spread = |values: Vec<f64>| -> String {
+        let (Some(mid), Some(lo), Some(hi)) = (
+            median(&values),
+            values.iter().copied().reduce(f64::min),
+            values.iter().copied().reduce(f64::max),
+        ) else {
+            return "—".into();
+        };
+        format!("{mid:.1} s ({lo:.1}–{hi:.1})")
+    };
+    let each = |mine: &[&Outcome], f: &dyn Fn(&Outcome) -> String| {
+        mine.iter().map(|o| f(o)).collect::<Vec<_>>().join(", ")
+    };
+    row("signal → release", &|m| {
+        spread(m.iter().map(|o| o.release - o.signal).collect())
+    });
+    row("lower bound (band order, PDBs kept)", &|m| {
+        spread(m.iter().filter_map(|o| lower_bound(o, exit_ms)).collect())
+    });
+    row("signal → power off", &|m| {
+        spread(m.iter().map(|o| o.off - o.signal).collect())
+    });
+    row("PDB budget exceeded (pod disruptions)", &|m| {
+        each(m, &|o| {
+            o.availability
+                .values()
+                .map(|a| a.0)
+                .sum::<usize>()
+                .to_string()
+        })
+    });
+    row("left Running in the API", &|m| {
+        each(m, &|o| {
+            o.after
+                .values()
+                .filter(|a| a.starts_with("Running"))
+                .count()
+                .to_string()
+        })
+    });
 }

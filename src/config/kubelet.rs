@@ -265,8 +265,19 @@ fn document(bytes: &[u8]) -> Result<Mapping, Fault> {
     if let Some(why) = crate::yaml::why_not_read(text) {
         return Err(Fault::NotRead(format!("not read: {why}")));
     }
-    let mut doc: Value = serde_yaml::from_str(text)
-        .map_err(|e| Fault::Refused(format!("not YAML: {}", crate::text::yaml_fault(&e))))?;
+    let mut doc: Value = match serde_yaml::from_str(text) {
+        Ok(doc) => doc,
+        // The kubelet decodes strictly and, failing on a key given twice, again leniently
+        // (its `DecodeKubeletConfiguration`): the last one wins.
+        Err(e) if e.to_string().contains("duplicate entry with key") => last_key_wins(text)
+            .ok_or_else(|| Fault::Refused(format!("not YAML: {}", crate::text::yaml_fault(&e))))?,
+        Err(e) => {
+            return Err(Fault::Refused(format!(
+                "not YAML: {}",
+                crate::text::yaml_fault(&e)
+            )))
+        }
+    };
     doc.apply_merge().map_err(|_| {
         Fault::Refused(
             "not YAML: a merge key (<<) that is not a mapping or a list of mappings".into(),
@@ -292,6 +303,13 @@ fn document(bytes: &[u8]) -> Result<Mapping, Fault> {
         None => return Err(Fault::Refused(format!("not a {KIND} (no apiVersion)"))),
     }
     Ok(map)
+}
+
+/// `text` with each key given twice in a mapping taking its last value (a JSON object's
+/// decoding keeps the last); None when it is not read that way either.
+fn last_key_wins(text: &str) -> Option<Value> {
+    let json: serde_json::Value = serde_yaml::from_str(text).ok()?;
+    serde_yaml::to_value(json).ok()
 }
 
 fn decode_text(bytes: &[u8]) -> Option<String> {
@@ -706,6 +724,7 @@ mod tests {
             ("a band's missing fields are 0", format!("{HEAD}shutdownGracePeriodByPodPriority:\n- shutdownGracePeriodSeconds: 5\n- priority: 7\n"), vec![], On(&[(0, 5), (7, 0)])),
             ("sorted by priority", format!("{HEAD}shutdownGracePeriodByPodPriority:\n- {{priority: 100000, shutdownGracePeriodSeconds: 20}}\n- {{priority: -5, shutdownGracePeriodSeconds: 120}}\n"), vec![], On(&[(-5, 120), (100000, 20)])),
             ("a merge key", format!("{HEAD}base: &gns\n  shutdownGracePeriod: 40s\n  shutdownGracePeriodCriticalPods: 10s\n<<: *gns\n"), vec![], On(&[(0, 30), (CRIT, 10)])),
+            ("a key given twice: the last (the kubelet's lenient decoding)", format!("{HEAD}shutdownGracePeriod: 30s\nfeatureGates:\n  GracefulNodeShutdown: false\n  GracefulNodeShutdown: true\nshutdownGracePeriod: 40s\n"), vec![], On(&[(0, 40), (CRIT, 0)])),
             ("the file's own key wins over a merge key", format!("{HEAD}base: &gns\n  shutdownGracePeriod: 40s\n<<: *gns\nshutdownGracePeriod: 20s\n"), vec![], On(&[(0, 20), (CRIT, 0)])),
             ("priority-based gate off: the older fields migrated", format!("{HEAD}featureGates:\n  GracefulNodeShutdownBasedOnPodPriority: false\nshutdownGracePeriod: 30s\n"), vec![], On(&[(0, 30), (CRIT, 0)])),
             ("gates as YAML 1.1 booleans", format!("{HEAD}featureGates:\n  GracefulNodeShutdown: on\n  GracefulNodeShutdownBasedOnPodPriority: yes\nshutdownGracePeriod: 30s\n"), vec![], On(&[(0, 30), (CRIT, 0)])),
