@@ -28,6 +28,13 @@ pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Err("file is empty".into());
     }
+    if bytes.len() > MAX_PARSED_BYTES {
+        return Err(format!(
+            "not read: larger than {} MiB, the most of a manifest parsed (no pod manifest is \
+             near it); gated last with the files not read",
+            MAX_PARSED_BYTES >> 20
+        ));
+    }
     if let Some(why) = std::str::from_utf8(bytes)
         .ok()
         .and_then(crate::yaml::why_not_read)
@@ -103,6 +110,11 @@ fn builtin_class_priority(class: &str) -> i32 {
     }
 }
 
+/// The most of a manifest parsed: with the flow nesting allowed (`yaml::MAX_FLOW_COST`),
+/// about half a second of the YAML parser on the optimized build (files up to
+/// `fsio::MANIFEST_LIMIT` are still moved, gated and restored).
+pub(crate) const MAX_PARSED_BYTES: usize = 1 << 20;
+
 /// The name the kubelet gives the mirror pod of a static pod: `<name>-<nodeName>`, with
 /// the node name lower-cased as the kubelet does.
 pub fn mirror_pod_name(manifest_pod_name: &str, node_name: &str) -> String {
@@ -121,6 +133,16 @@ mod tests {
         assert_eq!(p.name, "etcd");
         assert_eq!(p.priority, 0);
         assert!(p.labels.is_empty());
+    }
+
+    #[test]
+    fn a_manifest_past_the_parse_cap_is_not_read() {
+        let head = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: big\n";
+        let pad = |n: usize| format!("{head}x: \"{}\"\n", "a".repeat(n - head.len() - 6));
+        assert_eq!(pad(MAX_PARSED_BYTES).len(), MAX_PARSED_BYTES);
+        assert!(parse_manifest(pad(MAX_PARSED_BYTES).as_bytes()).is_ok());
+        let over = parse_manifest(pad(MAX_PARSED_BYTES + 1).as_bytes()).unwrap_err();
+        assert!(over.starts_with("not read: larger than 1 MiB"), "{over}");
     }
 
     #[test]
