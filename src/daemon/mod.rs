@@ -154,6 +154,7 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         Option<chrono::DateTime<chrono::Utc>>,
         Phase,
         bool,
+        Option<status::LastShutdown>,
     );
     let key = |s: &Status| -> Key {
         (
@@ -162,6 +163,7 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
             s.shutdown.as_ref().map(|d| d.started_at),
             s.phase,
             s.bus_connected,
+            s.last_shutdown,
         )
     };
     let mut last: Option<Key> = None;
@@ -181,8 +183,12 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
                 metrics.shutdown_started(started);
             }
         }
+        if let Some(ended) = now.5 {
+            if last.as_ref().and_then(|l| l.5) != Some(ended) {
+                metrics.shutdown_ended(ended.outcome, ended.ended_at);
+            }
+        }
         if status.phase == Phase::Released && last.as_ref().map(|l| l.3) != Some(Phase::Released) {
-            metrics.shutdown_ended(status.updated_at);
             if let Some(shutdown) = &status.shutdown {
                 let took = (status.updated_at - shutdown.started_at)
                     .to_std()

@@ -1,9 +1,11 @@
-//! The metrics endpoint cannot cost the daemon its inhibitor or its bus: the `nodegrace run`
-//! binary, under systemd's default soft limit of 1,024 open files, on a private bus with the
-//! fake logind and against the fake apiserver, drains a shutdown while 2,000 idle and
-//! half-sent connections are held against its metrics port; and a port already taken is
-//! reported by its key while the daemon still holds its inhibitor; what the endpoint serves
-//! after a drain passes `promtool check metrics`.
+//! What the `nodegrace run` binary serves on its metrics port, on a private bus with the fake
+//! logind and against the fake apiserver: what a scrape shows during and after a drain (the
+//! budget blocking longest, reachability, the cordon, the last outcome, kept across a
+//! restart), a budget too short for the plan; what it serves after a drain passes
+//! `promtool check metrics`. The endpoint cannot cost the daemon its inhibitor or its bus: under systemd's
+//! default soft limit of 1,024 open files it drains a shutdown while 2,000 idle and half-sent
+//! connections are held against its metrics port, and a port already taken is reported by
+//! its key while the daemon still holds its inhibitor.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -88,6 +90,11 @@ impl Drop for Daemon {
 
 impl Daemon {
     fn start(env: &Env, bus: &TestEnv, metrics_port: u16) -> Daemon {
+        Daemon::start_with(env, bus, metrics_port, "reserve_critical = \"1s\"")
+    }
+
+    /// `reserve_critical` is a line of the `[drain]` section.
+    fn start_with(env: &Env, bus: &TestEnv, metrics_port: u16, reserve_critical: &str) -> Daemon {
         let dir = env.dir.path();
         let root = dir.display();
         nodegrace_testkit::write_kubeconfig(&dir.join("kubeconfig"), &env.cluster.api.url())
@@ -111,7 +118,7 @@ logind_dropin_dir = "{root}/logind.conf.d"
 [drain]
 reserve_daemonset = "1s"
 reserve_static = "1s"
-reserve_critical = "1s"
+{reserve_critical}
 volume_detach_timeout = "1s"
 [fallback]
 stop_kubelet = false
@@ -183,7 +190,12 @@ fn free_port() -> u16 {
 }
 
 async fn bus_env(dir: &Path) -> TestEnv {
-    TestEnv::start(dir, FakeState::with_delay(Duration::from_secs(120)))
+    bus_env_with(dir, Duration::from_secs(120)).await
+}
+
+/// logind's `InhibitDelayMaxUSec` is `delay`.
+async fn bus_env_with(dir: &Path, delay: Duration) -> TestEnv {
+    TestEnv::start(dir, FakeState::with_delay(delay))
         .await
         .unwrap()
 }
@@ -399,4 +411,202 @@ async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() 
         assert!(body.contains(line), "{line} missing:\n{body}");
     }
     promtool::check_metrics(&promtool, body);
+}
+
+/// The body of a scrape (Prometheus's text format), failing unless it answers 200.
+async fn scrape_body(addr: &str) -> String {
+    let reply = scrape(addr).await;
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{reply}");
+    body.to_string()
+}
+
+/// The value of the sample `series` (its name and labels as served), if it is served.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// Scrapes until `ready` holds of the body, for up to `secs` seconds.
+async fn scrape_until(addr: &str, secs: u64, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let body = scrape_body(addr).await;
+        if ready(&body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {what} within {secs} s:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn unix_now() -> f64 {
+    chrono::Utc::now().timestamp_millis() as f64 / 1000.0
+}
+
+const BLOCKING: &str =
+    "nodegrace_budget_blocking_since_timestamp_seconds{namespace=\"work\",name=\"db-pdb\"}";
+
+fn outcome(name: &str) -> String {
+    format!("nodegrace_last_shutdown_outcome{{outcome=\"{name}\"}}")
+}
+
+#[tokio::test]
+async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after_it_and_the_next_boot(
+) {
+    let env = Env::new(&["web-1"]).await;
+    env.cluster
+        .add_running_pod(NS, "db-1", NODE, json!({"app": "db"}))
+        .unwrap();
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "db-pdb", "namespace": NS},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}},
+        }))
+        .unwrap();
+    let bus_dir = tempfile::tempdir().unwrap();
+    let bus = bus_env(bus_dir.path()).await;
+    let port = free_port();
+    let daemon = Daemon::start(&env, &bus, port);
+    wait_armed(&bus, &daemon).await;
+    let addr = format!("127.0.0.1:{port}");
+    let armed = scrape_until(&addr, 10, "reachable apiserver", |b| {
+        sample(b, "nodegrace_apiserver_reachable") == Some(1.0)
+    })
+    .await;
+    assert_eq!(sample(&armed, "nodegrace_node_cordoned"), Some(0.0));
+    assert_eq!(sample(&armed, "nodegrace_maintenances_active"), Some(0.0));
+    assert_eq!(
+        sample(&armed, "nodegrace_apiserver_outages_total"),
+        Some(0.0)
+    );
+    assert!(
+        !armed.contains("nodegrace_last_shutdown_outcome{"),
+        "no shutdown yet:\n{armed}"
+    );
+
+    let signalled = unix_now();
+    bus.fakes
+        .prepare_for_shutdown_typed(true, "reboot")
+        .await
+        .unwrap();
+    let blocked = scrape_until(&addr, 15, "budget blocking", |b| b.contains(BLOCKING)).await;
+    let since = sample(&blocked, BLOCKING).unwrap();
+    assert!(
+        since >= signalled - 1.0 && since <= unix_now(),
+        "blocking since {since}, signalled at {signalled}"
+    );
+    assert_eq!(sample(&blocked, "nodegrace_draining"), Some(1.0));
+    assert_eq!(sample(&blocked, "nodegrace_node_cordoned"), Some(1.0));
+    assert_eq!(sample(&blocked, "nodegrace_maintenances_active"), Some(1.0));
+    assert!(
+        sample(
+            &blocked,
+            "nodegrace_evictions_refused_total{reason=\"budget\"}"
+        ) >= Some(1.0),
+        "{blocked}"
+    );
+    // Refused again since: still blocking since its first refusal.
+    let refused = sample(
+        &blocked,
+        "nodegrace_evictions_refused_total{reason=\"budget\"}",
+    );
+    let later = scrape_until(&addr, 15, "a second refusal", |b| {
+        sample(b, "nodegrace_evictions_refused_total{reason=\"budget\"}") > refused
+    })
+    .await;
+    assert_eq!(sample(&later, BLOCKING), Some(since), "{later}");
+
+    env.cluster
+        .store
+        .update_in_process("policy", "poddisruptionbudgets", NS, "db-pdb", |p| {
+            p["spec"]["minAvailable"] = json!(0);
+        })
+        .unwrap();
+    let released = tokio::time::timeout(
+        Duration::from_secs(30),
+        bus.fakes.wait_until(|s| s.held().is_empty()),
+    )
+    .await;
+    assert!(released.is_ok(), "{}", daemon.log());
+    let ended = unix_now();
+    let after = scrape_until(&addr, 5, "the outcome", |b| {
+        sample(b, &outcome("drained")) == Some(1.0)
+    })
+    .await;
+    assert!(
+        !after.contains("nodegrace_budget_blocking_since_timestamp_seconds{"),
+        "{after}"
+    );
+    for other in ["failed", "budget_ended", "cancelled", "interrupted"] {
+        assert_eq!(sample(&after, &outcome(other)), Some(0.0), "{after}");
+    }
+    let end = sample(&after, "nodegrace_last_shutdown_end_timestamp_seconds").unwrap();
+    assert!(
+        end >= since && end <= ended + 1.0,
+        "ended at {end}, released by {ended}"
+    );
+
+    // The next boot: the state directory says the shutdown was of another boot.
+    drop(daemon);
+    let state_dir = env.dir.path().join("state");
+    let mut state = nodegrace::ShutdownState::load(&state_dir).unwrap().unwrap();
+    let (kernel, ticks) = state.boot_id.split_once('.').unwrap();
+    state.boot_id = format!("{kernel}.{}", ticks.parse::<u64>().unwrap() + 1);
+    state.store(&state_dir).unwrap();
+    let next_bus_dir = tempfile::tempdir().unwrap();
+    let next_bus = bus_env(next_bus_dir.path()).await;
+    let next_port = free_port();
+    let next = Daemon::start(&env, &next_bus, next_port);
+    wait_armed(&next_bus, &next).await;
+    let booted = scrape_body(&format!("127.0.0.1:{next_port}")).await;
+    assert_eq!(sample(&booted, &outcome("drained")), Some(1.0), "{booted}");
+    assert_eq!(
+        sample(&booted, "nodegrace_last_shutdown_end_timestamp_seconds"),
+        Some(end)
+    );
+}
+
+#[tokio::test]
+async fn a_logind_budget_below_the_plans_reserves_is_too_short() {
+    let env = Env::new(&[]).await;
+    env.cluster.ensure_namespace(NS).unwrap();
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "critical-1", "namespace": NS},
+            "spec": {"nodeName": NODE, "priority": 2_000_000_000,
+                     "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]},
+            "status": nodegrace_testkit::fake_apiserver::running_status(&env.cluster.store.now_str()),
+        }))
+        .unwrap();
+    let bus_dir = tempfile::tempdir().unwrap();
+    // logind honours 30 s; the critical pods' reserve is 40 s of the configured 60 s.
+    let bus = bus_env_with(bus_dir.path(), Duration::from_secs(30)).await;
+    let port = free_port();
+    let daemon = Daemon::start_with(&env, &bus, port, "reserve_critical = \"40s\"");
+    wait_armed(&bus, &daemon).await;
+    let body = scrape_until(&format!("127.0.0.1:{port}"), 10, "the plan's needs", |b| {
+        sample(b, "nodegrace_budget_needed_seconds") == Some(40.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&body, "nodegrace_effective_budget_seconds"),
+        Some(30.0)
+    );
+    assert_eq!(
+        sample(&body, "nodegrace_budget_too_short"),
+        Some(1.0),
+        "{body}"
+    );
 }
