@@ -2,7 +2,8 @@
 //! logind and against the fake apiserver: what a scrape shows during and after a drain (the
 //! budget blocking longest, reachability, the cordon, the last outcome, kept across a
 //! restart), a budget too short for the plan; what it serves after a drain passes
-//! `promtool check metrics`. The endpoint cannot cost the daemon its inhibitor or its bus: under systemd's
+//! `promtool check metrics`, and every metric the shipped Grafana dashboard queries is one it
+//! serves. The endpoint cannot cost the daemon its inhibitor or its bus: under systemd's
 //! default soft limit of 1,024 open files it drains a shutdown while 2,000 idle and half-sent
 //! connections are held against its metrics port, and a port already taken is reported by
 //! its key while the daemon still holds its inhibitor.
@@ -460,6 +461,8 @@ fn outcome(name: &str) -> String {
     format!("nodegrace_last_shutdown_outcome{{outcome=\"{name}\"}}")
 }
 
+/// Also the dashboard's test: the scrapes of this drain (a budget blocking, then evictions,
+/// bands, a shutdown's duration and outcome) serve every metric its panels query.
 #[tokio::test]
 async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after_it_and_the_next_boot(
 ) {
@@ -526,6 +529,7 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
     })
     .await;
     assert_eq!(sample(&later, BLOCKING), Some(since), "{later}");
+    let mut served = served_names(&blocked);
 
     env.cluster
         .store
@@ -551,6 +555,8 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
     for other in ["failed", "budget_ended", "cancelled", "interrupted"] {
         assert_eq!(sample(&after, &outcome(other)), Some(0.0), "{after}");
     }
+    served.extend(served_names(&after));
+    the_dashboard_queries_only(&served);
     let end = sample(&after, "nodegrace_last_shutdown_end_timestamp_seconds").unwrap();
     assert!(
         end >= since && end <= ended + 1.0,
@@ -608,5 +614,132 @@ async fn a_logind_budget_below_the_plans_reserves_is_too_short() {
         sample(&body, "nodegrace_budget_too_short"),
         Some(1.0),
         "{body}"
+    );
+}
+
+/// The strings under `keys` anywhere in a dashboard: its panels' queries (`expr`) and its
+/// variables' (`definition`).
+fn dashboard_queries(v: &serde_json::Value, keys: &[&str], out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map {
+                match value.as_str() {
+                    Some(q) if keys.contains(&key.as_str()) => out.push(q.to_string()),
+                    _ => dashboard_queries(value, keys, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                dashboard_queries(item, keys, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The metric names a dashboard's queries (and its variables' queries) use.
+fn dashboard_metrics(dashboard: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    let mut found = Vec::new();
+    dashboard_queries(dashboard, &["expr", "definition"], &mut found);
+    let mut names = std::collections::BTreeSet::new();
+    for query in &found {
+        for (at, _) in query.match_indices("nodegrace_") {
+            let name: String = query[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// The sample names a scrape in Prometheus's text format can hold, from its TYPE lines.
+fn served_names(body: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        match kind {
+            "histogram" => {
+                for suffix in ["_bucket", "_count", "_sum"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+            _ => {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+const DASHBOARD: &str = "packaging/grafana/nodegrace-dashboard.json";
+
+/// Every metric the shipped dashboard queries is one of `served` (the names the binary
+/// served), and every query is PromQL.
+fn the_dashboard_queries_only(served: &std::collections::BTreeSet<String>) {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(DASHBOARD)).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let used = dashboard_metrics(&dashboard);
+    assert!(
+        served.contains("nodegrace_armed")
+            && served.contains("nodegrace_shutdown_duration_seconds_bucket"),
+        "{served:?}"
+    );
+    // The check itself: a name the binary does not serve is caught.
+    let mut doctored = dashboard.clone();
+    doctored["panels"][1]["targets"][0]["expr"] = json!("sum(nodegrace_not_served_total)");
+    assert!(!dashboard_metrics(&doctored).is_subset(served));
+
+    let missing: Vec<&String> = used.difference(served).collect();
+    assert!(
+        missing.is_empty(),
+        "{DASHBOARD} queries metrics the binary does not serve: {missing:?}"
+    );
+    for panel_metric in [
+        "nodegrace_budget_blocking_since_timestamp_seconds",
+        "nodegrace_evictions_refused_total",
+        "nodegrace_apiserver_reachable",
+        "nodegrace_band_duration_seconds",
+        "nodegrace_shutdown_duration_seconds_bucket",
+        "nodegrace_offline_fallback",
+    ] {
+        assert!(used.contains(panel_metric), "{panel_metric}: {used:?}");
+    }
+
+    // Every query parses as PromQL: promtool checks them as recording rules, with
+    // Grafana's variables given values.
+    let Some(promtool) = promtool::promtool("promtool on the dashboard's queries") else {
+        return;
+    };
+    let mut exprs = Vec::new();
+    dashboard_queries(&dashboard, &["expr"], &mut exprs);
+    let rules: Vec<serde_json::Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let e = e
+                .replace("$__rate_interval", "5m")
+                .replace("$__range", "1d")
+                .replace("$node", "node-a");
+            json!({"record": format!("dashboard:query_{i}"), "expr": e})
+        })
+        .collect();
+    let file = json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("queries.yml"),
+        serde_yaml::to_string(&file).unwrap(),
+    )
+    .unwrap();
+    let out = promtool::run_promtool(&promtool, &["check", "rules", "queries.yml"], dir.path());
+    assert!(
+        out.contains(&format!("SUCCESS: {} rules found", exprs.len())),
+        "{out}"
     );
 }
