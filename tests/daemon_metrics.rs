@@ -215,6 +215,20 @@ async fn wait_armed(bus: &TestEnv, daemon: &Daemon) {
     );
 }
 
+/// Waits up to 30 s for the daemon to release its inhibitor.
+async fn wait_released(bus: &TestEnv, daemon: &Daemon) {
+    let released = tokio::time::timeout(
+        Duration::from_secs(30),
+        bus.fakes.wait_until(|s| s.held().is_empty()),
+    )
+    .await;
+    assert!(
+        released.is_ok(),
+        "the inhibitor was not released within 30 s; log:\n{}",
+        daemon.log()
+    );
+}
+
 /// The cluster with `pods`, the bus with the fakes, and the daemon armed with its metrics on
 /// a free local port (also returned, as an address).
 async fn armed_daemon(pods: &[&str]) -> (Env, tempfile::TempDir, TestEnv, Daemon, String) {
@@ -391,12 +405,7 @@ async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() 
         .prepare_for_shutdown_typed(true, "reboot")
         .await
         .unwrap();
-    let released = tokio::time::timeout(
-        Duration::from_secs(30),
-        bus.fakes.wait_until(|s| s.held().is_empty()),
-    )
-    .await;
-    assert!(released.is_ok(), "{}", daemon.log());
+    wait_released(&bus, &daemon).await;
     // The status mirror sets the last gauges just after the release.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let reply = scrape(&addr).await;
@@ -537,12 +546,7 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
             p["spec"]["minAvailable"] = json!(0);
         })
         .unwrap();
-    let released = tokio::time::timeout(
-        Duration::from_secs(30),
-        bus.fakes.wait_until(|s| s.held().is_empty()),
-    )
-    .await;
-    assert!(released.is_ok(), "{}", daemon.log());
+    wait_released(&bus, &daemon).await;
     let ended = unix_now();
     let after = scrape_until(&addr, 5, "the outcome", |b| {
         sample(b, &outcome("drained")) == Some(1.0)
