@@ -562,6 +562,8 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
     served.extend(served_names(&after));
     the_dashboard_queries_only(&served);
     let end = sample(&after, "nodegrace_last_shutdown_end_timestamp_seconds").unwrap();
+    let start = sample(&after, "nodegrace_shutdown_start_timestamp_seconds").unwrap();
+    assert!(start >= signalled - 1.0 && start < end, "{start} to {end}");
     assert!(
         end >= since && end <= ended + 1.0,
         "ended at {end}, released by {ended}"
@@ -584,6 +586,10 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
     assert_eq!(
         sample(&booted, "nodegrace_last_shutdown_end_timestamp_seconds"),
         Some(end)
+    );
+    assert_eq!(
+        sample(&booted, "nodegrace_shutdown_start_timestamp_seconds"),
+        Some(start)
     );
 }
 

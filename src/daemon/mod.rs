@@ -178,14 +178,17 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         if let Some(budget) = now.1 {
             metrics.set_effective_budget(budget);
         }
+        if let Some(ended) = now.5 {
+            if last.as_ref().and_then(|l| l.5) != Some(ended) {
+                // Its start too, for a shutdown of an earlier process; one under way now is
+                // newer and is set next.
+                metrics.shutdown_started(ended.started_at);
+                metrics.shutdown_ended(ended.outcome, ended.ended_at);
+            }
+        }
         if let Some(started) = now.2 {
             if last.as_ref().and_then(|l| l.2) != Some(started) {
                 metrics.shutdown_started(started);
-            }
-        }
-        if let Some(ended) = now.5 {
-            if last.as_ref().and_then(|l| l.5) != Some(ended) {
-                metrics.shutdown_ended(ended.outcome, ended.ended_at);
             }
         }
         if status.phase == Phase::Released && last.as_ref().map(|l| l.3) != Some(Phase::Released) {

@@ -26,10 +26,11 @@ pub struct ShutdownStatus {
     pub resumed: bool,
 }
 
-/// How the last shutdown ended, and when.
+/// How the last shutdown ended, and when it started and ended.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LastShutdown {
     pub outcome: crate::state::ShutdownOutcome,
+    pub started_at: chrono::DateTime<chrono::Utc>,
     pub ended_at: chrono::DateTime<chrono::Utc>,
 }
 

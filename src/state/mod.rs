@@ -280,22 +280,18 @@ impl ShutdownState {
             && self.phase == ShutdownPhase::Released
     }
 
-    /// How it ended and when, as seen from the boot `boot_id`: its recorded outcome, or
-    /// `Interrupted` when an earlier boot went down while it drained. None while it still
-    /// runs in this boot.
-    pub(crate) fn ended(
-        &self,
-        boot_id: &str,
-    ) -> Option<(ShutdownOutcome, chrono::DateTime<chrono::Utc>)> {
-        let outcome = match (self.outcome, self.phase) {
-            (Some(o), _) => o,
-            (None, ShutdownPhase::Cancelled) => ShutdownOutcome::Cancelled,
+    /// How it ended, as seen from the boot `boot_id` (it ended at `updated_at`): its recorded
+    /// outcome, or `Interrupted` when an earlier boot went down while it drained. None while
+    /// it still runs in this boot.
+    pub(crate) fn ended(&self, boot_id: &str) -> Option<ShutdownOutcome> {
+        match (self.outcome, self.phase) {
+            (Some(o), _) => Some(o),
+            (None, ShutdownPhase::Cancelled) => Some(ShutdownOutcome::Cancelled),
             (None, ShutdownPhase::Draining) if self.boot_id != boot_id => {
-                ShutdownOutcome::Interrupted
+                Some(ShutdownOutcome::Interrupted)
             }
-            (None, _) => return None,
-        };
-        Some((outcome, self.updated_at))
+            (None, _) => None,
+        }
     }
 
     /// Reads the state; a missing file is None, a corrupt one an error.
@@ -545,19 +541,13 @@ mod tests {
             outcome,
         };
         let drained = s(ShutdownPhase::Released, Some(ShutdownOutcome::Drained));
-        assert_eq!(
-            drained.ended("boot-2"),
-            Some((ShutdownOutcome::Drained, at))
-        );
+        assert_eq!(drained.ended("boot-2"), Some(ShutdownOutcome::Drained));
         let draining = s(ShutdownPhase::Draining, None);
         assert_eq!(draining.ended("boot-1"), None, "still running in this boot");
-        assert_eq!(
-            draining.ended("boot-2"),
-            Some((ShutdownOutcome::Interrupted, at))
-        );
+        assert_eq!(draining.ended("boot-2"), Some(ShutdownOutcome::Interrupted));
         assert_eq!(
             s(ShutdownPhase::Cancelled, None).ended("boot-1"),
-            Some((ShutdownOutcome::Cancelled, at))
+            Some(ShutdownOutcome::Cancelled)
         );
     }
 

@@ -457,8 +457,11 @@ impl Machine {
     /// does not lose it).
     fn last_shutdown_recorded(&self) -> Option<LastShutdown> {
         let state = ShutdownState::load(&self.settings.state_dir).ok()??;
-        let (outcome, ended_at) = state.ended(&self.boot_id)?;
-        Some(LastShutdown { outcome, ended_at })
+        Some(LastShutdown {
+            outcome: state.ended(&self.boot_id)?,
+            started_at: state.started_at,
+            ended_at: state.updated_at,
+        })
     }
 
     fn request_from(&self, p: &ShutdownState, resumed: bool) -> ShutdownRequest {
@@ -474,9 +477,13 @@ impl Machine {
 
     /// The shutdown ended with `outcome`: persisted, and the status says so.
     fn persist_end(&mut self, phase: ShutdownPhase, outcome: ShutdownOutcome) {
+        let Some(started_at) = self.shutdown.as_ref().map(|r| r.started_at) else {
+            return;
+        };
         if let Some(at) = self.persist_with(phase, Some(outcome), false) {
             self.status.last_shutdown = Some(LastShutdown {
                 outcome,
+                started_at,
                 ended_at: at,
             });
         }
