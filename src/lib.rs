@@ -118,6 +118,7 @@ pub use crate::plan::{plan_steps, DrainPlanEntry, PodInfo, PodType};
 
 // Local state and static pods.
 pub use crate::state::{
-    current_boot_id, BootIdSource, OfflineDrain, PodCache, ShutdownPhase, ShutdownState,
+    current_boot_id, BootIdSource, OfflineDrain, PodCache, ShutdownOutcome, ShutdownPhase,
+    ShutdownState,
 };
 pub use crate::staticpods::{mirror_pod_name, FsGate, Problem, StaticManifest, StaticPodGate};

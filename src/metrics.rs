@@ -16,6 +16,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::state::ShutdownOutcome;
+
 /// How a pod was made to go away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TerminationMethod {
@@ -68,6 +70,17 @@ struct ReasonLabel {
     reason: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabel {
+    namespace: String,
+    name: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
+}
+
 /// Why an eviction was refused, as counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -91,13 +104,21 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub struct Metrics {
     registry: Arc<Registry>,
     shutdown_start: FloatGauge,
-    shutdown_end: FloatGauge,
+    last_shutdown_end: FloatGauge,
+    last_shutdown_outcome: Family<OutcomeLabel, Gauge>,
     band_duration: Family<BandLabel, FloatGauge>,
     pods_terminated: Family<MethodLabel, Counter>,
     escalations: Counter,
     fallback_used: Counter,
     inhibitor_held: Gauge,
     effective_budget: FloatGauge,
+    budget_needed: FloatGauge,
+    budget_too_short: Gauge,
+    budget_blocking_since: Family<BudgetLabel, FloatGauge>,
+    apiserver_reachable: Gauge,
+    apiserver_outages: Counter,
+    cordoned: Gauge,
+    maintenances_active: Gauge,
     api_errors: Family<OperationLabel, Counter>,
     credential_expiry: Family<CredentialLabel, FloatGauge>,
     armed: Gauge,
@@ -129,11 +150,17 @@ impl Metrics {
             "Unix time the last shutdown drain started",
             shutdown_start.clone(),
         );
-        let shutdown_end = FloatGauge::default();
+        let last_shutdown_end = FloatGauge::default();
         registry.register(
-            "shutdown_end_timestamp_seconds",
-            "Unix time the last shutdown drain released the inhibitor",
-            shutdown_end.clone(),
+            "last_shutdown_end_timestamp_seconds",
+            "Unix time the last shutdown ended (released, cancelled, or last recorded when interrupted); kept across restarts",
+            last_shutdown_end.clone(),
+        );
+        let last_shutdown_outcome = Family::<OutcomeLabel, Gauge>::default();
+        registry.register(
+            "last_shutdown_outcome",
+            "1 for how the last shutdown ended (drained, failed, budget_ended, cancelled, interrupted), 0 for the others; kept across restarts",
+            last_shutdown_outcome.clone(),
         );
         let band_duration = Family::<BandLabel, FloatGauge>::default();
         registry.register(
@@ -170,6 +197,48 @@ impl Metrics {
             "effective_budget_seconds",
             "Usable shutdown budget: min(configured max delay, logind InhibitDelayMaxUSec)",
             effective_budget.clone(),
+        );
+        let budget_needed = FloatGauge::default();
+        registry.register(
+            "budget_needed_seconds",
+            "What the shutdown drain plan reserves for the later bands of the node's pods now",
+            budget_needed.clone(),
+        );
+        let budget_too_short = Gauge::default();
+        registry.register(
+            "budget_too_short",
+            "1 while the effective budget is below what the drain plan reserves for the node's pods",
+            budget_too_short.clone(),
+        );
+        let budget_blocking_since = Family::<BudgetLabel, FloatGauge>::default();
+        registry.register(
+            "budget_blocking_since_timestamp_seconds",
+            "Unix time since which the PodDisruptionBudget blocking longest in the running drain has refused evictions; one series at most, none when no budget blocks",
+            budget_blocking_since.clone(),
+        );
+        let apiserver_reachable = Gauge::default();
+        registry.register(
+            "apiserver_reachable",
+            "1 while the apiserver answers nodegrace's requests and watches",
+            apiserver_reachable.clone(),
+        );
+        let apiserver_outages = Counter::default();
+        registry.register(
+            "apiserver_outages",
+            "Times the apiserver could not be used for a second or more",
+            apiserver_outages.clone(),
+        );
+        let cordoned = Gauge::default();
+        registry.register(
+            "node_cordoned",
+            "1 while nodegrace's own cordon holds the node (its previous-unschedulable annotation is set)",
+            cordoned.clone(),
+        );
+        let maintenances_active = Gauge::default();
+        registry.register(
+            "maintenances_active",
+            "NodeMaintenances selecting the node that are active (not Idle, not Complete)",
+            maintenances_active.clone(),
         );
         let api_errors = Family::<OperationLabel, Counter>::default();
         registry.register(
@@ -224,13 +293,21 @@ impl Metrics {
         Metrics {
             registry: Arc::new(registry),
             shutdown_start,
-            shutdown_end,
+            last_shutdown_end,
+            last_shutdown_outcome,
             band_duration,
             pods_terminated,
             escalations,
             fallback_used,
             inhibitor_held,
             effective_budget,
+            budget_needed,
+            budget_too_short,
+            budget_blocking_since,
+            apiserver_reachable,
+            apiserver_outages,
+            cordoned,
+            maintenances_active,
             api_errors,
             credential_expiry,
             armed,
@@ -281,8 +358,20 @@ impl Metrics {
         self.shutdown_start.set(unix_seconds(at));
     }
 
-    pub(crate) fn shutdown_ended(&self, at: chrono::DateTime<chrono::Utc>) {
-        self.shutdown_end.set(unix_seconds(at));
+    /// The last shutdown ended `at` with `outcome` (also the one restored at start).
+    pub(crate) fn shutdown_ended(
+        &self,
+        outcome: ShutdownOutcome,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
+        self.last_shutdown_end.set(unix_seconds(at));
+        for o in ShutdownOutcome::ALL {
+            self.last_shutdown_outcome
+                .get_or_create(&OutcomeLabel {
+                    outcome: o.as_str().into(),
+                })
+                .set(i64::from(o == outcome));
+        }
     }
 
     pub(crate) fn band_finished(&self, band: &str, took: std::time::Duration) {
@@ -313,6 +402,67 @@ impl Metrics {
 
     pub(crate) fn set_effective_budget(&self, budget: std::time::Duration) {
         self.effective_budget.set(budget.as_secs_f64());
+        self.judge_budget();
+    }
+
+    /// What the drain plan reserves for the node's pods now (`Settings::reserves_needed`).
+    pub(crate) fn set_budget_needed(&self, needed: std::time::Duration) {
+        self.budget_needed.set(needed.as_secs_f64());
+        self.judge_budget();
+    }
+
+    /// Short only once both are known: no budget yet is not a short one.
+    fn judge_budget(&self) {
+        let budget = self.effective_budget.get();
+        let short = budget > 0.0 && budget < self.budget_needed.get();
+        self.budget_too_short.set(i64::from(short));
+    }
+
+    /// The PodDisruptionBudget (`namespace/name`) that has refused evictions longest in the
+    /// running drain, and since when; None clears it.
+    pub(crate) fn set_budget_blocking(
+        &self,
+        longest: Option<(&str, chrono::DateTime<chrono::Utc>)>,
+    ) {
+        let wanted = longest.and_then(|(key, since)| {
+            let (namespace, name) = key.split_once('/')?;
+            Some((
+                BudgetLabel {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                },
+                since,
+            ))
+        });
+        // One series at most: the previous one goes unless it is still the one.
+        let keep = wanted
+            .as_ref()
+            .is_some_and(|(label, _)| self.budget_blocking_since.get(label).is_some());
+        if !keep {
+            self.budget_blocking_since.clear();
+        }
+        if let Some((label, since)) = wanted {
+            self.budget_blocking_since
+                .get_or_create(&label)
+                .set(unix_seconds(since));
+        }
+    }
+
+    pub(crate) fn apiserver_answered(&self) {
+        self.apiserver_reachable.set(1);
+    }
+
+    /// The apiserver has not been usable for a second or more (once per outage).
+    pub(crate) fn apiserver_went_away(&self) {
+        self.apiserver_reachable.set(0);
+        self.apiserver_outages.inc();
+    }
+
+    /// Whether nodegrace's cordon holds the node, and how many maintenances are active on it.
+    pub(crate) fn set_node_hold(&self, cordoned: bool, maintenances_active: usize) {
+        self.cordoned.set(i64::from(cordoned));
+        self.maintenances_active
+            .set(i64::try_from(maintenances_active).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn api_error(&self, operation: &str) {
@@ -460,5 +610,73 @@ mod tests {
             text.contains("nodegrace_band_duration_seconds{band=\"Default/0\"} 1.5"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_budget_is_too_short_only_below_what_the_plan_needs_once_both_are_known() {
+        let m = Metrics::new();
+        let short = |m: &Metrics| {
+            m.render()
+                .unwrap()
+                .lines()
+                .any(|l| l == "nodegrace_budget_too_short 1")
+        };
+        m.set_budget_needed(std::time::Duration::from_secs(90));
+        assert!(!short(&m), "no budget yet");
+        m.set_effective_budget(std::time::Duration::from_secs(60));
+        assert!(short(&m));
+        m.set_budget_needed(std::time::Duration::from_secs(30));
+        assert!(!short(&m));
+        m.set_budget_needed(std::time::Duration::from_secs(61));
+        assert!(short(&m));
+        assert!(m
+            .render()
+            .unwrap()
+            .contains("nodegrace_budget_needed_seconds 61.0"));
+    }
+
+    #[test]
+    fn one_blocking_budget_at_most_and_none_once_cleared() {
+        let m = Metrics::new();
+        let at = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        m.set_budget_blocking(Some(("shop/web", at)));
+        m.set_budget_blocking(Some(("shop/db", at)));
+        let text = m.render().unwrap();
+        assert!(
+            text.contains("nodegrace_budget_blocking_since_timestamp_seconds{namespace=\"shop\",name=\"db\"} 1700000000.0"),
+            "{text}"
+        );
+        assert!(!text.contains("name=\"web\""), "{text}");
+        m.set_budget_blocking(None);
+        assert!(!m.render().unwrap().contains("namespace="));
+    }
+
+    #[test]
+    fn the_last_outcome_is_one_of_a_fixed_set_and_outages_are_counted() {
+        let m = Metrics::new();
+        assert!(!m
+            .render()
+            .unwrap()
+            .contains("nodegrace_last_shutdown_outcome{"));
+        let at = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        m.shutdown_ended(ShutdownOutcome::Drained, at);
+        m.shutdown_ended(ShutdownOutcome::BudgetEnded, at);
+        m.apiserver_answered();
+        m.apiserver_went_away();
+        m.set_node_hold(true, 0);
+        let text = m.render().unwrap();
+        for line in [
+            "nodegrace_last_shutdown_outcome{outcome=\"budget_ended\"} 1",
+            "nodegrace_last_shutdown_outcome{outcome=\"drained\"} 0",
+            "nodegrace_last_shutdown_outcome{outcome=\"interrupted\"} 0",
+            "nodegrace_last_shutdown_end_timestamp_seconds 1700000000.0",
+            "nodegrace_apiserver_reachable 0",
+            "nodegrace_apiserver_outages_total 1",
+            "nodegrace_node_cordoned 1",
+            "nodegrace_maintenances_active 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        assert_eq!(text.matches("nodegrace_last_shutdown_outcome{").count(), 5);
     }
 }

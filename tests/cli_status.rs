@@ -111,6 +111,7 @@ impl Env {
             boot_id: "boot-1".into(),
             started_since_boot_seconds: None,
             updated_at: chrono::Utc::now(),
+            outcome: Some(nodegrace::ShutdownOutcome::Drained),
         }
         .store(&self.path("state"))
         .unwrap();

@@ -1,7 +1,7 @@
 //! SIGHUP reaches the drain: the running daemon (fake logind on a private bus) with the real
 //! node drainer (drain engine against the fake apiserver, CRI fallback against the fake
 //! runtime) reloads its configuration, and the next shutdown uses the new `[drain]`
-//! reserves and `[fallback]` bands.
+//! reserves (and `nodegrace_budget_needed_seconds` says them at once) and `[fallback]` bands.
 
 mod engine_support;
 
@@ -89,9 +89,18 @@ async fn a_reloaded_drain_reserve_moves_the_escalation() {
     let (logind, d) = daemon(&dir, &cluster, &runtime, initial, reloaded).await;
 
     assert_eq!(d.handle.status().phase, Phase::Armed);
+    let needed = |secs: &str| {
+        let line = format!("nodegrace_budget_needed_seconds {secs}");
+        cluster.metrics.render().unwrap().lines().any(|l| l == line)
+    };
+    eventually(10, "the critical reserve needed", || needed("7.0")).await;
     // The reload runs off the state machine's thread; the reloader answers at once.
     d.handle.reload();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        needed("2.0"),
+        "the metric kept the reserve before the reload"
+    );
     let started = std::time::Instant::now();
     logind.fakes.prepare_for_shutdown(true).await.unwrap();
     eventually(10, "the db pod escalated", || !cluster.deletes().is_empty()).await;

@@ -88,7 +88,7 @@ fn every_alert_has_a_runbook_line_and_a_test_that_fires_it() {
         .map(|a| a["alertname"].as_str().unwrap())
         .collect();
     let names = alert_names();
-    assert!(names.len() >= 6, "{names:?}");
+    assert!(names.len() >= 8, "{names:?}");
     for name in &names {
         assert!(
             runbooks.contains(&format!("| `{name}` |")),

@@ -54,6 +54,12 @@ pub(crate) fn cordon_patch(node: &Node) -> Option<Value> {
     }))
 }
 
+/// Whether nodegrace's cordon holds the node: unschedulable, with the annotation its cordon
+/// set (removed when it uncordons).
+pub(crate) fn cordoned_by_nodegrace(node: &Node) -> bool {
+    unschedulable(node) && annotation(node, PREVIOUS_UNSCHEDULABLE_ANNOTATION).is_some()
+}
+
 /// The patch that undoes nodegrace's cordon, or None when nodegrace does not hold one.
 /// The caller decides whether another active maintenance still needs the node cordoned.
 pub(crate) fn uncordon_patch(node: &Node) -> Option<Value> {

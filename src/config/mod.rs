@@ -404,6 +404,24 @@ pub(crate) fn check_config_report(main: &Path, loaded: &Loaded) -> String {
     out
 }
 
+impl Settings {
+    /// What the shutdown drain plan reserves for the later bands of `pods` (those still
+    /// running): a budget below it cannot give them their time. Zero when no plan can be made.
+    pub(crate) fn reserves_needed(&self, pods: &[crate::plan::PodInfo]) -> Duration {
+        let reserves = BudgetReserves::from(&self.drain);
+        crate::plan::shutdown_drain_plan(self)
+            .ok()
+            .and_then(|plan| crate::plan::plan_steps(&plan, pods).ok())
+            .map(|steps| {
+                // Which classes have pods does not depend on the budget split.
+                let schedule =
+                    crate::plan::split_budget(self.shutdown.max_delay, &steps, &reserves);
+                crate::plan::reserves_needed(&schedule, &reserves)
+            })
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
 impl From<&DrainSettings> for BudgetReserves {
     fn from(d: &DrainSettings) -> Self {
         BudgetReserves {

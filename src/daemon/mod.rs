@@ -154,6 +154,7 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         Option<chrono::DateTime<chrono::Utc>>,
         Phase,
         bool,
+        Option<status::LastShutdown>,
     );
     let key = |s: &Status| -> Key {
         (
@@ -162,6 +163,7 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
             s.shutdown.as_ref().map(|d| d.started_at),
             s.phase,
             s.bus_connected,
+            s.last_shutdown,
         )
     };
     let mut last: Option<Key> = None;
@@ -176,13 +178,20 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
         if let Some(budget) = now.1 {
             metrics.set_effective_budget(budget);
         }
+        if let Some(ended) = now.5 {
+            if last.as_ref().and_then(|l| l.5) != Some(ended) {
+                // Its start too, for a shutdown of an earlier process; one under way now is
+                // newer and is set next.
+                metrics.shutdown_started(ended.started_at);
+                metrics.shutdown_ended(ended.outcome, ended.ended_at);
+            }
+        }
         if let Some(started) = now.2 {
             if last.as_ref().and_then(|l| l.2) != Some(started) {
                 metrics.shutdown_started(started);
             }
         }
         if status.phase == Phase::Released && last.as_ref().map(|l| l.3) != Some(Phase::Released) {
-            metrics.shutdown_ended(status.updated_at);
             if let Some(shutdown) = &status.shutdown {
                 let took = (status.updated_at - shutdown.started_at)
                     .to_std()

@@ -26,6 +26,14 @@ pub struct ShutdownStatus {
     pub resumed: bool,
 }
 
+/// How the last shutdown ended, and when it started and ended.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LastShutdown {
+    pub outcome: crate::state::ShutdownOutcome,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub ended_at: chrono::DateTime<chrono::Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
     pub pid: u32,
@@ -35,6 +43,9 @@ pub struct Status {
     /// Budget, logind's effective delay and the drop-in used, once established.
     pub budget: Option<BudgetReport>,
     pub shutdown: Option<ShutdownStatus>,
+    /// The last shutdown that ended, in this run or before it.
+    #[serde(default)]
+    pub last_shutdown: Option<LastShutdown>,
     /// Who/why of a kubelet shutdown delay inhibitor, when one is held beside ours.
     pub kubelet_inhibitor: Option<String>,
     pub last_error: Option<String>,
@@ -55,6 +66,7 @@ impl Status {
             inhibitor_held: false,
             budget: None,
             shutdown: None,
+            last_shutdown: None,
             kubelet_inhibitor: None,
             last_error: None,
             timeline: vec![PhaseChange {

@@ -71,9 +71,23 @@ pub(crate) struct PodTrack {
     pub blocked_by: Option<String>,
     /// `namespace/name` of the PodDisruptionBudget that refused the last eviction.
     pub budget: Option<String>,
+    /// When that budget first refused this pod (drain clock), kept while it refuses.
+    pub budget_since: Option<Duration>,
     /// Requests the apiserver throttled (429, not a budget's): not an answer to them.
     pub throttled: u32,
     pub escalated: bool,
+}
+
+/// The PodDisruptionBudget (`namespace/name`) that has refused a pod still waiting for the
+/// longest, and since when (drain clock); ties go to the first name.
+pub(crate) fn longest_blocking<'a>(
+    tracks: impl IntoIterator<Item = &'a PodTrack>,
+) -> Option<(&'a str, Duration)> {
+    tracks
+        .into_iter()
+        .filter(|t| !t.accepted)
+        .filter_map(|t| Some((t.budget.as_deref()?, t.budget_since?)))
+        .min_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(b.0)))
 }
 
 /// The deadline schedule of a shutdown drain (`budget::split_budget`).
@@ -883,6 +897,7 @@ mod tests {
                         last_try: (attempts > 0).then_some((S(at), S(delay))),
                         blocked_by: None,
                         budget: None,
+                        budget_since: None,
                         throttled: 0,
                         escalated,
                     }

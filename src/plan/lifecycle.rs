@@ -77,6 +77,42 @@ pub(crate) struct Persisted {
     pub cancelled: bool,
 }
 
+/// How a shutdown ended: a fixed set, persisted with it and exported as a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShutdownOutcome {
+    /// The drain finished and the inhibitor was released.
+    Drained,
+    /// The drain ended with an error and the inhibitor was released.
+    Failed,
+    /// The budget ran out before the drain finished.
+    BudgetEnded,
+    /// logind cancelled the shutdown.
+    Cancelled,
+    /// The node went down while the drain still ran (found at the next boot).
+    Interrupted,
+}
+
+impl ShutdownOutcome {
+    pub const ALL: [ShutdownOutcome; 5] = [
+        ShutdownOutcome::Drained,
+        ShutdownOutcome::Failed,
+        ShutdownOutcome::BudgetEnded,
+        ShutdownOutcome::Cancelled,
+        ShutdownOutcome::Interrupted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShutdownOutcome::Drained => "drained",
+            ShutdownOutcome::Failed => "failed",
+            ShutdownOutcome::BudgetEnded => "budget_ended",
+            ShutdownOutcome::Cancelled => "cancelled",
+            ShutdownOutcome::Interrupted => "interrupted",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Event {
     /// Connected to the bus (first time or again); `preparing`: logind's
@@ -91,7 +127,7 @@ pub(crate) enum Event {
         kind: Option<ShutdownKind>,
     },
     /// The drain task ended (drained, failed or panicked); `reason` says which.
-    DrainEnded { reason: String },
+    DrainEnded { reason: String, failed: bool },
     /// The shutdown's budget is used up.
     BudgetEnded,
     /// SIGTERM (or the control channel closed).
@@ -134,7 +170,10 @@ pub(crate) enum Effect {
     /// End the budget at `shutdown.stop_drain_timeout` from now at the latest.
     CapDeadline,
     /// Release the inhibitor; stop the drain task and the deadline; persist `Released`.
-    Release { reason: String },
+    Release {
+        reason: String,
+        outcome: ShutdownOutcome,
+    },
     /// Stop the drain task and the deadline, persist `Cancelled`, take a new inhibitor when
     /// `rearm`, and ask the drainer to undo the shutdown.
     CancelShutdown { rearm: bool },
@@ -217,11 +256,16 @@ pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
                 effects.push(Effect::Exit);
             }
         }
-        Event::DrainEnded { reason } => {
+        Event::DrainEnded { reason, failed } => {
             if state.phase != Phase::Draining {
                 return ignored(state, "no drain under way");
             }
-            release(state, &mut next, &mut effects, reason);
+            let outcome = if failed {
+                ShutdownOutcome::Failed
+            } else {
+                ShutdownOutcome::Drained
+            };
+            release(state, &mut next, &mut effects, reason, outcome);
         }
         Event::BudgetEnded => {
             if state.phase != Phase::Draining {
@@ -232,6 +276,7 @@ pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
                 &mut next,
                 &mut effects,
                 "shutdown budget ended".into(),
+                ShutdownOutcome::BudgetEnded,
             );
         }
         Event::Terminate => {
@@ -368,9 +413,16 @@ fn start_drain(
 }
 
 /// The one place the inhibitor is released for a shutdown: its drain ended or its budget did.
-fn release(state: Lifecycle, next: &mut Lifecycle, effects: &mut Vec<Effect>, reason: String) {
+fn release(
+    state: Lifecycle,
+    next: &mut Lifecycle,
+    effects: &mut Vec<Effect>,
+    reason: String,
+    outcome: ShutdownOutcome,
+) {
     effects.push(Effect::Release {
         reason: reason.clone(),
+        outcome,
     });
     next.inhibitor = false;
     next.phase = Phase::Released;
@@ -558,6 +610,7 @@ mod tests {
         for event in [
             Event::DrainEnded {
                 reason: "drain finished".into(),
+                failed: false,
             },
             Event::BudgetEnded,
         ] {
@@ -684,7 +737,12 @@ mod tests {
             (any::<bool>(), proptest::option::of(arb_kind()))
                 .prop_map(|(start, kind)| Event::PrepareForShutdown { start, kind }),
             Just(Event::DrainEnded {
-                reason: "drain finished".into()
+                reason: "drain finished".into(),
+                failed: false,
+            }),
+            Just(Event::DrainEnded {
+                reason: "drain failed".into(),
+                failed: true,
             }),
             Just(Event::BudgetEnded),
             Just(Event::Terminate),

@@ -322,6 +322,7 @@ pub(crate) fn note_answer(
             track.accepted = true;
             track.blocked_by = None;
             track.budget = None;
+            track.budget_since = None;
             if escalated {
                 track.escalated = true;
                 noted.escalated = true;
@@ -342,6 +343,9 @@ pub(crate) fn note_answer(
             retry_in(track, delay);
             noted.newly_blocked = track.blocked_by.as_deref() != Some(by.as_str());
             track.blocked_by = Some(by.clone());
+            if track.budget != *budget || track.budget_since.is_none() {
+                track.budget_since = budget.as_ref().map(|_| now);
+            }
             track.budget = budget.clone();
         }
         Answer::Throttled { wait } => {

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::fsutil::{read_regular, set_aside, write_atomic, ReadError, Symlinks, STATE_FILE_LIMIT};
 use crate::plan::PodInfo;
 
+pub use crate::plan::lifecycle::ShutdownOutcome;
+
 pub(crate) mod report;
 
 pub(crate) const POD_CACHE_FILE: &str = "pods.json";
@@ -223,6 +225,9 @@ pub struct ShutdownState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_since_boot_seconds: Option<f64>,
     pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// How it ended, once it has (with `updated_at` then its end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<ShutdownOutcome>,
 }
 
 /// How far in the future a persisted shutdown may have started: the clock may have been
@@ -273,6 +278,20 @@ impl ShutdownState {
     pub(crate) fn soft_rebooted(&self) -> bool {
         self.kind == crate::shutdown::ShutdownKind::SoftReboot
             && self.phase == ShutdownPhase::Released
+    }
+
+    /// How it ended, as seen from the boot `boot_id` (it ended at `updated_at`): its recorded
+    /// outcome, or `Interrupted` when an earlier boot went down while it drained. None while
+    /// it still runs in this boot.
+    pub(crate) fn ended(&self, boot_id: &str) -> Option<ShutdownOutcome> {
+        match (self.outcome, self.phase) {
+            (Some(o), _) => Some(o),
+            (None, ShutdownPhase::Cancelled) => Some(ShutdownOutcome::Cancelled),
+            (None, ShutdownPhase::Draining) if self.boot_id != boot_id => {
+                Some(ShutdownOutcome::Interrupted)
+            }
+            (None, _) => None,
+        }
     }
 
     /// Reads the state; a missing file is None, a corrupt one an error.
@@ -491,11 +510,45 @@ mod tests {
             boot_id: current_boot_id(),
             started_since_boot_seconds: Some(12.5),
             updated_at: chrono::Utc::now(),
+            outcome: None,
         };
         s.store(dir.path()).unwrap();
-        assert_eq!(ShutdownState::load(dir.path()).unwrap(), Some(s));
+        assert_eq!(ShutdownState::load(dir.path()).unwrap(), Some(s.clone()));
+        let ended = ShutdownState {
+            phase: ShutdownPhase::Released,
+            outcome: Some(ShutdownOutcome::BudgetEnded),
+            ..s.clone()
+        };
+        ended.store(dir.path()).unwrap();
+        let stored = std::fs::read_to_string(dir.path().join(SHUTDOWN_STATE_FILE)).unwrap();
+        assert!(stored.contains("\"outcome\": \"budget_ended\""), "{stored}");
+        assert_eq!(ShutdownState::load(dir.path()).unwrap(), Some(ended));
         std::fs::write(dir.path().join(SHUTDOWN_STATE_FILE), b"{").unwrap();
         assert!(ShutdownState::load(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_shutdown_has_ended_once_its_outcome_is_recorded_or_its_boot_went_down_draining() {
+        let at = chrono::Utc::now();
+        let s = |phase, outcome| ShutdownState {
+            phase,
+            kind: crate::shutdown::ShutdownKind::Reboot,
+            started_at: at,
+            budget_seconds: 60.0,
+            boot_id: "boot-1".into(),
+            started_since_boot_seconds: None,
+            updated_at: at,
+            outcome,
+        };
+        let drained = s(ShutdownPhase::Released, Some(ShutdownOutcome::Drained));
+        assert_eq!(drained.ended("boot-2"), Some(ShutdownOutcome::Drained));
+        let draining = s(ShutdownPhase::Draining, None);
+        assert_eq!(draining.ended("boot-1"), None, "still running in this boot");
+        assert_eq!(draining.ended("boot-2"), Some(ShutdownOutcome::Interrupted));
+        assert_eq!(
+            s(ShutdownPhase::Cancelled, None).ended("boot-1"),
+            Some(ShutdownOutcome::Cancelled)
+        );
     }
 
     #[test]

@@ -24,10 +24,7 @@ pub(crate) use table::render_table;
 use crate::daemon::status::{PhaseChange, ShutdownStatus};
 use crate::daemon::{DaemonPaths, Status};
 use crate::logind::budget::{DelayDropin, DROPIN_MARKER};
-use crate::plan::{
-    normalize_drain_plan, plan_steps, reserves_needed, shutdown_drain_plan, split_budget,
-    BudgetReserves, DrainTargets, PodInfo,
-};
+use crate::plan::{normalize_drain_plan, plan_steps, DrainTargets, PodInfo};
 use crate::state::{OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::FsGate;
 
@@ -309,15 +306,7 @@ pub(crate) fn protection(settings: &Settings, report: &StatusReport) -> Result<(
     let Ok(cache) = PodCache::load(&settings.state_dir) else {
         return Ok(());
     };
-    let pods: Vec<PodInfo> = cache.pods.into_iter().filter(PodInfo::is_active).collect();
-    let needed = shutdown_drain_plan(settings)
-        .ok()
-        .and_then(|plan| plan_steps(&plan, &pods).ok())
-        .map(|steps| {
-            let reserves = BudgetReserves::from(&settings.drain);
-            reserves_needed(&split_budget(budget, &steps, &reserves), &reserves)
-        })
-        .unwrap_or(Duration::ZERO);
+    let needed = settings.reserves_needed(&cache.pods);
     if budget < needed {
         return Err(Unprotected::BudgetShort { budget, needed });
     }

@@ -529,6 +529,10 @@ impl Engine {
     /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
     /// way keeps the deadline schedule it started with.
     pub fn reload(&self, settings: Arc<Settings>) {
+        // The reserves may have changed; the pods have not.
+        self.shared
+            .metrics
+            .set_budget_needed(settings.reserves_needed(&self.shared.pod_infos()));
         match self.shared.settings.write() {
             Ok(mut s) => *s = settings,
             Err(p) => *p.into_inner() = settings,

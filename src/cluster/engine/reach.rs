@@ -80,6 +80,7 @@ impl Shared {
     /// back-off inherited from the outage) and has a shutdown under way plan the time it lost.
     pub(super) fn mark_reachable(&self) {
         let change = lock(&self.reach).answered(self.now());
+        self.metrics.apiserver_answered();
         if let Change::CameBack { lost, said } = change {
             if said {
                 tracing::info!(node = %self.node, apiserver = %self.endpoint, after = ?lost, "the apiserver answers again");
@@ -106,6 +107,7 @@ impl Shared {
         let change = lock(&self.reach).failed(self.now(), error.clone());
         match change {
             Change::WentAway { for_ } => {
+                self.metrics.apiserver_went_away();
                 tracing::warn!(node = %self.node, apiserver = %self.endpoint, error = %error, unusable_for = ?for_, "the apiserver cannot be used; retrying");
             }
             Change::StillAway { for_, remind: true } => {

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
 use crate::cluster::node::{
-    cordon_patch, lifecycle_changes, set_lifecycle_conditions, Lifecycle,
+    cordon_patch, cordoned_by_nodegrace, lifecycle_changes, set_lifecycle_conditions, Lifecycle,
     PREVIOUS_UNSCHEDULABLE_ANNOTATION,
 };
 use crate::cluster::nodesel;
@@ -91,6 +91,8 @@ impl Shared {
         }
         st.cache_due = None;
         st.cache_written = Some(pods.to_vec());
+        self.metrics
+            .set_budget_needed(self.settings().reserves_needed(pods));
         let cache = PodCache {
             node: self.node.clone(),
             written_at: Some(chrono::Utc::now()),
@@ -140,6 +142,8 @@ impl Shared {
             .collect();
         let active: Vec<Arc<NodeMaintenance>> =
             selecting.iter().filter(|m| is_active(m)).cloned().collect();
+        self.metrics
+            .set_node_hold(cordoned_by_nodegrace(&node), active.len());
         self.apply_hold(
             st,
             &node,
@@ -323,6 +327,7 @@ impl Shared {
         } else {
             self.watch_budgets(st.tracks.values().filter_map(|t| t.budget.as_deref()));
         }
+        self.export_budget_blocking(st);
 
         self.publish_fallback(st, seen.selecting).await;
 
@@ -332,6 +337,16 @@ impl Shared {
             });
         }
         Ok(())
+    }
+
+    /// The budget blocking longest, on the wall clock (none once the drain is over).
+    fn export_budget_blocking(&self, st: &DrainState) {
+        let now = self.now();
+        let longest = drain::longest_blocking(st.tracks.values()).map(|(budget, since)| {
+            let ago = chrono::TimeDelta::from_std(now.saturating_sub(since)).unwrap_or_default();
+            (budget, chrono::Utc::now() - ago)
+        });
+        self.metrics.set_budget_blocking(longest);
     }
 
     /// The pods bound to the node with their classification; a pod that cannot be

@@ -20,12 +20,12 @@ use tokio::time::{Instant, Interval};
 
 use crate::config::Settings;
 use crate::daemon::bus::{Bus, Connector};
-use crate::daemon::status::{Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
+use crate::daemon::status::{LastShutdown, Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
 use crate::daemon::{Drainer, ShutdownKind, ShutdownRequest};
 use crate::logind::budget::{self, BudgetReport};
 use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
 use crate::plan::lifecycle::{self, BudgetFrom, Effect, Event, KindFrom, Lifecycle, Outcome};
-use crate::state::{current_boot_id, ShutdownPhase, ShutdownState};
+use crate::state::{current_boot_id, ShutdownOutcome, ShutdownPhase, ShutdownState};
 use crate::systemd::{self, Notifier, Notify, INHIBITOR_FDNAME};
 
 const INHIBITOR_WHO: &str = "nodegrace";
@@ -208,6 +208,7 @@ impl Daemon {
             },
             kubelet_listing: None,
         };
+        m.status.last_shutdown = m.last_shutdown_recorded();
         let result = m.run().await;
         m.stop(result.as_ref().err().map(crate::cluster::error_text));
         result
@@ -367,18 +368,19 @@ impl Machine {
                 Step::Event(e) => self.on_event(e).await,
                 Step::DrainDone(r) => {
                     self.drain = None;
-                    let reason = match r {
-                        Ok(Ok(())) => "drain finished".to_string(),
+                    let (reason, failed) = match r {
+                        Ok(Ok(())) => ("drain finished".to_string(), false),
                         Ok(Err(e)) => {
                             tracing::error!(error = %crate::cluster::error_text(&e), "drain failed");
-                            format!("drain failed: {e:#}")
+                            (format!("drain failed: {e:#}"), true)
                         }
                         Err(e) => {
                             tracing::error!(error = %e, "drain task ended abnormally");
-                            "drain task ended abnormally".to_string()
+                            ("drain task ended abnormally".to_string(), true)
                         }
                     };
-                    self.dispatch_now(Event::DrainEnded { reason }).await
+                    self.dispatch_now(Event::DrainEnded { reason, failed })
+                        .await
                 }
                 Step::Deadline => {
                     tracing::warn!("shutdown budget ended before the drain finished");
@@ -451,6 +453,17 @@ impl Machine {
         }
     }
 
+    /// How the last shutdown ended, as the state directory kept it (a restart or a boot
+    /// does not lose it).
+    fn last_shutdown_recorded(&self) -> Option<LastShutdown> {
+        let state = ShutdownState::load(&self.settings.state_dir).ok()??;
+        Some(LastShutdown {
+            outcome: state.ended(&self.boot_id)?,
+            started_at: state.started_at,
+            ended_at: state.updated_at,
+        })
+    }
+
     fn request_from(&self, p: &ShutdownState, resumed: bool) -> ShutdownRequest {
         ShutdownRequest {
             kind: p.kind,
@@ -462,14 +475,30 @@ impl Machine {
         }
     }
 
-    fn persist(&mut self, phase: ShutdownPhase) {
-        self.persist_with(phase, false);
+    /// The shutdown ended with `outcome`: persisted, and the status says so.
+    fn persist_end(&mut self, phase: ShutdownPhase, outcome: ShutdownOutcome) {
+        let Some(started_at) = self.shutdown.as_ref().map(|r| r.started_at) else {
+            return;
+        };
+        if let Some(at) = self.persist_with(phase, Some(outcome), false) {
+            self.status.last_shutdown = Some(LastShutdown {
+                outcome,
+                started_at,
+                ended_at: at,
+            });
+        }
     }
 
     /// `fast`: rename into place now and fsync on a blocking thread, so that the drain
-    /// starts without waiting for the disk (tens of ms on a busy node).
-    fn persist_with(&mut self, phase: ShutdownPhase, fast: bool) {
-        let Some(req) = &self.shutdown else { return };
+    /// starts without waiting for the disk (tens of ms on a busy node). Returns the time
+    /// recorded, None without a shutdown.
+    fn persist_with(
+        &mut self,
+        phase: ShutdownPhase,
+        outcome: Option<ShutdownOutcome>,
+        fast: bool,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        let req = self.shutdown.as_ref()?;
         let state = ShutdownState {
             phase,
             kind: req.kind,
@@ -478,7 +507,9 @@ impl Machine {
             boot_id: req.boot_id.clone(),
             started_since_boot_seconds: req.started_since_boot.map(|d| d.as_secs_f64()),
             updated_at: chrono::Utc::now(),
+            outcome,
         };
+        let at = state.updated_at;
         let dir = self.settings.state_dir.clone();
         let stored = if fast {
             state.store_unsynced(&dir).map(|()| {
@@ -496,6 +527,7 @@ impl Machine {
             tracing::error!(error = %msg, "cannot persist the shutdown state");
             self.status.last_error = Some(msg);
         }
+        Some(at)
     }
 
     fn spawn_side<F, Fut>(&mut self, what: &'static str, f: F)
@@ -546,7 +578,7 @@ impl Machine {
             "shutdown: draining the node"
         );
         self.shutdown = Some(req.clone());
-        self.persist_with(ShutdownPhase::Draining, true);
+        self.persist_with(ShutdownPhase::Draining, None, true);
         self.deadline = Some(instant_after(remaining));
         let drainer = self.drainer.clone();
         let r = req.clone();
@@ -609,14 +641,14 @@ impl Machine {
         }
     }
 
-    fn release(&mut self, reason: &str) {
+    fn release(&mut self, reason: &str, outcome: ShutdownOutcome) {
         self.drop_lock(reason);
         self.status.inhibitor_held = false;
         self.deadline = None;
         if let Some(d) = self.drain.take() {
             d.abort();
         }
-        self.persist(ShutdownPhase::Released);
+        self.persist_end(ShutdownPhase::Released, outcome);
     }
 
     async fn cancel_shutdown(&mut self, rearm: bool) -> Result<()> {
@@ -624,7 +656,7 @@ impl Machine {
             d.abort();
         }
         self.deadline = None;
-        self.persist(ShutdownPhase::Cancelled);
+        self.persist_end(ShutdownPhase::Cancelled, ShutdownOutcome::Cancelled);
         let req = self.shutdown.take();
         self.status.shutdown = None;
         if rearm {
@@ -736,14 +768,14 @@ impl Machine {
                 let cap = instant_after(self.settings.shutdown.stop_drain_timeout);
                 self.deadline = Some(self.deadline.map_or(cap, |d| d.min(cap)));
             }
-            Effect::Release { reason } => self.release(&reason),
+            Effect::Release { reason, outcome } => self.release(&reason, outcome),
             Effect::CancelShutdown { rearm } => self.cancel_shutdown(rearm).await?,
             Effect::CancelPersisted => {
                 if let Some(p) = persisted {
                     tracing::info!("the shutdown was cancelled while nodegrace was not running");
                     let req = self.request_from(p, true);
                     self.shutdown = Some(req.clone());
-                    self.persist(ShutdownPhase::Cancelled);
+                    self.persist_end(ShutdownPhase::Cancelled, ShutdownOutcome::Cancelled);
                     self.shutdown = None;
                     self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
                 }

@@ -313,6 +313,48 @@ fn answers_update_the_track_and_say_when_to_try_again() {
 }
 
 #[test]
+fn the_budget_blocking_longest_is_the_one_that_first_refused_a_pod_still_waiting() {
+    let err = S(1);
+    let blocked = |budget: &str| Answer::Blocked {
+        by: format!("PodDisruptionBudget {budget}"),
+        budget: Some(budget.into()),
+    };
+    let (mut a, mut b, mut c) = (
+        PodTrack::default(),
+        PodTrack::default(),
+        PodTrack::default(),
+    );
+    note_answer(&mut a, &blocked("ns/web"), false, S(10), S(5), err, 0.0);
+    note_answer(&mut b, &blocked("ns/db"), false, S(20), S(5), err, 0.0);
+    // Refused again by the same budget: still blocked since the first refusal.
+    note_answer(&mut b, &blocked("ns/db"), false, S(30), S(5), err, 0.0);
+    assert_eq!(b.budget_since, Some(S(20)));
+    assert_eq!(
+        drain::longest_blocking([&a, &b, &c]),
+        Some(("ns/web", S(10)))
+    );
+    // web's pod leaves: db blocks longest; a message without a budget names none.
+    note_answer(&mut a, &Answer::Accepted, false, S(40), S(5), err, 0.0);
+    let unnamed = Answer::Blocked {
+        by: "too many requests".into(),
+        budget: None,
+    };
+    note_answer(&mut c, &unnamed, false, S(1), S(5), err, 0.0);
+    assert_eq!(a.budget_since, None);
+    assert_eq!(
+        drain::longest_blocking([&a, &b, &c]),
+        Some(("ns/db", S(20)))
+    );
+    // Another budget refusing the same pod starts its own time.
+    note_answer(&mut b, &blocked("ns/cache"), false, S(50), S(5), err, 0.0);
+    assert_eq!(
+        drain::longest_blocking([&a, &b, &c]),
+        Some(("ns/cache", S(50)))
+    );
+    assert_eq!(drain::longest_blocking([&a, &c]), None);
+}
+
+#[test]
 fn the_entry_counts_the_targeted_pods_and_names_the_blockers() {
     let plan = normalize_drain_plan(&[]).unwrap();
     let all = DrainTargets::for_plan(&plan, plan.len() - 1).unwrap();
