@@ -61,6 +61,9 @@ fn expected_files(unit_dir: &str) -> Vec<String> {
         "/usr/lib/systemd/system-generators/nodegrace-generator".into(),
         "/usr/lib/systemd/logind.conf.d/zz-nodegrace-logind.conf".into(),
         "/etc/nodegrace/config.toml".into(),
+        "/usr/share/nodegrace/prometheus/nodegrace-rules.yml".into(),
+        "/usr/share/nodegrace/prometheus/nodegrace-prometheusrule.yaml".into(),
+        "/usr/share/nodegrace/grafana/nodegrace-dashboard.json".into(),
     ];
     for dir in ["crds", "rbac", "admission", "admission/v1beta1"] {
         files.extend(
