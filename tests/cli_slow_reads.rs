@@ -62,6 +62,7 @@ fn costliest(bytes: usize) -> String {
 /// The command's output, and the CPU time it took (user and system: what the machine's
 /// load does not change much, unlike the wall time), of that child alone (the tests of this
 /// file run their commands at once).
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its rusage
 fn timed(env: &CliEnv, args: &[&str]) -> (String, Duration) {
     use nix::libc;
     let out = env.path(&format!("out-{}", args[0]));
