@@ -38,6 +38,8 @@ pub(crate) mod intree;
 pub(crate) mod lifecycle;
 #[cfg(test)]
 pub(crate) mod model;
+pub(crate) mod names;
+pub(crate) mod own;
 pub(crate) mod pass;
 #[cfg(test)]
 mod proptests;

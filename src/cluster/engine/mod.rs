@@ -28,8 +28,8 @@ use reflect::spawn_reflector;
 pub(crate) use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
 pub(crate) use view::list_maintenances_for;
 use view::{
-    daemonset_owner, has_finalizer, is_active, is_deleting, is_draining, node_volumes,
-    tolerates_everything, Maintenances,
+    has_finalizer, is_active, is_deleting, is_draining, node_volumes, tolerates_everything,
+    Maintenances,
 };
 
 use std::collections::{HashMap, HashSet};
@@ -58,7 +58,7 @@ use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
 use crate::plan::reachability::Reachability;
-use crate::plan::{DrainPlanEntry, DrainTargets, PodInfo};
+use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo};
 use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
@@ -475,7 +475,7 @@ impl Engine {
             spawn_reflector(
                 shared.clone(),
                 Api::<Pod>::all(c.clone()),
-                watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+                watcher::Config::default().fields(&own::pods_field_selector(node)),
                 pods_w,
                 |r| &mut r.pods,
                 Shared::pod_changed,
@@ -483,18 +483,18 @@ impl Engine {
             spawn_reflector(
                 shared.clone(),
                 Api::<NodeMaintenance>::all(c.clone()),
-                watcher::Config::default().labels(&format!("!{}", crate::api::NODE_LABEL)),
+                watcher::Config::default().labels(&own::unlabelled_selector()),
                 shared_nms_w,
                 |r| &mut r.shared_maintenances,
                 |_, _| {},
             ),
             tokio::spawn(run_loop(shared.clone())),
         ];
-        match crate::api::node_label_value(node) {
-            Some(value) => tasks.push(spawn_reflector(
+        match own::own_selector(node) {
+            Some(mine) => tasks.push(spawn_reflector(
                 shared.clone(),
                 Api::<NodeMaintenance>::all(c.clone()),
-                watcher::Config::default().labels(&format!("{}={value}", crate::api::NODE_LABEL)),
+                watcher::Config::default().labels(&mine),
                 own_nms_w,
                 |r| &mut r.own_maintenances,
                 |_, _| {},

@@ -508,7 +508,7 @@ impl Shared {
         ]));
         m.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
         // Only this node's daemon watches it, and its status churn.
-        if let Some(value) = crate::api::node_label_value(&self.node) {
+        if let Some(value) = crate::plan::own::node_label_value(&self.node) {
             m.metadata.labels = Some(BTreeMap::from([(
                 crate::api::NODE_LABEL.to_string(),
                 value.to_string(),

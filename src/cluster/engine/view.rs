@@ -12,7 +12,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
-use crate::plan::PodInfo;
+use crate::plan::{own, PodInfo};
 
 use super::{lock, DrainState, Shared};
 
@@ -43,11 +43,10 @@ impl Maintenances {
 
 /// The label selectors of the two maintenance watches of `node`.
 pub(super) fn maintenance_selectors(node: &str) -> Vec<String> {
-    let unlabelled = format!("!{}", crate::api::NODE_LABEL);
-    match crate::api::node_label_value(node) {
-        Some(value) => vec![format!("{}={value}", crate::api::NODE_LABEL), unlabelled],
-        None => vec![unlabelled],
-    }
+    own::own_selector(node)
+        .into_iter()
+        .chain([own::unlabelled_selector()])
+        .collect()
 }
 
 /// The NodeMaintenances that may select `node`, as the engine watches them (one list per
@@ -125,13 +124,6 @@ pub(super) fn node_volumes(node: &Node) -> Vec<String> {
     names
 }
 
-pub(super) fn daemonset_owner(pod: &Pod) -> Option<&str> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
-        .map(|o| o.uid.as_str())
-}
-
 pub(super) fn tolerates_everything(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
@@ -150,9 +142,7 @@ impl Shared {
         self.pods
             .state()
             .iter()
-            .filter(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
-            })
+            .filter(|p| own::is_bound_to(p, &self.node))
             .filter_map(|p| match PodInfo::from_pod(p) {
                 Ok(info) => Some(info),
                 Err(err) => {

@@ -31,10 +31,11 @@ use super::gate::EvictorGate;
 use super::handle::Message;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
-use super::{is_daemonset_pod, is_mirror, ControllerHandle, PodKey, WallClock, NODE_LABEL};
+use super::{ControllerHandle, PodKey, WallClock, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::{api_error_code, error_text, FIELD_MANAGER};
+use crate::plan::classify;
 use crate::plan::evictions::{
     activated_eviction, decide, decide_evictor, evictor_attempted, with_evictor_entry, Decision,
     EvictionOutcome, EvictorDecision, PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
@@ -199,11 +200,20 @@ impl LifecycleController {
             unclaimed: w_unclaimed.as_reader(),
             evictions: w_evictions.as_reader(),
         };
-        let mine = format!("{NODE_LABEL}={}", self.node);
+        let Some(mine) = crate::plan::own::own_selector(&self.node) else {
+            anyhow::bail!(
+                "the node name {:?} is not a label value: its EvictionRequests cannot be labelled for it",
+                self.node
+            );
+        };
         let mut events = futures::stream::select_all([
             self.watch(&requests, w_ours, mine.clone()).boxed(),
-            self.watch(&requests, w_unclaimed, format!("!{NODE_LABEL}"))
-                .boxed(),
+            self.watch(
+                &requests,
+                w_unclaimed,
+                crate::plan::own::unlabelled_selector(),
+            )
+            .boxed(),
             self.watch(&evictions, w_evictions, mine).boxed(),
         ]);
         info!(node = %self.node, api = %self.api.group(), "eviction-request controller started");
@@ -538,13 +548,12 @@ impl LifecycleController {
                 responders: Vec::new(),
             };
         }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let deletion = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0);
-        let presence = match (phase, deletion) {
-            (Some("Succeeded" | "Failed"), d) => Presence::Terminal {
+        let presence = match (classify::is_terminal(pod), deletion) {
+            (true, d) => Presence::Terminal {
                 deletion_timestamp: d,
             },
-            (_, Some(d)) => Presence::Terminating {
+            (false, Some(d)) => Presence::Terminating {
                 deletion_timestamp: d,
             },
             _ => Presence::Running,
@@ -552,10 +561,12 @@ impl LifecycleController {
         if !matches!(presence, Presence::Running) {
             memory.evicted.remove(uid);
         }
-        let kind = match (is_mirror(pod), is_daemonset_pod(pod)) {
-            (true, _) => PodKind::Mirror,
-            (false, true) => PodKind::DaemonSet,
-            _ => PodKind::Regular,
+        let kind = if classify::is_static_mirror(pod) {
+            PodKind::Mirror
+        } else if classify::daemonset_controller(pod).is_some() {
+            PodKind::DaemonSet
+        } else {
+            PodKind::Regular
         };
         let spec = pod.spec.as_ref();
         // Before 1.37 the pod API has no evictionResponders: the annotation stands in.
