@@ -33,6 +33,7 @@ pub(crate) mod classify;
 pub(crate) mod drain;
 pub(crate) mod drainplan;
 pub(crate) mod evictions;
+pub(crate) mod freshness;
 pub(crate) mod gns;
 pub(crate) mod intree;
 pub(crate) mod lifecycle;

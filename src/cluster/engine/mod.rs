@@ -57,6 +57,7 @@ use crate::api::{NodeMaintenance, Stage};
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
+use crate::plan::freshness::{WatchLog, Written};
 use crate::plan::reachability::Reachability;
 use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo};
 use crate::shutdown::ShutdownKind;
@@ -179,6 +180,9 @@ struct Shared {
     shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
     /// The shutdown maintenance as its create (or adoption) returned it, and when.
     created_maintenance: Mutex<Option<(Arc<NodeMaintenance>, Instant)>>,
+    /// The versions the watches delivered, in order: what says whether our own write's
+    /// answer is still fresher than a watch's copy.
+    watch_log: Mutex<WatchLog>,
     progress: watch::Sender<Progress>,
     recorder: Recorder,
     fallback: Mutex<Option<FallbackSummary>>,
@@ -354,8 +358,10 @@ struct DrainState {
     tracks: HashMap<String, crate::plan::drain::PodTrack>,
     /// Terminating pods (UID) and when this engine first saw them so, on the drain clock.
     terminating_seen: HashMap<String, Duration>,
-    node_overlay: Option<Arc<Node>>,
-    nm_overlay: HashMap<String, Arc<NodeMaintenance>>,
+    /// Our last write's answer for the Node and each NodeMaintenance (by name), acted on
+    /// until the watch has delivered it.
+    node_overlay: Option<Written<Arc<Node>>>,
+    nm_overlay: HashMap<String, Written<Arc<NodeMaintenance>>>,
     last_entry_write: HashMap<String, Instant>,
     announced: HashSet<String>,
     cache_written: Option<Vec<PodInfo>>,
@@ -452,6 +458,7 @@ impl Engine {
             shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             shutdown: Mutex::new(None),
             created_maintenance: Mutex::new(None),
+            watch_log: Mutex::new(WatchLog::default()),
             progress,
             recorder,
             fallback: Mutex::new(None),

@@ -316,9 +316,10 @@ impl Shared {
             .await
         {
             Ok(updated) => {
-                st.nm_overlay.insert(name.clone(), Arc::new(updated));
+                st.nm_overlay
+                    .insert(name.clone(), self.written(Arc::new(updated)));
                 *lock(&self.fallback) = None;
-                if let Some(node) = st.node_overlay.clone() {
+                if let Some(node) = self.node_obj(st) {
                     self.event_both(
                         &node,
                         Some(m),

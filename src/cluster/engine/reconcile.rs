@@ -637,7 +637,7 @@ impl Shared {
         match r {
             Ok(Some(written)) => {
                 tracing::info!(node = %self.node, conditions = ?want, maintenances = %names, "node lifecycle conditions written");
-                st.node_overlay = Some(Arc::new(written));
+                st.node_overlay = Some(self.written(Arc::new(written)));
             }
             Ok(None) => {}
             Err(e) if super::anyhow_is_unusable(&e) => return Err(e),

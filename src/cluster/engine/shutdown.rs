@@ -535,7 +535,7 @@ impl Shared {
         let started = Instant::now();
         let mut known = self
             .maintenances
-            .state()
+            .state(&lock(&self.watch_log))
             .into_iter()
             .find(|m| m.name_any() == name)
             .map(|m| (*m).clone());
@@ -683,7 +683,7 @@ impl Shared {
             rx.borrow_and_update();
             if !self
                 .maintenances
-                .state()
+                .state(&lock(&self.watch_log))
                 .iter()
                 .any(|m| m.name_any() == name)
             {

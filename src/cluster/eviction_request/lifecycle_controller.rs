@@ -40,6 +40,7 @@ use crate::plan::evictions::{
     activated_eviction, decide, decide_evictor, evictor_attempted, with_evictor_entry, Decision,
     EvictionOutcome, EvictorDecision, PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
 };
+use crate::plan::freshness::{Fresher, Version, WatchLog, Written};
 
 mod evictor;
 
@@ -70,6 +71,9 @@ pub(crate) struct LifecycleController {
     /// Pods looked at at once (`drain.max_concurrent_requests`).
     concurrency: usize,
     gate: EvictorGate,
+    /// The versions its watches delivered, by object UID: whether its own last writes
+    /// are still fresher than the caches.
+    watch_log: std::sync::Mutex<WatchLog>,
 }
 
 /// What the controller remembers between looks at one pod (by namespace and name): looks at
@@ -88,9 +92,9 @@ struct Memory {
     problems: Vec<String>,
     /// Evictions as this controller last wrote them, by `namespace/name`, until the watch
     /// shows them: a look must not decide on a cache older than its own writes.
-    written: HashMap<String, Eviction>,
+    written: HashMap<String, Written<Eviction>>,
     /// This node's requests as its requester last wrote them, the same way.
-    requested: HashMap<String, EvictionRequest>,
+    requested: HashMap<String, Written<EvictionRequest>>,
     /// When to look again, collected by a look.
     wakes: Vec<Timestamp>,
     /// Per pod UID: when the pod was first seen gone.
@@ -154,6 +158,7 @@ impl LifecycleController {
                 rx: Some(rx),
                 concurrency: concurrency.max(1),
                 gate: gate.clone(),
+                watch_log: std::sync::Mutex::new(WatchLog::default()),
             },
             ControllerHandle::from_sender(tx, gate),
         )
@@ -283,6 +288,9 @@ impl LifecycleController {
 
     /// Which pods an input calls for a look at.
     fn take_input(&self, input: Input, caches: &Caches, state: &mut LoopState) -> Result<()> {
+        if let Input::Watched(Some(Ok(event))) = &input {
+            self.log_delivery(event);
+        }
         let dirty = &mut state.dirty;
         match input {
             Input::Watched(Some(Ok(event))) => match *event {
@@ -299,9 +307,12 @@ impl LifecycleController {
                 }
                 _ => {}
             },
-            Input::Watched(Some(Err(err))) => {
-                debug!(error = %err, "watching lifecycle.nodegrace.dev");
-            }
+            Input::Watched(Some(Err(err))) => match crate::cluster::unusable_watch_event(&err) {
+                Some(what) => {
+                    warn!(node = %self.node, error = %err, "lifecycle.nodegrace.dev: {what}")
+                }
+                None => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
+            },
             Input::Watched(None) => {
                 anyhow::bail!("the lifecycle.nodegrace.dev watches ended")
             }
@@ -321,7 +332,7 @@ impl LifecycleController {
                         .entry(target.clone())
                         .or_default()
                         .requested
-                        .insert(key, *request);
+                        .insert(key, self.written(*request));
                     dirty.insert(target);
                 }
             }
@@ -496,7 +507,7 @@ impl LifecycleController {
             .collect();
         // A pod not in this node's cache is another node's, unless this node labelled a
         // request about it (its own): then the pod is gone.
-        let requested_here = memory.requested.values().any(|r| {
+        let requested_here = memory.requested.values().map(|w| &w.copy).any(|r| {
             r.metadata.namespace.as_deref() == Some(namespace.as_str())
                 && r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
         });
@@ -511,7 +522,8 @@ impl LifecycleController {
         for o in unclaimed {
             requests.push(typed(&o)?);
         }
-        overlay(&mut requests, &mut memory.requested, namespace, |r| {
+        let log = self.lock_log();
+        overlay(&log, &mut requests, &mut memory.requested, namespace, |r| {
             r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
         });
         let mut evictions: Vec<Eviction> = caches
@@ -521,7 +533,7 @@ impl LifecycleController {
             .filter(|o| about(o))
             .map(|o| typed(o))
             .collect::<Result<_>>()?;
-        overlay(&mut evictions, &mut memory.written, namespace, |e| {
+        overlay(&log, &mut evictions, &mut memory.written, namespace, |e| {
             e.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
         });
         Ok(Some((requests, evictions)))
@@ -608,7 +620,7 @@ impl LifecycleController {
                 .with_context(|| format!("creating Eviction {namespace}/{name}"))?;
             info!(node = %self.node, eviction = %format!("{namespace}/{name}"), "created an Eviction");
             let created: Eviction = typed(&created)?;
-            Self::remember(memory, &created);
+            self.remember(memory, &created);
             if let Some(status) = status {
                 self.write_status(&api, &created, json!(status), memory)
                     .await?;
@@ -622,7 +634,7 @@ impl LifecycleController {
                 .patch(name, &params(), &Patch::Merge(&patch))
                 .await
                 .with_context(|| format!("labelling Eviction {namespace}/{name}"))?;
-            Self::remember(memory, &typed(&written)?);
+            self.remember(memory, &typed(&written)?);
         }
         for (name, status) in &decision.eviction_statuses {
             let Some(old) = known
@@ -680,14 +692,48 @@ impl LifecycleController {
             }
         };
         let written: Eviction = typed(&written)?;
-        Self::remember(memory, &written);
+        self.remember(memory, &written);
         Ok(written)
     }
 
-    fn remember(memory: &mut Memory, eviction: &Eviction) {
-        memory
-            .written
-            .insert(object_key(&eviction.metadata), eviction.clone());
+    fn remember(&self, memory: &mut Memory, eviction: &Eviction) {
+        memory.written.insert(
+            object_key(&eviction.metadata),
+            self.written(eviction.clone()),
+        );
+    }
+
+    fn lock_log(&self) -> std::sync::MutexGuard<'_, WatchLog> {
+        // The log holds no invariant a panicking holder could break halfway.
+        self.watch_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn written<K>(&self, copy: K) -> Written<K> {
+        self.lock_log().written(copy)
+    }
+
+    /// What a watch delivered, by UID (requests and Evictions in one log; UIDs are unique).
+    /// An object without a resourceVersion is said, at debug: its Apply is still taken.
+    fn log_delivery(&self, event: &watcher::Event<DynamicObject>) {
+        let mut log = self.lock_log();
+        let uid = |o: &DynamicObject| o.metadata.uid.clone().unwrap_or_default();
+        match event {
+            watcher::Event::Init => log.listing(LISTS),
+            watcher::Event::InitApply(o) => {
+                let rv = o.metadata.resource_version.as_deref();
+                if rv.is_none() {
+                    warn!(node = %self.node, object = %object_key(&o.metadata), "a lifecycle.nodegrace.dev object listed without a resourceVersion: this controller's own writes stand in for it until the watch delivers them");
+                }
+                log.listed(LISTS, &uid(o), rv);
+            }
+            watcher::Event::Apply(o) => {
+                log.delivered(&uid(o), o.metadata.resource_version.as_deref())
+            }
+            watcher::Event::Delete(o) => log.deleted(&uid(o)),
+            watcher::Event::InitDone => {}
+        }
     }
 
     /// Logs each problem once, and records it as a Warning event on the pod (`reason`).
@@ -737,28 +783,37 @@ fn answered_code(err: &anyhow::Error) -> Option<u16> {
 /// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's
 /// older copies of the objects in `namespace` that `about` selects, and forgets those the
 /// cache has caught up with.
+/// The controller's three watches share one count of lists in its log (an `Init` event names
+/// no watch): an object listed after a list of any of them began is taken as listed after
+/// the controller's write, though its own list may have begun before.
+const LISTS: &str = "lifecycle";
+
 fn overlay<K: kube::Resource + Clone>(
+    log: &WatchLog,
     cached: &mut Vec<K>,
-    written: &mut HashMap<String, K>,
+    written: &mut HashMap<String, Written<K>>,
     namespace: &str,
     about: impl Fn(&K) -> bool,
 ) {
-    let version = |o: &K| {
-        o.meta()
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
     let prefix = format!("{namespace}/");
-    written.retain(|key, mine| {
+    written.retain(|key, w| {
+        let mine = &w.copy;
         if !key.starts_with(&prefix) || !about(mine) {
             return true;
         }
+        let uid = mine.meta().uid.clone().unwrap_or_default();
         match cached
             .iter_mut()
             .find(|o| o.meta().name == mine.meta().name)
         {
-            Some(c) if version(c) >= version(mine) => false,
+            // Another object of the same name: ours was deleted.
+            Some(c) if c.meta().uid != mine.meta().uid => false,
+            Some(c)
+                if log.fresher(&uid, Version::of(c.meta()), w, Version::of(mine.meta()))
+                    == Fresher::Watched =>
+            {
+                false
+            }
             Some(c) => {
                 *c = mine.clone();
                 true
