@@ -7,10 +7,10 @@
 #[path = "engine_support/mod.rs"]
 mod engine_support;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use engine_support::{eventually, request, start_drainer, Env, Kind, NODE};
+use engine_support::{eventually, log_lines, logs, request, start_drainer, Env, Kind, NODE};
 use nodegrace::{Drainer, NodeDrainer, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::RecordedRequest;
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -19,46 +19,6 @@ use serde_json::{json, Value};
 
 const KEY: &str = "nodegrace.dev/node-a";
 const REQUESTS: &str = "/apis/lifecycle.k8s.io/v1alpha1/namespaces/work/evictionrequests";
-
-/// Warnings and infos of every test in this binary (one global subscriber: a thread-local one
-/// can miss events whose callsite another thread registered first). Tests look for their own
-/// pod names.
-fn logs() -> Arc<Mutex<Vec<u8>>> {
-    static LINES: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LINES
-        .get_or_init(|| {
-            let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
-            let sink = lines.clone();
-            let subscriber = tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_max_level(tracing::Level::INFO)
-                .with_writer(move || LogSink(sink.clone()))
-                .finish();
-            tracing::subscriber::set_global_default(subscriber).unwrap();
-            lines
-        })
-        .clone()
-}
-
-struct LogSink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn log_lines(containing: &str) -> Vec<String> {
-    let text = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
-    text.lines()
-        .filter(|l| l.contains(containing))
-        .map(String::from)
-        .collect()
-}
 
 fn start(env: &Env) -> NodeDrainer {
     logs();

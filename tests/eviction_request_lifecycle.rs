@@ -9,7 +9,7 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_support::{eventually, request, start_drainer, Env, Kind, NODE};
+use engine_support::{eventually, refused_as_stale, request, start_drainer, Env, Kind, NODE};
 use nodegrace::{Drainer, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::{Filter, RecordedRequest};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -97,7 +97,21 @@ fn posted_requests(reqs: &[RecordedRequest]) -> Vec<Value> {
 
 #[tokio::test]
 async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
+    responder_then_evictor(false).await;
+}
+
+/// resourceVersions are opaque: the controller's own writes stand in for the watch's copies
+/// by the watch's order, never by comparing versions.
+#[tokio::test]
+async fn the_same_on_resource_versions_that_are_not_numbers() {
+    responder_then_evictor(true).await;
+}
+
+async fn responder_then_evictor(opaque: bool) {
     let env = env_with_our_crds().await;
+    if opaque {
+        env.cluster.store.serve_opaque_resource_versions();
+    }
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
@@ -182,6 +196,8 @@ async fn a_pods_responder_goes_first_then_nodegraces_evictor_evicts() {
     // web declares no responder: evicted through the Eviction API directly, no objects.
     assert_eq!(targets, [db.as_str()]);
     assert!(eviction_of(&env, &web).is_none());
+    let refused = refused_as_stale(&env, "evictions");
+    assert!(refused.is_empty(), "written on a stale copy: {refused:?}");
     // Env's teardown checks every request against the shipped ClusterRole.
 }
 

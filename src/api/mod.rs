@@ -25,17 +25,7 @@ pub const NODE_MAINTENANCE_CRD_NAME: &str = "nodemaintenances.nodegrace.dev";
 pub const FINALIZER_MAINTENANCE_COMPLETION: &str = "nodegrace.dev/maintenance-completion";
 /// NodeMaintenance condition: every targeted pod on every selected node has terminated.
 pub(crate) const CONDITION_DRAINED: &str = "Drained";
-/// Label naming one node: on a NodeMaintenance, the node it drains alone (a node's shutdown
-/// maintenance; only that node's daemon watches it); on an EvictionRequest, the node whose
-/// daemon controls it. A node's daemon watches the objects labelled for it and the
-/// unlabelled ones, never those labelled for another node.
-pub const NODE_LABEL: &str = "nodegrace.dev/node";
-
-/// The [`NODE_LABEL`] value for `node`; None when the name is too long for a label value
-/// (63 characters; node names are DNS subdomains of up to 253).
-pub(crate) fn node_label_value(node: &str) -> Option<&str> {
-    (!node.is_empty() && node.len() <= 63).then_some(node)
-}
+pub use crate::plan::own::NODE_LABEL;
 
 /// Pod annotation prefix declaring an interceptor: `<prefix><name>: "<priority>"`.
 pub const INTERCEPTOR_ANNOTATION_PREFIX: &str =
@@ -138,8 +128,7 @@ pub(crate) fn field_manager_for_node(node: &str) -> String {
     format!("{FIELD_MANAGER_PREFIX}{}-{hash}", &node[..keep])
 }
 
-/// Longest name of a cluster-scoped object (DNS subdomain).
-const MAX_OBJECT_NAME_LEN: usize = 253;
+const MAX_OBJECT_NAME_LEN: usize = crate::plan::names::DNS_SUBDOMAIN_MAX;
 
 /// Name of the NodeMaintenance nodegrace creates for a shutdown of `node`:
 /// `shutdown-<node>`, or for a node name too long for that, a truncated prefix plus a hash

@@ -240,7 +240,8 @@ async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<ListedPod>> {
     let list = async {
         let client = kube_client(settings, APISERVER_TIMEOUT).await?;
         let api: kube::Api<Pod> = kube::Api::all(client);
-        let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let params =
+            kube::api::ListParams::default().fields(&crate::plan::own::pods_field_selector(node));
         api.list(&params).await.map_err(anyhow::Error::from)
     };
     let result = match tokio::time::timeout(APISERVER_TIMEOUT, list).await {

@@ -67,6 +67,25 @@ fn status_text(status: &kube::core::Status) -> String {
     text
 }
 
+/// What is wrong with an event a watch delivered, when that is what `err` says: kube reads a
+/// line of an unknown type as an empty Status (code 0), and refuses an object without a
+/// resourceVersion (its watcher then lists again).
+pub(crate) fn unusable_watch_event(err: &kube::runtime::watcher::Error) -> Option<&'static str> {
+    use kube::runtime::watcher::Error;
+    match err {
+        Error::NoResourceVersion => Some(
+            "the watch sent an object without a resourceVersion: nothing can resume from it, so the view is listed again",
+        ),
+        Error::WatchFailed(kube::Error::Api(status)) if status.code == 0 => Some(
+            "the watch sent an event nodegrace cannot read (of a type no apiserver sends): skipped",
+        ),
+        Error::WatchFailed(kube::Error::SerdeError(_)) => {
+            Some("the watch sent an event nodegrace cannot read: skipped")
+        }
+        _ => None,
+    }
+}
+
 /// Status code of a kube API error, if it is one.
 pub(crate) fn api_error_code(err: &kube::Error) -> Option<u16> {
     match err {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::check::{
     blame, check_duration, check_path, duration, flag, metrics_listen, no_control_characters, path,
-    policy, priority, unreachable_defaults, valid_node_name, Bounds, Ctx, DAY, HOUR,
+    policy, priority, unreachable_defaults, Bounds, Ctx, DAY, HOUR,
 };
 use super::error::ConfigError;
 use super::lists::{drain_plan, grace_bands, simple_grace};
@@ -93,7 +93,7 @@ pub(super) fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigErr
 
 fn node_section(ctx: &Ctx<'_>, node: &RawNode, t: &mut NodeSettings) -> Result<(), ConfigError> {
     if let Some(leaf) = &node.name {
-        if !leaf.get().is_empty() && !valid_node_name(leaf.get()) {
+        if !leaf.get().is_empty() && !crate::plan::names::is_dns_subdomain(leaf.get()) {
             return Err(ctx.leaf(
                 leaf,
                 "node.name",

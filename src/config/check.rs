@@ -11,6 +11,7 @@ use super::error::{located, ConfigError};
 use super::load::Fragment;
 use super::raw::{Dur, Leaf, RawPolicy};
 use super::CompletionPolicy;
+use crate::plan::names;
 
 /// Locates errors found after parsing: file and span come from the value that set the key.
 pub(super) struct Ctx<'a> {
@@ -211,20 +212,6 @@ pub(super) fn path(
     Ok(())
 }
 
-/// RFC 1123 subdomain, as the apiserver requires of Node names.
-pub(super) fn valid_node_name(name: &str) -> bool {
-    name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
 /// The error about the first of `candidates` that the files set (the defaults never clash).
 pub(super) fn blame(
     ctx: &Ctx<'_>,
@@ -247,39 +234,8 @@ pub(super) fn unreachable_defaults<T>() -> Result<T, ConfigError> {
     ))
 }
 
-/// A label name or the name part of a key: 1 to 63 of `[A-Za-z0-9-_.]`, alphanumeric at
-/// both ends (what the apiserver accepts; a selector on anything else matches no pod).
-pub(super) fn label_name_ok(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
-/// A DNS subdomain (the prefix of a label key): at most 253 characters, dot-separated
-/// labels of lowercase alphanumerics and `-`, alphanumeric at both ends.
-pub(super) fn dns_subdomain_ok(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
-}
-
 pub(super) fn label_key_problem(key: &str) -> Option<String> {
-    let (prefix, name) = match key.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    let ok = label_name_ok(name) && prefix.is_none_or(dns_subdomain_ok);
-    (!ok).then(|| {
+    (!names::is_qualified_name(key)).then(|| {
         format!(
             "{:?} is not a label key (an optional DNS subdomain and '/', then 1 to 63 of \
              A-Z a-z 0-9 - _ . starting and ending with a letter or digit)",
@@ -289,7 +245,7 @@ pub(super) fn label_key_problem(key: &str) -> Option<String> {
 }
 
 pub(super) fn label_value_problem(key: &str, value: &str) -> Option<String> {
-    (!value.is_empty() && !label_name_ok(value)).then(|| {
+    (!names::is_label_value(value)).then(|| {
         format!(
             "the value of {:?}, {:?}, is not a label value (empty, or 1 to 63 of A-Z a-z 0-9 \
              - _ . starting and ending with a letter or digit)",

@@ -388,20 +388,7 @@ mod tests {
         let long = format!("{}.example", "a".repeat(240));
         let name = request_name(&long, &a);
         assert!(name.len() <= 253, "{}", name.len());
-        assert!(is_object_name(&name), "{name}");
-    }
-
-    /// What the apiserver takes as an object name (its DNS-1123 subdomain: unlike a DNS
-    /// name, no part is limited to 63 characters).
-    fn is_object_name(name: &str) -> bool {
-        let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-        name.len() <= 253
-            && name.split('.').all(|part| {
-                let bytes = part.as_bytes();
-                bytes.first().is_some_and(alnum)
-                    && bytes.last().is_some_and(alnum)
-                    && bytes.iter().all(|b| alnum(b) || *b == b'-')
-            })
+        assert!(crate::plan::names::is_dns_subdomain(&name), "{name}");
     }
 
     #[test]

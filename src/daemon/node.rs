@@ -529,7 +529,7 @@ where
         }
     };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
-    let node_labelled = crate::api::node_label_value(&node).is_some();
+    let node_labelled = crate::plan::own::node_label_value(&node).is_some();
     let path = crate::plan::intree::choose_path(served, node_labelled);
     let lifecycle_api = match path {
         EvictionPath::InTree => Some(eviction_request::LifecycleApi::in_tree()),
@@ -621,7 +621,7 @@ where
                 .await?,
             };
             // Only the path taken needs its permissions.
-            let path = choose_path(served, crate::api::node_label_value(node).is_some());
+            let path = choose_path(served, crate::plan::own::node_label_value(node).is_some());
             let verified = identity::verify(&clients, paths, node).await?;
             match path {
                 EvictionPath::InTree => identity::verify_in_tree(&clients, &verified).await?,

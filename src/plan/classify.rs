@@ -1,6 +1,7 @@
 //! Pod classification: KEP-4212 pod types from a live `Pod` object.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::{PodInfo, PodType};
 
@@ -23,28 +24,54 @@ pub enum ClassifyError {
     NegativeGracePeriod { pod: String, seconds: i64 },
 }
 
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a String> {
+    pod.metadata.annotations.as_ref().and_then(|a| a.get(key))
+}
+
+/// The mirror the kubelet keeps in the apiserver of a static pod: the mirror annotation, or
+/// a config source other than `api`. An ownerReference to the Node alone does not make one
+/// (the kubelet and `kubectl drain` decide by the annotation; nothing recreates such a pod
+/// from a manifest).
+pub(crate) fn is_static_mirror(pod: &Pod) -> bool {
+    annotation(pod, MIRROR_ANNOTATION).is_some()
+        || annotation(pod, SOURCE_ANNOTATION).is_some_and(|s| s != "api")
+}
+
+/// The controller ownerReference of a DaemonSet's pod: kind `DaemonSet` in any group and
+/// version, as `kubectl drain` and the cluster autoscaler match it, so that an OpenKruise
+/// Advanced DaemonSet's pod (`apps.kruise.io`), recreated on the node like `apps/v1`'s, also
+/// goes last.
+pub(crate) fn daemonset_controller(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
+}
+
+/// A pod with phase Succeeded or Failed: its containers will not run again.
+pub(crate) fn is_terminal_phase(phase: Option<&str>) -> bool {
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// [`is_terminal_phase`] of the pod's status.
+pub(crate) fn is_terminal(pod: &Pod) -> bool {
+    is_terminal_phase(pod.status.as_ref().and_then(|s| s.phase.as_deref()))
+}
+
 impl PodInfo {
-    /// Classifies a pod as the drain needs it. Static (a mirror pod) wins over DaemonSet (a
-    /// controller ownerReference of kind DaemonSet in group `apps`); every other pod is Default.
+    /// Classifies a pod as the drain needs it. Static ([`is_static_mirror`]) wins over
+    /// DaemonSet ([`daemonset_controller`]); every other pod is Default.
     /// Namespace defaults to `default` and uid to empty (pod list files for `nodegrace plan`).
     pub fn from_pod(pod: &Pod) -> Result<PodInfo, ClassifyError> {
         let meta = &pod.metadata;
         let name = meta.name.clone().ok_or(ClassifyError::MissingName)?;
         let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
-        let annotations = meta.annotations.as_ref();
-        let annotation = |key: &str| annotations.and_then(|a| a.get(key)).cloned();
 
-        let mirror = annotation(MIRROR_ANNOTATION);
-        let non_api_source = annotation(SOURCE_ANNOTATION).is_some_and(|s| s != "api");
-        let is_static = mirror.is_some() || non_api_source;
-        let is_daemonset = meta.owner_references.iter().flatten().any(|o| {
-            o.controller == Some(true)
-                && o.kind == "DaemonSet"
-                && o.api_version.split('/').next() == Some("apps")
-        });
+        let is_static = is_static_mirror(pod);
         let pod_type = if is_static {
             PodType::Static
-        } else if is_daemonset {
+        } else if daemonset_controller(pod).is_some() {
             PodType::DaemonSet
         } else {
             PodType::Default
@@ -60,7 +87,6 @@ impl PodInfo {
                 seconds: grace,
             });
         }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         Ok(PodInfo {
             uid: meta.uid.clone().unwrap_or_default(),
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
@@ -68,9 +94,11 @@ impl PodInfo {
             termination_grace_period_seconds: grace,
             labels: meta.labels.clone().unwrap_or_default(),
             terminating: meta.deletion_timestamp.is_some(),
-            terminal: matches!(phase, Some("Succeeded") | Some("Failed")),
+            terminal: is_terminal(pod),
             static_hash: if is_static {
-                mirror.or_else(|| annotation(HASH_ANNOTATION))
+                annotation(pod, MIRROR_ANNOTATION)
+                    .or_else(|| annotation(pod, HASH_ANNOTATION))
+                    .cloned()
             } else {
                 None
             },
@@ -158,18 +186,63 @@ mod tests {
     }
 
     #[test]
-    fn daemonset_needs_controller_owner_in_apps() {
+    fn daemonset_is_a_controller_owner_of_kind_daemonset_in_any_group() {
         let mut p = pod("fluentd-x");
-        p.metadata.owner_references = Some(vec![owner("DaemonSet", "apps/v1", Some(true))]);
-        assert_eq!(PodInfo::from_pod(&p).unwrap().pod_type, PodType::DaemonSet);
+        for api_version in ["apps/v1", "apps/v1beta2", "apps.kruise.io/v1alpha1"] {
+            p.metadata.owner_references = Some(vec![owner("DaemonSet", api_version, Some(true))]);
+            assert_eq!(
+                daemonset_controller(&p).map(|o| o.api_version.as_str()),
+                Some(api_version)
+            );
+            assert_eq!(PodInfo::from_pod(&p).unwrap().pod_type, PodType::DaemonSet);
+        }
         // Not the controller: an adopting-but-not-controlling reference.
-        p.metadata.owner_references = Some(vec![owner("DaemonSet", "apps/v1", None)]);
+        for controller in [None, Some(false)] {
+            p.metadata.owner_references = Some(vec![owner("DaemonSet", "apps/v1", controller)]);
+            assert!(daemonset_controller(&p).is_none());
+            assert_eq!(PodInfo::from_pod(&p).unwrap().pod_type, PodType::Default);
+        }
+        // The controller is another kind; a DaemonSet merely owns it too.
+        p.metadata.owner_references = Some(vec![
+            owner("DaemonSet", "apps/v1", Some(false)),
+            owner("ReplicaSet", "apps/v1", Some(true)),
+        ]);
         assert_eq!(PodInfo::from_pod(&p).unwrap().pod_type, PodType::Default);
-        // A same-named kind from another group.
-        p.metadata.owner_references = Some(vec![owner("DaemonSet", "example.com/v1", Some(true))]);
+        p.metadata.owner_references = Some(vec![owner("daemonset", "apps/v1", Some(true))]);
         assert_eq!(PodInfo::from_pod(&p).unwrap().pod_type, PodType::Default);
-        p.metadata.owner_references = Some(vec![owner("ReplicaSet", "apps/v1", Some(true))]);
-        assert_eq!(PodInfo::from_pod(&p).unwrap().pod_type, PodType::Default);
+    }
+
+    #[test]
+    fn static_mirror_is_the_annotation_or_a_non_api_source_not_a_node_owner() {
+        let mut p = pod("etcd-n1");
+        p.metadata.owner_references = Some(vec![owner("Node", "v1", Some(true))]);
+        assert!(!is_static_mirror(&p));
+        annotate(&mut p, MIRROR_ANNOTATION, "abc123");
+        assert!(is_static_mirror(&p));
+        let mut q = pod("kube-vip-n1");
+        annotate(&mut q, SOURCE_ANNOTATION, "http");
+        assert!(is_static_mirror(&q));
+        let mut r = pod("web");
+        annotate(&mut r, SOURCE_ANNOTATION, "api");
+        assert!(!is_static_mirror(&r));
+        // A mirror pod that a DaemonSet also claims stays static.
+        p.metadata.owner_references = Some(vec![owner("DaemonSet", "apps/v1", Some(true))]);
+        assert_eq!(PodInfo::from_pod(&p).unwrap().pod_type, PodType::Static);
+    }
+
+    #[test]
+    fn terminal_is_succeeded_or_failed_only() {
+        for (phase, terminal) in [
+            (Some("Succeeded"), true),
+            (Some("Failed"), true),
+            (Some("Running"), false),
+            (Some("Pending"), false),
+            (Some("Unknown"), false),
+            (Some("succeeded"), false),
+            (None, false),
+        ] {
+            assert_eq!(is_terminal_phase(phase), terminal, "{phase:?}");
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::EvictionResponder;
 use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
 
+use super::names;
+
 /// The domain of nodegrace's requester keys.
 pub(crate) const REQUESTER_DOMAIN: &str = "nodegrace.dev";
 
@@ -61,44 +63,16 @@ pub(crate) fn choose_path(served: Served, node_labelled: bool) -> EvictionPath {
     }
 }
 
-fn is_alnum(c: char) -> bool {
-    c.is_ascii_lowercase() || c.is_ascii_digit()
-}
-
-/// An RFC 1123 subdomain (what Kubernetes calls a DNS subdomain).
-pub(crate) fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.starts_with(is_alnum)
-                && label.ends_with(is_alnum)
-                && label.chars().all(|c| is_alnum(c) || c == '-')
-        })
-}
-
-/// The name part of a qualified name: 1..=63 characters, alphanumeric at both ends,
-/// `-`, `_`, `.` inside.
-fn is_qualified_name_part(s: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_alphanumeric();
-    !s.is_empty()
-        && s.len() <= 63
-        && s.starts_with(alnum)
-        && s.ends_with(alnum)
-        && s.chars().all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
-}
-
 /// What is wrong with `key` as a domain-prefixed key (`example.com/name`, the form of
 /// requester and responder names), if anything.
 pub(crate) fn domain_prefixed_key_problem(key: &str) -> Option<String> {
     let Some((prefix, name)) = key.split_once('/') else {
         return Some(format!("{key:?} has no domain prefix (example.com/{key})"));
     };
-    if !is_dns_subdomain(prefix) {
+    if !names::is_dns_subdomain(prefix) {
         return Some(format!("the prefix of {key:?} is not a DNS subdomain"));
     }
-    if !is_qualified_name_part(name) {
+    if !names::is_label_name(name) {
         return Some(format!(
             "the name part of {key:?} must be 1-63 alphanumeric characters, '-', '_' or '.', alphanumeric at both ends"
         ));
@@ -124,7 +98,7 @@ fn fnv1a(s: &str) -> u64 {
 /// nodegrace's requester key on `node`: `nodegrace.dev/<node>`. A node name longer than a
 /// key's name part allows (63) keeps its first 46 characters and gains a hash of the whole.
 pub fn requester_key(node: &str) -> String {
-    if is_qualified_name_part(node) {
+    if names::is_label_name(node) {
         return format!("{REQUESTER_DOMAIN}/{node}");
     }
     let head: String = node

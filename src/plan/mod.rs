@@ -33,11 +33,14 @@ pub(crate) mod classify;
 pub(crate) mod drain;
 pub(crate) mod drainplan;
 pub(crate) mod evictions;
+pub(crate) mod freshness;
 pub(crate) mod gns;
 pub(crate) mod intree;
 pub(crate) mod lifecycle;
 #[cfg(test)]
 pub(crate) mod model;
+pub(crate) mod names;
+pub(crate) mod own;
 pub(crate) mod pass;
 #[cfg(test)]
 mod proptests;

@@ -7,6 +7,8 @@ use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
+use super::names;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectorError {
     #[error("label key {key:?} is invalid: {reason}")]
@@ -207,46 +209,20 @@ fn compile_requirement(req: &LabelSelectorRequirement) -> Result<Requirement, Se
     })
 }
 
-/// A label name part: at most 63 characters, alphanumeric at both ends, `-_.` inside.
 fn check_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("must not be empty".into());
+    if names::is_label_name(name) {
+        Ok(())
+    } else {
+        Err("must be 1 to 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends".into())
     }
-    if name.len() > 63 {
-        return Err("must be at most 63 characters".into());
-    }
-    let bytes = name.as_bytes();
-    let alnum = |b: u8| b.is_ascii_alphanumeric();
-    if !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
-        return Err("must start and end with an alphanumeric character".into());
-    }
-    if !bytes
-        .iter()
-        .all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.')
-    {
-        return Err("may contain only alphanumerics, '-', '_' and '.'".into());
-    }
-    Ok(())
 }
 
-/// A DNS-1123 subdomain, the optional prefix of a label key.
 fn check_prefix(prefix: &str) -> Result<(), String> {
-    if prefix.is_empty() || prefix.len() > 253 {
-        return Err("prefix must be 1 to 253 characters".into());
+    if names::is_dns_subdomain(prefix) {
+        Ok(())
+    } else {
+        Err("prefix must be a lowercase DNS subdomain of at most 253 characters".into())
     }
-    for part in prefix.split('.') {
-        let b = part.as_bytes();
-        let ok = !b.is_empty()
-            && b.len() <= 63
-            && b.iter()
-                .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-            && b[0] != b'-'
-            && b[b.len() - 1] != b'-';
-        if !ok {
-            return Err("prefix must be a lowercase DNS subdomain".into());
-        }
-    }
-    Ok(())
 }
 
 fn validate_key(key: &str) -> Result<(), SelectorError> {

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use nodegrace::{
@@ -311,6 +311,18 @@ pub async fn drain_timed(engine: &Engine, kind: ShutdownKind, budget: Duration) 
     started.elapsed()
 }
 
+/// The writes to `plural` the apiserver refused (409) for a resourceVersion that was no
+/// longer the object's: each one a decision made on a stale copy.
+pub fn refused_as_stale(env: &Env, plural: &str) -> Vec<String> {
+    let prefix = format!("{plural}/");
+    env.cluster
+        .store
+        .conflicts()
+        .into_iter()
+        .filter(|c| c.starts_with(&prefix))
+        .collect()
+}
+
 /// Waits (real time) until `f` holds, failing after `secs`.
 pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -459,4 +471,44 @@ pub fn start_drainer(env: &Env) -> nodegrace::NodeDrainer {
         let cluster = cluster.clone();
         async move { cluster.clients() }
     })
+}
+
+/// Warnings and infos of every test in the binary (one global subscriber: a thread-local one
+/// can miss events whose callsite another thread registered first). Tests look for their own
+/// pod (or object) names.
+pub fn logs() -> Arc<Mutex<Vec<u8>>> {
+    static LINES: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LINES
+        .get_or_init(|| {
+            let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+            let sink = lines.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .with_writer(move || LogSink(sink.clone()))
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+            lines
+        })
+        .clone()
+}
+
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn log_lines(containing: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
+    text.lines()
+        .filter(|l| l.contains(containing))
+        .map(String::from)
+        .collect()
 }

@@ -740,7 +740,8 @@ async fn cluster_sections(
     } else {
         bounded("listing the node's pods", async {
             let api: kube::Api<Pod> = kube::Api::all(client.clone());
-            let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+            let params = kube::api::ListParams::default()
+                .fields(&crate::plan::own::pods_field_selector(node));
             Ok(api.list(&params).await?.items)
         })
         .await

@@ -28,8 +28,8 @@ use reflect::spawn_reflector;
 pub(crate) use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
 pub(crate) use view::list_maintenances_for;
 use view::{
-    daemonset_owner, has_finalizer, is_active, is_deleting, is_draining, node_volumes,
-    tolerates_everything, Maintenances,
+    has_finalizer, is_active, is_deleting, is_draining, node_volumes, tolerates_everything,
+    Maintenances,
 };
 
 use std::collections::{HashMap, HashSet};
@@ -57,8 +57,9 @@ use crate::api::{NodeMaintenance, Stage};
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
+use crate::plan::freshness::{WatchLog, Written};
 use crate::plan::reachability::Reachability;
-use crate::plan::{DrainPlanEntry, DrainTargets, PodInfo};
+use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo};
 use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
@@ -179,6 +180,9 @@ struct Shared {
     shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
     /// The shutdown maintenance as its create (or adoption) returned it, and when.
     created_maintenance: Mutex<Option<(Arc<NodeMaintenance>, Instant)>>,
+    /// The versions the watches delivered, in order: what says whether our own write's
+    /// answer is still fresher than a watch's copy.
+    watch_log: Mutex<WatchLog>,
     progress: watch::Sender<Progress>,
     recorder: Recorder,
     fallback: Mutex<Option<FallbackSummary>>,
@@ -354,8 +358,10 @@ struct DrainState {
     tracks: HashMap<String, crate::plan::drain::PodTrack>,
     /// Terminating pods (UID) and when this engine first saw them so, on the drain clock.
     terminating_seen: HashMap<String, Duration>,
-    node_overlay: Option<Arc<Node>>,
-    nm_overlay: HashMap<String, Arc<NodeMaintenance>>,
+    /// Our last write's answer for the Node and each NodeMaintenance (by name), acted on
+    /// until the watch has delivered it.
+    node_overlay: Option<Written<Arc<Node>>>,
+    nm_overlay: HashMap<String, Written<Arc<NodeMaintenance>>>,
     last_entry_write: HashMap<String, Instant>,
     announced: HashSet<String>,
     cache_written: Option<Vec<PodInfo>>,
@@ -452,6 +458,7 @@ impl Engine {
             shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             shutdown: Mutex::new(None),
             created_maintenance: Mutex::new(None),
+            watch_log: Mutex::new(WatchLog::default()),
             progress,
             recorder,
             fallback: Mutex::new(None),
@@ -475,7 +482,7 @@ impl Engine {
             spawn_reflector(
                 shared.clone(),
                 Api::<Pod>::all(c.clone()),
-                watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+                watcher::Config::default().fields(&own::pods_field_selector(node)),
                 pods_w,
                 |r| &mut r.pods,
                 Shared::pod_changed,
@@ -483,18 +490,18 @@ impl Engine {
             spawn_reflector(
                 shared.clone(),
                 Api::<NodeMaintenance>::all(c.clone()),
-                watcher::Config::default().labels(&format!("!{}", crate::api::NODE_LABEL)),
+                watcher::Config::default().labels(&own::unlabelled_selector()),
                 shared_nms_w,
                 |r| &mut r.shared_maintenances,
                 |_, _| {},
             ),
             tokio::spawn(run_loop(shared.clone())),
         ];
-        match crate::api::node_label_value(node) {
-            Some(value) => tasks.push(spawn_reflector(
+        match own::own_selector(node) {
+            Some(mine) => tasks.push(spawn_reflector(
                 shared.clone(),
                 Api::<NodeMaintenance>::all(c.clone()),
-                watcher::Config::default().labels(&format!("{}={value}", crate::api::NODE_LABEL)),
+                watcher::Config::default().labels(&mine),
                 own_nms_w,
                 |r| &mut r.own_maintenances,
                 |_, _| {},

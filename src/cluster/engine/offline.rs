@@ -242,13 +242,12 @@ impl Shared {
                 continue;
             };
             let status = pod.status.clone().unwrap_or_default();
-            let phase = status.phase.as_deref().unwrap_or_default();
             let marked = status
                 .conditions
                 .iter()
                 .flatten()
                 .any(|c| c.type_ == DISRUPTION_TARGET);
-            if marked || phase == "Failed" || phase == "Succeeded" {
+            if marked || crate::plan::classify::is_terminal_phase(status.phase.as_deref()) {
                 continue;
             }
             // The kubelet starts at boot before nodegrace reaches the apiserver and runs again
@@ -317,9 +316,10 @@ impl Shared {
             .await
         {
             Ok(updated) => {
-                st.nm_overlay.insert(name.clone(), Arc::new(updated));
+                st.nm_overlay
+                    .insert(name.clone(), self.written(Arc::new(updated)));
                 *lock(&self.fallback) = None;
-                if let Some(node) = st.node_overlay.clone() {
+                if let Some(node) = self.node_obj(st) {
                     self.event_both(
                         &node,
                         Some(m),

@@ -25,9 +25,9 @@ use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets, NodeReport
 use crate::state::PodCache;
 
 use super::{
-    daemonset_owner, describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock,
-    min_wake, shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress,
-    Shared, COMPLETED_MESSAGE, POD_CACHE_DEBOUNCE,
+    describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock, min_wake,
+    shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress, Shared,
+    COMPLETED_MESSAGE, POD_CACHE_DEBOUNCE,
 };
 
 /// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
@@ -121,9 +121,7 @@ impl Shared {
             .pods
             .state()
             .into_iter()
-            .filter(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
-            })
+            .filter(|p| crate::plan::own::is_bound_to(p, &self.node))
             .collect();
         let classified = self.classify(&raw_pods);
         let all: Vec<PodInfo> = classified.iter().map(|(_, i)| i.clone()).collect();
@@ -654,7 +652,7 @@ impl Shared {
         match r {
             Ok(Some(written)) => {
                 tracing::info!(node = %self.node, conditions = ?want, maintenances = %names, "node lifecycle conditions written");
-                st.node_overlay = Some(Arc::new(written));
+                st.node_overlay = Some(self.written(Arc::new(written)));
             }
             Ok(None) => {}
             Err(e) if super::anyhow_is_unusable(&e) => return Err(e),
@@ -733,7 +731,7 @@ fn node_pods(
                 deletion_due(Some(by_timestamp), seen_at, grace)
             });
             let tolerant_daemonset = tolerates_everything(pod)
-                .then(|| daemonset_owner(pod).map(str::to_owned))
+                .then(|| crate::plan::classify::daemonset_controller(pod).map(|o| o.uid.clone()))
                 .flatten();
             NodePod {
                 info: info.clone(),

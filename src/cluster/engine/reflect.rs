@@ -45,6 +45,7 @@ where
 {
     tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
+        let watch_name = watch_name(&kind, &config);
         let watch = || watcher(api.clone(), config.clone()).modify(K::slim).boxed();
         let mut stream = watch();
         let mut reconnect = shared.reconnect.subscribe();
@@ -54,6 +55,7 @@ where
         let mut before_relist: Option<Versions> = None;
         // From a (re)start until its list is in: silence then is a list not answered.
         let mut listing = true;
+        let mut told_unversioned = false;
         loop {
             let shutdown = shared.shutting_down.load(Ordering::Relaxed);
             let limit = watch_silence_limit(shutdown);
@@ -89,6 +91,7 @@ where
             let Some(item) = item else { return };
             if let Ok(event) = &item {
                 writer.apply_watcher_event(event);
+                log_delivery(&shared, &kind, &watch_name, event, &mut told_unversioned);
             }
             // Only an answer ends a back-off (`Init` comes before every attempt).
             if matches!(&item, Ok(e) if !matches!(e, watcher::Event::Init)) {
@@ -143,6 +146,45 @@ where
     })
 }
 
+/// A watch's name in the engine's [`crate::plan::freshness::WatchLog`]: its kind and selectors.
+fn watch_name(kind: &str, config: &watcher::Config) -> String {
+    format!(
+        "{kind} {} {}",
+        config.label_selector.as_deref().unwrap_or_default(),
+        config.field_selector.as_deref().unwrap_or_default()
+    )
+}
+
+/// What the watch delivered, in the engine's [`crate::plan::freshness::WatchLog`]. An object
+/// without a resourceVersion is said once per watch: nothing can tell whether our own
+/// writes are newer than it, so they stand in for it until the watch delivers them.
+fn log_delivery<K: Resource<DynamicType = ()>>(
+    shared: &Shared,
+    kind: &str,
+    watch: &str,
+    event: &watcher::Event<K>,
+    told_unversioned: &mut bool,
+) {
+    let mut log = lock(&shared.watch_log);
+    match event {
+        watcher::Event::Init => log.listing(watch),
+        watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+            let rv = obj.meta().resource_version.as_deref();
+            if rv.is_none() && !std::mem::replace(told_unversioned, true) {
+                tracing::warn!(kind = %kind, name = ?obj.meta().name, "the apiserver listed an object without a resourceVersion; nodegrace's own writes stand in for it until the watch delivers them");
+            }
+            let key = super::view::log_key(obj);
+            if matches!(event, watcher::Event::InitApply(_)) {
+                log.listed(watch, &key, rv);
+            } else {
+                log.delivered(&key, rv);
+            }
+        }
+        watcher::Event::Delete(obj) => log.deleted(&super::view::log_key(obj)),
+        watcher::Event::InitDone => {}
+    }
+}
+
 /// Sleeps for `limit`, or forever when there is none.
 async fn sleep_for(limit: Option<std::time::Duration>) {
     match limit {
@@ -176,6 +218,9 @@ fn listed<K: Resource<DynamicType = ()> + Clone>(
 
 /// What a watch's error says about the apiserver.
 fn note_watch_error(shared: &Shared, kind: &str, err: &watcher::Error) {
+    if let Some(what) = crate::cluster::unusable_watch_event(err) {
+        tracing::warn!(kind = %kind, error = %err, "{kind}: {what}");
+    }
     let inner = match err {
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)

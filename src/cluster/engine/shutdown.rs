@@ -508,7 +508,7 @@ impl Shared {
         ]));
         m.metadata.finalizers = Some(vec![FINALIZER_MAINTENANCE_COMPLETION.into()]);
         // Only this node's daemon watches it, and its status churn.
-        if let Some(value) = crate::api::node_label_value(&self.node) {
+        if let Some(value) = crate::plan::own::node_label_value(&self.node) {
             m.metadata.labels = Some(BTreeMap::from([(
                 crate::api::NODE_LABEL.to_string(),
                 value.to_string(),
@@ -535,7 +535,7 @@ impl Shared {
         let started = Instant::now();
         let mut known = self
             .maintenances
-            .state()
+            .state(&lock(&self.watch_log))
             .into_iter()
             .find(|m| m.name_any() == name)
             .map(|m| (*m).clone());
@@ -683,7 +683,7 @@ impl Shared {
             rx.borrow_and_update();
             if !self
                 .maintenances
-                .state()
+                .state(&lock(&self.watch_log))
                 .iter()
                 .any(|m| m.name_any() == name)
             {

@@ -88,7 +88,8 @@ impl Shared {
                             k8s_openapi::jiff::Timestamp::now(),
                         ));
                     latest = Arc::new(self.apply_entry(&name, &e).await?);
-                    st.nm_overlay.insert(name.clone(), latest.clone());
+                    st.nm_overlay
+                        .insert(name.clone(), self.written(latest.clone()));
                     st.last_entry_write.insert(name.clone(), Instant::now());
                     up_to_date = true;
                 }
@@ -266,7 +267,7 @@ impl Shared {
         let r = r.with_context(|| format!("writing the status of NodeMaintenance {name}"));
         self.note(&r);
         let updated = r?;
-        st.nm_overlay.insert(name, Arc::new(updated));
+        st.nm_overlay.insert(name, self.written(Arc::new(updated)));
         Ok(())
     }
 
@@ -293,7 +294,7 @@ impl Shared {
         {
             Ok(updated) => {
                 self.mark_reachable();
-                st.nm_overlay.insert(name, Arc::new(updated));
+                st.nm_overlay.insert(name, self.written(Arc::new(updated)));
                 Ok(())
             }
             // Someone changed it meanwhile: the watch brings the new version and a new pass.
@@ -369,7 +370,8 @@ impl Shared {
                 k8s_openapi::jiff::Timestamp::now(),
             ));
             latest = Arc::new(self.apply_entry(&name, &entry).await?);
-            st.nm_overlay.insert(name.clone(), latest.clone());
+            st.nm_overlay
+                .insert(name.clone(), self.written(latest.clone()));
         }
         self.write_aggregate(st, &latest, None).await?;
         let everyone_done = latest

@@ -12,7 +12,8 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
-use crate::plan::PodInfo;
+use crate::plan::freshness::{Fresher, Version, WatchLog, Written};
+use crate::plan::{own, PodInfo};
 
 use super::{lock, DrainState, Shared};
 
@@ -28,31 +29,72 @@ pub(super) struct Maintenances {
 }
 
 impl Maintenances {
-    /// Both caches, one object per name (the later version where both hold it: a
-    /// maintenance that was relabelled).
-    pub(super) fn state(&self) -> Vec<Arc<NodeMaintenance>> {
+    /// Both caches, one object per name. Where both hold it (a maintenance relabelled, one
+    /// watch not yet told), the copy delivered last: both watches stream the same
+    /// apiserver's changes in order.
+    pub(super) fn state(&self, log: &WatchLog) -> Vec<Arc<NodeMaintenance>> {
         let mut by_name: HashMap<String, Arc<NodeMaintenance>> = HashMap::new();
         for m in self.shared.state().into_iter().chain(self.own.state()) {
             let name = m.name_any();
-            let m = fresher(m, by_name.get(&name));
-            by_name.insert(name, m);
+            let key = log_key(m.as_ref());
+            let at = |m: &NodeMaintenance| log.delivered_at(&key, m.resource_version().as_deref());
+            match by_name.get(&name) {
+                Some(known) if at(known) > at(&m) => {}
+                _ => {
+                    by_name.insert(name, m);
+                }
+            }
         }
         by_name.into_values().collect()
     }
 }
 
+/// An object's key in the [`WatchLog`]: its kind, namespace and name.
+pub(super) fn log_key<K: Resource<DynamicType = ()>>(k: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        k.meta().namespace.as_deref().unwrap_or_default(),
+        k.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The copy to act on: the watch's, or our write's answer while the watch has not delivered
+/// it. `written` is dropped once the watch's copy is the one.
+fn fresher<K: Resource<DynamicType = ()>>(
+    log: &WatchLog,
+    stored: Arc<K>,
+    written: &mut Option<Written<Arc<K>>>,
+) -> Arc<K> {
+    let Some(w) = written.as_ref() else {
+        return stored;
+    };
+    let key = log_key(stored.as_ref());
+    match log.fresher(
+        &key,
+        Version::of(stored.meta()),
+        w,
+        Version::of(w.copy.meta()),
+    ) {
+        Fresher::Written => w.copy.clone(),
+        Fresher::Watched => {
+            *written = None;
+            stored
+        }
+    }
+}
+
 /// The label selectors of the two maintenance watches of `node`.
 pub(super) fn maintenance_selectors(node: &str) -> Vec<String> {
-    let unlabelled = format!("!{}", crate::api::NODE_LABEL);
-    match crate::api::node_label_value(node) {
-        Some(value) => vec![format!("{}={value}", crate::api::NODE_LABEL), unlabelled],
-        None => vec![unlabelled],
-    }
+    own::own_selector(node)
+        .into_iter()
+        .chain([own::unlabelled_selector()])
+        .collect()
 }
 
 /// The NodeMaintenances that may select `node`, as the engine watches them (one list per
 /// selector of [`maintenance_selectors`]), for the CLI. One object per name: a maintenance
-/// relabelled between the two lists is in both, and the later version counts.
+/// relabelled between the two lists is in both, and the later list's copy counts.
 pub(crate) async fn list_maintenances_for(
     client: &Client,
     node: &str,
@@ -70,28 +112,12 @@ pub(crate) async fn list_maintenances_for(
                 .iter_mut()
                 .find(|known| known.name_any() == m.name_any())
             {
-                Some(known) if rv_number(&m) > rv_number(known) => *known = m,
-                Some(_) => {}
+                Some(known) => *known = m,
                 None => all.push(m),
             }
         }
     }
     Ok(all)
-}
-
-pub(super) fn rv_number<K: Resource>(k: &K) -> u64 {
-    k.meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-pub(super) fn fresher<K: Resource>(a: Arc<K>, b: Option<&Arc<K>>) -> Arc<K> {
-    match b {
-        Some(b) if rv_number(b.as_ref()) > rv_number(a.as_ref()) => b.clone(),
-        _ => a,
-    }
 }
 
 pub(super) fn has_finalizer(m: &NodeMaintenance) -> bool {
@@ -125,13 +151,6 @@ pub(super) fn node_volumes(node: &Node) -> Vec<String> {
     names
 }
 
-pub(super) fn daemonset_owner(pod: &Pod) -> Option<&str> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet")
-        .map(|o| o.uid.as_str())
-}
-
 pub(super) fn tolerates_everything(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
@@ -146,13 +165,16 @@ pub(super) fn tolerates_everything(pod: &Pod) -> bool {
 }
 
 impl Shared {
+    /// Our write's answer, to act on until the watch delivers it.
+    pub(super) fn written<K>(&self, copy: K) -> Written<K> {
+        lock(&self.watch_log).written(copy)
+    }
+
     pub(super) fn pod_infos(&self) -> Vec<PodInfo> {
         self.pods
             .state()
             .iter()
-            .filter(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
-            })
+            .filter(|p| own::is_bound_to(p, &self.node))
             .filter_map(|p| match PodInfo::from_pod(p) {
                 Ok(info) => Some(info),
                 Err(err) => {
@@ -169,13 +191,16 @@ impl Shared {
             .state()
             .into_iter()
             .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))?;
-        let n = fresher(stored, st.node_overlay.as_ref());
-        st.node_overlay = Some(n.clone());
-        Some(n)
+        Some(fresher(
+            &lock(&self.watch_log),
+            stored,
+            &mut st.node_overlay,
+        ))
     }
 
     pub(super) fn maintenance_objs(&self, st: &mut DrainState) -> Vec<Arc<NodeMaintenance>> {
-        let mut stored = self.maintenances.state();
+        let log = lock(&self.watch_log);
+        let mut stored = self.maintenances.state(&log);
         let mut names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
         {
             // The shutdown maintenance from its create's answer, until the watch has it: the
@@ -195,8 +220,11 @@ impl Shared {
             .into_iter()
             .map(|m| {
                 let name = m.name_any();
-                let m = fresher(m, st.nm_overlay.get(&name));
-                st.nm_overlay.insert(name, m.clone());
+                let mut written = st.nm_overlay.remove(&name);
+                let m = fresher(&log, m, &mut written);
+                if let Some(w) = written {
+                    st.nm_overlay.insert(name, w);
+                }
                 m
             })
             .collect();

@@ -121,7 +121,7 @@ impl InTreeTerminator {
             client: self.client.clone(),
             evictor: self.evictor.clone(),
             key: self.key.clone(),
-            node_label: crate::api::node_label_value(&self.node).map(str::to_owned),
+            own_selector: crate::plan::own::own_selector(&self.node),
             wanted: self.wanted.clone(),
             blocks,
             recorder: self.recorder.clone(),
@@ -165,7 +165,7 @@ impl InTreeTerminator {
         let api = self.requests(&key.namespace);
         let name = request_name(&key.uid);
         let mut labels = std::collections::BTreeMap::new();
-        if let Some(value) = crate::api::node_label_value(&self.node) {
+        if let Some(value) = crate::plan::own::node_label_value(&self.node) {
             labels.insert(NODE_LABEL.to_owned(), value.to_owned());
         }
         let request = EvictionRequest {
@@ -274,13 +274,13 @@ impl InTreeTerminator {
 
     /// This node's requests with intent Eviction (what a restarted daemon may have left).
     async fn own_requests(&self) -> Result<Vec<PodKey>> {
-        let Some(value) = crate::api::node_label_value(&self.node) else {
+        let Some(mine) = crate::plan::own::own_selector(&self.node) else {
             return Ok(Vec::new());
         };
         let list = self
             .api
             .requests(&self.client, None)
-            .list(&ListParams::default().labels(&format!("{NODE_LABEL}={value}")))
+            .list(&ListParams::default().labels(&mine))
             .await
             .with_context(|| {
                 format!(
@@ -395,8 +395,8 @@ pub(crate) struct Progress {
     client: Client,
     evictor: Client,
     key: String,
-    /// This node's label value on its requests (none for a node name too long for one).
-    node_label: Option<String>,
+    /// The label selector of this node's requests (none for a node name too long for a label).
+    own_selector: Option<String>,
     wanted: Wanted,
     blocks: BlockSink,
     recorder: Recorder,
@@ -416,14 +416,11 @@ impl Progress {
         // Its own requests too: a request the in-tree controller refuses (EvictionInvalid)
         // gets no Eviction at all.
         let requests = self.api.requests(&self.client, None);
-        let request_events = match &self.node_label {
-            Some(value) => watcher(
-                requests,
-                watcher::Config::default().labels(&format!("{NODE_LABEL}={value}")),
-            )
-            .backoff(WatchBackoff::new(shutting_down))
-            .map(Watched::Request)
-            .boxed(),
+        let request_events = match &self.own_selector {
+            Some(mine) => watcher(requests, watcher::Config::default().labels(mine))
+                .backoff(WatchBackoff::new(shutting_down))
+                .map(Watched::Request)
+                .boxed(),
             None => futures::stream::pending().boxed(),
         };
         let mut events = futures::stream::select(eviction_events.boxed(), request_events);

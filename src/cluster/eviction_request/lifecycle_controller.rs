@@ -31,14 +31,16 @@ use super::gate::EvictorGate;
 use super::handle::Message;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
-use super::{is_daemonset_pod, is_mirror, ControllerHandle, PodKey, WallClock, NODE_LABEL};
+use super::{ControllerHandle, PodKey, WallClock, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::{api_error_code, error_text, FIELD_MANAGER};
+use crate::plan::classify;
 use crate::plan::evictions::{
     activated_eviction, decide, decide_evictor, evictor_attempted, with_evictor_entry, Decision,
     EvictionOutcome, EvictorDecision, PodFacts, PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
 };
+use crate::plan::freshness::{Fresher, Version, WatchLog, Written};
 
 mod evictor;
 
@@ -69,6 +71,9 @@ pub(crate) struct LifecycleController {
     /// Pods looked at at once (`drain.max_concurrent_requests`).
     concurrency: usize,
     gate: EvictorGate,
+    /// The versions its watches delivered, by object UID: whether its own last writes
+    /// are still fresher than the caches.
+    watch_log: std::sync::Mutex<WatchLog>,
 }
 
 /// What the controller remembers between looks at one pod (by namespace and name): looks at
@@ -87,9 +92,9 @@ struct Memory {
     problems: Vec<String>,
     /// Evictions as this controller last wrote them, by `namespace/name`, until the watch
     /// shows them: a look must not decide on a cache older than its own writes.
-    written: HashMap<String, Eviction>,
+    written: HashMap<String, Written<Eviction>>,
     /// This node's requests as its requester last wrote them, the same way.
-    requested: HashMap<String, EvictionRequest>,
+    requested: HashMap<String, Written<EvictionRequest>>,
     /// When to look again, collected by a look.
     wakes: Vec<Timestamp>,
     /// Per pod UID: when the pod was first seen gone.
@@ -153,6 +158,7 @@ impl LifecycleController {
                 rx: Some(rx),
                 concurrency: concurrency.max(1),
                 gate: gate.clone(),
+                watch_log: std::sync::Mutex::new(WatchLog::default()),
             },
             ControllerHandle::from_sender(tx, gate),
         )
@@ -199,11 +205,20 @@ impl LifecycleController {
             unclaimed: w_unclaimed.as_reader(),
             evictions: w_evictions.as_reader(),
         };
-        let mine = format!("{NODE_LABEL}={}", self.node);
+        let Some(mine) = crate::plan::own::own_selector(&self.node) else {
+            anyhow::bail!(
+                "the node name {:?} is not a label value: its EvictionRequests cannot be labelled for it",
+                self.node
+            );
+        };
         let mut events = futures::stream::select_all([
             self.watch(&requests, w_ours, mine.clone()).boxed(),
-            self.watch(&requests, w_unclaimed, format!("!{NODE_LABEL}"))
-                .boxed(),
+            self.watch(
+                &requests,
+                w_unclaimed,
+                crate::plan::own::unlabelled_selector(),
+            )
+            .boxed(),
             self.watch(&evictions, w_evictions, mine).boxed(),
         ]);
         info!(node = %self.node, api = %self.api.group(), "eviction-request controller started");
@@ -273,6 +288,9 @@ impl LifecycleController {
 
     /// Which pods an input calls for a look at.
     fn take_input(&self, input: Input, caches: &Caches, state: &mut LoopState) -> Result<()> {
+        if let Input::Watched(Some(Ok(event))) = &input {
+            self.log_delivery(event);
+        }
         let dirty = &mut state.dirty;
         match input {
             Input::Watched(Some(Ok(event))) => match *event {
@@ -289,9 +307,12 @@ impl LifecycleController {
                 }
                 _ => {}
             },
-            Input::Watched(Some(Err(err))) => {
-                debug!(error = %err, "watching lifecycle.nodegrace.dev");
-            }
+            Input::Watched(Some(Err(err))) => match crate::cluster::unusable_watch_event(&err) {
+                Some(what) => {
+                    warn!(node = %self.node, error = %err, "lifecycle.nodegrace.dev: {what}")
+                }
+                None => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
+            },
             Input::Watched(None) => {
                 anyhow::bail!("the lifecycle.nodegrace.dev watches ended")
             }
@@ -311,7 +332,7 @@ impl LifecycleController {
                         .entry(target.clone())
                         .or_default()
                         .requested
-                        .insert(key, *request);
+                        .insert(key, self.written(*request));
                     dirty.insert(target);
                 }
             }
@@ -486,7 +507,7 @@ impl LifecycleController {
             .collect();
         // A pod not in this node's cache is another node's, unless this node labelled a
         // request about it (its own): then the pod is gone.
-        let requested_here = memory.requested.values().any(|r| {
+        let requested_here = memory.requested.values().map(|w| &w.copy).any(|r| {
             r.metadata.namespace.as_deref() == Some(namespace.as_str())
                 && r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
         });
@@ -501,7 +522,8 @@ impl LifecycleController {
         for o in unclaimed {
             requests.push(typed(&o)?);
         }
-        overlay(&mut requests, &mut memory.requested, namespace, |r| {
+        let log = self.lock_log();
+        overlay(&log, &mut requests, &mut memory.requested, namespace, |r| {
             r.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
         });
         let mut evictions: Vec<Eviction> = caches
@@ -511,7 +533,7 @@ impl LifecycleController {
             .filter(|o| about(o))
             .map(|o| typed(o))
             .collect::<Result<_>>()?;
-        overlay(&mut evictions, &mut memory.written, namespace, |e| {
+        overlay(&log, &mut evictions, &mut memory.written, namespace, |e| {
             e.spec.target.pod.as_ref().map(|p| p.name.as_str()) == Some(name.as_str())
         });
         Ok(Some((requests, evictions)))
@@ -538,13 +560,12 @@ impl LifecycleController {
                 responders: Vec::new(),
             };
         }
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let deletion = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0);
-        let presence = match (phase, deletion) {
-            (Some("Succeeded" | "Failed"), d) => Presence::Terminal {
+        let presence = match (classify::is_terminal(pod), deletion) {
+            (true, d) => Presence::Terminal {
                 deletion_timestamp: d,
             },
-            (_, Some(d)) => Presence::Terminating {
+            (false, Some(d)) => Presence::Terminating {
                 deletion_timestamp: d,
             },
             _ => Presence::Running,
@@ -552,10 +573,12 @@ impl LifecycleController {
         if !matches!(presence, Presence::Running) {
             memory.evicted.remove(uid);
         }
-        let kind = match (is_mirror(pod), is_daemonset_pod(pod)) {
-            (true, _) => PodKind::Mirror,
-            (false, true) => PodKind::DaemonSet,
-            _ => PodKind::Regular,
+        let kind = if classify::is_static_mirror(pod) {
+            PodKind::Mirror
+        } else if classify::daemonset_controller(pod).is_some() {
+            PodKind::DaemonSet
+        } else {
+            PodKind::Regular
         };
         let spec = pod.spec.as_ref();
         // Before 1.37 the pod API has no evictionResponders: the annotation stands in.
@@ -597,7 +620,7 @@ impl LifecycleController {
                 .with_context(|| format!("creating Eviction {namespace}/{name}"))?;
             info!(node = %self.node, eviction = %format!("{namespace}/{name}"), "created an Eviction");
             let created: Eviction = typed(&created)?;
-            Self::remember(memory, &created);
+            self.remember(memory, &created);
             if let Some(status) = status {
                 self.write_status(&api, &created, json!(status), memory)
                     .await?;
@@ -611,7 +634,7 @@ impl LifecycleController {
                 .patch(name, &params(), &Patch::Merge(&patch))
                 .await
                 .with_context(|| format!("labelling Eviction {namespace}/{name}"))?;
-            Self::remember(memory, &typed(&written)?);
+            self.remember(memory, &typed(&written)?);
         }
         for (name, status) in &decision.eviction_statuses {
             let Some(old) = known
@@ -669,14 +692,48 @@ impl LifecycleController {
             }
         };
         let written: Eviction = typed(&written)?;
-        Self::remember(memory, &written);
+        self.remember(memory, &written);
         Ok(written)
     }
 
-    fn remember(memory: &mut Memory, eviction: &Eviction) {
-        memory
-            .written
-            .insert(object_key(&eviction.metadata), eviction.clone());
+    fn remember(&self, memory: &mut Memory, eviction: &Eviction) {
+        memory.written.insert(
+            object_key(&eviction.metadata),
+            self.written(eviction.clone()),
+        );
+    }
+
+    fn lock_log(&self) -> std::sync::MutexGuard<'_, WatchLog> {
+        // The log holds no invariant a panicking holder could break halfway.
+        self.watch_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn written<K>(&self, copy: K) -> Written<K> {
+        self.lock_log().written(copy)
+    }
+
+    /// What a watch delivered, by UID (requests and Evictions in one log; UIDs are unique).
+    /// An object without a resourceVersion is said, at debug: its Apply is still taken.
+    fn log_delivery(&self, event: &watcher::Event<DynamicObject>) {
+        let mut log = self.lock_log();
+        let uid = |o: &DynamicObject| o.metadata.uid.clone().unwrap_or_default();
+        match event {
+            watcher::Event::Init => log.listing(LISTS),
+            watcher::Event::InitApply(o) => {
+                let rv = o.metadata.resource_version.as_deref();
+                if rv.is_none() {
+                    warn!(node = %self.node, object = %object_key(&o.metadata), "a lifecycle.nodegrace.dev object listed without a resourceVersion: this controller's own writes stand in for it until the watch delivers them");
+                }
+                log.listed(LISTS, &uid(o), rv);
+            }
+            watcher::Event::Apply(o) => {
+                log.delivered(&uid(o), o.metadata.resource_version.as_deref())
+            }
+            watcher::Event::Delete(o) => log.deleted(&uid(o)),
+            watcher::Event::InitDone => {}
+        }
     }
 
     /// Logs each problem once, and records it as a Warning event on the pod (`reason`).
@@ -726,28 +783,37 @@ fn answered_code(err: &anyhow::Error) -> Option<u16> {
 /// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's
 /// older copies of the objects in `namespace` that `about` selects, and forgets those the
 /// cache has caught up with.
+/// The controller's three watches share one count of lists in its log (an `Init` event names
+/// no watch): an object listed after a list of any of them began is taken as listed after
+/// the controller's write, though its own list may have begun before.
+const LISTS: &str = "lifecycle";
+
 fn overlay<K: kube::Resource + Clone>(
+    log: &WatchLog,
     cached: &mut Vec<K>,
-    written: &mut HashMap<String, K>,
+    written: &mut HashMap<String, Written<K>>,
     namespace: &str,
     about: impl Fn(&K) -> bool,
 ) {
-    let version = |o: &K| {
-        o.meta()
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
     let prefix = format!("{namespace}/");
-    written.retain(|key, mine| {
+    written.retain(|key, w| {
+        let mine = &w.copy;
         if !key.starts_with(&prefix) || !about(mine) {
             return true;
         }
+        let uid = mine.meta().uid.clone().unwrap_or_default();
         match cached
             .iter_mut()
             .find(|o| o.meta().name == mine.meta().name)
         {
-            Some(c) if version(c) >= version(mine) => false,
+            // Another object of the same name: ours was deleted.
+            Some(c) if c.meta().uid != mine.meta().uid => false,
+            Some(c)
+                if log.fresher(&uid, Version::of(c.meta()), w, Version::of(mine.meta()))
+                    == Fresher::Watched =>
+            {
+                false
+            }
             Some(c) => {
                 *c = mine.clone();
                 true

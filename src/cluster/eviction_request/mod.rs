@@ -18,16 +18,15 @@ mod lifecycle_controller;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+use crate::plan::classify;
+
 pub(crate) use handle::BlockSink;
 pub use handle::ControllerHandle;
 pub(crate) use intree::{is_served, InTreeTerminator};
 pub(crate) use lifecycle_api::LifecycleApi;
 pub(crate) use lifecycle_controller::LifecycleController;
 
-/// Label on the EvictionRequests and Evictions nodegrace creates or claims: the node whose
-/// daemon acts on them. It lets a restarted daemon recognise its requests after the pod has
-/// left its pod cache.
-pub const NODE_LABEL: &str = "nodegrace.dev/node";
+pub use crate::plan::own::NODE_LABEL;
 
 /// The pod a request is about: UID included, so a pod recreated under the same name is
 /// never targeted by its predecessor's request.
@@ -80,34 +79,17 @@ impl PodState {
         let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(uid)) else {
             return PodState::Absent;
         };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
+        if classify::is_terminal(pod) {
             return PodState::Terminal;
         }
         if pod.metadata.deletion_timestamp.is_some() {
             return PodState::Terminating;
         }
         PodState::Present {
-            evictable: !is_mirror(pod) && !is_daemonset_pod(pod),
+            evictable: !classify::is_static_mirror(pod)
+                && classify::daemonset_controller(pod).is_none(),
         }
     }
-}
-
-/// A static pod's mirror on the apiserver.
-pub(crate) fn is_mirror(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
-}
-
-/// A pod a DaemonSet controls.
-pub(crate) fn is_daemonset_pod(pod: &Pod) -> bool {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
 }
 
 /// Wall-clock time for heartbeats and conditions. `System` in the daemon; `Tokio` derives
@@ -175,5 +157,18 @@ mod tests {
             PodState::of(Some(&ds), "u1"),
             PodState::Present { evictable: false }
         );
+        // An Advanced DaemonSet's pod and a static pod's mirror by its source alone, as the
+        // drain plan classifies them.
+        for meta in [
+            serde_json::json!({"name": "p", "uid": "u1", "ownerReferences": [
+                {"apiVersion": "apps.kruise.io/v1alpha1", "kind": "DaemonSet", "name": "ds", "uid": "d", "controller": true}]}),
+            serde_json::json!({"name": "p", "uid": "u1", "annotations": {"kubernetes.io/config.source": "file"}}),
+        ] {
+            let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": meta})).unwrap();
+            assert_eq!(
+                PodState::of(Some(&pod), "u1"),
+                PodState::Present { evictable: false }
+            );
+        }
     }
 }

@@ -81,7 +81,7 @@ fn the_old_crd_requester_name_is_not_a_valid_key() {
 fn request_names_are_dns_subdomains_per_pod() {
     let name = request_name("6f1c5a52-5d43-4b52-9a3e-0a9b8f1d2c3e");
     assert_eq!(name, "nodegrace-6f1c5a52-5d43-4b52-9a3e-0a9b8f1d2c3e");
-    assert!(is_dns_subdomain(&name));
+    assert!(crate::plan::names::is_dns_subdomain(&name));
 }
 
 #[test]

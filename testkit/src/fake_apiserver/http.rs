@@ -81,9 +81,21 @@ pub struct Shared {
     /// Resources (plural) whose watches stay open and send nothing, as a watch hung
     /// mid-stream on a live connection.
     pub stalled: Mutex<Vec<String>>,
+    /// Events (resource plural, the event) that the next watch of that resource to send
+    /// anything sends first, as they are.
+    pub injected_events: Mutex<Vec<(String, Value)>>,
 }
 
 impl Shared {
+    fn take_injected_events(&self, plural: &str) -> Vec<Value> {
+        let Ok(mut all) = self.injected_events.lock() else {
+            return Vec::new();
+        };
+        let (mine, others) = all.drain(..).partition(|(p, _)| p == plural);
+        *all = others;
+        mine.into_iter().map(|(_, e)| e).collect()
+    }
+
     fn is_stalled(&self, plural: &str) -> bool {
         self.stalled
             .lock()
@@ -571,7 +583,7 @@ async fn resource(
             Ok(full(
                 StatusCode::OK,
                 &json!({"kind": format!("{}List", ri.kind), "apiVersion": ri.api_version(),
-                    "metadata": {"resourceVersion": store.resource_version().to_string()}, "items": items}),
+                    "metadata": {"resourceVersion": store.rv_text(store.resource_version())}, "items": items}),
             ))
         }
         _ => Err(ApiError::new(
@@ -647,7 +659,7 @@ fn list(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: &Filter) -> Result<Response<Bo
     let (items, rv) = store.list(filter);
     if ctx.param("resourceVersionMatch") == Some("Exact") {
         if let Some(want) = ctx.param("resourceVersion") {
-            if want != rv.to_string() {
+            if want != store.rv_text(rv) {
                 return Err(ApiError::expired(format!(
                     "too old resource version: {want} ({rv}) (the fake serves only the latest state)"
                 )));
@@ -691,7 +703,7 @@ fn list(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: &Filter) -> Result<Response<Bo
         .filter(|l| *l > 0)
         .unwrap_or(usize::MAX);
     let end = start.saturating_add(limit).min(items.len());
-    let mut meta = json!({"resourceVersion": list_rv.to_string()});
+    let mut meta = json!({"resourceVersion": store.rv_text(list_rv)});
     if end < items.len() {
         let last = &items[end - 1];
         let ns = last
@@ -732,18 +744,18 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
         .and_then(|t| t.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(1800));
-    let start_rv: Option<u64> =
-        if rv_param.is_empty() || rv_param == "0" || send_initial {
-            None
-        } else {
-            Some(rv_param.parse().map_err(|_| {
-                ApiError::bad_request(format!("invalid resource version: {rv_param}"))
-            })?)
-        };
+    let start_rv: Option<u64> = if rv_param.is_empty() || rv_param == "0" || send_initial {
+        None
+    } else {
+        Some(store.rv_parse(&rv_param).ok_or_else(|| {
+            ApiError::bad_request(format!("invalid resource version: {rv_param}"))
+        })?)
+    };
     let (kind, api_version) = (ri.kind.clone(), ri.api_version());
     let (shared, plural) = (ctx.shared.clone(), ri.plural.clone());
+    let rv_store = store.clone();
     let bookmark = move |rv: u64, initial_end: bool| {
-        let mut m = json!({"resourceVersion": rv.to_string()});
+        let mut m = json!({"resourceVersion": rv_store.rv_text(rv)});
         if initial_end {
             m["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
@@ -787,6 +799,11 @@ fn watch(ctx: &Ctx<'_>, ri: &ResourceInfo, filter: Filter) -> Result<Response<Bo
                     _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                 }
                 continue;
+            }
+            for event in shared.take_injected_events(&plural) {
+                if tx.send(line(&event)).await.is_err() {
+                    return;
+                }
             }
             let batch = if store.compactions() != epoch {
                 WatchBatch::Expired(store.oldest_rv())

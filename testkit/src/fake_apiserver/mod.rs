@@ -28,6 +28,10 @@
 //! - No authn/authz/admission webhooks, no CEL (`x-kubernetes-validations`) evaluation;
 //!   CRD schemas are used for defaulting, pruning, types, `required`, `enum`, min/max and
 //!   map-list key uniqueness only.
+//! - `Store::serve_opaque_resource_versions` serves resourceVersions that are no numbers and
+//!   whose text runs backwards (only equality may be relied on); `FakeApiServer::inject_watch_event`
+//!   sends a watch event as given (an unknown type, an object without a resourceVersion);
+//!   `Store::conflicts` lists the writes refused for a stale resourceVersion.
 //! - Lists always serve the latest state; `resourceVersionMatch=Exact` for any other rv
 //!   answers 410, and continue tokens page over the latest state (410 once compacted).
 //! - A watch from a resourceVersion newer than the current one starts from "now"; the
@@ -144,6 +148,7 @@ impl FakeApiServer {
             log: Mutex::new(Vec::new()),
             address: addr.to_string(),
             stalled: Mutex::new(Vec::new()),
+            injected_events: Mutex::new(Vec::new()),
         });
         let root = CancellationToken::new();
         let token = root.child_token();
@@ -261,6 +266,15 @@ impl FakeApiServer {
                 s.push(plural.to_string());
             }
         }
+    }
+
+    /// The next watch of `plural` to send anything sends `event` first, once, as it is (a
+    /// type no apiserver sends, an object without a resourceVersion), then goes on as before.
+    pub fn inject_watch_event(&self, plural: &str, event: Value) {
+        if let Ok(mut all) = self.inner.shared.injected_events.lock() {
+            all.push((plural.to_string(), event));
+        }
+        self.inner.shared.store.poke_watches();
     }
 
     /// Drops the injected errors and delays.

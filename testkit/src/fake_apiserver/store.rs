@@ -430,7 +430,17 @@ pub struct Store {
     inner: Mutex<Inner>,
     notify: watch::Sender<u64>,
     clock: Clock,
+    /// resourceVersions served as text that is no number and runs backwards
+    /// ([`Store::serve_opaque_resource_versions`]).
+    opaque_rvs: std::sync::atomic::AtomicBool,
+    /// Writes refused for a resourceVersion precondition that no longer held, as
+    /// `plural/name`.
+    conflicts: Mutex<Vec<String>>,
 }
+
+/// Opaque resourceVersions count down from here: `v999999999998` is older than
+/// `v999999999997`, as text and as the digits after the `v`.
+const OPAQUE_RV_BASE: u64 = 999_999_999_999;
 
 fn meta<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")
@@ -530,6 +540,8 @@ impl Store {
                 mono: tokio::time::Instant::now(),
                 stepped_ms: Default::default(),
             },
+            opaque_rvs: Default::default(),
+            conflicts: Default::default(),
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let _ = store.insert_fixture(
@@ -566,6 +578,62 @@ impl Store {
 
     pub fn resource_version(&self) -> u64 {
         self.lock().rv
+    }
+
+    /// From now on, resourceVersions are served as text that is not a number and whose
+    /// order (as text, or as the digits in it) is the reverse of the writes' (API
+    /// conventions make them opaque; only equality means anything). Objects already stored
+    /// are stamped again; watch history is dropped (call it before anyone watches).
+    pub fn serve_opaque_resource_versions(&self) {
+        self.opaque_rvs
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut g = self.lock();
+        let current = g.rv;
+        for stored in g.objects.values_mut() {
+            let numeric = meta(&stored.obj, "resourceVersion").and_then(|v| v.parse::<u64>().ok());
+            let text = self.rv_text(numeric.unwrap_or(current));
+            meta_mut(&mut stored.obj).insert("resourceVersion".into(), text.into());
+        }
+        g.history.clear();
+        g.oldest_rv = current;
+    }
+
+    /// The writes refused (409) because the resourceVersion they were made on was no longer
+    /// the object's, as `plural/name`.
+    pub fn conflicts(&self) -> Vec<String> {
+        self.conflicts.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn stale(&self, ri: &ResourceInfo, name: &str) -> ApiError {
+        if let Ok(mut c) = self.conflicts.lock() {
+            c.push(format!("{}/{name}", ri.plural));
+        }
+        ApiError::stale(ri, name)
+    }
+
+    /// Wakes every open watch (nothing changed).
+    pub fn poke_watches(&self) {
+        let rv = self.lock().rv;
+        self.notify.send_replace(rv);
+    }
+
+    /// A resourceVersion as served.
+    pub fn rv_text(&self, rv: u64) -> String {
+        if self.opaque_rvs.load(std::sync::atomic::Ordering::SeqCst) {
+            format!("v{}", OPAQUE_RV_BASE.saturating_sub(rv))
+        } else {
+            rv.to_string()
+        }
+    }
+
+    /// A resourceVersion a client sent, if it is one this store served.
+    pub fn rv_parse(&self, text: &str) -> Option<u64> {
+        if self.opaque_rvs.load(std::sync::atomic::Ordering::SeqCst) {
+            let n: u64 = text.strip_prefix('v')?.parse().ok()?;
+            OPAQUE_RV_BASE.checked_sub(n)
+        } else {
+            text.parse().ok()
+        }
     }
 
     pub fn set_history_limit(&self, limit: usize) {
@@ -735,7 +803,7 @@ impl Store {
         let old = g.objects.remove(&key).map(|s| s.obj);
         let (kind, object) = match new {
             Some(mut obj) => {
-                meta_mut(&mut obj).insert("resourceVersion".into(), rv.to_string().into());
+                meta_mut(&mut obj).insert("resourceVersion".into(), self.rv_text(rv).into());
                 if managed.is_empty() {
                     meta_mut(&mut obj).remove("managedFields");
                 } else {
@@ -759,7 +827,7 @@ impl Store {
             }
             None => {
                 let mut obj = old.clone().unwrap_or_else(|| json!({}));
-                meta_mut(&mut obj).insert("resourceVersion".into(), rv.to_string().into());
+                meta_mut(&mut obj).insert("resourceVersion".into(), self.rv_text(rv).into());
                 (EventType::Deleted, obj)
             }
         };
@@ -954,7 +1022,7 @@ impl Store {
     fn commit_raw(&self, g: &mut Inner, key: ObjKey, mut obj: Value, managed: Vec<ManagerEntry>) {
         g.rv += 1;
         let rv = g.rv;
-        meta_mut(&mut obj).insert("resourceVersion".into(), rv.to_string().into());
+        meta_mut(&mut obj).insert("resourceVersion".into(), self.rv_text(rv).into());
         let old = g
             .objects
             .insert(
@@ -1247,7 +1315,7 @@ impl Store {
             .unwrap_or_default()
             .to_string();
         match meta(&body, "resourceVersion").filter(|r| !r.is_empty()) {
-            Some(rv) if rv != current_rv => return Err(ApiError::stale(ri, name)),
+            Some(rv) if rv != current_rv => return Err(self.stale(ri, name)),
             None if ri.crd.is_some() => return Err(ApiError::invalid(
                 ri,
                 name,
@@ -1334,7 +1402,7 @@ impl Store {
                 Some((old, _)) => {
                     if let Some(rv) = meta(body, "resourceVersion") {
                         if Some(rv) != meta(&old, "resourceVersion") {
-                            return Err(ApiError::stale(ri, name));
+                            return Err(self.stale(ri, name));
                         }
                     }
                     self.finish_update(&mut g, ri, key, &old, merged, sub, managed, None)
@@ -1371,7 +1439,7 @@ impl Store {
             PatchKind::Apply { .. } => unreachable!("handled above"),
         }
         if meta(&patched, "resourceVersion") != meta(&old, "resourceVersion") {
-            return Err(ApiError::stale(ri, name));
+            return Err(self.stale(ri, name));
         }
         self.finish_update(
             &mut g,
