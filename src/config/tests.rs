@@ -996,10 +996,13 @@ mod roundtrip {
     use proptest::collection::{btree_map, btree_set, vec};
     use proptest::prelude::*;
 
-    /// At least a second, as every duration setting.
+    /// At least a second, as every duration setting, and at most `max_ms` (the bound of the
+    /// setting it is drawn for: 110 s and 1 ns is refused).
     fn duration(max_ms: u64) -> impl Strategy<Value = Duration> {
-        (1_000..=max_ms, 0u32..1_000_000)
-            .prop_map(|(ms, ns)| Duration::from_millis(ms) + Duration::from_nanos(ns.into()))
+        (1_000..=max_ms, 0u32..1_000_000).prop_map(move |(ms, ns)| {
+            (Duration::from_millis(ms) + Duration::from_nanos(ns.into()))
+                .min(Duration::from_millis(max_ms))
+        })
     }
 
     fn pod_type() -> impl Strategy<Value = PodType> {
