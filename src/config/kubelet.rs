@@ -265,7 +265,7 @@ fn document(bytes: &[u8]) -> Result<Mapping, Fault> {
     if let Some(why) = crate::yaml::why_not_read(text) {
         return Err(Fault::NotRead(format!("not read: {why}")));
     }
-    let mut doc: Value = match serde_yaml::from_str(text) {
+    let mut doc: Value = match first_document(text) {
         Ok(doc) => doc,
         // The kubelet decodes strictly and, failing on a key given twice, again leniently
         // (its `DecodeKubeletConfiguration`): the last one wins.
@@ -305,10 +305,19 @@ fn document(bytes: &[u8]) -> Result<Mapping, Fault> {
     Ok(map)
 }
 
+/// The first YAML document of `text`: the kubelet's YAML decoding reads that one and
+/// ignores any after a `---`.
+fn first_document<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_yaml::Error> {
+    match serde_yaml::Deserializer::from_str(text).next() {
+        Some(doc) => T::deserialize(doc),
+        None => serde_yaml::from_str(text),
+    }
+}
+
 /// `text` with each key given twice in a mapping taking its last value (a JSON object's
 /// decoding keeps the last); None when it is not read that way either.
 fn last_key_wins(text: &str) -> Option<Value> {
-    let json: serde_json::Value = serde_yaml::from_str(text).ok()?;
+    let json: serde_json::Value = first_document(text).ok()?;
     serde_yaml::to_value(json).ok()
 }
 
@@ -725,6 +734,7 @@ mod tests {
             ("sorted by priority", format!("{HEAD}shutdownGracePeriodByPodPriority:\n- {{priority: 100000, shutdownGracePeriodSeconds: 20}}\n- {{priority: -5, shutdownGracePeriodSeconds: 120}}\n"), vec![], On(&[(-5, 120), (100000, 20)])),
             ("a merge key", format!("{HEAD}base: &gns\n  shutdownGracePeriod: 40s\n  shutdownGracePeriodCriticalPods: 10s\n<<: *gns\n"), vec![], On(&[(0, 30), (CRIT, 10)])),
             ("a key given twice: the last (the kubelet's lenient decoding)", format!("{HEAD}shutdownGracePeriod: 30s\nfeatureGates:\n  GracefulNodeShutdown: false\n  GracefulNodeShutdown: true\nshutdownGracePeriod: 40s\n"), vec![], On(&[(0, 40), (CRIT, 0)])),
+            ("only the first document is read", format!("{HEAD}shutdownGracePeriod: 30s\n---\n{HEAD}shutdownGracePeriod: 1d\n---\n- [unclosed\n"), vec![], On(&[(0, 30), (CRIT, 0)])),
             ("the file's own key wins over a merge key", format!("{HEAD}base: &gns\n  shutdownGracePeriod: 40s\n<<: *gns\nshutdownGracePeriod: 20s\n"), vec![], On(&[(0, 20), (CRIT, 0)])),
             ("priority-based gate off: the older fields migrated", format!("{HEAD}featureGates:\n  GracefulNodeShutdownBasedOnPodPriority: false\nshutdownGracePeriod: 30s\n"), vec![], On(&[(0, 30), (CRIT, 0)])),
             ("gates as YAML 1.1 booleans", format!("{HEAD}featureGates:\n  GracefulNodeShutdown: on\n  GracefulNodeShutdownBasedOnPodPriority: yes\nshutdownGracePeriod: 30s\n"), vec![], On(&[(0, 30), (CRIT, 0)])),
