@@ -141,181 +141,189 @@ impl Default for Metrics {
     }
 }
 
+/// A metric's name (after the `nodegrace_` prefix) and its help text.
+type Help = (&'static str, &'static str);
+
+fn register<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    (name, help): Help,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+const SHUTDOWN_START: Help = (
+    "shutdown_start_timestamp_seconds",
+    "Unix time the last shutdown drain started",
+);
+
+const LAST_SHUTDOWN_END: Help = (
+    "last_shutdown_end_timestamp_seconds",
+    "Unix time the last shutdown ended (released, cancelled, or last recorded when interrupted); kept across restarts",
+);
+
+const LAST_SHUTDOWN_OUTCOME: Help = (
+    "last_shutdown_outcome",
+    "1 for how the last shutdown ended (drained, failed, budget_ended, cancelled, interrupted), 0 for the others; kept across restarts",
+);
+
+const BAND_DURATION: Help = (
+    "band_duration_seconds",
+    "How long each drain band of the last shutdown took",
+);
+
+const PODS_TERMINATED: Help = ("pods_terminated", "Pods terminated, by method");
+
+const ESCALATIONS: Help = (
+    "escalations",
+    "Pods whose cooperative drain was escalated to deletion at a shutdown deadline",
+);
+
+const FALLBACK_USED: Help = (
+    "fallback_used",
+    "Shutdowns drained through the local CRI fallback",
+);
+
+const INHIBITOR_HELD: Help = (
+    "inhibitor_held",
+    "1 while the logind shutdown delay inhibitor is held",
+);
+
+const EFFECTIVE_BUDGET: Help = (
+    "effective_budget_seconds",
+    "Usable shutdown budget: min(configured max delay, logind InhibitDelayMaxUSec)",
+);
+
+const BUDGET_NEEDED: Help = (
+    "budget_needed_seconds",
+    "What the shutdown drain plan reserves for the later bands of the node's pods now",
+);
+
+const BUDGET_TOO_SHORT: Help = (
+    "budget_too_short",
+    "1 while the effective budget is below what the drain plan reserves for the node's pods",
+);
+
+const BUDGET_BLOCKING_SINCE: Help = (
+    "budget_blocking_since_timestamp_seconds",
+    "Unix time since which the PodDisruptionBudget blocking longest in the running drain has refused evictions; one series at most, none when no budget blocks",
+);
+
+const APISERVER_REACHABLE: Help = (
+    "apiserver_reachable",
+    "1 while the apiserver answers nodegrace's requests and watches",
+);
+
+const APISERVER_OUTAGES: Help = (
+    "apiserver_outages",
+    "Times the apiserver could not be used for a second or more",
+);
+
+const CORDONED: Help = (
+    "node_cordoned",
+    "1 while nodegrace's own cordon holds the node (its previous-unschedulable annotation is set)",
+);
+
+const MAINTENANCES_ACTIVE: Help = (
+    "maintenances_active",
+    "NodeMaintenances selecting the node that are active (not Idle, not Complete)",
+);
+
+const API_ERRORS: Help = (
+    "api_errors",
+    "Failed requests to the Kubernetes apiserver, by operation",
+);
+
+const CREDENTIAL_EXPIRY: Help = (
+    "credential_expiry_timestamp_seconds",
+    "Unix time the client certificate of each credential expires (nodegrace: node.kubeconfig, kubelet: node.kubelet_kubeconfig); absent without a certificate",
+);
+
+const ARMED: Help = (
+    "armed",
+    "1 while the inhibitor is held and no shutdown is in progress",
+);
+
+const DRAINING: Help = ("draining", "1 while a shutdown drain is in progress");
+
+const OFFLINE_FALLBACK: Help = (
+    "offline_fallback",
+    "1 while the node is drained locally through the CRI runtime because the apiserver cannot be used",
+);
+
+const BUS_CONNECTED: Help = (
+    "bus_connected",
+    "1 while the daemon is connected to the system bus (logind)",
+);
+
+const SHUTDOWN_DURATION: Help = (
+    "shutdown_duration_seconds",
+    "Time from the shutdown signal to the inhibitor's release, by kind of shutdown",
+);
+
+const EVICTIONS_REFUSED: Help = (
+    "evictions_refused",
+    "Evictions refused, by reason: budget (a PodDisruptionBudget), throttled (429 without a budget), error",
+);
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodegrace");
-        let shutdown_start = FloatGauge::default();
-        registry.register(
-            "shutdown_start_timestamp_seconds",
-            "Unix time the last shutdown drain started",
-            shutdown_start.clone(),
-        );
-        let last_shutdown_end = FloatGauge::default();
-        registry.register(
-            "last_shutdown_end_timestamp_seconds",
-            "Unix time the last shutdown ended (released, cancelled, or last recorded when interrupted); kept across restarts",
-            last_shutdown_end.clone(),
-        );
-        let last_shutdown_outcome = Family::<OutcomeLabel, Gauge>::default();
-        registry.register(
-            "last_shutdown_outcome",
-            "1 for how the last shutdown ended (drained, failed, budget_ended, cancelled, interrupted), 0 for the others; kept across restarts",
-            last_shutdown_outcome.clone(),
-        );
-        let band_duration = Family::<BandLabel, FloatGauge>::default();
-        registry.register(
-            "band_duration_seconds",
-            "How long each drain band of the last shutdown took",
-            band_duration.clone(),
-        );
-        let pods_terminated = Family::<MethodLabel, Counter>::default();
-        registry.register(
-            "pods_terminated",
-            "Pods terminated, by method",
-            pods_terminated.clone(),
-        );
-        let escalations = Counter::default();
-        registry.register(
-            "escalations",
-            "Pods whose cooperative drain was escalated to deletion at a shutdown deadline",
-            escalations.clone(),
-        );
-        let fallback_used = Counter::default();
-        registry.register(
-            "fallback_used",
-            "Shutdowns drained through the local CRI fallback",
-            fallback_used.clone(),
-        );
-        let inhibitor_held = Gauge::default();
-        registry.register(
-            "inhibitor_held",
-            "1 while the logind shutdown delay inhibitor is held",
-            inhibitor_held.clone(),
-        );
-        let effective_budget = FloatGauge::default();
-        registry.register(
-            "effective_budget_seconds",
-            "Usable shutdown budget: min(configured max delay, logind InhibitDelayMaxUSec)",
-            effective_budget.clone(),
-        );
-        let budget_needed = FloatGauge::default();
-        registry.register(
-            "budget_needed_seconds",
-            "What the shutdown drain plan reserves for the later bands of the node's pods now",
-            budget_needed.clone(),
-        );
-        let budget_too_short = Gauge::default();
-        registry.register(
-            "budget_too_short",
-            "1 while the effective budget is below what the drain plan reserves for the node's pods",
-            budget_too_short.clone(),
-        );
-        let budget_blocking_since = Family::<BudgetLabel, FloatGauge>::default();
-        registry.register(
-            "budget_blocking_since_timestamp_seconds",
-            "Unix time since which the PodDisruptionBudget blocking longest in the running drain has refused evictions; one series at most, none when no budget blocks",
-            budget_blocking_since.clone(),
-        );
-        let apiserver_reachable = Gauge::default();
-        registry.register(
-            "apiserver_reachable",
-            "1 while the apiserver answers nodegrace's requests and watches",
-            apiserver_reachable.clone(),
-        );
-        let apiserver_outages = Counter::default();
-        registry.register(
-            "apiserver_outages",
-            "Times the apiserver could not be used for a second or more",
-            apiserver_outages.clone(),
-        );
-        let cordoned = Gauge::default();
-        registry.register(
-            "node_cordoned",
-            "1 while nodegrace's own cordon holds the node (its previous-unschedulable annotation is set)",
-            cordoned.clone(),
-        );
-        let maintenances_active = Gauge::default();
-        registry.register(
-            "maintenances_active",
-            "NodeMaintenances selecting the node that are active (not Idle, not Complete)",
-            maintenances_active.clone(),
-        );
-        let api_errors = Family::<OperationLabel, Counter>::default();
-        registry.register(
-            "api_errors",
-            "Failed requests to the Kubernetes apiserver, by operation",
-            api_errors.clone(),
-        );
-        let credential_expiry = Family::<CredentialLabel, FloatGauge>::default();
-        registry.register(
-            "credential_expiry_timestamp_seconds",
-            "Unix time the client certificate of each credential expires (nodegrace: node.kubeconfig, kubelet: node.kubelet_kubeconfig); absent without a certificate",
-            credential_expiry.clone(),
-        );
-        let armed = Gauge::default();
-        registry.register(
-            "armed",
-            "1 while the inhibitor is held and no shutdown is in progress",
-            armed.clone(),
-        );
-        let draining = Gauge::default();
-        registry.register(
-            "draining",
-            "1 while a shutdown drain is in progress",
-            draining.clone(),
-        );
-        let offline_fallback = Gauge::default();
-        registry.register(
-            "offline_fallback",
-            "1 while the node is drained locally through the CRI runtime because the apiserver cannot be used",
-            offline_fallback.clone(),
-        );
-        let bus_connected = Gauge::default();
-        registry.register(
-            "bus_connected",
-            "1 while the daemon is connected to the system bus (logind)",
-            bus_connected.clone(),
-        );
-        let shutdown_duration = Family::<KindLabel, Histogram>::new_with_constructor(
-            (|| Histogram::new(SHUTDOWN_BUCKETS)) as fn() -> Histogram,
-        );
-        registry.register(
-            "shutdown_duration_seconds",
-            "Time from the shutdown signal to the inhibitor's release, by kind of shutdown",
-            shutdown_duration.clone(),
-        );
-        let evictions_refused = Family::<ReasonLabel, Counter>::default();
-        registry.register(
-            "evictions_refused",
-            "Evictions refused, by reason: budget (a PodDisruptionBudget), throttled (429 without a budget), error",
-            evictions_refused.clone(),
-        );
+        let r = &mut registry;
         Metrics {
+            shutdown_start: register(r, SHUTDOWN_START, FloatGauge::default()),
+            last_shutdown_end: register(r, LAST_SHUTDOWN_END, FloatGauge::default()),
+            last_shutdown_outcome: register(
+                r,
+                LAST_SHUTDOWN_OUTCOME,
+                Family::<OutcomeLabel, Gauge>::default(),
+            ),
+            band_duration: register(r, BAND_DURATION, Family::<BandLabel, FloatGauge>::default()),
+            pods_terminated: register(
+                r,
+                PODS_TERMINATED,
+                Family::<MethodLabel, Counter>::default(),
+            ),
+            escalations: register(r, ESCALATIONS, Counter::default()),
+            fallback_used: register(r, FALLBACK_USED, Counter::default()),
+            inhibitor_held: register(r, INHIBITOR_HELD, Gauge::default()),
+            effective_budget: register(r, EFFECTIVE_BUDGET, FloatGauge::default()),
+            budget_needed: register(r, BUDGET_NEEDED, FloatGauge::default()),
+            budget_too_short: register(r, BUDGET_TOO_SHORT, Gauge::default()),
+            budget_blocking_since: register(
+                r,
+                BUDGET_BLOCKING_SINCE,
+                Family::<BudgetLabel, FloatGauge>::default(),
+            ),
+            apiserver_reachable: register(r, APISERVER_REACHABLE, Gauge::default()),
+            apiserver_outages: register(r, APISERVER_OUTAGES, Counter::default()),
+            cordoned: register(r, CORDONED, Gauge::default()),
+            maintenances_active: register(r, MAINTENANCES_ACTIVE, Gauge::default()),
+            api_errors: register(r, API_ERRORS, Family::<OperationLabel, Counter>::default()),
+            credential_expiry: register(
+                r,
+                CREDENTIAL_EXPIRY,
+                Family::<CredentialLabel, FloatGauge>::default(),
+            ),
+            armed: register(r, ARMED, Gauge::default()),
+            draining: register(r, DRAINING, Gauge::default()),
+            offline_fallback: register(r, OFFLINE_FALLBACK, Gauge::default()),
+            bus_connected: register(r, BUS_CONNECTED, Gauge::default()),
+            shutdown_duration: register(
+                r,
+                SHUTDOWN_DURATION,
+                Family::<KindLabel, Histogram>::new_with_constructor(
+                    (|| Histogram::new(SHUTDOWN_BUCKETS)) as fn() -> Histogram,
+                ),
+            ),
+            evictions_refused: register(
+                r,
+                EVICTIONS_REFUSED,
+                Family::<ReasonLabel, Counter>::default(),
+            ),
+            // Last: the fields above have registered their metrics in it.
             registry: Arc::new(registry),
-            shutdown_start,
-            last_shutdown_end,
-            last_shutdown_outcome,
-            band_duration,
-            pods_terminated,
-            escalations,
-            fallback_used,
-            inhibitor_held,
-            effective_budget,
-            budget_needed,
-            budget_too_short,
-            budget_blocking_since,
-            apiserver_reachable,
-            apiserver_outages,
-            cordoned,
-            maintenances_active,
-            api_errors,
-            credential_expiry,
-            armed,
-            draining,
-            offline_fallback,
-            bus_connected,
-            shutdown_duration,
-            evictions_refused,
         }
     }
 

@@ -133,6 +133,19 @@ impl Engine {
         sh.bump();
         tracing::info!(node = %sh.node, maintenance = %name, kind = %req.kind, resumed = req.resumed, "shutdown drain started");
 
+        self.wait_shutdown_done().await?;
+        lock(&sh.timings).node_empty = Some(t0.elapsed());
+        sh.wait_volumes_detached().await;
+        lock(&sh.timings).volumes_detached = Some(t0.elapsed());
+        tracing::info!(node = %sh.node, maintenance = %name, took = ?t0.elapsed(), "node drained for shutdown");
+        Ok(())
+    }
+
+    /// Waits until the shutdown drain reports the node empty, asking the apiserver directly
+    /// while it fails or all is quiet; an error when the engine stops or the apiserver has
+    /// been unusable past the fallback's timeout.
+    async fn wait_shutdown_done(&self) -> Result<(), EngineError> {
+        let sh = &self.shared;
         let mut progress = sh.progress.subscribe();
         let mut events = sh.wake.subscribe();
         loop {
@@ -165,10 +178,6 @@ impl Engine {
                 }
             }
         }
-        lock(&sh.timings).node_empty = Some(t0.elapsed());
-        sh.wait_volumes_detached().await;
-        lock(&sh.timings).volumes_detached = Some(t0.elapsed());
-        tracing::info!(node = %sh.node, maintenance = %name, took = ?t0.elapsed(), "node drained for shutdown");
         Ok(())
     }
 
