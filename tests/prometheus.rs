@@ -1,6 +1,6 @@
 //! What nodegrace ships for Prometheus, checked by Prometheus's own `promtool` (Debian package
 //! `prometheus`, installed by scripts/install-test-deps): the scrape configuration in the
-//! README, the alert rules (packaging/prometheus) and their tests
+//! manual (docs/operating.md), the alert rules (packaging/prometheus) and their tests
 //! (tests/data/nodegrace-rules-test.yml). Skipped with a message when promtool is absent, unless `NODEGRACE_REAL_TESTS=1`
 //! (scripts/test-all), where its absence fails.
 
@@ -15,16 +15,16 @@ fn repo_file(path: &str) -> String {
 
 #[test]
 fn the_readme_scrape_configuration_is_valid_prometheus_configuration() {
-    let Some(promtool) = promtool("the README's scrape configuration") else {
+    let Some(promtool) = promtool("the manual's scrape configuration") else {
         return;
     };
-    let readme = repo_file("README.md");
+    let readme = repo_file("docs/operating.md");
     let block = readme
         .split("```yaml\n")
         .skip(1)
         .filter_map(|rest| rest.split("```").next())
         .find(|block| block.contains("kubernetes_sd_configs"))
-        .expect("README.md shows a scrape configuration with kubernetes_sd_configs");
+        .expect("docs/operating.md shows a scrape configuration with kubernetes_sd_configs");
     let discovery = "    kubernetes_sd_configs:\n      - role: node\n";
     assert!(block.contains(discovery), "{block}");
     // Debian's Prometheus is built without Kubernetes discovery, so its promtool rejects the
@@ -73,11 +73,11 @@ fn the_prometheus_rule_holds_the_same_groups_as_the_plain_rules_file() {
 
 #[test]
 fn every_alert_has_a_runbook_line_and_a_test_that_fires_it() {
-    let readme = repo_file("README.md");
-    let runbooks = readme
-        .split("### Alerts")
+    let manual = repo_file("docs/operating.md");
+    let runbooks = manual
+        .split("\n## Alerts\n")
         .nth(1)
-        .expect("README.md has an Alerts section");
+        .expect("docs/operating.md has an Alerts section");
     let tests = yaml(RULES_TEST);
     let fired: Vec<&str> = tests["tests"]
         .as_sequence()
@@ -92,7 +92,7 @@ fn every_alert_has_a_runbook_line_and_a_test_that_fires_it() {
     for name in &names {
         assert!(
             runbooks.contains(&format!("| `{name}` |")),
-            "{name} has no runbook line in README.md's Alerts"
+            "{name} has no runbook line in docs/operating.md's Alerts"
         );
         assert!(
             fired.contains(&name.as_str()),

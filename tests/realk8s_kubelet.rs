@@ -675,7 +675,7 @@ async fn an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_con
 
     // The reboot: the apiserver reachable again, the kubelet back. The kubelet runs again
     // what the apiserver still has as Running; here it has done so for every pod before
-    // nodegrace starts (a race otherwise: see the README), so nodegrace must leave their
+    // nodegrace starts (a race otherwise: see docs/install.md), so nodegrace must leave their
     // status as the kubelet reported it, not mark them Failed for the kubelet to stop again.
     f.proxy = Some(ApiProxy::open(port));
     f.restart_kubelet().await;
@@ -917,7 +917,7 @@ const KUBELET_INHIBIT: &[&str] = &[
 /// (c) The kubelet's Graceful Node Shutdown beside nodegrace on one logind. Both would act
 /// on the same `PrepareForShutdown` and nodegrace cannot hold the kubelet's GNS back (it kills
 /// pods by priority at once, PDBs or not), so the decided behaviour is: GNS off
-/// (`shutdownGracePeriod: 0s`, README "Kubelet settings to change"), and nodegrace reports a
+/// (`shutdownGracePeriod: 0s`, docs/install.md "Kubelet settings to change"), and nodegrace reports a
 /// kubelet delay lock beside its own in its journal and in `nodegrace status`, also one
 /// taken after nodegrace started (the kubelet takes it once its runtime is up, and the unit
 /// starts nodegrace after the kubelet's unit, not after its lock). The lock here is the
@@ -998,7 +998,7 @@ fn closed_at(
 /// earlier where the API cannot show it (the pod then goes with the kubelet's shorter grace
 /// period, and its object is deleted instead of left Failed). nodegrace releases once the
 /// pods have stopped, so the delay is the kubelet's, within its shutdownGracePeriod. The
-/// PDB protected nothing: why the README says to turn the kubelet's GNS off.
+/// PDB protected nothing: why docs/install.md says to turn the kubelet's GNS off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
     if skip("the_real_kubelets_gns_beside_nodegrace_on_one_logind") {

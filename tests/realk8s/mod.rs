@@ -1,6 +1,6 @@
 //! The real-control-plane tier: a real kube-apiserver, kube-controller-manager and
 //! kube-scheduler (v1.28.4, `../shared/realk8s/`), the packaged CRDs, ClusterRole and
-//! admission policy applied as the README says, identities minted from the cluster CA, the
+//! admission policy applied as docs/install.md says, identities minted from the cluster CA, the
 //! apiserver's audit log read back, and a kubelet stand-in ([`kubelet`]) playing the node.
 //!
 //! Only with `NODEGRACE_REAL_TESTS=1` (as root). The control plane is started on first use
@@ -229,7 +229,7 @@ impl ControlPlane {
         ]);
     }
 
-    /// What an operator applies once per cluster (README "Cluster side"): the CRDs, the
+    /// What an operator applies once per cluster (docs/install.md "Cluster side"): the CRDs, the
     /// ClusterRole and binding, and the admission policy in the form this Kubernetes serves.
     pub fn apply_cluster_side(&self) {
         let repo = Path::new(MANIFEST_DIR);
@@ -284,7 +284,7 @@ impl ControlPlane {
         path
     }
 
-    /// The kubeconfig of nodegrace's identity on `node` (README "Cluster side").
+    /// The kubeconfig of nodegrace's identity on `node` (docs/install.md "Cluster side").
     pub fn nodegrace_identity(&self, node: &str) -> PathBuf {
         self.mint(&format!("nodegrace:node:{node}"), "nodegrace:nodes")
     }
