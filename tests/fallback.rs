@@ -12,6 +12,7 @@ use nodegrace::{
     PriorityGracePeriod, StaticManifest, StaticPodGate,
 };
 use nodegrace_testkit::fake_cri::{Behaviour, CriEvent, FakeRuntime};
+use nodegrace_testkit::LogBuffer;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -709,12 +710,12 @@ async fn a_cri_socket_that_never_answers_is_bounded_by_the_call_timeout_and_repo
 
     // The global subscriber: a thread-local one can miss events whose callsite another
     // test's thread registered first. Other tests log here too; none names this socket.
-    let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let lines = LogBuffer::default();
     let sink = lines.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_max_level(tracing::Level::WARN)
-        .with_writer(move || LogSink(sink.clone()))
+        .with_writer(move || sink.clone())
         .finish();
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
@@ -770,22 +771,10 @@ async fn a_cri_socket_that_never_answers_is_bounded_by_the_call_timeout_and_repo
     assert_eq!(web.outcome, PodOutcome::NotReached);
     assert!(web.errors[0].contains("does not answer"), "{web:#?}");
     n.when(&Ev::Gate("etcd.yaml".into()));
-    let log = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+    let log = lines.text();
     let about: Vec<&str> = log.lines().filter(|l| l.contains(&endpoint)).collect();
     assert_eq!(about.len(), 1, "{log}");
     assert!(about[0].contains("does not answer"), "{log}");
-}
-
-struct LogSink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// A file the kubelet refuses as a static pod manifest names no pod and no priority: it is

@@ -12,6 +12,7 @@ pub mod fake_kubelet;
 pub mod fake_lifecycle;
 pub mod fake_logind;
 pub mod harness;
+pub mod log_buffer;
 pub mod memory_logind;
 
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,7 @@ pub use bus::PrivateBus;
 pub use drainer::{DrainMode, ScriptedDrainer};
 pub use fake_logind::{FakeInhibitor, FakeState, Fakes};
 pub use harness::TestEnv;
+pub use log_buffer::LogBuffer;
 
 use nodegrace::{Notifier, Notify};
 

@@ -12,6 +12,7 @@ use nodegrace::{
 };
 use nodegrace_testkit::fake_apiserver::{DeleteOpts, FakeCluster, RecordedRequest, Store};
 use nodegrace_testkit::fake_kubelet::{FakeKubelet, KubeletConfig};
+use nodegrace_testkit::LogBuffer;
 use serde_json::{json, Value};
 
 #[path = "rbac.rs"]
@@ -476,16 +477,16 @@ pub fn start_drainer(env: &Env) -> nodegrace::NodeDrainer {
 /// Warnings and infos of every test in the binary (one global subscriber: a thread-local one
 /// can miss events whose callsite another thread registered first). Tests look for their own
 /// pod (or object) names.
-pub fn logs() -> Arc<Mutex<Vec<u8>>> {
-    static LINES: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+pub fn logs() -> LogBuffer {
+    static LINES: OnceLock<LogBuffer> = OnceLock::new();
     LINES
         .get_or_init(|| {
-            let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+            let lines = LogBuffer::default();
             let sink = lines.clone();
             let subscriber = tracing_subscriber::fmt()
                 .with_ansi(false)
                 .with_max_level(tracing::Level::INFO)
-                .with_writer(move || LogSink(sink.clone()))
+                .with_writer(move || sink.clone())
                 .finish();
             tracing::subscriber::set_global_default(subscriber).unwrap();
             lines
@@ -493,21 +494,10 @@ pub fn logs() -> Arc<Mutex<Vec<u8>>> {
         .clone()
 }
 
-struct LogSink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 pub fn log_lines(containing: &str) -> Vec<String> {
-    let text = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
-    text.lines()
+    logs()
+        .text()
+        .lines()
         .filter(|l| l.contains(containing))
         .map(String::from)
         .collect()
