@@ -24,7 +24,10 @@ use realk8s::audit::{self, Request};
 use realk8s::faults::wait_pod_cache;
 use realk8s::fixture::*;
 use realk8s::node::SystemBus;
-use realk8s::real_kubelet::{self as rk, containers, ApiProxy, Ctr, PodWatch, RealFixture};
+use realk8s::real_kubelet::{
+    self as rk, containers, first, is_eviction, is_pod_delete, stopped, ApiProxy, Ctr, PodWatch,
+    RealFixture,
+};
 use realk8s::stand_in_logind::StandInLogind;
 use realk8s::workload::{self, PodShape};
 use serde_json::Value;
@@ -54,36 +57,6 @@ fn signal_and_release_of(c: &real::Container) -> (f64, f64) {
     (signal, release)
 }
 
-/// The first request in `reqs` about pod `name` matching `pick`.
-fn first<'a>(
-    reqs: &'a [Request],
-    name: &str,
-    pick: impl Fn(&Request) -> bool,
-) -> Option<&'a Request> {
-    reqs.iter().find(|r| r.name == name && pick(r))
-}
-
-/// When the kubelet had stopped pod `name`, as the apiserver recorded it: the completion of
-/// its last status write before its DELETE, if any yet (the pod's terminal status: from then
-/// on nothing of the pod runs, and its DELETE follows once the kubelet has cleaned up); for
-/// the mirror pod of a static pod, whose status it does not write then, the DELETE.
-fn stopped(kubelets: &[Request], name: &str, mirror: &str) -> Option<f64> {
-    let delete = first(kubelets, name, is_pod_delete);
-    if name == mirror {
-        return delete.map(|d| d.completed);
-    }
-    // Its DELETE may not have been sent yet when the node powered off: nodegrace goes on at
-    // the terminal status, and the kubelet deletes once it has cleaned up.
-    let before = delete.map_or(f64::INFINITY, |d| d.received);
-    kubelets
-        .iter()
-        .filter(|r| r.name == name && r.verb == "patch" && r.subresource == "status")
-        .filter(|r| r.received < before)
-        .map(|r| r.completed)
-        .reduce(f64::max)
-        .or(delete.map(|d| d.completed))
-}
-
 /// The Deployments of the real-kubelet tests on `node`: band 0 `web` ×2 and `slow` (ignores
 /// SIGTERM past its 3 s grace period: the kubelet kills it at 3 s), band 1 `crit`.
 async fn two_bands(c: &kube::Client, ns: &str, node: &str) {
@@ -92,14 +65,6 @@ async fn two_bands(c: &kube::Client, ns: &str, node: &str) {
     workload::deployment(c, ns, node, 1, real("slow").exits_after_ms(60_000).grace(3)).await;
     let crit = real("crit").priority("system-cluster-critical");
     workload::deployment(c, ns, node, 1, crit.exits_after_ms(300)).await;
-}
-
-fn is_eviction(r: &Request) -> bool {
-    r.verb == "create" && r.resource == "pods" && r.subresource == "eviction" && r.code == 201
-}
-
-fn is_pod_delete(r: &Request) -> bool {
-    r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty() && r.code == 200
 }
 
 /// Waits until the kubelet's log (new at each start) says it cannot use `file` of its

@@ -700,6 +700,7 @@ pub struct Ctr {
     pub pod: String,
     pub attempt: u32,
     pub state: i32,
+    pub exit_code: i32,
     pub finished: f64,
 }
 
@@ -736,6 +737,7 @@ pub async fn containers(endpoint: &str) -> Vec<Ctr> {
                 .unwrap_or_default(),
             attempt: c.metadata.map(|m| m.attempt).unwrap_or_default(),
             state: status.state,
+            exit_code: status.exit_code,
             finished: status.finished_at as f64 / 1e9,
         });
     }
@@ -776,4 +778,42 @@ impl Drop for ContainerWatch {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The first request in `reqs` about pod `name` matching `pick`.
+pub fn first<'a>(
+    reqs: &'a [Request],
+    name: &str,
+    pick: impl Fn(&Request) -> bool,
+) -> Option<&'a Request> {
+    reqs.iter().find(|r| r.name == name && pick(r))
+}
+
+/// When the kubelet had stopped pod `name`, as the apiserver recorded it: the completion of
+/// its last status write before its DELETE, if any yet (the pod's terminal status: from then
+/// on nothing of the pod runs, and its DELETE follows once the kubelet has cleaned up); for
+/// the mirror pod of a static pod, whose status it does not write then, the DELETE.
+pub fn stopped(kubelets: &[Request], name: &str, mirror: &str) -> Option<f64> {
+    let delete = first(kubelets, name, is_pod_delete);
+    if name == mirror {
+        return delete.map(|d| d.completed);
+    }
+    // Its DELETE may not have been sent yet when the node powered off: nodegrace goes on at
+    // the terminal status, and the kubelet deletes once it has cleaned up.
+    let before = delete.map_or(f64::INFINITY, |d| d.received);
+    kubelets
+        .iter()
+        .filter(|r| r.name == name && r.verb == "patch" && r.subresource == "status")
+        .filter(|r| r.received < before)
+        .map(|r| r.completed)
+        .reduce(f64::max)
+        .or(delete.map(|d| d.completed))
+}
+
+pub fn is_eviction(r: &Request) -> bool {
+    r.verb == "create" && r.resource == "pods" && r.subresource == "eviction" && r.code == 201
+}
+
+pub fn is_pod_delete(r: &Request) -> bool {
+    r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty() && r.code == 200
 }
