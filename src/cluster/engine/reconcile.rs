@@ -195,6 +195,7 @@ impl Shared {
             drain_began: drain_began(&draining),
             daemonset_terminated: &st.daemonset_terminated,
             budgets: &budgets,
+            node_view: None,
         })?;
         let seen = Seen {
             node: &node,
