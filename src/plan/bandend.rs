@@ -24,12 +24,12 @@ use super::PodInfo;
 
 /// What the node itself shows of one pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct OnNode {
-    /// The runtime runs a container or a ready sandbox labelled with the pod's UID; None: the
-    /// runtime did not answer.
-    pub(crate) running: Option<bool>,
-    /// A volume directory of the pod is a mount point; None: a directory could not be read.
-    pub(crate) mounted: Option<bool>,
+pub struct OnNode {
+    /// The runtime runs a container or a ready sandbox of the pod's UID; None: the runtime
+    /// did not answer.
+    pub running: Option<bool>,
+    /// A volume directory of the pod is a mount point; None: the mounts could not be read.
+    pub mounted: Option<bool>,
 }
 
 impl OnNode {
@@ -46,7 +46,7 @@ impl OnNode {
 
 /// The node's view, by the UID the kubelet knows each pod by ([`node_uid`]); a pod missing
 /// from it is one the node could not tell about.
-pub(crate) type NodeView = HashMap<String, OnNode>;
+pub type NodeView = HashMap<String, OnNode>;
 
 /// The UID the kubelet runs a pod under: a static pod's is its config hash (its mirror pod's
 /// UID is the apiserver's), every other pod's is its own.
