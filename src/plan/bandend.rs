@@ -128,11 +128,12 @@ mod tests {
     use crate::plan::PodType;
     use proptest::prelude::*;
 
-    const GONE: OnNode = OnNode {
-        running: Some(false),
-        mounted: Some(false),
-    };
+    const GONE: OnNode = on(Some(false), Some(false));
     const NO_LIMIT: &dyn Fn(&PodInfo) -> Option<Duration> = &|_| None;
+
+    const fn on(running: Option<bool>, mounted: Option<bool>) -> OnNode {
+        OnNode { running, mounted }
+    }
 
     fn leaving(name: &str) -> PodInfo {
         let mut p = pod(name, PodType::Default, 0);
@@ -140,18 +141,29 @@ mod tests {
         p
     }
 
-    fn view(entries: &[(&PodInfo, OnNode)]) -> NodeView {
-        entries
-            .iter()
-            .map(|(p, n)| (node_uid(p).to_owned(), *n))
-            .collect()
+    fn done(name: &str) -> PodInfo {
+        let mut p = leaving(name);
+        p.terminal = true;
+        p
+    }
+
+    /// Whether `pod`, alone on the node, holds its band with the node showing `on_node`.
+    fn holds(pod: &PodInfo, on_node: Option<OnNode>) -> bool {
+        let view: NodeView = on_node
+            .map(|n| (node_uid(pod).to_owned(), n))
+            .into_iter()
+            .collect();
+        let pods = [pod.clone()];
+        BandEnd::decide(&pods, Some(&view), NO_LIMIT, Duration::ZERO).holds(pod)
     }
 
     #[test]
     fn without_a_view_the_api_decides() {
-        let mut done = leaving("done");
-        done.terminal = true;
-        let pods = [pod("up", PodType::Default, 0), leaving("going"), done];
+        let pods = [
+            pod("up", PodType::Default, 0),
+            leaving("going"),
+            done("done"),
+        ];
         let band = BandEnd::decide(&pods, None, NO_LIMIT, Duration::ZERO);
         assert!(band.holds(&pods[0]) && band.holds(&pods[1]));
         assert!(!band.holds(&pods[2]));
@@ -160,119 +172,45 @@ mod tests {
 
     #[test]
     fn a_terminating_pod_with_nothing_running_or_mounted_ends_its_band() {
-        let pods = [leaving("going")];
-        let band = BandEnd::decide(
-            &pods,
-            Some(&view(&[(&pods[0], GONE)])),
-            NO_LIMIT,
-            Duration::ZERO,
-        );
-        assert!(!band.holds(&pods[0]));
+        assert!(!holds(&leaving("going"), Some(GONE)));
     }
 
     #[test]
     fn a_pod_not_asked_to_leave_holds_however_empty_the_node_looks() {
         // Pending, or between two runs of a container: nothing runs and nothing is mounted.
-        let pods = [pod("starting", PodType::Default, 0)];
-        let band = BandEnd::decide(
-            &pods,
-            Some(&view(&[(&pods[0], GONE)])),
-            NO_LIMIT,
-            Duration::ZERO,
-        );
-        assert!(band.holds(&pods[0]));
+        assert!(holds(&pod("starting", PodType::Default, 0), Some(GONE)));
     }
 
     #[test]
-    fn exited_containers_with_a_volume_still_mounted_hold() {
-        let pods = [leaving("going")];
+    fn a_terminating_pod_holds_unless_the_node_is_sure_it_left() {
+        let going = leaving("going");
         for on_node in [
-            OnNode {
-                running: Some(false),
-                mounted: Some(true),
-            },
-            OnNode {
-                running: Some(true),
-                mounted: Some(false),
-            },
-            OnNode {
-                running: None,
-                mounted: Some(false),
-            },
-            OnNode {
-                running: Some(false),
-                mounted: None,
-            },
+            on(Some(false), Some(true)),
+            on(Some(true), Some(false)),
+            on(None, Some(false)),
+            on(Some(false), None),
         ] {
-            let band = BandEnd::decide(
-                &pods,
-                Some(&view(&[(&pods[0], on_node)])),
-                NO_LIMIT,
-                Duration::ZERO,
-            );
-            assert!(band.holds(&pods[0]), "{on_node:?}");
+            assert!(holds(&going, Some(on_node)), "{on_node:?}");
         }
+        assert!(holds(&going, None));
     }
 
     #[test]
     fn a_terminal_phase_does_not_end_the_band_while_a_volume_is_mounted() {
-        let mut done = leaving("done");
-        done.terminal = true;
-        let pods = [done];
-        let mounted = OnNode {
-            running: Some(false),
-            mounted: Some(true),
-        };
-        let band = BandEnd::decide(
-            &pods,
-            Some(&view(&[(&pods[0], mounted)])),
-            NO_LIMIT,
-            Duration::ZERO,
-        );
-        assert!(band.holds(&pods[0]));
-        let unmounted = OnNode {
-            running: Some(false),
-            mounted: Some(false),
-        };
-        let band = BandEnd::decide(
-            &pods,
-            Some(&view(&[(&pods[0], unmounted)])),
-            NO_LIMIT,
-            Duration::ZERO,
-        );
-        assert!(!band.holds(&pods[0]));
+        assert!(holds(&done("done"), Some(on(Some(false), Some(true)))));
+        assert!(!holds(&done("done"), Some(GONE)));
     }
 
     #[test]
     fn a_terminal_pod_the_node_cannot_tell_about_is_done() {
-        let mut done = leaving("done");
-        done.terminal = true;
-        let pods = [done];
-        let unknown = OnNode {
-            running: None,
-            mounted: None,
-        };
-        let band = BandEnd::decide(
-            &pods,
-            Some(&view(&[(&pods[0], unknown)])),
-            NO_LIMIT,
-            Duration::ZERO,
-        );
-        assert!(!band.holds(&pods[0]));
-        let band = BandEnd::decide(&pods, Some(&NodeView::new()), NO_LIMIT, Duration::ZERO);
-        assert!(!band.holds(&pods[0]));
+        assert!(!holds(&done("done"), Some(on(None, None))));
+        assert!(!holds(&done("done"), None));
     }
 
     #[test]
     fn the_hold_of_a_terminal_pod_lapses_at_its_step_end() {
-        let mut done = leaving("done");
-        done.terminal = true;
-        let pods = [done];
-        let mounted = OnNode {
-            running: Some(true),
-            mounted: Some(true),
-        };
-        let v = view(&[(&pods[0], mounted)]);
+        let pods = [done("done")];
+        let v: NodeView = [("uid-done".to_owned(), on(Some(true), Some(true)))].into();
         let end: &dyn Fn(&PodInfo) -> Option<Duration> = &|_| Some(Duration::from_secs(10));
         let band = BandEnd::decide(&pods, Some(&v), end, Duration::from_secs(4));
         assert!(band.holds(&pods[0]));
@@ -286,18 +224,7 @@ mod tests {
         // A finished Job's pod: terminal, no deletion under way, its volumes left mounted.
         let mut finished = pod("job", PodType::Default, 0);
         finished.terminal = true;
-        let pods = [finished];
-        let mounted = OnNode {
-            running: Some(false),
-            mounted: Some(true),
-        };
-        let band = BandEnd::decide(
-            &pods,
-            Some(&view(&[(&pods[0], mounted)])),
-            NO_LIMIT,
-            Duration::ZERO,
-        );
-        assert!(!band.holds(&pods[0]));
+        assert!(!holds(&finished, Some(on(Some(false), Some(true)))));
     }
 
     #[test]
@@ -312,9 +239,7 @@ mod tests {
             band.holds(&pods[0]),
             "the mirror's UID is not the pod's on the node"
         );
-        let by_hash: NodeView = [("hash".to_owned(), GONE)].into();
-        let band = BandEnd::decide(&pods, Some(&by_hash), NO_LIMIT, Duration::ZERO);
-        assert!(!band.holds(&pods[0]));
+        assert!(!holds(&pods[0], Some(GONE)));
     }
 
     fn arb_answer() -> impl Strategy<Value = Option<bool>> {
