@@ -20,6 +20,7 @@ mod fallback;
 mod fsutil;
 mod logind;
 mod metrics;
+mod nodeview;
 mod plan;
 mod sandbox;
 mod shutdown;
@@ -90,6 +91,10 @@ pub use crate::cri::{
     Container, ContainerState, CriClient, CriError, CriTimeouts, PodSandbox, Runtime,
     RuntimeVersion, SandboxState, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID,
 };
+
+// The node's own view of its pods.
+pub use crate::nodeview::{PodsOnNode, RuntimeAndMounts};
+pub use crate::plan::bandend::{NodeView, OnNode};
 
 // The running daemon and its drainer.
 pub use crate::daemon::node::{daemon_clients, NodeDrainer, NodeParts};

@@ -1800,3 +1800,45 @@ async fn evictions_answered_with_an_html_page_are_asked_again_and_delete_nothing
     assert!(env.deletes().is_empty(), "deleted: {:?}", env.deletes());
     assert!(env.events("Escalated").is_empty());
 }
+
+/// The node's view: every pod it is asked about has left (no container, no volume mounted).
+struct EveryPodLeft;
+
+#[async_trait::async_trait]
+impl nodegrace::PodsOnNode for EveryPodLeft {
+    async fn look(&self, uids: &[String]) -> nodegrace::NodeView {
+        let left = nodegrace::OnNode {
+            running: Some(false),
+            mounted: Some(false),
+        };
+        uids.iter().map(|u| (u.clone(), left)).collect()
+    }
+}
+
+/// Issue 28: the next band starts when the node shows the band's pods gone, before the API
+/// does; the drain still ends only when the API shows them gone.
+#[tokio::test]
+async fn the_next_band_starts_when_the_node_shows_the_band_gone_the_release_waits_for_the_api() {
+    let mut k = kubelet(50);
+    k.finish_after
+        .insert("work/web".into(), Duration::from_millis(2_500));
+    let env = Env::new(k).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    env.pod("ds", Kind::DaemonSet, 0, 30, json!({}));
+    let engine = std::sync::Arc::new(env.engine(env.settings()));
+    engine.look_at_node(Some(std::sync::Arc::new(EveryPodLeft)));
+
+    let drain = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(60)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(env.deletes(), ["ds"], "the DaemonSet band has not started");
+    assert!(env.pod_exists("web"), "the API still shows web");
+    assert!(!drain.is_finished(), "released while the API shows web");
+    let took = drain.await.unwrap();
+    assert!(!env.pod_exists("web"));
+    assert!(took >= Duration::from_millis(2_500), "released at {took:?}");
+}

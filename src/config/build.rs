@@ -1,7 +1,7 @@
 //! From the merged files to [`Settings`]: one builder per section, then the checks that
 //! span sections (directory layout, the drain reserves against the shutdown budget).
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use super::check::{
@@ -10,7 +10,7 @@ use super::check::{
 };
 use super::error::ConfigError;
 use super::lists::{drain_plan, grace_bands, simple_grace};
-use super::raw::{RawConfig, RawDrain, RawFallback, RawNode, RawShutdown};
+use super::raw::{Leaf, RawConfig, RawDrain, RawFallback, RawNode, RawShutdown};
 use super::{
     BandsSource, DrainSettings, FallbackSettings, NodeSettings, Settings, ShutdownSettings,
 };
@@ -285,6 +285,28 @@ fn drain_section(ctx: &Ctx<'_>, dr: &RawDrain, t: &mut DrainSettings) -> Result<
         },
         &mut t.volume_detach_timeout,
     )?;
+    optional_path(
+        ctx,
+        &dr.kubelet_root_dir,
+        "drain.kubelet_root_dir",
+        &mut t.kubelet_root_dir,
+    )
+}
+
+/// An absolute path, or None when set empty.
+fn optional_path(
+    ctx: &Ctx<'_>,
+    leaf: &Option<Leaf<String>>,
+    key: &str,
+    target: &mut Option<PathBuf>,
+) -> Result<(), ConfigError> {
+    if let Some(leaf) = leaf {
+        *target = if leaf.get().is_empty() {
+            None
+        } else {
+            Some(check_path(ctx, leaf, key)?)
+        };
+    }
     Ok(())
 }
 
@@ -375,13 +397,7 @@ fn fallback_section(
             &mut t.kubelet_config_dir,
         ),
     ] {
-        if let Some(leaf) = leaf {
-            *target = if leaf.get().is_empty() {
-                None
-            } else {
-                Some(check_path(ctx, leaf, key)?)
-            };
-        }
+        optional_path(ctx, leaf, key, target)?;
     }
     Ok(())
 }

@@ -143,6 +143,9 @@ pub struct DrainSettings {
     /// How long to wait for the Node to report no volume attached or in use before
     /// releasing.
     pub volume_detach_timeout: Duration,
+    /// The kubelet's `--root-dir`, where the node's view of a pod's volumes is read (None:
+    /// the API alone says when a band ends).
+    pub kubelet_root_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -258,6 +261,7 @@ impl Default for Settings {
                 max_concurrent_requests: 64,
                 external_eviction_request_controller: false,
                 volume_detach_timeout: Duration::from_secs(20),
+                kubelet_root_dir: Some(PathBuf::from("/var/lib/kubelet")),
             },
             fallback: FallbackSettings {
                 enabled: true,

@@ -132,6 +132,7 @@ pub(super) struct RawDrain {
     pub external_eviction_request_controller: Option<Leaf<bool>>,
     pub max_concurrent_requests: Option<Leaf<i64>>,
     pub volume_detach_timeout: Option<Leaf<Dur>>,
+    pub kubelet_root_dir: Option<Leaf<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -230,7 +231,8 @@ impl Merge for RawDrain {
     fn merge(&mut self, later: Self, file: usize) {
         merge_leaves!(self, later, file; plan, reserve_daemonset, reserve_static, reserve_critical,
             critical_priority, eviction_backoff_max, eviction_backoff_max_shutdown,
-            external_eviction_request_controller, max_concurrent_requests, volume_detach_timeout);
+            external_eviction_request_controller, max_concurrent_requests, volume_detach_timeout,
+            kubelet_root_dir);
     }
 }
 

@@ -164,6 +164,12 @@ fn drain_table(d: &DrainSettings) -> Value {
             Value::Integer(i64::try_from(d.max_concurrent_requests).unwrap_or(i64::MAX)),
         ),
         ("volume_detach_timeout", dur(d.volume_detach_timeout)),
+        (
+            "kubelet_root_dir",
+            d.kubelet_root_dir
+                .as_deref()
+                .map_or(Value::String(String::new()), path),
+        ),
     ])
 }
 

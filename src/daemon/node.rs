@@ -19,6 +19,7 @@ use crate::cri::Runtime;
 use crate::daemon::Drainer;
 use crate::fallback::{Fallback, FallbackOptions, FallbackReport, KubeletControl, PodOutcome};
 use crate::metrics::{Metrics, TerminationMethod};
+use crate::nodeview::{PodsOnNode, RuntimeAndMounts};
 use crate::shutdown::ShutdownRequest;
 use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
@@ -155,6 +156,7 @@ impl NodeDrainer {
         let metrics = parts.metrics.clone();
         let task_stop = stop.clone();
         let (shutting_down, shutdown_rx) = watch::channel(false);
+        let runtime = parts.runtime.clone();
         tokio::spawn(async move {
             let connecting = connect_engine(
                 connect,
@@ -174,7 +176,9 @@ impl NodeDrainer {
             // Keep the engine (and its watches) alive until the drainer goes, and give it
             // every reloaded configuration (one may have come while it was connecting).
             loop {
-                engine.reload(settings_rx.borrow_and_update().clone());
+                let settings = settings_rx.borrow_and_update().clone();
+                engine.look_at_node(node_view(&runtime, &settings));
+                engine.reload(settings);
                 tokio::select! {
                     _ = task_stop.cancelled() => return,
                     r = settings_rx.changed() => if r.is_err() { return },
@@ -482,6 +486,13 @@ impl Drainer for NodeDrainer {
             }
         }
     }
+}
+
+/// The node's view the engine asks when a band ends: the runtime and the mounts under the
+/// kubelet's root directory.
+fn node_view(runtime: &Arc<dyn Runtime>, settings: &Settings) -> Option<Arc<dyn PodsOnNode>> {
+    let root = settings.drain.kubelet_root_dir.clone()?;
+    Some(Arc::new(RuntimeAndMounts::new(runtime.clone(), root)))
 }
 
 /// Builds the clients (retrying), checks that both credentials are what the identity

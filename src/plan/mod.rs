@@ -12,6 +12,8 @@
 //! - [`budget`]: the shutdown deadline split over plan steps (`nodegrace plan` prints it).
 //! - [`drain`]: the drain decision for the node ([`drain::decide`]): targets, what is asked
 //!   of each pod and which are escalated, from a snapshot the engine builds.
+//! - [`bandend`]: when a band ends: the API's answer, or the node's own view of its pods
+//!   (containers exited, volumes unmounted) where it is sure.
 //! - [`pass`]: one pass of the node's engine ([`pass::decide`]): around the drain decision,
 //!   cordon and finalizers, the statuses to write, the maintenances to complete and whether
 //!   the node is done; what each answer means for the next pass.
@@ -28,6 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub(crate) mod bandend;
 pub(crate) mod budget;
 pub(crate) mod classify;
 pub(crate) mod drain;

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::bandend::NodeView;
 use super::drain::{self, Action, BudgetStatus, Deadlines, Decision, NodePod, PodTrack};
 use super::targets::{DrainTargets, MaintenanceInput};
 use super::{DrainPlanEntry, PlanError, PodInfo, StepSchedule};
@@ -85,6 +86,8 @@ pub(crate) struct PassSnapshot<'a> {
     pub(crate) daemonset_terminated: &'a HashMap<String, String>,
     /// The budgets that refused evictions, by `namespace/name`, as last watched.
     pub(crate) budgets: &'a HashMap<String, BudgetStatus>,
+    /// What the node itself shows of its terminating pods; None: it was not asked.
+    pub(crate) node_view: Option<&'a NodeView>,
 }
 
 /// One request for a pod (gates aside): what, and for which maintenance.
@@ -177,6 +180,7 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
         drain_began: s.drain_began,
         daemonset_terminated: s.daemonset_terminated,
         budgets: s.budgets,
+        node_view: s.node_view,
     })?;
 
     let holder = |pod: &PodInfo| {

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::bandend::BandEnd;
 use super::drainplan::{compile_plan, CompiledEntry, PlanError};
 use super::selector::Selector;
 use super::{DrainPlanEntry, PodInfo, PodType};
@@ -147,6 +148,11 @@ impl DrainTargets {
     /// Finished on a node: no active targeted pod is left. Terminal pods are ignored.
     pub(crate) fn is_finished(&self, pods: &[PodInfo]) -> bool {
         self.active_targeted(pods).next().is_none()
+    }
+
+    /// Its band is over on a node: no targeted pod holds it ([`BandEnd`]).
+    pub(crate) fn band_ended(&self, pods: &[PodInfo], band: &BandEnd) -> bool {
+        !pods.iter().any(|p| band.holds(p) && self.targets(p))
     }
 
     /// Targets at least everything `other` targets.
@@ -388,6 +394,7 @@ pub(crate) fn evaluate_node(
     previous: Option<&DrainTargets>,
     maintenances: &[MaintenanceInput<'_>],
     pods: &[PodInfo],
+    band: &BandEnd,
 ) -> Result<NodeEvaluation, PlanError> {
     let plans = maintenances
         .iter()
@@ -417,7 +424,7 @@ pub(crate) fn evaluate_node(
             .zip(&targets)
             .map(|(pos, t)| NodeReport {
                 index: pos.index,
-                finished: t.is_finished(pods),
+                finished: t.band_ended(pods, band),
             })
             .collect();
         let mut changed = false;
@@ -821,7 +828,8 @@ mod tests {
                 reports: vec![report],
                 own: 0,
             };
-            let eval = evaluate_node(previous.as_ref(), &[input], &pods).unwrap();
+            let eval =
+                evaluate_node(previous.as_ref(), &[input], &pods, &BandEnd::by_api(&pods)).unwrap();
             report = Some(eval.reports[0]);
             previous = Some(eval.node.targets.clone());
             if !eval.draining() {
@@ -850,7 +858,13 @@ mod tests {
             reports: vec![other, None],
             own: 1,
         };
-        let eval = evaluate_node(None, std::slice::from_ref(&input), &pods).unwrap();
+        let eval = evaluate_node(
+            None,
+            std::slice::from_ref(&input),
+            &pods,
+            &BandEnd::by_api(&pods),
+        )
+        .unwrap();
         assert_eq!(eval.positions[0].index, 0);
         assert_eq!(
             eval.reports[0],
@@ -870,7 +884,7 @@ mod tests {
             ],
             ..input
         };
-        let eval = evaluate_node(None, &[done], &pods).unwrap();
+        let eval = evaluate_node(None, &[done], &pods, &BandEnd::by_api(&pods)).unwrap();
         assert_eq!(eval.positions[0].index, 1);
         assert_eq!(eval.to_terminate.len(), 1);
     }

@@ -57,6 +57,10 @@ pub struct TestNode {
     /// Host directory holding a CRI runtime's `containerd.sock`, mounted where the shipped
     /// `fallback.cri_endpoint` looks for it; none by default (no runtime on the node).
     pub cri_dir: Option<PathBuf>,
+    /// Host directory of the kubelet's root (`--root-dir`), bound at the shipped
+    /// `drain.kubelet_root_dir`; its pods' volume mounts reach the node as they are made when
+    /// it is a shared mount on the host (a real node has one mount table for both).
+    pub kubelet_root: Option<PathBuf>,
     /// Drop-ins in `/etc/nodegrace/config.d/` (file name, contents); none by default.
     pub config_dropins: Vec<(String, String)>,
     /// The node's `kubelet.service` and what it needs (container path, host path of a
@@ -104,6 +108,7 @@ impl TestNode {
             kubeconfig,
             kubelet_kubeconfig,
             cri_dir: None,
+            kubelet_root: None,
             config_dropins: Vec::new(),
             kubelet_unit: None,
             system_bus: None,
@@ -197,6 +202,9 @@ impl TestNode {
                 "the shipped cri_endpoint is not a containerd.sock"
             );
             spec.bind_rw(&parent.display().to_string(), dir);
+        }
+        if let Some(root) = &self.kubelet_root {
+            spec.bind_rw(&shipped_value("drain", "kubelet_root_dir"), root);
         }
         if let Some(unit) = &self.kubelet_unit {
             for (path, text) in &unit.files {

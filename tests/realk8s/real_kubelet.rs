@@ -123,8 +123,39 @@ impl RealKubelet {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
+    /// The kubelet's `--root-dir`.
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    /// The kubelet's root made a shared mount of its own, so the mounts the kubelet makes
+    /// under it reach the node's container too (kubelet-down.sh unmounts it).
+    fn share_root(&self) {
+        let root = self.root();
+        std::fs::create_dir_all(&root).expect("kubelet root");
+        let mounted = Command::new("mountpoint")
+            .arg("-q")
+            .arg(&root)
+            .status()
+            .is_ok_and(|s| s.success());
+        let mut steps = vec![vec!["--make-shared"]];
+        if !mounted {
+            steps.insert(0, vec!["--bind"]);
+        }
+        for step in steps {
+            let mut cmd = Command::new("mount");
+            cmd.args(&step);
+            if step == ["--bind"] {
+                cmd.arg(&root);
+            }
+            let status = cmd.arg(&root).status().expect("mount");
+            assert!(status.success(), "mount {step:?} {root:?} failed");
+        }
+    }
+
     /// kubelet-up.sh: containerd and the kubelet, until the Node is Ready.
     pub fn up(&mut self) {
+        self.share_root();
         let out = Command::new("bash")
             .arg(self.scripts.join("kubelet-up.sh"))
             .arg(&self.node)
@@ -213,6 +244,7 @@ impl RealKubelet {
     pub fn attach(&self, node: &mut TestNode) {
         node.manifests = self.manifests();
         node.cri_dir = Some(self.dir.clone());
+        node.kubelet_root = Some(self.root());
         node.kubelet_unit = Some(self.unit());
     }
 
@@ -816,4 +848,88 @@ pub fn is_eviction(r: &Request) -> bool {
 
 pub fn is_pod_delete(r: &Request) -> bool {
     r.verb == "delete" && r.resource == "pods" && r.subresource.is_empty() && r.code == 200
+}
+
+/// When each pod (by the UID the kubelet runs it under) was last seen leaving the node: no
+/// ready sandbox or unexited container of it in the runtime and no mount under its volume
+/// directory (what the kubelet waits for before it deletes the pod), polled from the host
+/// every 50 ms while it lives.
+pub struct NodeGone {
+    gone: Arc<Mutex<BTreeMap<String, f64>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl NodeGone {
+    pub fn start(kubelet: &RealKubelet) -> NodeGone {
+        let endpoint = format!("unix://{}", kubelet.dir.join("containerd.sock").display());
+        let pods = kubelet.root().join("pods");
+        let gone = Arc::new(Mutex::new(BTreeMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (g, s) = (gone.clone(), stop.clone());
+        tokio::spawn(async move {
+            let rt = nodegrace::CriClient::new(&endpoint, CriTimeouts::default()).expect("cri");
+            let mut present: std::collections::BTreeSet<String> = Default::default();
+            while !s.load(Ordering::Relaxed) {
+                let containers = nodegrace::Runtime::list_containers(&rt, None).await;
+                let sandboxes = nodegrace::Runtime::list_pod_sandboxes(&rt).await;
+                let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+                let at = super::now_unix();
+                if let (Ok(containers), Ok(sandboxes)) = (containers, sandboxes) {
+                    let owner: BTreeMap<&str, &str> = sandboxes
+                        .iter()
+                        .map(|s| (s.id.as_str(), s.uid.as_str()))
+                        .collect();
+                    let mut now: std::collections::BTreeSet<String> = sandboxes
+                        .iter()
+                        .filter(|s| s.state == nodegrace::SandboxState::Ready)
+                        .map(|s| s.uid.clone())
+                        .collect();
+                    for c in &containers {
+                        if c.state != nodegrace::ContainerState::Exited {
+                            if let Some(uid) = owner.get(c.sandbox_id.as_str()) {
+                                now.insert((*uid).to_owned());
+                            }
+                        }
+                    }
+                    for line in table.lines() {
+                        let Some(point) = line.split(' ').nth(4) else {
+                            continue;
+                        };
+                        let Ok(rest) = Path::new(point).strip_prefix(&pods) else {
+                            continue;
+                        };
+                        let mut parts = rest.components();
+                        if let (Some(uid), Some(v), Some(_)) =
+                            (parts.next(), parts.next(), parts.next())
+                        {
+                            if v.as_os_str() == "volumes" {
+                                now.insert(uid.as_os_str().to_string_lossy().into_owned());
+                            }
+                        }
+                    }
+                    let mut gone = g.lock().expect("lock");
+                    for uid in present.difference(&now) {
+                        gone.insert(uid.clone(), at);
+                    }
+                    for uid in &now {
+                        gone.remove(uid);
+                    }
+                    present = now;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        NodeGone { gone, stop }
+    }
+
+    /// When the pod the kubelet runs under `uid` left the node, if it did.
+    pub fn gone(&self, uid: &str) -> Option<f64> {
+        self.gone.lock().expect("lock").get(uid).copied()
+    }
+}
+
+impl Drop for NodeGone {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }

@@ -102,12 +102,15 @@ impl<'a> PodShape<'a> {
             );
             spec["hostNetwork"] = json!(true);
             spec["automountServiceAccountToken"] = json!(false);
+            // A volume the kubelet mounts (tmpfs) and unmounts before it deletes the pod.
+            spec["volumes"] = json!([{"name": "scratch", "emptyDir": {"medium": "Memory"}}]);
             spec["containers"] = json!([{
                 "name": "main",
                 "image": super::real_kubelet::IMAGE,
                 "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c", format!(
                     "trap '{on_term}' TERM; while :; do sleep 1 & wait $!; done")],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
             }]);
         }
         let mut annotations = json!({EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()});

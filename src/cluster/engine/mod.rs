@@ -56,6 +56,7 @@ use super::FIELD_MANAGER;
 use crate::api::{NodeMaintenance, Stage};
 use crate::config::Settings;
 use crate::metrics::Metrics;
+use crate::nodeview::PodsOnNode;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
 use crate::plan::freshness::{WatchLog, Written};
 use crate::plan::reachability::Reachability;
@@ -81,6 +82,8 @@ const QUIET_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// A probe not answered by then found the apiserver unusable.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Between tries of a shutdown step the apiserver did not take.
+/// How often the node is asked again about its terminating pods while a maintenance drains.
+const NODE_LOOK_INTERVAL: Duration = Duration::from_millis(200);
 const RETRY_IN_SHUTDOWN: Duration = Duration::from_millis(200);
 
 pub(crate) use crate::api::shutdown_maintenance_name;
@@ -195,6 +198,9 @@ struct Shared {
     eviction_blocks: Mutex<HashMap<String, Option<String>>>,
     /// The PodDisruptionBudgets that refused this drain's evictions, watched.
     budgets: Mutex<budgets::Budgets>,
+    /// Asked what the node shows of its terminating pods, for when their band ends; None:
+    /// the API alone decides.
+    node_view: Mutex<Option<Arc<dyn PodsOnNode>>>,
     /// Itself, for the tasks it starts while it runs.
     me: std::sync::Weak<Shared>,
 }
@@ -466,6 +472,7 @@ impl Engine {
             eviction_requests: Mutex::new(None),
             eviction_blocks: Mutex::new(HashMap::new()),
             budgets: Mutex::new(budgets::Budgets::default()),
+            node_view: Mutex::new(None),
             me: me.clone(),
         });
         let c = &opts.client;
@@ -535,6 +542,13 @@ impl Engine {
 
     /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
     /// way keeps the deadline schedule it started with.
+    /// Where the engine asks the node about its terminating pods (`plan::bandend`); None: the
+    /// API alone says when a band ends.
+    pub fn look_at_node(&self, view: Option<Arc<dyn PodsOnNode>>) {
+        *lock(&self.shared.node_view) = view;
+        self.shared.bump();
+    }
+
     pub fn reload(&self, settings: Arc<Settings>) {
         // The reserves may have changed; the pods have not.
         self.shared

@@ -18,6 +18,7 @@ use crate::cluster::node::{
     PREVIOUS_UNSCHEDULABLE_ANNOTATION,
 };
 use crate::cluster::nodesel;
+use crate::plan::bandend::{self, NodeView};
 use crate::plan::drain::{self, deletion_due, NodePod};
 use crate::plan::pass::{self, MaintenanceFacts, PassDecisions, PassSnapshot, ShutdownFacts};
 use crate::plan::targets::MaintenanceInput;
@@ -27,7 +28,7 @@ use crate::state::PodCache;
 use super::{
     describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock, min_wake,
     shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress, Shared,
-    COMPLETED_MESSAGE, POD_CACHE_DEBOUNCE,
+    COMPLETED_MESSAGE, NODE_LOOK_INTERVAL, POD_CACHE_DEBOUNCE,
 };
 
 /// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
@@ -162,6 +163,11 @@ impl Shared {
         self.take_eviction_blocks(st, &node, &prepared);
         let now = self.epoch.elapsed();
         let node_pods = node_pods(&classified, now, &mut st.terminating_seen);
+        let node_view = if !prepared.is_empty() {
+            self.look_at_node(&all, &mut wake).await
+        } else {
+            None
+        };
         let inputs: Vec<MaintenanceInput> = prepared
             .iter()
             .map(|p| MaintenanceInput {
@@ -195,6 +201,7 @@ impl Shared {
             drain_began: drain_began(&draining),
             daemonset_terminated: &st.daemonset_terminated,
             budgets: &budgets,
+            node_view: node_view.as_ref(),
         })?;
         let seen = Seen {
             node: &node,
@@ -207,6 +214,25 @@ impl Shared {
         };
         self.apply(st, &seen, decisions, &mut wake).await?;
         Ok(wake)
+    }
+
+    /// What the node shows of its terminating pods (`plan::bandend`), asked again
+    /// [`NODE_LOOK_INTERVAL`] later while any is left: containers exit and volumes unmount
+    /// without an event of the API's.
+    async fn look_at_node(&self, pods: &[PodInfo], wake: &mut Option<Instant>) -> Option<NodeView> {
+        let view = lock(&self.node_view).clone()?;
+        let uids: Vec<String> = pods
+            .iter()
+            .filter(|p| bandend::worth_looking_at(p))
+            .map(|p| bandend::node_uid(p).to_owned())
+            .collect();
+        if uids.is_empty() {
+            return None;
+        }
+        let seen = view.look(&uids).await;
+        tracing::trace!(node = %self.node, ?seen, "the node's view of its terminating pods");
+        min_wake(wake, Instant::now() + NODE_LOOK_INTERVAL);
+        Some(seen)
     }
 
     /// A maintenance that selects the node, as `plan::pass` reads it.

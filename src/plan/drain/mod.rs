@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::bandend::{BandEnd, NodeView};
 use super::budget::{escalation_grace, StepSchedule};
 use super::targets::{evaluate_node, DrainTargets, MaintenanceInput, NodeEvaluation};
 use super::{PlanError, PodInfo, PodType};
@@ -145,6 +146,8 @@ pub(crate) struct Snapshot<'a> {
     pub daemonset_terminated: &'a HashMap<String, String>,
     /// The budgets that refused evictions, by `namespace/name`, as last watched.
     pub budgets: &'a HashMap<String, BudgetStatus>,
+    /// What the node itself shows of its terminating pods; None: it was not asked.
+    pub node_view: Option<&'a NodeView>,
 }
 
 /// What to do to one pod now.
@@ -221,12 +224,18 @@ pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
         .filter(|p| !replacements.contains(&p.info.uid))
         .collect();
     let pods: Vec<PodInfo> = counted.iter().map(|p| p.info.clone()).collect();
-    let evaluation = evaluate_node(s.previous, s.maintenances, &pods)?;
+    // A hold of the node's view ends with its step under a shutdown's schedule in force.
+    let hold_ends = |pod: &PodInfo| {
+        let d = s.deadlines.filter(|d| d.holds)?;
+        Some(d.start + d.step_of(pod)?.end)
+    };
+    let band = BandEnd::decide(&pods, s.node_view, &hold_ends, s.now);
+    let evaluation = evaluate_node(s.previous, s.maintenances, &pods, &band)?;
     let by_uid: HashMap<&str, &NodePod> =
         counted.iter().map(|p| (p.info.uid.as_str(), *p)).collect();
     let none = PodTrack::default();
     let mut actions = Vec::new();
-    let mut wake_at = None;
+    let mut wake_at = band.wake_at;
     let mut opened = BudgetsOpened::new(s.budgets);
     if !s.maintenances.is_empty() {
         for pod in &evaluation.to_terminate {

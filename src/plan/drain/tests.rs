@@ -1,4 +1,5 @@
 use super::*;
+use crate::plan::bandend::OnNode;
 use crate::plan::budget::{plan_steps, split_budget, BudgetReserves};
 use crate::plan::drainplan::normalize_drain_plan;
 use crate::plan::targets::NodeReport;
@@ -26,6 +27,7 @@ struct World {
     /// What the engine passes as [`Deadlines::holds`].
     holds: bool,
     budgets: HashMap<String, BudgetStatus>,
+    view: Option<NodeView>,
 }
 
 const RESERVES: BudgetReserves = BudgetReserves {
@@ -56,6 +58,7 @@ impl World {
             terminated: HashMap::new(),
             holds: true,
             budgets: HashMap::new(),
+            view: None,
         }
     }
 
@@ -82,6 +85,7 @@ impl World {
             drain_began: Some(1_000),
             daemonset_terminated: &self.terminated,
             budgets: &self.budgets,
+            node_view: self.view.as_ref(),
         })
         .unwrap()
     }
@@ -640,4 +644,67 @@ proptest! {
             prop_assert!(wake > S(now));
         }
     }
+}
+
+fn on_node(running: bool, mounted: bool) -> OnNode {
+    OnNode {
+        running: Some(running),
+        mounted: Some(mounted),
+    }
+}
+
+fn daemonset_asked(d: &Decision) -> bool {
+    d.actions
+        .iter()
+        .any(|(p, _)| p.pod_type == PodType::DaemonSet)
+}
+
+/// Issue 28: the kubelet writes a pod's terminal phase before it unmounts its volumes; the
+/// DaemonSet band (which may run the storage plugin the unmount needs) waits for the unmount.
+#[test]
+fn the_daemonset_band_waits_for_a_terminal_pods_volumes() {
+    let mut w = World::new(
+        vec![
+            pod("web", PodType::Default, 0),
+            pod("csi", PodType::DaemonSet, 0),
+        ],
+        S(100),
+    );
+    w.pods[0].info.terminating = true;
+    w.pods[0].info.terminal = true;
+    assert!(
+        daemonset_asked(&w.decide(S(1), true)),
+        "the API alone ends the band"
+    );
+    w.view = Some([("uid-web".to_owned(), on_node(false, true))].into());
+    let d = w.decide(S(1), true);
+    assert!(!daemonset_asked(&d), "{:?}", names(&d));
+    let end = w.schedule[0].end;
+    assert_eq!(d.wake_at, Some(end), "the hold lapses with the band's step");
+    assert!(daemonset_asked(&w.decide(end, true)));
+    w.view = Some([("uid-web".to_owned(), on_node(false, false))].into());
+    assert!(daemonset_asked(&w.decide(S(1), true)));
+}
+
+#[test]
+fn a_band_ends_when_the_node_shows_its_pods_gone() {
+    let mut w = World::new(
+        vec![
+            pod("web", PodType::Default, 0),
+            pod("agent", PodType::DaemonSet, 0),
+        ],
+        S(100),
+    );
+    w.pods[0].info.terminating = true;
+    assert!(!daemonset_asked(&w.decide(S(1), true)));
+    for (running, mounted) in [(true, false), (false, true)] {
+        w.view = Some([("uid-web".to_owned(), on_node(running, mounted))].into());
+        assert!(!daemonset_asked(&w.decide(S(1), true)));
+    }
+    w.view = Some([("uid-web".to_owned(), on_node(false, false))].into());
+    let d = w.decide(S(1), true);
+    assert_eq!(
+        names(&d),
+        [("agent".into(), Action::Delete { grace_seconds: 30 })]
+    );
 }

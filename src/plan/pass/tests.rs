@@ -105,6 +105,7 @@ impl World {
             drain_began: Some(1_000),
             daemonset_terminated: &self.terminated,
             budgets: &HashMap::new(),
+            node_view: None,
         })
         .unwrap()
     }
@@ -245,6 +246,7 @@ fn a_maintenance_this_node_completed_is_not_completed_again() {
         drain_began: None,
         daemonset_terminated: &HashMap::new(),
         budgets: &HashMap::new(),
+        node_view: None,
     })
     .unwrap();
     assert_eq!(d.complete, ["held", "unseen"]);
