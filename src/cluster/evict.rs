@@ -3,8 +3,6 @@
 //! precondition so that a pod recreated under the same name (a StatefulSet replica) is
 //! never hit by a request meant for its predecessor.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -19,7 +17,7 @@ pub enum Outcome {
     /// The pod is gone, or a different pod now has its name: nothing to do.
     Gone,
     /// 429 from a PodDisruptionBudget (named when the apiserver says which). The
-    /// apiserver's own throttling is an error instead: see `throttled`.
+    /// apiserver's own throttling is an error instead: see `gateway::Kind::Throttled`.
     Blocked {
         budget: Option<String>,
         message: String,
@@ -148,37 +146,12 @@ fn classify(result: kube::Result<()>) -> kube::Result<Outcome> {
 
 /// The Eviction API's 429 for a disruption budget: "Cannot evict pod as it would violate
 /// the pod's disruption budget.", with a cause of reason `DisruptionBudget`.
-fn is_budget_refusal(status: &Status) -> bool {
+pub(crate) fn is_budget_refusal(status: &Status) -> bool {
     status.message.starts_with("Cannot evict pod")
         || status
             .details
             .as_ref()
             .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
-}
-
-/// The longest wait a throttling apiserver's 429 is taken to ask for.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
-
-/// How long to wait when `err` is the apiserver throttling the request (a 429 that is not a
-/// disruption budget's: API Priority and Fairness, max-in-flight): the apiserver did not look
-/// at the request, so nothing was asked. Its wait is in a Retry-After header, which kube's
-/// client does not pass on, and in `details.retryAfterSeconds` when the body is a Status
-/// (API Priority and Fairness answers plain text): at least 1 s.
-pub(crate) fn throttled(err: &kube::Error) -> Option<Duration> {
-    let kube::Error::Api(status) = err else {
-        return None;
-    };
-    if status.code != 429 || is_budget_refusal(status) {
-        return None;
-    }
-    let secs = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);
-    Some(Duration::from_secs(u64::from(secs.max(1))).min(MAX_RETRY_AFTER))
-}
-
-/// [`throttled`] for an error with context.
-pub(crate) fn anyhow_throttled(err: &anyhow::Error) -> Option<Duration> {
-    err.chain()
-        .find_map(|c| c.downcast_ref::<kube::Error>().and_then(throttled))
 }
 
 /// The PodDisruptionBudget named in a 429 from the eviction subresource. The apiserver puts
@@ -200,7 +173,9 @@ pub(crate) fn blocking_budget(status: &Status) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::gateway::Failure;
     use kube::core::response::StatusCause;
+    use std::time::Duration;
 
     fn status(code: u16, message: &str, causes: Vec<StatusCause>) -> Box<Status> {
         Box::new(
@@ -239,22 +214,11 @@ mod tests {
         // API Priority and Fairness answers plain text: kube's client makes it this Status.
         let apf = status(429, "Too many requests, please try again later.", vec![]);
         let err = classify(Err(kube::Error::Api(apf))).unwrap_err();
-        assert_eq!(throttled(&err), Some(Duration::from_secs(1)));
-        let asking = |secs: u32| {
-            kube::Error::Api(Box::new(
-                serde_json::from_value(serde_json::json!({
-                    "code": 429,
-                    "reason": "TooManyRequests",
-                    "message": "Too many requests, please try again later.",
-                    "details": {"retryAfterSeconds": secs},
-                }))
-                .unwrap(),
-            ))
-        };
-        assert_eq!(throttled(&asking(7)), Some(Duration::from_secs(7)));
-        assert_eq!(throttled(&asking(3600)), Some(MAX_RETRY_AFTER));
         let wrapped = anyhow::Error::new(err).context("evicting pod web-1");
-        assert_eq!(anyhow_throttled(&wrapped), Some(Duration::from_secs(1)));
+        assert_eq!(
+            Failure::new(wrapped).throttled(),
+            Some(Duration::from_secs(1))
+        );
     }
 
     #[test]
@@ -270,7 +234,10 @@ mod tests {
                 field: String::new(),
             }],
         );
-        assert_eq!(throttled(&kube::Error::Api(pending.clone())), None);
+        assert_eq!(
+            Failure::new(kube::Error::Api(pending.clone())).throttled(),
+            None
+        );
         assert!(matches!(
             classify(Err(kube::Error::Api(pending))).unwrap(),
             Outcome::Blocked { budget: Some(b), .. } if b == "db-pdb"
@@ -280,13 +247,14 @@ mod tests {
             "Cannot evict pod as it would violate the pod's disruption budget.",
             vec![],
         );
-        assert_eq!(throttled(&kube::Error::Api(bare)), None);
+        assert_eq!(Failure::new(kube::Error::Api(bare)).throttled(), None);
         assert_eq!(
-            throttled(&kube::Error::Api(status(
+            Failure::new(kube::Error::Api(status(
                 500,
                 "etcdserver: request timed out",
                 vec![]
-            ))),
+            )))
+            .throttled(),
             None
         );
     }

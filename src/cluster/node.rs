@@ -9,7 +9,8 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::{json, Value};
 
-use super::{api_error_code, FIELD_MANAGER};
+use super::gateway::{self, Kind};
+use super::FIELD_MANAGER;
 
 /// Present while nodegrace holds the node cordoned; its value is `spec.unschedulable` as it
 /// was before, so completing a maintenance restores exactly that.
@@ -148,13 +149,13 @@ where
                 meta.insert("resourceVersion".into(), Value::String(rv));
             }
         }
-        match api
+        let r = api
             .patch(name, &merge_params(), &Patch::Merge(&patch))
-            .await
-        {
+            .await;
+        match gateway::reply(r) {
             Ok(_) => return Ok(true),
-            Err(err) if api_error_code(&err) == Some(409) => continue,
-            Err(err) => return Err(err).with_context(|| format!("patching node {name} to {what}")),
+            Err(f) if f.is(Kind::Conflict) => continue,
+            Err(f) => return Err(f.context(format!("patching node {name} to {what}")).into()),
         }
     }
     bail!("patching node {name} to {what}: still conflicting after {MAX_CONFLICT_RETRIES} attempts")

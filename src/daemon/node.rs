@@ -379,8 +379,8 @@ impl Drainer for NodeDrainer {
                     };
                     event = match online.shutdown_drain(&req).await {
                         Ok(()) => RouteEvent::OnlineDrained,
-                        Err(EngineError::ApiserverUnreachable(after, last_error)) => {
-                            tracing::warn!(node = %self.parts.node, unusable_for = ?after, last_error = %last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
+                        Err(EngineError::ApiserverUnreachable(given_up)) => {
+                            tracing::warn!(node = %self.parts.node, unusable_for = ?given_up.unusable_for, last_error = %given_up.last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
                             RouteEvent::OnlineUnreachable
                         }
                         // Without the CRDs or with a rejected request the cluster path cannot

@@ -82,6 +82,18 @@ pub(crate) struct Reachability {
     came_back: Option<Duration>,
 }
 
+/// The apiserver given up on: a shutdown goes to the offline fallback. The one value the
+/// route offline is fed by (`plan::lifecycle::route`, through the engine's error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the apiserver has not been usable for {unusable_for:?} (last error: {last_error})")]
+pub struct GivenUp {
+    /// How long it has not been usable, to the millisecond: at least the timeout (a wait
+    /// given up after the timeout counts as the whole of it).
+    pub unusable_for: Duration,
+    /// The last unusable answer, or "no answer yet".
+    pub last_error: String,
+}
+
 /// What an outcome changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Change {
@@ -171,6 +183,33 @@ impl Reachability {
     /// Whether a shutdown must go to the offline fallback at `now`.
     pub(crate) fn must_fall_back(&self, now: Duration, timeout: Duration) -> bool {
         self.fallback_at(timeout).is_some_and(|at| now >= at)
+    }
+
+    /// The apiserver given up on at `now` (by a wait that lasted `timeout`, or once
+    /// [`Reachability::must_fall_back`]).
+    pub(crate) fn given_up(&self, now: Duration, timeout: Duration) -> GivenUp {
+        let unusable_for = self.unusable_for(now).max(timeout);
+        GivenUp {
+            unusable_for: Duration::from_millis(
+                u64::try_from(unusable_for.as_millis()).unwrap_or(u64::MAX),
+            ),
+            last_error: self
+                .last_error()
+                .map_or_else(|| "no answer yet".to_owned(), str::to_owned),
+        }
+    }
+
+    /// Whether to give the apiserver up at `now`, after a wait of the caller's own of
+    /// `waited` for an answer: once it has been unusable for `timeout`, or the wait has
+    /// lasted as long.
+    pub(crate) fn give_up(
+        &self,
+        now: Duration,
+        waited: Duration,
+        timeout: Duration,
+    ) -> Option<GivenUp> {
+        (waited >= timeout || self.must_fall_back(now, timeout))
+            .then(|| self.given_up(now, timeout))
     }
 }
 
@@ -376,6 +415,35 @@ mod tests {
             }
         );
         assert_eq!(r.last_error(), Some("timed out"));
+    }
+
+    #[test]
+    fn the_apiserver_is_given_up_after_the_timeout_of_its_outage_or_of_a_wait() {
+        let timeout = S(15);
+        let mut r = Reachability::default();
+        // Usable, but a wait for what it never delivered lasted the timeout.
+        assert_eq!(r.give_up(S(3), MS(14_999), timeout), None);
+        assert_eq!(
+            r.give_up(S(3), S(15), timeout),
+            Some(GivenUp {
+                unusable_for: S(15),
+                last_error: "no answer yet".into()
+            })
+        );
+        r.failed(S(10), "HTTP 503".into());
+        assert_eq!(r.give_up(MS(24_999), S(1), timeout), None);
+        let given_up = r.give_up(Duration::new(40, 123_456_789), S(1), timeout);
+        assert_eq!(
+            given_up,
+            Some(GivenUp {
+                unusable_for: MS(30_123),
+                last_error: "HTTP 503".into()
+            })
+        );
+        assert_eq!(
+            given_up.map(|g| g.to_string()).as_deref(),
+            Some("the apiserver has not been usable for 30.123s (last error: HTTP 503)")
+        );
     }
 
     #[test]

@@ -23,7 +23,6 @@ mod terminate;
 mod view;
 
 pub(crate) use offline::FallbackSummary;
-use reach::{anyhow_is_unusable, is_api_answer, is_unusable};
 use reflect::spawn_reflector;
 pub(crate) use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
 pub(crate) use view::list_maintenances_for;
@@ -50,6 +49,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::eviction_request::ControllerHandle;
+use super::gateway::{self, Failure};
 use super::node::patch_node_with;
 use super::terminate::{EvictionApi, PodTerminator};
 use super::FIELD_MANAGER;
@@ -59,7 +59,7 @@ use crate::metrics::Metrics;
 use crate::nodeview::PodsOnNode;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
 use crate::plan::freshness::{WatchLog, Written};
-use crate::plan::reachability::Reachability;
+use crate::plan::reachability::{GivenUp, Reachability};
 use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo};
 use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
@@ -93,10 +93,16 @@ pub enum EngineError {
     /// The apiserver could not be used (no answer, or answers that refuse or fail every
     /// request: 401, 403, 429, 5xx) for longer than `fallback.apiserver_timeout` since the
     /// last good answer: switch to the local (CRI) fallback.
-    #[error("the apiserver has not been usable for {0:?} (last error: {1})")]
-    ApiserverUnreachable(Duration, String),
+    #[error(transparent)]
+    ApiserverUnreachable(#[from] GivenUp),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
+}
+
+impl From<Failure> for EngineError {
+    fn from(f: Failure) -> Self {
+        EngineError::Other(f.error)
+    }
 }
 
 /// How long the steps of the last `shutdown_drain` took, from its call (for benchmarks and
@@ -172,7 +178,7 @@ struct Shared {
     /// Origin of the drain clock (`plan::drain` works on offsets from it).
     epoch: Instant,
     endpoint: String,
-    /// Whether the apiserver can be used (see [`is_unusable`]), on the drain clock.
+    /// Whether the apiserver can be used (as `cluster::gateway` records it), on the drain clock.
     reach: Mutex<Reachability>,
     /// Bumped when the apiserver answers again after an outage, and when a shutdown starts:
     /// the watches waiting out a back-off try again at once.
@@ -258,12 +264,12 @@ async fn run_loop(shared: Arc<Shared>) {
             match result {
                 Ok(next) => next,
                 Err(err) => {
-                    if anyhow_is_unusable(&err) {
-                        // Logged once by the reachability tracking, not at every retry.
-                        shared.mark_unreachable(&crate::cluster::error_text(&err));
-                        tracing::debug!(node = %shared.node, error = crate::cluster::error_text(&err), "reconcile failed; retrying");
+                    let f = gateway::passed_up(&*shared, err);
+                    if f.apiserver_unusable() {
+                        // Logged once by the reachability record, not at every retry.
+                        tracing::debug!(node = %shared.node, error = f.text(), "reconcile failed; retrying");
                     } else {
-                        tracing::warn!(node = %shared.node, error = crate::cluster::error_text(&err), "reconcile failed; retrying");
+                        tracing::warn!(node = %shared.node, error = f.text(), "reconcile failed; retrying");
                     }
                     Some(Instant::now() + RETRY_AFTER_ERROR)
                 }
@@ -681,13 +687,12 @@ impl Shared {
         compute: impl Fn(&Node) -> Option<Value>,
     ) -> Result<bool> {
         let api: Api<Node> = Api::all(self.client.clone());
-        let r = patch_node_with(&api, &self.node, what, compute).await;
-        self.note(&r);
+        let r = gateway::answer(self, patch_node_with(&api, &self.node, what, compute).await);
         if r.is_err() {
             self.metrics.api_error("node");
         }
         st.node_overlay = None;
-        r
+        Ok(r?)
     }
 
     async fn set_stage(&self, name: &str, stage: Stage) -> Result<()> {
@@ -700,10 +705,9 @@ impl Shared {
             )
             .await
             .with_context(|| format!("moving NodeMaintenance {name} to stage {stage}"));
-        let r = r.map(|_| ());
-        self.note(&r);
+        let r = gateway::answer(self, r.map(|_| ()));
         self.bump();
-        r
+        Ok(r?)
     }
 }
 

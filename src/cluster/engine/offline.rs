@@ -10,7 +10,8 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::api::{NodeMaintenance, Stage};
-use crate::cluster::{api_error_code, FIELD_MANAGER};
+use crate::cluster::gateway::{self, Kind};
+use crate::cluster::FIELD_MANAGER;
 use crate::config::CompletionPolicy;
 use crate::state::OfflineDrain;
 
@@ -164,20 +165,21 @@ impl Shared {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let created = match api.create(&params, &desired).await {
+        let created = match gateway::answer(self, api.create(&params, &desired).await) {
             Ok(m) => m,
-            Err(e) if api_error_code(&e) == Some(409) => return Ok(None),
-            Err(e) if api_error_code(&e) == Some(404) => {
+            Err(f) if f.is(Kind::Conflict) => return Ok(None),
+            Err(f) if f.is(Kind::NotFound) => {
                 tracing::error!(node = %self.node, maintenance = %name, "the offline drain of the last shutdown cannot be recorded: the NodeMaintenance CRD is not installed (see /usr/share/nodegrace/crds)");
                 return Ok(Some(AfterBoot::Unrecorded));
             }
-            Err(e) => {
-                return Err(anyhow::Error::from(e).context(format!(
-                    "creating NodeMaintenance {name} for the offline drain"
-                )))
+            Err(f) => {
+                return Err(f
+                    .context(format!(
+                        "creating NodeMaintenance {name} for the offline drain"
+                    ))
+                    .into())
             }
         };
-        self.mark_reachable();
         self.bump();
         tracing::info!(node = %self.node, maintenance = %name, ?stage, stopped = summary.pods_stopped, not_stopped = summary.pods_not_stopped, "recorded the offline drain of the last shutdown");
         self.event_offline_record(&created, &summary);

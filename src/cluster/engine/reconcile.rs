@@ -13,6 +13,7 @@ use kube::{Api, Resource, ResourceExt};
 use tokio::time::Instant;
 
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
+use crate::cluster::gateway;
 use crate::cluster::node::{
     cordon_patch, cordoned_by_nodegrace, lifecycle_changes, set_lifecycle_conditions, Lifecycle,
     PREVIOUS_UNSCHEDULABLE_ANNOTATION,
@@ -674,17 +675,16 @@ impl Shared {
         }
         let api: Api<Node> = Api::all(self.client.clone());
         let r = set_lifecycle_conditions(&api, node, want, &message).await;
-        self.note(&r);
-        match r {
+        match gateway::answer(self, r) {
             Ok(Some(written)) => {
                 tracing::info!(node = %self.node, conditions = ?want, maintenances = %names, "node lifecycle conditions written");
                 st.node_overlay = Some(self.written(Arc::new(written)));
             }
             Ok(None) => {}
-            Err(e) if super::anyhow_is_unusable(&e) => return Err(e),
-            Err(e) => {
+            Err(f) if f.apiserver_unusable() => return Err(f.into()),
+            Err(f) => {
                 if st.announced.insert(format!("conditions/{want:?}")) {
-                    tracing::warn!(node = %self.node, error = crate::cluster::error_text(&e), "writing the node's drain conditions failed");
+                    tracing::warn!(node = %self.node, error = f.text(), "writing the node's drain conditions failed");
                 }
             }
         }

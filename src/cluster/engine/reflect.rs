@@ -20,10 +20,10 @@ use kube::{Api, Resource};
 use rand::Rng as _;
 use tokio::task::JoinHandle;
 
-use crate::cluster::{api_error_code, Slim};
+use crate::cluster::{gateway, Slim};
 use crate::plan::reachability::{retry_delay, watch_silence_limit};
 
-use super::{is_unusable, lock, Ready, Shared};
+use super::{lock, Ready, Shared};
 
 pub(super) fn spawn_reflector<K>(
     shared: Arc<Shared>,
@@ -74,10 +74,10 @@ where
                 () = silence => {
                     let limit = limit.unwrap_or_default();
                     if listing {
-                        shared.mark_unreachable(&format_args!(
-                            "listing {kind}: no answer in {}s",
-                            limit.as_secs()
-                        ));
+                        gateway::no_answer(
+                            &*shared,
+                            &format_args!("listing {kind}: no answer in {}s", limit.as_secs()),
+                        );
                     } else {
                         tracing::debug!(kind = %kind, silent_for = ?limit, "a watch silent during the shutdown: listing again");
                         before_relist = Some(versions(&writer.as_reader()));
@@ -110,7 +110,7 @@ where
                     );
                 }
                 Ok(watcher::Event::InitApply(obj)) => {
-                    shared.mark_reachable();
+                    gateway::listed(&*shared);
                     on_object(&shared, &obj);
                 }
                 // An event on a watch opened earlier says the connection lives, not that the
@@ -123,7 +123,7 @@ where
                 // Emitted when a (re)list begins, before any request: no answer (a watch
                 // retrying against a refusing apiserver emits one at every attempt).
                 Ok(watcher::Event::Init) => listing = true,
-                Err(err) => note_watch_error(&shared, &kind, &err),
+                Err(err) => gateway::watch_failed(&*shared, &kind, &err),
             }
             shared.bump();
             if failed {
@@ -207,37 +207,13 @@ fn listed<K: Resource<DynamicType = ()> + Clone>(
         *flag(&mut ready) = true;
         ready.settle();
     }
-    shared.mark_reachable();
+    gateway::listed(shared);
     if let Some(before) = before_relist {
         let missed = changed(&before, &versions(view));
         if missed > 0 {
             tracing::warn!(kind = %kind, missed, "the {kind} watch had hung: it said nothing while objects changed; listed again");
         }
     }
-}
-
-/// What a watch's error says about the apiserver.
-fn note_watch_error(shared: &Shared, kind: &str, err: &watcher::Error) {
-    if let Some(what) = crate::cluster::unusable_watch_event(err) {
-        tracing::warn!(kind = %kind, error = %err, "{kind}: {what}");
-    }
-    let inner = match err {
-        watcher::Error::InitialListFailed(e)
-        | watcher::Error::WatchStartFailed(e)
-        | watcher::Error::WatchFailed(e) => Some(e),
-        _ => None,
-    };
-    let code = inner.and_then(api_error_code);
-    if code == Some(404) {
-        shared.mark_unreachable(&format_args!(
-            "the apiserver does not serve {kind} (is its CRD installed? see /usr/share/nodegrace/crds): {err}"
-        ));
-    } else if inner.is_some_and(is_unusable) {
-        shared.mark_unreachable(&format_args!("watching {kind}: {err}"));
-    } else {
-        shared.mark_reachable();
-    }
-    tracing::debug!(kind = %kind, error = %err, "watch error; retrying with back-off");
 }
 
 /// Each object of a view and the version it was seen at.

@@ -18,12 +18,13 @@ use crate::api::{
     node_selector_for, NodeMaintenance, NodeMaintenanceSpec, Stage,
     FINALIZER_MAINTENANCE_COMPLETION,
 };
+use crate::cluster::gateway::{self, Kind};
 use crate::cluster::node::{
     cordon_patch, lb_exclusion_patch, maintenance_taint_patch, patch_node_with,
     set_lifecycle_conditions, uncordon_patch, Lifecycle, REASON_SHUTDOWN_CANCELLED,
     REASON_SHUTDOWN_ENDED,
 };
-use crate::cluster::{api_error_code, FIELD_MANAGER};
+use crate::cluster::FIELD_MANAGER;
 use crate::config::CompletionPolicy;
 use crate::plan::budget::{plan_steps, split_remaining, BudgetReserves};
 use crate::plan::reachability;
@@ -32,10 +33,10 @@ use crate::shutdown::{ShutdownKind, ShutdownRequest};
 use crate::state::OfflineDrain;
 
 use super::{
-    anyhow_is_unusable, is_deleting, is_unusable, kind_str, lock, merge_params, merge_values,
-    shutdown_maintenance_name, sleep_until_opt, AfterBoot, Engine, EngineError, Progress, Replan,
-    Shared, ShutdownCtx, ShutdownTimings, BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL,
-    QUIET_PROBE_INTERVAL, SHUTDOWN_KIND_ANNOTATION,
+    is_deleting, kind_str, lock, merge_params, merge_values, shutdown_maintenance_name,
+    sleep_until_opt, AfterBoot, Engine, EngineError, Progress, Replan, Shared, ShutdownCtx,
+    ShutdownTimings, BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL, QUIET_PROBE_INTERVAL,
+    SHUTDOWN_KIND_ANNOTATION,
 };
 
 /// How long the drain waits, beside the cordon, for the evicting identity's connection.
@@ -172,8 +173,9 @@ impl Engine {
                 // A watch event may have changed the apiserver's reachability.
                 _ = events.changed() => {},
                 _ = sleep_until_opt(deadline) => {
-                    if lock(&sh.reach).must_fall_back(sh.now(), sh.settings().fallback.apiserver_timeout) {
-                        return Err(sh.unusable_error());
+                    let timeout = sh.settings().fallback.apiserver_timeout;
+                    if let Some(given_up) = lock(&sh.reach).give_up(sh.now(), Duration::ZERO, timeout) {
+                        return Err(given_up.into());
                     }
                 }
             }
@@ -344,11 +346,10 @@ impl Shared {
                 merge_values(marks, maintenance_taint_patch(n, true))
             })
             .await;
-            self.note(&r);
-            match r {
+            match gateway::answer(self, r) {
                 Ok(_) => return Ok(()),
-                Err(e) if anyhow_is_unusable(&e) => self.retry_or_unreachable(started).await?,
-                Err(e) => return Err(e.into()),
+                Err(f) if f.apiserver_unusable() => self.retry_or_unreachable(started).await?,
+                Err(f) => return Err(f.into()),
             }
         }
     }
@@ -376,12 +377,11 @@ impl Shared {
         let started = Instant::now();
         loop {
             let r = set_lifecycle_conditions(&api, &node, want, &message).await;
-            self.note(&r);
-            match r {
-                Err(e) if anyhow_is_unusable(&e) && started.elapsed() < CONDITION_RETRY_MAX => {
+            match gateway::answer(self, r) {
+                Err(f) if f.apiserver_unusable() && started.elapsed() < CONDITION_RETRY_MAX => {
                     tokio::time::sleep(super::RETRY_IN_SHUTDOWN).await;
                 }
-                r => return r.map(|_| ()),
+                r => return Ok(r.map(|_| ())?),
             }
         }
     }
@@ -485,8 +485,7 @@ impl Shared {
             reason: REASON_SHUTDOWN_ENDED,
         };
         let r = set_lifecycle_conditions(&api, &node, want, "no shutdown is in progress").await;
-        self.note(&r);
-        if r?.is_some() {
+        if gateway::answer(self, r)?.is_some() {
             tracing::info!(node = %self.node, "cleared the shutdown conditions a shutdown of an earlier boot (or a crash) left True");
         }
         Ok(())
@@ -556,43 +555,31 @@ impl Shared {
                         field_manager: Some(FIELD_MANAGER.into()),
                         ..Default::default()
                     };
-                    match api.create(&params, &desired).await {
+                    let created = api.create(&params, &desired).await;
+                    let creating = format!("creating NodeMaintenance {name}");
+                    match gateway::answer(self, created.with_context(|| creating.clone())) {
                         Ok(m) => {
-                            self.mark_reachable();
                             tracing::info!(node = %self.node, maintenance = %name, "created the shutdown maintenance");
                             return Ok(m);
                         }
-                        Err(e) if api_error_code(&e) == Some(409) => {
-                            self.mark_reachable();
-                            match api.get_opt(&name).await {
+                        Err(f) if f.is(Kind::Conflict) => {
+                            let read = api.get_opt(&name).await;
+                            let reading = format!("reading NodeMaintenance {name}");
+                            match gateway::answer(self, read.context(reading)) {
                                 Ok(Some(m)) => m,
                                 Ok(None) => continue,
-                                Err(e) if is_unusable(&e) => {
-                                    self.mark_unreachable(&format_args!(
-                                        "reading NodeMaintenance {name}: {e}"
-                                    ));
+                                Err(f) if f.apiserver_unusable() => {
                                     self.retry_or_unreachable(started).await?;
                                     continue;
                                 }
-                                Err(e) => {
-                                    return Err(anyhow::Error::from(e)
-                                        .context(format!("reading NodeMaintenance {name}"))
-                                        .into())
-                                }
+                                Err(f) => return Err(f.into()),
                             }
                         }
-                        Err(e) if is_unusable(&e) => {
-                            self.mark_unreachable(&format_args!(
-                                "creating NodeMaintenance {name}: {e}"
-                            ));
+                        Err(f) if f.apiserver_unusable() => {
                             self.retry_or_unreachable(started).await?;
                             continue;
                         }
-                        Err(e) => {
-                            return Err(anyhow::Error::from(e)
-                                .context(format!("creating NodeMaintenance {name}"))
-                                .into())
-                        }
+                        Err(f) => return Err(f.into()),
                     }
                 }
             };
@@ -624,24 +611,18 @@ impl Shared {
             if existing.spec.stage != Stage::Drain {
                 patch["spec"] = json!({"stage": "Drain"});
             }
-            match api
+            let adopted = api
                 .patch(&name, &merge_params(), &Patch::Merge(&patch))
                 .await
-            {
+                .with_context(|| format!("adopting NodeMaintenance {name}"));
+            match gateway::answer(self, adopted) {
                 Ok(m) => {
                     tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
                     return Ok(m);
                 }
-                Err(e) if is_unusable(&e) => {
-                    self.mark_unreachable(&format_args!("adopting NodeMaintenance {name}: {e}"));
-                    self.retry_or_unreachable(started).await?;
-                }
-                Err(e) if api_error_code(&e) == Some(404) => continue,
-                Err(e) => {
-                    return Err(anyhow::Error::from(e)
-                        .context(format!("adopting NodeMaintenance {name}"))
-                        .into())
-                }
+                Err(f) if f.apiserver_unusable() => self.retry_or_unreachable(started).await?,
+                Err(f) if f.is(Kind::NotFound) => continue,
+                Err(f) => return Err(f.into()),
             }
         }
     }
@@ -663,25 +644,19 @@ impl Shared {
             }),
             ..DeleteParams::default()
         };
-        match api.delete(&name, &params).await {
-            Ok(_) => {
-                self.mark_reachable();
-                Ok(true)
-            }
-            Err(e) if api_error_code(&e) == Some(404) => Ok(true),
-            Err(e) if api_error_code(&e) == Some(409) => Ok(false),
-            Err(e) if is_unusable(&e) => {
-                self.mark_unreachable(&format_args!(
-                    "replacing the completed NodeMaintenance {name} (delete): {e}"
-                ));
+        let deleted = api
+            .delete(&name, &params)
+            .await
+            .with_context(|| format!("replacing the completed NodeMaintenance {name} (delete)"));
+        match gateway::answer(self, deleted) {
+            Ok(_) => Ok(true),
+            Err(f) if f.is(Kind::NotFound) => Ok(true),
+            Err(f) if f.is(Kind::Conflict) => Ok(false),
+            Err(f) if f.apiserver_unusable() => {
                 self.retry_or_unreachable(started).await?;
                 Ok(false)
             }
-            Err(e) => Err(anyhow::Error::from(e)
-                .context(format!(
-                    "replacing the completed NodeMaintenance {name} (delete)"
-                ))
-                .into()),
+            Err(f) => Err(f.into()),
         }
     }
 

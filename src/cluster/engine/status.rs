@@ -15,7 +15,7 @@ use crate::api::{
     node_status_apply_patch, node_status_patch_params, NodeMaintenance, NodeMaintenanceNodeStatus,
     Stage, CONDITION_DRAINED, FINALIZER_MAINTENANCE_COMPLETION,
 };
-use crate::cluster::api_error_code;
+use crate::cluster::gateway::{self, Kind};
 use crate::cluster::node::{lb_exclusion_patch, maintenance_taint_patch, uncordon_patch};
 
 use crate::plan::pass::{self, EntryView};
@@ -149,11 +149,11 @@ impl Shared {
                     self.node
                 )
             });
-        self.note(&r);
+        let r = gateway::answer(self, r);
         if r.is_err() {
             self.metrics.api_error("maintenance_status");
         }
-        r
+        Ok(r?)
     }
 
     pub(super) async fn write_aggregate(
@@ -256,17 +256,19 @@ impl Shared {
         let r = api
             .patch_status(&name, &merge_params(), &Patch::Merge(body))
             .await;
-        if let Err(e) = &r {
-            if api_error_code(e) == Some(409) {
+        let updated = match gateway::answer(self, r) {
+            Ok(updated) => updated,
+            Err(f) if f.is(Kind::Conflict) => {
                 tracing::debug!(node = %self.node, maintenance = %name, "the maintenance changed since it was read; its aggregate status is written from the newer one");
-                self.mark_reachable();
                 st.nm_overlay.remove(&name);
                 return Ok(());
             }
-        }
-        let r = r.with_context(|| format!("writing the status of NodeMaintenance {name}"));
-        self.note(&r);
-        let updated = r?;
+            Err(f) => {
+                return Err(f
+                    .context(format!("writing the status of NodeMaintenance {name}"))
+                    .into())
+            }
+        };
         st.nm_overlay.insert(name, self.written(Arc::new(updated)));
         Ok(())
     }
@@ -288,24 +290,19 @@ impl Shared {
             "finalizers": list,
             "resourceVersion": m.metadata.resource_version,
         }});
-        match api
+        let r = api
             .patch(&name, &merge_params(), &Patch::Merge(&patch))
-            .await
-        {
+            .await;
+        match gateway::answer(self, r) {
             Ok(updated) => {
-                self.mark_reachable();
                 st.nm_overlay.insert(name, self.written(Arc::new(updated)));
                 Ok(())
             }
             // Someone changed it meanwhile: the watch brings the new version and a new pass.
-            Err(e) if api_error_code(&e) == Some(409) => Ok(()),
-            Err(e) if api_error_code(&e) == Some(404) => Ok(()),
-            Err(e) => {
-                let e = anyhow::Error::from(e)
-                    .context(format!("updating the finalizer of NodeMaintenance {name}"));
-                self.note::<()>(&Err(anyhow::anyhow!("{e:#}")));
-                Err(e)
-            }
+            Err(f) if f.is(Kind::Conflict) || f.is(Kind::NotFound) => Ok(()),
+            Err(f) => Err(f
+                .context(format!("updating the finalizer of NodeMaintenance {name}"))
+                .into()),
         }
     }
 

@@ -11,7 +11,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::api::NodeMaintenance;
-use crate::cluster::evict::{anyhow_throttled, Outcome};
+use crate::cluster::evict::Outcome;
+use crate::cluster::gateway::{self, Reply};
 use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
 use crate::metrics::{Refusal, TerminationMethod};
@@ -20,9 +21,7 @@ use crate::plan::pass::{self, Answer, Noted, PassDecisions, PodRequest};
 use crate::plan::reachability::Window;
 use crate::plan::{PodInfo, PodType};
 
-use super::{
-    anyhow_is_unusable, is_api_answer, lock, DrainState, MaintView, Shared, RETRY_AFTER_ERROR,
-};
+use super::{lock, DrainState, MaintView, Shared, RETRY_AFTER_ERROR};
 
 /// Names listed in one event; the count stays exact beyond it.
 const EVENT_MAX_NAMES: usize = 20;
@@ -127,9 +126,10 @@ impl Shared {
         let mut told = Told::default();
         let (mut taken, mut any_throttled) = (0, false);
         for (r, request, result) in results {
+            let result = gateway::answer_paced(self, result);
             match &result {
-                Err(err) if anyhow_throttled(err).is_some() => any_throttled = true,
-                Err(err) if !is_api_answer(err) => {}
+                Err(f) if f.throttled().is_some() => any_throttled = true,
+                Err(f) if !f.answered() => {}
                 _ => taken += 1,
             }
             let answer = self.answer(&r, result);
@@ -163,38 +163,31 @@ impl Shared {
         Ok(retry)
     }
 
-    /// The terminator's answer as `plan::pass` reads it; what says something of the
-    /// apiserver is noted.
-    fn answer(&self, r: &PodRequest, result: Result<Outcome>) -> Answer {
+    /// The terminator's answer as `plan::pass` reads it.
+    fn answer(&self, r: &PodRequest, result: Reply<Outcome>) -> Answer {
         match result {
-            Ok(outcome) => {
-                self.mark_reachable();
-                match outcome {
-                    Outcome::Accepted => Answer::Accepted,
-                    Outcome::Gone => Answer::Gone,
-                    Outcome::Blocked { budget, message } => {
-                        let budget = budget.map(|b| format!("{}/{b}", r.pod.namespace));
-                        Answer::Blocked {
-                            by: budget
-                                .as_ref()
-                                .map(|b| format!("PodDisruptionBudget {b}"))
-                                .unwrap_or(message),
-                            budget,
-                        }
+            Ok(outcome) => match outcome {
+                Outcome::Accepted => Answer::Accepted,
+                Outcome::Gone => Answer::Gone,
+                Outcome::Blocked { budget, message } => {
+                    let budget = budget.map(|b| format!("{}/{b}", r.pod.namespace));
+                    Answer::Blocked {
+                        by: budget
+                            .as_ref()
+                            .map(|b| format!("PodDisruptionBudget {b}"))
+                            .unwrap_or(message),
+                        budget,
                     }
                 }
-            }
-            Err(err) => match anyhow_throttled(&err) {
+            },
+            Err(f) => match f.throttled() {
                 Some(wait) => Answer::Throttled { wait },
                 None => {
-                    if anyhow_is_unusable(&err) {
-                        self.mark_unreachable(&crate::cluster::error_text(&err));
-                    }
                     self.metrics.api_error("terminate");
-                    tracing::warn!(node = %self.node, pod = %r.pod.key(), error = crate::cluster::error_text(&err), "terminating a pod failed");
+                    tracing::warn!(node = %self.node, pod = %r.pod.key(), error = f.text(), "terminating a pod failed");
                     // An answer refusing the request counts as asked; no answer does not.
                     Answer::Failed {
-                        answered: is_api_answer(&err),
+                        answered: f.answered(),
                     }
                 }
             },

@@ -32,8 +32,9 @@ use super::lifecycle_api::{typed, LifecycleApi};
 use super::{BlockSink, PodKey, PodState, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
+use crate::cluster::gateway::{self, Kind};
 use crate::cluster::terminate::{PodTerminator, Request};
-use crate::cluster::{api_error_code, FIELD_MANAGER};
+use crate::cluster::FIELD_MANAGER;
 use crate::metrics::TerminationMethod;
 use crate::plan::intree::{
     check_responders, read_eviction, read_request, request_name, respond, Response,
@@ -44,13 +45,15 @@ use crate::plan::PodInfo;
 /// Whether the apiserver serves both `evictionrequests` and `evictions` of `api`.
 pub(crate) async fn is_served(client: &Client, api: &LifecycleApi) -> Result<bool> {
     let group_version = api.request_resource().api_version;
-    match client.list_api_group_resources(&group_version).await {
+    match gateway::reply(client.list_api_group_resources(&group_version).await) {
         Ok(list) => {
             let has = |n: &str| list.resources.iter().any(|r| r.name == n);
             Ok(has("evictionrequests") && has("evictions"))
         }
-        Err(err) if api_error_code(&err) == Some(404) => Ok(false),
-        Err(err) => Err(err).with_context(|| format!("discovering the {group_version} API group")),
+        Err(f) if f.is(Kind::NotFound) => Ok(false),
+        Err(f) => Err(f
+            .context(format!("discovering the {group_version} API group"))
+            .into()),
     }
 }
 
@@ -199,16 +202,18 @@ impl InTreeTerminator {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        match api.create(&params, &self.api.to_dynamic(&request)?).await {
+        let created = api.create(&params, &self.api.to_dynamic(&request)?).await;
+        match gateway::reply(created) {
             Ok(written) => {
                 self.announce(&written);
                 info!(node = %self.node, pod = %key, requester = %self.key, api = %self.api.group(), "created the pod's EvictionRequest");
                 return Ok(());
             }
-            Err(err) if api_error_code(&err) == Some(409) => {}
-            Err(err) => {
-                return Err(err)
-                    .with_context(|| format!("creating the EvictionRequest of pod {key}"))
+            Err(f) if f.is(Kind::Conflict) => {}
+            Err(f) => {
+                return Err(f
+                    .context(format!("creating the EvictionRequest of pod {key}"))
+                    .into())
             }
         }
         self.set_intent(&api, &name, key, INTENT_EVICTION).await
@@ -226,16 +231,18 @@ impl InTreeTerminator {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        match gateway::reply(api.patch(name, &params, &Patch::Merge(&patch)).await) {
             Ok(written) => {
                 self.announce(&written);
                 info!(node = %self.node, pod = %key, intent, api = %self.api.group(), "set the intent of the pod's EvictionRequest");
                 Ok(())
             }
-            Err(err) if api_error_code(&err) == Some(404) && intent == INTENT_WITHDRAWN => Ok(()),
-            Err(err) => Err(err).with_context(|| {
-                format!("setting intent {intent} on the EvictionRequest of pod {key}")
-            }),
+            Err(f) if f.is(Kind::NotFound) && intent == INTENT_WITHDRAWN => Ok(()),
+            Err(f) => Err(f
+                .context(format!(
+                    "setting intent {intent} on the EvictionRequest of pod {key}"
+                ))
+                .into()),
         }
     }
 

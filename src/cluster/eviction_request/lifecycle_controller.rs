@@ -34,7 +34,8 @@ use super::lifecycle_api::{typed, LifecycleApi};
 use super::{ControllerHandle, PodKey, WallClock, NODE_LABEL};
 use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
-use crate::cluster::{api_error_code, error_text, FIELD_MANAGER};
+use crate::cluster::gateway::{self, Kind};
+use crate::cluster::FIELD_MANAGER;
 use crate::plan::classify;
 use crate::plan::evictions::{
     activated_eviction, decide, decide_evictor, evictor_attempted, with_evictor_entry, Decision,
@@ -307,12 +308,14 @@ impl LifecycleController {
                 }
                 _ => {}
             },
-            Input::Watched(Some(Err(err))) => match crate::cluster::unusable_watch_event(&err) {
-                Some(what) => {
-                    warn!(node = %self.node, error = %err, "lifecycle.nodegrace.dev: {what}")
+            Input::Watched(Some(Err(err))) => {
+                match crate::cluster::gateway::unusable_watch_event(&err) {
+                    Some(what) => {
+                        warn!(node = %self.node, error = %err, "lifecycle.nodegrace.dev: {what}")
+                    }
+                    None => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
                 }
-                None => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
-            },
+            }
             Input::Watched(None) => {
                 anyhow::bail!("the lifecycle.nodegrace.dev watches ended")
             }
@@ -377,15 +380,15 @@ impl LifecycleController {
     async fn look(&self, caches: &Caches, target: &Target, memory: &mut Memory) {
         if let Err(err) = self.try_look(caches, target, memory).await {
             let now = self.clock.now();
-            let code = answered_code(&err);
+            let failure = gateway::Failure::new(err);
             // The object is gone (collected with its pod): its Delete event brings the next look.
-            if code == Some(404) {
+            if failure.is(Kind::NotFound) {
                 return;
             }
             // Refused for a stale cache: decided again on a fresher view, quietly.
-            let stale = code == Some(409);
+            let stale = failure.is(Kind::Conflict);
             if !stale {
-                warn!(node = %self.node, pod = %format!("{}/{}", target.0, target.1), error = error_text(&err), "eviction-request controller: a write failed; trying again");
+                warn!(node = %self.node, pod = %format!("{}/{}", target.0, target.1), error = failure.text(), "eviction-request controller: a write failed; trying again");
             }
             let again = if stale {
                 STALE_RETRY
@@ -649,16 +652,18 @@ impl LifecycleController {
         for (name, status) in &decision.request_statuses {
             // Only the controller writes a request's status: no precondition needed.
             let patch = json!({"status": status});
-            match request_api
+            let r = request_api
                 .patch_status(name, &params(), &Patch::Merge(&patch))
-                .await
-            {
+                .await;
+            match gateway::reply(r) {
                 Ok(_) => {}
-                Err(err) if api_error_code(&err) == Some(404) => {}
-                Err(err) => {
-                    return Err(err).with_context(|| {
-                        format!("writing the status of EvictionRequest {namespace}/{name}")
-                    })
+                Err(f) if f.is(Kind::NotFound) => {}
+                Err(f) => {
+                    return Err(f
+                        .context(format!(
+                            "writing the status of EvictionRequest {namespace}/{name}"
+                        ))
+                        .into())
                 }
             }
         }
@@ -678,17 +683,19 @@ impl LifecycleController {
             "metadata": {"resourceVersion": eviction.metadata.resource_version},
             "status": status,
         });
-        let written = match api
+        let r = api
             .patch_status(&name, &params(), &Patch::Merge(&patch))
-            .await
-        {
+            .await;
+        let written = match gateway::reply(r) {
             Ok(written) => written,
-            Err(err) => {
-                if api_error_code(&err) == Some(404) {
+            Err(f) => {
+                if f.is(Kind::NotFound) {
                     // Collected (with its requests and pod): forget what was written to it.
                     memory.written.remove(&object_key(&eviction.metadata));
                 }
-                return Err(err).with_context(|| format!("writing the status of Eviction {name}"));
+                return Err(f
+                    .context(format!("writing the status of Eviction {name}"))
+                    .into());
             }
         };
         let written: Eviction = typed(&written)?;
@@ -771,13 +778,6 @@ fn params() -> PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     }
-}
-
-/// The HTTP status the apiserver answered `err` with, if it answered.
-fn answered_code(err: &anyhow::Error) -> Option<u16> {
-    err.chain()
-        .filter_map(|c| c.downcast_ref::<kube::Error>())
-        .find_map(api_error_code)
 }
 
 /// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's

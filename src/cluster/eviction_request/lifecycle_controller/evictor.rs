@@ -67,7 +67,7 @@ impl LifecycleController {
         let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
         // The budget is named in the evictor's message, which the requester's watch reads
         // back for the drain (as the in-tree evictor's on 1.37).
-        let outcome = match evict::evict(&pods, name, uid, None).await {
+        let outcome = match gateway::reply(evict::evict(&pods, name, uid, None).await) {
             Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
             Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
                 error: budget.map_or(message.clone(), |b| {
@@ -76,14 +76,14 @@ impl LifecycleController {
                 retry_after: None,
             },
             Err(err) if refused_by_the_apiserver(&err) => EvictionOutcome::Refused {
-                error: error_text(&err),
+                error: err.text(),
                 retry_after: None,
             },
             Err(err) => {
                 // Not answered (or a server error, or throttled): no attempt to count or back
                 // off from; asked again at the pace of any request to a struggling apiserver.
                 // The eviction may still have been carried out; the pod's watch will say.
-                warn!(node = %self.node, pod = %format!("{namespace}/{name}"), error = error_text(&err), "the imperative evictor's eviction got no answer; asking again");
+                warn!(node = %self.node, pod = %format!("{namespace}/{name}"), error = err.text(), "the imperative evictor's eviction got no answer; asking again");
                 let again = crate::plan::reachability::request_retry(
                     self.shutting_down.load(Ordering::Relaxed),
                     rand::random::<f64>(),
@@ -134,6 +134,6 @@ impl LifecycleController {
 
 /// Whether the Eviction API refused (a 4xx other than throttling): an attempt, counted and
 /// backed off from. Anything else said nothing of the pod.
-fn refused_by_the_apiserver(err: &anyhow::Error) -> bool {
-    answered_code(err).is_some_and(|c| c < 500) && evict::anyhow_throttled(err).is_none()
+fn refused_by_the_apiserver(err: &gateway::Failure) -> bool {
+    err.code().is_some_and(|c| c < 500) && err.throttled().is_none()
 }
