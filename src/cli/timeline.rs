@@ -142,18 +142,27 @@ impl Story {
         for r in events.iter().filter(|r| r.at <= end) {
             match r.reason.as_str() {
                 "DrainTargets" | "Drained" => {
-                    if let Some((label, from)) = band.take() {
+                    let targets = r.note.rsplit_once(" drains ").map(|(_, t)| t);
+                    let same = band.as_ref().map(|(label, _)| label.as_str());
+                    if r.reason == "DrainTargets" && targets.is_some() && targets == same {
+                        continue;
+                    }
+                    // A refusal told before its band's first event (both are written in
+                    // the background) waits on until a band ends.
+                    let ended = band.take();
+                    if let Some((label, from)) = ended.clone() {
                         story.bands.push(Span {
                             label,
                             from,
                             to: r.at,
                         });
                     }
-                    for mut w in open.drain(..) {
-                        w.to = r.at;
-                        story.waits.push(w);
+                    if ended.is_some() || r.reason == "Drained" {
+                        for mut w in open.drain(..) {
+                            w.to = r.at;
+                            story.waits.push(w);
+                        }
                     }
-                    let targets = r.note.rsplit_once(" drains ").map(|(_, t)| t);
                     if let Some(t) =
                         targets.filter(|t| r.reason == "DrainTargets" && *t != "nothing")
                     {

@@ -28,6 +28,9 @@ fn story() -> Story {
     let events = [
         ev(200, "Cordoned", "node node-a cordoned for shutdown-node-a"),
         ev(300, "DrainTargets", "node node-a drains Default<=1000"),
+        // The same targets told again (events are written in the background, their order
+        // not kept): the band goes on.
+        ev(1_600, "DrainTargets", "node node-a drains Default<=1000"),
         ev(1_500, "EvictionBlocked", "eviction of 2 pod(s) blocked by PodDisruptionBudget shop/web-pdb; retrying with back-off: shop/web-1, shop/web-2"),
         ev(16_000, "Replanned", "planned again at 16s: the apiserver did not answer (8s lost); the 44s left of the shutdown budget split over the pods left"),
         ev(21_000, "Escalated", "2 pod(s) still running at their shutdown deadline: deleted with the grace left: shop/web-1, shop/web-2"),
@@ -161,4 +164,30 @@ fn names_from_outside_are_escaped() {
 #[test]
 fn nothing_told_is_no_story() {
     assert_eq!(Story::tell("node-a", &[], &[], t(0)), None);
+}
+
+#[test]
+fn a_refusal_told_before_its_bands_first_event_waits_until_the_escalation() {
+    let events = [
+        ev(
+            100,
+            "EvictionBlocked",
+            "eviction of 1 pod(s) blocked by PodDisruptionBudget a/b; retrying with back-off: a/p",
+        ),
+        ev(120, "DrainTargets", "node node-a drains Default<=1000"),
+        ev(
+            2_000,
+            "Escalated",
+            "1 pod(s) still running at their shutdown deadline: deleted with the grace left: a/p",
+        ),
+        ev(2_500, "Drained", "node node-a drained for shutdown-node-a"),
+    ];
+    let s = Story::tell("node-a", &[], &events, t(9_000)).unwrap();
+    let waits: Vec<_> = s
+        .waits
+        .iter()
+        .map(|w| (w.pod.as_str(), w.from, w.to))
+        .collect();
+    assert_eq!(waits, [("a/p", t(100), t(2_000))]);
+    assert_eq!((s.end, s.outcome.as_str()), (t(2_500), "drained"));
 }
