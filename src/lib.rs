@@ -35,9 +35,10 @@ mod yaml;
 /// exit codes and output helpers.
 pub mod commands {
     pub use crate::cli::{
-        align, approve_command, check_config, complete, crds, exit_code, human, load_settings,
-        parse_budget, parse_pod_list, plan, record_panics, request_command, run, runtime, status,
-        LabelKeys, ListedPod, OutputFormat, PlanOptions, RequestOptions, EXIT_CONFIG, EXIT_FAILURE,
+        align, approve_command, check_config, complete, crds, exit_code, history, human,
+        load_settings, parse_budget, parse_pod_list, plan, record_panics, request_command, run,
+        runtime, status, LabelKeys, ListedPod, OutputFormat, PlanOptions, RequestOptions,
+        EXIT_CONFIG, EXIT_FAILURE,
     };
     pub use crate::credentials::approve::ApproveOptions;
     pub use crate::sandbox::generator_command;

@@ -70,6 +70,18 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = cli::OutputFormat::Table)]
         output: cli::OutputFormat,
     },
+    /// A node's last shutdowns drawn on a time axis (its bands, the pods that waited and on
+    /// what, the apiserver's outages and re-plans, the escalations), read from the Events
+    /// the daemon wrote on its shutdown NodeMaintenance: from any machine with a kubeconfig.
+    #[command(after_help = HISTORY_HELP)]
+    History {
+        /// The node's name.
+        node: String,
+        /// The kubeconfig to read with (default: $KUBECONFIG, then in-cluster config). Not
+        /// the node's configuration.
+        #[arg(long, value_name = "FILE")]
+        kubeconfig: Option<PathBuf>,
+    },
     /// nodegrace's identity on this node (nodegrace:node:<node> in nodegrace:nodes): request
     /// it, or approve nodes' requests.
     #[command(subcommand)]
@@ -197,6 +209,16 @@ in every case):
   5  the budget is below the reserves the drain plan needs for the node's pods (the
      reserves are scaled down and ordinary pods get no time)";
 
+const HISTORY_HELP: &str = "\
+Reads the Events nodegrace wrote on NodeMaintenance shutdown-<node> (namespace default, where
+Events of cluster-scoped objects live; the apiserver keeps them an hour by default) and that
+maintenance, and draws each shutdown they tell, at most the last 5: one time axis, a bar per
+band, the apiserver's outages (from each re-plan's time lost), a row per pod whose eviction was
+refused (from the first refusal until it was escalated or its band ended), and R (re-planned),
+E (escalated) and F (offline fallback) where they happened, then the same as a list. Lines fit
+the terminal's width (else $COLUMNS, else 80); colour only on a terminal without NO_COLOR. Needs
+get on the NodeMaintenance and list on Events in namespace default.";
+
 const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";
 
@@ -228,6 +250,7 @@ fn main() -> ExitCode {
         ),
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
+        Command::History { node, kubeconfig } => cli::history(&node, kubeconfig.as_deref()),
         Command::Credentials(CredentialsCommand::Request { wait, force }) => {
             nodegrace::commands::request_command(
                 &args.config,

@@ -203,6 +203,10 @@ fn status_json_shows_local_state_and_an_unreachable_apiserver() {
         "released (budget 10m",
         "Offline drain  poweroff of boot b-0: 1 pod(s) stopped, 1 not",
         "Timeline",
+        // Drawn from the daemon's phases alone: the apiserver, and so the Events, is out
+        // of reach.
+        "Last shutdown:\nnode-a: shutdown at ",
+        ", released: node drained\n",
     ] {
         assert!(table.contains(expected), "{expected:?} missing:\n{table}");
     }

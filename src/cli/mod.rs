@@ -17,13 +17,16 @@ pub use crate::api::crds_command as crds;
 
 mod complete;
 mod credentials;
+mod history;
 mod panics;
 mod plan;
 mod podlist;
 mod status;
+mod timeline;
 
 pub use complete::complete_command as complete;
 pub use credentials::{approve_command, request_command, RequestOptions};
+pub use history::history_command as history;
 pub use panics::{exit_code, record_panics};
 
 pub use plan::{parse_budget, plan_command as plan, PlanOptions};

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{CredentialReport, StatusReport};
+use crate::cli::timeline::{draw, Story};
 use crate::cli::{align, human};
 
 /// The table's rows, in order.
@@ -101,6 +102,15 @@ pub(crate) fn render_table(r: &StatusReport) -> String {
             .collect();
         for line in align(&rows) {
             out.push_str(&format!("  {line}\n"));
+        }
+    }
+    let node = r.node.as_deref().unwrap_or("this node");
+    if let Some(story) = Story::tell(node, &l.timeline, &l.events, chrono::Utc::now()) {
+        let (width, colour) = crate::cli::history::terminal();
+        out.push_str("\nLast shutdown:\n");
+        for line in draw(&story, width, colour) {
+            out.push_str(&line);
+            out.push('\n');
         }
     }
     out
