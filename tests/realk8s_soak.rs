@@ -549,6 +549,12 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
         Some(Ok(mut i)) => {
             let kubelets = f.kubelet_requests();
             let ctrs = runtime.seen();
+            let running_now: std::collections::BTreeSet<String> = rk::containers(&endpoint)
+                .await
+                .into_iter()
+                .filter(|c| c.state == CONTAINER_RUNNING)
+                .map(|c| c.id)
+                .collect();
             let reqs = f.nodegrace_requests();
             if d.fault.stops_control_plane() {
                 let back = kubelet_caught_up(&originals, &kubelets, &ctrs, &f.name, i.over);
@@ -575,7 +581,14 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
                 .collect();
             check(&d, &node, &i, &deployments, &mut m, |signal| {
                 real_pods_went_once(
-                    &originals, &reqs, &kubelets, &ctrs, &journal, &f.name, signal,
+                    &originals,
+                    &reqs,
+                    &kubelets,
+                    &ctrs,
+                    &running_now,
+                    &journal,
+                    &f.name,
+                    signal,
                 )
             })
             .unwrap_or_else(Outcome::Broken)
@@ -600,14 +613,16 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
 
 /// [`each_pod_went_once`] on the real kubelet, from its own requests and its runtime: every
 /// original pod stopped by the kubelet (its terminal status written, or the mirror pod
-/// deleted), every container of theirs exited on its own after SIGTERM (exit code 0: none
-/// was killed at the end of a grace period cut short), each Deployment pod evicted exactly
-/// once and never DELETEd. Returns when the last of them went.
+/// deleted), none still running, every container of theirs seen exiting exited on its own
+/// after SIGTERM (exit code 0: none was killed at the end of a grace period cut short),
+/// each Deployment pod evicted exactly once and never DELETEd. Returns when the last of
+/// them went.
 fn real_pods_went_once(
     originals: &[Pod],
     reqs: &[realk8s::audit::Request],
     kubelets: &[realk8s::audit::Request],
     ctrs: &[rk::Ctr],
+    running_now: &std::collections::BTreeSet<String>,
     journal: &str,
     node: &str,
     signal: f64,
@@ -626,16 +641,24 @@ fn real_pods_went_once(
                 format!("the runtime never showed {name}'s containers"),
             ));
         }
+        // A container last seen running that the runtime no longer has ended and was
+        // removed between two looks (the kubelet removes a deleted pod's containers at
+        // once): its end was not seen, so it is not judged.
+        if let Some(c) = ours.iter().find(|c| running_now.contains(&c.id)) {
+            return Err(broken(
+                "a pod left running",
+                format!("{name}: container {} still running", c.id),
+            ));
+        }
         if let Some(c) = ours
             .iter()
-            .find(|c| c.state != CONTAINER_EXITED || c.exit_code != 0)
+            .find(|c| c.state == CONTAINER_EXITED && c.exit_code != 0)
         {
             return Err(broken(
                 "grace cut",
                 format!(
-                    "{name}: container {} state {} exit code {} (finished {:.2} s after the signal)",
+                    "{name}: container {} exited {} ({:.2} s after the signal)",
                     c.id,
-                    c.state,
                     c.exit_code,
                     c.finished - signal
                 ),
@@ -730,6 +753,9 @@ fn kubelet_slow_to_act(
     }
     per_band.iter().sum()
 }
+
+/// The CRI's `CONTAINER_RUNNING`.
+const CONTAINER_RUNNING: i32 = 1;
 
 /// The CRI's `CONTAINER_EXITED`.
 const CONTAINER_EXITED: i32 = 2;
