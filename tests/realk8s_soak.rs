@@ -580,16 +580,12 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
                 .map(|p| p.name_any())
                 .collect();
             check(&d, &node, &i, &deployments, &mut m, |signal| {
-                real_pods_went_once(
-                    &originals,
-                    &reqs,
-                    &kubelets,
-                    &ctrs,
-                    &running_now,
-                    &journal,
-                    &f.name,
-                    signal,
-                )
+                let kubelet = KubeletRecord {
+                    requests: &kubelets,
+                    containers: &ctrs,
+                    running_now: &running_now,
+                };
+                real_pods_went_once(&originals, &reqs, &kubelet, &journal, &f.name, signal)
             })
             .unwrap_or_else(Outcome::Broken)
         }
@@ -620,13 +616,16 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
 fn real_pods_went_once(
     originals: &[Pod],
     reqs: &[realk8s::audit::Request],
-    kubelets: &[realk8s::audit::Request],
-    ctrs: &[rk::Ctr],
-    running_now: &std::collections::BTreeSet<String>,
+    kubelet: &KubeletRecord,
     journal: &str,
     node: &str,
     signal: f64,
 ) -> Result<f64, Broken> {
+    let KubeletRecord {
+        requests: kubelets,
+        containers: ctrs,
+        running_now,
+    } = kubelet;
     let mirror = format!("etcd-{node}");
     let mut last_gone = 0f64;
     for p in originals {
@@ -752,6 +751,14 @@ fn kubelet_slow_to_act(
         }
     }
     per_band.iter().sum()
+}
+
+/// What the real kubelet did: its requests, every container its runtime showed while the
+/// node drained, and those still running after.
+struct KubeletRecord<'a> {
+    requests: &'a [realk8s::audit::Request],
+    containers: &'a [rk::Ctr],
+    running_now: &'a std::collections::BTreeSet<String>,
 }
 
 /// The CRI's `CONTAINER_RUNNING`.
