@@ -31,7 +31,7 @@ const SHUTDOWNS_MAX: usize = 5;
 /// The Events nodegrace wrote on `node`'s shutdown maintenances, one list per maintenance
 /// (its UID: each shutdown creates its own), oldest shutdown first. The Recorder writes
 /// the events of a cluster-scoped object in `default`.
-pub(crate) async fn shutdown_events(client: &kube::Client, node: &str) -> Result<Vec<Vec<Record>>> {
+async fn shutdown_events(client: &kube::Client, node: &str) -> Result<Vec<Vec<Record>>> {
     let name = shutdown_maintenance_name(node);
     let api: Api<Event> = Api::namespaced(client.clone(), "default");
     let mut by_uid: Vec<(String, Vec<Record>)> = Vec::new();

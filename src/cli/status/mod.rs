@@ -216,9 +216,6 @@ pub(crate) struct ShutdownSection {
     pub current: Option<ShutdownStatus>,
     /// The daemon's phase changes of this run, oldest first.
     pub timeline: Vec<PhaseChange>,
-    /// The Events of the node's last shutdown maintenance, for the drawing.
-    #[serde(skip)]
-    pub events: Vec<crate::cli::timeline::Record>,
     /// `offline-drain.json`: what the offline fallback did, not yet recorded on a
     /// NodeMaintenance (the daemon does that once the apiserver answers after the boot).
     pub offline_drain: Option<OfflineDrainSummary>,
@@ -342,7 +339,7 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
     };
     let (daemon, status) = daemon_section(status_file);
     let budget = budget_section(settings, status.as_ref());
-    let (apiserver, maintenances, events) =
+    let (apiserver, maintenances) =
         runtime()?.block_on(cluster_sections(settings, node.as_deref()));
     let (persisted, persisted_error) = match ShutdownState::load(&settings.state_dir) {
         Ok(s) => (s, None),
@@ -388,7 +385,6 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
             persisted_error,
             current: status.as_ref().and_then(|s| s.shutdown.clone()),
             timeline: status.map(|s| s.timeline).unwrap_or_default(),
-            events,
             offline_drain,
             offline_drain_error,
         },
@@ -685,11 +681,7 @@ async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = Result<T>
 async fn cluster_sections(
     settings: &Settings,
     node: Option<&str>,
-) -> (
-    ApiserverSection,
-    MaintenanceSection,
-    Vec<crate::cli::timeline::Record>,
-) {
+) -> (ApiserverSection, MaintenanceSection) {
     let mut api = ApiserverSection {
         reachable: false,
         version: None,
@@ -716,15 +708,11 @@ async fn cluster_sections(
         }
         Err(e) => {
             api.error = Some(one_line(&e));
-            return (api, unknown("apiserver unreachable".into()), Vec::new());
+            return (api, unknown("apiserver unreachable".into()));
         }
     };
     let Some(node) = node else {
-        return (
-            api,
-            unknown("the node name is not known".into()),
-            Vec::new(),
-        );
+        return (api, unknown("the node name is not known".into()));
     };
     let maintenances = bounded("listing NodeMaintenances", async {
         crate::cluster::list_maintenances_for(&client, node).await
@@ -732,7 +720,7 @@ async fn cluster_sections(
     .await;
     let maintenances = match maintenances {
         Ok(list) => list,
-        Err(e) => return (api, unknown(one_line(&e)), Vec::new()),
+        Err(e) => return (api, unknown(one_line(&e))),
     };
     // Label selectors need the Node; without it only entries and name pins can be judged.
     let node_obj = bounded("reading the Node", async {
@@ -768,13 +756,6 @@ async fn cluster_sections(
         .iter()
         .map(|m| maintenance_report(m, node, &pods))
         .collect();
-    let events = bounded("reading the shutdown's Events", async {
-        crate::cli::history::shutdown_events(&client, node).await
-    })
-    .await
-    .ok()
-    .and_then(|mut lists| lists.pop())
-    .unwrap_or_default();
     (
         api,
         MaintenanceSection {
@@ -782,7 +763,6 @@ async fn cluster_sections(
             error: None,
             active: reports,
         },
-        events,
     )
 }
 

@@ -105,7 +105,7 @@ pub(crate) fn render_table(r: &StatusReport) -> String {
         }
     }
     let node = r.node.as_deref().unwrap_or("this node");
-    if let Some(story) = Story::tell(node, &l.timeline, &l.events, chrono::Utc::now()) {
+    if let Some(story) = Story::tell(node, &l.timeline, &[], chrono::Utc::now()) {
         let (width, colour) = crate::cli::history::terminal();
         out.push_str("\nLast shutdown:\n");
         for line in draw(&story, width, colour) {
