@@ -1081,12 +1081,15 @@ async fn an_outage_just_after_a_bands_evictions_costs_it_no_grace() {
             tokio::time::sleep(Duration::from_millis(200)).await;
             api.set_reachable(false).await.unwrap();
             // Planned at the start (12 s, one band), web escalates at 6 s; the outage ends at
-            // about 7 s, and planned again then it escalates at 7 + 5 / 2 = 9.5 s, after its
-            // 8 s of graceful termination.
+            // about 8 s (7 s away, then about a second of refused reads), and planned again
+            // then it escalates at 8 + 4 / 2 = 10 s, after its 8 s of graceful termination.
             tokio::time::sleep(Duration::from_millis(6800)).await;
             // It comes back as a restarted apiserver does: reads refused (403) until its
-            // authorization caches are loaded, while writes already go through.
-            api.inject_errors(Some("GET"), "*", 403, 12);
+            // authorization caches are loaded, while writes already go through. Four: about
+            // one round of the node's retries (its watches and its node read, each about a
+            // second apart by now), so that the outage ends 2 s before the fallback is due
+            // (`fallback.apiserver_timeout`, 10 s after it began) even on a loaded machine.
+            api.inject_errors(Some("GET"), "*", 403, 4);
             api.set_reachable(true).await.unwrap();
         })
     };
