@@ -41,8 +41,9 @@ impl TerminationMethod {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MethodLabel {
+struct TerminatedLabel {
     method: String,
+    band: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -107,7 +108,7 @@ pub struct Metrics {
     last_shutdown_end: FloatGauge,
     last_shutdown_outcome: Family<OutcomeLabel, Gauge>,
     band_duration: Family<BandLabel, FloatGauge>,
-    pods_terminated: Family<MethodLabel, Counter>,
+    pods_terminated: Family<TerminatedLabel, Counter>,
     escalations: Counter,
     fallback_used: Counter,
     inhibitor_held: Gauge,
@@ -173,7 +174,10 @@ const BAND_DURATION: Help = (
     "How long each drain band of the last shutdown took",
 );
 
-const PODS_TERMINATED: Help = ("pods_terminated", "Pods terminated, by method");
+const PODS_TERMINATED: Help = (
+    "pods_terminated",
+    "Pods terminated, by method and by the band they were terminated in (named as band_duration_seconds names it)",
+);
 
 const ESCALATIONS: Help = (
     "escalations",
@@ -283,7 +287,7 @@ impl Metrics {
             pods_terminated: register(
                 r,
                 PODS_TERMINATED,
-                Family::<MethodLabel, Counter>::default(),
+                Family::<TerminatedLabel, Counter>::default(),
             ),
             escalations: register(r, ESCALATIONS, Counter::default()),
             fallback_used: register(r, FALLBACK_USED, Counter::default()),
@@ -350,6 +354,10 @@ impl Metrics {
     }
 
     pub(crate) fn eviction_refused(&self, why: Refusal) {
+        self.evictions_refused(why, 1);
+    }
+
+    pub(crate) fn evictions_refused(&self, why: Refusal, count: u64) {
         let reason = match why {
             Refusal::Budget => "budget",
             Refusal::Throttled => "throttled",
@@ -359,7 +367,7 @@ impl Metrics {
             .get_or_create(&ReasonLabel {
                 reason: reason.into(),
             })
-            .inc();
+            .inc_by(count);
     }
 
     pub(crate) fn shutdown_started(&self, at: chrono::DateTime<chrono::Utc>) {
@@ -388,10 +396,13 @@ impl Metrics {
             .set(took.as_secs_f64());
     }
 
-    pub(crate) fn pod_terminated(&self, method: TerminationMethod) {
+    /// `band` is the name [`Metrics::band_finished`] gets for the same band: the drain's
+    /// targets, or the offline fallback's priority band.
+    pub(crate) fn pod_terminated(&self, method: TerminationMethod, band: &str) {
         self.pods_terminated
-            .get_or_create(&MethodLabel {
+            .get_or_create(&TerminatedLabel {
                 method: method.label().into(),
+                band: band.into(),
             })
             .inc();
     }
@@ -570,9 +581,10 @@ mod tests {
     #[test]
     fn recorded_values_appear_in_the_exposition() {
         let m = Metrics::new();
-        m.pod_terminated(TerminationMethod::Eviction);
-        m.pod_terminated(TerminationMethod::Eviction);
-        m.pod_terminated(TerminationMethod::Cri);
+        m.pod_terminated(TerminationMethod::Eviction, "Default<=0");
+        m.pod_terminated(TerminationMethod::Eviction, "Default<=0");
+        m.pod_terminated(TerminationMethod::Eviction, "Default<=1000");
+        m.pod_terminated(TerminationMethod::Cri, "priority>=0 (offline)");
         m.set_inhibitor_held(true);
         m.set_effective_budget(std::time::Duration::from_secs(90));
         m.band_finished("Default/0", std::time::Duration::from_millis(1500));
@@ -601,14 +613,13 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
-        assert!(
-            text.contains("nodegrace_pods_terminated_total{method=\"eviction\"} 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains("nodegrace_pods_terminated_total{method=\"cri\"} 1"),
-            "{text}"
-        );
+        for line in [
+            "nodegrace_pods_terminated_total{method=\"eviction\",band=\"Default<=0\"} 2",
+            "nodegrace_pods_terminated_total{method=\"eviction\",band=\"Default<=1000\"} 1",
+            "nodegrace_pods_terminated_total{method=\"cri\",band=\"priority>=0 (offline)\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
         assert!(text.contains("nodegrace_inhibitor_held 1"), "{text}");
         assert!(
             text.contains("nodegrace_effective_budget_seconds 90.0"),

@@ -411,8 +411,15 @@ async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() 
     let reply = scrape(&addr).await;
     let (head, body) = reply.split_once("\r\n\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 200"), "{reply}");
+    // Both evicted in the drain's one band, under the name its duration has.
+    let band = sample_labelled(body, "nodegrace_band_duration_seconds{band=\"");
+    assert_eq!(band.len(), 1, "{body}");
+    let terminated = format!(
+        "nodegrace_pods_terminated_total{{method=\"eviction\",band=\"{}\"}} 2",
+        band[0]
+    );
+    assert!(body.contains(&terminated), "{terminated} missing:\n{body}");
     for line in [
-        "nodegrace_pods_terminated_total{method=\"eviction\"} 2",
         "nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"} 1",
         "nodegrace_armed 0",
         "nodegrace_draining 0",
@@ -421,6 +428,14 @@ async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() 
         assert!(body.contains(line), "{line} missing:\n{body}");
     }
     promtool::check_metrics(&promtool, body);
+}
+
+/// The values of the first label of the series whose line starts `prefix` (the metric's name,
+/// `{` and the label's name, `="`), as `body` shows them.
+fn sample_labelled<'a>(body: &'a str, prefix: &str) -> Vec<&'a str> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(prefix)?.split_once('"').map(|(v, _)| v))
+        .collect()
 }
 
 /// The body of a scrape (Prometheus's text format), failing unless it answers 200.

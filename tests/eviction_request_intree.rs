@@ -110,12 +110,20 @@ async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it()
     assert_eq!(crd_requests_posted(&reqs), 0);
     // Counted by the way each went: kv through its request, web evicted directly.
     let metrics = env.metrics.render().unwrap();
+    // And by the band each went in, named as the band's duration is (the default plan: the
+    // Default pods first, then the DaemonSet pods).
+    const DEFAULT: &str = "Default<=1000000000";
+    const DAEMONSETS: &str = "Default<=2147483647, DaemonSet<=1000000000";
     for line in [
-        "nodegrace_pods_terminated_total{method=\"eviction_request\"} 1",
-        "nodegrace_pods_terminated_total{method=\"eviction\"} 1",
-        "nodegrace_pods_terminated_total{method=\"delete\"} 1",
+        format!(
+            "nodegrace_pods_terminated_total{{method=\"eviction_request\",band=\"{DEFAULT}\"}} 1"
+        ),
+        format!("nodegrace_pods_terminated_total{{method=\"eviction\",band=\"{DEFAULT}\"}} 1"),
+        format!("nodegrace_pods_terminated_total{{method=\"delete\",band=\"{DAEMONSETS}\"}} 1"),
+        format!("nodegrace_band_duration_seconds{{band=\"{DEFAULT}\"}} "),
+        format!("nodegrace_band_duration_seconds{{band=\"{DAEMONSETS}\"}} "),
     ] {
-        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
     }
     let eviction = controllers.eviction_of("work", &kv).unwrap();
     assert_eq!(eviction["metadata"]["labels"][KEY], "requester");
@@ -158,20 +166,27 @@ async fn with_both_served_the_in_tree_api_wins_and_says_so() {
     );
 }
 
-#[tokio::test]
-async fn a_cancelled_maintenance_withdraws_and_the_eviction_is_cancelled() {
-    let env = Env::new(KubeletConfig::node(NODE)).await;
+/// An administrator's maintenance drains db, whose budget allows no disruption; its operator
+/// is done at once, leaving db to the in-tree evictor, which the budget refuses.
+async fn db_left_to_the_evictor(env: &Env) -> (FakeEvictionControllers, String, NodeDrainer) {
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pdb("db-pdb", "db", 1);
-    declare(&env, "db", "db.example.com/operator");
-    let db = uid(&env, "db");
+    declare(env, "db", "db.example.com/operator");
+    let db = uid(env, "db");
     env.admin_maintenance("upgrade", "Drain", json!([]));
-    let _drainer = start(&env);
+    let drainer = start(env);
     eventually(15, "the operator done with db", || {
         controllers.respond("work", &db, "db.example.com/operator", "done", true)
     })
     .await;
+    (controllers, db, drainer)
+}
+
+#[tokio::test]
+async fn a_cancelled_maintenance_withdraws_and_the_eviction_is_cancelled() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let (controllers, db, _drainer) = db_left_to_the_evictor(&env).await;
     eventually(15, "the imperative evictor refused by the budget", || {
         controllers
             .eviction_of("work", &db)
@@ -497,20 +512,25 @@ fn the_shipped_cluster_role_grants_what_the_in_tree_path_checks_for() {
     }
 }
 
-#[tokio::test]
-async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
-    let env = Env::new(KubeletConfig::node(NODE)).await;
-    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+/// gang, a pod of a PodGroup declaring a responder: the in-tree API refuses its request
+/// (EvictionInvalid) and makes no Eviction. Its UID.
+fn gang_pod(env: &Env) -> String {
     env.pod("gang", Kind::Default, 0, 30, json!({"app": "gang"}));
-    // A pod of a PodGroup: the in-tree API refuses it (EvictionInvalid), no Eviction is made.
     env.cluster
         .store
         .update_in_process("", "pods", "work", "gang", |p| {
             p["spec"]["schedulingGroup"] = json!({"podGroupName": "g"})
         })
         .unwrap();
-    declare(&env, "gang", "gang.example.com/operator");
-    let gang = uid(&env, "gang");
+    declare(env, "gang", "gang.example.com/operator");
+    uid(env, "gang")
+}
+
+#[tokio::test]
+async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    let gang = gang_pod(&env);
     let drainer = start(&env);
     tokio::time::timeout(
         Duration::from_secs(30),
@@ -531,6 +551,59 @@ async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
         "nodegrace evicted it through the Eviction API"
     );
     assert!(env.deletes().is_empty(), "long before any escalation");
+}
+
+/// The in-tree evictor's attempts, as its message in the pod's Eviction counts them.
+fn retries(controllers: &FakeEvictionControllers, uid: &str) -> u64 {
+    let text = controllers
+        .eviction_of("work", uid)
+        .unwrap_or_default()
+        .to_string();
+    text.split_once("number of retries: ").map_or(0, |(_, n)| {
+        n.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    })
+}
+
+/// The in-tree evictor's refusals are nodegrace's to count though it did not send them:
+/// each attempt once, by the budget that refused it.
+#[tokio::test]
+async fn each_refusal_of_the_in_tree_evictor_is_counted_once_by_its_reason() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let (controllers, db, _drainer) = db_left_to_the_evictor(&env).await;
+    eventually(15, "two refusals, each counted", || {
+        let tried = retries(&controllers, &db);
+        tried >= 2 && env.refused("budget") == tried
+    })
+    .await;
+    assert!(
+        env.evictions().is_empty(),
+        "nodegrace evicted nothing itself"
+    );
+    assert_eq!(env.refused("error") + env.refused("throttled"), 0);
+}
+
+/// Where the in-tree controller gives up and nodegrace evicts the pod itself, the budget's
+/// refusal of that eviction is counted once.
+#[tokio::test]
+async fn a_direct_eviction_after_the_in_tree_api_refused_is_counted_when_a_budget_refuses_it() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
+    gang_pod(&env);
+    env.pdb("gang-pdb", "gang", 1);
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    let _drainer = start(&env);
+    eventually(15, "the direct eviction refused and counted", || {
+        env.evictions() == ["gang"] && env.refused("budget") == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.evictions(), ["gang"]);
+    assert_eq!(env.refused("budget"), 1, "counted once");
+    assert!(env.pod_exists("gang"));
 }
 
 #[tokio::test]

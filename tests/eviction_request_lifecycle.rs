@@ -85,6 +85,34 @@ fn respond(env: &Env, uid: &str, responder: &str, complete: bool) {
         .unwrap();
 }
 
+/// pg, whose budget allows no disruption, declaring the operator as its responder.
+fn pg_behind_its_budget(env: &Env) -> String {
+    env.pod("pg", Kind::Default, 0, 30, json!({"app": "pg"}));
+    env.pdb("pg-pdb", "pg", 1);
+    annotate(
+        env,
+        "pg",
+        "nodegrace.dev/eviction-responders",
+        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
+    );
+    uid(env, "pg")
+}
+
+/// pg's operator, once active on its Eviction, is done: the evictor takes over.
+async fn operator_done(env: &Env, pg: &str) {
+    eventually(10, "pg's operator active", || {
+        eviction_of(env, pg)
+            .is_some_and(|e| states(&e).first().map(|s| s.2.as_str()) == Some("Active"))
+    })
+    .await;
+    eventually(10, "pg's operator completed", || {
+        respond(env, pg, OPERATOR, true);
+        eviction_of(env, pg)
+            .is_some_and(|e| states(&e).first().map(|s| s.2.as_str()) == Some("Completed"))
+    })
+    .await;
+}
+
 fn posted_requests(reqs: &[RecordedRequest]) -> Vec<Value> {
     reqs.iter()
         .filter(|r| {
@@ -204,15 +232,7 @@ async fn responder_then_evictor(opaque: bool) {
 #[tokio::test]
 async fn a_budget_refusing_the_evictor_names_it_and_the_pod_is_escalated_at_the_deadline() {
     let env = env_with_our_crds().await;
-    env.pod("pg", Kind::Default, 0, 30, json!({"app": "pg"}));
-    env.pdb("pg-pdb", "pg", 1);
-    annotate(
-        &env,
-        "pg",
-        "nodegrace.dev/eviction-responders",
-        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
-    );
-    let pg = uid(&env, "pg");
+    let pg = pg_behind_its_budget(&env);
     // Every eviction is answered late, so that one is on its way when the drain escalates.
     env.cluster
         .api
@@ -220,17 +240,7 @@ async fn a_budget_refusing_the_evictor_names_it_and_the_pod_is_escalated_at_the_
     let drainer = start_drainer(&env);
     // The operator is done at once: the evictor takes over.
     let done = async {
-        eventually(10, "pg's operator active", || {
-            eviction_of(&env, &pg)
-                .is_some_and(|e| states(&e).first().map(|s| s.2.as_str()) == Some("Active"))
-        })
-        .await;
-        eventually(10, "pg's operator completed", || {
-            respond(&env, &pg, OPERATOR, true);
-            eviction_of(&env, &pg)
-                .is_some_and(|e| states(&e).first().map(|s| s.2.as_str()) == Some("Completed"))
-        })
-        .await;
+        operator_done(&env, &pg).await;
     };
     let poweroff = request(ShutdownKind::Poweroff, Duration::from_secs(4));
     let (drained, ()) = tokio::join!(
@@ -285,6 +295,25 @@ async fn a_budget_refusing_the_evictor_names_it_and_the_pod_is_escalated_at_the_
             .collect::<Vec<_>>(),
         [OPERATOR, EVICTOR]
     );
+}
+
+/// nodegrace's own evictor counts each eviction a budget refuses where it sends it; the
+/// requester, which reads the same refusals back from the Eviction, does not count them again.
+#[tokio::test]
+async fn each_refusal_of_nodegraces_evictor_is_counted_once() {
+    let env = env_with_our_crds().await;
+    let pg = pg_behind_its_budget(&env);
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    let _drainer = start_drainer(&env);
+    operator_done(&env, &pg).await;
+    // Every eviction of pg is refused by its budget: as many refusals as evictions sent.
+    eventually(15, "two refusals, each counted", || {
+        let sent = env.evictions().len() as u64;
+        sent >= 2 && env.refused("budget") == sent
+    })
+    .await;
+    assert!(env.pod_exists("pg"));
+    assert_eq!(env.refused("error") + env.refused("throttled"), 0);
 }
 
 #[tokio::test]

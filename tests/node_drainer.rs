@@ -249,10 +249,15 @@ async fn no_apiserver_at_all_drains_every_band_locally() {
     assert!(runtime.running().is_empty());
     let text = env.metrics.render().unwrap();
     assert!(text.contains("nodegrace_fallback_used_total 1"), "{text}");
-    assert!(
-        text.contains("nodegrace_pods_terminated_total{method=\"cri\"} 3"),
-        "{text}"
-    );
+    // Counted by the priority band each was stopped in, named as the bands' durations are.
+    for line in [
+        "nodegrace_pods_terminated_total{method=\"cri\",band=\"priority>=0 (offline)\"} 2",
+        "nodegrace_pods_terminated_total{method=\"cri\",band=\"priority>=2000000000 (offline)\"} 1",
+        "nodegrace_band_duration_seconds{band=\"priority>=0 (offline)\"} ",
+        "nodegrace_band_duration_seconds{band=\"priority>=2000000000 (offline)\"} ",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
 
     let record = OfflineDrain::load(env.dir.path())
         .unwrap()

@@ -9,6 +9,9 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::Api;
 
+use crate::cluster::gateway::Reply;
+use crate::metrics::Refusal;
+
 /// What became of a request to terminate a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -144,6 +147,19 @@ fn classify(result: kube::Result<()>) -> kube::Result<Outcome> {
     }
 }
 
+/// Whether `reply` to an eviction (or a DELETE) refused it, and why: the counting of
+/// `nodegrace_evictions_refused_total` on every path nodegrace sends the request itself.
+/// No answer at all is not a refusal: nothing was asked.
+pub(crate) fn refusal(reply: &Reply<Outcome>) -> Option<Refusal> {
+    match reply {
+        Ok(Outcome::Blocked { .. }) => Some(Refusal::Budget),
+        Ok(Outcome::Accepted | Outcome::Gone) => None,
+        Err(f) if f.throttled().is_some() => Some(Refusal::Throttled),
+        Err(f) if f.answered() => Some(Refusal::Error),
+        Err(_) => None,
+    }
+}
+
 /// The Eviction API's 429 for a disruption budget: "Cannot evict pod as it would violate
 /// the pod's disruption budget.", with a cause of reason `DisruptionBudget`.
 pub(crate) fn is_budget_refusal(status: &Status) -> bool {
@@ -269,5 +285,23 @@ mod tests {
         assert!(classify(Err(kube::Error::Api(s))).is_err());
         let conflict = status(409, "Operation cannot be fulfilled", vec![]);
         assert!(classify(Err(kube::Error::Api(conflict))).is_err());
+    }
+
+    #[test]
+    fn a_refusal_is_a_budget_a_throttle_or_an_answered_error_and_no_answer_is_none() {
+        let failure = |s: Box<Status>| Err(Failure::new(kube::Error::Api(s)));
+        let blocked = Ok(Outcome::Blocked {
+            budget: None,
+            message: "Cannot evict pod".into(),
+        });
+        assert_eq!(refusal(&blocked), Some(Refusal::Budget));
+        let apf = status(429, "Too many requests, please try again later.", vec![]);
+        assert_eq!(refusal(&failure(apf)), Some(Refusal::Throttled));
+        let forbidden = status(403, "forbidden", vec![]);
+        assert_eq!(refusal(&failure(forbidden)), Some(Refusal::Error));
+        let unanswered = Err(Failure::new(anyhow::anyhow!("connection refused")));
+        assert_eq!(refusal(&unanswered), None);
+        assert_eq!(refusal(&Ok(Outcome::Accepted)), None);
+        assert_eq!(refusal(&Ok(Outcome::Gone)), None);
     }
 }

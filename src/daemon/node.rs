@@ -271,15 +271,24 @@ impl NodeDrainer {
         })
     }
 
+    /// The fallback's pods stopped and its bands' durations, each band named by
+    /// [`crate::fallback::band_name`].
     fn count_cri_terminations(&self, report: &FallbackReport) {
+        let metrics = &self.parts.metrics;
         for pod in &report.pods {
-            match pod.outcome {
-                PodOutcome::Stopped => self.parts.metrics.pod_terminated(TerminationMethod::Cri),
-                PodOutcome::Gated => self
-                    .parts
-                    .metrics
-                    .pod_terminated(TerminationMethod::StaticGate),
-                _ => {}
+            let method = match pod.outcome {
+                PodOutcome::Stopped => TerminationMethod::Cri,
+                PodOutcome::Gated => TerminationMethod::StaticGate,
+                _ => continue,
+            };
+            metrics.pod_terminated(method, &crate::fallback::band_name(pod.band));
+        }
+        for band in &report.bands {
+            if let Some(ended) = band.ended_after {
+                metrics.band_finished(
+                    &crate::fallback::band_name(band.priority),
+                    ended.saturating_sub(band.started_after),
+                );
             }
         }
     }
@@ -567,6 +576,8 @@ where
     };
     let concurrency = settings.drain.max_concurrent_requests;
     let node_name = node.clone();
+    let own_controller = path == EvictionPath::LifecycleCrds && controller_wanted;
+    let refusals = metrics.clone();
     let engine = Engine::start(EngineOptions {
         client: clients.nodegrace.clone(),
         endpoint: format!("{endpoint} as {}", unknown(&verified.nodegrace)),
@@ -577,18 +588,24 @@ where
         terminator: Some(terminator),
     });
     if let Some(t) = &lifecycle {
-        let progress = t.progress(engine.eviction_block_sink());
+        // nodegrace's own evictor counts its refusals where it sends the evictions.
+        let progress = t.progress(
+            engine.eviction_block_sink(),
+            refusals.clone(),
+            own_controller,
+        );
         let shutting_down = engine.shutting_down();
         let stop = stop.clone();
         tokio::spawn(async move { progress.run(stop, shutting_down).await });
     }
-    if path == EvictionPath::LifecycleCrds && controller_wanted {
+    if own_controller {
         start_lifecycle_controller(
             &clients,
             &node_name,
             &engine,
             lifecycle.as_deref(),
             concurrency,
+            refusals,
             &stop,
         );
     }

@@ -90,6 +90,15 @@ impl FallbackOptions {
 
 pub(crate) use crate::state::report::{BandReport, FallbackReport, PodOutcome, PodReport};
 
+/// The name of the band of priority `priority` (its `shutdownGracePeriodByPodPriority`
+/// entry: the pods of at least that priority, below the next entry's):
+/// `priority>=1000 (offline)`, in the `band` label of `nodegrace_band_duration_seconds` and
+/// `nodegrace_pods_terminated_total`, next to the online drain's bands
+/// (`Default<=1000`, see the engine's `describe_targets`).
+pub(crate) fn band_name(priority: i32) -> String {
+    format!("priority>={priority} (offline)")
+}
+
 /// One thing to terminate: a running sandbox, or a static manifest with no sandbox.
 #[derive(Debug, Clone)]
 struct Target {

@@ -746,12 +746,12 @@ fn relevant_eviction<'a>(mine: &[&'a Eviction]) -> (Option<&'a Eviction>, bool) 
 mod decide;
 pub(crate) use decide::decide;
 mod evictor;
-pub(crate) use evictor::{
-    activated_eviction, decide_evictor, evictor_attempted, with_evictor_entry, EvictionOutcome,
-    EvictorDecision,
-};
 #[cfg(test)]
-use evictor::{evictor_backoff, recorded_attempts};
+use evictor::evictor_backoff;
+pub(crate) use evictor::{
+    activated_eviction, decide_evictor, evictor_attempted, recorded_attempts, with_evictor_entry,
+    EvictionOutcome, EvictorDecision,
+};
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::EvictionResponder;
 use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
 
+use super::evictions::recorded_attempts;
 use super::names;
+use crate::metrics::Refusal;
 
 /// The domain of nodegrace's requester keys.
 pub(crate) const REQUESTER_DOMAIN: &str = "nodegrace.dev";
@@ -251,6 +253,60 @@ pub(crate) fn respond(progress: &Progress) -> Response {
             named_uid: uid.clone(),
         },
     }
+}
+
+/// What an imperative evictor's message says of its refused evictions of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EvictorRefusals {
+    /// The evictor (responder name).
+    pub evictor: String,
+    /// Refused attempts so far, as the message counts them.
+    pub attempts: u32,
+    /// Why the last one was refused.
+    pub reason: Refusal,
+}
+
+/// The refusals an imperative evictor reports in `progress`, if it reports any. The reason
+/// is read from the Eviction API's words the message carries: a disruption budget, the
+/// apiserver's throttling ("Too many requests"), else an error.
+pub(crate) fn evictor_refusals(progress: &Progress) -> Option<EvictorRefusals> {
+    let Progress::Responding {
+        responder,
+        message: Some(message),
+    } = progress
+    else {
+        return None;
+    };
+    if !is_imperative_evictor(responder) || !is_refusal(message) {
+        return None;
+    }
+    let attempts = recorded_attempts(Some(message)).max(retries_counted(message));
+    let words = message.to_ascii_lowercase();
+    let reason = if words.contains("disruption budget") || words.contains("poddisruptionbudget") {
+        Refusal::Budget
+    } else if words.contains("too many requests") {
+        Refusal::Throttled
+    } else {
+        Refusal::Error
+    };
+    (attempts > 0).then(|| EvictorRefusals {
+        evictor: responder.clone(),
+        attempts,
+        reason,
+    })
+}
+
+/// The count of the KEP's wording, `number of retries: N`; 0 without one.
+fn retries_counted(message: &str) -> u32 {
+    let Some(i) = message.find("number of retries") else {
+        return 0;
+    };
+    let digits: String = message[i + "number of retries".len()..]
+        .trim_start_matches(|c: char| c == ':' || c.is_whitespace())
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap_or(0)
 }
 
 /// The in-tree imperative evictor or nodegrace's, on its CRDs: what they say is the Eviction

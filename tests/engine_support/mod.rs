@@ -222,6 +222,15 @@ impl Env {
         self.cluster.api.requests()
     }
 
+    /// `nodegrace_evictions_refused_total{reason}` as a scrape shows it; 0 before any.
+    pub fn refused(&self, reason: &str) -> u64 {
+        let series = format!("nodegrace_evictions_refused_total{{reason=\"{reason}\"}} ");
+        let text = self.metrics.render().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
     /// Pod names, in order, of the evictions POSTed.
     pub fn evictions(&self) -> Vec<String> {
         pod_requests(&self.requests(), "POST", "/eviction")

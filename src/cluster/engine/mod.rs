@@ -343,6 +343,9 @@ impl Replan {
     }
 }
 
+/// The band a drain is in, by its targets (`Default<=1000, DaemonSet<=2000 (selector)`): the
+/// one name of a band in logs, the DrainTargets events and the `band` label of both
+/// `nodegrace_band_duration_seconds` and `nodegrace_pods_terminated_total`.
 fn describe_targets(t: &DrainTargets) -> String {
     let parts: Vec<String> = t
         .to_entries()

@@ -11,17 +11,17 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::api::NodeMaintenance;
-use crate::cluster::evict::Outcome;
+use crate::cluster::evict::{self, Outcome};
 use crate::cluster::gateway::{self, Reply};
 use crate::cluster::node::maintenance_taint_patch;
 use crate::cluster::terminate::Request;
-use crate::metrics::{Refusal, TerminationMethod};
+use crate::metrics::TerminationMethod;
 use crate::plan::drain::Action;
 use crate::plan::pass::{self, Answer, Noted, PassDecisions, PodRequest};
 use crate::plan::reachability::Window;
 use crate::plan::{PodInfo, PodType};
 
-use super::{lock, DrainState, MaintView, Shared, RETRY_AFTER_ERROR};
+use super::{describe_targets, lock, DrainState, MaintView, Shared, RETRY_AFTER_ERROR};
 
 /// Names listed in one event; the count stays exact beyond it.
 const EVENT_MAX_NAMES: usize = 20;
@@ -122,11 +122,15 @@ impl Shared {
             .collect()
             .await;
         let now = self.epoch.elapsed();
+        let band = describe_targets(&st.targets);
         let mut retry: Option<Duration> = None;
         let mut told = Told::default();
         let (mut taken, mut any_throttled) = (0, false);
         for (r, request, result) in results {
             let result = gateway::answer_paced(self, result);
+            if let Some(why) = evict::refusal(&result) {
+                self.metrics.eviction_refused(why);
+            }
             match &result {
                 Err(f) if f.throttled().is_some() => any_throttled = true,
                 Err(f) if !f.answered() => {}
@@ -147,7 +151,7 @@ impl Shared {
             if let Some(at) = noted.retry {
                 retry = Some(retry.map_or(at, |r| r.min(at)));
             }
-            self.told(&mut told, &r, request, &answer, noted);
+            self.told(&mut told, &r, request, &answer, noted, &band);
         }
         if let Some(window) = st.window.as_mut() {
             if any_throttled {
@@ -158,7 +162,8 @@ impl Shared {
         }
         self.tell(node, views, told);
         if !d.gates.is_empty() {
-            self.gate_static_pods(st, node, &d.gates, views).await?;
+            self.gate_static_pods(st, node, &d.gates, views, &band)
+                .await?;
         }
         Ok(retry)
     }
@@ -202,21 +207,13 @@ impl Shared {
         request: Request,
         answer: &Answer,
         noted: Noted,
+        band: &str,
     ) {
         let m = r.maintenance.clone();
-        let refusal = match answer {
-            Answer::Blocked { .. } => Some(Refusal::Budget),
-            Answer::Throttled { .. } => Some(Refusal::Throttled),
-            Answer::Failed { answered: true } => Some(Refusal::Error),
-            _ => None,
-        };
-        if let Some(why) = refusal {
-            self.metrics.eviction_refused(why);
-        }
         match answer {
             Answer::Accepted => {
                 self.metrics
-                    .pod_terminated(self.terminator.method(&r.pod, request));
+                    .pod_terminated(self.terminator.method(&r.pod, request), band);
                 if noted.escalated {
                     self.metrics.escalated();
                     tracing::warn!(node = %self.node, maintenance = %m, pod = %r.pod.key(), ?request, "escalated to DELETE at the shutdown deadline");
@@ -363,6 +360,7 @@ impl Shared {
         node: &Node,
         statics: &[PodInfo],
         views: &[MaintView],
+        band: &str,
     ) -> Result<()> {
         let gate = self.gate.clone();
         let node_name = self.node.clone();
@@ -399,7 +397,8 @@ impl Shared {
             track.accepted = true;
             match r {
                 Ok(file) => {
-                    self.metrics.pod_terminated(TerminationMethod::StaticGate);
+                    self.metrics
+                        .pod_terminated(TerminationMethod::StaticGate, band);
                     tracing::info!(node = %self.node, pod = %pod.key(), manifest = %file, "static pod manifest gated");
                 }
                 Err(err) => {

@@ -35,10 +35,11 @@ use crate::cluster::evict::{self, Outcome};
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::terminate::{PodTerminator, Request};
 use crate::cluster::FIELD_MANAGER;
-use crate::metrics::TerminationMethod;
+use crate::metrics::{Metrics, TerminationMethod};
+use crate::plan::evictions::NODEGRACE_EVICTOR;
 use crate::plan::intree::{
-    check_responders, read_eviction, read_request, request_name, respond, Response,
-    INTENT_EVICTION, INTENT_WITHDRAWN,
+    check_responders, evictor_refusals, read_eviction, read_request, request_name, respond,
+    Progress as EvictionProgress, Response, INTENT_EVICTION, INTENT_WITHDRAWN,
 };
 use crate::plan::PodInfo;
 
@@ -118,8 +119,17 @@ impl InTreeTerminator {
     }
 
     /// The watch of this requester's Evictions, reporting to the drain through `blocks`.
-    pub(crate) fn progress(&self, blocks: BlockSink) -> Progress {
+    /// `own_evictor_counts`: nodegrace's own evictor runs in this daemon and counts its
+    /// refusals itself, so what it writes is not counted again here.
+    pub(crate) fn progress(
+        &self,
+        blocks: BlockSink,
+        metrics: Metrics,
+        own_evictor_counts: bool,
+    ) -> Progress {
         Progress {
+            metrics,
+            own_evictor_counts,
             api: self.api.clone(),
             client: self.client.clone(),
             evictor: self.evictor.clone(),
@@ -407,6 +417,10 @@ pub(crate) struct Progress {
     wanted: Wanted,
     blocks: BlockSink,
     recorder: Recorder,
+    /// Counts the refusals of the evictors nodegrace does not run, and of its own direct
+    /// evictions (`nodegrace_evictions_refused_total`).
+    metrics: Metrics,
+    own_evictor_counts: bool,
 }
 
 impl Progress {
@@ -451,6 +465,7 @@ impl Progress {
                         if let Some(uid) = e.spec.target.pod.as_ref().map(|p| &p.uid) {
                             seen.reported.remove(uid);
                             seen.evicted.remove(uid);
+                            seen.refusals.remove(uid);
                         }
                     }
                 }
@@ -524,13 +539,24 @@ impl Progress {
             return;
         };
         let name = eviction.metadata.name.as_deref().unwrap_or_default();
-        self.act(
-            &pod,
-            name,
-            respond(&read_eviction(eviction, &pod.uid)),
-            seen,
-        )
-        .await;
+        let progress = read_eviction(eviction, &pod.uid);
+        self.count_refusals(&pod, &progress, seen);
+        self.act(&pod, name, respond(&progress), seen).await;
+    }
+
+    /// Each attempt an evictor reports refused, once: the attempts beyond those already
+    /// counted for the pod.
+    fn count_refusals(&self, pod: &PodKey, progress: &EvictionProgress, seen: &mut Seen) {
+        let Some(r) = evictor_refusals(progress) else {
+            return;
+        };
+        if self.own_evictor_counts && r.evictor == NODEGRACE_EVICTOR {
+            return;
+        }
+        let counted = seen.refusals.entry(pod.uid.clone()).or_default();
+        let new = r.attempts.saturating_sub(*counted);
+        self.metrics.evictions_refused(r.reason, u64::from(new));
+        *counted = (*counted).max(r.attempts);
     }
 
     async fn act(&self, pod: &PodKey, object: &str, response: Response, seen: &mut Seen) {
@@ -560,13 +586,17 @@ impl Progress {
                 }
                 warn!(pod = %pod, object, reason = %why, "the in-tree eviction ended without evicting the pod: evicting it through the Eviction API");
                 let api: Api<Pod> = Api::namespaced(self.evictor.clone(), &pod.namespace);
-                let by = match evict::evict(&api, &pod.name, &pod.uid, None).await {
+                let reply = gateway::reply(evict::evict(&api, &pod.name, &pod.uid, None).await);
+                if let Some(why) = evict::refusal(&reply) {
+                    self.metrics.eviction_refused(why);
+                }
+                let by = match reply {
                     Ok(Outcome::Blocked { budget, message }) => Some(budget.unwrap_or(message)),
                     Ok(Outcome::Accepted | Outcome::Gone) => None,
                     Err(err) => {
                         // Tried again on the next change.
                         seen.evicted.remove(&pod.uid);
-                        Some(crate::cluster::error_text(&err))
+                        Some(err.text())
                     }
                 };
                 seen.reported.insert(pod.uid.clone(), by.clone());
@@ -619,6 +649,8 @@ struct Seen {
     evicted: HashSet<String>,
     /// Evictions of another UID already warned about (`<eviction>/<uid>`).
     refused: HashSet<String>,
+    /// The evictor's refused attempts already counted.
+    refusals: HashMap<String, u32>,
 }
 
 enum Watched {

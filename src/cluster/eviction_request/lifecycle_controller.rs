@@ -36,6 +36,7 @@ use crate::cluster::backoff::WatchBackoff;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::FIELD_MANAGER;
+use crate::metrics::Metrics;
 use crate::plan::classify;
 use crate::plan::evictions::{
     activated_eviction, decide, decide_evictor, evictor_attempted, with_evictor_entry, Decision,
@@ -75,6 +76,8 @@ pub(crate) struct LifecycleController {
     /// The versions its watches delivered, by object UID: whether its own last writes
     /// are still fresher than the caches.
     watch_log: std::sync::Mutex<WatchLog>,
+    /// Counts its evictor's refusals (`nodegrace_evictions_refused_total`).
+    metrics: Metrics,
 }
 
 /// What the controller remembers between looks at one pod (by namespace and name): looks at
@@ -142,6 +145,7 @@ impl LifecycleController {
         pods: Store<Pod>,
         clock: WallClock,
         concurrency: usize,
+        metrics: Metrics,
     ) -> (Self, ControllerHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let recorder = crate::cluster::event_recorder(client.clone(), node);
@@ -160,6 +164,7 @@ impl LifecycleController {
                 concurrency: concurrency.max(1),
                 gate: gate.clone(),
                 watch_log: std::sync::Mutex::new(WatchLog::default()),
+                metrics,
             },
             ControllerHandle::from_sender(tx, gate),
         )

@@ -41,6 +41,7 @@ pub(super) fn start_lifecycle_controller(
     engine: &Engine,
     lifecycle: Option<&eviction_request::InTreeTerminator>,
     concurrency: usize,
+    metrics: Metrics,
     stop: &CancellationToken,
 ) {
     let (controller, handle) = eviction_request::LifecycleController::new(
@@ -50,6 +51,7 @@ pub(super) fn start_lifecycle_controller(
         engine.pod_store(),
         eviction_request::WallClock::System,
         concurrency,
+        metrics,
     );
     let controller = controller.retrying_as_in_shutdown_when(engine.shutting_down());
     if let Some(t) = lifecycle {

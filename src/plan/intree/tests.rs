@@ -154,6 +154,49 @@ fn an_eviction_reads_as_pending_responding_evicted_or_failed() {
 }
 
 #[test]
+fn an_evictors_refusals_are_counted_by_its_attempts_and_named_by_the_apis_words() {
+    let evictor = |name: &str, message: &str| Progress::Responding {
+        responder: name.into(),
+        message: Some(message.into()),
+    };
+    let ours = crate::plan::evictions::NODEGRACE_EVICTOR;
+    let cases = [
+        (
+            evictor(IMPERATIVE_EVICTOR, "Cannot evict pod as it would violate the pod's disruption budget., number of retries: 3"),
+            Some((IMPERATIVE_EVICTOR, 3, Refusal::Budget)),
+        ),
+        (
+            evictor(IMPERATIVE_EVICTOR, "Too many requests, please try again later., number of retries: 2"),
+            Some((IMPERATIVE_EVICTOR, 2, Refusal::Throttled)),
+        ),
+        (
+            evictor(IMPERATIVE_EVICTOR, "pods \"db\" is forbidden: denied, number of retries: 1"),
+            Some((IMPERATIVE_EVICTOR, 1, Refusal::Error)),
+        ),
+        (
+            evictor(ours, "evicting pod \"pg\" through the Eviction API failed (attempts=4): PodDisruptionBudget pg-pdb: refused"),
+            Some((ours, 4, Refusal::Budget)),
+        ),
+        // Not a refusal, not an evictor, no count: nothing to count.
+        (evictor(IMPERATIVE_EVICTOR, "pod evicted"), None),
+        (
+            evictor("db.example.com/operator", "disruption budget, number of retries: 3"),
+            None,
+        ),
+        (evictor(IMPERATIVE_EVICTOR, "number of retries: none"), None),
+        (Progress::Pending, None),
+        (Progress::Evicted, None),
+    ];
+    for (progress, want) in cases {
+        let got = evictor_refusals(&progress);
+        let got = got
+            .as_ref()
+            .map(|r| (r.evictor.as_str(), r.attempts, r.reason));
+        assert_eq!(got, want, "{progress:?}");
+    }
+}
+
+#[test]
 fn a_refused_request_is_evicted_directly_and_a_pending_one_waits() {
     let request = |status: serde_json::Value| -> EvictionRequest {
         serde_json::from_value(json!({

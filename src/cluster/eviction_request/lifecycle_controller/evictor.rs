@@ -67,7 +67,11 @@ impl LifecycleController {
         let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), namespace);
         // The budget is named in the evictor's message, which the requester's watch reads
         // back for the drain (as the in-tree evictor's on 1.37).
-        let outcome = match gateway::reply(evict::evict(&pods, name, uid, None).await) {
+        let reply = gateway::reply(evict::evict(&pods, name, uid, None).await);
+        if let Some(why) = evict::refusal(&reply) {
+            self.metrics.eviction_refused(why);
+        }
+        let outcome = match reply {
             Ok(Outcome::Accepted | Outcome::Gone) => EvictionOutcome::Evicted,
             Ok(Outcome::Blocked { budget, message }) => EvictionOutcome::Refused {
                 error: budget.map_or(message.clone(), |b| {
