@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use nodegrace::v1 as cri;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use realk8s::faults::*;
@@ -552,7 +553,7 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
             let running_now: std::collections::BTreeSet<String> = rk::containers(&endpoint)
                 .await
                 .into_iter()
-                .filter(|c| c.state == CONTAINER_RUNNING)
+                .filter(|c| c.state == cri::ContainerState::ContainerRunning as i32)
                 .map(|c| c.id)
                 .collect();
             let reqs = f.nodegrace_requests();
@@ -651,7 +652,7 @@ fn real_pods_went_once(
         }
         if let Some(c) = ours
             .iter()
-            .find(|c| c.state == CONTAINER_EXITED && c.exit_code != 0)
+            .find(|c| c.state == cri::ContainerState::ContainerExited as i32 && c.exit_code != 0)
         {
             return Err(broken(
                 "grace cut",
@@ -760,12 +761,6 @@ struct KubeletRecord<'a> {
     containers: &'a [rk::Ctr],
     running_now: &'a std::collections::BTreeSet<String>,
 }
-
-/// The CRI's `CONTAINER_RUNNING`.
-const CONTAINER_RUNNING: i32 = 1;
-
-/// The CRI's `CONTAINER_EXITED`.
-const CONTAINER_EXITED: i32 = 2;
 
 /// What a run left to check: the node and nodegrace's requests, the static
 /// manifest's bytes and where it lives and is gated.

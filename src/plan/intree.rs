@@ -296,12 +296,15 @@ pub(crate) fn evictor_refusals(progress: &Progress) -> Option<EvictorRefusals> {
     })
 }
 
+/// How the KEP's imperative evictor words its retry count: `number of retries: N`.
+const KEP_RETRIES: &str = "number of retries";
+
 /// The count of the KEP's wording, `number of retries: N`; 0 without one.
 fn retries_counted(message: &str) -> u32 {
-    let Some(i) = message.find("number of retries") else {
+    let Some(i) = message.find(KEP_RETRIES) else {
         return 0;
     };
-    let digits: String = message[i + "number of retries".len()..]
+    let digits: String = message[i + KEP_RETRIES.len()..]
         .trim_start_matches(|c: char| c == ':' || c.is_whitespace())
         .chars()
         .take_while(char::is_ascii_digit)
@@ -317,7 +320,7 @@ fn is_imperative_evictor(responder: &str) -> bool {
 
 /// An imperative evictor's message about a refused eviction: it counts its attempts.
 fn is_refusal(message: &str) -> bool {
-    message.contains("(attempts=") || message.contains("number of retries")
+    message.contains("(attempts=") || message.contains(KEP_RETRIES)
 }
 
 /// The imperative evictor's message without its retry count (`(attempts=N)`, as upstream's
@@ -329,7 +332,7 @@ fn without_retry_count(message: &str) -> String {
             return format!("{}{}", &message[..i], &message[i + end + 1..]);
         }
     }
-    match message.find("number of retries") {
+    match message.find(KEP_RETRIES) {
         Some(i) => message[..i]
             .trim_end_matches(|c: char| c == ',' || c == ';' || c.is_whitespace())
             .to_owned(),
