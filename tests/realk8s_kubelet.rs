@@ -967,6 +967,10 @@ async fn a_kubelet_gns_lock_beside_nodegrace_is_reported() {
 
 /// The logind stand-in's InhibitDelayMaxSec: above the 30 s the kubelet's GNS asks for, so
 /// the kubelet does not rewrite logind's configuration (it would write the host's).
+/// How long after a pod was seen stopped an eviction may still arrive that nodegrace sent
+/// before its own watch saw it: the watch's delivery and the request's flight, on a loaded
+/// machine.
+const CROSSING_S: f64 = 0.5;
 const STAND_IN_DELAY: Duration = Duration::from_secs(60);
 
 /// The kubelet's GNS in (c): 20 s for ordinary pods, then 10 s for critical ones.
@@ -1131,6 +1135,7 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
     let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
     let ctrs = containers(&endpoint).await;
     let mut overlaps = Vec::new();
+    let mut crossings = Vec::new();
     for p in &originals {
         let name = p.name_any();
         let s = &seen[&p.uid().unwrap_or_default()];
@@ -1155,19 +1160,33 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
             "the kubelet DELETEd {name} {deletes} times\n{}",
             context()
         );
-        // No eviction of a pod the kubelet had already stopped (terminal in the API).
+        // No eviction of a pod the kubelet had already stopped (terminal in the API), but
+        // for one that crossed the kubelet's status write on the way: a retry of a refused
+        // eviction sent before nodegrace's watch brought the news. The apiserver deletes
+        // the finished pod; its container was stopped once all the same (above).
         let admitted: Vec<&Request> = evictions(&ours, &name)
             .into_iter()
             .filter(|r| r.code == 201)
             .collect();
-        assert!(
-            admitted.iter().all(|e| e.received < terminal),
-            "nodegrace evicted {name} after the kubelet had stopped it\n{}",
-            context()
-        );
+        for e in admitted.iter().filter(|e| e.received >= terminal) {
+            assert!(
+                e.received < terminal + CROSSING_S,
+                "nodegrace evicted {name} +{:.3} s after the kubelet had stopped it (seen +{:.3} s after the signal)\n{}",
+                e.received - terminal,
+                terminal - signal,
+                context()
+            );
+            crossings.push(format!(
+                "{name}: admitted +{:.3} s after it was seen stopped",
+                e.received - terminal
+            ));
+        }
         // An eviction of a pod the kubelet's GNS was already stopping, which the API
         // cannot show (the kubelet writes its status once the pod has stopped).
-        if let (Some(e), Some(kill)) = (admitted.first(), kills.get(&name)) {
+        if let (Some(e), Some(kill)) = (
+            admitted.iter().find(|e| e.received < terminal),
+            kills.get(&name),
+        ) {
             if e.received > *kill {
                 overlaps.push(format!(
                     "{name}: the kubelet began at +{:.3} s, nodegrace's eviction +{:.3} s",
@@ -1204,7 +1223,18 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
         .iter()
         .filter_map(|n| seen.values().find(|s| s.name == *n)?.terminal_at)
         .fold(f64::MAX, f64::min);
-    let web_evictions: Vec<&Request> = web.iter().flat_map(|n| evictions(&ours, n)).collect();
+    let web_evictions: Vec<&Request> = web
+        .iter()
+        .flat_map(|n| {
+            let stopped = seen
+                .values()
+                .find(|s| s.name == *n)
+                .and_then(|s| s.terminal_at);
+            evictions(&ours, n)
+                .into_iter()
+                .filter(move |r| stopped.is_none_or(|t| r.received < t))
+        })
+        .collect();
     let refused = web_evictions.iter().filter(|r| r.code == 429).count();
     assert!(
         refused >= 1 && web_evictions.iter().all(|r| r.code == 429),
@@ -1213,7 +1243,7 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
     );
     let last = kubelet_release.max(nodegrace_release);
     eprintln!(
-        "kubelet GNS + nodegrace on one logind: the kubelet began killing the first PDB-protected pod +{:.3} s after the signal, stopped +{:.3} s (nodegrace's evictions of them: {refused} refused by the PDB); kubelet released +{:.3} s, nodegrace +{:.3} s; nodegrace's evictions of pods the kubelet was already stopping: {overlaps:?}",
+        "kubelet GNS + nodegrace on one logind: the kubelet began killing the first PDB-protected pod +{:.3} s after the signal, stopped +{:.3} s (nodegrace's evictions of them: {refused} refused by the PDB); kubelet released +{:.3} s, nodegrace +{:.3} s; nodegrace's evictions of pods the kubelet was already stopping: {overlaps:?}; crossing its status write: {crossings:?}",
         first_kill - signal,
         first_stopped - signal,
         kubelet_release - signal,
