@@ -29,6 +29,7 @@ mod staticpods;
 mod systemd;
 mod telemetry;
 mod text;
+mod timer;
 mod yaml;
 
 /// The commands behind `main`'s argument parsing (and the simulator's), with their

@@ -16,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::plan::evictions::Refusal;
 use crate::state::ShutdownOutcome;
 
 /// How a pod was made to go away.
@@ -80,17 +81,6 @@ struct BudgetLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: String,
-}
-
-/// Why an eviction was refused, as counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// A PodDisruptionBudget (or another reason the apiserver gave for a 429).
-    Budget,
-    /// The apiserver throttled the request without looking at it.
-    Throttled,
-    /// Any other failure.
-    Error,
 }
 
 /// Seconds: from a few seconds to the 24 h `shutdown.max_delay` allows.

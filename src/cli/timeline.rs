@@ -112,12 +112,42 @@ impl Story {
             (None, Some(e)) => e.at,
             (None, None) => return None,
         };
+        let (end, outcome) = Self::ending(released, draining.is_some(), &events, start, now);
+        let mut reading = Reading {
+            story: Story {
+                node: node.to_string(),
+                start,
+                end,
+                outcome,
+                bands: Vec::new(),
+                waits: Vec::new(),
+                outages: Vec::new(),
+                marks: Vec::new(),
+            },
+            band: None,
+            open: Vec::new(),
+        };
+        for r in events.iter().filter(|r| r.at <= end) {
+            reading.read(r);
+        }
+        Some(reading.finish())
+    }
+
+    /// When and how the shutdown ended: its release, or `now` while it drains, or (told
+    /// by events alone) its Drained event or else its last event.
+    fn ending(
+        released: Option<&PhaseChange>,
+        draining: bool,
+        events: &[&Record],
+        start: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> (DateTime<Utc>, String) {
         let drained = events.iter().find(|r| r.reason == "Drained").map(|r| r.at);
-        let (end, outcome) = match (released, draining, drained) {
+        match (released, draining, drained) {
             (Some(r), ..) => (r.at, format!("{}: {}", phase_name(r.phase), r.reason)),
-            (None, Some(_), _) => (now, "still draining".to_string()),
-            (None, None, Some(at)) => (at, "drained".to_string()),
-            (None, None, None) => (
+            (None, true, _) => (now, "still draining".to_string()),
+            (None, false, Some(at)) => (at, "drained".to_string()),
+            (None, false, None) => (
                 events
                     .iter()
                     .filter(|r| r.reason != "Completed")
@@ -126,136 +156,139 @@ impl Story {
                     .unwrap_or(start),
                 "no Drained event: not drained, or the event is gone".to_string(),
             ),
-        };
-        let mut story = Story {
-            node: node.to_string(),
-            start,
-            end,
-            outcome,
-            bands: Vec::new(),
-            waits: Vec::new(),
-            outages: Vec::new(),
-            marks: Vec::new(),
-        };
-        let mut band: Option<(String, DateTime<Utc>)> = None;
-        let mut open: Vec<Wait> = Vec::new();
-        for r in events.iter().filter(|r| r.at <= end) {
-            match r.reason.as_str() {
-                "DrainTargets" | "Drained" => {
-                    let targets = r.note.rsplit_once(" drains ").map(|(_, t)| t);
-                    let same = band.as_ref().map(|(label, _)| label.as_str());
-                    if r.reason == "DrainTargets" && targets.is_some() && targets == same {
-                        continue;
-                    }
-                    // A refusal told before its band's first event (both are written in
-                    // the background) waits on until a band ends.
-                    let ended = band.take();
-                    if let Some((label, from)) = ended.clone() {
-                        story.bands.push(Span {
-                            label,
-                            from,
-                            to: r.at,
-                        });
-                    }
-                    if ended.is_some() || r.reason == "Drained" {
-                        for mut w in open.drain(..) {
-                            w.to = r.at;
-                            story.waits.push(w);
-                        }
-                    }
-                    if let Some(t) =
-                        targets.filter(|t| r.reason == "DrainTargets" && *t != "nothing")
-                    {
-                        band = Some((t.to_string(), r.at));
+        }
+    }
+}
+
+/// A story being read from its events, oldest first: the band under way and the waits
+/// not yet ended.
+struct Reading {
+    story: Story,
+    band: Option<(String, DateTime<Utc>)>,
+    open: Vec<Wait>,
+}
+
+impl Reading {
+    fn read(&mut self, r: &Record) {
+        match r.reason.as_str() {
+            "DrainTargets" | "Drained" => self.band_event(r),
+            "EvictionBlocked" | "Throttled" => self.wait_event(r),
+            "Escalated" => {
+                let pods = r.note.rsplit_once(": ").map(|(_, p)| pods_listed(p));
+                let pods = pods.unwrap_or_default();
+                for pod in &pods {
+                    if let Some(i) = self.open.iter().position(|w| &w.pod == pod) {
+                        self.end_wait(i, r.at);
                     }
                 }
-                "EvictionBlocked" | "Throttled" => {
-                    let parsed = if r.reason == "Throttled" {
-                        r.note.rsplit_once(": ").map(|(_, pods)| {
-                            (
-                                "the apiserver (429 Too Many Requests)".to_string(),
-                                pods_listed(pods),
-                            )
-                        })
-                    } else {
-                        blocked(&r.note)
-                    };
-                    let Some((on, pods)) = parsed else { continue };
-                    for pod in pods {
-                        if let Some(i) = open.iter().position(|w| w.pod == pod) {
-                            if open[i].on == on {
-                                continue;
-                            }
-                            let mut w = open.remove(i);
-                            w.to = r.at;
-                            story.waits.push(w);
-                        }
-                        open.push(Wait {
-                            pod,
-                            on: on.clone(),
-                            from: r.at,
+                self.mark(
+                    r.at,
+                    'E',
+                    format!(
+                        "escalated (deleted with the grace left): {}",
+                        pods.join(", ")
+                    ),
+                );
+            }
+            "Replanned" => {
+                if let Some((cause, lost)) = replanned(&r.note) {
+                    if lost > chrono::Duration::zero() {
+                        self.story.outages.push(Span {
+                            label: cause,
+                            from: (r.at - lost).max(self.story.start),
                             to: r.at,
                         });
                     }
                 }
-                "Escalated" => {
-                    let pods = r.note.rsplit_once(": ").map(|(_, p)| pods_listed(p));
-                    let pods = pods.unwrap_or_default();
-                    for pod in &pods {
-                        if let Some(i) = open.iter().position(|w| &w.pod == pod) {
-                            let mut w = open.remove(i);
-                            w.to = r.at;
-                            story.waits.push(w);
-                        }
-                    }
-                    story.marks.push(Mark {
-                        at: r.at,
-                        letter: 'E',
-                        text: format!(
-                            "escalated (deleted with the grace left): {}",
-                            pods.join(", ")
-                        ),
-                    });
-                }
-                "Replanned" => {
-                    if let Some((cause, lost)) = replanned(&r.note) {
-                        if lost > chrono::Duration::zero() {
-                            story.outages.push(Span {
-                                label: cause.clone(),
-                                from: (r.at - lost).max(start),
-                                to: r.at,
-                            });
-                        }
-                    }
-                    story.marks.push(Mark {
-                        at: r.at,
-                        letter: 'R',
-                        text: format!("re-planned: {}", r.note),
-                    });
-                }
-                "FallbackUsed" => story.marks.push(Mark {
-                    at: r.at,
-                    letter: 'F',
-                    text: format!("offline fallback: {}", r.note),
-                }),
-                _ => {}
+                self.mark(r.at, 'R', format!("re-planned: {}", r.note));
+            }
+            "FallbackUsed" => self.mark(r.at, 'F', format!("offline fallback: {}", r.note)),
+            _ => {}
+        }
+    }
+
+    fn band_event(&mut self, r: &Record) {
+        let targets = r.note.rsplit_once(" drains ").map(|(_, t)| t);
+        let same = self.band.as_ref().map(|(label, _)| label.as_str());
+        if r.reason == "DrainTargets" && targets.is_some() && targets == same {
+            return;
+        }
+        // A refusal told before its band's first event (both are written in the
+        // background) waits on until a band ends.
+        let ended = self.band.take();
+        if let Some((label, from)) = ended.clone() {
+            self.story.bands.push(Span {
+                label,
+                from,
+                to: r.at,
+            });
+        }
+        if ended.is_some() || r.reason == "Drained" {
+            for mut w in self.open.drain(..) {
+                w.to = r.at;
+                self.story.waits.push(w);
             }
         }
-        if let Some((label, from)) = band {
-            story.bands.push(Span {
+        if let Some(t) = targets.filter(|t| r.reason == "DrainTargets" && *t != "nothing") {
+            self.band = Some((t.to_string(), r.at));
+        }
+    }
+
+    fn wait_event(&mut self, r: &Record) {
+        let parsed = if r.reason == "Throttled" {
+            r.note.rsplit_once(": ").map(|(_, pods)| {
+                (
+                    "the apiserver (429 Too Many Requests)".to_string(),
+                    pods_listed(pods),
+                )
+            })
+        } else {
+            blocked(&r.note)
+        };
+        let Some((on, pods)) = parsed else { return };
+        for pod in pods {
+            if let Some(i) = self.open.iter().position(|w| w.pod == pod) {
+                if self.open[i].on == on {
+                    continue;
+                }
+                self.end_wait(i, r.at);
+            }
+            self.open.push(Wait {
+                pod,
+                on: on.clone(),
+                from: r.at,
+                to: r.at,
+            });
+        }
+    }
+
+    fn end_wait(&mut self, i: usize, at: DateTime<Utc>) {
+        let mut w = self.open.remove(i);
+        w.to = at;
+        self.story.waits.push(w);
+    }
+
+    fn mark(&mut self, at: DateTime<Utc>, letter: char, text: String) {
+        self.story.marks.push(Mark { at, letter, text });
+    }
+
+    fn finish(mut self) -> Story {
+        let end = self.story.end;
+        if let Some((label, from)) = self.band.take() {
+            self.story.bands.push(Span {
                 label,
                 from,
                 to: end,
             });
         }
-        for mut w in open {
+        for mut w in self.open.drain(..) {
             w.to = end;
-            story.waits.push(w);
+            self.story.waits.push(w);
         }
-        story
+        self.story
             .waits
             .sort_by(|a, b| (a.from, &a.pod).cmp(&(b.from, &b.pod)));
-        Some(story)
+        self.story
     }
 }
 

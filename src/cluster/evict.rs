@@ -9,8 +9,8 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::Api;
 
-use crate::cluster::gateway::Reply;
-use crate::metrics::Refusal;
+use crate::cluster::gateway::{is_budget_refusal, Reply};
+use crate::plan::evictions::Refusal;
 
 /// What became of a request to terminate a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,16 +158,6 @@ pub(crate) fn refusal(reply: &Reply<Outcome>) -> Option<Refusal> {
         Err(f) if f.answered() => Some(Refusal::Error),
         Err(_) => None,
     }
-}
-
-/// The Eviction API's 429 for a disruption budget: "Cannot evict pod as it would violate
-/// the pod's disruption budget.", with a cause of reason `DisruptionBudget`.
-pub(crate) fn is_budget_refusal(status: &Status) -> bool {
-    status.message.starts_with("Cannot evict pod")
-        || status
-            .details
-            .as_ref()
-            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
 }
 
 /// The PodDisruptionBudget named in a 429 from the eviction subresource. The apiserver puts

@@ -257,11 +257,21 @@ pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// kube's client does not pass on, and in `details.retryAfterSeconds` when the body is a
 /// Status (API Priority and Fairness answers plain text): at least 1 s.
 fn throttled(status: &Status) -> Option<Duration> {
-    if status.code != 429 || crate::cluster::evict::is_budget_refusal(status) {
+    if status.code != 429 || is_budget_refusal(status) {
         return None;
     }
     let secs = status.details.as_ref().map_or(0, |d| d.retry_after_seconds);
     Some(Duration::from_secs(u64::from(secs.max(1))).min(MAX_RETRY_AFTER))
+}
+
+/// The Eviction API's 429 for a disruption budget: "Cannot evict pod as it would violate
+/// the pod's disruption budget.", with a cause of reason `DisruptionBudget`.
+pub(crate) fn is_budget_refusal(status: &Status) -> bool {
+    status.message.starts_with("Cannot evict pod")
+        || status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget"))
 }
 
 /// An error and its causes on one line, as `{:#}` writes them (each clipped to a few hundred

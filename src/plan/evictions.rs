@@ -60,6 +60,17 @@ pub(crate) const EVICTOR_BACKOFF_CAP: Duration = Duration::from_secs(10 * 60);
 /// far inside [`HEARTBEAT_DEADLINE`].
 pub(crate) const EVICTOR_HEARTBEAT: Duration = Duration::from_secs(3 * 60);
 
+/// Why an eviction was refused, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A PodDisruptionBudget (or another reason the apiserver gave for a 429).
+    Budget,
+    /// The apiserver throttled the request without looking at it.
+    Throttled,
+    /// Any other failure.
+    Error,
+}
+
 /// `TargetResponder.state` values.
 pub(crate) const INACTIVE: &str = "Inactive";
 pub(crate) const ACTIVE: &str = "Active";

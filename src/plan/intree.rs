@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::EvictionResponder;
 use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
 
-use super::evictions::recorded_attempts;
+use super::evictions::{recorded_attempts, Refusal};
 use super::names;
-use crate::metrics::Refusal;
 
 /// The domain of nodegrace's requester keys.
 pub(crate) const REQUESTER_DOMAIN: &str = "nodegrace.dev";

@@ -241,13 +241,6 @@ fn min_wake(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn run_loop(shared: Arc<Shared>) {
     let mut rx = shared.wake.subscribe();
     let mut st = DrainState::default();
@@ -279,7 +272,7 @@ async fn run_loop(shared: Arc<Shared>) {
         };
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
-            _ = sleep_until_opt(next) => {}
+            _ = crate::timer::sleep_until(next) => {}
         }
     }
 }

@@ -33,9 +33,9 @@ use crate::shutdown::{ShutdownKind, ShutdownRequest};
 use crate::state::OfflineDrain;
 
 use super::{
-    is_deleting, kind_str, lock, merge_params, merge_values, shutdown_maintenance_name,
-    sleep_until_opt, AfterBoot, Engine, EngineError, Progress, Replan, Shared, ShutdownCtx,
-    ShutdownTimings, BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL, QUIET_PROBE_INTERVAL,
+    is_deleting, kind_str, lock, merge_params, merge_values, shutdown_maintenance_name, AfterBoot,
+    Engine, EngineError, Progress, Replan, Shared, ShutdownCtx, ShutdownTimings,
+    BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL, QUIET_PROBE_INTERVAL,
     SHUTDOWN_KIND_ANNOTATION,
 };
 
@@ -172,7 +172,7 @@ impl Engine {
                 },
                 // A watch event may have changed the apiserver's reachability.
                 _ = events.changed() => {},
-                _ = sleep_until_opt(deadline) => {
+                _ = crate::timer::sleep_until(deadline) => {
                     let timeout = sh.settings().fallback.apiserver_timeout;
                     if let Some(given_up) = lock(&sh.reach).give_up(sh.now(), Duration::ZERO, timeout) {
                         return Err(given_up.into());

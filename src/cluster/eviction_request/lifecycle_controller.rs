@@ -248,7 +248,7 @@ impl LifecycleController {
                 }
                 event = events.next() => Input::Watched(event.map(|e| e.map(Box::new))),
                 message = recv_opt(&mut rx) => Input::Told(message),
-                () = sleep_opt(sleep) => Input::Timer,
+                () = crate::timer::sleep_until(sleep.map(|d| tokio::time::Instant::now() + d)) => Input::Timer,
             };
             // What else is ready joins the next batch: pods asked together are looked at
             // together.
@@ -785,14 +785,14 @@ fn params() -> PatchParams {
     }
 }
 
-/// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's
-/// older copies of the objects in `namespace` that `about` selects, and forgets those the
-/// cache has caught up with.
 /// The controller's three watches share one count of lists in its log (an `Init` event names
 /// no watch): an object listed after a list of any of them began is taken as listed after
 /// the controller's write, though its own list may have begun before.
 const LISTS: &str = "lifecycle";
 
+/// Puts this node's own last writes (`written`, by `namespace/name`) over the watch cache's
+/// older copies of the objects in `namespace` that `about` selects, and forgets those the
+/// cache has caught up with.
 fn overlay<K: kube::Resource + Clone>(
     log: &WatchLog,
     cached: &mut Vec<K>,
@@ -892,11 +892,4 @@ fn all_targets(caches: &Caches) -> Vec<Target> {
         .flat_map(|s| s.state())
         .filter_map(|o| target_of(&o))
         .collect()
-}
-
-async fn sleep_opt(d: Option<Duration>) {
-    match d {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
-    }
 }

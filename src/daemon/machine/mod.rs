@@ -296,13 +296,6 @@ async fn next_opt(s: &mut Option<BoxStream<'static, LogindEvent>>) -> Option<Log
     }
 }
 
-async fn sleep_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn tick_opt(i: &mut Option<Interval>) {
     match i {
         Some(i) => {
@@ -322,12 +315,12 @@ impl Machine {
             let step = tokio::select! {
                 c = self.control_rx.recv(), if self.reloading.is_none() => Step::Control(c),
                 r = join_opt(&mut self.reloading) => Step::Reloaded(Box::new(r)),
-                () = sleep_opt(self.reload_give_up) => Step::ReloadTimedOut,
+                () = crate::timer::sleep_until(self.reload_give_up) => Step::ReloadTimedOut,
                 r = join_opt(&mut self.connecting) => Step::Connected(r),
-                () = sleep_opt(self.reconnect_at) => Step::Reconnect,
+                () = crate::timer::sleep_until(self.reconnect_at) => Step::Reconnect,
                 e = next_opt(&mut self.events) => Step::Event(e),
                 r = join_opt(&mut self.drain) => Step::DrainDone(r),
-                () = sleep_opt(self.deadline) => Step::Deadline,
+                () = crate::timer::sleep_until(self.deadline) => Step::Deadline,
                 () = tick_opt(&mut self.watchdog) => Step::Watchdog,
                 _ = self.kubelet_check.tick(), if self.bus.is_some() => Step::KubeletCheck,
                 r = join_opt(&mut self.kubelet_listing) => Step::KubeletListed(r),
