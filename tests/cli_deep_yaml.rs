@@ -4,26 +4,15 @@
 
 mod cli_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cli_support::{refused_port, CliEnv};
+use cli_support::{cpu_timed, refused_port, CliEnv};
 
 fn brackets() -> String {
     format!("x: {}", "[".repeat((1 << 20) - 100))
 }
 
-fn timed(env: &CliEnv, args: &[&str]) -> (String, Duration) {
-    let start = Instant::now();
-    let out = env.run(args);
-    let took = start.elapsed();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (text, took)
-}
-
+/// In CPU time (what the machine's load does not change much), process start included.
 const QUICK: Duration = Duration::from_millis(900);
 
 #[test]
@@ -40,7 +29,7 @@ fn a_megabyte_of_brackets_is_refused_at_once_everywhere() {
     )
     .unwrap();
     std::fs::write(env.path("kubelet.yaml"), brackets()).unwrap();
-    let (text, took) = timed(&env, &["check-config"]);
+    let (text, took) = cpu_timed(&env, &["check-config"]);
     assert!(took < QUICK, "check-config: {took:?}");
     assert!(
         text.contains("kubelet.yaml: not read: flow collections nested deeper than 64 levels at line 1 column 68"),
@@ -50,13 +39,13 @@ fn a_megabyte_of_brackets_is_refused_at_once_everywhere() {
 
     std::fs::write(env.path("gate/deep.yaml"), brackets()).unwrap();
     std::fs::write(env.path("manifests/deep.yaml"), brackets()).unwrap();
-    let (text, took) = timed(&env, &["status"]);
+    let (text, took) = cpu_timed(&env, &["status"]);
     assert!(took < Duration::from_secs(4), "status: {took:?}");
     assert!(text.contains("nested deeper than 64 levels"), "{text}");
 
     std::fs::write(env.path("pods.yaml"), brackets()).unwrap();
     let pods = env.path("pods.yaml").display().to_string();
-    let (text, took) = timed(&env, &["plan", "--pods", &pods]);
+    let (text, took) = cpu_timed(&env, &["plan", "--pods", &pods]);
     assert!(took < QUICK, "plan --pods: {took:?}");
     assert!(
         text.contains("flow collections nested deeper than 64 levels at line 1 column 68"),
@@ -64,9 +53,9 @@ fn a_megabyte_of_brackets_is_refused_at_once_everywhere() {
     );
 
     std::fs::write(env.path("kubeconfig"), brackets()).unwrap();
-    let (text, took) = timed(&env, &["plan", "--pods", &pods]);
+    let (text, took) = cpu_timed(&env, &["plan", "--pods", &pods]);
     assert!(took < QUICK, "{took:?}");
-    let (text2, took) = timed(&env, &["complete"]);
+    let (text2, took) = cpu_timed(&env, &["complete"]);
     assert!(took < QUICK, "complete: {took:?}");
     assert!(
         text2.contains("kubeconfig: not read: flow collections nested deeper than 64 levels"),

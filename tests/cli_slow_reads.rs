@@ -6,7 +6,7 @@ mod cli_support;
 
 use std::time::{Duration, Instant};
 
-use cli_support::{refused_port, CliEnv};
+use cli_support::{cpu_timed, refused_port, CliEnv};
 
 #[test]
 #[cfg_attr(
@@ -59,35 +59,6 @@ fn costliest(bytes: usize) -> String {
     text
 }
 
-/// The command's output, and the CPU time it took (user and system: what the machine's
-/// load does not change much, unlike the wall time), of that child alone (the tests of this
-/// file run their commands at once).
-#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its rusage
-fn timed(env: &CliEnv, args: &[&str]) -> (String, Duration) {
-    use nix::libc;
-    let out = env.path(&format!("out-{}", args[0]));
-    let file = std::fs::File::create(&out).unwrap();
-    let start = Instant::now();
-    let child = env
-        .command(args)
-        .stdout(file.try_clone().unwrap())
-        .stderr(file)
-        .spawn()
-        .unwrap();
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: wait4 only writes the status and the struct it is given.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut u) }, pid);
-    let wall = start.elapsed();
-    let t = |tv: libc::timeval| {
-        Duration::from_secs(tv.tv_sec as u64) + Duration::from_micros(tv.tv_usec as u64)
-    };
-    let took = t(u.ru_utime) + t(u.ru_stime);
-    println!("  {args:?}: {took:?} CPU, {wall:?} wall");
-    (std::fs::read_to_string(&out).unwrap(), took)
-}
-
 /// The bound checked, in CPU time: one second as the product is shipped (optimized); an
 /// unoptimized test build parses YAML several times slower and is held to five.
 fn bound() -> Duration {
@@ -121,7 +92,7 @@ fn the_largest_configurations_are_read_in_time() {
     std::fs::write(env.path("kubelet.yaml"), &kubelet).unwrap();
     std::fs::create_dir(env.path("kubelet.conf.d")).unwrap();
     std::fs::write(env.path("kubelet.conf.d/0.conf"), &kubelet).unwrap();
-    let (out, took) = timed(&env, &["check-config"]);
+    let (out, took) = cpu_timed(&env, &["check-config"]);
     assert!(
         out.contains("fallback bands from the kubelet's configuration"),
         "{out}"
@@ -137,7 +108,7 @@ fn the_largest_manifest_and_pod_list_are_read_in_time() {
     let pod_head = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: big\n  namespace: kube-system\nspec:\n  containers:\n  - name: c\n    image: busybox\nx:\n";
     let manifest = format!("{pod_head}{}", costliest((1 << 20) - pod_head.len() - 200));
     std::fs::write(env.path("gate/big.yaml"), manifest).unwrap();
-    let (out, took) = timed(&env, &["status"]);
+    let (out, took) = cpu_timed(&env, &["status"]);
     assert!(out.contains("kube-system/big (big.yaml)"), "{out}");
     assert!(took < bound(), "status: {took:?}");
 
@@ -149,7 +120,7 @@ fn the_largest_manifest_and_pod_list_are_read_in_time() {
     );
     std::fs::write(env.path("pods.yaml"), pods).unwrap();
     let path = env.path("pods.yaml").display().to_string();
-    let (out, took) = timed(&env, &["plan", "--pods", &path]);
+    let (out, took) = cpu_timed(&env, &["plan", "--pods", &path]);
     assert!(out.contains("ns/p"), "{out}");
     assert!(took < bound(), "plan --pods: {took:?}");
 }

