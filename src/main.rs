@@ -217,7 +217,8 @@ band, the apiserver's outages (from each re-plan's time lost), a row per pod who
 refused (from the first refusal until it was escalated or its band ended), and R (re-planned),
 E (escalated) and F (offline fallback) where they happened, then the same as a list. Lines fit
 the terminal's width (else $COLUMNS, else 80); colour only on a terminal without NO_COLOR. Needs
-get on the NodeMaintenance and list on Events in namespace default.";
+get on the NodeMaintenance and list on Events in namespace default: the ClusterRole
+nodegrace-viewer (/usr/share/nodegrace/rbac/viewer.yaml) grants exactly that.";
 
 const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";

@@ -509,11 +509,13 @@ mod rbac {
 
     fn rbac_file(name: &str) -> String {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(if matches!(name, "clusterrole.yaml" | "approver.yaml") {
-                "packaging/rbac"
-            } else {
-                "packaging/admission"
-            })
+            .join(
+                if matches!(name, "clusterrole.yaml" | "approver.yaml" | "viewer.yaml") {
+                    "packaging/rbac"
+                } else {
+                    "packaging/admission"
+                },
+            )
             .join(name);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
@@ -589,7 +591,7 @@ mod rbac {
 
     #[test]
     fn every_rule_is_justified_by_a_comment() {
-        for file in ["clusterrole.yaml", "approver.yaml"] {
+        for file in ["clusterrole.yaml", "approver.yaml", "viewer.yaml"] {
             let text = rbac_file(file);
             let lines: Vec<&str> = text.lines().collect();
             for (i, line) in lines.iter().enumerate() {
