@@ -298,7 +298,7 @@ async fn poweroff_waits_for_the_nodes_volumes_as_the_node_reports_them() {
         attached,
     )
     .await;
-    f.node.boot();
+    f.node.boot_connected();
 
     // Once the pod is gone, the kubelet unmounts after 3 s; then the controller detaches.
     let unmount = {

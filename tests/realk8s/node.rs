@@ -258,6 +258,25 @@ impl TestNode {
         self.container.as_ref().expect("booted")
     }
 
+    /// [`boot`](Self::boot), then waits until the daemon is connected to the apiserver (its
+    /// after-boot reconcile done), as a node's long-running daemon is when it shuts down: one
+    /// signalled sooner begins its drain late.
+    pub fn boot_connected(&mut self) -> &Container {
+        self.boot();
+        let c = self.container();
+        real::wait_until(
+            "nodegrace connected to the apiserver",
+            Duration::from_secs(60),
+            || {
+                c.journal_of("nodegrace")
+                    .iter()
+                    .any(|l| l.contains("after-boot reconcile done"))
+                    .then_some(())
+            },
+        );
+        c
+    }
+
     /// Runs `how` inside (`systemctl soft-reboot`, systemd 254+) and waits until userspace
     /// restarted in the same container (PID 1 and the kernel stay) and the new userspace's
     /// nodegrace holds its inhibitor. Returns how long that took.
