@@ -80,10 +80,17 @@ async fn a_drain_with_a_budget_wait_and_an_escalation_is_drawn_from_its_events()
     assert_reads_only(&env);
 }
 
-/// The command's requests: the Events in `default` and the shutdown maintenance, read
+/// The command's requests (by its user agent: the engine, still writing events in the
+/// background, sends none): the Events in `default` and the shutdown maintenance, read
 /// only (what `history --help` says it needs).
 fn assert_reads_only(env: &Env) {
-    for r in env.requests() {
+    let mine: Vec<_> = env
+        .requests()
+        .into_iter()
+        .filter(|r| r.user_agent.starts_with("nodegrace/"))
+        .collect();
+    assert!(!mine.is_empty(), "no request of the command recorded");
+    for r in mine {
         assert_eq!(r.method, "GET", "{} {}", r.method, r.path);
         assert!(
             r.path
