@@ -12,7 +12,7 @@ use engine_support::{eventually, fallback_annotation, request, Env, Kind, NODE};
 use nodegrace::{
     BootIdSource, CompletionPolicy, Drainer, FallbackReport, KubeletControl, NodeDrainer,
     NodeParts, OfflineDrain, PodCache, PodInfo, PodOutcome, PodType, PriorityGracePeriod, Settings,
-    ShutdownKind, Stage,
+    ShutdownKind, Stage, StaticPodGate,
 };
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -647,4 +647,28 @@ async fn an_unreachable_apiserver_is_retried_every_few_seconds() {
         "{} attempts in 2 minutes",
         at.len()
     );
+}
+
+/// The daemon restarted (a package upgrade) or the node booted while an admin's
+/// NodeMaintenance holds the node's static pods gated: the after-boot reconcile finds no
+/// shutdown maintenance and leaves them gated for the maintenance that gated them, whose drain
+/// would otherwise wait forever for a static pod the kubelet runs again (found by CI: a
+/// maintenance created as the node booted).
+#[tokio::test]
+async fn the_boot_leaves_static_pods_another_maintenance_gated() {
+    let env = Env::new(KubeletConfig::node(NODE)).await;
+    env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
+    env.admin_maintenance("upgrade", "Drain", json!([]));
+    StaticPodGate::gate(&*env.gate, "etcd.yaml").unwrap();
+    let settings = env.settings();
+    assert_eq!(settings.shutdown.after_boot, CompletionPolicy::Complete);
+    let runtime = FakeRuntime::new();
+    let kubelet = Arc::new(RecordingKubelet::default());
+    let drainer = next_boot(&env, settings, &runtime, &kubelet);
+    tokio::time::timeout(Duration::from_secs(20), drainer.after_boot())
+        .await
+        .expect("the after-boot reconcile ends")
+        .unwrap();
+    assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
+    assert!(env.maintenance("shutdown-node-a").is_none());
 }

@@ -473,10 +473,11 @@ impl Drainer for NodeDrainer {
                             tracing::warn!(node = %self.parts.node, error = crate::cluster::error_text(&err), "removing the recorded offline drain record failed");
                         }
                     }
-                    let no_maintenance =
-                        matches!(outcome, AfterBoot::NoMaintenance | AfterBoot::Unrecorded);
-                    if no_maintenance && self.has_gated_static_pods().await {
-                        // Gated offline without a record to turn into a maintenance.
+                    // Gated offline without a record to turn into a maintenance: the API
+                    // has no NodeMaintenances, so none other holds them. (With no shutdown
+                    // maintenance the engine has put them back already, unless another
+                    // maintenance active on the node keeps them gated.)
+                    if outcome == AfterBoot::Unrecorded && self.has_gated_static_pods().await {
                         match policy {
                             CompletionPolicy::Complete => self.restore_static_pods().await,
                             CompletionPolicy::Keep => {
