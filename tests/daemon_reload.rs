@@ -325,6 +325,16 @@ async fn reloaded_reserves_set_the_budget_needed() {
     .await;
 }
 
+/// The maintenance `name` is Complete and the node schedulable.
+fn completed_and_uncordoned(cluster: &Env, name: &str) -> bool {
+    cluster
+        .maintenance(name)
+        .is_some_and(|m| m.spec.stage == Stage::Complete)
+        && cluster.node()["spec"]
+            .get("unschedulable")
+            .is_none_or(|u| u == false)
+}
+
 /// A shutdown cancelled after `shutdown.on_cancel` was reloaded to `complete`: its
 /// NodeMaintenance moves to Complete and the node is uncordoned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,14 +361,7 @@ async fn a_reloaded_on_cancel_completes_a_cancelled_shutdown() {
     eventually(
         10,
         "the maintenance completed and the node uncordoned",
-        || {
-            cluster
-                .maintenance(&name)
-                .is_some_and(|m| m.spec.stage == Stage::Complete)
-                && cluster.node()["spec"]
-                    .get("unschedulable")
-                    .is_none_or(|u| u == false)
-        },
+        || completed_and_uncordoned(&cluster, &name),
     )
     .await;
 }
@@ -538,14 +541,7 @@ async fn a_reloaded_after_boot_completes_the_last_shutdown() {
     eventually(
         15,
         "the last shutdown completed and the node uncordoned",
-        || {
-            cluster
-                .maintenance(&name)
-                .is_some_and(|m| m.spec.stage == Stage::Complete)
-                && cluster.node()["spec"]
-                    .get("unschedulable")
-                    .is_none_or(|u| u == false)
-        },
+        || completed_and_uncordoned(&cluster, &name),
     )
     .await;
 }
