@@ -119,6 +119,7 @@ pub use crate::systemd::{Job, Notifier, Notify, SystemdManager, INHIBITOR_FDNAME
 pub use crate::metrics::{Metrics, TerminationMethod};
 
 // The pure plan.
+pub use crate::plan::drainplan::DrainPlanEntrySetting;
 pub use crate::plan::drainplan::{normalize_drain_plan, shutdown_drain_plan};
 pub use crate::plan::gns::{GnsBands, PriorityGracePeriod};
 pub use crate::plan::{plan_steps, DrainPlanEntry, PodInfo, PodType};

@@ -354,15 +354,20 @@ async fn reload_applies_runtime_keys_and_keeps_the_config_when_invalid() {
     within(d.task).await.unwrap().unwrap();
 }
 
-#[tokio::test]
-async fn a_kubelet_delay_inhibitor_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let env = env(&dir, 20 * MIN).await;
+/// The kubelet's own shutdown delay inhibitor, as it takes it.
+fn kubelet_takes_its_lock(env: &TestEnv) {
     env.fakes.add_foreign_inhibitor(
         "kubelet",
         "Kubelet needs time to handle node shutdown",
         4242,
     );
+}
+
+#[tokio::test]
+async fn a_kubelet_delay_inhibitor_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    kubelet_takes_its_lock(&env);
     let d = env.spawn(env.daemon(
         env.settings(),
         Arc::new(ScriptedDrainer::new(DrainMode::Immediate)),
@@ -390,11 +395,7 @@ async fn a_kubelet_delay_inhibitor_taken_after_arming_is_reported() {
         .await
         .unwrap();
     assert!(d.handle.status().kubelet_inhibitor.is_none());
-    env.fakes.add_foreign_inhibitor(
-        "kubelet",
-        "Kubelet needs time to handle node shutdown",
-        4242,
-    );
+    kubelet_takes_its_lock(&env);
     tokio::time::pause();
     tokio::time::advance(Duration::from_secs(31)).await;
     tokio::time::resume();
@@ -402,6 +403,49 @@ async fn a_kubelet_delay_inhibitor_taken_after_arming_is_reported() {
         .await
         .unwrap();
     assert!(st.kubelet_inhibitor.unwrap().contains("kubelet"));
+}
+
+/// `shutdown.warn_kubelet_inhibitor` turned on by a reload: the next look at logind's
+/// inhibitors (every 30 s) reports the kubelet's lock.
+#[tokio::test]
+async fn a_reloaded_warn_kubelet_inhibitor_reports_the_kubelets_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    kubelet_takes_its_lock(&env);
+    let mut settings = env.settings();
+    settings.shutdown.warn_kubelet_inhibitor = false;
+    let mut reloaded = settings.clone();
+    reloaded.shutdown.warn_kubelet_inhibitor = true;
+    let d = env.spawn(
+        env.daemon(
+            settings,
+            Arc::new(ScriptedDrainer::new(DrainMode::Immediate)),
+        )
+        .with_reloader(Box::new(move || Ok(reloaded.clone()))),
+    );
+    within(d.handle.wait_for(|s| s.phase == Phase::Armed))
+        .await
+        .unwrap();
+    assert!(d.handle.status().kubelet_inhibitor.is_none());
+    d.handle.reload();
+    // The reload is applied on the daemon's loop, unseen: look again until it is reported.
+    for _ in 0..50 {
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(31)).await;
+        tokio::time::resume();
+        let reported = d.handle.wait_for(|s| s.kubelet_inhibitor.is_some());
+        if tokio::time::timeout(Duration::from_millis(200), reported)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+    }
+    let seen = d.handle.status().kubelet_inhibitor;
+    assert!(
+        seen.as_deref().is_some_and(|k| k.contains("kubelet")),
+        "{seen:?}"
+    );
 }
 
 /// A state.json whose budget no clock can hold (found by fuzzing: it panicked the daemon at

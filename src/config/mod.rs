@@ -9,19 +9,15 @@
 //! # Reloading (SIGHUP)
 //!
 //! [`load`] is side-effect free; on SIGHUP call it again and keep the running settings if it
-//! fails. Not every setting can take effect in a running daemon; [`restart_required`] lists
-//! the keys that changed but only apply after a restart (log them):
-//!
-//! - Safe at runtime (read when next used): `shutdown.on_cancel`, `shutdown.after_boot`,
-//!   `shutdown.stop_drain_timeout`, `shutdown.warn_kubelet_inhibitor`, all of `[drain]`
-//!   (a drain already running keeps the plan it started with), and `[fallback]` except
-//!   `cri_endpoint`.
-//! - Restart required: `state_dir` (state and gate journal live there), `node.*` (the
-//!   watches are bound to one Node and one client), `shutdown.max_delay`,
-//!   `shutdown.manage_logind_dropin`, `shutdown.logind_dropin_dir`,
-//!   `shutdown.logind_dropin_name` (the logind budget is negotiated at start),
-//!   `fallback.cri_endpoint` (one CRI connection), `static_pods.*` (moving these while
-//!   manifests are gated could strand a manifest), `metrics.listen` (bound socket).
+//! fails. The keys of [`RESTART_ONLY`] only apply after a restart ([`restart_required`]
+//! names the changed ones, to be logged; [`keep_restart_only`] keeps their running values):
+//! `state_dir` (state and gate journal live there), `node.*` (the watches are bound to one
+//! Node and one client), the logind settings of `[shutdown]` (the budget is negotiated at
+//! start), `drain.external_eviction_request_controller` (the controller is started, and its
+//! permissions checked, when the apiserver is first reached), `fallback.cri_endpoint` (one CRI
+//! connection), `static_pods.*` (moving these while manifests are gated could strand a
+//! manifest), `metrics.listen` (bound socket). Every other key is read when next used (a
+//! drain already running keeps the plan it started with).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -312,60 +308,54 @@ impl Settings {
     }
 }
 
-/// Keys whose value differs between `running` and `reloaded` but only take effect after a
-/// restart (see the module documentation).
+/// The keys a SIGHUP does not apply: they only take effect after a restart (see the module
+/// documentation). Every other key of the rendered settings is applied by a reload.
+pub(crate) const RESTART_ONLY: &[&str] = &[
+    "state_dir",
+    "node.name",
+    "node.kubeconfig",
+    "node.kubelet_kubeconfig",
+    "node.renew_credential",
+    "node.credential_lifetime",
+    "shutdown.max_delay",
+    "shutdown.manage_logind_dropin",
+    "shutdown.logind_dropin_dir",
+    "shutdown.logind_dropin_name",
+    "drain.external_eviction_request_controller",
+    "fallback.cri_endpoint",
+    "static_pods.manifest_dir",
+    "static_pods.gate_dir",
+    "metrics.listen",
+];
+
+/// Keys of [`RESTART_ONLY`] whose value differs between `running` and `reloaded`.
 pub(crate) fn restart_required(running: &Settings, reloaded: &Settings) -> Vec<&'static str> {
-    let (a, b) = (running, reloaded);
-    let checks = [
-        ("state_dir", a.state_dir != b.state_dir),
-        ("node.name", a.node.name != b.node.name),
-        ("node.kubeconfig", a.node.kubeconfig != b.node.kubeconfig),
-        (
-            "node.kubelet_kubeconfig",
-            a.node.kubelet_kubeconfig != b.node.kubelet_kubeconfig,
-        ),
-        (
-            "node.renew_credential",
-            a.node.renew_credential != b.node.renew_credential,
-        ),
-        (
-            "node.credential_lifetime",
-            a.node.credential_lifetime != b.node.credential_lifetime,
-        ),
-        (
-            "shutdown.max_delay",
-            a.shutdown.max_delay != b.shutdown.max_delay,
-        ),
-        (
-            "shutdown.manage_logind_dropin",
-            a.shutdown.manage_logind_dropin != b.shutdown.manage_logind_dropin,
-        ),
-        (
-            "shutdown.logind_dropin_dir",
-            a.shutdown.logind_dropin_dir != b.shutdown.logind_dropin_dir,
-        ),
-        (
-            "shutdown.logind_dropin_name",
-            a.shutdown.logind_dropin_name != b.shutdown.logind_dropin_name,
-        ),
-        (
-            "fallback.cri_endpoint",
-            a.fallback.cri_endpoint != b.fallback.cri_endpoint,
-        ),
-        (
-            "static_pods.manifest_dir",
-            a.static_pods.manifest_dir != b.static_pods.manifest_dir,
-        ),
-        (
-            "static_pods.gate_dir",
-            a.static_pods.gate_dir != b.static_pods.gate_dir,
-        ),
-        ("metrics.listen", a.metrics.listen != b.metrics.listen),
-    ];
-    checks
-        .into_iter()
-        .filter_map(|(key, changed)| changed.then_some(key))
+    let (a, b) = (
+        render::to_toml_table(running),
+        render::to_toml_table(reloaded),
+    );
+    RESTART_ONLY
+        .iter()
+        .copied()
+        .filter(|key| render::lookup(&a, key) != render::lookup(&b, key))
         .collect()
+}
+
+/// `reloaded`, except for the keys of [`RESTART_ONLY`], which keep their running values.
+pub(crate) fn keep_restart_only(running: &Settings, reloaded: Settings) -> Settings {
+    let mut s = reloaded;
+    s.state_dir = running.state_dir.clone();
+    s.node = running.node.clone();
+    s.shutdown.max_delay = running.shutdown.max_delay;
+    s.shutdown.manage_logind_dropin = running.shutdown.manage_logind_dropin;
+    s.shutdown.logind_dropin_dir = running.shutdown.logind_dropin_dir.clone();
+    s.shutdown.logind_dropin_name = running.shutdown.logind_dropin_name.clone();
+    s.drain.external_eviction_request_controller =
+        running.drain.external_eviction_request_controller;
+    s.fallback.cri_endpoint = running.fallback.cri_endpoint.clone();
+    s.static_pods = running.static_pods.clone();
+    s.metrics = running.metrics.clone();
+    s
 }
 
 /// What `check-config` prints on success; valid TOML (the file list is in comments).

@@ -206,6 +206,16 @@ fn fallback_table(f: &FallbackSettings) -> Value {
     ])
 }
 
+/// The value at a dotted `key` of a rendered table (`"drain.plan"`).
+pub(crate) fn lookup<'a>(table: &'a Table, key: &str) -> Option<&'a Value> {
+    let (section, rest) = key.split_once('.').unwrap_or((key, ""));
+    let value = table.get(section)?;
+    if rest.is_empty() {
+        return Some(value);
+    }
+    lookup(value.as_table()?, rest)
+}
+
 /// The effective settings as a TOML document, sections in the order of the documented file.
 pub(crate) fn to_toml_string(s: &Settings) -> String {
     let mut all = to_toml_table(s);

@@ -958,6 +958,155 @@ fn restart_required_lists_changed_static_keys_only() {
     );
 }
 
+/// Every key a SIGHUP applies, with the test that shows it reaching what uses it (in
+/// `tests/daemon_reload.rs` unless named `file::test`).
+const RELOADED: &[(&str, &str)] = &[
+    (
+        "shutdown.on_cancel",
+        "a_reloaded_on_cancel_completes_a_cancelled_shutdown",
+    ),
+    (
+        "shutdown.after_boot",
+        "a_reloaded_after_boot_completes_the_last_shutdown",
+    ),
+    (
+        "shutdown.stop_drain_timeout",
+        "daemon_lifecycle::reload_applies_runtime_keys_and_keeps_the_config_when_invalid",
+    ),
+    (
+        "shutdown.warn_kubelet_inhibitor",
+        "daemon_lifecycle::a_reloaded_warn_kubelet_inhibitor_reports_the_kubelets_lock",
+    ),
+    (
+        "drain.plan",
+        "a_reloaded_drain_plan_orders_the_next_shutdown",
+    ),
+    (
+        "drain.reserve_daemonset",
+        "reloaded_reserves_set_the_budget_needed",
+    ),
+    (
+        "drain.reserve_static",
+        "reloaded_reserves_set_the_budget_needed",
+    ),
+    (
+        "drain.reserve_critical",
+        "a_reloaded_drain_reserve_moves_the_escalation",
+    ),
+    (
+        "drain.critical_priority",
+        "reloaded_reserves_set_the_budget_needed",
+    ),
+    (
+        "drain.eviction_backoff_max",
+        "reloaded_backoff_caps_pace_the_blocked_evictions",
+    ),
+    (
+        "drain.eviction_backoff_max_shutdown",
+        "reloaded_backoff_caps_pace_the_blocked_evictions",
+    ),
+    (
+        "drain.max_concurrent_requests",
+        "a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight",
+    ),
+    (
+        "drain.volume_detach_timeout",
+        "a_reloaded_volume_detach_timeout_releases_sooner",
+    ),
+    (
+        "drain.kubelet_root_dir",
+        "a_reloaded_kubelet_root_dir_is_where_mounts_are_read",
+    ),
+    (
+        "fallback.enabled",
+        "a_reloaded_fallback_section_drives_the_offline_drain",
+    ),
+    (
+        "fallback.apiserver_timeout",
+        "a_reloaded_fallback_section_drives_the_offline_drain",
+    ),
+    (
+        "fallback.stop_kubelet",
+        "a_reloaded_fallback_section_drives_the_offline_drain",
+    ),
+    (
+        "fallback.kubelet_unit",
+        "a_reloaded_fallback_section_drives_the_offline_drain",
+    ),
+    (
+        "fallback.shutdown_grace_period_by_pod_priority",
+        "a_reloaded_fallback_section_drives_the_offline_drain",
+    ),
+    (
+        "fallback.kubelet_config",
+        "the_kubelets_files_are_read_again_on_reload",
+    ),
+    (
+        "fallback.kubelet_config_dir",
+        "the_kubelets_files_are_read_again_on_reload",
+    ),
+];
+
+/// The keys of the rendered settings; a list (the plan, the bands) is one key.
+fn rendered_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in table {
+        match v {
+            toml::Value::Table(t) => rendered_keys(t, &format!("{prefix}{k}."), out),
+            _ => out.push(format!("{prefix}{k}")),
+        }
+    }
+}
+
+/// A new key must be classified: restart-only, or reloaded with a test that exists.
+#[test]
+fn every_key_is_restart_only_or_reloaded_with_its_test() {
+    let mut keys = Vec::new();
+    rendered_keys(&to_toml_table(&Settings::default()), "", &mut keys);
+    let mut classified: Vec<String> = RESTART_ONLY
+        .iter()
+        .chain(RELOADED.iter().map(|(key, _)| key))
+        .map(|k| k.to_string())
+        .collect();
+    let count = classified.len();
+    classified.sort();
+    classified.dedup();
+    assert_eq!(classified.len(), count, "a key is listed twice");
+    keys.sort();
+    assert_eq!(
+        classified, keys,
+        "RESTART_ONLY and RELOADED against the rendered keys"
+    );
+    // The shipped file's opening comment is the one list users read.
+    let text = shipped_config();
+    let header: String = text
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join(" ");
+    for key in RESTART_ONLY {
+        // A section may be named for its keys when all of them need a restart.
+        let section = key.split_once('.').map(|(section, _)| section);
+        let whole = section.filter(|section| {
+            keys.iter()
+                .filter(|k| k.starts_with(&format!("{section}.")))
+                .all(|k| RESTART_ONLY.contains(&k.as_str()))
+        });
+        assert!(
+            header.contains(key) || whole.is_some_and(|s| header.contains(&format!("[{s}]"))),
+            "config/nodegrace.toml's header does not say that {key} needs a restart"
+        );
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    for (key, test) in RELOADED {
+        let (file, name) = test.split_once("::").unwrap_or(("daemon_reload", test));
+        let text = fs::read_to_string(dir.join(format!("{file}.rs"))).unwrap();
+        assert!(
+            text.contains(&format!("async fn {name}()")),
+            "{key}: tests/{file}.rs has no test {name}"
+        );
+    }
+}
+
 #[test]
 fn missing_field_and_duplicate_key_name_the_place() {
     let e = err("[[drain.plan]]\npod_priority = 1\n\n[[drain.plan]]\npod_type = \"Static\"\n");
@@ -1116,6 +1265,20 @@ mod roundtrip {
             // The printed bands are set in the printed file; where they came from is a comment.
             reread.fallback.bands_from = settings.fallback.bands_from.clone();
             prop_assert_eq!(reread, settings);
+        }
+
+        #[test]
+        fn a_reload_keeps_exactly_the_restart_only_keys(running in settings(), reloaded in settings()) {
+            let kept = keep_restart_only(&running, reloaded.clone());
+            prop_assert_eq!(restart_required(&running, &kept), Vec::<&str>::new());
+            let (kept, reloaded) = (to_toml_table(&kept), to_toml_table(&reloaded));
+            for (key, _) in RELOADED {
+                prop_assert_eq!(
+                    super::super::render::lookup(&kept, key),
+                    super::super::render::lookup(&reloaded, key),
+                    "{}", key
+                );
+            }
         }
     }
 }

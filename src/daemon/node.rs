@@ -440,7 +440,6 @@ impl Drainer for NodeDrainer {
 
     async fn after_boot(&self) -> Result<()> {
         let boot_id = self.parts.boot_id()?;
-        let policy = self.settings().shutdown.after_boot;
         let state_dir = &self.settings().state_dir;
         let offline = OfflineDrain::load_or_set_aside(state_dir).unwrap_or_else(|err| {
             tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the offline drain record is unreadable; it is left in place and not reported");
@@ -457,6 +456,8 @@ impl Drainer for NodeDrainer {
         let mut delay = RETRY_MIN;
         let engine = self.apiserver_back(None).await;
         loop {
+            // Read when used: the apiserver may have been awaited across a reload.
+            let policy = self.settings().shutdown.after_boot;
             match engine
                 .after_boot_of(&boot_id, soft_rebooted, policy, offline.as_ref())
                 .await

@@ -542,8 +542,6 @@ impl Engine {
         self.shared.shutting_down.clone()
     }
 
-    /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
-    /// way keeps the deadline schedule it started with.
     /// Where the engine asks the node about its terminating pods (`plan::bandend`); None: the
     /// API alone says when a band ends.
     pub fn look_at_node(&self, view: Option<Arc<dyn PodsOnNode>>) {
@@ -551,6 +549,8 @@ impl Engine {
         self.shared.bump();
     }
 
+    /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
+    /// way keeps the deadline schedule it started with.
     pub fn reload(&self, settings: Arc<Settings>) {
         // The reserves may have changed; the pods have not.
         self.shared

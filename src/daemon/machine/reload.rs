@@ -33,7 +33,7 @@ impl Machine {
                 if !pending.is_empty() {
                     tracing::warn!(keys = ?pending, "these changes take effect after a restart");
                 }
-                self.settings = keep_restart_only_keys(&self.settings, new);
+                self.settings = crate::config::keep_restart_only(&self.settings, new);
                 self.drainer.reload(&self.settings);
                 tracing::info!("configuration reloaded");
             }
@@ -43,19 +43,4 @@ impl Machine {
             ),
         }
     }
-}
-
-/// `reloaded`, except for the keys that only apply after a restart (see `config`).
-fn keep_restart_only_keys(running: &Settings, reloaded: Settings) -> Settings {
-    let mut s = reloaded;
-    s.state_dir = running.state_dir.clone();
-    s.node = running.node.clone();
-    s.shutdown.max_delay = running.shutdown.max_delay;
-    s.shutdown.manage_logind_dropin = running.shutdown.manage_logind_dropin;
-    s.shutdown.logind_dropin_dir = running.shutdown.logind_dropin_dir.clone();
-    s.shutdown.logind_dropin_name = running.shutdown.logind_dropin_name.clone();
-    s.fallback.cri_endpoint = running.fallback.cri_endpoint.clone();
-    s.static_pods = running.static_pods.clone();
-    s.metrics = running.metrics.clone();
-    s
 }
