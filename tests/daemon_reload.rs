@@ -73,10 +73,11 @@ async fn daemon_with(
     (logind, running)
 }
 
-/// SIGHUP; the reload runs off the state machine's thread, and the reloader answers at once.
+/// SIGHUP; the reload runs off the state machine's thread, and the reloader answers at once
+/// (a second for both on a loaded machine).
 async fn reload(d: &nodegrace_testkit::harness::RunningDaemon) {
     d.handle.reload();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
 /// Settings of both fixtures: the daemon's paths, the cluster's node, an 8 s budget.
@@ -443,7 +444,7 @@ async fn a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight() {
     cluster
         .cluster
         .api
-        .delay(Some("POST"), "*/eviction", Duration::from_secs(1));
+        .delay(Some("POST"), "*/eviction", Duration::from_secs(2));
     let dir = tempfile::tempdir().unwrap();
     let mut initial = settings(&dir, &cluster);
     initial.drain.max_concurrent_requests = 3;
@@ -464,7 +465,7 @@ async fn a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight() {
         1,
         "more than one eviction in flight"
     );
-    eventually(10, "every pod evicted", || cluster.evictions().len() == 3).await;
+    eventually(15, "every pod evicted", || cluster.evictions().len() == 3).await;
 }
 
 /// Eviction attempts of `pod` so far.
@@ -504,8 +505,9 @@ async fn reloaded_backoff_caps_pace_the_blocked_evictions() {
         eventually(10, "the first eviction", || attempts(&cluster, "db") > 0).await;
         tokio::time::sleep(Duration::from_millis(5500)).await;
         let n = attempts(&cluster, "db");
+        // Four or more: the running caps allow three.
         assert!(
-            n >= 5,
+            n >= 4,
             "shutdown: {shutdown}: {n} attempts in 5.5 s: the reloaded cap (1 s) was not used"
         );
     }
