@@ -302,6 +302,14 @@ fn next_boot(
     })
 }
 
+/// The drainer's after-boot reconcile, which must end.
+async fn after_boot(drainer: &NodeDrainer) {
+    tokio::time::timeout(Duration::from_secs(20), drainer.after_boot())
+        .await
+        .expect("the after-boot reconcile ends")
+        .unwrap();
+}
+
 #[tokio::test]
 async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenance() {
     for policy in [CompletionPolicy::Complete, CompletionPolicy::Keep] {
@@ -344,10 +352,7 @@ async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenan
 
         // The next boot, the apiserver reachable.
         let drainer = next_boot(&env, settings, &runtime, &kubelet);
-        tokio::time::timeout(Duration::from_secs(20), drainer.after_boot())
-            .await
-            .expect("the after-boot reconcile ends")
-            .unwrap();
+        after_boot(&drainer).await;
 
         let m = env
             .maintenance("shutdown-node-a")
@@ -480,10 +485,7 @@ async fn an_offline_record_goes_onto_that_shutdowns_maintenance_once_and_a_stale
         let runtime = FakeRuntime::new();
         let kubelet = Arc::new(RecordingKubelet::default());
         let drainer = next_boot(&env, settings, &runtime, &kubelet);
-        tokio::time::timeout(Duration::from_secs(20), drainer.after_boot())
-            .await
-            .expect("the after-boot reconcile ends")
-            .unwrap();
+        after_boot(&drainer).await;
 
         let m = env.maintenance("shutdown-node-a").unwrap();
         let case = format!("maintenance of {m_boot}, annotated {annotated}");
@@ -665,10 +667,7 @@ async fn the_boot_leaves_static_pods_another_maintenance_gated() {
     let runtime = FakeRuntime::new();
     let kubelet = Arc::new(RecordingKubelet::default());
     let drainer = next_boot(&env, settings, &runtime, &kubelet);
-    tokio::time::timeout(Duration::from_secs(20), drainer.after_boot())
-        .await
-        .expect("the after-boot reconcile ends")
-        .unwrap();
+    after_boot(&drainer).await;
     assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
     assert!(env.maintenance("shutdown-node-a").is_none());
 }
