@@ -1119,6 +1119,24 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
     );
 
     let seen = watch.seen();
+    // When the apiserver received the kubelet's write of a pod's terminal status (its last
+    // status write before the test's watch saw the pod terminal, which is later): from then
+    // on an eviction may cross it and find a finished pod, deleted without a budget check.
+    let stopped_in_api = |name: &str| {
+        let seen_terminal = seen.values().find(|s| s.name == name)?.terminal_at?;
+        kubelets
+            .iter()
+            .filter(|r| {
+                r.name == name
+                    && r.verb == "patch"
+                    && r.resource == "pods"
+                    && r.subresource == "status"
+                    && r.received <= seen_terminal
+            })
+            .map(|r| r.received)
+            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))))
+            .or(Some(seen_terminal))
+    };
     let kills = rk::gns_kills(&f.kubelet.log());
     let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
     let ctrs = containers(&endpoint).await;
@@ -1159,7 +1177,8 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
             .into_iter()
             .filter(|r| r.code == 201)
             .collect();
-        for e in admitted.iter().filter(|e| e.received >= terminal) {
+        let stopped = stopped_in_api(&name).unwrap_or(terminal);
+        for e in admitted.iter().filter(|e| e.received >= stopped) {
             assert!(
                 e.received < terminal + CROSSING_S,
                 "nodegrace evicted {name} +{:.3} s after the kubelet had stopped it (seen +{:.3} s after the signal)\n{}",
@@ -1175,7 +1194,7 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
         // An eviction of a pod the kubelet's GNS was already stopping, which the API
         // cannot show (the kubelet writes its status once the pod has stopped).
         if let (Some(e), Some(kill)) = (
-            admitted.iter().find(|e| e.received < terminal),
+            admitted.iter().find(|e| e.received < stopped),
             kills.get(&name),
         ) {
             if e.received > *kill {
@@ -1217,10 +1236,7 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
     let web_evictions: Vec<&Request> = web
         .iter()
         .flat_map(|n| {
-            let stopped = seen
-                .values()
-                .find(|s| s.name == *n)
-                .and_then(|s| s.terminal_at);
+            let stopped = stopped_in_api(n);
             evictions(&ours, n)
                 .into_iter()
                 .filter(move |r| stopped.is_none_or(|t| r.received < t))
