@@ -1134,7 +1134,7 @@ async fn the_real_kubelets_gns_beside_nodegrace_on_one_logind() {
                     && r.received <= seen_terminal
             })
             .map(|r| r.received)
-            .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))))
+            .reduce(f64::max)
             .or(Some(seen_terminal))
     };
     let kills = rk::gns_kills(&f.kubelet.log());

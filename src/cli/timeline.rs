@@ -224,10 +224,7 @@ impl Reading {
             });
         }
         if ended.is_some() || r.reason == "Drained" {
-            for mut w in self.open.drain(..) {
-                w.to = r.at;
-                self.story.waits.push(w);
-            }
+            self.end_open_waits(r.at);
         }
         if let Some(t) = targets.filter(|t| r.reason == "DrainTargets" && *t != "nothing") {
             self.band = Some((t.to_string(), r.at));
@@ -268,6 +265,13 @@ impl Reading {
         self.story.waits.push(w);
     }
 
+    fn end_open_waits(&mut self, at: DateTime<Utc>) {
+        for mut w in self.open.drain(..) {
+            w.to = at;
+            self.story.waits.push(w);
+        }
+    }
+
     fn mark(&mut self, at: DateTime<Utc>, letter: char, text: String) {
         self.story.marks.push(Mark { at, letter, text });
     }
@@ -281,10 +285,7 @@ impl Reading {
                 to: end,
             });
         }
-        for mut w in self.open.drain(..) {
-            w.to = end;
-            self.story.waits.push(w);
-        }
+        self.end_open_waits(end);
         self.story
             .waits
             .sort_by(|a, b| (a.from, &a.pod).cmp(&(b.from, &b.pod)));
