@@ -665,7 +665,8 @@ fn real_pods_went_once(
             ));
         }
         if matches!(app_of(p).as_str(), "web" | "crit") {
-            evicted_once_never_deleted(reqs, journal, &name, &name, signal)?;
+            // No time of the pod's deletion is seen on this path to tell a lost audit record.
+            evicted_once_never_deleted(reqs, journal, &name, &name, signal, false)?;
         }
     }
     Ok(last_gone)

@@ -195,20 +195,23 @@ pub fn each_pod_went_once(
         if r.name.starts_with("agent-") || r.mirror {
             continue;
         }
-        evicted_once_never_deleted(reqs, journal, &r.name, &r.key(), signal)?;
+        let record_lost = r.stop_seen.is_some_and(|t| f.cp.apiserver_killed_around(t));
+        evicted_once_never_deleted(reqs, journal, &r.name, &r.key(), signal, record_lost)?;
     }
     Ok(last_gone)
 }
 
 /// Pod `name` (`key` in messages) of a Deployment was evicted exactly once (one accepted
 /// eviction, or none or two where the fault lost an answer) and never DELETEd: its graceful
-/// termination was not cut.
+/// termination was not cut. `record_lost`: the pod was seen deleted just as the apiserver
+/// was killed, which may have taken the audit record of its eviction along.
 pub fn evicted_once_never_deleted(
     reqs: &[Request],
     journal: &str,
     name: &str,
     key: &str,
     signal: f64,
+    record_lost: bool,
 ) -> Result<(), Broken> {
     let accepted = evictions(reqs, name)
         .iter()
@@ -232,7 +235,7 @@ pub fn evicted_once_never_deleted(
     let repeated_after_lost_answer = accepted == 2 && answer_lost;
     if !(accepted == 1
         || repeated_after_lost_answer
-        || (accepted == 0 && (answer_lost || answered_5xx)))
+        || (accepted == 0 && (answer_lost || answered_5xx || record_lost)))
     {
         return Err(broken(
             "not evicted exactly once",
