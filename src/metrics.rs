@@ -117,6 +117,9 @@ pub struct Metrics {
     offline_fallback: Gauge,
     bus_connected: Gauge,
     shutdown_duration: Family<KindLabel, Histogram>,
+    /// Shutdown durations to count once a scrape has shown their series (see
+    /// [`Metrics::shutdown_took`]).
+    durations_to_count: Arc<std::sync::Mutex<Vec<(KindLabel, f64)>>>,
     evictions_refused: Family<ReasonLabel, Counter>,
 }
 
@@ -311,6 +314,7 @@ impl Metrics {
                     (|| Histogram::new(SHUTDOWN_BUCKETS)) as fn() -> Histogram,
                 ),
             ),
+            durations_to_count: Arc::default(),
             evictions_refused: register(
                 r,
                 EVICTIONS_REFUSED,
@@ -337,10 +341,30 @@ impl Metrics {
     }
 
     /// A shutdown of `kind` ("poweroff", "reboot", ...) released its inhibitor after `took`.
+    /// Its series is served at once, and the duration is counted after the next scrape:
+    /// Prometheus's `increase()` takes the value a series is first scraped with as its start,
+    /// and this daemon has just started (`ShutdownState::duration_to_count`), so a count in
+    /// its first scrape would never show in a dashboard.
     pub(crate) fn shutdown_took(&self, kind: &str, took: std::time::Duration) {
-        self.shutdown_duration
-            .get_or_create(&KindLabel { kind: kind.into() })
-            .observe(took.as_secs_f64());
+        let label = KindLabel { kind: kind.into() };
+        drop(self.shutdown_duration.get_or_create(&label));
+        self.durations_to_count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((label, took.as_secs_f64()));
+    }
+
+    /// A scrape was served: the durations waiting for one are counted.
+    pub(crate) fn scraped(&self) {
+        let waiting = std::mem::take(
+            &mut *self
+                .durations_to_count
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for (label, took) in waiting {
+            self.shutdown_duration.get_or_create(&label).observe(took);
+        }
     }
 
     pub(crate) fn eviction_refused(&self, why: Refusal) {
@@ -579,6 +603,13 @@ mod tests {
         m.set_effective_budget(std::time::Duration::from_secs(90));
         m.band_finished("Default/0", std::time::Duration::from_millis(1500));
         m.shutdown_took("reboot", std::time::Duration::from_secs(42));
+        let before = m.render().unwrap();
+        assert!(
+            before.contains("nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"} 0"),
+            "served at zero before a scrape:\n{before}"
+        );
+        m.scraped();
+        m.scraped();
         m.eviction_refused(Refusal::Budget);
         m.set_phase(false, true);
         let offline = m.offline_fallback();

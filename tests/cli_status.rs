@@ -112,6 +112,7 @@ impl Env {
             started_since_boot_seconds: None,
             updated_at: chrono::Utc::now(),
             outcome: Some(nodegrace::ShutdownOutcome::Drained),
+            duration_counted: false,
         }
         .store(&self.path("state"))
         .unwrap();

@@ -419,8 +419,13 @@ async fn what_the_endpoint_serves_after_a_drain_passes_promtool_check_metrics() 
         band[0]
     );
     assert!(body.contains(&terminated), "{terminated} missing:\n{body}");
+    // Its duration is the next daemon's to count (the next boot's, in
+    // `a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after_it_and_the_next_boot`).
+    assert!(
+        !body.contains("nodegrace_shutdown_duration_seconds_count"),
+        "{body}"
+    );
     for line in [
-        "nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"} 1",
         "nodegrace_armed 0",
         "nodegrace_draining 0",
         "nodegrace_bus_connected 1",
@@ -575,7 +580,6 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
         assert_eq!(sample(&after, &outcome(other)), Some(0.0), "{after}");
     }
     served.extend(served_names(&after));
-    the_dashboard_queries_only(&served);
     let end = sample(&after, "nodegrace_last_shutdown_end_timestamp_seconds").unwrap();
     let start = sample(&after, "nodegrace_shutdown_start_timestamp_seconds").unwrap();
     assert!(start >= signalled - 1.0 && start < end, "{start} to {end}");
@@ -598,6 +602,42 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
     wait_armed(&next_bus, &next).await;
     let booted = scrape_body(&format!("127.0.0.1:{next_port}")).await;
     assert_eq!(sample(&booted, &outcome("drained")), Some(1.0), "{booted}");
+    // The shutdown's duration: served at zero first, counted after that scrape (a series'
+    // first value is no increase to Prometheus), once.
+    const COUNT: &str = "nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"}";
+    const SUM: &str = "nodegrace_shutdown_duration_seconds_sum{kind=\"reboot\"}";
+    assert_eq!(sample(&booted, COUNT), Some(0.0), "{booted}");
+    let counted = scrape_body(&format!("127.0.0.1:{next_port}")).await;
+    assert_eq!(sample(&counted, COUNT), Some(1.0), "{counted}");
+    let took = sample(&counted, SUM).unwrap();
+    assert!(
+        (took - (end - start)).abs() < 0.01,
+        "{took} s, released {} s after the start",
+        end - start
+    );
+    assert_eq!(
+        sample(&scrape_body(&format!("127.0.0.1:{next_port}")).await, COUNT),
+        Some(1.0)
+    );
+    served.extend(served_names(&counted));
+    the_dashboard_queries_only(&served);
+    drop(next);
+    let again_bus_dir = tempfile::tempdir().unwrap();
+    let again_bus = bus_env(again_bus_dir.path()).await;
+    let again_port = free_port();
+    let again = Daemon::start(&env, &again_bus, again_port);
+    wait_armed(&again_bus, &again).await;
+    let restarted = scrape_body(&format!("127.0.0.1:{again_port}")).await;
+    assert_eq!(
+        sample(&restarted, &outcome("drained")),
+        Some(1.0),
+        "{restarted}"
+    );
+    assert_eq!(
+        sample(&restarted, COUNT),
+        None,
+        "counted by the daemon before:\n{restarted}"
+    );
     assert_eq!(
         sample(&booted, "nodegrace_last_shutdown_end_timestamp_seconds"),
         Some(end)

@@ -184,19 +184,17 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
                 // newer and is set next.
                 metrics.shutdown_started(ended.started_at);
                 metrics.shutdown_ended(ended.outcome, ended.ended_at);
+                if ended.count_duration {
+                    let took = (ended.ended_at - ended.started_at)
+                        .to_std()
+                        .unwrap_or_default();
+                    metrics.shutdown_took(ended.kind.as_str(), took);
+                }
             }
         }
         if let Some(started) = now.2 {
             if last.as_ref().and_then(|l| l.2) != Some(started) {
                 metrics.shutdown_started(started);
-            }
-        }
-        if status.phase == Phase::Released && last.as_ref().map(|l| l.3) != Some(Phase::Released) {
-            if let Some(shutdown) = &status.shutdown {
-                let took = (status.updated_at - shutdown.started_at)
-                    .to_std()
-                    .unwrap_or_default();
-                metrics.shutdown_took(shutdown.kind.as_str(), took);
             }
         }
         last = Some(now);

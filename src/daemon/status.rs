@@ -32,6 +32,11 @@ pub struct LastShutdown {
     pub outcome: crate::state::ShutdownOutcome,
     pub started_at: chrono::DateTime<chrono::Utc>,
     pub ended_at: chrono::DateTime<chrono::Utc>,
+    pub kind: crate::shutdown::ShutdownKind,
+    /// This daemon counts its duration in the histogram of shutdown durations
+    /// (`ShutdownState::duration_to_count`).
+    #[serde(skip)]
+    pub count_duration: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

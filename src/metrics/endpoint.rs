@@ -258,7 +258,10 @@ async fn respond(
                 .map(|text| ("text/plain; version=0.0.4; charset=utf-8", text))
         };
         match rendered {
-            Ok((content_type, text)) => (StatusCode::OK, content_type, text),
+            Ok((content_type, text)) => {
+                metrics.scraped();
+                (StatusCode::OK, content_type, text)
+            }
             Err(err) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "text/plain",

@@ -228,6 +228,10 @@ pub struct ShutdownState {
     /// How it ended, once it has (with `updated_at` then its end).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<ShutdownOutcome>,
+    /// Its duration is in a daemon's histogram of shutdown durations
+    /// ([`ShutdownState::duration_to_count`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub duration_counted: bool,
 }
 
 /// How far in the future a persisted shutdown may have started: the clock may have been
@@ -291,6 +295,22 @@ impl ShutdownState {
                 Some(ShutdownOutcome::Interrupted)
             }
             (None, _) => None,
+        }
+    }
+
+    /// From the signal to the release, for the histogram of shutdown durations, when a daemon
+    /// started in `boot_id` is to count it: a shutdown that released the inhibitor, counted
+    /// once, by the first daemon started after it ended. The daemon that released it goes
+    /// down with the node a moment later, before any scrape could show its count.
+    pub(crate) fn duration_to_count(&self, boot_id: &str) -> Option<std::time::Duration> {
+        if self.duration_counted {
+            return None;
+        }
+        match self.ended(boot_id)? {
+            ShutdownOutcome::Drained | ShutdownOutcome::Failed | ShutdownOutcome::BudgetEnded => {
+                (self.updated_at - self.started_at).to_std().ok()
+            }
+            ShutdownOutcome::Cancelled | ShutdownOutcome::Interrupted => None,
         }
     }
 
@@ -511,6 +531,7 @@ mod tests {
             started_since_boot_seconds: Some(12.5),
             updated_at: chrono::Utc::now(),
             outcome: None,
+            duration_counted: false,
         };
         s.store(dir.path()).unwrap();
         assert_eq!(ShutdownState::load(dir.path()).unwrap(), Some(s.clone()));
@@ -539,6 +560,7 @@ mod tests {
             started_since_boot_seconds: None,
             updated_at: at,
             outcome,
+            duration_counted: false,
         };
         let drained = s(ShutdownPhase::Released, Some(ShutdownOutcome::Drained));
         assert_eq!(drained.ended("boot-2"), Some(ShutdownOutcome::Drained));
@@ -549,6 +571,52 @@ mod tests {
             s(ShutdownPhase::Cancelled, None).ended("boot-1"),
             Some(ShutdownOutcome::Cancelled)
         );
+    }
+
+    #[test]
+    fn a_released_shutdowns_duration_is_counted_once_and_only_a_released_ones() {
+        let at = chrono::Utc::now();
+        let s = |phase, outcome| ShutdownState {
+            phase,
+            kind: crate::shutdown::ShutdownKind::Poweroff,
+            started_at: at,
+            budget_seconds: 60.0,
+            boot_id: "boot-1".into(),
+            started_since_boot_seconds: None,
+            updated_at: at + chrono::TimeDelta::milliseconds(12_500),
+            outcome,
+            duration_counted: false,
+        };
+        let took = Some(std::time::Duration::from_millis(12_500));
+        for released in [
+            ShutdownOutcome::Drained,
+            ShutdownOutcome::Failed,
+            ShutdownOutcome::BudgetEnded,
+        ] {
+            let ended = s(ShutdownPhase::Released, Some(released));
+            assert_eq!(ended.duration_to_count("boot-2"), took, "{released:?}");
+            // A daemon restarted in the same boot after the release counts it as well: the
+            // one that released it never did.
+            assert_eq!(ended.duration_to_count("boot-1"), took, "{released:?}");
+            let counted = ShutdownState {
+                duration_counted: true,
+                ..ended
+            };
+            assert_eq!(counted.duration_to_count("boot-2"), None, "{released:?}");
+        }
+        let draining = s(ShutdownPhase::Draining, None);
+        assert_eq!(draining.duration_to_count("boot-1"), None, "still draining");
+        assert_eq!(draining.duration_to_count("boot-2"), None, "never released");
+        let cancelled = s(ShutdownPhase::Cancelled, Some(ShutdownOutcome::Cancelled));
+        assert_eq!(cancelled.duration_to_count("boot-1"), None);
+        let stored = serde_json::to_string(&cancelled).unwrap();
+        assert!(!stored.contains("durationCounted"), "{stored}");
+        let counted = ShutdownState {
+            duration_counted: true,
+            ..cancelled
+        };
+        let stored = serde_json::to_string(&counted).unwrap();
+        assert!(stored.contains("\"durationCounted\":true"), "{stored}");
     }
 
     #[test]

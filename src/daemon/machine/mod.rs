@@ -448,12 +448,27 @@ impl Machine {
 
     /// How the last shutdown ended, as the state directory kept it (a restart or a boot
     /// does not lose it).
+    /// Its duration is counted here when this is the first daemon since it ended, and
+    /// recorded as counted first: a failed write counts nothing rather than twice.
     fn last_shutdown_recorded(&self) -> Option<LastShutdown> {
-        let state = ShutdownState::load(&self.settings.state_dir).ok()??;
+        let mut state = ShutdownState::load(&self.settings.state_dir).ok()??;
+        let count_duration = state.duration_to_count(&self.boot_id).is_some()
+            && {
+                state.duration_counted = true;
+                match state.store(&self.settings.state_dir) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::error!(error = %crate::cluster::error_text(&e), "the last shutdown's duration is not counted in the metrics: cannot record it as counted");
+                        false
+                    }
+                }
+            };
         Some(LastShutdown {
             outcome: state.ended(&self.boot_id)?,
             started_at: state.started_at,
             ended_at: state.updated_at,
+            kind: state.kind,
+            count_duration,
         })
     }
 
@@ -470,7 +485,8 @@ impl Machine {
 
     /// The shutdown ended with `outcome`: persisted, and the status says so.
     fn persist_end(&mut self, phase: ShutdownPhase, outcome: ShutdownOutcome) {
-        let Some(started_at) = self.shutdown.as_ref().map(|r| r.started_at) else {
+        let Some((started_at, kind)) = self.shutdown.as_ref().map(|r| (r.started_at, r.kind))
+        else {
             return;
         };
         if let Some(at) = self.persist_with(phase, Some(outcome), false) {
@@ -478,6 +494,8 @@ impl Machine {
                 outcome,
                 started_at,
                 ended_at: at,
+                kind,
+                count_duration: false,
             });
         }
     }
@@ -501,6 +519,7 @@ impl Machine {
             started_since_boot_seconds: req.started_since_boot.map(|d| d.as_secs_f64()),
             updated_at: chrono::Utc::now(),
             outcome,
+            duration_counted: false,
         };
         let at = state.updated_at;
         let dir = self.settings.state_dir.clone();
