@@ -18,7 +18,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use realk8s::fixture::*;
-use realk8s::workload::{self, PodShape};
 use serde_json::Value;
 
 const DASHBOARD: &str = concat!(
@@ -262,26 +261,8 @@ async fn a_real_prometheus_draws_every_dashboard_panel_from_a_real_drain_and_the
     f.node
         .config_dropins
         .push(("50-budget.toml".into(), BUDGET.into()));
-    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    workload::deployment(c, &ns, &node, 2, PodShape::new("web").exits_after_ms(500)).await;
-    workload::deployment(c, &ns, &node, 1, PodShape::new("db").exits_after_ms(300)).await;
-    workload::blocking_pdb(c, &ns, "db").await;
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        PodShape::new("crit").priority("system-cluster-critical"),
-    )
-    .await;
-    workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
-    workload::static_pod(
-        &f.node.manifests,
-        &ns,
-        PodShape::new("etcd").exits_after_ms(300),
-    );
-    f.kubelet.wait_running(6).await;
-    workload::wait_pdb_blocking(c, &ns, "db").await;
+    let (c, node) = (&f.admin.clone(), f.name.clone());
+    f.every_band_one_blocked().await;
 
     // The documented configuration as it stands, but for its discovery: Debian's
     // Prometheus is built without Kubernetes discovery, so the node role's target for this

@@ -502,21 +502,7 @@ async fn an_admin_maintenance_drains_without_escalating_and_completes() {
     }
     let mut f = Fixture::new("ng-adm").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    workload::deployment(c, &ns, &node, 2, PodShape::new("web")).await;
-    workload::deployment(c, &ns, &node, 1, PodShape::new("db")).await;
-    workload::blocking_pdb(c, &ns, "db").await;
-    workload::deployment(
-        c,
-        &ns,
-        &node,
-        1,
-        PodShape::new("crit").priority("system-cluster-critical"),
-    )
-    .await;
-    workload::daemonset(c, &ns, &node, false, PodShape::new("agent")).await;
-    workload::static_pod(&f.node.manifests, &ns, PodShape::new("etcd"));
-    f.kubelet.wait_running(6).await;
-    workload::wait_pdb_blocking(c, &ns, "db").await;
+    f.every_band_one_blocked().await;
     f.node.boot();
 
     let name = format!("adm-{node}");

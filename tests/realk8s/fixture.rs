@@ -28,6 +28,29 @@ pub struct Fixture {
 }
 
 impl Fixture {
+    /// Pods in every band of the shipped drain plan, one replica held by its budget: `web`
+    /// (2 replicas), `db` (1, a PodDisruptionBudget that allows no disruption), `crit`
+    /// (system-cluster-critical), the DaemonSet pod `agent` and the static pod `etcd`.
+    /// Returns once all 6 run and the budget blocks.
+    pub async fn every_band_one_blocked(&self) {
+        let (c, ns, node) = (&self.admin, self.name.as_str(), self.name.as_str());
+        workload::deployment(c, ns, node, 2, workload::PodShape::new("web")).await;
+        workload::deployment(c, ns, node, 1, workload::PodShape::new("db")).await;
+        workload::blocking_pdb(c, ns, "db").await;
+        workload::deployment(
+            c,
+            ns,
+            node,
+            1,
+            workload::PodShape::new("crit").priority("system-cluster-critical"),
+        )
+        .await;
+        workload::daemonset(c, ns, node, false, workload::PodShape::new("agent")).await;
+        workload::static_pod(&self.node.manifests, ns, workload::PodShape::new("etcd"));
+        self.kubelet.wait_running(6).await;
+        workload::wait_pdb_blocking(c, ns, "db").await;
+    }
+
     pub async fn new(prefix: &str) -> Fixture {
         Fixture::with_node(prefix, None).await
     }
