@@ -548,20 +548,29 @@ mod tests {
         assert!(ShutdownState::load(dir.path()).is_err());
     }
 
-    #[test]
-    fn a_shutdown_has_ended_once_its_outcome_is_recorded_or_its_boot_went_down_draining() {
-        let at = chrono::Utc::now();
-        let s = |phase, outcome| ShutdownState {
+    /// A poweroff of boot `boot-1` that began at `at` and was last written 12.5 s later.
+    fn poweroff_of_boot_1(
+        at: chrono::DateTime<chrono::Utc>,
+        phase: ShutdownPhase,
+        outcome: Option<ShutdownOutcome>,
+    ) -> ShutdownState {
+        ShutdownState {
             phase,
-            kind: crate::shutdown::ShutdownKind::Reboot,
+            kind: crate::shutdown::ShutdownKind::Poweroff,
             started_at: at,
             budget_seconds: 60.0,
             boot_id: "boot-1".into(),
             started_since_boot_seconds: None,
-            updated_at: at,
+            updated_at: at + chrono::TimeDelta::milliseconds(12_500),
             outcome,
             duration_counted: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_shutdown_has_ended_once_its_outcome_is_recorded_or_its_boot_went_down_draining() {
+        let at = chrono::Utc::now();
+        let s = |phase, outcome| poweroff_of_boot_1(at, phase, outcome);
         let drained = s(ShutdownPhase::Released, Some(ShutdownOutcome::Drained));
         assert_eq!(drained.ended("boot-2"), Some(ShutdownOutcome::Drained));
         let draining = s(ShutdownPhase::Draining, None);
@@ -576,17 +585,7 @@ mod tests {
     #[test]
     fn a_released_shutdowns_duration_is_counted_once_and_only_a_released_ones() {
         let at = chrono::Utc::now();
-        let s = |phase, outcome| ShutdownState {
-            phase,
-            kind: crate::shutdown::ShutdownKind::Poweroff,
-            started_at: at,
-            budget_seconds: 60.0,
-            boot_id: "boot-1".into(),
-            started_since_boot_seconds: None,
-            updated_at: at + chrono::TimeDelta::milliseconds(12_500),
-            outcome,
-            duration_counted: false,
-        };
+        let s = |phase, outcome| poweroff_of_boot_1(at, phase, outcome);
         let took = Some(std::time::Duration::from_millis(12_500));
         for released in [
             ShutdownOutcome::Drained,
