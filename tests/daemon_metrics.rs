@@ -233,12 +233,19 @@ async fn wait_released(bus: &TestEnv, daemon: &Daemon) {
 /// a free local port (also returned, as an address).
 async fn armed_daemon(pods: &[&str]) -> (Env, tempfile::TempDir, TestEnv, Daemon, String) {
     let env = Env::new(pods).await;
+    let (bus_dir, bus, daemon, addr) = armed_on(&env).await;
+    (env, bus_dir, bus, daemon, addr)
+}
+
+/// A daemon started on `env` (its state directory kept from any daemon before), armed on a
+/// bus of its own; and its metrics' address.
+async fn armed_on(env: &Env) -> (tempfile::TempDir, TestEnv, Daemon, String) {
     let bus_dir = tempfile::tempdir().unwrap();
     let bus = bus_env(bus_dir.path()).await;
     let port = free_port();
-    let daemon = Daemon::start(&env, &bus, port);
+    let daemon = Daemon::start(env, &bus, port);
     wait_armed(&bus, &daemon).await;
-    (env, bus_dir, bus, daemon, format!("127.0.0.1:{port}"))
+    (bus_dir, bus, daemon, format!("127.0.0.1:{port}"))
 }
 
 /// Holds `count` connections to `addr`: odd ones send half a request head, even ones nothing.
@@ -595,19 +602,15 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
     let (kernel, ticks) = state.boot_id.split_once('.').unwrap();
     state.boot_id = format!("{kernel}.{}", ticks.parse::<u64>().unwrap() + 1);
     state.store(&state_dir).unwrap();
-    let next_bus_dir = tempfile::tempdir().unwrap();
-    let next_bus = bus_env(next_bus_dir.path()).await;
-    let next_port = free_port();
-    let next = Daemon::start(&env, &next_bus, next_port);
-    wait_armed(&next_bus, &next).await;
-    let booted = scrape_body(&format!("127.0.0.1:{next_port}")).await;
+    let (_next_bus_dir, _next_bus, next, next_addr) = armed_on(&env).await;
+    let booted = scrape_body(&next_addr).await;
     assert_eq!(sample(&booted, &outcome("drained")), Some(1.0), "{booted}");
     // The shutdown's duration: served at zero first, counted after that scrape (a series'
     // first value is no increase to Prometheus), once.
     const COUNT: &str = "nodegrace_shutdown_duration_seconds_count{kind=\"reboot\"}";
     const SUM: &str = "nodegrace_shutdown_duration_seconds_sum{kind=\"reboot\"}";
     assert_eq!(sample(&booted, COUNT), Some(0.0), "{booted}");
-    let counted = scrape_body(&format!("127.0.0.1:{next_port}")).await;
+    let counted = scrape_body(&next_addr).await;
     assert_eq!(sample(&counted, COUNT), Some(1.0), "{counted}");
     let took = sample(&counted, SUM).unwrap();
     assert!(
@@ -615,19 +618,12 @@ async fn a_scrape_shows_the_budget_blocking_during_a_drain_and_the_outcome_after
         "{took} s, released {} s after the start",
         end - start
     );
-    assert_eq!(
-        sample(&scrape_body(&format!("127.0.0.1:{next_port}")).await, COUNT),
-        Some(1.0)
-    );
+    assert_eq!(sample(&scrape_body(&next_addr).await, COUNT), Some(1.0));
     served.extend(served_names(&counted));
     the_dashboard_queries_only(&served);
     drop(next);
-    let again_bus_dir = tempfile::tempdir().unwrap();
-    let again_bus = bus_env(again_bus_dir.path()).await;
-    let again_port = free_port();
-    let again = Daemon::start(&env, &again_bus, again_port);
-    wait_armed(&again_bus, &again).await;
-    let restarted = scrape_body(&format!("127.0.0.1:{again_port}")).await;
+    let (_again_bus_dir, _again_bus, _again, again_addr) = armed_on(&env).await;
+    let restarted = scrape_body(&again_addr).await;
     assert_eq!(
         sample(&restarted, &outcome("drained")),
         Some(1.0),
