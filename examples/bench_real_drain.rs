@@ -91,15 +91,6 @@ const REPLICAS: usize = 10;
 /// Quiet time after every pod runs, also the window of the idle request count.
 const IDLE: Duration = Duration::from_secs(5);
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v} is not a valid value")),
-        Err(_) => default,
-    }
-}
-
 /// `b<band>-<n>`: the app label of every workload, which names its band.
 fn band_of_app(app: &str) -> Option<usize> {
     app.strip_prefix('b')?.split('-').next()?.parse().ok()
@@ -386,8 +377,8 @@ async fn poweroff_with_fault(f: &mut Fixture, fault: &str) -> (real::Container, 
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let pods: usize = env_or("BENCH_PODS", 110);
-    let exit_ms: u64 = env_or("BENCH_EXIT_MS", 1000);
+    let pods: usize = realk8s::env_or("BENCH_PODS", 110);
+    let exit_ms: u64 = realk8s::env_or("BENCH_EXIT_MS", 1000);
     let direct = std::env::var("BENCH_DIRECT").as_deref() == Ok("1");
     let responders = std::env::var("BENCH_RESPONDERS").as_deref() == Ok("1");
     assert!(
@@ -423,11 +414,7 @@ async fn main() {
     let sizes: Vec<usize> = (0..BANDS.len())
         .map(|b| pods / BANDS.len() + usize::from(b < pods % BANDS.len()))
         .collect();
-    let commit = std::process::Command::new("git")
-        .args(["-C", realk8s::MANIFEST_DIR, "log", "-1", "--format=%h"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let commit = realk8s::commit();
     println!(
         "bench_real_drain: {pods} pods in 4 bands {sizes:?}, each exiting {exit_ms} ms after its deletion; {} path",
         if direct {
@@ -508,7 +495,7 @@ async fn main() {
         })
         .collect();
     let others = other_nodes(&f.name);
-    let load_before = load_average();
+    let load_before = realk8s::load_average();
     let pid = f.node.nodegrace_pid();
     let before = real::proc_usage(pid).expect("nodegrace's /proc");
     let mappings = resident_by_mapping(pid);
@@ -1012,7 +999,7 @@ async fn main() {
     println!(
         "host load average (1 min): {} before the poweroff, {} after",
         load_before,
-        load_average()
+        realk8s::load_average()
     );
     if others.is_empty() {
         println!("other nspawn nodes during the run: none");
@@ -1025,14 +1012,6 @@ async fn main() {
 
     f.cleanup().await;
     drop(without_requests);
-}
-
-/// The host's 1-minute load average (other builds on the machine show here).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 /// Whether `r` is about `pod`: the pod itself, its EvictionRequest (`nodegrace-<uid>`) or

@@ -115,22 +115,6 @@ fn ideal() -> f64 {
         .sum()
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v} is not a valid value")),
-        Err(_) => default,
-    }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_default()
-}
-
 /// What one run gave.
 struct Outcome {
     total: f64,
@@ -191,7 +175,7 @@ async fn run(n: usize, runs: usize) -> Outcome {
     let containers = rk::ContainerWatch::start(&endpoint);
     let on_node = rk::NodeGone::start(&f.kubelet);
     f.node.boot_connected();
-    let load_before = load_average();
+    let load_before = realk8s::load_average();
 
     let container = f.node.shutdown("poweroff", Duration::from_secs(300));
     let (signal, release) = signal_and_release(&container);
@@ -297,7 +281,7 @@ async fn run(n: usize, runs: usize) -> Outcome {
     println!(
         "signal → release {total:.2} s, ideal {ideal:.1} s, total − ideal {:.2} s (host load average {load_before} at the poweroff, {} after)",
         total - ideal,
-        load_average()
+        realk8s::load_average()
     );
     println!(
         "per band, s after the signal: first asked, first SIGTERM (exit − exit time), last container exit, last pod off the node (containers and volumes), the kubelet's writes showing its last pod stopped; gap: first asked − previous band's last exit"
@@ -387,14 +371,10 @@ fn spread(values: &[f64]) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let runs: usize = env_or("BENCH_RUNS", 1);
+    let runs: usize = realk8s::env_or("BENCH_RUNS", 1);
     real::require_prerequisites();
     let binary = real::nodegrace_binary();
-    let commit = std::process::Command::new("git")
-        .args(["-C", realk8s::MANIFEST_DIR, "log", "-1", "--format=%h"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let commit = realk8s::commit();
     let pods: usize = APPS.iter().map(|a| a.pods).sum();
     println!(
         "bench_real_kubelet: {pods} pods in {} bands on a real kubelet v1.28.4: {}; ideal {:.1} s",
