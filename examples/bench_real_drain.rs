@@ -279,6 +279,17 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+/// `median 80 ms, p90 237 ms, max 338 ms`.
+fn stats(v: &mut [f64]) -> String {
+    v.sort_by(f64::total_cmp);
+    format!(
+        "median {}, p90 {}, max {}",
+        ms(percentile(v, 0.5)),
+        ms(percentile(v, 0.9)),
+        ms(percentile(v, 1.0))
+    )
+}
+
 fn ms(seconds: f64) -> String {
     // + 0.0 turns -0 into 0.
     format!("{:.0} ms", (seconds * 1000.0).round() + 0.0)
@@ -840,6 +851,40 @@ async fn main() {
             responder.writes.load(Ordering::Relaxed),
             responder.refused.load(Ordering::Relaxed)
         );
+        // Where a pod's asking went on this path, from the audit log: nodegrace's requests,
+        // and the stand-in's status writes (the cluster admin's).
+        let handovers = audit::requests_of(&f.cp.audit_log(), "admin", signal);
+        let mut steps: [Vec<f64>; 3] = Default::default();
+        for p in originals.iter().filter(|p| !BANDS[p.band].2) {
+            let ours =
+                |pick: &dyn Fn(&Request) -> bool| drain.iter().find(|r| is_about(r, p) && pick(r));
+            let chain = (
+                ours(&|r| r.verb == "create" && r.resource == "evictionrequests"),
+                ours(&|r| r.verb == "create" && r.resource == "evictions"),
+                handovers
+                    .iter()
+                    .find(|r| r.subresource == "status" && is_about(r, p)),
+                ours(&|r| is_accepted_termination(r, p)),
+            );
+            if let (Some(asked), Some(created), Some(handed), Some(evicted)) = chain {
+                steps[0].push(created.received - asked.received);
+                steps[1].push(handed.received - created.completed);
+                steps[2].push(evicted.received - handed.completed);
+            }
+        }
+        println!(
+            "  per pod declaring the responder, over {}: EvictionRequest → Eviction created {}",
+            steps[0].len(),
+            stats(&mut steps[0])
+        );
+        println!(
+            "    Eviction created → the responder's write received {}",
+            stats(&mut steps[1])
+        );
+        println!(
+            "    the responder's write answered → nodegrace's eviction received {}",
+            stats(&mut steps[2])
+        );
     }
     let conflicts: Vec<&Request> = drain.iter().filter(|r| r.code == 409).collect();
     println!(
@@ -969,15 +1014,6 @@ async fn main() {
             total_lag.push(removed.received - asked.completed - exit);
         }
     }
-    let stats = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        format!(
-            "median {}, p90 {}, max {}",
-            ms(percentile(v, 0.5)),
-            ms(percentile(v, 0.9)),
-            ms(percentile(v, 1.0))
-        )
-    };
     println!(
         "kubelet stand-in lag over {} pods (its final DELETE received − nodegrace's eviction/DELETE answered − {exit_ms} ms): {}",
         total_lag.len(),
