@@ -101,18 +101,19 @@ fn app(name: &str) -> &'static App {
         .unwrap_or_else(|| panic!("no app {name}"))
 }
 
+/// Band `b`'s slowest exit after SIGTERM, in seconds.
+fn slowest_exit(b: usize) -> f64 {
+    APPS.iter()
+        .filter(|a| a.band == b)
+        .map(|a| a.exit_ms)
+        .max()
+        .unwrap_or(0) as f64
+        / 1000.0
+}
+
 /// The sum over the bands of each band's slowest exit, in seconds.
 fn ideal() -> f64 {
-    (0..BANDS.len())
-        .map(|b| {
-            APPS.iter()
-                .filter(|a| a.band == b)
-                .map(|a| a.exit_ms)
-                .max()
-                .unwrap_or(0) as f64
-                / 1000.0
-        })
-        .sum()
+    (0..BANDS.len()).map(slowest_exit).sum()
 }
 
 /// What one run gave.
@@ -291,6 +292,12 @@ async fn run(n: usize, runs: usize) -> Outcome {
         "band", "pods", "asked", "SIGTERM", "last exit", "off node", "API", "gap"
     );
     let mut previous_exit = Some(signal);
+    // Where total − ideal went: nodegrace's handovers (the previous band off the node, or the
+    // signal, → the band's first ask), the kubelet's and the runtime's part of each band's
+    // exit (first ask → last exit, less the band's slowest exit time), the kubelet's teardown
+    // (last exit → off the node); the end is the last band off the node → release.
+    let (mut handover, mut beyond_exit, mut teardown) = (0.0, 0.0, 0.0);
+    let mut previous_off = signal;
     for (b, label) in BANDS.iter().enumerate() {
         let members: Vec<&PodTimes> = originals
             .iter()
@@ -322,11 +329,30 @@ async fn run(n: usize, runs: usize) -> Outcome {
                 ));
             }
         }
+        let off = max_of(members.iter().map(|t| t.left_node)).unwrap_or(f64::NAN);
+        let asked = asked.unwrap_or(f64::NAN);
+        let exited = last_exit.unwrap_or(f64::NAN);
+        handover += asked - previous_off;
+        beyond_exit += exited - asked - slowest_exit(b);
+        teardown += off - exited;
         previous_exit = last_exit;
+        previous_off = off;
     }
+    let api_last = originals
+        .iter()
+        .filter(|p| app(&app_of(p)).band == BANDS.len() - 1)
+        .filter_map(|p| times.get(&p.name_any())?.api_stopped)
+        .reduce(f64::max)
+        .unwrap_or(f64::NAN);
     println!(
         "  last exit → release {}",
         at(Some(release), previous_exit.unwrap_or(release))
+    );
+    println!(
+        "where total − ideal went (s): nodegrace's handovers {handover:.2}; asked → exit beyond the exit times {beyond_exit:.2} (the kubelet's SIGTERM, the container's exit); the kubelet's teardown {teardown:.2} (last exit → off the node); the end {:.2} (last band off the node → the API shows it {:.2} → released {:.2})",
+        release - previous_off,
+        api_last - previous_off,
+        release - api_last
     );
     let pods = originals.len();
     println!(
