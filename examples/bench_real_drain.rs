@@ -854,22 +854,24 @@ async fn main() {
         // Where a pod's asking went on this path, from the audit log: nodegrace's requests,
         // and the stand-in's status writes (the cluster admin's).
         let handovers = audit::requests_of(&f.cp.audit_log(), "admin", signal);
-        let mut steps: [Vec<f64>; 3] = Default::default();
+        let mut steps: [Vec<f64>; 4] = Default::default();
         for p in originals.iter().filter(|p| !BANDS[p.band].2) {
             let ours =
                 |pick: &dyn Fn(&Request) -> bool| drain.iter().find(|r| is_about(r, p) && pick(r));
             let chain = (
                 ours(&|r| r.verb == "create" && r.resource == "evictionrequests"),
                 ours(&|r| r.verb == "create" && r.resource == "evictions"),
+                ours(&|r| r.resource == "evictions" && r.subresource == "status"),
                 handovers
                     .iter()
                     .find(|r| r.subresource == "status" && is_about(r, p)),
                 ours(&|r| is_accepted_termination(r, p)),
             );
-            if let (Some(asked), Some(created), Some(handed), Some(evicted)) = chain {
+            if let (Some(asked), Some(created), Some(active), Some(handed), Some(evicted)) = chain {
                 steps[0].push(created.received - asked.received);
-                steps[1].push(handed.received - created.completed);
-                steps[2].push(evicted.received - handed.completed);
+                steps[1].push(active.completed - created.completed);
+                steps[2].push(handed.received - active.completed);
+                steps[3].push(evicted.received - handed.completed);
             }
         }
         println!(
@@ -878,12 +880,16 @@ async fn main() {
             stats(&mut steps[0])
         );
         println!(
-            "    Eviction created → the responder's write received {}",
+            "    Eviction created → nodegrace's first status write of it answered (the responder Active) {}",
             stats(&mut steps[1])
         );
         println!(
-            "    the responder's write answered → nodegrace's eviction received {}",
+            "    → the responder's write received (the stand-in's reaction) {}",
             stats(&mut steps[2])
+        );
+        println!(
+            "    the responder's write answered → nodegrace's eviction received {}",
+            stats(&mut steps[3])
         );
     }
     let conflicts: Vec<&Request> = drain.iter().filter(|r| r.code == 409).collect();
