@@ -796,6 +796,11 @@ async fn main() {
         ms(sums[2] + sums[3]),
         ms(sums[4] + sums[5] + sums[6] + sums[7]),
     );
+    if responders {
+        println!(
+            "  (asking includes the responder's reaction: each pod's steps follow the requests)"
+        );
+    }
 
     // Requests.
     println!();
