@@ -20,6 +20,7 @@
 //! cargo run --release --example bench_real_drain                   # 110 pods
 //! BENCH_PODS=250 cargo run --release --example bench_real_drain
 //! BENCH_DIRECT=1 cargo run --release --example bench_real_drain    # direct Eviction API path
+//! BENCH_RESPONDERS=1 cargo run --release --example bench_real_drain # the responder path
 //! ```
 //!
 //! `BENCH_FAULT=apiserver-around-signal|apiserver-first-band|etcd-first-band` kills the
@@ -33,6 +34,18 @@
 //! EvictionRequest CRDs (and with them every EvictionRequest) before the node boots and applies
 //! the cluster side again at the end, so it **needs the control plane to itself** — run it
 //! only when no other test uses the control plane (no `ng-` nspawn containers).
+//! `BENCH_RESPONDERS=1` measures the responder path on the default one (nodegrace's
+//! `lifecycle.nodegrace.dev` CRDs): every Deployment pod declares one responder
+//! ([`RESPONDER`], by the annotation `nodegrace.dev/eviction-responders`, as a managing
+//! operator's pods do where the pod API has no `spec.evictionResponders`), so each gets its
+//! EvictionRequest and Eviction. The operator is played by [`Responder`]: one with nothing to
+//! move for these pods, which, once its entry of a pod's Eviction is Active, writes it
+//! started and completed in one status write and so hands the pod over to nodegrace's
+//! evictor, which calls the Eviction API. A responder nobody serves would hold its pod for
+//! the 20-minute heartbeat deadline (the drain escalates it first), not a path an operator
+//! takes. DaemonSet pods are DELETEd by the drain whatever they declare. The requests are
+//! also split by the pods they are about (the pod, its EvictionRequest `nodegrace-<uid>`, its
+//! Eviction `pod-<n>-<name>`).
 
 #[path = "../tests/real/mod.rs"]
 mod real;
@@ -40,11 +53,15 @@ mod real;
 mod realk8s;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::ResourceExt;
+use futures::StreamExt;
+use kube::api::PostParams;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use nodegrace::lifecycle::Eviction;
 use realk8s::audit::{self, Request};
 use realk8s::fixture::{app_of, signal_and_release, Fixture};
 use realk8s::workload::{self, PodShape};
@@ -67,19 +84,12 @@ const BANDS: [(&str, Option<&str>, bool); 4] = [
     ),
     ("DaemonSet, priority 0", None, true),
 ];
+/// The responder every Deployment pod declares with `BENCH_RESPONDERS=1`.
+const RESPONDER: &str = "db-operator.example.com/operator";
 /// Replicas per Deployment (a band of 28 pods is 3 Deployments).
 const REPLICAS: usize = 10;
 /// Quiet time after every pod runs, also the window of the idle request count.
 const IDLE: Duration = Duration::from_secs(5);
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v} is not a valid value")),
-        Err(_) => default,
-    }
-}
 
 /// `b<band>-<n>`: the app label of every workload, which names its band.
 fn band_of_app(app: &str) -> Option<usize> {
@@ -151,6 +161,86 @@ impl Drop for WithoutEvictionRequests {
     }
 }
 
+/// The stand-in for [`RESPONDER`]'s operator: whenever its entry of an Eviction in `ns` is
+/// Active and not complete, one status write with its start, heartbeat and completion (the
+/// resourceVersion read, so a write of the controller's meanwhile is never lost: a refused
+/// one waits for the next watch event). Counts its writes and the refused ones.
+struct Responder {
+    writes: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Responder {
+    fn start(admin: &Client, ns: &str) -> Responder {
+        let api: Api<Eviction> = Api::namespaced(admin.clone(), ns);
+        let writes: Arc<AtomicUsize> = Arc::default();
+        let refused: Arc<AtomicUsize> = Arc::default();
+        let (w, r) = (writes.clone(), refused.clone());
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api.clone(), watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(eviction) = event else { continue };
+                let Some(done) = completed_by_us(&eviction) else {
+                    continue;
+                };
+                w.fetch_add(1, Ordering::Relaxed);
+                if api
+                    .replace_status(&eviction.name_any(), &PostParams::default(), &done)
+                    .await
+                    .is_err()
+                {
+                    r.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        Responder {
+            writes,
+            refused,
+            task,
+        }
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `eviction` with [`RESPONDER`]'s entry (the controller lists every target responder in
+/// `status.responders`) started and completed now, when that responder is Active and its
+/// entry not complete yet.
+fn completed_by_us(eviction: &Eviction) -> Option<Eviction> {
+    let status = eviction.status.as_ref()?;
+    let active = status
+        .target_responders
+        .iter()
+        .flatten()
+        .any(|t| t.name == RESPONDER && t.state == "Active");
+    if !active {
+        return None;
+    }
+    let mut done = eviction.clone();
+    let mine = done
+        .status
+        .as_mut()?
+        .responders
+        .iter_mut()
+        .flatten()
+        .find(|r| r.name == RESPONDER && r.completion_time.is_none())?;
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    mine.start_time.get_or_insert_with(|| now.clone());
+    mine.heartbeat_time = Some(now.clone());
+    mine.completion_time = Some(now);
+    mine.message = Some("nothing to move: handed over".to_owned());
+    Some(done)
+}
+
 #[derive(Clone, Copy)]
 struct Sample {
     at: f64,
@@ -187,6 +277,17 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
         return f64::NAN;
     }
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// `median 80 ms, p90 237 ms, max 338 ms`.
+fn stats(v: &mut [f64]) -> String {
+    v.sort_by(f64::total_cmp);
+    format!(
+        "median {}, p90 {}, max {}",
+        ms(percentile(v, 0.5)),
+        ms(percentile(v, 0.9)),
+        ms(percentile(v, 1.0))
+    )
 }
 
 fn ms(seconds: f64) -> String {
@@ -287,9 +388,14 @@ async fn poweroff_with_fault(f: &mut Fixture, fault: &str) -> (real::Container, 
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let pods: usize = env_or("BENCH_PODS", 110);
-    let exit_ms: u64 = env_or("BENCH_EXIT_MS", 1000);
+    let pods: usize = realk8s::env_or("BENCH_PODS", 110);
+    let exit_ms: u64 = realk8s::env_or("BENCH_EXIT_MS", 1000);
     let direct = std::env::var("BENCH_DIRECT").as_deref() == Ok("1");
+    let responders = std::env::var("BENCH_RESPONDERS").as_deref() == Ok("1");
+    assert!(
+        !(direct && responders),
+        "BENCH_DIRECT=1 has no EvictionRequests: BENCH_RESPONDERS=1 needs them"
+    );
     let fault = std::env::var("BENCH_FAULT").ok().filter(|f| !f.is_empty());
     if let Some(fault) = &fault {
         assert!(
@@ -319,17 +425,15 @@ async fn main() {
     let sizes: Vec<usize> = (0..BANDS.len())
         .map(|b| pods / BANDS.len() + usize::from(b < pods % BANDS.len()))
         .collect();
-    let commit = std::process::Command::new("git")
-        .args(["-C", realk8s::MANIFEST_DIR, "log", "-1", "--format=%h"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let commit = realk8s::commit();
     println!(
         "bench_real_drain: {pods} pods in 4 bands {sizes:?}, each exiting {exit_ms} ms after its deletion; {} path",
         if direct {
             "direct Eviction API (EvictionRequest CRD absent)"
+        } else if responders {
+            "EvictionRequest, every Deployment pod declaring a responder that hands over at once"
         } else {
-            "EvictionRequest"
+            "EvictionRequest CRDs present, no pod declaring a responder"
         }
     );
     println!(
@@ -352,6 +456,9 @@ async fn main() {
             if let Some(class) = class {
                 shape = shape.priority(class);
             }
+            if responders && !*daemonset {
+                shape = shape.responded_by(RESPONDER);
+            }
             if *daemonset {
                 workload::daemonset(&client, &ns, &node, false, shape).await;
                 left -= 1;
@@ -364,6 +471,7 @@ async fn main() {
         }
     }
     let created = realk8s::now_unix();
+    let responder = responders.then(|| Responder::start(&client, &ns));
     f.kubelet
         .wait_for(
             &format!("{pods} pods running"),
@@ -398,7 +506,7 @@ async fn main() {
         })
         .collect();
     let others = other_nodes(&f.name);
-    let load_before = load_average();
+    let load_before = realk8s::load_average();
     let pid = f.node.nodegrace_pid();
     let before = real::proc_usage(pid).expect("nodegrace's /proc");
     let mappings = resident_by_mapping(pid);
@@ -688,6 +796,11 @@ async fn main() {
         ms(sums[2] + sums[3]),
         ms(sums[4] + sums[5] + sums[6] + sums[7]),
     );
+    if responders {
+        println!(
+            "  (asking includes the responder's reaction: each pod's steps follow the requests)"
+        );
+    }
 
     // Requests.
     println!();
@@ -697,30 +810,91 @@ async fn main() {
         drain.len(),
         drain.len() as f64 / pods as f64
     );
-    let mut by_kind: BTreeMap<String, BTreeMap<u16, usize>> = BTreeMap::new();
-    for r in &drain {
-        *by_kind
-            .entry(r.kind())
-            .or_default()
-            .entry(r.code)
-            .or_default() += 1;
-    }
-    let mut rows: Vec<(usize, String, String)> = by_kind
-        .iter()
-        .map(|(kind, codes)| {
-            let codes_text: Vec<String> = codes.iter().map(|(c, n)| format!("{c}×{n}")).collect();
-            (codes.values().sum(), kind.clone(), codes_text.join(" "))
-        })
-        .collect();
-    rows.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    println!(
-        "  {:>6} {:>8}  {:<52} codes",
-        "count", "per pod", "verb group/resource[/subresource]"
-    );
-    for (count, kind, codes) in rows {
+    let everything: Vec<&Request> = drain.iter().collect();
+    print_by_kind(&everything, pods);
+    // The same by the pods they are about: the pod, its EvictionRequest or its Eviction.
+    let groups: [(&str, bool); 2] = [
+        (
+            if responders {
+                "Deployment pods (each declaring a responder)"
+            } else {
+                "Deployment pods"
+            },
+            false,
+        ),
+        ("DaemonSet pods", true),
+    ];
+    for (label, daemonset) in groups {
+        let members: Vec<&PodInfo> = originals
+            .iter()
+            .filter(|p| BANDS[p.band].2 == daemonset)
+            .collect();
+        let about: Vec<&Request> = drain
+            .iter()
+            .filter(|r| members.iter().any(|p| is_about(r, p)))
+            .collect();
         println!(
-            "  {count:>6} {:>8.2}  {kind:<52} {codes}",
-            count as f64 / pods as f64
+            "  about the {} {label}: {} ({:.2} per pod)",
+            members.len(),
+            about.len(),
+            about.len() as f64 / members.len().max(1) as f64
+        );
+        print_by_kind(&about, members.len());
+    }
+    let about_none: Vec<&Request> = drain
+        .iter()
+        .filter(|r| !originals.iter().any(|p| is_about(r, p)))
+        .collect();
+    println!(
+        "  about no one pod (the Node, the maintenance, events, lists): {}{}",
+        about_none.len(),
+        summarize(&about_none)
+    );
+    if let Some(responder) = &responder {
+        println!(
+            "  the responder stand-in's own status writes (not nodegrace's): {}, {} of them refused",
+            responder.writes.load(Ordering::Relaxed),
+            responder.refused.load(Ordering::Relaxed)
+        );
+        // Where a pod's asking went on this path, from the audit log: nodegrace's requests,
+        // and the stand-in's status writes (the cluster admin's).
+        let handovers = audit::requests_of(&f.cp.audit_log(), "admin", signal);
+        let mut steps: [Vec<f64>; 4] = Default::default();
+        for p in originals.iter().filter(|p| !BANDS[p.band].2) {
+            let ours =
+                |pick: &dyn Fn(&Request) -> bool| drain.iter().find(|r| is_about(r, p) && pick(r));
+            let chain = (
+                ours(&|r| r.verb == "create" && r.resource == "evictionrequests"),
+                ours(&|r| r.verb == "create" && r.resource == "evictions"),
+                ours(&|r| r.resource == "evictions" && r.subresource == "status"),
+                handovers
+                    .iter()
+                    .find(|r| r.subresource == "status" && is_about(r, p)),
+                ours(&|r| is_accepted_termination(r, p)),
+            );
+            if let (Some(asked), Some(created), Some(active), Some(handed), Some(evicted)) = chain {
+                steps[0].push(created.received - asked.received);
+                steps[1].push(active.completed - created.completed);
+                steps[2].push(handed.received - active.completed);
+                steps[3].push(evicted.received - handed.completed);
+            }
+        }
+        println!(
+            "  per pod declaring the responder, over {}: EvictionRequest → Eviction created {}",
+            steps[0].len(),
+            stats(&mut steps[0])
+        );
+        println!(
+            "    Eviction created → nodegrace's first status write of it answered (the responder Active) {}",
+            stats(&mut steps[1])
+        );
+        println!(
+            "    → the responder's write received (the stand-in's reaction) {}",
+            stats(&mut steps[2])
+        );
+        println!(
+            "    the responder's write answered → nodegrace's eviction received {}",
+            stats(&mut steps[3])
         );
     }
     let conflicts: Vec<&Request> = drain.iter().filter(|r| r.code == 409).collect();
@@ -851,15 +1025,6 @@ async fn main() {
             total_lag.push(removed.received - asked.completed - exit);
         }
     }
-    let stats = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        format!(
-            "median {}, p90 {}, max {}",
-            ms(percentile(v, 0.5)),
-            ms(percentile(v, 0.9)),
-            ms(percentile(v, 1.0))
-        )
-    };
     println!(
         "kubelet stand-in lag over {} pods (its final DELETE received − nodegrace's eviction/DELETE answered − {exit_ms} ms): {}",
         total_lag.len(),
@@ -881,7 +1046,7 @@ async fn main() {
     println!(
         "host load average (1 min): {} before the poweroff, {} after",
         load_before,
-        load_average()
+        realk8s::load_average()
     );
     if others.is_empty() {
         println!("other nspawn nodes during the run: none");
@@ -896,12 +1061,46 @@ async fn main() {
     drop(without_requests);
 }
 
-/// The host's 1-minute load average (other builds on the machine show here).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_default()
+/// Whether `r` is about `pod`: the pod itself, its EvictionRequest (`nodegrace-<uid>`) or
+/// its Eviction (`pod-<n>-<name>`).
+fn is_about(r: &Request, pod: &PodInfo) -> bool {
+    (r.resource == "pods" && r.name == pod.name)
+        || (r.resource == "evictionrequests" && r.name == format!("nodegrace-{}", pod.uid))
+        || (r.resource == "evictions"
+            && r.name
+                .strip_prefix("pod-")
+                .and_then(|n| n.split_once('-'))
+                .is_some_and(|(_, name)| name == pod.name))
+}
+
+/// A table of `requests` by kind and answer, with the count per pod of `pods`.
+fn print_by_kind(requests: &[&Request], pods: usize) {
+    let mut by_kind: BTreeMap<String, BTreeMap<u16, usize>> = BTreeMap::new();
+    for r in requests {
+        *by_kind
+            .entry(r.kind())
+            .or_default()
+            .entry(r.code)
+            .or_default() += 1;
+    }
+    let mut rows: Vec<(usize, String, String)> = by_kind
+        .iter()
+        .map(|(kind, codes)| {
+            let codes_text: Vec<String> = codes.iter().map(|(c, n)| format!("{c}×{n}")).collect();
+            (codes.values().sum(), kind.clone(), codes_text.join(" "))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    println!(
+        "  {:>6} {:>8}  {:<52} codes",
+        "count", "per pod", "verb group/resource[/subresource]"
+    );
+    for (count, kind, codes) in rows {
+        println!(
+            "  {count:>6} {:>8.2}  {kind:<52} {codes}",
+            count as f64 / pods.max(1) as f64
+        );
+    }
 }
 
 /// `: 3 (2× get /pods 404, 1× …)`, most frequent first; empty when there is nothing.

@@ -115,15 +115,6 @@ impl Way {
     }
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v} is not a valid value")),
-        Err(_) => default,
-    }
-}
-
 /// One pod state the watch saw.
 #[derive(Clone, Debug)]
 struct Seen {
@@ -458,10 +449,7 @@ async fn run(way: Way, exit_ms: u64, restore_timeout: f64) -> Outcome {
     workload::join_pool(&c, &node2, pool).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_default();
+    let load = realk8s::load_average();
     let (signal, release, off, running) = match way {
         Way::Gns | Way::Both => {
             let fakes = &logind.as_ref().expect("stand-in").fakes;
@@ -819,10 +807,10 @@ fn table(outcomes: &[Outcome], exit_ms: u64) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let exit_ms: u64 = env_or("BENCH_EXIT_MS", 1000);
-    let restore_timeout: f64 = env_or("BENCH_RESTORE_S", RESTORE_TIMEOUT_S);
-    let modes: String = env_or("BENCH_MODES", "gns,nodegrace,drain".to_owned());
-    let runs: usize = env_or("BENCH_RUNS", 1);
+    let exit_ms: u64 = realk8s::env_or("BENCH_EXIT_MS", 1000);
+    let restore_timeout: f64 = realk8s::env_or("BENCH_RESTORE_S", RESTORE_TIMEOUT_S);
+    let modes: String = realk8s::env_or("BENCH_MODES", "gns,nodegrace,drain".to_owned());
+    let runs: usize = realk8s::env_or("BENCH_RUNS", 1);
     let ways: Vec<Way> = modes
         .split(',')
         .map(|m| match m.trim() {
@@ -835,11 +823,7 @@ async fn main() {
         .collect();
     real::require_prerequisites();
     let binary = real::nodegrace_binary();
-    let commit = std::process::Command::new("git")
-        .args(["-C", realk8s::MANIFEST_DIR, "log", "-1", "--format=%h"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let commit = realk8s::commit();
     println!(
         "bench_vs_kubelet_gns: kubelet + control plane v1.28.4; Deployments {}; DaemonSet pod agent; static pod etcd; containers exit {exit_ms} ms after SIGTERM",
         DEPLOYMENTS

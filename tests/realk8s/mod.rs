@@ -443,6 +443,34 @@ pub fn now_unix() -> f64 {
         .as_secs_f64()
 }
 
+/// For the benchmarks: `name`'s value from the environment, else `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a valid value")),
+        Err(_) => default,
+    }
+}
+
+/// For the benchmarks: the repository's commit, abbreviated (empty when git cannot say).
+pub fn commit() -> String {
+    Command::new("git")
+        .args(["-C", MANIFEST_DIR, "log", "-1", "--format=%h"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// For the benchmarks: the host's 1-minute load average (other work on the machine shows
+/// here).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// API Priority and Fairness for this node's two identities: a priority level of one
 /// concurrency share (about 3 seats of the apiserver's 600) that rejects what does not fit
 /// (429), for everything nodegrace's identity asks and for the evictions of the kubelet's
