@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{human, load_settings, runtime};
 use crate::cluster::client::{client_for, identity, Role, Timeouts};
+use crate::cluster::gateway;
 use crate::cluster::identity::{judge, unauthorized, Finding};
 use crate::credentials::approve;
 use crate::credentials::issue::{self, Issue, Submitted};
@@ -59,25 +60,30 @@ pub fn request_command(config: &Path, opts: &RequestOptions) -> Result<ExitCode>
     runtime()?.block_on(request(&issue, opts.wait))
 }
 
+/// Whether `kubelet` (the client of `issue.template`) is this node's kubelet, as the
+/// apiserver says: a warning when it is another identity that works.
+async fn check_kubelet(kubelet: &kube::Client, issue: &Issue) -> Result<()> {
+    match gateway::reply(identity(kubelet).await) {
+        Ok((user, groups)) => match judge(Role::Kubelet, &issue.node, &user, &groups) {
+            Finding::Expected => Ok(()),
+            Finding::Unusual(w) => {
+                crate::text::print_stderr(&format!("nodegrace: warning: {w}"));
+                Ok(())
+            }
+            Finding::Unusable(e) => bail!("{e}"),
+        },
+        Err(f) if f.code() == Some(401) => {
+            let path = issue.template.as_deref();
+            bail!("{}", unauthorized(Role::Kubelet, path, chrono::Utc::now()))
+        }
+        Err(f) => Err(f.error).context("asking the apiserver who the kubelet's credential is"),
+    }
+}
+
 async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
     let kubelet_path: Option<PathBuf> = issue.template.clone();
     let kubelet = client_for(kubelet_path.as_deref(), Role::Kubelet, TIMEOUTS).await?;
-    match identity(&kubelet).await {
-        Ok((user, groups)) => match judge(Role::Kubelet, &issue.node, &user, &groups) {
-            Finding::Expected => {}
-            Finding::Unusual(w) => crate::text::print_stderr(&format!("nodegrace: warning: {w}")),
-            Finding::Unusable(e) => bail!("{e}"),
-        },
-        Err(kube::Error::Api(s)) if s.code == 401 => {
-            bail!(
-                "{}",
-                unauthorized(Role::Kubelet, kubelet_path.as_deref(), chrono::Utc::now())
-            )
-        }
-        Err(err) => {
-            return Err(err).context("asking the apiserver who the kubelet's credential is")
-        }
-    }
+    check_kubelet(&kubelet, issue).await?;
     let key = issue::pending_key(issue)?;
     let submitted = issue::submit(&kubelet, issue, &key).await?;
     let name = submitted.name().to_owned();
@@ -140,4 +146,45 @@ pub fn approve_command(
         }
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::gateway::testutil::{answering, status_body};
+
+    #[tokio::test]
+    async fn a_kubelet_credential_refused_with_401_says_why_and_other_refusals_are_errors() {
+        let issue = Issue {
+            node: "n1".into(),
+            kubeconfig: PathBuf::from("/nonexistent/kubeconfig"),
+            template: None,
+            lifetime: Duration::from_secs(3600),
+        };
+        let kubelet = |code: u16| {
+            answering(move |_, _| match code {
+                200 => {
+                    let user = serde_json::json!({"username": "system:node:n1"});
+                    (200, serde_json::json!({"status": {"userInfo": user}}))
+                }
+                code => (code, status_body(code, "refused")),
+            })
+        };
+        check_kubelet(&kubelet(200), &issue).await.unwrap();
+        let err = format!(
+            "{:#}",
+            check_kubelet(&kubelet(401), &issue).await.unwrap_err()
+        );
+        assert!(
+            err.contains("401 Unauthorized") && err.contains("the kubelet renews"),
+            "{err}"
+        );
+        for code in [403, 500] {
+            let err = format!(
+                "{:#}",
+                check_kubelet(&kubelet(code), &issue).await.unwrap_err()
+            );
+            assert!(err.contains("who the kubelet's credential is"), "{err}");
+        }
+    }
 }

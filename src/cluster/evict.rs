@@ -9,7 +9,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::Api;
 
-use crate::cluster::gateway::{is_budget_refusal, Reply};
+use crate::cluster::gateway::{self, Kind, Reply};
 use crate::plan::evictions::Refusal;
 
 /// What became of a request to terminate a pod.
@@ -59,7 +59,7 @@ pub async fn evict(
     let result = api
         .create_subresource::<_, Status>("eviction", name, &PostParams::default(), &body)
         .await;
-    classify(result.map(|_| ())).with_context(|| format!("evicting pod {name}"))
+    classify(gateway::reply(result.map(|_| ()))).with_context(|| format!("evicting pod {name}"))
 }
 
 /// The pod condition that tells Job `podFailurePolicy`, disruption accounting and `kubectl`
@@ -79,21 +79,21 @@ pub(crate) fn disruption_condition(reason: &str, message: &str) -> serde_json::V
 
 /// Strategic-merge-patches the status of the pod `name` (conditions merge by type), with
 /// its UID in the patch so that a pod recreated under the same name is refused (the UID is
-/// immutable). `Ok(false)`: the pod is gone or is another pod now.
+/// immutable). `Ok(false)`: the pod is gone or is another pod now (404, 409, 422).
 pub(crate) async fn patch_pod_status(
     api: &Api<Pod>,
     name: &str,
     uid: &str,
     status: serde_json::Value,
-) -> kube::Result<bool> {
+) -> Reply<bool> {
     let body = serde_json::json!({"metadata": {"uid": uid}, "status": status});
-    match api
+    let patched = api
         .patch_status(name, &PatchParams::default(), &Patch::Strategic(body))
-        .await
-    {
+        .await;
+    match gateway::reply(patched) {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => Ok(false),
-        Err(e) => Err(e),
+        Err(f) if matches!(f.code(), Some(404 | 409 | 422)) => Ok(false),
+        Err(f) => Err(f),
     }
 }
 
@@ -126,24 +126,26 @@ pub async fn delete(
         preconditions: Some(preconditions(uid)),
         ..DeleteParams::default()
     };
-    classify(api.delete(name, &params).await.map(|_| ()))
+    classify(gateway::reply(api.delete(name, &params).await.map(|_| ())))
         .with_context(|| format!("deleting pod {name}"))
 }
 
-fn classify(result: kube::Result<()>) -> kube::Result<Outcome> {
-    match result {
-        Ok(()) => Ok(Outcome::Accepted),
-        Err(kube::Error::Api(status)) => match status.code {
-            404 => Ok(Outcome::Gone),
-            // A UID precondition that no longer holds: the name now belongs to another pod.
-            409 if status.message.contains("Precondition failed") => Ok(Outcome::Gone),
-            429 if is_budget_refusal(&status) => Ok(Outcome::Blocked {
-                budget: blocking_budget(&status),
-                message: status.message.clone(),
-            }),
-            _ => Err(kube::Error::Api(status)),
-        },
-        Err(err) => Err(err),
+fn classify(reply: Reply<()>) -> Result<Outcome> {
+    let failure = match reply {
+        Ok(()) => return Ok(Outcome::Accepted),
+        Err(f) => f,
+    };
+    let message = failure.status().map_or("", |s| s.message.as_str());
+    match failure.kind {
+        Kind::NotFound => Ok(Outcome::Gone),
+        // A UID precondition that no longer holds: the name now belongs to another pod.
+        Kind::Conflict if message.contains("Precondition failed") => Ok(Outcome::Gone),
+        // The one 429 that is not throttling: a disruption budget's.
+        Kind::Refused { code: Some(429) } => Ok(Outcome::Blocked {
+            budget: failure.status().and_then(blocking_budget),
+            message: message.to_owned(),
+        }),
+        _ => Err(failure.error),
     }
 }
 
@@ -179,6 +181,7 @@ pub(crate) fn blocking_budget(status: &Status) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::gateway::testutil::{answering, refused, status_body};
     use crate::cluster::gateway::Failure;
     use kube::core::response::StatusCause;
     use std::time::Duration;
@@ -207,7 +210,7 @@ mod tests {
             }],
         );
         assert_eq!(
-            classify(Err(kube::Error::Api(s))).unwrap(),
+            classify(Err(refused(s))).unwrap(),
             Outcome::Blocked {
                 budget: Some("db-pdb".into()),
                 message: "Cannot evict pod as it would violate the pod's disruption budget.".into()
@@ -219,8 +222,8 @@ mod tests {
     fn throttling_is_an_error_that_names_its_wait_not_a_block() {
         // API Priority and Fairness answers plain text: kube's client makes it this Status.
         let apf = status(429, "Too many requests, please try again later.", vec![]);
-        let err = classify(Err(kube::Error::Api(apf))).unwrap_err();
-        let wrapped = anyhow::Error::new(err).context("evicting pod web-1");
+        let err = classify(Err(refused(apf))).unwrap_err();
+        let wrapped = err.context("evicting pod web-1");
         assert_eq!(
             Failure::new(wrapped).throttled(),
             Some(Duration::from_secs(1))
@@ -240,12 +243,9 @@ mod tests {
                 field: String::new(),
             }],
         );
-        assert_eq!(
-            Failure::new(kube::Error::Api(pending.clone())).throttled(),
-            None
-        );
+        assert_eq!(refused(pending.clone()).throttled(), None);
         assert!(matches!(
-            classify(Err(kube::Error::Api(pending))).unwrap(),
+            classify(Err(refused(pending))).unwrap(),
             Outcome::Blocked { budget: Some(b), .. } if b == "db-pdb"
         ));
         let bare = status(
@@ -253,14 +253,9 @@ mod tests {
             "Cannot evict pod as it would violate the pod's disruption budget.",
             vec![],
         );
-        assert_eq!(Failure::new(kube::Error::Api(bare)).throttled(), None);
+        assert_eq!(refused(bare).throttled(), None);
         assert_eq!(
-            Failure::new(kube::Error::Api(status(
-                500,
-                "etcdserver: request timed out",
-                vec![]
-            )))
-            .throttled(),
+            refused(status(500, "etcdserver: request timed out", vec![])).throttled(),
             None
         );
     }
@@ -272,14 +267,51 @@ mod tests {
             "This pod has more than one PodDisruptionBudget",
             vec![],
         );
-        assert!(classify(Err(kube::Error::Api(s))).is_err());
+        assert!(classify(Err(refused(s))).is_err());
         let conflict = status(409, "Operation cannot be fulfilled", vec![]);
-        assert!(classify(Err(kube::Error::Api(conflict))).is_err());
+        assert!(classify(Err(refused(conflict))).is_err());
+    }
+
+    #[test]
+    fn a_missing_pod_or_a_failed_uid_precondition_is_gone() {
+        let missing = status(404, "pods \"web-0\" not found", vec![]);
+        assert_eq!(classify(Err(refused(missing))).unwrap(), Outcome::Gone);
+        let replaced = status(
+            409,
+            "Precondition failed: UID in precondition: a, UID in object meta: b",
+            vec![],
+        );
+        assert_eq!(classify(Err(refused(replaced))).unwrap(), Outcome::Gone);
+        let forbidden = status(403, "forbidden", vec![]);
+        assert!(classify(Err(refused(forbidden))).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_status_patch_refused_as_for_another_pod_is_false() {
+        let answered = |code: u16| async move {
+            let client = answering(move |_, _| match code {
+                200 => (
+                    200,
+                    serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "web-0", "namespace": "default"}}),
+                ),
+                code => (code, status_body(code, "refused")),
+            });
+            let api: Api<Pod> = Api::namespaced(client, "default");
+            patch_pod_status(&api, "web-0", "uid-1", serde_json::json!({})).await
+        };
+        assert!(answered(200).await.unwrap());
+        for code in [404, 409, 422] {
+            assert!(!answered(code).await.unwrap(), "{code}");
+        }
+        for code in [403, 500] {
+            assert_eq!(answered(code).await.unwrap_err().code(), Some(code));
+        }
     }
 
     #[test]
     fn a_refusal_is_a_budget_a_throttle_or_an_answered_error_and_no_answer_is_none() {
-        let failure = |s: Box<Status>| Err(Failure::new(kube::Error::Api(s)));
+        let failure = |s: Box<Status>| Err(refused(s));
         let blocked = Ok(Outcome::Blocked {
             budget: None,
             message: "Cannot evict pod".into(),

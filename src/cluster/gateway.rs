@@ -72,6 +72,12 @@ impl Failure {
         self.status().map(|s| s.code)
     }
 
+    /// Whether the apiserver does not serve the API asked (404, or 405 for a verb the
+    /// resource does not take): it cannot say, rather than refusing.
+    pub(crate) fn not_served(&self) -> bool {
+        matches!(self.code(), Some(404 | 405))
+    }
+
     /// Whether the apiserver answered (and refused) rather than not being reached.
     pub(crate) fn answered(&self) -> bool {
         self.status().is_some()
@@ -325,3 +331,5 @@ pub(crate) fn unusable_watch_event(err: &watcher::Error) -> Option<&'static str>
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) mod testutil;

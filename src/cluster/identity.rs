@@ -13,6 +13,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 
 use super::client::{identity, Clients, Role};
+use super::gateway::{self, Reply};
 use crate::cluster::kubeconfig::{Credential, KubeconfigFile};
 
 /// A credential the cluster path cannot work with, said in one line.
@@ -183,7 +184,7 @@ pub(crate) fn required(role: Role, node: &str) -> Vec<Permission> {
     }
 }
 
-async fn allowed(client: &kube::Client, p: &Permission) -> kube::Result<bool> {
+async fn allowed(client: &kube::Client, p: &Permission) -> Reply<bool> {
     let api: kube::Api<SelfSubjectAccessReview> = kube::Api::all(client.clone());
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
@@ -199,9 +200,7 @@ async fn allowed(client: &kube::Client, p: &Permission) -> kube::Result<bool> {
         },
         ..SelfSubjectAccessReview::default()
     };
-    let answer = api
-        .create(&kube::api::PostParams::default(), &review)
-        .await?;
+    let answer = gateway::reply(api.create(&kube::api::PostParams::default(), &review).await)?;
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
@@ -248,7 +247,7 @@ pub async fn verify(
             Role::Nodegrace => &clients.nodegrace,
             Role::Kubelet => &clients.kubelet,
         };
-        let who = match identity(client).await {
+        let who = match gateway::reply(identity(client).await) {
             Ok((user, groups)) => {
                 match judge(role, node, &user, &groups) {
                     Finding::Expected => {}
@@ -257,12 +256,16 @@ pub async fn verify(
                 }
                 describe(&user, &groups)
             }
-            Err(kube::Error::Api(s)) if s.code == 401 => {
+            Err(f) if f.code() == Some(401) => {
                 return Err(CredentialError(unauthorized(role, path, chrono::Utc::now())).into())
             }
-            Err(kube::Error::Api(s)) if (403..=405).contains(&s.code) => String::new(),
-            Err(err) => {
-                return Err(anyhow::Error::from(err)
+            // The apiserver cannot say (no SelfSubjectReview), or this credential may not
+            // ask: a 403 here only keeps the question from being asked, the requests
+            // themselves will tell (for the engine a 403 is an unusable answer).
+            Err(f) if f.code() == Some(403) || f.not_served() => String::new(),
+            Err(f) => {
+                return Err(f
+                    .error
                     .context(format!("asking the apiserver who {} is", role.describe())))
             }
         };
@@ -287,9 +290,9 @@ pub async fn verify(
                 Ok(true) => {}
                 Ok(false) => lacking.push((role, p)),
                 // An apiserver without the API cannot say; the requests themselves will.
-                Err(kube::Error::Api(s)) if matches!(s.code, 404 | 405) => {}
-                Err(err) => {
-                    return Err(anyhow::Error::from(err).context(format!(
+                Err(f) if f.not_served() => {}
+                Err(f) => {
+                    return Err(f.error.context(format!(
                         "asking the apiserver what {} may do",
                         role.describe()
                     )))
@@ -366,9 +369,10 @@ async fn verify_nodegrace_may(
         match answer {
             Ok(true) => {}
             Ok(false) => lacking.push((Role::Nodegrace, p)),
-            Err(kube::Error::Api(s)) if matches!(s.code, 404 | 405) => {}
-            Err(err) => {
-                return Err(anyhow::Error::from(err)
+            Err(f) if f.not_served() => {}
+            Err(f) => {
+                return Err(f
+                    .error
                     .context("asking the apiserver what nodegrace's credential may do"))
             }
         }
@@ -416,6 +420,78 @@ fn lacks(verified: &Verified, lacking: &[(Role, Permission)], shared: bool) -> S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::gateway::testutil::{answering, status_body};
+    use serde_json::json;
+
+    /// An apiserver answering SelfSubjectReviews with `who` and SelfSubjectAccessReviews
+    /// with `may`: a code, 200 for `nodegrace:node:n1` and "allowed".
+    fn apiserver(who: u16, may: u16) -> Clients {
+        Clients::from(answering(move |_, path| {
+            let (code, body) = if path.ends_with("/selfsubjectreviews") {
+                let user = json!({"username": "nodegrace:node:n1", "groups": [NODEGRACE_GROUP]});
+                (who, json!({"status": {"userInfo": user}}))
+            } else {
+                (may, json!({"spec": {}, "status": {"allowed": true}}))
+            };
+            match code {
+                200 => (200, body),
+                code => (code, status_body(code, "refused")),
+            }
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_401_is_a_credential_error_and_a_403_404_or_405_leaves_the_identity_unsaid() {
+        let who = verify(&apiserver(200, 200), [None, None], "n1")
+            .await
+            .unwrap();
+        assert_eq!(who.nodegrace, "nodegrace:node:n1 (nodegrace:nodes)");
+        let err = verify(&apiserver(401, 200), [None, None], "n1")
+            .await
+            .unwrap_err();
+        let refused = err
+            .downcast_ref::<CredentialError>()
+            .unwrap_or_else(|| panic!("{err:#}"));
+        assert!(refused.0.contains("401 Unauthorized"), "{}", refused.0);
+        for code in [403, 404, 405] {
+            let who = verify(&apiserver(code, 200), [None, None], "n1").await;
+            assert_eq!(who.unwrap().nodegrace, "", "{code}");
+        }
+        for code in [400, 500] {
+            let err = verify(&apiserver(code, 200), [None, None], "n1")
+                .await
+                .unwrap_err();
+            assert!(err.downcast_ref::<CredentialError>().is_none(), "{code}");
+            assert!(
+                format!("{err:#}").contains("asking the apiserver who"),
+                "{err:#}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_apiserver_without_access_reviews_lets_the_permissions_through() {
+        let verified = Verified::default();
+        for code in [404, 405] {
+            let clients = apiserver(200, code);
+            verify(&clients, [None, None], "n1").await.unwrap();
+            verify_in_tree(&clients, &verified).await.unwrap();
+        }
+        for code in [403, 500] {
+            let clients = apiserver(200, code);
+            let err = verify(&clients, [None, None], "n1").await.unwrap_err();
+            assert!(err.downcast_ref::<CredentialError>().is_none(), "{code}");
+            assert!(
+                format!("{err:#}").contains("asking the apiserver what"),
+                "{err:#}"
+            );
+            let err = verify_in_tree(&clients, &verified).await.unwrap_err();
+            assert!(
+                format!("{err:#}").contains("what nodegrace's credential may do"),
+                "{err:#}"
+            );
+        }
+    }
 
     fn groups(g: &[&str]) -> Vec<String> {
         g.iter().map(|s| s.to_string()).collect()

@@ -20,6 +20,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use rcgen::PublicKeyData;
 
+use crate::cluster::gateway::{self, Kind};
 use crate::cluster::identity::{NODEGRACE_GROUP, NODEGRACE_USER_PREFIX};
 use crate::cluster::kubeconfig::{render, CertInfo, KubeconfigFile};
 use crate::fsutil::{read_regular, Symlinks, CONFIG_FILE_LIMIT};
@@ -230,11 +231,12 @@ pub(crate) async fn submit(
             },
             status: None,
         };
-        match api.create(&PostParams::default(), &csr).await {
+        match gateway::reply(api.create(&PostParams::default(), &csr).await) {
             Ok(_) => return Ok(Submitted::Created(name)),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(err) => {
-                return Err(err).with_context(|| {
+            // Made meanwhile (by a daemon or command racing this one): read it again.
+            Err(f) if f.is(Kind::Conflict) => continue,
+            Err(f) => {
+                return Err(f.error).with_context(|| {
                     format!(
                         "creating CertificateSigningRequest {name} with the kubelet's credential"
                     )
@@ -352,6 +354,56 @@ pub(crate) fn current(path: &Path, node: &str) -> Option<CertInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::gateway::testutil::{answering, status_body};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_request_made_meanwhile_is_read_again_and_another_refusal_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let issue = Issue {
+            node: "n".into(),
+            kubeconfig: dir.path().join("kubeconfig"),
+            template: None,
+            lifetime: Duration::from_secs(3600),
+        };
+        let key = rcgen::KeyPair::generate().unwrap();
+        let submitted = |created: u16| {
+            let posts = Arc::new(AtomicUsize::new(0));
+            let counted = posts.clone();
+            let kubelet = answering(move |method, _| match *method {
+                http::Method::GET => (404, status_body(404, "not found")),
+                _ => {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    match created {
+                        201 => (
+                            201,
+                            serde_json::json!({"spec": {"request": "", "signerName": SIGNER}}),
+                        ),
+                        code => (code, status_body(code, "refused")),
+                    }
+                }
+            });
+            let (issue, key) = (&issue, &key);
+            async move {
+                (
+                    submit(&kubelet, issue, key).await,
+                    posts.load(Ordering::SeqCst),
+                )
+            }
+        };
+        let (made, posts) = submitted(201).await;
+        assert!(matches!(made.unwrap(), Submitted::Created(_)));
+        assert_eq!(posts, 1);
+        let (conflict, posts) = submitted(409).await;
+        let err = format!("{:#}", conflict.unwrap_err());
+        assert!(err.contains("kept changing"), "{err}");
+        assert_eq!(posts, 3, "each conflict is read again");
+        let (refused, posts) = submitted(422).await;
+        let err = format!("{:#}", refused.unwrap_err());
+        assert!(err.contains("creating CertificateSigningRequest"), "{err}");
+        assert_eq!(posts, 1);
+    }
 
     #[test]
     fn the_request_names_the_nodes_identity_and_its_key() {
