@@ -1,6 +1,6 @@
 //! `nodegrace credentials request` and `nodegrace credentials approve`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -81,8 +81,7 @@ async fn check_kubelet(kubelet: &kube::Client, issue: &Issue) -> Result<()> {
 }
 
 async fn request(issue: &Issue, wait: Duration) -> Result<ExitCode> {
-    let kubelet_path: Option<PathBuf> = issue.template.clone();
-    let kubelet = client_for(kubelet_path.as_deref(), Role::Kubelet, TIMEOUTS).await?;
+    let kubelet = client_for(issue.template.as_deref(), Role::Kubelet, TIMEOUTS).await?;
     check_kubelet(&kubelet, issue).await?;
     let key = issue::pending_key(issue)?;
     let submitted = issue::submit(&kubelet, issue, &key).await?;
@@ -157,7 +156,7 @@ mod tests {
     async fn a_kubelet_credential_refused_with_401_says_why_and_other_refusals_are_errors() {
         let issue = Issue {
             node: "n1".into(),
-            kubeconfig: PathBuf::from("/nonexistent/kubeconfig"),
+            kubeconfig: "/nonexistent/kubeconfig".into(),
             template: None,
             lifetime: Duration::from_secs(3600),
         };
