@@ -358,15 +358,20 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
+    /// The issue of node `n`'s identity, its kubeconfig in `dir`.
+    fn issue_in(dir: &Path) -> Issue {
+        Issue {
+            node: "n".into(),
+            kubeconfig: dir.join("kubeconfig"),
+            template: None,
+            lifetime: Duration::from_secs(3600),
+        }
+    }
+
     #[tokio::test]
     async fn a_request_made_meanwhile_is_read_again_and_another_refusal_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let issue = Issue {
-            node: "n".into(),
-            kubeconfig: dir.path().join("kubeconfig"),
-            template: None,
-            lifetime: Duration::from_secs(3600),
-        };
+        let issue = issue_in(dir.path());
         let key = rcgen::KeyPair::generate().unwrap();
         let submitted = |created: u16| {
             let posts = Arc::new(AtomicUsize::new(0));
@@ -447,12 +452,7 @@ mod tests {
     fn the_pending_key_survives_a_restart_and_is_private() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let issue = Issue {
-            node: "n".into(),
-            kubeconfig: dir.path().join("kubeconfig"),
-            template: None,
-            lifetime: Duration::from_secs(3600),
-        };
+        let issue = issue_in(dir.path());
         assert_eq!(
             issue.pending_key_path(),
             dir.path().join("kubeconfig.pending-key")
