@@ -272,7 +272,7 @@ fn throttled(status: &Status) -> Option<Duration> {
 
 /// The Eviction API's 429 for a disruption budget: "Cannot evict pod as it would violate
 /// the pod's disruption budget.", with a cause of reason `DisruptionBudget`.
-pub(crate) fn is_budget_refusal(status: &Status) -> bool {
+fn is_budget_refusal(status: &Status) -> bool {
     status.message.starts_with("Cannot evict pod")
         || status
             .details
