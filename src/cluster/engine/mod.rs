@@ -177,6 +177,9 @@ struct Shared {
     wake: watch::Sender<u64>,
     /// Origin of the drain clock (`plan::drain` works on offsets from it).
     epoch: Instant,
+    /// The wall clock at `epoch`: a time on the drain clock shown as a date is the same date
+    /// each time it is shown.
+    epoch_wall: chrono::DateTime<chrono::Utc>,
     endpoint: String,
     /// Whether the apiserver can be used (as `cluster::gateway` records it), on the drain clock.
     reach: Mutex<Reachability>,
@@ -460,6 +463,7 @@ impl Engine {
             ready: Mutex::new(Ready::default()),
             wake,
             epoch: Instant::now(),
+            epoch_wall: chrono::Utc::now(),
             endpoint: opts.endpoint,
             reach: Mutex::new(Reachability::default()),
             reconnect: watch::channel(0u64).0,

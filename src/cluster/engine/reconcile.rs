@@ -364,12 +364,12 @@ impl Shared {
         Ok(())
     }
 
-    /// The budget blocking longest, on the wall clock (none once the drain is over).
+    /// The budget blocking longest, on the wall clock (none once the drain is over): the
+    /// same date at every pass, not one read again from the clock each time.
     fn export_budget_blocking(&self, st: &DrainState) {
-        let now = self.now();
         let longest = drain::longest_blocking(st.tracks.values()).map(|(budget, since)| {
-            let ago = chrono::TimeDelta::from_std(now.saturating_sub(since)).unwrap_or_default();
-            (budget, chrono::Utc::now() - ago)
+            let after_epoch = chrono::TimeDelta::from_std(since).unwrap_or_default();
+            (budget, self.epoch_wall + after_epoch)
         });
         self.metrics.set_budget_blocking(longest);
     }
