@@ -184,10 +184,7 @@ async fn mirror_status_into_metrics(handle: DaemonHandle, metrics: crate::metric
                 // newer and is set next.
                 metrics.shutdown_started(ended.started_at);
                 metrics.shutdown_ended(ended.outcome, ended.ended_at);
-                if ended.count_duration {
-                    let took = (ended.ended_at - ended.started_at)
-                        .to_std()
-                        .unwrap_or_default();
+                if let Some(took) = ended.duration_to_count {
                     metrics.shutdown_took(ended.kind.as_str(), took);
                 }
             }

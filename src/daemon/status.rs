@@ -33,10 +33,10 @@ pub struct LastShutdown {
     pub started_at: chrono::DateTime<chrono::Utc>,
     pub ended_at: chrono::DateTime<chrono::Utc>,
     pub kind: crate::shutdown::ShutdownKind,
-    /// This daemon counts its duration in the histogram of shutdown durations
+    /// Its duration, when this daemon counts it in the histogram of shutdown durations
     /// (`ShutdownState::duration_to_count`).
     #[serde(skip)]
-    pub count_duration: bool,
+    pub duration_to_count: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

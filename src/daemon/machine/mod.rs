@@ -452,23 +452,22 @@ impl Machine {
     /// recorded as counted first: a failed write counts nothing rather than twice.
     fn last_shutdown_recorded(&self) -> Option<LastShutdown> {
         let mut state = ShutdownState::load(&self.settings.state_dir).ok()??;
-        let count_duration = state.duration_to_count(&self.boot_id).is_some()
-            && {
-                state.duration_counted = true;
-                match state.store(&self.settings.state_dir) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::error!(error = %crate::cluster::error_text(&e), "the last shutdown's duration is not counted in the metrics: cannot record it as counted");
-                        false
-                    }
+        let duration_to_count = state.duration_to_count(&self.boot_id).filter(|_| {
+            state.duration_counted = true;
+            match state.store(&self.settings.state_dir) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(error = %crate::cluster::error_text(&e), "the last shutdown's duration is not counted in the metrics: cannot record it as counted");
+                    false
                 }
-            };
+            }
+        });
         Some(LastShutdown {
             outcome: state.ended(&self.boot_id)?,
             started_at: state.started_at,
             ended_at: state.updated_at,
             kind: state.kind,
-            count_duration,
+            duration_to_count,
         })
     }
 
@@ -495,7 +494,7 @@ impl Machine {
                 started_at,
                 ended_at: at,
                 kind,
-                count_duration: false,
+                duration_to_count: None,
             });
         }
     }
