@@ -34,7 +34,7 @@ const SCRAPE_INTERVAL_S: u64 = 1;
 struct Prometheus {
     child: Child,
     url: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Prometheus {
@@ -83,7 +83,7 @@ impl Prometheus {
         let mut p = Prometheus {
             child,
             url: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
+            dir,
         };
         real::wait_until("prometheus ready", Duration::from_secs(60), || {
             if let Ok(Some(exit)) = p.child.try_wait() {
@@ -95,7 +95,7 @@ impl Prometheus {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
     }
 
     /// `/api/v1/<path>` with `params`; its `data`, or the error it answered.
