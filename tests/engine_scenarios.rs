@@ -1870,3 +1870,87 @@ async fn the_next_band_starts_when_the_node_shows_the_band_gone_the_release_wait
     assert!(!env.pod_exists("web"));
     assert!(took >= Duration::from_millis(2_500), "released at {took:?}");
 }
+
+/// The node's view of a static pod the kubelet stops once its manifest is gated: present
+/// (its containers running) for `stops_after` from the first look, then gone; every other
+/// pod asked about is gone.
+struct StaticPodStops {
+    uid: &'static str,
+    stops_after: Duration,
+    first_look: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+#[async_trait::async_trait]
+impl nodegrace::PodsOnNode for StaticPodStops {
+    async fn look(&self, uids: &[String]) -> nodegrace::NodeView {
+        let on = |running| nodegrace::OnNode {
+            running: Some(running),
+            mounted: Some(false),
+        };
+        let now = tokio::time::Instant::now();
+        uids.iter()
+            .map(|u| {
+                let running = u == self.uid && {
+                    let since = *self.first_look.lock().unwrap().get_or_insert(now);
+                    now < since + self.stops_after
+                };
+                (u.clone(), on(running))
+            })
+            .collect()
+    }
+}
+
+/// Issue 28: the static pod's mirror is deleted by nodegrace (grace 0, by UID) once the node
+/// shows the gated static pod gone, having shown it running: the release does not wait for
+/// the kubelet's housekeeping (every 2 s). A node view that never showed the pod is not
+/// trusted for it: the kubelet's own deletion ends the drain.
+#[tokio::test]
+async fn a_gated_static_pods_mirror_is_deleted_once_the_node_shows_it_gone() {
+    for seen_running in [true, false] {
+        let env = Env::new(kubelet(50)).await;
+        let mirror = env.pod("etcd", Kind::Static, 0, 30, json!({}));
+        let uid = env
+            .cluster
+            .store
+            .get_obj("", "pods", "work", &mirror)
+            .unwrap()["metadata"]["uid"]
+            .clone();
+        *env.gate.housekeeping.lock().unwrap() = Some(Duration::from_secs(2));
+        let engine = env.engine(env.settings());
+        let view: std::sync::Arc<dyn nodegrace::PodsOnNode> = if seen_running {
+            std::sync::Arc::new(StaticPodStops {
+                uid: "hash-etcd",
+                stops_after: Duration::from_millis(600),
+                first_look: std::sync::Mutex::new(None),
+            })
+        } else {
+            std::sync::Arc::new(EveryPodLeft)
+        };
+        engine.look_at_node(Some(view));
+
+        let took = drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(60)).await;
+        assert!(!env.pod_exists(&mirror));
+        assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
+        let deletes: Vec<_> = env
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "DELETE" && r.path.ends_with(&format!("/pods/{mirror}")))
+            .collect();
+        if seen_running {
+            assert_eq!(deletes.len(), 1, "seen_running: {deletes:?}");
+            let body = deletes[0].body_json().unwrap();
+            assert_eq!(body["gracePeriodSeconds"], 0, "{body}");
+            assert_eq!(body["preconditions"]["uid"], uid, "{body}");
+            assert!(
+                took >= Duration::from_millis(600) && took < Duration::from_millis(1_500),
+                "released {took:?} after the signal: the pod left the node at 0.6 s"
+            );
+        } else {
+            assert!(deletes.is_empty(), "deleted by nodegrace: {deletes:?}");
+            assert!(
+                took >= Duration::from_secs(2),
+                "released {took:?} after the signal, before the kubelet deleted the mirror"
+            );
+        }
+    }
+}

@@ -223,7 +223,7 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
                     .received
             }
         };
-        let done = stopped(&kubelets, &name, &mirror)
+        let done = stopped(&kubelets, &ours, &name, &mirror)
             .unwrap_or_else(|| panic!("the kubelet never stopped {name}\n{}", context()));
         assert!(
             done > ask,
@@ -323,6 +323,36 @@ async fn poweroff_drains_a_real_kubelet_node_band_by_band_and_the_boot_restores_
             context()
         );
     }
+    // The mirror pod: deleted by nodegrace only once the node showed the static pod gone
+    // (or by the kubelet's housekeeping, when it came first).
+    let etcd_on_node = originals
+        .iter()
+        .find(|p| p.name_any() == mirror)
+        .map(node_uid)
+        .and_then(|uid| on_node.gone(&uid))
+        .unwrap_or_else(|| panic!("the static pod never left the node\n{}", context()));
+    let mirror_deletes: Vec<&Request> = ours
+        .iter()
+        .filter(|r| r.name == mirror && r.verb == "delete" && r.resource == "pods")
+        .collect();
+    for d in &mirror_deletes {
+        assert!(
+            d.received >= etcd_on_node - 0.1,
+            "nodegrace deleted the mirror pod {:.3} s before the static pod left the node\n{}",
+            etcd_on_node - d.received,
+            context()
+        );
+    }
+    eprintln!(
+        "the static pod left the node at {:.3}; the mirror pod deleted at {:.3} by {}",
+        etcd_on_node - signal,
+        gone[&mirror] - signal,
+        if mirror_deletes.iter().any(|d| d.code == 200) {
+            "nodegrace"
+        } else {
+            "the kubelet"
+        }
+    );
     // Released right after the kubelet's last deletion (the mirror pod's: it is the last
     // to stop). Between the two nodegrace writes the drain's end onto the maintenance (it
     // waits for those answers); the rest is its own reaction time.

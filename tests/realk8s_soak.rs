@@ -558,7 +558,7 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
                 .collect();
             let reqs = f.nodegrace_requests();
             if d.fault.stops_control_plane() {
-                let back = kubelet_caught_up(&originals, &kubelets, &ctrs, &f.name, i.over);
+                let back = kubelet_caught_up(&originals, &kubelets, &reqs, &ctrs, &f.name, i.over);
                 let gated = container
                     .journal_of("nodegrace")
                     .iter()
@@ -631,7 +631,7 @@ fn real_pods_went_once(
     let mut last_gone = 0f64;
     for p in originals {
         let name = p.name_any();
-        let gone = rk::stopped(kubelets, &name, &mirror)
+        let gone = rk::stopped(kubelets, reqs, &name, &mirror)
             .ok_or_else(|| broken("a pod left running", format!("{name} still there")))?;
         last_gone = last_gone.max(gone);
         let ours: Vec<&rk::Ctr> = ctrs.iter().filter(|c| c.pod == name).collect();
@@ -680,6 +680,7 @@ fn real_pods_went_once(
 fn kubelet_caught_up(
     originals: &[Pod],
     kubelets: &[realk8s::audit::Request],
+    ours: &[realk8s::audit::Request],
     ctrs: &[rk::Ctr],
     node: &str,
     back: f64,
@@ -702,7 +703,7 @@ fn kubelet_caught_up(
                 .filter(|c| c.pod == name)
                 .map(|c| c.finished)
                 .reduce(f64::max)?;
-            let known = rk::stopped(kubelets, &name, &mirror)?;
+            let known = rk::stopped(kubelets, ours, &name, &mirror)?;
             (ended < back && known > back).then_some(known)
         })
         .fold(back, f64::max);

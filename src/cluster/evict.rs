@@ -130,6 +130,19 @@ pub async fn delete(
         .with_context(|| format!("deleting pod {name}"))
 }
 
+/// DELETEs a static pod's mirror pod at once (grace 0), by UID: what the kubelet does once
+/// the static pod has left the node. No `DisruptionTarget`: the pod was stopped by its gated
+/// manifest, and the mirror only reflects it.
+pub(crate) async fn delete_mirror(api: &Api<Pod>, name: &str, uid: &str) -> Result<Outcome> {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(preconditions(uid)),
+        ..DeleteParams::default()
+    };
+    classify(gateway::reply(api.delete(name, &params).await.map(|_| ())))
+        .with_context(|| format!("deleting mirror pod {name}"))
+}
+
 fn classify(reply: Reply<()>) -> Result<Outcome> {
     let failure = match reply {
         Ok(()) => return Ok(Outcome::Accepted),

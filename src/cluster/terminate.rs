@@ -41,6 +41,10 @@ pub trait PodTerminator: Send + Sync + 'static {
     /// once (nothing tells them the first will be HTTP/2 and shared).
     async fn connect(&self) {}
 
+    /// Deletes the mirror pod of a static pod the node shows gone, as the kubelet's
+    /// housekeeping would next: at once (grace 0), by UID.
+    async fn delete_mirror(&self, pod: &PodInfo) -> Result<Outcome>;
+
     /// The maintenance completed: withdraw what was requested on its behalf and is still
     /// pending (EvictionRequests). Nothing to withdraw for a plain eviction.
     async fn withdraw(&self, _maintenance: &str) -> Result<()> {
@@ -95,5 +99,10 @@ impl PodTerminator for EvictionApi {
                 evict::delete(&api, &pod.name, &pod.uid, grace_seconds, maintenance).await
             }
         }
+    }
+
+    async fn delete_mirror(&self, pod: &PodInfo) -> Result<Outcome> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        evict::delete_mirror(&api, &pod.name, &pod.uid).await
     }
 }

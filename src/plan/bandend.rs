@@ -13,6 +13,12 @@
 //!   plugin the unmount needs: kubernetes#115148), but never past its step's end when a
 //!   shutdown's schedule is in force.
 //!
+//! A static pod whose manifest nodegrace gated is terminating too, although the API shows no
+//! deletion: the kubelet stops it when the manifest leaves its directory. Once the node shows it
+//! gone, having shown it present before (so the runtime asked is the one that ran it), its
+//! mirror pod is deleted ([`mirrors_to_delete`]): the write the kubelet's housekeeping makes
+//! next (every 2 s), made as soon as the node knows.
+//!
 //! Anything the node cannot tell (the runtime did not answer, a volume directory could not be
 //! read) leaves the API's answer standing. Whether the node is empty for the release is not
 //! decided here: that stays the API's (`plan::pass`), so no pod is left `Running` there.
@@ -20,7 +26,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::PodInfo;
+use super::{PodInfo, PodType};
 
 /// What the node itself shows of one pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,10 +60,48 @@ pub(crate) fn node_uid(pod: &PodInfo) -> &str {
     pod.static_hash.as_deref().unwrap_or(&pod.uid)
 }
 
-/// The pods whose band the node's view may end or hold: terminating ones (the API shows
-/// nothing else the node could know sooner).
-pub(crate) fn worth_looking_at(pod: &PodInfo) -> bool {
-    pod.terminating
+/// What the drain remembers of a pod for the node's view.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NodeTrack {
+    /// Its static pod manifest was gated: the kubelet stops it without a deletion in the API.
+    pub gated: bool,
+    /// Since it was gated, the node showed it present (running or mounted).
+    pub seen: bool,
+    /// Its mirror pod's deletion was sent (once; the kubelet's housekeeping does it otherwise).
+    pub mirror_deleted: bool,
+}
+
+impl NodeTrack {
+    /// Remembers what the node showed of the pod in one look.
+    pub(crate) fn saw(&mut self, on_node: Option<&OnNode>) {
+        self.seen |= on_node.is_some_and(OnNode::present);
+    }
+}
+
+/// The pods whose band the node's view may end or hold: terminating ones and static pods
+/// whose manifest was gated (the API shows nothing else the node could know sooner).
+pub(crate) fn worth_looking_at(pod: &PodInfo, track: NodeTrack) -> bool {
+    pod.terminating || (pod.pod_type == PodType::Static && track.gated)
+}
+
+/// The gated static pods whose mirror pod is to be deleted now: the API still shows the mirror
+/// active, and the node, which showed the pod present since the gate, now shows it surely gone.
+pub(crate) fn mirrors_to_delete<'a>(
+    pods: &'a [PodInfo],
+    track_of: &dyn Fn(&PodInfo) -> NodeTrack,
+    view: Option<&NodeView>,
+) -> Vec<&'a PodInfo> {
+    let Some(view) = view else {
+        return Vec::new();
+    };
+    pods.iter()
+        .filter(|p| p.pod_type == PodType::Static && p.static_hash.is_some() && p.is_active())
+        .filter(|p| {
+            let track = track_of(p);
+            track.gated && track.seen && !track.mirror_deleted
+        })
+        .filter(|p| view.get(node_uid(p)).is_some_and(OnNode::gone))
+        .collect()
 }
 
 /// Which pods hold their band now, and when to decide again without a change.
@@ -82,11 +126,12 @@ impl BandEnd {
         }
     }
 
-    /// The node's view over the API's (see the module documentation). `hold_ends`: when a
-    /// pod's step ends under a shutdown's schedule in force, if it does; `now` on the same
-    /// clock.
+    /// The node's view over the API's (see the module documentation). `track_of`: what the
+    /// drain remembers of each pod; `hold_ends`: when a pod's step ends under a shutdown's
+    /// schedule in force, if it does; `now` on the same clock.
     pub(crate) fn decide(
         pods: &[PodInfo],
+        track_of: &dyn Fn(&PodInfo) -> NodeTrack,
         view: Option<&NodeView>,
         hold_ends: &dyn Fn(&PodInfo) -> Option<Duration>,
         now: Duration,
@@ -95,7 +140,7 @@ impl BandEnd {
         let Some(view) = view else {
             return band;
         };
-        for pod in pods.iter().filter(|p| worth_looking_at(p)) {
+        for pod in pods.iter().filter(|p| worth_looking_at(p, track_of(p))) {
             let Some(on_node) = view.get(node_uid(pod)) else {
                 continue;
             };
@@ -130,6 +175,7 @@ mod tests {
 
     const GONE: OnNode = on(Some(false), Some(false));
     const NO_LIMIT: &dyn Fn(&PodInfo) -> Option<Duration> = &|_| None;
+    const UNTRACKED: &dyn Fn(&PodInfo) -> NodeTrack = &|_| NodeTrack::default();
 
     const fn on(running: Option<bool>, mounted: Option<bool>) -> OnNode {
         OnNode { running, mounted }
@@ -154,7 +200,7 @@ mod tests {
             .into_iter()
             .collect();
         let pods = [pod.clone()];
-        BandEnd::decide(&pods, Some(&view), NO_LIMIT, Duration::ZERO).holds(pod)
+        BandEnd::decide(&pods, UNTRACKED, Some(&view), NO_LIMIT, Duration::ZERO).holds(pod)
     }
 
     #[test]
@@ -164,7 +210,7 @@ mod tests {
             leaving("going"),
             done("done"),
         ];
-        let band = BandEnd::decide(&pods, None, NO_LIMIT, Duration::ZERO);
+        let band = BandEnd::decide(&pods, UNTRACKED, None, NO_LIMIT, Duration::ZERO);
         assert!(band.holds(&pods[0]) && band.holds(&pods[1]));
         assert!(!band.holds(&pods[2]));
         assert_eq!(band, BandEnd::by_api(&pods));
@@ -212,10 +258,10 @@ mod tests {
         let pods = [done("done")];
         let v: NodeView = [("uid-done".to_owned(), on(Some(true), Some(true)))].into();
         let end: &dyn Fn(&PodInfo) -> Option<Duration> = &|_| Some(Duration::from_secs(10));
-        let band = BandEnd::decide(&pods, Some(&v), end, Duration::from_secs(4));
+        let band = BandEnd::decide(&pods, UNTRACKED, Some(&v), end, Duration::from_secs(4));
         assert!(band.holds(&pods[0]));
         assert_eq!(band.wake_at, Some(Duration::from_secs(10)));
-        let band = BandEnd::decide(&pods, Some(&v), end, Duration::from_secs(10));
+        let band = BandEnd::decide(&pods, UNTRACKED, Some(&v), end, Duration::from_secs(10));
         assert!(!band.holds(&pods[0]));
     }
 
@@ -234,12 +280,111 @@ mod tests {
         st.terminating = true;
         let pods = [st];
         let by_api_uid: NodeView = [("uid-etcd".to_owned(), GONE)].into();
-        let band = BandEnd::decide(&pods, Some(&by_api_uid), NO_LIMIT, Duration::ZERO);
+        let band = BandEnd::decide(
+            &pods,
+            UNTRACKED,
+            Some(&by_api_uid),
+            NO_LIMIT,
+            Duration::ZERO,
+        );
         assert!(
             band.holds(&pods[0]),
             "the mirror's UID is not the pod's on the node"
         );
         assert!(!holds(&pods[0], Some(GONE)));
+    }
+
+    fn gated_etcd() -> PodInfo {
+        let mut p = pod("etcd", PodType::Static, 0);
+        p.static_hash = Some("hash".into());
+        p
+    }
+
+    const GATED_AND_SEEN: NodeTrack = NodeTrack {
+        gated: true,
+        seen: true,
+        mirror_deleted: false,
+    };
+
+    #[test]
+    fn a_gated_static_pod_the_node_shows_gone_ends_its_band_though_the_api_shows_no_deletion() {
+        let pods = [gated_etcd()];
+        let v: NodeView = [("hash".to_owned(), GONE)].into();
+        let gated: &dyn Fn(&PodInfo) -> NodeTrack = &|_| GATED_AND_SEEN;
+        let band = BandEnd::decide(&pods, gated, Some(&v), NO_LIMIT, Duration::ZERO);
+        assert!(!band.holds(&pods[0]));
+        let band = BandEnd::decide(&pods, UNTRACKED, Some(&v), NO_LIMIT, Duration::ZERO);
+        assert!(band.holds(&pods[0]), "not gated: the kubelet runs it on");
+    }
+
+    #[test]
+    fn a_mirror_is_deleted_only_for_a_gated_static_pod_the_node_showed_and_now_shows_gone() {
+        let etcd = gated_etcd();
+        let gone: NodeView = [("hash".to_owned(), GONE)].into();
+        let deleted = |pod: &PodInfo, track: NodeTrack, view: Option<&NodeView>| {
+            let pods = [pod.clone()];
+            !mirrors_to_delete(&pods, &move |_| track, view).is_empty()
+        };
+        assert!(deleted(&etcd, GATED_AND_SEEN, Some(&gone)));
+
+        let never_seen = NodeTrack {
+            seen: false,
+            ..GATED_AND_SEEN
+        };
+        assert!(
+            !deleted(&etcd, never_seen, Some(&gone)),
+            "a runtime that never showed the pod may not be the kubelet's"
+        );
+        let not_gated = NodeTrack {
+            gated: false,
+            ..GATED_AND_SEEN
+        };
+        assert!(!deleted(&etcd, not_gated, Some(&gone)));
+        let sent = NodeTrack {
+            mirror_deleted: true,
+            ..GATED_AND_SEEN
+        };
+        assert!(!deleted(&etcd, sent, Some(&gone)), "asked once");
+        assert!(!deleted(&etcd, GATED_AND_SEEN, None));
+        for on_node in [
+            on(Some(true), Some(false)),
+            on(Some(false), Some(true)),
+            on(None, Some(false)),
+            on(Some(false), None),
+        ] {
+            let v: NodeView = [("hash".to_owned(), on_node)].into();
+            assert!(!deleted(&etcd, GATED_AND_SEEN, Some(&v)), "{on_node:?}");
+        }
+        let by_api_uid: NodeView = [("uid-etcd".to_owned(), GONE)].into();
+        assert!(!deleted(&etcd, GATED_AND_SEEN, Some(&by_api_uid)));
+
+        let mut terminal = etcd.clone();
+        terminal.terminal = true;
+        assert!(
+            !deleted(&terminal, GATED_AND_SEEN, Some(&gone)),
+            "the API shows it done"
+        );
+        let mut no_hash = etcd.clone();
+        no_hash.static_hash = None;
+        let by_uid: NodeView = [("uid-etcd".to_owned(), GONE)].into();
+        assert!(!deleted(&no_hash, GATED_AND_SEEN, Some(&by_uid)));
+        let mut daemon = leaving("agent");
+        daemon.pod_type = PodType::DaemonSet;
+        let v: NodeView = [("uid-agent".to_owned(), GONE)].into();
+        assert!(!deleted(&daemon, GATED_AND_SEEN, Some(&v)));
+    }
+
+    #[test]
+    fn a_pod_counts_as_seen_once_the_node_showed_it_present() {
+        let mut track = NodeTrack::default();
+        for unsure in [None, Some(&GONE), Some(&on(None, None))] {
+            track.saw(unsure);
+            assert!(!track.seen, "{unsure:?}");
+        }
+        track.saw(Some(&on(Some(true), None)));
+        assert!(track.seen);
+        track.saw(Some(&GONE));
+        assert!(track.seen, "kept");
     }
 
     fn arb_answer() -> impl Strategy<Value = Option<bool>> {
@@ -277,7 +422,7 @@ mod tests {
             let ends = move |_: &PodInfo| end.map(Duration::from_secs);
             let now = Duration::from_secs(now);
             let api = BandEnd::by_api(&pods);
-            let band = BandEnd::decide(&pods, Some(&v), &ends, now);
+            let band = BandEnd::decide(&pods, UNTRACKED, Some(&v), &ends, now);
             for p in &pods {
                 let on_node = v.get(node_uid(p));
                 if api.holds(p) && !band.holds(p) {

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::bandend::NodeView;
+use super::bandend::{self, NodeView};
 use super::drain::{self, Action, BudgetStatus, Deadlines, Decision, NodePod, PodTrack};
 use super::targets::{DrainTargets, MaintenanceInput};
 use super::{DrainPlanEntry, PlanError, PodInfo, StepSchedule};
@@ -143,6 +143,8 @@ pub(crate) struct PassDecisions {
     pub(crate) requests: Vec<PodRequest>,
     /// Static pods whose manifests are gated.
     pub(crate) gates: Vec<PodInfo>,
+    /// Mirror pods of gated static pods the node shows gone (`bandend::mirrors_to_delete`).
+    pub(crate) mirrors: Vec<PodInfo>,
     /// The shutdown drains and no pod its plan targets is left.
     pub(crate) node_empty: bool,
     /// One per active maintenance, in their order.
@@ -214,6 +216,11 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
         });
     }
 
+    let track_of = |pod: &PodInfo| s.tracks.get(&pod.uid).map(|t| t.node).unwrap_or_default();
+    let mirrors = bandend::mirrors_to_delete(&decision.pods, &track_of, s.node_view)
+        .into_iter()
+        .cloned()
+        .collect();
     let node_empty = shutdown.is_some_and(|c| {
         c.step_targets
             .last()
@@ -252,6 +259,7 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
         backoff_cap,
         requests,
         gates,
+        mirrors,
         node_empty,
         statuses,
         complete,

@@ -354,6 +354,9 @@ pub struct FakeGate {
     unreadable: Mutex<Vec<String>>,
     unreadable_gated: Mutex<Vec<String>>,
     pub log: Mutex<Vec<String>>,
+    /// The kubelet deletes a gated pod's mirror this long after the gate (its housekeeping)
+    /// instead of at once.
+    pub housekeeping: Mutex<Option<Duration>>,
 }
 
 impl FakeGate {
@@ -365,6 +368,7 @@ impl FakeGate {
             unreadable: Mutex::new(Vec::new()),
             unreadable_gated: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
+            housekeeping: Mutex::new(None),
         }
     }
 
@@ -436,9 +440,19 @@ impl StaticPodGate for FakeGate {
         self.log.lock().unwrap().push(format!("gate {file_name}"));
         let pods = self.store.find_resource("", "v1", "pods").unwrap();
         let mirror = format!("{}-{NODE}", m.pod_name);
-        let _ = self
-            .store
-            .delete(&pods, &m.namespace, &mirror, &DeleteOpts::default());
+        let (store, ns) = (self.store.clone(), m.namespace.clone());
+        let delete = move || {
+            let _ = store.delete(&pods, &ns, &mirror, &DeleteOpts::default());
+        };
+        match *self.housekeeping.lock().unwrap() {
+            None => delete(),
+            Some(after) => {
+                tokio::runtime::Handle::current().spawn(async move {
+                    tokio::time::sleep(after).await;
+                    delete();
+                });
+            }
+        }
         self.gated.lock().unwrap().push(m);
         Ok(())
     }

@@ -824,11 +824,17 @@ pub fn first<'a>(
 /// When the kubelet had stopped pod `name`, as the apiserver recorded it: the completion of
 /// its last status write before its DELETE, if any yet (the pod's terminal status: from then
 /// on nothing of the pod runs, and its DELETE follows once the kubelet has cleaned up); for
-/// the mirror pod of a static pod, whose status it does not write then, the DELETE.
-pub fn stopped(kubelets: &[Request], name: &str, mirror: &str) -> Option<f64> {
+/// the mirror pod of a static pod, whose status it does not write then, the first DELETE,
+/// the kubelet's or nodegrace's (`ours`: nodegrace deletes it once the node shows the static
+/// pod gone).
+pub fn stopped(kubelets: &[Request], ours: &[Request], name: &str, mirror: &str) -> Option<f64> {
     let delete = first(kubelets, name, is_pod_delete);
     if name == mirror {
-        return delete.map(|d| d.completed);
+        return delete
+            .into_iter()
+            .chain(first(ours, name, is_pod_delete))
+            .map(|d| d.completed)
+            .reduce(f64::min);
     }
     // Its DELETE may not have been sent yet when the node powered off: nodegrace goes on at
     // the terminal status, and the kubelet deletes once it has cleaned up.

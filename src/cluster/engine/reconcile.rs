@@ -165,7 +165,7 @@ impl Shared {
         let now = self.epoch.elapsed();
         let node_pods = node_pods(&classified, now, &mut st.terminating_seen);
         let node_view = if !prepared.is_empty() {
-            self.look_at_node(&all, &mut wake).await
+            self.look_at_node(st, &all, &mut wake).await
         } else {
             None
         };
@@ -217,21 +217,37 @@ impl Shared {
         Ok(wake)
     }
 
-    /// What the node shows of its terminating pods (`plan::bandend`), asked again
-    /// [`NODE_LOOK_INTERVAL`] later while any is left: containers exit and volumes unmount
-    /// without an event of the API's.
-    async fn look_at_node(&self, pods: &[PodInfo], wake: &mut Option<Instant>) -> Option<NodeView> {
+    /// What the node shows of its terminating pods and gated static pods (`plan::bandend`),
+    /// asked again [`NODE_LOOK_INTERVAL`] later while any is left: containers exit and volumes
+    /// unmount without an event of the API's. Each tracked pod's track remembers what it saw.
+    async fn look_at_node(
+        &self,
+        st: &mut DrainState,
+        pods: &[PodInfo],
+        wake: &mut Option<Instant>,
+    ) -> Option<NodeView> {
         let view = lock(&self.node_view).clone()?;
-        let uids: Vec<String> = pods
+        let looked: Vec<&PodInfo> = pods
             .iter()
-            .filter(|p| bandend::worth_looking_at(p))
-            .map(|p| bandend::node_uid(p).to_owned())
+            .filter(|p| {
+                let track = st.tracks.get(&p.uid).map(|t| t.node).unwrap_or_default();
+                bandend::worth_looking_at(p, track)
+            })
             .collect();
-        if uids.is_empty() {
+        if looked.is_empty() {
             return None;
         }
+        let uids: Vec<String> = looked
+            .iter()
+            .map(|p| bandend::node_uid(p).to_owned())
+            .collect();
         let seen = view.look(&uids).await;
         tracing::trace!(node = %self.node, ?seen, "the node's view of its terminating pods");
+        for pod in looked {
+            if let Some(track) = st.tracks.get_mut(&pod.uid) {
+                track.node.saw(seen.get(bandend::node_uid(pod)));
+            }
+        }
         min_wake(wake, Instant::now() + NODE_LOOK_INTERVAL);
         Some(seen)
     }
@@ -312,6 +328,12 @@ impl Shared {
         for at in d.drain.wake_at.into_iter().chain(retry) {
             min_wake(wake, self.epoch + at);
         }
+        if !d.gates.is_empty() {
+            // The node is looked at for the gated pods from the next pass on: no event of the
+            // API's comes when the kubelet stops them.
+            min_wake(wake, Instant::now() + NODE_LOOK_INTERVAL);
+        }
+        self.delete_mirrors(st, &d.mirrors).await;
         let pods = &d.drain.pods;
 
         if d.node_empty {

@@ -168,6 +168,25 @@ impl Shared {
         Ok(retry)
     }
 
+    /// Deletes the mirror pods `plan::bandend` says to (once each; the kubelet deletes any
+    /// left).
+    pub(super) async fn delete_mirrors(&self, st: &mut DrainState, mirrors: &[PodInfo]) {
+        for pod in mirrors {
+            if let Some(track) = st.tracks.get_mut(&pod.uid) {
+                track.node.mirror_deleted = true;
+            }
+            let result = self.terminator.delete_mirror(pod).await;
+            match gateway::answer_paced(self, result) {
+                Ok(outcome) => {
+                    tracing::info!(node = %self.node, pod = %pod.key(), ?outcome, "the static pod left the node: its mirror pod deleted");
+                }
+                Err(f) => {
+                    tracing::info!(node = %self.node, pod = %pod.key(), error = f.text(), "deleting the mirror pod of a static pod that left the node failed: the kubelet deletes it");
+                }
+            }
+        }
+    }
+
     /// The terminator's answer as `plan::pass` reads it.
     fn answer(&self, r: &PodRequest, result: Reply<Outcome>) -> Answer {
         match result {
@@ -397,6 +416,7 @@ impl Shared {
             track.accepted = true;
             match r {
                 Ok(file) => {
+                    track.node.gated = true;
                     self.metrics
                         .pod_terminated(TerminationMethod::StaticGate, band);
                     tracing::info!(node = %self.node, pod = %pod.key(), manifest = %file, "static pod manifest gated");

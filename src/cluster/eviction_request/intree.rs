@@ -392,6 +392,11 @@ impl PodTerminator for InTreeTerminator {
         first_error.map_or(Ok(()), Err)
     }
 
+    async fn delete_mirror(&self, pod: &PodInfo) -> Result<Outcome> {
+        let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), &pod.namespace);
+        evict::delete_mirror(&pods, &pod.name, &pod.uid).await
+    }
+
     /// A pod without responders was evicted through the Eviction API directly: only the pods
     /// asked for through a request are counted as such.
     fn method(&self, pod: &PodInfo, request: Request) -> TerminationMethod {

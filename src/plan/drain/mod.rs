@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::bandend::{BandEnd, NodeView};
+use super::bandend::{BandEnd, NodeTrack, NodeView};
 use super::budget::{escalation_grace, StepSchedule};
 use super::targets::{evaluate_node, DrainTargets, MaintenanceInput, NodeEvaluation};
 use super::{PlanError, PodInfo, PodType};
@@ -77,6 +77,8 @@ pub(crate) struct PodTrack {
     /// Requests the apiserver throttled (429, not a budget's): not an answer to them.
     pub throttled: u32,
     pub escalated: bool,
+    /// What the node's view needs (`plan::bandend`).
+    pub node: NodeTrack,
 }
 
 /// The PodDisruptionBudget (`namespace/name`) that has refused a pod still waiting for the
@@ -229,7 +231,8 @@ pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
         let d = s.deadlines.filter(|d| d.holds)?;
         Some(d.start + d.step_of(pod)?.end)
     };
-    let band = BandEnd::decide(&pods, s.node_view, &hold_ends, s.now);
+    let track_of = |pod: &PodInfo| s.tracks.get(&pod.uid).map(|t| t.node).unwrap_or_default();
+    let band = BandEnd::decide(&pods, &track_of, s.node_view, &hold_ends, s.now);
     let evaluation = evaluate_node(s.previous, s.maintenances, &pods, &band)?;
     let by_uid: HashMap<&str, &NodePod> =
         counted.iter().map(|p| (p.info.uid.as_str(), *p)).collect();

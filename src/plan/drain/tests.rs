@@ -561,6 +561,7 @@ fn arb_track() -> impl Strategy<Value = Option<PodTrack>> {
                     budget_since: None,
                     throttled: 0,
                     escalated,
+                    node: Default::default(),
                 },
             ),
     )
