@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::client::{client_for, Clients, ReloadingClient, Role, Timeouts};
 use crate::cluster::eviction_request;
 use crate::cluster::identity::{self, CredentialError};
-use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions, EvictionApi, PodTerminator};
+use crate::cluster::{AfterBoot, Engine, EngineError, EngineOptions};
 use crate::config::{CompletionPolicy, Settings};
 use crate::cri::Runtime;
 use crate::daemon::Drainer;
@@ -24,12 +24,13 @@ use crate::shutdown::ShutdownRequest;
 use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
-use crate::plan::intree::{choose_path, EvictionPath, Served};
+use crate::plan::intree::Served;
+use crate::plan::wiring::{LifecycleGroup, Requester, Wiring};
 
 mod paths;
 use crate::plan::lifecycle::{route, Route, RouteEvent};
 use crate::plan::reachability::retry_delay;
-use paths::{leave_unused_apis, start_lifecycle_controller};
+use paths::start_wired;
 use rand::Rng as _;
 
 const RETRY_MIN: Duration = Duration::from_secs(1);
@@ -507,9 +508,9 @@ fn node_view(runtime: &Arc<dyn Runtime>, settings: &Settings) -> Option<Arc<dyn 
 }
 
 /// Builds the clients (retrying), checks that both credentials are what the identity
-/// model needs, picks the termination path the cluster offers and starts the engine, plus
-/// this node's eviction-request controller when nodegrace is to be it. Until then every
-/// shutdown drains offline.
+/// model needs and what the cluster serves, which decides once what to start
+/// ([`Wiring`]), then starts the engine and what the wiring puts beside it
+/// ([`start_wired`]). Until then every shutdown drains offline.
 async fn connect_engine<F, Fut, C>(
     connect: F,
     settings: Settings,
@@ -529,13 +530,12 @@ where
         Role::Nodegrace.path(&settings).map(Path::to_owned),
         Role::Kubelet.path(&settings).map(Path::to_owned),
     ];
-    let controller_wanted = !settings.drain.external_eviction_request_controller;
-    let (clients, served, verified) = connect_verified(
+    let (clients, wiring, verified) = connect_verified(
         &connect,
         &endpoint,
         [paths[0].as_deref(), paths[1].as_deref()],
         &node,
-        controller_wanted,
+        settings.drain.external_eviction_request_controller,
         &metrics,
         &mut shutting_down,
     )
@@ -551,67 +551,16 @@ where
         }
     };
     tracing::info!(node = %node, apiserver = %endpoint, user = %unknown(&verified.nodegrace), pods_as = %unknown(&verified.kubelet), "connected to the apiserver");
-    let node_labelled = crate::plan::own::node_label_value(&node).is_some();
-    let path = crate::plan::intree::choose_path(served, node_labelled);
-    let lifecycle_api = match path {
-        EvictionPath::InTree => Some(eviction_request::LifecycleApi::in_tree()),
-        EvictionPath::LifecycleCrds => Some(eviction_request::LifecycleApi::nodegrace()),
-        EvictionPath::EvictionApi => None,
-    };
-    let lifecycle = lifecycle_api.map(|api| {
-        let t = Arc::new(eviction_request::InTreeTerminator::new(
-            api.clone(),
-            clients.nodegrace.clone(),
-            clients.kubelet.clone(),
-            &node,
-        ));
-        tracing::info!(node = %node, requester = %t.key(), api = %api.group(), "pods are asked to leave through EvictionRequests");
-        t
-    });
-    leave_unused_apis(path, served, &clients, &node, &stop);
-    if !node_labelled && (served.in_tree || served.lifecycle_crds) {
-        tracing::warn!(node = %node, "the node name is longer than a label value (63 characters): the admission policy cannot confine this node's EvictionRequests to it, so pods are evicted through the Eviction API directly (their declared responders are not asked)");
-    }
-    let terminator: Arc<dyn PodTerminator> = match &lifecycle {
-        Some(t) => t.clone(),
-        None => Arc::new(EvictionApi::new(clients.kubelet.clone())),
-    };
-    let concurrency = settings.drain.max_concurrent_requests;
-    let node_name = node.clone();
-    let own_controller = path == EvictionPath::LifecycleCrds && controller_wanted;
-    let refusals = metrics.clone();
-    let engine = Engine::start(EngineOptions {
+    let options = EngineOptions {
         client: clients.nodegrace.clone(),
         endpoint: format!("{endpoint} as {}", unknown(&verified.nodegrace)),
         settings,
         node,
         gate,
         metrics,
-        terminator: Some(terminator),
-    });
-    if let Some(t) = &lifecycle {
-        // nodegrace's own evictor counts its refusals where it sends the evictions.
-        let progress = t.progress(
-            engine.eviction_block_sink(),
-            refusals.clone(),
-            own_controller,
-        );
-        let shutting_down = engine.shutting_down();
-        let stop = stop.clone();
-        tokio::spawn(async move { progress.run(stop, shutting_down).await });
-    }
-    if own_controller {
-        start_lifecycle_controller(
-            &clients,
-            &node_name,
-            &engine,
-            lifecycle.as_deref(),
-            concurrency,
-            refusals,
-            &stop,
-        );
-    }
-    engine
+        terminator: None,
+    };
+    start_wired(wiring, &clients, options, &stop)
 }
 
 /// Connects until the apiserver answers and both credentials pass `identity::verify`:
@@ -623,10 +572,10 @@ async fn connect_verified<F, Fut, C>(
     endpoint: &str,
     paths: [Option<&Path>; 2],
     node: &str,
-    controller_wanted: bool,
+    external_controller: bool,
     metrics: &Metrics,
     shutting_down: &mut watch::Receiver<bool>,
-) -> (Clients, Served, identity::Verified)
+) -> (Clients, Wiring, identity::Verified)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<C>>,
@@ -650,17 +599,23 @@ where
                 )
                 .await?,
             };
-            // Only the path taken needs its permissions.
-            let path = choose_path(served, crate::plan::own::node_label_value(node).is_some());
+            let wiring = Wiring::new(served, node, external_controller);
             let verified = identity::verify(&clients, paths, node).await?;
-            match path {
-                EvictionPath::InTree => identity::verify_in_tree(&clients, &verified).await?,
-                EvictionPath::LifecycleCrds => {
-                    identity::verify_lifecycle_crds(&clients, &verified, controller_wanted).await?;
+            // Only the path taken needs its permissions.
+            match wiring.requester {
+                Some(Requester {
+                    group: LifecycleGroup::InTree,
+                    ..
+                }) => identity::verify_in_tree(&clients, &verified).await?,
+                Some(Requester {
+                    group: LifecycleGroup::Nodegrace,
+                    own_controller,
+                }) => {
+                    identity::verify_lifecycle_crds(&clients, &verified, own_controller).await?;
                 }
-                EvictionPath::EvictionApi => {}
+                None => {}
             }
-            anyhow::Ok((clients, served, verified))
+            anyhow::Ok((clients, wiring, verified))
         };
         match attempt.await {
             Ok(ready) => return ready,

@@ -22,6 +22,9 @@
 //! - [`evictions`]: nodegrace's own eviction-request controller and default evictor for its
 //!   `lifecycle.nodegrace.dev` CRDs (the in-tree 1.37 shapes), per target pod
 //!   ([`evictions::decide`], [`evictions::decide_evictor`]).
+//! - [`wiring`]: what the daemon starts at connect ([`wiring::Wiring`]): the eviction path,
+//!   the requester and its API group, nodegrace's own eviction-request controller, what is
+//!   withdrawn and what is warned about.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -52,6 +55,7 @@ pub(crate) mod selector;
 pub(crate) mod targets;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub(crate) mod wiring;
 
 pub use budget::plan_steps;
 pub(crate) use budget::{
