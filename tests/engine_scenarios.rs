@@ -1355,6 +1355,49 @@ async fn a_refused_watch_backs_off_outside_a_shutdown() {
     );
 }
 
+/// A watch refused outside a shutdown has backed off for seconds when a shutdown begins: it
+/// is tried again at once and the drain goes on, instead of waiting out that back-off (as
+/// with kube-runtime's `StreamBackoff`, whose sleep nothing cuts short: why
+/// `engine/reflect.rs` keeps its own loop).
+#[tokio::test]
+async fn a_shutdown_does_not_wait_out_a_watch_back_off_built_up_before_it() {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    env.cluster
+        .api
+        .inject_errors(Some("GET"), "/api/v1/pods*", 503, 3);
+    let mut settings = env.settings();
+    // The shipped default: the pods' watch fails for about 3 s before the shutdown.
+    settings.fallback.apiserver_timeout = Duration::from_secs(10);
+    let engine = env.engine(settings);
+    let api = env.cluster.api.clone();
+    let lists = move || {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == "/api/v1/pods")
+            .count()
+    };
+    // Refused at once, after 0.8-1.2 s and 1.6-2.4 s more: the next try waits 3.2-4.8 s.
+    eventually(10, "three lists of the pods refused", || lists() == 3).await;
+    let begun = std::time::Instant::now();
+    let listed = tokio::spawn(async move {
+        while lists() < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        begun.elapsed()
+    });
+    engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .expect("the drain goes on once the pods are listed");
+    let listed = listed.await.unwrap();
+    assert!(
+        listed < Duration::from_secs(1),
+        "the pods listed again {listed:?} after the shutdown began"
+    );
+    assert!(!env.pod_exists("web"));
+}
+
 fn condition(env: &Env, type_: &str) -> Option<(String, String)> {
     env.node()["status"]["conditions"]
         .as_array()?

@@ -1,27 +1,52 @@
-//! The back-off of watches that kube-runtime drives (`WatchStreamExt::backoff`), with
-//! nodegrace's delays (`plan::reachability::retry_delay`): about a second apart at most while
-//! a shutdown runs, client-go's reflector's otherwise. kube's default back-off grows to 30 s
-//! whatever the node is doing.
+//! The back-off of watches that kube-runtime drives (its `StreamBackoff`), with nodegrace's
+//! delays (`plan::reachability::retry_delay`): about a second apart at most while a shutdown
+//! runs, client-go's reflector's otherwise. kube's default back-off grows to 30 s whatever the
+//! node is doing.
+//!
+//! `StreamBackoff` resets its back-off on every `Ok`, and kube's watcher emits `Event::Init`
+//! before each list: a list refused again and again would be tried about every second for
+//! ever (kube's own default back-off too). Here only an answer ends a back-off.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::utils::Backoff;
+use futures::{Stream, StreamExt as _};
+use kube::runtime::utils::{Backoff, StreamBackoff};
+use kube::runtime::watcher;
 use rand::Rng as _;
 
 use crate::plan::reachability::retry_delay;
 
-pub(crate) struct WatchBackoff {
-    failures: u32,
+/// `watch` tried again after a failure as [`retry_delay`] says. `shutting_down` is the
+/// engine's: true while a shutdown drain runs.
+pub(crate) fn backed_off<K, S>(
+    watch: S,
+    shutting_down: Arc<AtomicBool>,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let backoff = WatchBackoff::new(shutting_down);
+    let failures = backoff.failures.clone();
+    let watch = watch.inspect(move |item| {
+        if matches!(item, Ok(e) if !matches!(e, watcher::Event::Init)) {
+            failures.store(0, Ordering::Relaxed);
+        }
+    });
+    StreamBackoff::new(watch, backoff)
+}
+
+struct WatchBackoff {
+    /// Failures since the last answer.
+    failures: Arc<AtomicU32>,
     shutting_down: Arc<AtomicBool>,
 }
 
 impl WatchBackoff {
-    /// `shutting_down` is the engine's: true while a shutdown drain runs.
-    pub(crate) fn new(shutting_down: Arc<AtomicBool>) -> Self {
+    fn new(shutting_down: Arc<AtomicBool>) -> Self {
         WatchBackoff {
-            failures: 0,
+            failures: Arc::default(),
             shutting_down,
         }
     }
@@ -32,20 +57,25 @@ impl Iterator for WatchBackoff {
 
     fn next(&mut self) -> Option<Duration> {
         let shutdown = self.shutting_down.load(Ordering::Relaxed);
-        let delay = retry_delay(self.failures, shutdown, rand::rng().random::<f64>());
-        self.failures = self.failures.saturating_add(1);
-        Some(delay)
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed);
+        Some(retry_delay(failures, shutdown, rand::rng().random::<f64>()))
     }
 }
 
 impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.failures = 0;
-    }
+    /// Called by `StreamBackoff` on every `Ok`, `Init` included: [`backed_off`] counts the
+    /// answers instead.
+    fn reset(&mut self) {}
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use futures::stream::{self, BoxStream};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use tokio::time::Instant;
+
     use super::*;
 
     #[test]
@@ -56,8 +86,53 @@ mod tests {
         assert!(quiet[7] >= Duration::from_secs(30), "{quiet:?}");
         flag.store(true, Ordering::Relaxed);
         assert!(b.next().is_some_and(|d| d <= Duration::from_secs(1)));
-        b.reset();
+        b.failures.store(0, Ordering::Relaxed);
         flag.store(false, Ordering::Relaxed);
         assert!(b.next().is_some_and(|d| d < Duration::from_millis(1300)));
+    }
+
+    type Listing = Result<watcher::Event<ConfigMap>, watcher::Error>;
+
+    /// A watch whose every list the apiserver refuses, as kube's watcher emits it (`Init`
+    /// before each attempt, then the refusal), backed off by `back_off`: when the first `n`
+    /// refusals came.
+    async fn refusals<S>(
+        back_off: impl FnOnce(BoxStream<'static, Listing>) -> S,
+        n: usize,
+    ) -> Vec<Instant>
+    where
+        S: Stream<Item = Listing>,
+    {
+        let refused = Arc::new(Mutex::new(Vec::new()));
+        let at = refused.clone();
+        let attempts = stream::repeat(()).flat_map(move |()| {
+            let at = at.clone();
+            let refuse = stream::once(async move {
+                at.lock().expect("not poisoned").push(Instant::now());
+                Err(watcher::Error::NoResourceVersion)
+            });
+            stream::iter([Ok(watcher::Event::Init)]).chain(refuse)
+        });
+        let mut backed_off = std::pin::pin!(back_off(attempts.boxed()));
+        let mut errors = 0;
+        while errors < n {
+            if let Some(Err(_)) = backed_off.next().await {
+                errors += 1;
+            }
+        }
+        let refused = refused.lock().expect("not poisoned").clone();
+        refused
+    }
+
+    /// kube's `StreamBackoff` resets its back-off on every `Ok`, and its watcher emits `Init`
+    /// before every list: a back-off reset by it would have a list refused again and again
+    /// tried about every second for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_list_refused_again_and_again_backs_off_longer_each_time() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let refused = refusals(|s| backed_off(s, flag), 6).await;
+        let gaps: Vec<Duration> = refused.windows(2).map(|w| w[1] - w[0]).collect();
+        // 800 ms doubling: the fifth wait is 12.8 s at least.
+        assert!(gaps[4] >= Duration::from_millis(12_800), "{gaps:?}");
     }
 }

@@ -8,12 +8,12 @@ use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
 use super::{lock, Shared};
-use crate::cluster::backoff::WatchBackoff;
+use crate::cluster::backoff::backed_off;
 use crate::plan::drain::BudgetStatus;
 
 /// The budgets watched, by `namespace/name`, and what their watches last showed.
@@ -88,9 +88,7 @@ async fn watch_budget(
     let key = format!("{namespace}/{name}");
     let api: Api<PodDisruptionBudget> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher(api, config)
-        .backoff(WatchBackoff::new(shutting_down))
-        .boxed();
+    let mut events = backed_off(watcher(api, config), shutting_down).boxed();
     while let Some(event) = events.next().await {
         let Some(shared) = shared.upgrade() else {
             return;

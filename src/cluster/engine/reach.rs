@@ -203,3 +203,36 @@ impl Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::{reflector, watcher};
+
+    /// Why the engine's views say they have listed through its own flags and `wake` channel
+    /// rather than kube's `Store::wait_until_ready`: that wakes only the task that polled it
+    /// last (one waker slot), and the engine's views are waited for by several at once (the
+    /// loop, a drain, `Engine::wait_reachable`, the eviction-request controller on the pods).
+    #[tokio::test]
+    async fn kubes_store_readiness_wakes_only_the_last_of_its_waiters() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let waiter = |store: reflector::Store<Pod>| {
+            tokio::spawn(async move { store.wait_until_ready().await.is_ok() })
+        };
+        let first = waiter(store.clone());
+        tokio::task::yield_now().await;
+        let last = waiter(store.clone());
+        tokio::task::yield_now().await;
+
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+
+        let waited = |task| tokio::time::timeout(Duration::from_secs(1), task);
+        assert!(matches!(waited(last).await, Ok(Ok(true))));
+        assert!(
+            waited(first).await.is_err(),
+            "kube's readiness woke every waiter: the engine's flags may give way to it"
+        );
+    }
+}

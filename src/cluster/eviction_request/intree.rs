@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::DynamicObject;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 
 use super::lifecycle_api::{typed, LifecycleApi};
 use super::{BlockSink, PodKey, PodState, NODE_LABEL};
-use crate::cluster::backoff::WatchBackoff;
+use crate::cluster::backoff::backed_off;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::terminate::{PodTerminator, Request};
@@ -436,17 +436,21 @@ impl Progress {
         shutting_down: Arc<std::sync::atomic::AtomicBool>,
     ) {
         let evictions = self.api.evictions(&self.client, None);
-        let eviction_events = watcher(evictions, watcher::Config::default().labels(&self.key))
-            .backoff(WatchBackoff::new(shutting_down.clone()))
-            .map(Watched::Eviction);
+        let eviction_events = backed_off(
+            watcher(evictions, watcher::Config::default().labels(&self.key)),
+            shutting_down.clone(),
+        )
+        .map(Watched::Eviction);
         // Its own requests too: a request the in-tree controller refuses (EvictionInvalid)
         // gets no Eviction at all.
         let requests = self.api.requests(&self.client, None);
         let request_events = match &self.own_selector {
-            Some(mine) => watcher(requests, watcher::Config::default().labels(mine))
-                .backoff(WatchBackoff::new(shutting_down))
-                .map(Watched::Request)
-                .boxed(),
+            Some(mine) => backed_off(
+                watcher(requests, watcher::Config::default().labels(mine)),
+                shutting_down,
+            )
+            .map(Watched::Request)
+            .boxed(),
             None => futures::stream::pending().boxed(),
         };
         let mut events = futures::stream::select(eviction_events.boxed(), request_events);

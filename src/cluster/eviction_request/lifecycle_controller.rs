@@ -20,7 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, store::Writer, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -32,7 +32,7 @@ use super::handle::Message;
 use super::intree::warn_on_pod;
 use super::lifecycle_api::{typed, LifecycleApi};
 use super::{ControllerHandle, PodKey, WallClock, NODE_LABEL};
-use crate::cluster::backoff::WatchBackoff;
+use crate::cluster::backoff::backed_off;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::FIELD_MANAGER;
@@ -181,14 +181,16 @@ impl LifecycleController {
         writer: Writer<DynamicObject>,
         selector: String,
     ) -> impl futures::Stream<Item = Result<watcher::Event<DynamicObject>, watcher::Error>> {
-        reflector::reflector(
-            writer,
-            watcher(
-                resource.clone(),
-                watcher::Config::default().labels(&selector),
+        backed_off(
+            reflector::reflector(
+                writer,
+                watcher(
+                    resource.clone(),
+                    watcher::Config::default().labels(&selector),
+                ),
             ),
+            self.shutting_down.clone(),
         )
-        .backoff(WatchBackoff::new(self.shutting_down.clone()))
     }
 
     /// Runs until `stop`.
