@@ -216,7 +216,7 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
         });
     }
 
-    let track_of = |pod: &PodInfo| s.tracks.get(&pod.uid).map(|t| t.node).unwrap_or_default();
+    let track_of = |pod: &PodInfo| drain::node_track(s.tracks, pod);
     let mirrors = bandend::mirrors_to_delete(&decision.pods, &track_of, s.node_view)
         .into_iter()
         .cloned()

@@ -229,10 +229,7 @@ impl Shared {
         let view = lock(&self.node_view).clone()?;
         let looked: Vec<&PodInfo> = pods
             .iter()
-            .filter(|p| {
-                let track = st.tracks.get(&p.uid).map(|t| t.node).unwrap_or_default();
-                bandend::worth_looking_at(p, track)
-            })
+            .filter(|p| bandend::worth_looking_at(p, drain::node_track(&st.tracks, p)))
             .collect();
         if looked.is_empty() {
             return None;

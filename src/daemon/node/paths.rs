@@ -49,19 +49,27 @@ fn lifecycle_api(group: LifecycleGroup) -> eviction_request::LifecycleApi {
 }
 
 /// nodegrace's requester on `group` for `node`'s pods.
+fn requester_on(
+    group: LifecycleGroup,
+    clients: &Clients,
+    node: &str,
+) -> eviction_request::InTreeTerminator {
+    eviction_request::InTreeTerminator::new(
+        lifecycle_api(group),
+        clients.nodegrace.clone(),
+        clients.kubelet.clone(),
+        node,
+    )
+}
+
+/// The requester the drain uses, said once.
 fn requester(
     group: LifecycleGroup,
     clients: &Clients,
     node: &str,
 ) -> eviction_request::InTreeTerminator {
-    let api = lifecycle_api(group);
-    let t = eviction_request::InTreeTerminator::new(
-        api.clone(),
-        clients.nodegrace.clone(),
-        clients.kubelet.clone(),
-        node,
-    );
-    tracing::info!(node = %node, requester = %t.key(), api = %api.group(), "pods are asked to leave through EvictionRequests");
+    let t = requester_on(group, clients, node);
+    tracing::info!(node = %node, requester = %t.key(), api = %lifecycle_api(group).group(), "pods are asked to leave through EvictionRequests");
     t
 }
 
@@ -88,12 +96,7 @@ fn watch_requests(
 /// own lifecycle CRDs: this node's requests there are withdrawn (in the background; a failure
 /// is tried again when the daemon next starts).
 fn withdraw_from_crds(clients: &Clients, node: &str, stop: &CancellationToken) {
-    let ours = eviction_request::InTreeTerminator::new(
-        eviction_request::LifecycleApi::nodegrace(),
-        clients.nodegrace.clone(),
-        clients.kubelet.clone(),
-        node,
-    );
+    let ours = requester_on(LifecycleGroup::Nodegrace, clients, node);
     let (node, stop) = (node.to_owned(), stop.clone());
     tokio::spawn(async move {
         tokio::select! {

@@ -81,6 +81,11 @@ pub(crate) struct PodTrack {
     pub node: NodeTrack,
 }
 
+/// What the drain remembers of `pod` for the node's view (nothing yet: the default).
+pub(crate) fn node_track(tracks: &HashMap<String, PodTrack>, pod: &PodInfo) -> NodeTrack {
+    tracks.get(&pod.uid).map(|t| t.node).unwrap_or_default()
+}
+
 /// The PodDisruptionBudget (`namespace/name`) that has refused a pod still waiting for the
 /// longest, and since when (drain clock); ties go to the first name.
 pub(crate) fn longest_blocking<'a>(
@@ -231,7 +236,7 @@ pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
         let d = s.deadlines.filter(|d| d.holds)?;
         Some(d.start + d.step_of(pod)?.end)
     };
-    let track_of = |pod: &PodInfo| s.tracks.get(&pod.uid).map(|t| t.node).unwrap_or_default();
+    let track_of = |pod: &PodInfo| node_track(s.tracks, pod);
     let band = BandEnd::decide(&pods, &track_of, s.node_view, &hold_ends, s.now);
     let evaluation = evaluate_node(s.previous, s.maintenances, &pods, &band)?;
     let by_uid: HashMap<&str, &NodePod> =
