@@ -111,6 +111,79 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     assert!(timings.cordoned.unwrap() < Duration::from_millis(500));
 }
 
+/// The engine's loop is the one place that cordons: for a shutdown it cordons and marks the
+/// node (the load-balancer exclusion, the maintenance taint) in one patch, before the shutdown
+/// maintenance is created, and not again once the maintenance holds it. An apiserver that
+/// refuses that patch (an admission policy's 422) ends the drain through the cluster at once,
+/// with no maintenance made: the daemon drains locally rather than wait for a cordon that will
+/// not come.
+#[tokio::test]
+async fn a_shutdown_is_cordoned_and_marked_in_one_patch_before_its_maintenance_and_a_refused_cordon_ends_its_drain(
+) {
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    let engine = env.engine(env.settings());
+    drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(30)).await;
+    let reqs = env.requests();
+    let node_path = format!("/api/v1/nodes/{NODE}");
+    let cordons: Vec<usize> = reqs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            r.method == "PATCH"
+                && r.path == node_path
+                && r.body_json()
+                    .is_some_and(|b| b["spec"]["unschedulable"] == true)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!cordons.is_empty(), "never cordoned");
+    let body = reqs[cordons[0]].body_json().unwrap();
+    assert_eq!(
+        body["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"], "",
+        "the exclusion is not in the cordon's patch: {body}"
+    );
+    assert!(
+        body["spec"]["taints"]
+            .to_string()
+            .contains("nodegrace.dev/maintenance"),
+        "the taint is not in the cordon's patch: {body}"
+    );
+    let created = reqs
+        .iter()
+        .position(|r| r.method == "POST" && r.path.ends_with("/nodemaintenances"))
+        .expect("no maintenance created");
+    assert!(
+        cordons[0] < created,
+        "cordoned after the maintenance was created"
+    );
+    assert!(!env.events("Cordoned").is_empty());
+
+    let env = Env::new(kubelet(100)).await;
+    env.pod("web", Kind::Default, 0, 30, json!({}));
+    env.cluster
+        .api
+        .inject_errors(Some("PATCH"), "/api/v1/nodes/*", 422, 1000);
+    let engine = env.engine(env.settings());
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        engine.shutdown_drain(&request(ShutdownKind::Poweroff, Duration::from_secs(60))),
+    )
+    .await
+    .expect("a refused cordon left the drain waiting");
+    match r {
+        Err(EngineError::Other(e)) => assert!(format!("{e:#}").contains("cordon"), "{e:#}"),
+        other => panic!("expected the cordon's refusal, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(env.maintenance(&shutdown_maintenance_name(NODE)).is_none());
+    assert!(
+        env.pod_exists("web"),
+        "a pod was asked to go on an uncordoned node"
+    );
+}
+
 #[tokio::test]
 async fn pdb_blocked_pod_is_escalated_at_the_shutdown_deadline() {
     let env = Env::new(kubelet(100)).await;

@@ -28,19 +28,46 @@ pub(crate) struct MaintenanceFacts<'a> {
     pub(crate) completed_here: bool,
 }
 
-/// What [`hold`] decides: a maintenance that selects the node holds it.
+/// nodegrace's marks on the node, as a pass reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct NodeMarks {
+    /// Cordoned by nodegrace (unschedulable, with the annotation its cordon sets).
+    pub(crate) cordoned: bool,
+    /// The shutdown's marks: the load-balancer exclusion label and the maintenance taint.
+    pub(crate) shutdown_marked: bool,
+}
+
+/// What [`hold`] decides: a maintenance that selects the node, or a shutdown drain under
+/// way, holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Hold {
     pub(crate) cordon: bool,
+    /// Add the shutdown's marks, in the cordon's patch.
+    pub(crate) shutdown_marks: bool,
     /// The active maintenances that lack the completion finalizer.
     pub(crate) add_finalizers: Vec<String>,
 }
 
-/// Cordon and finalizers, first in a pass: before anything is asked of a pod.
-pub(crate) fn hold(maintenances: &[MaintenanceFacts<'_>], node_cordoned: bool) -> Hold {
+impl Hold {
+    /// Whether the node is to be patched.
+    pub(crate) fn marks(&self) -> bool {
+        self.cordon || self.shutdown_marks
+    }
+}
+
+/// Cordon, the shutdown's marks and finalizers, first in a pass: before anything is asked of
+/// a pod. The one place the node is cordoned: for the shutdown's drain it comes before its
+/// maintenance exists (nothing new lands on the node while that is set up).
+pub(crate) fn hold(
+    maintenances: &[MaintenanceFacts<'_>],
+    node: NodeMarks,
+    shutting_down: bool,
+) -> Hold {
     let active = || maintenances.iter().filter(|m| m.active);
+    let held = shutting_down || active().next().is_some();
     Hold {
-        cordon: !node_cordoned && active().next().is_some(),
+        cordon: held && !node.cordoned,
+        shutdown_marks: shutting_down && !node.shutdown_marked,
         add_finalizers: active()
             .filter(|m| !m.has_finalizer)
             .map(|m| m.name.to_owned())

@@ -4,15 +4,16 @@
 //! the moment a budget allows a disruption instead of after their back-off.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{lock, Shared};
+use super::{Shared, ToLoop};
 use crate::cluster::backoff::backed_off;
 use crate::plan::drain::BudgetStatus;
 
@@ -30,11 +31,24 @@ impl Drop for Budgets {
 }
 
 impl Budgets {
-    fn stop(&mut self) {
+    /// The drain is over: no budget is watched any more.
+    pub(super) fn stop(&mut self) {
         for (_, task) in self.watches.drain() {
             task.abort();
         }
         self.statuses.clear();
+    }
+
+    /// What a budget's watch showed; a budget no longer watched (its news came after the
+    /// drain ended) is not kept.
+    pub(super) fn saw(&mut self, key: String, status: Option<BudgetStatus>) {
+        if !self.watches.contains_key(&key) {
+            return;
+        }
+        match status {
+            Some(status) => self.statuses.insert(key, status),
+            None => self.statuses.remove(&key),
+        };
     }
 }
 
@@ -51,8 +65,11 @@ fn status_of(pdb: &PodDisruptionBudget, seen_at: std::time::Duration) -> Option<
 
 impl Shared {
     /// Starts a watch of each budget in `wanted` (`namespace/name`) not watched yet.
-    pub(super) fn watch_budgets<'a>(&self, wanted: impl Iterator<Item = &'a str>) {
-        let mut budgets = lock(&self.budgets);
+    pub(super) fn watch_budgets<'a>(
+        &self,
+        budgets: &mut Budgets,
+        wanted: impl Iterator<Item = &'a str>,
+    ) {
         for key in wanted {
             if budgets.watches.contains_key(key) {
                 continue;
@@ -65,24 +82,30 @@ impl Shared {
                 self.client.clone(),
                 namespace.to_owned(),
                 name.to_owned(),
-                self.me.clone(),
+                Told {
+                    tell: self.to_loop.clone(),
+                    epoch: self.epoch,
+                    node: self.node.clone(),
+                },
                 self.shutting_down.clone(),
             ));
             budgets.watches.insert(key.to_owned(), task);
         }
     }
+}
 
-    /// The drain is over: no budget is watched any more.
-    pub(super) fn stop_budget_watches(&self) {
-        lock(&self.budgets).stop();
-    }
+/// Where a budget's watch tells the loop what it saw, on the drain clock.
+struct Told {
+    tell: mpsc::UnboundedSender<ToLoop>,
+    epoch: tokio::time::Instant,
+    node: String,
 }
 
 async fn watch_budget(
     client: Client,
     namespace: String,
     name: String,
-    shared: Weak<Shared>,
+    to: Told,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let key = format!("{namespace}/{name}");
@@ -90,29 +113,24 @@ async fn watch_budget(
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = backed_off(watcher(api, config), shutting_down).boxed();
     while let Some(event) = events.next().await {
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        match event {
+        let status = match event {
             Ok(watcher::Event::Apply(pdb) | watcher::Event::InitApply(pdb)) => {
-                let now = shared.now();
-                let mut budgets = lock(&shared.budgets);
-                match status_of(&pdb, now) {
-                    Some(status) => budgets.statuses.insert(key.clone(), status),
-                    None => budgets.statuses.remove(&key),
-                };
-                drop(budgets);
-                shared.bump();
+                status_of(&pdb, to.epoch.elapsed())
             }
-            Ok(watcher::Event::Delete(_)) => {
-                lock(&shared.budgets).statuses.remove(&key);
-                shared.bump();
-            }
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Ok(watcher::Event::Delete(_)) => None,
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
             // The back-off of the pods it refused stays in force meanwhile.
             Err(err) => {
-                tracing::debug!(node = %shared.node, budget = %key, error = %err, "watching a PodDisruptionBudget failed; retrying");
+                tracing::debug!(node = %to.node, budget = %key, error = %err, "watching a PodDisruptionBudget failed; retrying");
+                continue;
             }
+        };
+        let told = ToLoop::Budget {
+            key: key.clone(),
+            status,
+        };
+        if to.tell.send(told).is_err() {
+            return;
         }
     }
 }

@@ -44,7 +44,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -140,10 +140,55 @@ pub struct EngineOptions {
     /// None: the Eviction API.
     pub terminator: Option<Arc<dyn PodTerminator>>,
 }
-#[derive(Debug, Clone, Default)]
+/// What the loop reports to the drain task of one shutdown, on the channel that drain gave it.
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Progress {
+    /// The node is cordoned and marked for the shutdown (the load-balancer exclusion, the
+    /// maintenance taint).
+    cordoned: bool,
+    /// The apiserver refused the cordon (not an outage): the drain cannot go on through it.
+    cordon_refused: Option<String>,
     /// Set once the node is empty under the shutdown maintenance and its status is written.
     shutdown_done: bool,
+}
+
+/// What the engine's other tasks tell its loop, which alone keeps the drain's state
+/// ([`DrainState`]): the drain task, the gateway's record of an outage's end, the
+/// eviction-request controller and the budgets' watches.
+enum ToLoop {
+    /// A shutdown drain began: the loop cordons and marks the node and reports on `progress`
+    /// (this shutdown's own channel, kept until the next one begins).
+    ShutdownBegun { progress: watch::Sender<Progress> },
+    /// The shutdown's maintenance exists and its deadline schedule is made.
+    ShutdownPlanned(Arc<ShutdownCtx>),
+    /// The shutdown was cancelled, or its maintenance completed by hand.
+    ShutdownEnded,
+    /// The apiserver answers again after `lost`: the shutdown under way splits what is left
+    /// of its budget again.
+    Replan { lost: Duration, cause: String },
+    /// The shutdown maintenance as its create (or adoption) returned it, and when.
+    Created(Arc<NodeMaintenance>, Instant),
+    /// What the eviction-request controller found blocking a pod (by UID); None: no longer.
+    Blocked { uid: String, by: Option<String> },
+    /// What the offline fallback did, to write to the shutdown maintenance once it can.
+    Fallback(FallbackSummary),
+    /// Where to ask the node about its terminating pods; None: the API alone decides.
+    NodeView(Option<Arc<dyn PodsOnNode>>),
+    /// What a watched budget's watch showed (`namespace/name`); None: no status, or gone.
+    Budget {
+        key: String,
+        status: Option<crate::plan::drain::BudgetStatus>,
+    },
+}
+
+/// The shutdown drain under way, as the loop knows it.
+#[derive(Default)]
+enum ShutdownPhase {
+    #[default]
+    None,
+    /// Cordoned (or being cordoned); the maintenance not made yet.
+    Begun,
+    Planned(Arc<ShutdownCtx>),
 }
 
 #[derive(Default)]
@@ -189,29 +234,16 @@ struct Shared {
     /// A shutdown drain runs (from its first request, before its schedule exists): failed
     /// watches try again at most about a second apart.
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
-    shutdown: Mutex<Option<Arc<ShutdownCtx>>>,
-    /// The shutdown maintenance as its create (or adoption) returned it, and when.
-    created_maintenance: Mutex<Option<(Arc<NodeMaintenance>, Instant)>>,
+    /// To the loop ([`ToLoop`]).
+    to_loop: mpsc::UnboundedSender<ToLoop>,
     /// The versions the watches delivered, in order: what says whether our own write's
     /// answer is still fresher than a watch's copy.
     watch_log: Mutex<WatchLog>,
-    progress: watch::Sender<Progress>,
     recorder: Recorder,
-    fallback: Mutex<Option<FallbackSummary>>,
     timings: Mutex<ShutdownTimings>,
     /// This node's eviction-request controller, when nodegrace is it: fed the engine's pod
-    /// events and the eviction back-off cap in force.
-    eviction_requests: Mutex<Option<ControllerHandle>>,
-    /// What the eviction-request controller found blocking each pod (by UID); None: no
-    /// longer blocked. Taken into the drain's tracks at the next pass.
-    eviction_blocks: Mutex<HashMap<String, Option<String>>>,
-    /// The PodDisruptionBudgets that refused this drain's evictions, watched.
-    budgets: Mutex<budgets::Budgets>,
-    /// Asked what the node shows of its terminating pods, for when their band ends; None:
-    /// the API alone decides.
-    node_view: Mutex<Option<Arc<dyn PodsOnNode>>>,
-    /// Itself, for the tasks it starts while it runs.
-    me: std::sync::Weak<Shared>,
+    /// events and the eviction back-off cap in force. Set once, when the connection is wired.
+    eviction_requests: std::sync::OnceLock<ControllerHandle>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -244,11 +276,14 @@ fn min_wake(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
 }
 
-async fn run_loop(shared: Arc<Shared>) {
+async fn run_loop(shared: Arc<Shared>, mut inbox: mpsc::UnboundedReceiver<ToLoop>) {
     let mut rx = shared.wake.subscribe();
     let mut st = DrainState::default();
     loop {
         rx.borrow_and_update();
+        while let Ok(msg) = inbox.try_recv() {
+            shared.take(&mut st, msg);
+        }
         let ready = {
             let r = lock(&shared.ready);
             r.node && r.pods && r.maintenances
@@ -275,6 +310,10 @@ async fn run_loop(shared: Arc<Shared>) {
         };
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
+            msg = inbox.recv() => match msg {
+                Some(msg) => shared.take(&mut st, msg),
+                None => return,
+            },
             _ = crate::timer::sleep_until(next) => {}
         }
     }
@@ -394,6 +433,21 @@ struct DrainState {
     unreadable_not_gated: HashSet<String>,
     /// Requests in flight at once for a band, narrowed while the apiserver throttles.
     window: Option<crate::plan::reachability::Window>,
+    shutdown: ShutdownPhase,
+    /// Where the loop reports to the latest shutdown's drain.
+    progress: Option<watch::Sender<Progress>>,
+    /// The shutdown maintenance as its create (or adoption) returned it, and when.
+    created_maintenance: Option<(Arc<NodeMaintenance>, Instant)>,
+    /// What the eviction-request controller found blocking each pod (by UID) since the last
+    /// pass; None: no longer blocked. Taken into the drain's tracks at the next pass.
+    eviction_blocks: HashMap<String, Option<String>>,
+    /// The PodDisruptionBudgets that refused this drain's evictions, watched.
+    budgets: budgets::Budgets,
+    /// What the offline fallback did, until it is written to the shutdown maintenance.
+    fallback: Option<FallbackSummary>,
+    /// Asked what the node shows of its terminating pods, for when their band ends; None:
+    /// the API alone decides.
+    node_view: Option<Arc<dyn PodsOnNode>>,
 }
 
 struct MaintView {
@@ -442,12 +496,12 @@ impl Engine {
         let (own_nms_r, own_nms_w) = reflector::store::<NodeMaintenance>();
         let (shared_nms_r, shared_nms_w) = reflector::store::<NodeMaintenance>();
         let (wake, _) = watch::channel(0u64);
-        let (progress, _) = watch::channel(Progress::default());
+        let (to_loop, inbox) = mpsc::unbounded_channel();
         let terminator = opts
             .terminator
             .unwrap_or_else(|| Arc::new(EvictionApi::new(opts.client.clone())));
         let recorder = crate::cluster::event_recorder(opts.client.clone(), &opts.node);
-        let shared = Arc::new_cyclic(|me| Shared {
+        let shared = Arc::new(Shared {
             client: opts.client.clone(),
             node: opts.node.clone(),
             settings: std::sync::RwLock::new(Arc::new(opts.settings)),
@@ -468,18 +522,11 @@ impl Engine {
             reach: Mutex::new(Reachability::default()),
             reconnect: watch::channel(0u64).0,
             shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            shutdown: Mutex::new(None),
-            created_maintenance: Mutex::new(None),
+            to_loop,
             watch_log: Mutex::new(WatchLog::default()),
-            progress,
             recorder,
-            fallback: Mutex::new(None),
             timings: Mutex::new(ShutdownTimings::default()),
-            eviction_requests: Mutex::new(None),
-            eviction_blocks: Mutex::new(HashMap::new()),
-            budgets: Mutex::new(budgets::Budgets::default()),
-            node_view: Mutex::new(None),
-            me: me.clone(),
+            eviction_requests: std::sync::OnceLock::new(),
         });
         let c = &opts.client;
         let node = &opts.node;
@@ -508,7 +555,7 @@ impl Engine {
                 |r| &mut r.shared_maintenances,
                 |_, _| {},
             ),
-            tokio::spawn(run_loop(shared.clone())),
+            tokio::spawn(run_loop(shared.clone(), inbox)),
         ];
         match own::own_selector(node) {
             Some(mine) => tasks.push(spawn_reflector(
@@ -549,8 +596,7 @@ impl Engine {
     /// Where the engine asks the node about its terminating pods (`plan::bandend`); None: the
     /// API alone says when a band ends.
     pub fn look_at_node(&self, view: Option<Arc<dyn PodsOnNode>>) {
-        *lock(&self.shared.node_view) = view;
-        self.shared.bump();
+        self.shared.tell_loop(ToLoop::NodeView(view));
     }
 
     /// New settings (SIGHUP): the next decision uses them. A shutdown drain already under
@@ -569,19 +615,21 @@ impl Engine {
 
     /// Where this node's eviction-request controller reports what blocks a pod's eviction.
     pub(crate) fn eviction_block_sink(&self) -> crate::cluster::eviction_request::BlockSink {
-        let shared = Arc::downgrade(&self.shared);
+        let tell = self.shared.to_loop.clone();
         Arc::new(move |uid: &str, by: Option<String>| {
-            if let Some(shared) = shared.upgrade() {
-                lock(&shared.eviction_blocks).insert(uid.to_owned(), by);
-                shared.bump();
-            }
+            let _ = tell.send(ToLoop::Blocked {
+                uid: uid.to_owned(),
+                by,
+            });
         })
     }
 
     /// Feeds this node's eviction-request controller: pod events, and the shorter eviction
     /// back-off cap while a shutdown runs.
     pub(crate) fn attach_eviction_request_controller(&self, handle: ControllerHandle) {
-        *lock(&self.shared.eviction_requests) = Some(handle);
+        if self.shared.eviction_requests.set(handle).is_err() {
+            tracing::warn!(node = %self.shared.node, "an eviction-request controller is attached already; keeping it");
+        }
         self.shared.bump();
     }
 
@@ -597,15 +645,15 @@ impl Engine {
     /// Records what the offline fallback did; written to the shutdown maintenance (an
     /// annotation and an Event) once the apiserver answers again.
     pub fn record_fallback(&self, report: &crate::fallback::FallbackReport) {
-        *lock(&self.shared.fallback) = Some(FallbackSummary::from(report));
-        self.shared.bump();
+        self.shared
+            .tell_loop(ToLoop::Fallback(FallbackSummary::from(report)));
     }
 
     /// `nodegrace complete`: moves `shutdown-<node>` to stage Complete. False when there is
     /// none.
     pub async fn complete_shutdown_maintenance(&self) -> Result<bool> {
         let sh = &self.shared;
-        *lock(&sh.shutdown) = None;
+        sh.tell_loop(ToLoop::ShutdownEnded);
         let done = complete_shutdown_maintenance(&sh.client, &sh.node).await?;
         sh.bump();
         Ok(done)
@@ -621,7 +669,7 @@ impl Shared {
     }
 
     fn pod_changed(&self, pod: &Pod) {
-        if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+        if let Some(handle) = self.eviction_requests.get() {
             handle.pod_changed(
                 pod.metadata.namespace.as_deref().unwrap_or_default(),
                 pod.metadata.uid.as_deref().unwrap_or_default(),
@@ -631,6 +679,41 @@ impl Shared {
 
     fn bump(&self) {
         self.wake.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// Tells the loop; it runs a pass. Nothing is lost but to a loop that stopped.
+    fn tell_loop(&self, msg: ToLoop) {
+        let _ = self.to_loop.send(msg);
+    }
+
+    /// The loop takes what it was told into its state.
+    fn take(&self, st: &mut DrainState, msg: ToLoop) {
+        match msg {
+            ToLoop::ShutdownBegun { progress } => {
+                st.shutdown = ShutdownPhase::Begun;
+                st.progress = Some(progress);
+            }
+            ToLoop::ShutdownPlanned(ctx) => {
+                // Planned when the loop takes it: an outage that ended before is behind it.
+                let mut ctx = (*ctx).clone();
+                ctx.planned_at = self.now();
+                st.shutdown = ShutdownPhase::Planned(Arc::new(ctx));
+            }
+            ToLoop::ShutdownEnded => st.shutdown = ShutdownPhase::None,
+            ToLoop::Replan { lost, cause } => {
+                if let ShutdownPhase::Planned(ctx) = &st.shutdown {
+                    st.shutdown =
+                        ShutdownPhase::Planned(Arc::new(self.replanned(ctx, lost, cause)));
+                }
+            }
+            ToLoop::Created(m, at) => st.created_maintenance = Some((m, at)),
+            ToLoop::Blocked { uid, by } => {
+                st.eviction_blocks.insert(uid, by);
+            }
+            ToLoop::Fallback(summary) => st.fallback = Some(summary),
+            ToLoop::NodeView(view) => st.node_view = view,
+            ToLoop::Budget { key, status } => st.budgets.saw(key, status),
+        }
     }
 
     /// Now on the drain clock.
@@ -686,13 +769,22 @@ impl Shared {
         what: &str,
         compute: impl Fn(&Node) -> Option<Value>,
     ) -> Result<bool> {
+        Ok(self.patch_node_answer(st, what, compute).await?)
+    }
+
+    async fn patch_node_answer(
+        &self,
+        st: &mut DrainState,
+        what: &str,
+        compute: impl Fn(&Node) -> Option<Value>,
+    ) -> Result<bool, Failure> {
         let api: Api<Node> = Api::all(self.client.clone());
         let r = gateway::answer(self, patch_node_with(&api, &self.node, what, compute).await);
         if r.is_err() {
             self.metrics.api_error("node");
         }
         st.node_overlay = None;
-        Ok(r?)
+        r
     }
 
     async fn set_stage(&self, name: &str, stage: Stage) -> Result<()> {

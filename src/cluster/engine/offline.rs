@@ -16,8 +16,7 @@ use crate::config::CompletionPolicy;
 use crate::state::OfflineDrain;
 
 use super::{
-    lock, merge_params, shutdown_maintenance_name, AfterBoot, DrainState, Shared,
-    FALLBACK_ANNOTATION,
+    merge_params, shutdown_maintenance_name, AfterBoot, DrainState, Shared, FALLBACK_ANNOTATION,
 };
 
 /// What the offline fallback did, as the engine records it on the maintenance (the
@@ -301,7 +300,7 @@ impl Shared {
         st: &mut DrainState,
         selecting: &[Arc<NodeMaintenance>],
     ) {
-        let Some(summary) = lock(&self.fallback).clone() else {
+        let Some(summary) = st.fallback.clone() else {
             return;
         };
         let name = shutdown_maintenance_name(&self.node);
@@ -320,7 +319,7 @@ impl Shared {
             Ok(updated) => {
                 st.nm_overlay
                     .insert(name.clone(), self.written(Arc::new(updated)));
-                *lock(&self.fallback) = None;
+                st.fallback = None;
                 if let Some(node) = self.node_obj(st) {
                     self.event_both(
                         &node,

@@ -3,7 +3,6 @@
 //! when that is an outage, when it ends and when a shutdown falls back offline), and the
 //! waits that end in [`EngineError::ApiserverUnreachable`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -15,8 +14,8 @@ use crate::cluster::gateway::{self, Reach};
 use crate::plan::reachability::{self, Change};
 
 use super::{
-    lock, Engine, EngineError, Ready, Replan, Shared, PROBE_INTERVAL, PROBE_TIMEOUT,
-    RETRY_IN_SHUTDOWN,
+    lock, Engine, EngineError, Ready, Replan, Shared, ShutdownCtx, ToLoop, PROBE_INTERVAL,
+    PROBE_TIMEOUT, RETRY_IN_SHUTDOWN,
 };
 
 /// `d` to whole milliseconds, for messages.
@@ -66,13 +65,13 @@ impl Reach for Shared {
             }
             if reachability::worth_acting_on(lost) {
                 self.reconnect.send_modify(|g| *g = g.wrapping_add(1));
-                self.replan_shutdown(
+                self.tell_loop(ToLoop::Replan {
                     lost,
-                    format!(
+                    cause: format!(
                         "the apiserver could not be used for {}",
                         humantime::format_duration(round_ms(lost))
                     ),
-                );
+                });
             }
             self.bump();
         }
@@ -108,17 +107,17 @@ impl Shared {
         lock(&self.reach).given_up(self.now(), timeout).into()
     }
 
-    /// Splits what is left of the shutdown's budget again over the pods left, after `lost`
-    /// (see [`crate::plan::budget::split_remaining`]). No shutdown under way: nothing to do.
-    pub(super) fn replan_shutdown(&self, lost: Duration, cause: String) {
-        let mut slot = lock(&self.shutdown);
-        let Some(ctx) = slot.as_ref() else {
-            return;
-        };
+    /// The shutdown's schedule after `lost`: what is left of its budget split again over the
+    /// pods left (see [`crate::plan::budget::split_remaining`]), made now either way (it is
+    /// the schedule after the outage, which `schedule_holds` compares with).
+    pub(super) fn replanned(
+        &self,
+        ctx: &ShutdownCtx,
+        lost: Duration,
+        cause: String,
+    ) -> ShutdownCtx {
         let at = ctx.start.elapsed();
-        // Made now, whether split again or kept: either way it is the schedule after the
-        // outage, which `schedule_holds` compares with.
-        let mut next = (**ctx).clone();
+        let mut next = ctx.clone();
         next.planned_at = self.now();
         match crate::plan::plan_steps(&ctx.plan, &self.pod_infos()) {
             Ok(steps) => {
@@ -137,7 +136,7 @@ impl Shared {
                 tracing::warn!(node = %self.node, maintenance = %ctx.name, error = %err, "cannot plan the shutdown again; keeping its schedule");
             }
         }
-        *slot = Some(Arc::new(next));
+        next
     }
 
     /// One cheap request to learn whether the apiserver answers.

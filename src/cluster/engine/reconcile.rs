@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use crate::api::{NodeMaintenance, NodeMaintenanceNodeStatus, Stage};
 use crate::cluster::gateway;
 use crate::cluster::node::{
-    cordon_patch, cordoned_by_nodegrace, lifecycle_changes, set_lifecycle_conditions, Lifecycle,
+    cordon_patch, cordoned_by_nodegrace, lb_exclusion_patch, lifecycle_changes,
+    maintenance_taint_patch, set_lifecycle_conditions, Lifecycle,
     PREVIOUS_UNSCHEDULABLE_ANNOTATION,
 };
 use crate::cluster::nodesel;
@@ -27,9 +28,9 @@ use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets, NodeReport
 use crate::state::PodCache;
 
 use super::{
-    describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock, min_wake,
-    shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress, Shared,
-    COMPLETED_MESSAGE, NODE_LOOK_INTERVAL, POD_CACHE_DEBOUNCE,
+    describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock, merge_values,
+    min_wake, shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress,
+    Shared, ShutdownPhase, COMPLETED_MESSAGE, NODE_LOOK_INTERVAL, POD_CACHE_DEBOUNCE,
 };
 
 /// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
@@ -47,6 +48,15 @@ fn drain_began(draining: &[&Arc<NodeMaintenance>]) -> Option<i64> {
             Some(started.0.as_second())
         })
         .min()
+}
+
+/// nodegrace's marks on the node, for [`pass::hold`].
+fn node_marks(node: &Node) -> pass::NodeMarks {
+    pass::NodeMarks {
+        cordoned: cordon_patch(node).is_none(),
+        shutdown_marked: lb_exclusion_patch(node, true).is_none()
+            && maintenance_taint_patch(node, true).is_none(),
+    }
 }
 
 /// How long the list of nodes a label-selected maintenance selects is used before it is read
@@ -117,6 +127,10 @@ impl Shared {
     pub(super) async fn reconcile(&self, st: &mut DrainState) -> Result<Option<Instant>> {
         let mut wake = None;
         let Some(node) = self.node_obj(st) else {
+            if !matches!(st.shutdown, ShutdownPhase::None) {
+                let missing = format!("the Node {} does not exist", self.node);
+                self.tell_progress(st, |p| p.cordon_refused = Some(missing));
+            }
             return Ok(None);
         };
         let raw_pods: Vec<Arc<Pod>> = self
@@ -144,19 +158,18 @@ impl Shared {
             selecting.iter().filter(|m| is_active(m)).cloned().collect();
         self.metrics
             .set_node_hold(cordoned_by_nodegrace(&node), active.len());
-        self.apply_hold(
-            st,
-            &node,
-            &active,
-            &pass::hold(&facts, cordon_patch(&node).is_none()),
-        )
-        .await?;
+        let shutting_down = !matches!(st.shutdown, ShutdownPhase::None);
+        let hold = pass::hold(&facts, node_marks(&node), shutting_down);
+        self.apply_hold(st, &node, &active, &hold).await?;
 
         let draining: Vec<&Arc<NodeMaintenance>> =
             active.iter().filter(|m| is_draining(m)).collect();
         let previous = self.previous_targets(st, &draining);
         let prepared = self.prepare(st, &draining, previous.as_ref()).await?;
-        let ctx_any = lock(&self.shutdown).clone();
+        let ctx_any = match &st.shutdown {
+            ShutdownPhase::Planned(ctx) => Some(ctx.clone()),
+            _ => None,
+        };
         st.shutdown_replan = ctx_any
             .as_ref()
             .filter(|c| prepared.iter().any(|p| p.name == c.name))
@@ -182,7 +195,6 @@ impl Shared {
             .as_ref()
             .is_some_and(|c| lock(&self.reach).schedule_holds(c.planned_at));
         let settings = self.settings();
-        let budgets = lock(&self.budgets).statuses.clone();
         let decisions = pass::decide(&PassSnapshot {
             now,
             maintenances: &facts,
@@ -201,7 +213,7 @@ impl Shared {
             backoff_cap_shutdown: settings.drain.eviction_backoff_max_shutdown,
             drain_began: drain_began(&draining),
             daemonset_terminated: &st.daemonset_terminated,
-            budgets: &budgets,
+            budgets: &st.budgets.statuses,
             node_view: node_view.as_ref(),
         })?;
         let seen = Seen {
@@ -226,7 +238,7 @@ impl Shared {
         pods: &[PodInfo],
         wake: &mut Option<Instant>,
     ) -> Option<NodeView> {
-        let view = lock(&self.node_view).clone()?;
+        let view = st.node_view.clone()?;
         let looked: Vec<&PodInfo> = pods
             .iter()
             .filter(|p| bandend::worth_looking_at(p, drain::node_track(&st.tracks, p)))
@@ -262,7 +274,9 @@ impl Shared {
         }
     }
 
-    /// Cordon and finalizers: a maintenance that selects the node holds it.
+    /// Cordon, the shutdown's marks and finalizers: a maintenance that selects the node, or a
+    /// shutdown under way, holds it. The shutdown's drain is told once the node is held, or
+    /// that the apiserver refused it.
     async fn apply_hold(
         &self,
         st: &mut DrainState,
@@ -270,28 +284,61 @@ impl Shared {
         active: &[Arc<NodeMaintenance>],
         hold: &pass::Hold,
     ) -> Result<()> {
-        if hold.cordon {
+        if hold.marks() {
             let again = node
                 .annotations()
                 .contains_key(PREVIOUS_UNSCHEDULABLE_ANNOTATION);
-            self.patch_node(st, "cordon", cordon_patch).await?;
-            let names: Vec<String> = active.iter().map(|m| m.name_any()).collect();
-            let note = if again {
-                format!(
-                    "node {} was uncordoned while {} is active: cordoned again",
-                    self.node,
-                    names.join(", ")
-                )
+            let shutdown = hold.shutdown_marks;
+            let what = if shutdown {
+                "cordon for shutdown"
             } else {
-                format!("node {} cordoned for {}", self.node, names.join(", "))
+                "cordon"
             };
-            self.event_both(
-                node,
-                active.first().map(|m| m.as_ref()),
-                again,
-                "Cordoned",
-                note,
-            );
+            let written = self
+                .patch_node_answer(st, what, |n| {
+                    let cordon = cordon_patch(n);
+                    if !shutdown {
+                        return cordon;
+                    }
+                    let marks = merge_values(cordon, lb_exclusion_patch(n, true));
+                    merge_values(marks, maintenance_taint_patch(n, true))
+                })
+                .await;
+            if let Err(f) = written {
+                if matches!(
+                    f.kind,
+                    gateway::Kind::Refused { .. } | gateway::Kind::NotFound
+                ) {
+                    self.tell_progress(st, |p| p.cordon_refused = Some(f.text()));
+                }
+                return Err(f.into());
+            }
+            if hold.cordon {
+                let names: Vec<String> = active.iter().map(|m| m.name_any()).collect();
+                let holder = if names.is_empty() {
+                    "the shutdown".to_owned()
+                } else {
+                    names.join(", ")
+                };
+                let note = if again {
+                    format!(
+                        "node {} was uncordoned while {holder} is active: cordoned again",
+                        self.node
+                    )
+                } else {
+                    format!("node {} cordoned for {holder}", self.node)
+                };
+                self.event_both(
+                    node,
+                    active.first().map(|m| m.as_ref()),
+                    again,
+                    "Cordoned",
+                    note,
+                );
+            }
+        }
+        if !matches!(st.shutdown, ShutdownPhase::None) {
+            self.tell_progress(st, |p| p.cordoned = true);
         }
         for m in active {
             if hold.add_finalizers.contains(&m.name_any()) {
@@ -299,6 +346,17 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// Reports to the shutdown's drain, once per change.
+    fn tell_progress(&self, st: &DrainState, change: impl FnOnce(&mut Progress)) {
+        if let Some(progress) = &st.progress {
+            progress.send_if_modified(|p| {
+                let before = p.clone();
+                change(p);
+                before != *p
+            });
+        }
     }
 
     /// Carries a pass's decisions out, in order: requests, statuses, completions, and the
@@ -367,18 +425,19 @@ impl Shared {
             st.targets_since = None;
             st.tracks.clear();
             st.daemonset_terminated.clear();
-            self.stop_budget_watches();
+            st.budgets.stop();
         } else {
-            self.watch_budgets(st.tracks.values().filter_map(|t| t.budget.as_deref()));
+            let wanted = st.tracks.values().filter_map(|t| t.budget.as_deref());
+            self.watch_budgets(&mut st.budgets, wanted);
         }
         self.export_budget_blocking(st);
 
         self.publish_fallback(st, seen.selecting).await;
 
-        if d.done.reached(all_written) && !self.progress.borrow().shutdown_done {
-            self.progress.send_replace(Progress {
-                shutdown_done: true,
-            });
+        if let Some(progress) = &st.progress {
+            if d.done.reached(all_written) && !progress.borrow().shutdown_done {
+                progress.send_modify(|p| p.shutdown_done = true);
+            }
         }
         Ok(())
     }
@@ -615,7 +674,7 @@ impl Shared {
     /// What the eviction-request controller found blocking pods since the last pass: into
     /// the tracks (the status names the blocker) and one event per new blocker.
     fn take_eviction_blocks(&self, st: &mut DrainState, node: &Node, prepared: &[Prepared]) {
-        let reports: Vec<(String, Option<String>)> = lock(&self.eviction_blocks).drain().collect();
+        let reports: Vec<(String, Option<String>)> = st.eviction_blocks.drain().collect();
         let mut fresh: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (uid, by) in reports {
             let Some(track) = st.tracks.get_mut(&uid) else {
@@ -738,7 +797,7 @@ impl Shared {
         if st.eviction_requests_tuned == Some((cap, concurrency)) {
             return;
         }
-        if let Some(handle) = lock(&self.eviction_requests).as_ref() {
+        if let Some(handle) = self.eviction_requests.get() {
             if st.eviction_requests_tuned.map(|t| t.0) != Some(cap) {
                 handle.set_backoff_max(cap);
             }

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PostParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::api::{
@@ -20,9 +21,8 @@ use crate::api::{
 };
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::node::{
-    cordon_patch, lb_exclusion_patch, maintenance_taint_patch, patch_node_with,
-    set_lifecycle_conditions, uncordon_patch, Lifecycle, REASON_SHUTDOWN_CANCELLED,
-    REASON_SHUTDOWN_ENDED,
+    lb_exclusion_patch, maintenance_taint_patch, patch_node_with, set_lifecycle_conditions,
+    uncordon_patch, Lifecycle, REASON_SHUTDOWN_CANCELLED, REASON_SHUTDOWN_ENDED,
 };
 use crate::cluster::FIELD_MANAGER;
 use crate::config::CompletionPolicy;
@@ -34,7 +34,7 @@ use crate::state::OfflineDrain;
 
 use super::{
     is_deleting, kind_str, lock, merge_params, merge_values, shutdown_maintenance_name, AfterBoot,
-    Engine, EngineError, Progress, Replan, Shared, ShutdownCtx, ShutdownTimings,
+    Engine, EngineError, Progress, Replan, Shared, ShutdownCtx, ShutdownTimings, ToLoop,
     BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL, QUIET_PROBE_INTERVAL,
     SHUTDOWN_KIND_ANNOTATION,
 };
@@ -62,15 +62,17 @@ impl Engine {
         let plan =
             crate::plan::shutdown_drain_plan(&sh.settings()).context("normalizing drain.plan")?;
         let name = shutdown_maintenance_name(&sh.node);
-        // Cordon first: nothing new lands on the node while the maintenance is set up.
-        // Meanwhile the evicting identity's connection opens, so that the first band's
+        // The loop cordons first: nothing new lands on the node while the maintenance is set
+        // up. Meanwhile the evicting identity's connection opens, so that the first band's
         // requests share it (`PodTerminator::connect`); a slow apiserver does not hold the
         // drain for it.
+        let (progress, mut told) = watch::channel(Progress::default());
+        sh.tell_loop(ToLoop::ShutdownBegun { progress });
         let connect = tokio::time::timeout(CONNECT_AHEAD_MAX, sh.terminator.connect());
         // The conditions go beside the cordon, and before the maintenance exists: no pod
         // is asked to go before the cluster can read that the node is shutting down.
         let (cordoned, _, condition) = tokio::join!(
-            sh.cordon_for_shutdown(),
+            self.wait_progress(&mut told, |p| p.cordoned),
             connect,
             sh.set_condition_for_shutdown(req)
         );
@@ -82,7 +84,10 @@ impl Engine {
         let adopted = sh.ensure_shutdown_maintenance(req, &plan).await;
         lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
         let maintenance = adopted?;
-        *lock(&sh.created_maintenance) = Some((Arc::new(maintenance.clone()), Instant::now()));
+        sh.tell_loop(ToLoop::Created(
+            Arc::new(maintenance.clone()),
+            Instant::now(),
+        ));
 
         let plan = normalize_drain_plan(&maintenance.spec.drain_plan).unwrap_or(plan);
         let pods = sh.pod_infos();
@@ -92,49 +97,42 @@ impl Engine {
             .map(|i| DrainTargets::for_plan(&plan, i))
             .collect::<Result<Vec<_>, _>>()
             .context("computing the shutdown drain targets")?;
-        {
-            // Held while the schedule is made, so that an outage ending meanwhile plans it again
-            // after it is in place ([`Shared::replan_shutdown`] takes the same lock).
-            let mut slot = lock(&sh.shutdown);
-            let planned_at = sh.now();
-            let elapsed = req.elapsed(chrono::Utc::now());
-            let start = Instant::now()
-                .checked_sub(elapsed)
-                .unwrap_or_else(Instant::now);
-            // Time already gone (an apiserver that answered late, a restart, the offline
-            // fallback) comes out of what is left, split over the pods still there; it is not
-            // charged to the first band.
-            let schedule = split_remaining(req.budget, elapsed, &steps, &reserves);
-            let replanned = reachability::worth_acting_on(elapsed).then(|| Replan {
-                at: elapsed,
-                lost: elapsed,
-                left: req.budget.saturating_sub(elapsed),
-                cause: if req.resumed {
-                    "the drain went on after the offline fallback or a restart".into()
-                } else {
-                    "the drain could not start earlier (the apiserver answered late)".into()
-                },
-            });
-            if let Some(r) = &replanned {
-                tracing::info!(node = %sh.node, maintenance = %name, lost = ?r.lost, left = ?req.budget.saturating_sub(elapsed), cause = %r.cause, "time lost: the rest of the shutdown budget is split over the pods left");
-            }
-            *slot = Some(Arc::new(ShutdownCtx {
-                name: name.clone(),
-                plan: plan.clone(),
-                step_targets,
-                budget: req.budget,
-                reserves,
-                schedule,
-                start,
-                planned_at,
-                replanned,
-            }));
+        let elapsed = req.elapsed(chrono::Utc::now());
+        let start = Instant::now()
+            .checked_sub(elapsed)
+            .unwrap_or_else(Instant::now);
+        // Time already gone (an apiserver that answered late, a restart, the offline
+        // fallback) comes out of what is left, split over the pods still there; it is not
+        // charged to the first band. An outage that ends after this is the loop's to plan
+        // again (`ToLoop::Replan`, taken after this schedule).
+        let schedule = split_remaining(req.budget, elapsed, &steps, &reserves);
+        let replanned = reachability::worth_acting_on(elapsed).then(|| Replan {
+            at: elapsed,
+            lost: elapsed,
+            left: req.budget.saturating_sub(elapsed),
+            cause: if req.resumed {
+                "the drain went on after the offline fallback or a restart".into()
+            } else {
+                "the drain could not start earlier (the apiserver answered late)".into()
+            },
+        });
+        if let Some(r) = &replanned {
+            tracing::info!(node = %sh.node, maintenance = %name, lost = ?r.lost, left = ?req.budget.saturating_sub(elapsed), cause = %r.cause, "time lost: the rest of the shutdown budget is split over the pods left");
         }
-        sh.progress.send_replace(Progress::default());
-        sh.bump();
+        sh.tell_loop(ToLoop::ShutdownPlanned(Arc::new(ShutdownCtx {
+            name: name.clone(),
+            plan: plan.clone(),
+            step_targets,
+            budget: req.budget,
+            reserves,
+            schedule,
+            start,
+            planned_at: sh.now(),
+            replanned,
+        })));
         tracing::info!(node = %sh.node, maintenance = %name, kind = %req.kind, resumed = req.resumed, "shutdown drain started");
 
-        self.wait_shutdown_done().await?;
+        self.wait_progress(&mut told, |p| p.shutdown_done).await?;
         lock(&sh.timings).node_empty = Some(t0.elapsed());
         sh.wait_volumes_detached().await;
         lock(&sh.timings).volumes_detached = Some(t0.elapsed());
@@ -142,16 +140,25 @@ impl Engine {
         Ok(())
     }
 
-    /// Waits until the shutdown drain reports the node empty, asking the apiserver directly
-    /// while it fails or all is quiet; an error when the engine stops or the apiserver has
-    /// been unusable past the fallback's timeout.
-    async fn wait_shutdown_done(&self) -> Result<(), EngineError> {
+    /// Waits until the loop reports `reached` on this shutdown's channel, asking the
+    /// apiserver directly while it fails or all is quiet; an error when the engine stops,
+    /// the apiserver refused the cordon, or has been unusable past the fallback's timeout.
+    async fn wait_progress(
+        &self,
+        progress: &mut watch::Receiver<Progress>,
+        reached: fn(&Progress) -> bool,
+    ) -> Result<(), EngineError> {
         let sh = &self.shared;
-        let mut progress = sh.progress.subscribe();
         let mut events = sh.wake.subscribe();
         loop {
-            if progress.borrow_and_update().shutdown_done {
-                break;
+            {
+                let now = progress.borrow_and_update();
+                if let Some(refused) = &now.cordon_refused {
+                    return Err(anyhow::anyhow!("cordoning the node: {refused}").into());
+                }
+                if reached(&now) {
+                    break;
+                }
             }
             events.borrow_and_update();
             let deadline = sh.unreachable_deadline();
@@ -195,9 +202,8 @@ impl Engine {
     /// or keep the maintenance as `policy` says.
     pub async fn cancel_shutdown(&self, policy: CompletionPolicy) -> Result<()> {
         let sh = &self.shared;
-        *lock(&sh.shutdown) = None;
+        sh.tell_loop(ToLoop::ShutdownEnded);
         sh.shutting_down.store(false, Ordering::Relaxed);
-        sh.bump();
         sh.clear_shutdown_marks(REASON_SHUTDOWN_CANCELLED).await?;
         if policy == CompletionPolicy::Complete {
             sh.set_stage(&shutdown_maintenance_name(&sh.node), Stage::Complete)
@@ -337,23 +343,6 @@ impl Shared {
     /// Cordon, the load-balancer exclusion label and the maintenance taint in one patch of
     /// the Node. The taint goes on now rather than before the DaemonSet band: in a shutdown
     /// nothing new should start on the node, and the band then starts without a round trip.
-    pub(super) async fn cordon_for_shutdown(&self) -> Result<(), EngineError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let started = Instant::now();
-        loop {
-            let r = patch_node_with(&api, &self.node, "cordon for shutdown", |n| {
-                let marks = merge_values(cordon_patch(n), lb_exclusion_patch(n, true));
-                merge_values(marks, maintenance_taint_patch(n, true))
-            })
-            .await;
-            match gateway::answer(self, r) {
-                Ok(_) => return Ok(()),
-                Err(f) if f.apiserver_unusable() => self.retry_or_unreachable(started).await?,
-                Err(f) => return Err(f.into()),
-            }
-        }
-    }
-
     /// `DrainInProgress` and (unless the kubelet's own GNS is on) `GracefulNodeShutdownInProgress`,
     /// True with reason `NodeShutdown`, in one status write. Best effort: tried again while
     /// the apiserver cannot be used, for at most [`CONDITION_RETRY_MAX`], as the drain must

@@ -21,7 +21,7 @@ use crate::plan::pass::{self, Answer, Noted, PassDecisions, PodRequest};
 use crate::plan::reachability::Window;
 use crate::plan::{PodInfo, PodType};
 
-use super::{describe_targets, lock, DrainState, MaintView, Shared, RETRY_AFTER_ERROR};
+use super::{describe_targets, DrainState, MaintView, Shared, RETRY_AFTER_ERROR};
 
 /// Names listed in one event; the count stays exact beyond it.
 const EVENT_MAX_NAMES: usize = 20;
@@ -93,7 +93,7 @@ impl Shared {
         }
 
         let terminator = self.terminator.clone();
-        let controller = lock(&self.eviction_requests).clone();
+        let controller = self.eviction_requests.get().cloned();
         let max = self.settings().drain.max_concurrent_requests;
         let window = st.window.get_or_insert_with(|| Window::new(max));
         window.set_max(max);

@@ -205,13 +205,12 @@ impl Shared {
         {
             // The shutdown maintenance from its create's answer, until the watch has it: the
             // drain does not wait for a watch that may still be reconnecting.
-            let mut created = lock(&self.created_maintenance);
-            match created.as_ref() {
+            match st.created_maintenance.as_ref() {
                 Some((m, at)) if !names.contains(&m.name_any()) && at.elapsed() < CREATED_KEPT => {
                     names.insert(m.name_any());
                     stored.push(m.clone());
                 }
-                Some(_) => *created = None,
+                Some(_) => st.created_maintenance = None,
                 None => {}
             }
         }

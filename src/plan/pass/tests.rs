@@ -129,15 +129,49 @@ fn hold_cordons_once_and_adds_missing_finalizers_of_active_maintenances() {
     let mut fresh = facts("a", true, false);
     fresh.has_finalizer = false;
     let ms = [fresh, facts("b", true, false), facts("c", false, true)];
+    let bare = NodeMarks::default();
     assert_eq!(
-        hold(&ms, false),
+        hold(&ms, bare, false),
         Hold {
             cordon: true,
+            shutdown_marks: false,
             add_finalizers: vec!["a".into()]
         }
     );
-    assert!(!hold(&ms, true).cordon);
-    assert_eq!(hold(&ms[2..], false), Hold::default());
+    let cordoned = NodeMarks {
+        cordoned: true,
+        shutdown_marked: false,
+    };
+    assert!(!hold(&ms, cordoned, false).cordon);
+    assert!(!hold(&ms, cordoned, false).marks());
+    assert_eq!(hold(&ms[2..], bare, false), Hold::default());
+}
+
+#[test]
+fn a_shutdown_holds_the_node_with_its_marks_before_any_maintenance_exists() {
+    let bare = NodeMarks::default();
+    let begun = hold(&[], bare, true);
+    assert!(begun.cordon && begun.shutdown_marks && begun.marks());
+    // What is already there is not written again: a node kubectl cordoned gets only the marks.
+    let cordoned = NodeMarks {
+        cordoned: true,
+        shutdown_marked: false,
+    };
+    let h = hold(&[], cordoned, true);
+    assert!(!h.cordon && h.shutdown_marks);
+    let marked = NodeMarks {
+        cordoned: true,
+        shutdown_marked: true,
+    };
+    assert!(!hold(&[], marked, true).marks());
+    // An administrator's maintenance cordons; it does not mark the node for a shutdown.
+    let admin = [facts("a", true, false)];
+    let h = hold(&admin, bare, false);
+    assert!(h.cordon && !h.shutdown_marks);
+    // A maintenance that is over holds nothing, a shutdown still does.
+    let over = [facts("c", false, true)];
+    assert!(hold(&over, bare, true).cordon);
+    assert!(!hold(&over, bare, false).marks());
 }
 
 #[test]
