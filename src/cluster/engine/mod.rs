@@ -183,12 +183,15 @@ enum ToLoop {
 
 /// The shutdown drain under way, as the loop knows it.
 #[derive(Default)]
-enum ShutdownPhase {
-    #[default]
-    None,
-    /// Cordoned (or being cordoned); the maintenance not made yet.
-    Begun,
-    Planned(Arc<ShutdownCtx>),
+struct ShutdownRun {
+    /// From `ShutdownBegun` to `ShutdownEnded`: the node is held for it.
+    on: bool,
+    /// Its drain waits for the cordon, and is told when the apiserver refuses it.
+    cordon_awaited: bool,
+    /// Its schedule once made; kept over a drain that resumes, until that one's comes.
+    ctx: Option<Arc<ShutdownCtx>>,
+    /// Where the loop reports to the latest shutdown's drain.
+    progress: Option<watch::Sender<Progress>>,
 }
 
 #[derive(Default)]
@@ -433,9 +436,7 @@ struct DrainState {
     unreadable_not_gated: HashSet<String>,
     /// Requests in flight at once for a band, narrowed while the apiserver throttles.
     window: Option<crate::plan::reachability::Window>,
-    shutdown: ShutdownPhase,
-    /// Where the loop reports to the latest shutdown's drain.
-    progress: Option<watch::Sender<Progress>>,
+    shutdown: ShutdownRun,
     /// The shutdown maintenance as its create (or adoption) returned it, and when.
     created_maintenance: Option<(Arc<NodeMaintenance>, Instant)>,
     /// What the eviction-request controller found blocking each pod (by UID) since the last
@@ -690,20 +691,24 @@ impl Shared {
     fn take(&self, st: &mut DrainState, msg: ToLoop) {
         match msg {
             ToLoop::ShutdownBegun { progress } => {
-                st.shutdown = ShutdownPhase::Begun;
-                st.progress = Some(progress);
+                st.shutdown.on = true;
+                st.shutdown.cordon_awaited = true;
+                st.shutdown.progress = Some(progress);
             }
             ToLoop::ShutdownPlanned(ctx) => {
                 // Planned when the loop takes it: an outage that ended before is behind it.
                 let mut ctx = (*ctx).clone();
                 ctx.planned_at = self.now();
-                st.shutdown = ShutdownPhase::Planned(Arc::new(ctx));
+                st.shutdown.ctx = Some(Arc::new(ctx));
             }
-            ToLoop::ShutdownEnded => st.shutdown = ShutdownPhase::None,
+            ToLoop::ShutdownEnded => {
+                st.shutdown.on = false;
+                st.shutdown.cordon_awaited = false;
+                st.shutdown.ctx = None;
+            }
             ToLoop::Replan { lost, cause } => {
-                if let ShutdownPhase::Planned(ctx) = &st.shutdown {
-                    st.shutdown =
-                        ShutdownPhase::Planned(Arc::new(self.replanned(ctx, lost, cause)));
+                if let Some(ctx) = &st.shutdown.ctx {
+                    st.shutdown.ctx = Some(Arc::new(self.replanned(ctx, lost, cause)));
                 }
             }
             ToLoop::Created(m, at) => st.created_maintenance = Some((m, at)),

@@ -30,7 +30,7 @@ use crate::state::PodCache;
 use super::{
     describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock, merge_values,
     min_wake, shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress,
-    Shared, ShutdownPhase, COMPLETED_MESSAGE, NODE_LOOK_INTERVAL, POD_CACHE_DEBOUNCE,
+    Shared, COMPLETED_MESSAGE, NODE_LOOK_INTERVAL, POD_CACHE_DEBOUNCE,
 };
 
 /// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
@@ -127,7 +127,7 @@ impl Shared {
     pub(super) async fn reconcile(&self, st: &mut DrainState) -> Result<Option<Instant>> {
         let mut wake = None;
         let Some(node) = self.node_obj(st) else {
-            if !matches!(st.shutdown, ShutdownPhase::None) {
+            if st.shutdown.cordon_awaited {
                 let missing = format!("the Node {} does not exist", self.node);
                 self.tell_progress(st, |p| p.cordon_refused = Some(missing));
             }
@@ -158,18 +158,14 @@ impl Shared {
             selecting.iter().filter(|m| is_active(m)).cloned().collect();
         self.metrics
             .set_node_hold(cordoned_by_nodegrace(&node), active.len());
-        let shutting_down = !matches!(st.shutdown, ShutdownPhase::None);
-        let hold = pass::hold(&facts, node_marks(&node), shutting_down);
+        let hold = pass::hold(&facts, node_marks(&node), st.shutdown.on);
         self.apply_hold(st, &node, &active, &hold).await?;
 
         let draining: Vec<&Arc<NodeMaintenance>> =
             active.iter().filter(|m| is_draining(m)).collect();
         let previous = self.previous_targets(st, &draining);
         let prepared = self.prepare(st, &draining, previous.as_ref()).await?;
-        let ctx_any = match &st.shutdown {
-            ShutdownPhase::Planned(ctx) => Some(ctx.clone()),
-            _ => None,
-        };
+        let ctx_any = st.shutdown.ctx.clone();
         st.shutdown_replan = ctx_any
             .as_ref()
             .filter(|c| prepared.iter().any(|p| p.name == c.name))
@@ -305,10 +301,14 @@ impl Shared {
                 })
                 .await;
             if let Err(f) = written {
-                if matches!(
-                    f.kind,
-                    gateway::Kind::Refused { .. } | gateway::Kind::NotFound
-                ) {
+                // Only the cordon its drain waits for ends that drain through the cluster; one
+                // refused later (the node uncordoned meanwhile) is tried again at each pass.
+                if st.shutdown.cordon_awaited
+                    && matches!(
+                        f.kind,
+                        gateway::Kind::Refused { .. } | gateway::Kind::NotFound
+                    )
+                {
                     self.tell_progress(st, |p| p.cordon_refused = Some(f.text()));
                 }
                 return Err(f.into());
@@ -337,8 +337,9 @@ impl Shared {
                 );
             }
         }
-        if !matches!(st.shutdown, ShutdownPhase::None) {
+        if st.shutdown.on {
             self.tell_progress(st, |p| p.cordoned = true);
+            st.shutdown.cordon_awaited = false;
         }
         for m in active {
             if hold.add_finalizers.contains(&m.name_any()) {
@@ -350,7 +351,7 @@ impl Shared {
 
     /// Reports to the shutdown's drain, once per change.
     fn tell_progress(&self, st: &DrainState, change: impl FnOnce(&mut Progress)) {
-        if let Some(progress) = &st.progress {
+        if let Some(progress) = &st.shutdown.progress {
             progress.send_if_modified(|p| {
                 let before = p.clone();
                 change(p);
@@ -434,7 +435,7 @@ impl Shared {
 
         self.publish_fallback(st, seen.selecting).await;
 
-        if let Some(progress) = &st.progress {
+        if let Some(progress) = &st.shutdown.progress {
             if d.done.reached(all_written) && !progress.borrow().shutdown_done {
                 progress.send_modify(|p| p.shutdown_done = true);
             }
