@@ -24,7 +24,7 @@ use crate::shutdown::ShutdownRequest;
 use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
-use crate::plan::intree::Served;
+use crate::plan::wiring::Served;
 use crate::plan::wiring::{LifecycleGroup, Requester, Wiring};
 
 mod paths;

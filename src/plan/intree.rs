@@ -1,7 +1,7 @@
 //! Decisions for the in-tree EvictionRequest API of Kubernetes 1.37 (`lifecycle.k8s.io/v1alpha1`,
-//! KEP-4563 as shipped): which path a drain asks pods to leave through, nodegrace's requester
-//! key, what a pod's `Eviction` says about its progress, and what is wrong with the responders
-//! a pod declares. No I/O.
+//! KEP-4563 as shipped): nodegrace's requester key, what a pod's `Eviction` says about its
+//! progress, and what is wrong with the responders a pod declares (which API a drain asks
+//! through is `plan::wiring`'s). No I/O.
 
 use std::collections::BTreeMap;
 
@@ -23,46 +23,6 @@ pub(crate) const MAX_POD_RESPONDERS: usize = 10;
 /// Highest responder priority; 0..=999 are reserved for `*.k8s.io` responders.
 pub(crate) const MAX_RESPONDER_PRIORITY: i32 = 100_000;
 pub(crate) const RESERVED_PRIORITY_MAX: i32 = 999;
-
-/// How the drain asks a Default pod to leave.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EvictionPath {
-    /// The cluster's own EvictionRequest API: nodegrace is a requester; responder selection
-    /// and the eviction belong to the in-tree controllers.
-    InTree,
-    /// nodegrace's `lifecycle.nodegrace.dev` CRDs, the in-tree shapes: nodegrace is a
-    /// requester, and (unless an external one is configured) the eviction-request controller
-    /// and imperative evictor for its node's pods.
-    LifecycleCrds,
-    /// The Eviction API directly.
-    EvictionApi,
-}
-
-/// What discovery found.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Served {
-    /// `lifecycle.k8s.io/v1alpha1` evictionrequests and evictions.
-    pub in_tree: bool,
-    /// `lifecycle.nodegrace.dev/v1alpha1` evictionrequests and evictions.
-    pub lifecycle_crds: bool,
-}
-
-/// The path for what discovery found: the in-tree API first (what workloads written for 1.37
-/// respond to), then nodegrace's CRDs of the same shapes, then the Eviction API.
-/// `node_labelled` is false when the node name is too long for a label value (over 63
-/// characters): every request nodegrace writes carries the node label, which the packaged
-/// admission policy matches against the writer's node, so such a node takes the Eviction API.
-pub(crate) fn choose_path(served: Served, node_labelled: bool) -> EvictionPath {
-    if !node_labelled {
-        EvictionPath::EvictionApi
-    } else if served.in_tree {
-        EvictionPath::InTree
-    } else if served.lifecycle_crds {
-        EvictionPath::LifecycleCrds
-    } else {
-        EvictionPath::EvictionApi
-    }
-}
 
 /// What is wrong with `key` as a domain-prefixed key (`example.com/name`, the form of
 /// requester and responder names), if anything.

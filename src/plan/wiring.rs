@@ -2,7 +2,14 @@
 //! that follows from it, decided once from what discovery found, the node's name and the
 //! settings. `daemon/node.rs::connect_engine` only carries it out. No I/O.
 
-use super::intree::{choose_path, EvictionPath, Served};
+/// What discovery found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Served {
+    /// `lifecycle.k8s.io/v1alpha1` evictionrequests and evictions.
+    pub in_tree: bool,
+    /// `lifecycle.nodegrace.dev/v1alpha1` evictionrequests and evictions.
+    pub lifecycle_crds: bool,
+}
 
 /// The group of EvictionRequests and Evictions nodegrace's requester writes and watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,22 +62,23 @@ impl Wiring {
     /// eviction-request controller serves nodegrace's CRDs.
     pub(crate) fn new(served: Served, node: &str, external_controller: bool) -> Wiring {
         let labelled = super::own::node_label_value(node).is_some();
-        let path = choose_path(served, labelled);
-        let requester = match path {
-            EvictionPath::InTree => Some(Requester {
-                group: LifecycleGroup::InTree,
-                own_controller: false,
-            }),
-            EvictionPath::LifecycleCrds => Some(Requester {
-                group: LifecycleGroup::Nodegrace,
-                own_controller: !external_controller,
-            }),
-            EvictionPath::EvictionApi => None,
+        // The in-tree API first (what workloads written for 1.37 respond to), then nodegrace's
+        // CRDs of the same shapes, then the Eviction API. Every request nodegrace writes
+        // carries the node label, which the packaged admission policy matches against the
+        // writer's node: a node whose name is no label value takes the Eviction API.
+        let group = match (labelled, served.in_tree, served.lifecycle_crds) {
+            (false, _, _) | (true, false, false) => None,
+            (true, true, _) => Some(LifecycleGroup::InTree),
+            (true, false, true) => Some(LifecycleGroup::Nodegrace),
         };
+        let requester = group.map(|group| Requester {
+            group,
+            own_controller: group == LifecycleGroup::Nodegrace && !external_controller,
+        });
         let api_served = served.in_tree || served.lifecycle_crds;
         Wiring {
             requester,
-            withdraw_from_crds: path == EvictionPath::InTree && served.lifecycle_crds,
+            withdraw_from_crds: group == Some(LifecycleGroup::InTree) && served.lifecycle_crds,
             warning: (!labelled && api_served).then_some(WiringWarning::NodeNameNotALabel),
         }
     }

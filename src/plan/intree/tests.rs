@@ -14,23 +14,6 @@ fn with_status(status: serde_json::Value) -> Eviction {
 }
 
 #[test]
-fn the_in_tree_api_wins_then_our_crds_of_its_shape_then_the_eviction_api() {
-    let served = |in_tree, lifecycle_crds| Served {
-        in_tree,
-        lifecycle_crds,
-    };
-    use EvictionPath::*;
-    assert_eq!(choose_path(served(true, true), true), InTree);
-    assert_eq!(choose_path(served(true, false), true), InTree);
-    assert_eq!(choose_path(served(false, true), true), LifecycleCrds);
-    assert_eq!(choose_path(served(false, false), true), EvictionApi);
-    // A node name that fits no label: admission refuses its requests on every path.
-    for (a, b) in [(true, true), (true, false), (false, true)] {
-        assert_eq!(choose_path(served(a, b), false), EvictionApi);
-    }
-}
-
-#[test]
 fn requester_keys_are_valid_and_never_reserved() {
     assert_eq!(requester_key("worker-1"), "nodegrace.dev/worker-1");
     assert_eq!(
