@@ -35,7 +35,9 @@ fn options(band_spec: &[(i32, f64)], stop_kubelet: bool) -> FallbackOptions {
         stop_kubelet,
         kubelet_unit: "kubelet.service".into(),
         kubelet_timeout: Duration::from_secs(5),
-        band_slack: Duration::from_secs(1),
+        // The daemon's own (`FallbackOptions::from_settings`): with 1 s, a runtime slowed by a
+        // busy machine ended a band on its timeout after its last kill.
+        band_slack: Duration::from_secs(2),
         list_retry: Duration::from_millis(500),
         sandbox_wait: Duration::from_secs(5),
         restart_watch: Duration::from_secs(30),
