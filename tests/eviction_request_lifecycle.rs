@@ -366,3 +366,54 @@ async fn an_invalid_declaration_is_told_and_skipped_and_an_old_uids_request_evic
     let cache_evictions = env.evictions().iter().filter(|p| *p == "cache").count();
     assert_eq!(cache_evictions, 1);
 }
+
+/// A pod of a PodGroup that declares a responder: nodegrace's controller refuses its request
+/// (`EvictionInvalid`, as the in-tree controller does) and makes no Eviction, and the requester
+/// evicts the pod through the Eviction API. The controller reads the pod from the engine's
+/// slimmed cache, which must keep `spec.schedulingGroup`.
+#[tokio::test]
+async fn a_pod_of_a_pod_group_is_refused_by_nodegraces_controller_and_evicted_directly() {
+    let env = env_with_our_crds().await;
+    env.pod("gang", Kind::Default, 0, 30, json!({"app": "gang"}));
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "gang", |p| {
+            p["spec"]["schedulingGroup"] = json!({"podGroupName": "g"});
+            p["metadata"]["annotations"] = json!({
+                "nodegrace.dev/eviction-responders":
+                    format!(r#"[{{"name":"{OPERATOR}","priority":10000}}]"#)
+            });
+        })
+        .unwrap();
+    let gang = uid(&env, "gang");
+    let drainer = start_drainer(&env);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+    assert!(!env.pod_exists("gang"));
+    let (requests, _) = env
+        .cluster
+        .store
+        .list(&Filter::all(GROUP, "evictionrequests"));
+    let refused = requests.iter().any(|r| {
+        r["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "Failed" && c["status"] == "True" && c["reason"] == "EvictionInvalid"
+            })
+    });
+    assert!(refused, "the request was not refused: {requests:?}");
+    assert!(eviction_of(&env, &gang).is_none(), "an Eviction was made");
+    assert_eq!(
+        env.evictions(),
+        ["gang"],
+        "evicted through the Eviction API"
+    );
+    assert!(env.deletes().is_empty(), "long before any escalation");
+}

@@ -22,7 +22,8 @@ impl Slim for NodeMaintenance {}
 
 impl Slim for Pod {
     /// A pod keeps its metadata, what the drain plan and the eviction paths read of its spec
-    /// (node, priority, grace period, tolerations, eviction responders), its phase and conditions, and when each
+    /// (node, priority, grace period, tolerations, eviction responders, the PodGroup it belongs
+    /// to), its phase and conditions, and when each
     /// running container started (whether the kubelet runs a pod again after an offline
     /// shutdown). Containers, volumes and the rest of the container statuses go: they were
     /// most of a cached pod's memory (a `Container` alone takes 2.3 KiB before any of its
@@ -37,6 +38,7 @@ impl Slim for Pod {
                 termination_grace_period_seconds: spec.termination_grace_period_seconds,
                 tolerations: spec.tolerations,
                 eviction_responders: spec.eviction_responders,
+                scheduling_group: spec.scheduling_group,
                 ..PodSpec::default()
             });
         }

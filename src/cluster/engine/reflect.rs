@@ -274,6 +274,7 @@ mod tests {
             "spec": {
                 "nodeName": "node-a", "priority": 1000, "priorityClassName": "high",
                 "terminationGracePeriodSeconds": 45, "serviceAccountName": "default",
+                "schedulingGroup": {"podGroupName": "g"},
                 "schedulerName": "default-scheduler", "dnsPolicy": "ClusterFirst",
                 "restartPolicy": "Always", "enableServiceLinks": true,
                 "containers": [{
@@ -342,6 +343,9 @@ mod tests {
         assert_eq!(spec.node_name, sent_spec.node_name);
         assert_eq!(spec.priority_class_name, sent_spec.priority_class_name);
         assert_eq!(spec.tolerations, sent_spec.tolerations);
+        // The eviction-request controller refuses a pod of a PodGroup (EvictionInvalid).
+        assert!(spec.scheduling_group.is_some());
+        assert_eq!(spec.scheduling_group, sent_spec.scheduling_group);
         let status = kept.status.as_ref().expect("status");
         let sent_status = sent.status.as_ref().expect("status");
         assert_eq!(status.phase, sent_status.phase);
