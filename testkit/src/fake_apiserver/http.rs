@@ -69,6 +69,30 @@ pub struct Delay {
     pub method: Option<String>,
     pub path_glob: String,
     pub delay: Duration,
+    /// Requests it holds now, and the most it held at once.
+    pub held: usize,
+    pub most_held: usize,
+}
+
+/// The delays holding one request; dropped when it is handled (or its connection closed).
+struct Holding<'a> {
+    shared: &'a Shared,
+    delays: Vec<(Option<String>, String)>,
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut all) = self.shared.delays.lock() {
+            for d in all.iter_mut() {
+                if self
+                    .delays
+                    .contains(&(d.method.clone(), d.path_glob.clone()))
+                {
+                    d.held = d.held.saturating_sub(1);
+                }
+            }
+        }
+    }
 }
 
 pub struct Shared {
@@ -238,20 +262,26 @@ pub async fn handle(
             .is_none_or(|m| m.eq_ignore_ascii_case(parts.method.as_str()))
             && glob_match(glob, &path)
     };
-    let latency: Duration = shared.latency.lock().map(|l| *l).unwrap_or_default()
-        + shared
-            .delays
-            .lock()
-            .map(|d| {
-                d.iter()
-                    .filter(|d| matches(&d.method, &d.path_glob))
-                    .map(|d| d.delay)
-                    .sum::<Duration>()
-            })
-            .unwrap_or_default();
+    let mut holding = Holding {
+        shared: &shared,
+        delays: Vec::new(),
+    };
+    let mut latency: Duration = shared.latency.lock().map(|l| *l).unwrap_or_default();
+    if let Ok(mut delays) = shared.delays.lock() {
+        for d in delays
+            .iter_mut()
+            .filter(|d| matches(&d.method, &d.path_glob))
+        {
+            latency += d.delay;
+            d.held += 1;
+            d.most_held = d.most_held.max(d.held);
+            holding.delays.push((d.method.clone(), d.path_glob.clone()));
+        }
+    }
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    drop(holding);
     let fault = shared.faults.lock().ok().and_then(|mut faults| {
         let f = faults
             .iter_mut()

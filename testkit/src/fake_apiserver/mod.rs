@@ -302,8 +302,27 @@ impl FakeApiServer {
                 method: method.map(String::from),
                 path_glob: path_glob.to_string(),
                 delay,
+                held: 0,
+                most_held: 0,
             });
         }
+    }
+
+    /// The most requests the delays given for `method` and `path_glob` held at once: how
+    /// many such requests a client had in flight together.
+    pub fn most_held(&self, method: Option<&str>, path_glob: &str) -> usize {
+        self.inner
+            .shared
+            .delays
+            .lock()
+            .map(|d| {
+                d.iter()
+                    .filter(|d| d.method.as_deref() == method && d.path_glob == path_glob)
+                    .map(|d| d.most_held)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0)
     }
 
     /// Every request received so far, in order.
