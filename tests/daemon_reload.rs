@@ -433,8 +433,7 @@ async fn a_reloaded_volume_detach_timeout_releases_sooner() {
 
 /// Requests in flight at once, reloaded from 3 to 1: with every eviction answered a second
 /// late, one of the band's three pods is being evicted at a time. (The engine's requests on
-/// the Eviction API; nodegrace's eviction-request controller, which the engine tells the
-/// reloaded number, looks at pods as their requests come and showed no difference here.)
+/// the Eviction API; nodegrace's eviction-request controller: the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight() {
     let cluster = Env::new(kubelet(50)).await;
@@ -466,6 +465,117 @@ async fn a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight() {
         "more than one eviction in flight"
     );
     eventually(15, "every pod evicted", || cluster.evictions().len() == 3).await;
+}
+
+const LIFECYCLE: &str = "lifecycle.nodegrace.dev";
+const OPERATOR: &str = "db.example.com/operator";
+
+/// A running pod that declares `OPERATOR` as its eviction responder.
+fn pod_with_a_responder(cluster: &Env, name: &str) {
+    cluster.pod(name, Kind::Default, 0, 1, json!({"app": name}));
+    let responders = json!([{"name": OPERATOR, "priority": 10000}]).to_string();
+    cluster
+        .cluster
+        .store
+        .update_in_process("", "pods", "work", name, |p| {
+            p["metadata"]["annotations"] =
+                json!({ "nodegrace.dev/eviction-responders": responders });
+        })
+        .unwrap();
+}
+
+/// The Evictions of nodegrace's CRDs about the pods named `prefix*`, by name.
+fn controller_evictions(cluster: &Env, prefix: &str) -> Vec<(String, serde_json::Value)> {
+    let (all, _) = cluster
+        .cluster
+        .store
+        .list(&nodegrace_testkit::fake_apiserver::Filter::all(
+            LIFECYCLE,
+            "evictions",
+        ));
+    all.into_iter()
+        .filter(|e| {
+            e["spec"]["target"]["pod"]["name"]
+                .as_str()
+                .is_some_and(|p| p.starts_with(prefix))
+        })
+        .map(|e| (e["metadata"]["name"].as_str().unwrap().to_owned(), e))
+        .collect()
+}
+
+fn operator_active(eviction: &serde_json::Value) -> bool {
+    eviction["status"]["targetResponders"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|r| r["name"] == OPERATOR && r["state"] == "Active")
+}
+
+/// The operator of the pods named `prefix*` is done with all of them at once: nodegrace's
+/// evictor (in its eviction-request controller) evicts them; returns the most evictions it
+/// had in flight together.
+async fn operator_done_with(cluster: &Env, prefix: &str, pods: usize) -> usize {
+    let api = &cluster.cluster.api;
+    api.clear_faults();
+    api.delay(Some("POST"), "*/eviction", Duration::from_millis(300));
+    let now = cluster.cluster.store.now_str();
+    for (name, _) in controller_evictions(cluster, prefix) {
+        cluster
+            .cluster
+            .store
+            .update_in_process(LIFECYCLE, "evictions", "work", &name, |e| {
+                for r in e["status"]["responders"].as_array_mut().unwrap() {
+                    if r["name"] == OPERATOR {
+                        r["heartbeatTime"] = json!(now);
+                        r["completionTime"] = json!(now);
+                    }
+                }
+            })
+            .unwrap();
+    }
+    eventually(20, &format!("the {prefix}* pods evicted"), || {
+        (0..pods).all(|i| !cluster.pod_exists(&format!("{prefix}{i}")))
+    })
+    .await;
+    api.most_held(Some("POST"), "*/eviction")
+}
+
+/// The same for nodegrace's own eviction-request controller, whose evictor evicts a pod once
+/// the responder it declares is done: 4 evictions in flight at once, then 2 after a reload
+/// during the drain. Each eviction is answered 300 ms late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_max_concurrent_requests_bounds_the_controllers_evictions() {
+    let cluster = Env::new(kubelet(50)).await;
+    cluster.install_lifecycle_crds();
+    let (before, after) = (8, 6);
+    for i in 0..before {
+        pod_with_a_responder(&cluster, &format!("a{i}"));
+    }
+    for i in 0..after {
+        pod_with_a_responder(&cluster, &format!("b{i}"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut initial = settings(&dir, &cluster);
+    initial.drain.max_concurrent_requests = 4;
+    let mut reloaded = initial.clone();
+    reloaded.drain.max_concurrent_requests = 2;
+    let runtime = FakeRuntime::new();
+    let (_logind, d) = daemon(&dir, &cluster, &runtime, initial, reloaded).await;
+
+    cluster.admin_maintenance("upgrade", "Drain", json!([]));
+    eventually(10, "every pod's operator active", || {
+        let all = controller_evictions(&cluster, "");
+        all.len() == before + after && all.iter().all(|(_, e)| operator_active(e))
+    })
+    .await;
+    assert_eq!(operator_done_with(&cluster, "a", before).await, 4);
+    reload(&d).await;
+    assert_eq!(
+        operator_done_with(&cluster, "b", after).await,
+        2,
+        "evictions in flight at once after the reload to 2"
+    );
+    assert!(cluster.deletes().is_empty(), "{:?}", cluster.deletes());
 }
 
 /// Eviction attempts of `pod` so far.

@@ -958,8 +958,8 @@ fn restart_required_lists_changed_static_keys_only() {
     );
 }
 
-/// Every key a SIGHUP applies, with the test that shows it reaching what uses it (in
-/// `tests/daemon_reload.rs` unless named `file::test`).
+/// Every key a SIGHUP applies, with the tests that show it reaching what uses it (in
+/// `tests/daemon_reload.rs` unless named `file::test`; one per component, comma-separated).
 const RELOADED: &[(&str, &str)] = &[
     (
         "shutdown.on_cancel",
@@ -1007,7 +1007,7 @@ const RELOADED: &[(&str, &str)] = &[
     ),
     (
         "drain.max_concurrent_requests",
-        "a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight",
+        "a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight, a_reloaded_max_concurrent_requests_bounds_the_controllers_evictions",
     ),
     (
         "drain.volume_detach_timeout",
@@ -1097,7 +1097,10 @@ fn every_key_is_restart_only_or_reloaded_with_its_test() {
         );
     }
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    for (key, test) in RELOADED {
+    for (key, test) in RELOADED
+        .iter()
+        .flat_map(|(k, t)| t.split(", ").map(move |t| (k, t)))
+    {
         let (file, name) = test.split_once("::").unwrap_or(("daemon_reload", test));
         let text = fs::read_to_string(dir.join(format!("{file}.rs"))).unwrap();
         assert!(

@@ -45,6 +45,9 @@ use crate::plan::evictions::{
 use crate::plan::freshness::{Fresher, Version, WatchLog, Written};
 
 mod evictor;
+mod queue;
+
+use queue::{Input, LoopState, WatchItem};
 
 /// A pod by namespace and name, as EvictionRequests and Evictions name it.
 type Target = (String, String);
@@ -115,19 +118,6 @@ impl Memory {
             && self.told.is_empty()
             && self.gone_at.is_empty()
     }
-}
-
-/// What the controller's loop keeps between inputs.
-#[derive(Default)]
-struct LoopState {
-    memories: HashMap<Target, Memory>,
-    /// When to look at which pods again.
-    timers: BTreeMap<Timestamp, BTreeSet<Target>>,
-    backoff_cap: Option<Duration>,
-    /// `drain.max_concurrent_requests` as last reloaded.
-    concurrency: Option<usize>,
-    /// Pods to look at.
-    dirty: BTreeSet<Target>,
 }
 
 /// The watched objects.
@@ -232,9 +222,15 @@ impl LifecycleController {
         info!(node = %self.node, api = %self.api.group(), "eviction-request controller started");
         let mut state = LoopState::default();
         let mut rx = self.rx.take();
+        // Each look ends on its own: a slow one (an eviction answered late) holds only its
+        // own place, and the loop goes on taking inputs meanwhile.
+        let mut looks = futures::stream::FuturesUnordered::new();
         loop {
-            while !state.dirty.is_empty() {
-                self.look_at_a_batch(&caches, &mut state).await;
+            while looks.len() < state.concurrency.unwrap_or(self.concurrency) {
+                let Some((target, memory)) = state.next_look() else {
+                    break;
+                };
+                looks.push(self.look_owned(&caches, target, memory));
             }
             let next = state.timers.keys().next().copied();
             let sleep = next.map(|at| {
@@ -245,15 +241,17 @@ impl LifecycleController {
             });
             let mut input = tokio::select! {
                 () = stop.cancelled() => {
+                    while looks.next().await.is_some() {}
                     info!(node = %self.node, "eviction-request controller stopped");
                     return Ok(());
                 }
-                event = events.next() => Input::Watched(event.map(|e| e.map(Box::new))),
+                Some((target, memory)) = looks.next() => Input::Looked(target, Box::new(memory)),
+                event = events.next() => self.watched(event),
                 message = recv_opt(&mut rx) => Input::Told(message),
                 () = crate::timer::sleep_until(sleep.map(|d| tokio::time::Instant::now() + d)) => Input::Timer,
             };
-            // What else is ready joins the next batch: pods asked together are looked at
-            // together.
+            // What else is ready is taken before looks start: pods asked together are looked
+            // at together.
             loop {
                 if let Input::Told(None) = input {
                     // Every handle dropped: no more pod changes; the watches go on.
@@ -261,7 +259,7 @@ impl LifecycleController {
                 }
                 self.take_input(input, &caches, &mut state)?;
                 input = if let Some(event) = events.next().now_or_never() {
-                    Input::Watched(event.map(|e| e.map(Box::new)))
+                    self.watched(event)
                 } else if let Some(message) = rx.as_mut().and_then(|r| r.try_recv().ok()) {
                     Input::Told(Some(message))
                 } else {
@@ -271,98 +269,22 @@ impl LifecycleController {
         }
     }
 
-    /// Looks at the next `concurrency` pods to look at, at once.
-    async fn look_at_a_batch(&self, caches: &Caches, state: &mut LoopState) {
-        let batch: Vec<Target> = (0..state.concurrency.unwrap_or(self.concurrency))
-            .map_while(|_| state.dirty.pop_first())
-            .collect();
-        let looks = batch.into_iter().map(|target| {
-            let mut memory = state.memories.remove(&target).unwrap_or_default();
-            memory.backoff_cap = state.backoff_cap;
-            async move {
-                self.look(caches, &target, &mut memory).await;
-                (target, memory)
-            }
-        });
-        for (target, mut memory) in futures::future::join_all(looks).await {
-            for at in memory.wakes.drain(..) {
-                state.timers.entry(at).or_default().insert(target.clone());
-            }
-            if !memory.is_idle() {
-                state.memories.insert(target, memory);
-            }
-        }
-    }
-
-    /// Which pods an input calls for a look at.
-    fn take_input(&self, input: Input, caches: &Caches, state: &mut LoopState) -> Result<()> {
-        if let Input::Watched(Some(Ok(event))) = &input {
+    /// An event of the watches as an input, logged as it reaches the caches.
+    fn watched(&self, event: Option<WatchItem>) -> Input {
+        if let Some(Ok(event)) = &event {
             self.log_delivery(event);
         }
-        let dirty = &mut state.dirty;
-        match input {
-            Input::Watched(Some(Ok(event))) => match *event {
-                watcher::Event::Delete(o) => {
-                    let key = object_key(&o.metadata);
-                    if let Some(m) = target_of(&o).and_then(|t| state.memories.get_mut(&t)) {
-                        m.written.remove(&key);
-                        m.requested.remove(&key);
-                    }
-                    dirty.extend(target_of(&o));
-                }
-                watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                    dirty.extend(target_of(&o));
-                }
-                _ => {}
-            },
-            Input::Watched(Some(Err(err))) => {
-                match crate::cluster::gateway::unusable_watch_event(&err) {
-                    Some(what) => {
-                        warn!(node = %self.node, error = %err, "lifecycle.nodegrace.dev: {what}")
-                    }
-                    None => debug!(error = %err, "watching lifecycle.nodegrace.dev"),
-                }
-            }
-            Input::Watched(None) => {
-                anyhow::bail!("the lifecycle.nodegrace.dev watches ended")
-            }
-            Input::Told(Some(Message::PodChanged { namespace, uid })) => {
-                let name = self
-                    .pod_name(&namespace, &uid)
-                    .or_else(|| requested_name(caches, &namespace, &uid));
-                dirty.extend(name.map(|n| (namespace, n)));
-            }
-            Input::Told(Some(Message::LifecycleRequested(request))) => {
-                let key = object_key(&request.metadata);
-                let target = request.spec.target.pod.as_ref().map(|p| p.name.clone());
-                if let (Some(ns), Some(name)) = (request.metadata.namespace.clone(), target) {
-                    let target = (ns, name);
-                    state
-                        .memories
-                        .entry(target.clone())
-                        .or_default()
-                        .requested
-                        .insert(key, self.written(*request));
-                    dirty.insert(target);
-                }
-            }
-            Input::Told(Some(Message::BackoffMax(cap))) => {
-                state.backoff_cap = Some(cap);
-                dirty.extend(all_targets(caches));
-            }
-            Input::Told(Some(Message::Concurrency(n))) => state.concurrency = Some(n),
-            Input::Told(None) => {}
-            Input::Timer => {
-                let now = self.clock.now();
-                let later = state
-                    .timers
-                    .split_off(&now.checked_add(Duration::from_millis(1)).unwrap_or(now));
-                for (_, due) in std::mem::replace(&mut state.timers, later) {
-                    dirty.extend(due);
-                }
-            }
-        }
-        Ok(())
+        Input::Watched(event.map(|e| e.map(Box::new)))
+    }
+
+    async fn look_owned(
+        &self,
+        caches: &Caches,
+        target: Target,
+        mut memory: Memory,
+    ) -> (Target, Memory) {
+        self.look(caches, &target, &mut memory).await;
+        (target, memory)
     }
 
     fn pod_name(&self, namespace: &str, uid: &str) -> Option<String> {
@@ -850,13 +772,6 @@ fn is_open_for(eviction: &Eviction, uid: &str) -> bool {
         .as_ref()
         .is_some_and(|p| p.uid == uid)
         && !crate::plan::evictions::eviction_is_final(eviction)
-}
-
-/// What woke the controller's loop.
-enum Input {
-    Watched(Option<Result<Box<watcher::Event<DynamicObject>>, watcher::Error>>),
-    Told(Option<Message>),
-    Timer,
 }
 
 /// The pod an EvictionRequest or Eviction is about.
