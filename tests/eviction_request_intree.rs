@@ -10,7 +10,9 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_support::{eventually, log_lines, logs, request, start_drainer, Env, Kind, NODE};
+use engine_support::{
+    drain_a_reboot, eventually, log_lines, logs, request, start_drainer, Env, Kind, NODE,
+};
 use nodegrace::{Drainer, NodeDrainer, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::RecordedRequest;
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -84,13 +86,7 @@ async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it()
             }
         })
     };
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
-    )
-    .await
-    .expect("the drain ends")
-    .unwrap();
+    drain_a_reboot(&drainer).await;
     operator.await.unwrap();
 
     assert!(!env.pod_exists("web") && !env.pod_exists("kv") && !env.pod_exists("ds"));
@@ -137,13 +133,7 @@ async fn with_both_served_the_in_tree_api_wins_and_says_so() {
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("both", Kind::Default, 0, 30, json!({"app": "both"}));
     let drainer = start(&env);
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
-    )
-    .await
-    .expect("the drain ends")
-    .unwrap();
+    drain_a_reboot(&drainer).await;
     assert!(!env.pod_exists("both"));
     let reqs = env.requests();
     // It declares no responder: evicted directly, no request on either API.
@@ -532,13 +522,7 @@ async fn a_request_the_in_tree_controller_refuses_is_evicted_directly() {
     let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     let gang = gang_pod(&env);
     let drainer = start(&env);
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
-    )
-    .await
-    .expect("the drain ends")
-    .unwrap();
+    drain_a_reboot(&drainer).await;
     assert!(!env.pod_exists("gang"));
     assert_eq!(posted(&env.requests()).len(), 1);
     assert!(

@@ -9,7 +9,9 @@ mod engine_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine_support::{eventually, refused_as_stale, request, start_drainer, Env, Kind, NODE};
+use engine_support::{
+    drain_a_reboot, eventually, refused_as_stale, request, start_drainer, Env, Kind, NODE,
+};
 use nodegrace::{Drainer, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::{Filter, RecordedRequest};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -345,13 +347,7 @@ async fn an_invalid_declaration_is_told_and_skipped_and_an_old_uids_request_evic
     assert!(env.evictions().is_empty(), "{:?}", env.evictions());
 
     // A drain of api: its invalid responder is told and skipped; the evictor evicts it.
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
-    )
-    .await
-    .expect("the drain ends")
-    .unwrap();
+    drain_a_reboot(&drainer).await;
     assert!(!env.pod_exists("api"));
     assert!(env
         .events("EvictionResponderInvalid")
@@ -387,13 +383,7 @@ async fn a_pod_of_a_pod_group_is_refused_by_nodegraces_controller_and_evicted_di
         .unwrap();
     let gang = uid(&env, "gang");
     let drainer = start_drainer(&env);
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
-    )
-    .await
-    .expect("the drain ends")
-    .unwrap();
+    drain_a_reboot(&drainer).await;
     assert!(!env.pod_exists("gang"));
     let (requests, _) = env
         .cluster

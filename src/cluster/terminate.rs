@@ -1,7 +1,7 @@
 //! How the drain asks a pod to go. The drain loop decides *when* and *which*; a
-//! [`PodTerminator`] decides *how*: today the Eviction API (PodDisruptionBudgets honoured)
-//! and DELETE; an EvictionRequest path (create or join the pod's EvictionRequest when that
-//! CRD is installed) plugs in as another implementation without touching the loop.
+//! [`PodTerminator`] decides *how*: [`EvictionApi`] (the Eviction API, PodDisruptionBudgets
+//! honoured, and DELETE), or the in-tree EvictionRequest API
+//! (`eviction_request::intree::InTreeTerminator`), whose escalation is the same DELETE.
 
 use anyhow::Result;
 use async_trait::async_trait;

@@ -305,6 +305,17 @@ pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
     }
 }
 
+/// Drains for a reboot with a 60 s budget; the drain must end within 30 s.
+pub async fn drain_a_reboot(drainer: &impl nodegrace::Drainer) {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
+}
+
 /// The decoded `nodegrace.dev/fallback-report` annotation of a maintenance.
 pub fn fallback_annotation(m: &NodeMaintenance) -> Option<Value> {
     m.metadata

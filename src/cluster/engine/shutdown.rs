@@ -127,7 +127,8 @@ impl Engine {
             reserves,
             schedule,
             start,
-            planned_at: sh.now(),
+            // The loop's to set: planned when it takes the schedule.
+            planned_at: Duration::ZERO,
             replanned,
         })));
         tracing::info!(node = %sh.node, maintenance = %name, kind = %req.kind, resumed = req.resumed, "shutdown drain started");

@@ -617,7 +617,6 @@ impl Progress {
 
 /// A Warning event on `pod`, written in the background: an event that cannot be written is
 /// a debug line, never an error of the drain.
-/// A Warning event on `pod`, written in the background (a failure is only logged).
 pub(super) fn warn_on_pod(
     recorder: &Recorder,
     pod: &PodKey,
