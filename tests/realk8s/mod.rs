@@ -60,7 +60,6 @@ pub struct ControlPlane {
 
 /// The control plane, started on first use with every cluster-side manifest applied.
 pub fn control_plane() -> &'static ControlPlane {
-    static CP: OnceLock<ControlPlane> = OnceLock::new();
     CP.get_or_init(|| {
         let scripts = std::env::var_os("NODEGRACE_REALK8S")
             .map(PathBuf::from)
@@ -89,10 +88,21 @@ pub fn control_plane() -> &'static ControlPlane {
                 .expect("tempdir for kubeconfigs"),
             apiserver_killed: Default::default(),
         };
+        // A static is never dropped: the minted credentials go when the process exits.
+        // SAFETY: `remove_minted` is a plain function that never unwinds.
+        unsafe { libc::atexit(remove_minted) };
         cp.up();
         cp.apply_cluster_side();
         cp
     })
+}
+
+static CP: OnceLock<ControlPlane> = OnceLock::new();
+
+extern "C" fn remove_minted() {
+    if let Some(cp) = CP.get() {
+        let _ = std::fs::remove_dir_all(cp.minted.path());
+    }
 }
 
 fn output(cmd: &mut Command) -> Output {
