@@ -407,3 +407,62 @@ async fn a_pod_of_a_pod_group_is_refused_by_nodegraces_controller_and_evicted_di
     );
     assert!(env.deletes().is_empty(), "long before any escalation");
 }
+
+/// A pod that terminated while being deleted is leaving, its request and Eviction collected
+/// with it moments later: the final writes about it wait, as for a pod gone (the kubelet's
+/// terminal status comes a moment before its final DELETE).
+#[tokio::test]
+async fn the_final_writes_about_a_pod_terminated_while_being_deleted_wait() {
+    let env = env_with_our_crds().await;
+    env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
+    annotate(
+        &env,
+        "db",
+        "nodegrace.dev/eviction-responders",
+        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
+    );
+    // Held by a finalizer: it stays, terminated and being deleted.
+    env.cluster
+        .store
+        .update_in_process("", "pods", "work", "db", |p| {
+            p["metadata"]["finalizers"] = json!(["example.com/hold"]);
+        })
+        .unwrap();
+    let db = uid(&env, "db");
+    // Kept: its controller goes on after the drain ends.
+    let drainer = Arc::new(start_drainer(&env));
+    let drain = {
+        let drainer = drainer.clone();
+        tokio::spawn(async move {
+            drainer
+                .drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+                .await
+        })
+    };
+    operator_done(&env, &db).await;
+    eventually(20, "db terminated", || {
+        env.cluster
+            .store
+            .get_obj("", "pods", "work", "db")
+            .is_some_and(|p| p["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    let terminated = std::time::Instant::now();
+    eventually(15, "the evictor's completion written", || {
+        eviction_of(&env, &db).is_some_and(|e| {
+            states(&e).iter().map(|s| s.2.as_str()).collect::<Vec<_>>()
+                == ["Completed", "Completed"]
+        })
+    })
+    .await;
+    assert!(
+        terminated.elapsed() >= Duration::from_secs(4),
+        "written {:?} after the pod terminated",
+        terminated.elapsed()
+    );
+    tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the drain ends")
+        .unwrap()
+        .unwrap();
+}

@@ -126,6 +126,18 @@ impl Presence {
     fn gone(&self) -> bool {
         matches!(self, Presence::Absent | Presence::Replaced { .. })
     }
+
+    /// Gone, or terminated while being deleted (the kubelet's final DELETE comes next): its
+    /// requests and Evictions are collected with it moments later (owner references).
+    pub(crate) fn leaving(&self) -> bool {
+        self.gone()
+            || matches!(
+                self,
+                Presence::Terminal {
+                    deletion_timestamp: Some(_)
+                }
+            )
+    }
 }
 
 /// Pods the Eviction API must not be asked about (the KEP: "API-initiated eviction of

@@ -344,10 +344,10 @@ impl LifecycleController {
             .collect();
         for uid in uids {
             let facts = self.facts(pod.as_deref(), &uid, memory);
-            // A pod gone takes its requests and their Evictions with it (owner references)
-            // moments later: the final writes wait a while, so as not to spend the apiserver
-            // on objects being collected while the next pods are to be evicted.
-            if matches!(facts.presence, Presence::Absent | Presence::Replaced { .. }) {
+            // A pod leaving takes its requests and their Evictions with it moments later: the
+            // final writes wait a while, so as not to spend the apiserver on objects being
+            // collected while the next pods are to be evicted.
+            if facts.presence.leaving() {
                 let now = self.clock.now();
                 let since = *memory.gone_at.entry(uid.clone()).or_insert(now);
                 let settle = since.checked_add(GONE_SETTLE).unwrap_or(since);

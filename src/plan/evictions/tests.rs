@@ -1540,3 +1540,21 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_pod_is_leaving_when_gone_or_terminated_while_being_deleted() {
+    let leaving = |p: Presence| p.leaving();
+    assert!(leaving(Presence::Absent));
+    assert!(leaving(Presence::Replaced { uid: "u2".into() }));
+    assert!(leaving(Presence::Terminal {
+        deletion_timestamp: Some(at(5))
+    }));
+    // A Job's pod that ran to completion stays: its Eviction is closed at once.
+    assert!(!leaving(Presence::Terminal {
+        deletion_timestamp: None
+    }));
+    assert!(!leaving(Presence::Terminating {
+        deletion_timestamp: at(5)
+    }));
+    assert!(!leaving(Presence::Running));
+}
