@@ -115,6 +115,9 @@ pub(crate) enum Presence {
     /// `metadata.deletionTimestamp` set, not yet terminal.
     Terminating {
         deletion_timestamp: Timestamp,
+        /// `metadata.deletionGracePeriodSeconds` is 0 (the kubelet's final DELETE, or a forced
+        /// one): the apiserver removes the pod at once, unless finalizers hold it.
+        removed_at_once: bool,
     },
     /// Phase Succeeded or Failed.
     Terminal {
@@ -127,14 +130,18 @@ impl Presence {
         matches!(self, Presence::Absent | Presence::Replaced { .. })
     }
 
-    /// Gone, or terminated while being deleted (the kubelet's final DELETE comes next): its
-    /// requests and Evictions are collected with it moments later (owner references).
+    /// Gone, or about to be: terminated while being deleted (the kubelet's final DELETE
+    /// comes next) or deleted with no grace left. Its requests and Evictions are collected
+    /// with it moments later (owner references).
     pub(crate) fn leaving(&self) -> bool {
         self.gone()
             || matches!(
                 self,
                 Presence::Terminal {
                     deletion_timestamp: Some(_)
+                } | Presence::Terminating {
+                    removed_at_once: true,
+                    ..
                 }
             )
     }

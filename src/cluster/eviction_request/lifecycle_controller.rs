@@ -499,6 +499,7 @@ impl LifecycleController {
             },
             (false, Some(d)) => Presence::Terminating {
                 deletion_timestamp: d,
+                removed_at_once: pod.metadata.deletion_grace_period_seconds == Some(0),
             },
             _ => Presence::Running,
         };

@@ -138,7 +138,9 @@ pub(crate) fn decide_evictor(
             report(format!("pod {pod_name:?} has been deleted"), None, true)
         }
         Presence::Terminal { .. } => report(format!("pod {pod_name:?} has terminated"), None, true),
-        Presence::Terminating { deletion_timestamp } => report(
+        Presence::Terminating {
+            deletion_timestamp, ..
+        } => report(
             format!("pod {pod_name:?} is being deleted and terminates gracefully"),
             Some(*deletion_timestamp),
             false,

@@ -605,6 +605,7 @@ fn a_terminating_pod_is_not_yet_evicted() {
     let terminating = facts(
         Presence::Terminating {
             deletion_timestamp: at(30),
+            removed_at_once: false,
         },
         &[],
     );
@@ -1082,6 +1083,7 @@ fn the_evictor_completes_when_the_pod_is_gone_or_terminal_and_waits_while_it_ter
     let terminating = facts(
         Presence::Terminating {
             deletion_timestamp: at(37),
+            removed_at_once: false,
         },
         &[],
     );
@@ -1221,6 +1223,7 @@ fn end_to_end_a_request_is_answered_by_the_evictor_and_ends_target_evicted() {
     let terminating = facts(
         Presence::Terminating {
             deletion_timestamp: at(31),
+            removed_at_once: false,
         },
         &[],
     );
@@ -1412,6 +1415,7 @@ mod properties {
                         if *allowed {
                             pod.presence = Presence::Terminating {
                                 deletion_timestamp: at(now + 30),
+                                removed_at_once: false,
                             };
                         }
                     }
@@ -1435,11 +1439,15 @@ mod properties {
                     if pod.presence == Presence::Running {
                         pod.presence = Presence::Terminating {
                             deletion_timestamp: at(now + 30),
+                            removed_at_once: false,
                         };
                     }
                 }
                 Event::Terminal => {
-                    if let Presence::Terminating { deletion_timestamp } = pod.presence {
+                    if let Presence::Terminating {
+                        deletion_timestamp, ..
+                    } = pod.presence
+                    {
                         pod.presence = Presence::Terminal {
                             deletion_timestamp: Some(deletion_timestamp),
                         };
@@ -1542,7 +1550,7 @@ mod properties {
 }
 
 #[test]
-fn a_pod_is_leaving_when_gone_or_terminated_while_being_deleted() {
+fn a_pod_is_leaving_when_gone_terminated_while_being_deleted_or_deleted_at_once() {
     let leaving = |p: Presence| p.leaving();
     assert!(leaving(Presence::Absent));
     assert!(leaving(Presence::Replaced { uid: "u2".into() }));
@@ -1554,7 +1562,13 @@ fn a_pod_is_leaving_when_gone_or_terminated_while_being_deleted() {
         deletion_timestamp: None
     }));
     assert!(!leaving(Presence::Terminating {
-        deletion_timestamp: at(5)
+        deletion_timestamp: at(5),
+        removed_at_once: false,
+    }));
+    // Deleted with a grace period of 0 (the kubelet's final DELETE, or a forced one).
+    assert!(leaving(Presence::Terminating {
+        deletion_timestamp: at(5),
+        removed_at_once: true,
     }));
     assert!(!leaving(Presence::Running));
 }
