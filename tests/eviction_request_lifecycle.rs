@@ -44,6 +44,36 @@ fn annotate(env: &Env, pod: &str, key: &str, value: &str) {
         .unwrap();
 }
 
+/// `pod` declares [`OPERATOR`] its responder, by nodegrace's annotation.
+fn declares_the_operator(env: &Env, pod: &str) {
+    annotate(
+        env,
+        pod,
+        "nodegrace.dev/eviction-responders",
+        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
+    );
+}
+
+/// A reboot's drain (60 s budget) in the background, and its drainer, kept: its controller
+/// goes on after the drain ends.
+fn reboot_in_background(
+    env: &Env,
+) -> (
+    Arc<nodegrace::NodeDrainer>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let drainer = Arc::new(start_drainer(env));
+    let drain = {
+        let drainer = drainer.clone();
+        tokio::spawn(async move {
+            drainer
+                .drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+                .await
+        })
+    };
+    (drainer, drain)
+}
+
 /// The Eviction of the pod with `uid`, if the controller made one.
 fn eviction_of(env: &Env, uid: &str) -> Option<Value> {
     let (all, _) = env.cluster.store.list(&Filter::all(GROUP, "evictions"));
@@ -91,12 +121,7 @@ fn respond(env: &Env, uid: &str, responder: &str, complete: bool) {
 fn pg_behind_its_budget(env: &Env) -> String {
     env.pod("pg", Kind::Default, 0, 30, json!({"app": "pg"}));
     env.pdb("pg-pdb", "pg", 1);
-    annotate(
-        env,
-        "pg",
-        "nodegrace.dev/eviction-responders",
-        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
-    );
+    declares_the_operator(env, "pg");
     uid(env, "pg")
 }
 
@@ -145,22 +170,9 @@ async fn responder_then_evictor(opaque: bool) {
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
-    annotate(
-        &env,
-        "db",
-        "nodegrace.dev/eviction-responders",
-        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
-    );
+    declares_the_operator(&env, "db");
     let (db, web) = (uid(&env, "db"), uid(&env, "web"));
-    let drainer = Arc::new(start_drainer(&env));
-    let drain = {
-        let drainer = drainer.clone();
-        tokio::spawn(async move {
-            drainer
-                .drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
-                .await
-        })
-    };
+    let (_drainer, drain) = reboot_in_background(&env);
 
     // db's Eviction: its operator active first, nodegrace's evictor after it.
     eventually(20, "db's Eviction with its operator active", || {
@@ -415,12 +427,7 @@ async fn a_pod_of_a_pod_group_is_refused_by_nodegraces_controller_and_evicted_di
 async fn the_final_writes_about_a_pod_terminated_while_being_deleted_wait() {
     let env = env_with_our_crds().await;
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
-    annotate(
-        &env,
-        "db",
-        "nodegrace.dev/eviction-responders",
-        &json!([{"name": OPERATOR, "priority": 10000}]).to_string(),
-    );
+    declares_the_operator(&env, "db");
     // Held by a finalizer: it stays, terminated and being deleted.
     env.cluster
         .store
@@ -429,16 +436,7 @@ async fn the_final_writes_about_a_pod_terminated_while_being_deleted_wait() {
         })
         .unwrap();
     let db = uid(&env, "db");
-    // Kept: its controller goes on after the drain ends.
-    let drainer = Arc::new(start_drainer(&env));
-    let drain = {
-        let drainer = drainer.clone();
-        tokio::spawn(async move {
-            drainer
-                .drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
-                .await
-        })
-    };
+    let (_drainer, drain) = reboot_in_background(&env);
     operator_done(&env, &db).await;
     eventually(20, "db terminated", || {
         env.cluster
