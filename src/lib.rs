@@ -102,7 +102,7 @@ pub use crate::plan::bandend::{NodeView, OnNode};
 pub use crate::daemon::node::{daemon_clients, NodeDrainer, NodeParts};
 pub use crate::daemon::status::ShutdownStatus;
 pub use crate::daemon::{
-    Bus, Connector, Daemon, DaemonHandle, DaemonPaths, Drainer, Phase, ShutdownKind,
+    Bus, CancelCause, Connector, Daemon, DaemonHandle, DaemonPaths, Drainer, Phase, ShutdownKind,
     ShutdownRequest, Status, ZbusConnector,
 };
 

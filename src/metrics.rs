@@ -717,6 +717,6 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
-        assert_eq!(text.matches("nodegrace_last_shutdown_outcome{").count(), 5);
+        assert_eq!(text.matches("nodegrace_last_shutdown_outcome{").count(), 6);
     }
 }

@@ -23,6 +23,17 @@ pub enum ShutdownKind {
     Unknown,
 }
 
+/// Why a shutdown under way stopped without happening.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelCause {
+    /// logind said so: `PrepareForShutdown(false)` (`shutdown -c`, a cancelled reboot).
+    Cancelled,
+    /// After reconnecting to the bus, logind was no longer preparing a shutdown: it
+    /// restarted and a restarted logind does not keep a delayed shutdown. Nobody asked for
+    /// this; the operator must ask for the shutdown again.
+    Lost,
+}
+
 impl ShutdownKind {
     /// The name logind and systemd use for it ("soft-reboot", ...).
     pub fn as_str(self) -> &'static str {

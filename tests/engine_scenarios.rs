@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use engine_support::*;
 use nodegrace::{
-    shutdown_maintenance_name, AfterBoot, CompletionPolicy, EngineError, ShutdownKind, Stage,
-    NODE_LABEL,
+    shutdown_maintenance_name, AfterBoot, CancelCause, CompletionPolicy, EngineError, ShutdownKind,
+    Stage, NODE_LABEL,
 };
 use nodegrace_testkit::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
 use serde_json::{json, Value};
@@ -383,7 +383,14 @@ async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
         }
         assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
 
-        engine.cancel_shutdown(policy).await.unwrap();
+        // Keep: logind lost the shutdown; Complete: it was cancelled. Either way the drain
+        // stops where it is and the Node says why.
+        let cause = match policy {
+            CompletionPolicy::Keep => CancelCause::Lost,
+            CompletionPolicy::Complete => CancelCause::Cancelled,
+        };
+        engine.cancel_shutdown(policy, cause).await.unwrap();
+        let asked = env.evictions().len();
         let node = env.node();
         let cond = node["status"]["conditions"]
             .as_array()
@@ -399,8 +406,20 @@ async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
         match policy {
             CompletionPolicy::Keep => {
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                assert_eq!(env.maintenance(&name).unwrap().spec.stage, Stage::Drain);
+                let m = env.maintenance(&name).unwrap();
+                assert_eq!(m.spec.stage, Stage::Drain);
+                let stopped = m.metadata.annotations.unwrap_or_default();
+                let stopped = stopped.get("nodegrace.dev/drain-stopped").unwrap();
+                assert!(
+                    stopped.contains("logind restarted and lost the shutdown"),
+                    "{stopped}"
+                );
                 assert_eq!(env.node()["spec"]["unschedulable"], true);
+                let lost = env.events("ShutdownLost");
+                assert!(!lost.is_empty(), "no ShutdownLost event");
+                assert_eq!(lost[0]["type"], "Warning");
+                let note = lost[0]["note"].as_str().unwrap();
+                assert!(note.contains("ask for the shutdown again"), "{note}");
             }
             CompletionPolicy::Complete => {
                 eventually(10, "finalizer dropped and node uncordoned", || {
@@ -417,6 +436,14 @@ async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
         assert!(
             env.deletes().is_empty(),
             "a cancelled shutdown escalates nothing"
+        );
+        // db's refusals earned back-offs of 1, 2 and 4 s: a drain still under way asks again
+        // within them.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            env.evictions().len(),
+            asked,
+            "{policy:?}: a pod asked again after the cancel"
         );
     }
 }
@@ -1540,7 +1567,7 @@ async fn a_shutdown_sets_both_conditions_in_one_write_before_the_first_eviction(
     assert!(writes[0] < created, "the conditions before the maintenance");
 
     engine
-        .cancel_shutdown(CompletionPolicy::Keep)
+        .cancel_shutdown(CompletionPolicy::Keep, CancelCause::Cancelled)
         .await
         .unwrap();
     for t in ["GracefulNodeShutdownInProgress", "DrainInProgress"] {
@@ -1583,7 +1610,7 @@ async fn with_the_kubelets_gns_on_only_drain_in_progress_is_written() {
         .collect();
     assert_eq!(types, ["DrainInProgress"]);
     engine
-        .cancel_shutdown(CompletionPolicy::Keep)
+        .cancel_shutdown(CompletionPolicy::Keep, CancelCause::Cancelled)
         .await
         .unwrap();
     assert_eq!(

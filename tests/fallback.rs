@@ -800,3 +800,34 @@ async fn a_file_the_kubelet_refuses_is_gated_after_the_last_band() {
     );
     assert!(report.errors.is_empty(), "{report:#?}");
 }
+
+/// Issue 44: a pod that arrives while the offline drain runs (the runtime shows a sandbox
+/// the first look did not: a kubelet not stopped yet started it) is stopped too, with its
+/// own band's grace although that band is over, and the drain ends only once it is.
+#[tokio::test(start_paused = true)]
+async fn a_pod_that_arrives_during_the_offline_drain_is_stopped_with_its_grace() {
+    let mut n = Node::new();
+    n.pod("ns", "web", Some((0, 30)), &[Behaviour::ExitsAfter(S(1))])
+        .pod("ns", "db", Some((1000, 30)), &[Behaviour::ExitsAfter(S(2))]);
+    let fallback = n.fallback(BANDS, false, false);
+    // Bound while db's band runs; its priority is unknown (not in the pod cache): band 0's.
+    let runtime = n.runtime.clone();
+    let arrival = tokio::spawn(async move {
+        while runtime.running().contains(&"ns/web".to_string()) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let sandbox = runtime.add_sandbox("ns", "late", "uid-late");
+        runtime.add_container(&sandbox, "c0", Behaviour::ExitsAfter(S(3)))
+    });
+    let report = fallback.run(&n.cache).await;
+    let late = arrival.await.unwrap();
+    let (at, grace) = n.stop_requested(&late);
+    assert_eq!(grace, S(10), "band 0's grace");
+    assert!(at > n.stop_requested("web-c0").0, "{:#?}", n.events());
+    let pod = report
+        .pod("ns", "late")
+        .unwrap_or_else(|| panic!("not in the report: {report:#?}"));
+    assert_eq!(pod.outcome, PodOutcome::Stopped, "{pod:#?}");
+    assert!(n.runtime.running().is_empty(), "{:?}", n.runtime.running());
+    assert!(report.pods.iter().all(|p| p.outcome == PodOutcome::Stopped));
+}

@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use engine_support::{eventually, fallback_annotation, request, Env, Kind, NODE};
 use nodegrace::{
-    BootIdSource, CompletionPolicy, Drainer, FallbackReport, KubeletControl, NodeDrainer,
-    NodeParts, OfflineDrain, PodCache, PodInfo, PodOutcome, PodType, PriorityGracePeriod, Settings,
-    ShutdownKind, Stage, StaticPodGate,
+    BootIdSource, CancelCause, CompletionPolicy, Drainer, FallbackReport, KubeletControl,
+    NodeDrainer, NodeParts, OfflineDrain, PodCache, PodInfo, PodOutcome, PodType,
+    PriorityGracePeriod, Settings, ShutdownKind, Stage, StaticPodGate,
 };
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
@@ -274,7 +274,7 @@ async fn no_apiserver_at_all_drains_every_band_locally() {
         record.reports[0].pods
     );
 
-    drainer.cancel(&req).await.unwrap();
+    drainer.cancel(&req, CancelCause::Cancelled).await.unwrap();
     assert_eq!(
         kubelet.0.lock().unwrap().as_slice(),
         ["stop", "start"],

@@ -326,6 +326,15 @@ enum Fault {
     /// The node's dbus-daemon restarted once the first band's evictions were accepted: logind
     /// is started again with it, the same as above.
     DbusRestartedDuringTheFirstBand,
+    /// Issue 44: systemd-logind killed (SIGKILL) once the first band's evictions were
+    /// accepted; systemd starts it again, without the poweroff: the drain stops where it is
+    /// (the later bands never asked, the static manifest in place), the Node says why, and
+    /// the operator's second poweroff drains what is left.
+    LogindKilledDuringTheFirstBand,
+    /// The same restart and kill on Debian 13 (systemd 257). Where its logind keeps the
+    /// pending poweroff, the drain goes on with no step lost.
+    LogindRestartedOnDebian13,
+    LogindKilledOnDebian13,
     /// Issue 33: killed once the first band's evictions were accepted and started again 9 s
     /// later (back 14–19 s into the drain, as fast as up.sh restarts it): the first band's
     /// escalation as planned at the start (12 s, see [`PAST_DEADLINE_CONFIG`]) passes while it
@@ -334,6 +343,75 @@ enum Fault {
     ApiserverAwayPastTheFirstBandsDeadline,
     /// The same with etcd killed instead (the apiserver stays up, answering errors or late).
     EtcdAwayPastTheFirstBandsDeadline,
+}
+
+/// The phase's reason when logind came back without the shutdown (`plan::lifecycle::LOST`).
+const LOGIND_LOST: &str =
+    "logind restarted and lost the shutdown: the drain stopped; ask for the shutdown again";
+
+/// What the node looks like once logind lost its poweroff in the first band: the drain
+/// stopped where it was (no pod of a later band asked, the static manifest in place), the
+/// node still cordoned (`shutdown.on_cancel = "keep"`, the shipped default) under its kept
+/// maintenance, which says its drain stopped, the shutdown conditions False, and a Warning
+/// Event on the Node that says to ask again.
+async fn assert_the_drain_stopped(f: &Fixture, container: &real::Container) {
+    let (c, node) = (&f.admin, &f.name);
+    let name = format!("shutdown-{node}");
+    wait_maintenance(
+        c,
+        &name,
+        "its drain marked stopped",
+        Duration::from_secs(20),
+        |m| m.annotations().contains_key("nodegrace.dev/drain-stopped"),
+    )
+    .await;
+    // The first band's pods exit 3 s after SIGTERM: a drain still under way asks the next
+    // band by then.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let reqs = f.requests();
+    let journal = container.journal_text();
+    let later: Vec<String> = f
+        .kubelet
+        .records()
+        .into_iter()
+        .filter(|r| !r.name.starts_with("web-"))
+        .filter(|r| r.stop_seen.is_some() || !evictions(&reqs, &r.name).is_empty())
+        .map(|r| r.name)
+        .collect();
+    assert!(
+        later.is_empty(),
+        "asked after logind lost the shutdown: {later:?}\n{journal}"
+    );
+    assert!(
+        f.node.manifests.join("etcd.yaml").exists(),
+        "the static manifest was gated after logind lost the shutdown\n{journal}"
+    );
+    let n = wait_node(c, node, "the shutdown conditions False", |n| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "GracefulNodeShutdownInProgress"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("NodeShutdownCancelled")
+                })
+            })
+    })
+    .await;
+    assert!(cordoned(&n), "uncordoned although the maintenance is kept");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(c.clone(), "default");
+    let lost = events
+        .list(&ListParams::default().fields(&format!("regarding.name={node}")))
+        .await
+        .expect("listing the node's Events")
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("ShutdownLost"))
+        .unwrap_or_else(|| panic!("no ShutdownLost Event on the Node\n{journal}"));
+    assert_eq!(lost.type_.as_deref(), Some("Warning"));
+    let note = lost.note.unwrap_or_default();
+    assert!(note.contains("ask for the shutdown again"), "{note}");
 }
 
 /// The faults that outlast the first band's first deadline: a budget of 114 s gives the band
@@ -350,6 +428,42 @@ impl Fault {
             | Fault::EtcdAwayPastTheFirstBandsDeadline => 114,
             _ => FAULT_BUDGET_SECS,
         }
+    }
+
+    /// How logind goes away in the node, for the faults that take it away.
+    fn logind_fault(self) -> Option<&'static [&'static str]> {
+        const RESTART_LOGIND: &[&str] = &[
+            "systemctl",
+            "restart",
+            "--no-block",
+            "systemd-logind.service",
+        ];
+        const KILL_LOGIND: &[&str] = &[
+            "systemctl",
+            "kill",
+            "--signal=KILL",
+            "systemd-logind.service",
+        ];
+        match self {
+            Fault::LogindRestartedDuringTheFirstBand | Fault::LogindRestartedOnDebian13 => {
+                Some(RESTART_LOGIND)
+            }
+            Fault::LogindKilledDuringTheFirstBand | Fault::LogindKilledOnDebian13 => {
+                Some(KILL_LOGIND)
+            }
+            Fault::DbusRestartedDuringTheFirstBand => {
+                Some(&["systemctl", "restart", "--no-block", "dbus.service"])
+            }
+            _ => None,
+        }
+    }
+
+    fn debian(self) -> Option<real::Debian> {
+        matches!(
+            self,
+            Fault::LogindRestartedOnDebian13 | Fault::LogindKilledOnDebian13
+        )
+        .then_some(real::Debian::Trixie)
     }
 
     /// The configuration drop-in of its node.
@@ -371,7 +485,8 @@ impl Fault {
 /// what was lost.
 async fn killed_mid_shutdown(outage: Fault) {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (mut f, manifest) = booted_with_bands("ng-kill", true, outage.config()).await;
+    let (mut f, manifest) =
+        booted_with_bands_on("ng-kill", true, outage.config(), outage.debian()).await;
     let (c, node) = (&f.admin.clone(), f.name.clone());
 
     let container = f.node.container.take().expect("booted");
@@ -384,20 +499,25 @@ async fn killed_mid_shutdown(outage: Fault) {
             tokio::time::sleep(Duration::from_secs(2)).await;
             at
         }
-        Fault::LogindRestartedDuringTheFirstBand | Fault::DbusRestartedDuringTheFirstBand => {
+        Fault::LogindRestartedDuringTheFirstBand
+        | Fault::DbusRestartedDuringTheFirstBand
+        | Fault::LogindKilledDuringTheFirstBand
+        | Fault::LogindRestartedOnDebian13
+        | Fault::LogindKilledOnDebian13 => {
             let _ = container.exec(&["systemctl", "poweroff"]);
             wait_first_band_asked(&f).await;
             let at = realk8s::now_unix();
-            let unit = if outage == Fault::DbusRestartedDuringTheFirstBand {
-                "dbus.service"
-            } else {
-                "systemd-logind.service"
-            };
-            let _ = container.exec(&["systemctl", "restart", "--no-block", unit]);
-            real::wait_until(
-                "nodegrace armed again after logind forgot the poweroff",
-                Duration::from_secs(30),
+            let _ = container.exec(outage.logind_fault().expect("a logind fault"));
+            // A logind started again without the poweroff: nodegrace takes a new inhibitor
+            // before it lets the old one go, and stops the drain. One that kept it: the
+            // drain goes on and the node goes down.
+            let lost = real::wait_until(
+                "nodegrace armed again after logind lost the poweroff, or the node going down",
+                Duration::from_secs(60),
                 || {
+                    if container.host_pid_of("/usr/bin/nodegrace").is_none() {
+                        return Some(false);
+                    }
                     let ours = container.journal_of("nodegrace");
                     let why = |reason: &str| {
                         ours.iter()
@@ -405,16 +525,15 @@ async fn killed_mid_shutdown(outage: Fault) {
                             .map(|l| l.time)
                     };
                     let replaced = why("replaced by the inhibitor taken after reconnecting")?;
-                    let armed = why("shutdown cancelled while disconnected")?;
-                    (replaced <= armed).then_some(())
+                    let armed = why(LOGIND_LOST)?;
+                    (replaced <= armed).then_some(true)
                 },
             );
-            assert!(
-                container.host_pid_of("/usr/bin/nodegrace").is_some(),
-                "the node went down without its poweroff:\n{}",
-                container.journal_text()
-            );
-            let _ = container.exec(&["systemctl", "poweroff"]);
+            eprintln!("{outage:?}: logind lost the poweroff: {lost}");
+            if lost {
+                assert_the_drain_stopped(&f, &container).await;
+                let _ = container.exec(&["systemctl", "poweroff"]);
+            }
             at
         }
         Fault::ApiserverDuringTheDaemonSetBand | Fault::ApiserverWhileStaticPodsAreGated => {
@@ -572,11 +691,9 @@ async fn killed_mid_shutdown(outage: Fault) {
     // An apiserver whose etcd is away may only answer late: no outage to plan again then.
     if !matches!(
         outage,
-        Fault::EtcdDuringTheFirstBand
-            | Fault::EtcdAwayPastTheFirstBandsDeadline
-            | Fault::LogindRestartedDuringTheFirstBand
-            | Fault::DbusRestartedDuringTheFirstBand
-    ) {
+        Fault::EtcdDuringTheFirstBand | Fault::EtcdAwayPastTheFirstBandsDeadline
+    ) && outage.logind_fault().is_none()
+    {
         let message = nm
             .node_status(&node)
             .map(|e| e.drain_message.clone())
@@ -648,6 +765,30 @@ async fn logind_restarted_during_the_first_band_costs_no_pod_its_grace() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logind_killed_during_the_first_band_stops_the_drain_until_asked_again() {
+    if skip("logind_killed_during_the_first_band_stops_the_drain_until_asked_again") {
+        return;
+    }
+    killed_mid_shutdown(Fault::LogindKilledDuringTheFirstBand).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_debian_13_logind_restarted_during_the_first_band_costs_no_pod_its_grace() {
+    if skip("on_debian_13_logind_restarted_during_the_first_band_costs_no_pod_its_grace") {
+        return;
+    }
+    killed_mid_shutdown(Fault::LogindRestartedOnDebian13).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_debian_13_logind_killed_during_the_first_band_costs_no_pod_its_grace() {
+    if skip("on_debian_13_logind_killed_during_the_first_band_costs_no_pod_its_grace") {
+        return;
+    }
+    killed_mid_shutdown(Fault::LogindKilledOnDebian13).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dbus_restarted_during_the_first_band_costs_no_pod_its_grace() {
     if skip("dbus_restarted_during_the_first_band_costs_no_pod_its_grace") {
         return;
@@ -669,6 +810,118 @@ async fn an_apiserver_killed_while_static_pods_are_gated_costs_no_pod_its_grace(
         return;
     }
     killed_mid_shutdown(Fault::ApiserverWhileStaticPodsAreGated).await;
+}
+
+/// Issue 44: pods bound to the node by `spec.nodeName` while it drains for a poweroff (as
+/// a scheduler whose cache still shows the node schedulable binds them): one in the band
+/// under way, one long after its band (priority 0) ended and that band's planned deadline
+/// passed, one while the last band (the static pod's) runs. Each is evicted once through the
+/// Eviction API, never DELETEd (the budget has time for its grace), and the inhibitor is
+/// released only once it is gone. The DaemonSet pod takes 12 s to exit, so that the first
+/// band's deadline (10 s into the 110 s budget) passes while the drain is still on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_bound_to_the_node_during_the_drain_keep_their_grace() {
+    if skip("pods_bound_to_the_node_during_the_drain_keep_their_grace") {
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut f = Fixture::new("ng-late").await;
+    f.node
+        .config_dropins
+        .push(("50-budget.toml".into(), fault_budget_config()));
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    workload::deployment(c, &ns, &node, 3, PodShape::new("web").exits_after_ms(1000)).await;
+    workload::daemonset(
+        c,
+        &ns,
+        &node,
+        false,
+        PodShape::new("agent").exits_after_ms(12_000),
+    )
+    .await;
+    workload::static_pod(
+        &f.node.manifests,
+        &ns,
+        PodShape::new("etcd").exits_after_ms(300),
+    );
+    f.kubelet.wait_running(5).await;
+    f.node.boot();
+    wait_pod_cache(&f.node.state, 5);
+
+    let mut container = f.node.container.take().expect("booted");
+    let _ = container.exec(&["systemctl", "poweroff"]);
+    let poweroff = realk8s::now_unix();
+    let late = |name: &'static str| {
+        let (c, ns, node) = (c.clone(), ns.clone(), node.clone());
+        async move {
+            let shape = PodShape::new("late").exits_after_ms(2000);
+            workload::bound_pod(&c, &ns, &node, name, shape).await;
+        }
+    };
+    f.kubelet
+        .wait_for("the web band asked", Duration::from_secs(30), |r, _| {
+            r.iter()
+                .any(|r| r.name.starts_with("web-") && r.stop_seen.is_some())
+        })
+        .await;
+    late("late-under-way").await;
+    f.kubelet
+        .wait_for(
+            "the DaemonSet pod asked",
+            Duration::from_secs(30),
+            |r, _| {
+                r.iter()
+                    .any(|r| r.name.starts_with("agent-") && r.stop_seen.is_some())
+            },
+        )
+        .await;
+    let past_deadline = poweroff + 11.0 - realk8s::now_unix();
+    tokio::time::sleep(Duration::from_secs_f64(past_deadline.max(0.0))).await;
+    late("late-after-its-band").await;
+    let manifest = f.node.manifests.join("etcd.yaml");
+    real::wait_until("the static manifest gated", Duration::from_secs(60), || {
+        (!manifest.exists()).then_some(())
+    });
+    late("late-in-the-last-band").await;
+
+    container
+        .wait_exit(Duration::from_secs(FAULT_BUDGET_SECS + 30))
+        .unwrap_or_else(|| panic!("no poweroff:\n{}", container.journal_text()));
+    let (signal, release) = signal_and_release(&container);
+    let journal = container.journal_text();
+    let reqs = f.requests();
+    let records = f.kubelet.records();
+    for name in [
+        "late-under-way",
+        "late-after-its-band",
+        "late-in-the-last-band",
+    ] {
+        let r = records
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("{name} never ran\n{journal}"));
+        let gone = r
+            .gone_at
+            .unwrap_or_else(|| panic!("{name} left running\n{journal}"));
+        assert!(r.grace_cut_at.is_none(), "{name}: grace cut\n{journal}");
+        evicted_once_never_deleted(&reqs, &journal, name, &r.key(), signal, false)
+            .unwrap_or_else(|b| panic!("{}\n{journal}", b.detail));
+        assert!(
+            gone <= release,
+            "released {:.2} s before {name} was gone\n{journal}",
+            gone - release
+        );
+        eprintln!(
+            "{name}: bound {:.2} s after the signal, gone {:.2} s after it",
+            r.running_at.unwrap_or(0.0) - signal,
+            gone - signal
+        );
+    }
+    assert!(
+        !journal.contains("escalated to DELETE"),
+        "an escalation\n{journal}"
+    );
+    f.cleanup().await;
 }
 
 /// Row 2 of the fault table: the apiserver throttles (API Priority and Fairness answers 429)

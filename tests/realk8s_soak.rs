@@ -94,17 +94,19 @@ enum Fault {
     ApiserverThenDaemon,
     DbusRestarted,
     LogindRestarted,
+    LogindKilled,
     Throttled,
     CredentialRevoked,
 }
 
-const FAULTS: [Fault; 8] = [
+const FAULTS: [Fault; 9] = [
     Fault::ApiserverKilled,
     Fault::EtcdKilled,
     Fault::DaemonKilled,
     Fault::ApiserverThenDaemon,
     Fault::DbusRestarted,
     Fault::LogindRestarted,
+    Fault::LogindKilled,
     Fault::Throttled,
     Fault::CredentialRevoked,
 ];
@@ -118,6 +120,7 @@ impl Fault {
             Fault::ApiserverThenDaemon => "apiserver, then daemon",
             Fault::DbusRestarted => "dbus restarted",
             Fault::LogindRestarted => "logind restarted",
+            Fault::LogindKilled => "logind killed",
             Fault::Throttled => "429 storm",
             Fault::CredentialRevoked => "credential revoked",
         }
@@ -327,13 +330,17 @@ async fn inject(
             // Over when systemd restarted it: read from the journal once the node is down.
             at
         }
-        Fault::DbusRestarted | Fault::LogindRestarted => {
+        Fault::DbusRestarted | Fault::LogindRestarted | Fault::LogindKilled => {
             let unit = if d.fault == Fault::DbusRestarted {
                 "dbus.service"
             } else {
                 "systemd-logind.service"
             };
-            let _ = container.exec(&["systemctl", "restart", "--no-block", unit]);
+            if d.fault == Fault::LogindKilled {
+                let _ = container.exec(&["systemctl", "kill", "--signal=KILL", unit]);
+            } else {
+                let _ = container.exec(&["systemctl", "restart", "--no-block", unit]);
+            }
             // logind forgets the poweroff: nodegrace takes a new inhibitor before it lets
             // the old one go and is armed again; the operator powers off again.
             let deadline = at + 30.0;
@@ -348,7 +355,9 @@ async fn inject(
                         .map(|l| l.time)
                 };
                 let replaced = why("replaced by the inhibitor taken after reconnecting");
-                let armed = why("shutdown cancelled while disconnected");
+                let armed = why(
+                    "logind restarted and lost the shutdown: the drain stopped; ask for the shutdown again",
+                );
                 if replaced.zip(armed).is_some_and(|(r, a)| r <= a) {
                     let _ = container.exec(&["systemctl", "poweroff"]);
                     break realk8s::now_unix();

@@ -19,7 +19,7 @@ pub use bus::{Bus, Connector, ZbusConnector};
 pub use machine::{Daemon, DaemonHandle, DaemonPaths};
 pub use status::{Phase, Status};
 
-pub use crate::shutdown::{ShutdownKind, ShutdownRequest};
+pub use crate::shutdown::{CancelCause, ShutdownKind, ShutdownRequest};
 
 /// The node's drain, as seen by the state machine. The daemon releases the inhibitor when
 /// `drain` returns or when the budget ends, whichever is first; at the budget end the
@@ -28,8 +28,9 @@ pub use crate::shutdown::{ShutdownKind, ShutdownRequest};
 pub trait Drainer: Send + Sync + 'static {
     /// Drains the node for `req`; returns once every targeted pod is gone.
     async fn drain(&self, req: &ShutdownRequest) -> anyhow::Result<()>;
-    /// The shutdown was cancelled (`PrepareForShutdown(false)`): undo what must be undone.
-    async fn cancel(&self, req: &ShutdownRequest) -> anyhow::Result<()>;
+    /// The shutdown will not happen (`cause`): stop the drain where it is and undo what
+    /// must be undone.
+    async fn cancel(&self, req: &ShutdownRequest, cause: CancelCause) -> anyhow::Result<()>;
     /// The daemon started and no shutdown is in progress: reconcile after a boot.
     async fn after_boot(&self) -> anyhow::Result<()>;
     /// The configuration was reloaded (SIGHUP): use `settings` from now on. Keys that need a
@@ -79,7 +80,7 @@ impl Drainer for SleepDrainer {
         tokio::time::sleep(self.0).await;
         Ok(())
     }
-    async fn cancel(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
+    async fn cancel(&self, _req: &ShutdownRequest, _cause: CancelCause) -> anyhow::Result<()> {
         Ok(())
     }
     async fn after_boot(&self) -> anyhow::Result<()> {

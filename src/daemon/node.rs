@@ -20,7 +20,7 @@ use crate::daemon::Drainer;
 use crate::fallback::{Fallback, FallbackOptions, FallbackReport, KubeletControl, PodOutcome};
 use crate::metrics::{Metrics, TerminationMethod};
 use crate::nodeview::{PodsOnNode, RuntimeAndMounts};
-use crate::shutdown::ShutdownRequest;
+use crate::shutdown::{CancelCause, ShutdownRequest};
 use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
@@ -416,7 +416,7 @@ impl Drainer for NodeDrainer {
         }
     }
 
-    async fn cancel(&self, req: &ShutdownRequest) -> Result<()> {
+    async fn cancel(&self, req: &ShutdownRequest, cause: CancelCause) -> Result<()> {
         self.restart_kubelet_if_stopped().await;
         // No shutdown happened: nothing for the next boot to record.
         if let Err(err) = OfflineDrain::remove_if_boot(&self.settings().state_dir, &req.boot_id) {
@@ -424,10 +424,13 @@ impl Drainer for NodeDrainer {
         }
         let policy = self.settings().shutdown.on_cancel;
         match self.engine_now() {
-            Some(engine) => engine.cancel_shutdown(policy).await,
+            Some(engine) => engine.cancel_shutdown(policy, cause).await,
             None => {
                 if policy == CompletionPolicy::Complete {
                     self.restore_static_pods().await;
+                }
+                if cause == CancelCause::Lost {
+                    tracing::error!(node = %self.parts.node, "{}", crate::plan::lifecycle::LOST);
                 }
                 tracing::warn!(node = %self.parts.node, "shutdown cancelled while the apiserver is unreachable: the node stays cordoned until the maintenance is completed");
                 Ok(())

@@ -23,7 +23,7 @@
 //! it drops every outstanding call. Progress is kept in a shared report so that
 //! [`Fallback::report`] shows what was done even after the future was dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -243,11 +243,22 @@ impl Fallback {
                 .extend(unreached(cache, &targets, listing_error.as_deref()));
         }
 
+        let mut targets = targets;
         let mut running: FuturesUnordered<StepFuture> = FuturesUnordered::new();
         let mut progress = vec![Progress::Waiting; targets.len()];
-        for (band_idx, band) in sorted.iter().enumerate() {
+        // One look past the last band: a pod that arrived meanwhile is stopped too.
+        for next in 0..=sorted.len() {
+            if next > 0 {
+                self.take_arrivals(cache, &mut targets, &mut progress).await;
+            }
+            let band_idx = next.min(sorted.len().saturating_sub(1));
+            let Some(band) = sorted.get(band_idx) else {
+                break;
+            };
+            // A pod that arrived after its band (the runtime shows a sandbox the first look
+            // did not) goes with the band under way, with its own band's grace.
             let members: Vec<usize> = (0..targets.len())
-                .filter(|&i| targets[i].band == band_idx)
+                .filter(|&i| progress[i] == Progress::Waiting && targets[i].band <= band_idx)
                 .collect();
             if members.is_empty() {
                 continue;
@@ -271,7 +282,11 @@ impl Fallback {
                 progress[i] = Progress::Containers;
                 running.push(self.stop_containers(i, &targets[i]));
             }
-            let deadline = band_start + band.shutdown_grace_period + self.opts.band_slack;
+            let grace = members
+                .iter()
+                .map(|&i| targets[i].grace)
+                .fold(band.shutdown_grace_period, Duration::max);
+            let deadline = band_start + grace + self.opts.band_slack;
             let mut timed_out = false;
             while members.iter().any(|&i| progress[i] == Progress::Containers) {
                 tokio::select! {
@@ -567,19 +582,91 @@ impl Fallback {
             Ok(listed) => (None, listed),
             Err(e) => (Some(e), Default::default()),
         };
+        let mut targets = self.sandbox_targets(sandboxes, containers, &manifests, cache);
+        let used: HashSet<&str> = targets
+            .iter()
+            .filter_map(|t| t.manifest.as_deref())
+            .collect();
+        let unused: Vec<&StaticManifest> = manifests
+            .iter()
+            .filter(|m| !used.contains(m.file_name.as_str()))
+            .collect();
+        for m in unused {
+            let band = self.gns.band_for(m.priority);
+            targets.push(Target {
+                namespace: m.namespace.clone(),
+                name: mirror_name(m, &self.opts.node),
+                uid: String::new(),
+                priority: Some(m.priority),
+                pod_type: Some(PodType::Static),
+                sandbox: None,
+                containers: Vec::new(),
+                manifest: Some(m.file_name.clone()),
+                band,
+                grace: Duration::ZERO,
+            });
+        }
+        (targets, listing_error)
+    }
+
+    /// Pods the runtime shows that no look before found, joined to the drain with their own
+    /// band (each in the report). A known pod in a new sandbox is the kubelet starting it
+    /// again ([`Fallback::stop_restarted`]); a runtime the first look could not use is not
+    /// asked again.
+    async fn take_arrivals(
+        &self,
+        cache: &PodCache,
+        targets: &mut Vec<Target>,
+        progress: &mut Vec<Progress>,
+    ) {
+        if self.lock().runtime_unusable.is_some() {
+            return;
+        }
+        let (sandboxes, containers) = tokio::join!(
+            self.runtime.list_pod_sandboxes(),
+            self.runtime.list_containers(None)
+        );
+        let (Ok(sandboxes), Ok(containers)) = (sandboxes, containers) else {
+            return;
+        };
+        let known: HashSet<&str> = targets.iter().map(|t| t.uid.as_str()).collect();
+        let fresh: Vec<PodSandbox> = sandboxes
+            .into_iter()
+            .filter(|s| !known.contains(s.uid.as_str()))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let manifests = self.active_manifests().await;
+        let sorted = self.gns.bands();
+        for t in self.sandbox_targets(fresh, containers, &manifests, cache) {
+            warn!(pod = %format!("{}/{}", t.namespace, t.name), band = sorted.get(t.band).map(|b| b.priority), "a pod arrived on the node during the offline drain: stopping it with its band's grace");
+            let mut r = self.lock();
+            r.pods.insert(targets.len(), pod_report(&t, sorted));
+            targets.push(t);
+            progress.push(Progress::Waiting);
+        }
+    }
+
+    /// The targets of running sandboxes (and of stopped ones whose containers still run).
+    fn sandbox_targets(
+        &self,
+        sandboxes: Vec<PodSandbox>,
+        containers: Vec<Container>,
+        manifests: &[StaticManifest],
+        cache: &PodCache,
+    ) -> Vec<Target> {
         let gns = &self.gns;
         let node = &self.opts.node;
-
-        let mut by_sandbox: HashMap<&str, Vec<Container>> = HashMap::new();
-        for c in &containers {
+        let mut by_sandbox: HashMap<String, Vec<Container>> = HashMap::new();
+        for c in containers {
             if c.state != ContainerState::Exited {
-                by_sandbox.entry(&c.sandbox_id).or_default().push(c.clone());
+                by_sandbox.entry(c.sandbox_id.clone()).or_default().push(c);
             }
         }
-        let mut used_manifests = vec![false; manifests.len()];
         let mut targets = Vec::new();
         for s in sandboxes {
-            let live = by_sandbox.remove(s.id.as_str()).unwrap_or_default();
+            let live = by_sandbox.remove(&s.id).unwrap_or_default();
             if s.state == SandboxState::NotReady && live.is_empty() {
                 continue;
             }
@@ -587,9 +674,6 @@ impl Fallback {
             let manifest = manifests
                 .iter()
                 .position(|m| m.namespace == s.namespace && mirror_name(m, node) == s.name);
-            if let Some(m) = manifest {
-                used_manifests[m] = true;
-            }
             let priority = pod
                 .map(|p| p.priority)
                 .or_else(|| manifest.map(|m| manifests[m].priority));
@@ -615,24 +699,7 @@ impl Fallback {
                 grace,
             });
         }
-        for (m, used) in manifests.iter().zip(used_manifests) {
-            if !used {
-                let band = gns.band_for(m.priority);
-                targets.push(Target {
-                    namespace: m.namespace.clone(),
-                    name: mirror_name(m, node),
-                    uid: String::new(),
-                    priority: Some(m.priority),
-                    pod_type: Some(PodType::Static),
-                    sandbox: None,
-                    containers: Vec::new(),
-                    manifest: Some(m.file_name.clone()),
-                    band,
-                    grace: Duration::ZERO,
-                });
-            }
-        }
-        (targets, listing_error)
+        targets
     }
 
     fn mark_stopping(&self, i: usize, t0: Instant) {

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::shutdown::ShutdownKind;
+use crate::shutdown::{CancelCause, ShutdownKind};
 
 /// Where the daemon is in the lifecycle; written to the status file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,16 +89,19 @@ pub enum ShutdownOutcome {
     BudgetEnded,
     /// logind cancelled the shutdown.
     Cancelled,
+    /// logind restarted and lost the shutdown: nobody cancelled it, the drain stopped.
+    Lost,
     /// The node went down while the drain still ran (found at the next boot).
     Interrupted,
 }
 
 impl ShutdownOutcome {
-    pub const ALL: [ShutdownOutcome; 5] = [
+    pub const ALL: [ShutdownOutcome; 6] = [
         ShutdownOutcome::Drained,
         ShutdownOutcome::Failed,
         ShutdownOutcome::BudgetEnded,
         ShutdownOutcome::Cancelled,
+        ShutdownOutcome::Lost,
         ShutdownOutcome::Interrupted,
     ];
 
@@ -108,6 +111,7 @@ impl ShutdownOutcome {
             ShutdownOutcome::Failed => "failed",
             ShutdownOutcome::BudgetEnded => "budget_ended",
             ShutdownOutcome::Cancelled => "cancelled",
+            ShutdownOutcome::Lost => "lost",
             ShutdownOutcome::Interrupted => "interrupted",
         }
     }
@@ -175,8 +179,8 @@ pub(crate) enum Effect {
         outcome: ShutdownOutcome,
     },
     /// Stop the drain task and the deadline, persist `Cancelled`, take a new inhibitor when
-    /// `rearm`, and ask the drainer to undo the shutdown.
-    CancelShutdown { rearm: bool },
+    /// `rearm`, and ask the drainer to stop the drain where it is and undo the shutdown.
+    CancelShutdown { rearm: bool, cause: CancelCause },
     /// The persisted shutdown was cancelled while no process ran: record it and undo it.
     CancelPersisted,
     /// No shutdown: reconcile after a boot.
@@ -251,7 +255,13 @@ pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
             if !matches!(state.phase, Phase::Draining | Phase::Released) {
                 return ignored(state, "no shutdown to cancel");
             }
-            cancel(state, &mut next, &mut effects, "PrepareForShutdown(false)");
+            cancel(
+                state,
+                &mut next,
+                &mut effects,
+                CancelCause::Cancelled,
+                "PrepareForShutdown(false)",
+            );
             if state.terminating {
                 effects.push(Effect::Exit);
             }
@@ -369,22 +379,12 @@ fn connected(
         Phase::Draining => {
             take_inhibitor(next, effects);
             if !preparing && !state.bypass {
-                cancel(
-                    *next,
-                    next,
-                    effects,
-                    "shutdown cancelled while disconnected",
-                );
+                cancel(*next, next, effects, CancelCause::Lost, LOST);
             }
         }
         Phase::Released => {
             if !preparing {
-                cancel(
-                    state,
-                    next,
-                    effects,
-                    "shutdown cancelled while disconnected",
-                );
+                cancel(state, next, effects, CancelCause::Lost, LOST);
             }
         }
         Phase::Stopping => {}
@@ -432,10 +432,21 @@ fn release(
     }
 }
 
+/// The phase's reason when logind came back without the shutdown under way.
+pub(crate) const LOST: &str =
+    "logind restarted and lost the shutdown: the drain stopped; ask for the shutdown again";
+
 /// A cancelled shutdown always ends armed: with the inhibitor held again.
-fn cancel(state: Lifecycle, next: &mut Lifecycle, effects: &mut Vec<Effect>, reason: &str) {
+fn cancel(
+    state: Lifecycle,
+    next: &mut Lifecycle,
+    effects: &mut Vec<Effect>,
+    cause: CancelCause,
+    reason: &str,
+) {
     effects.push(Effect::CancelShutdown {
         rearm: !state.inhibitor,
+        cause,
     });
     next.inhibitor = true;
     next.bypass = false;
@@ -635,9 +646,13 @@ mod tests {
             kind: None,
         };
         let t = step(at(Phase::Released), cancel.clone());
-        assert_eq!(t.effects[0], Effect::CancelShutdown { rearm: true });
+        let cancelled = |rearm| Effect::CancelShutdown {
+            rearm,
+            cause: CancelCause::Cancelled,
+        };
+        assert_eq!(t.effects[0], cancelled(true));
         let t = step(at(Phase::Draining), cancel);
-        assert_eq!(t.effects[0], Effect::CancelShutdown { rearm: false });
+        assert_eq!(t.effects[0], cancelled(false));
         assert_eq!(t.next, at(Phase::Armed));
     }
 
@@ -653,6 +668,25 @@ mod tests {
         );
         let t = step(at(Phase::Draining), connected(false, None));
         assert_eq!(t.next.phase, Phase::Armed);
+    }
+
+    #[test]
+    fn logind_back_without_the_shutdown_stops_the_drain_as_lost() {
+        for phase in [Phase::Draining, Phase::Released] {
+            let t = step(at(phase), connected(false, None));
+            let lost = t.effects.iter().find_map(|e| match e {
+                Effect::CancelShutdown { cause, .. } => Some(*cause),
+                _ => None,
+            });
+            assert_eq!(lost, Some(CancelCause::Lost), "{phase:?}");
+            assert!(t.effects.contains(&enter(Phase::Armed, LOST)), "{phase:?}");
+            assert_eq!(t.next.phase, Phase::Armed);
+            assert!(t.next.inhibitor);
+        }
+        // A restart that keeps the shutdown pending goes on with the drain.
+        let t = step(at(Phase::Draining), connected(true, None));
+        assert_eq!(t.effects, vec![Effect::TakeInhibitor]);
+        assert_eq!(t.next.phase, Phase::Draining);
     }
 
     #[test]
@@ -780,7 +814,7 @@ mod tests {
                             *n += 1;
                             prop_assert_eq!(*n, 1, "released twice in one shutdown");
                         }
-                        Effect::CancelShutdown { rearm } => {
+                        Effect::CancelShutdown { rearm, .. } => {
                             prop_assert_eq!(*rearm, !state.inhibitor);
                         }
                         Effect::Exit => prop_assert!(t.next.terminating),

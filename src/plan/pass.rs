@@ -7,7 +7,7 @@
 //! "The node is done" (the shutdown's drain returns, and the state machine releases the
 //! inhibitor: `plan::lifecycle`) is decided here, in [`decide`]'s [`Done`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::bandend::{self, NodeView};
@@ -87,6 +87,8 @@ pub(crate) struct ShutdownFacts<'a> {
     pub(crate) start: Duration,
     /// Its schedule may be acted on now (see [`Deadlines::holds`]).
     pub(crate) holds: bool,
+    /// The UIDs of the pods its schedule was split over.
+    pub(crate) planned: &'a HashSet<String>,
 }
 
 /// Everything [`decide`] looks at.
@@ -204,6 +206,7 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
             schedule: c.schedule,
             start: c.start,
             holds: c.holds,
+            planned: c.planned,
         }),
         backoff_cap,
         drain_began: s.drain_began,

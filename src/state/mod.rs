@@ -310,7 +310,9 @@ impl ShutdownState {
             ShutdownOutcome::Drained | ShutdownOutcome::Failed | ShutdownOutcome::BudgetEnded => {
                 (self.updated_at - self.started_at).to_std().ok()
             }
-            ShutdownOutcome::Cancelled | ShutdownOutcome::Interrupted => None,
+            ShutdownOutcome::Cancelled | ShutdownOutcome::Lost | ShutdownOutcome::Interrupted => {
+                None
+            }
         }
     }
 

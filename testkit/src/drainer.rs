@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use nodegrace::{Drainer, ShutdownRequest};
+use nodegrace::{CancelCause, Drainer, ShutdownRequest};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainMode {
@@ -31,6 +31,8 @@ pub struct DrainCall {
 pub struct DrainRecord {
     pub drains: Vec<DrainCall>,
     pub cancels: Vec<ShutdownRequest>,
+    /// Why each of `cancels` was cancelled.
+    pub cancel_causes: Vec<CancelCause>,
     pub after_boots: u32,
 }
 
@@ -160,9 +162,10 @@ impl Drainer for ScriptedDrainer {
         Ok(())
     }
 
-    async fn cancel(&self, req: &ShutdownRequest) -> anyhow::Result<()> {
+    async fn cancel(&self, req: &ShutdownRequest, cause: CancelCause) -> anyhow::Result<()> {
         if let Ok(mut r) = self.shared.record.lock() {
             r.cancels.push(req.clone());
+            r.cancel_causes.push(cause);
         }
         self.bump();
         Ok(())

@@ -67,7 +67,20 @@ pub async fn booted_with_bands(
     daemonset: bool,
     config: String,
 ) -> (Fixture, Vec<u8>) {
-    let mut f = Fixture::new(prefix).await;
+    booted_with_bands_on(prefix, daemonset, config, None).await
+}
+
+/// [`booted_with_bands`] on a node booted from `debian`'s root (None: the default's).
+pub async fn booted_with_bands_on(
+    prefix: &str,
+    daemonset: bool,
+    config: String,
+    debian: Option<real::Debian>,
+) -> (Fixture, Vec<u8>) {
+    let mut f = match debian {
+        Some(debian) => Fixture::on(prefix, debian).await,
+        None => Fixture::new(prefix).await,
+    };
     f.node
         .config_dropins
         .push(("50-budget.toml".into(), config));

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -201,6 +201,22 @@ pub async fn daemonset(
     api.create(&PostParams::default(), &d)
         .await
         .unwrap_or_else(|e| panic!("creating daemonset {}: {e}", shape.app));
+}
+
+/// A bare pod `name` bound to `node` by `spec.nodeName`, as a controller whose scheduler
+/// cache still shows the node schedulable binds one (a cordon does not stop it).
+pub async fn bound_pod(client: &Client, ns: &str, node: &str, name: &str, shape: PodShape<'_>) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut pod = shape.template(node);
+    pod["metadata"]["name"] = json!(name);
+    if let Some(spec) = pod["spec"].as_object_mut() {
+        spec.remove("nodeSelector");
+        spec.insert("nodeName".into(), json!(node));
+    }
+    let pod: Pod = serde_json::from_value(pod).expect("pod");
+    api.create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
 }
 
 /// Puts `node` in `pool` (see [`PodShape::in_pool`]).

@@ -27,8 +27,8 @@ use reflect::spawn_reflector;
 pub(crate) use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
 pub(crate) use view::list_maintenances_for;
 use view::{
-    has_finalizer, is_active, is_deleting, is_draining, node_volumes, tolerates_everything,
-    Maintenances,
+    drain_stopped, has_finalizer, is_active, is_deleting, is_draining, node_volumes,
+    tolerates_everything, Maintenances,
 };
 
 use std::collections::{HashMap, HashSet};
@@ -70,6 +70,9 @@ pub(crate) const BOOT_ID_ANNOTATION: &str = "nodegrace.dev/boot-id";
 pub(crate) const SHUTDOWN_KIND_ANNOTATION: &str = "nodegrace.dev/shutdown-kind";
 /// A summary of the offline (CRI) drain, written once the apiserver is back.
 pub(crate) const FALLBACK_ANNOTATION: &str = "nodegrace.dev/fallback-report";
+/// When and why the drain of a cancelled shutdown's kept maintenance stopped: it holds the
+/// node cordoned and asks no pod more, until the next shutdown adopts it.
+pub(crate) const DRAIN_STOPPED_ANNOTATION: &str = "nodegrace.dev/drain-stopped";
 /// `drainMessage` of a node that carried out a maintenance's Complete stage.
 pub const COMPLETED_MESSAGE: &str = "Completed";
 
@@ -190,6 +193,10 @@ struct ShutdownRun {
     cordon_awaited: bool,
     /// Its schedule once made; kept over a drain that resumes, until that one's comes.
     ctx: Option<Arc<ShutdownCtx>>,
+    /// From `ShutdownEnded` to the next `ShutdownBegun`: the shutdown maintenance drains
+    /// nothing more (until its [`DRAIN_STOPPED_ANNOTATION`] or completion is watched, and
+    /// after).
+    stopped: bool,
     /// Where the loop reports to the latest shutdown's drain.
     progress: Option<watch::Sender<Progress>>,
 }
@@ -468,6 +475,8 @@ struct ShutdownCtx {
     budget: Duration,
     reserves: BudgetReserves,
     schedule: Vec<StepSchedule>,
+    /// The UIDs of the pods `schedule` was split over.
+    planned: HashSet<String>,
     /// Tokio instant of `ShutdownRequest::started_at`.
     start: Instant,
     /// When `schedule` was made, on the drain clock.
@@ -692,6 +701,7 @@ impl Shared {
         match msg {
             ToLoop::ShutdownBegun { progress } => {
                 st.shutdown.on = true;
+                st.shutdown.stopped = false;
                 st.shutdown.cordon_awaited = true;
                 st.shutdown.progress = Some(progress);
             }
@@ -703,6 +713,7 @@ impl Shared {
             }
             ToLoop::ShutdownEnded => {
                 st.shutdown.on = false;
+                st.shutdown.stopped = true;
                 st.shutdown.cordon_awaited = false;
                 st.shutdown.ctx = None;
             }

@@ -119,8 +119,10 @@ impl Shared {
         let at = ctx.start.elapsed();
         let mut next = ctx.clone();
         next.planned_at = self.now();
-        match crate::plan::plan_steps(&ctx.plan, &self.pod_infos()) {
+        let pods = self.pod_infos();
+        match crate::plan::plan_steps(&ctx.plan, &pods) {
             Ok(steps) => {
+                next.planned = pods.into_iter().map(|p| p.uid).collect();
                 let left = ctx.budget.saturating_sub(at);
                 tracing::info!(node = %self.node, maintenance = %ctx.name, lost = ?lost, at = ?at, left = ?left, cause = %cause, "time lost: the rest of the shutdown budget is split again over the pods left");
                 next.schedule =

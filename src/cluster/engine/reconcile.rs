@@ -28,10 +28,24 @@ use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets, NodeReport
 use crate::state::PodCache;
 
 use super::{
-    describe_targets, has_finalizer, is_active, is_deleting, is_draining, lock, merge_values,
-    min_wake, shutdown_maintenance_name, tolerates_everything, DrainState, MaintView, Progress,
-    Shared, COMPLETED_MESSAGE, NODE_LOOK_INTERVAL, POD_CACHE_DEBOUNCE,
+    describe_targets, drain_stopped, has_finalizer, is_active, is_deleting, is_draining, lock,
+    merge_values, min_wake, shutdown_maintenance_name, tolerates_everything, DrainState, MaintView,
+    Progress, Shared, COMPLETED_MESSAGE, NODE_LOOK_INTERVAL, POD_CACHE_DEBOUNCE,
 };
+
+/// Why the shutdown is planned again when pods arrive after its schedule was made.
+fn arrived_cause(pods: &[PodInfo]) -> String {
+    const NAMED: usize = 3;
+    let mut names: Vec<String> = pods.iter().take(NAMED).map(PodInfo::key).collect();
+    if pods.len() > NAMED {
+        names.push(format!("{} more", pods.len() - NAMED));
+    }
+    format!(
+        "{} pod(s) bound to the node after its schedule was made ({})",
+        pods.len(),
+        names.join(", ")
+    )
+}
 
 /// When the node's drain began: the earliest Drain stage start (`status.stageStatuses`, else
 /// the creation) among the draining maintenances that select it, in Unix seconds.
@@ -161,8 +175,12 @@ impl Shared {
         let hold = pass::hold(&facts, node_marks(&node), st.shutdown.on);
         self.apply_hold(st, &node, &active, &hold).await?;
 
-        let draining: Vec<&Arc<NodeMaintenance>> =
-            active.iter().filter(|m| is_draining(m)).collect();
+        let shutdown_name = shutdown_maintenance_name(&self.node);
+        let draining: Vec<&Arc<NodeMaintenance>> = active
+            .iter()
+            .filter(|m| is_draining(m))
+            .filter(|m| !drain_stopped(m, &shutdown_name, &st.shutdown))
+            .collect();
         let previous = self.previous_targets(st, &draining);
         let prepared = self.prepare(st, &draining, previous.as_ref()).await?;
         let ctx_any = st.shutdown.ctx.clone();
@@ -201,6 +219,7 @@ impl Shared {
                 schedule: &c.schedule,
                 start: c.start.saturating_duration_since(self.epoch),
                 holds,
+                planned: &c.planned,
             }),
             previous: previous.as_ref(),
             pods: &node_pods,
@@ -212,6 +231,13 @@ impl Shared {
             budgets: &st.budgets.statuses,
             node_view: node_view.as_ref(),
         })?;
+        if let Some(ctx) = ctx_any.as_ref().filter(|_| holds) {
+            if !decisions.drain.unplanned.is_empty() {
+                let cause = arrived_cause(&decisions.drain.unplanned);
+                st.shutdown.ctx = Some(Arc::new(self.replanned(ctx, Duration::ZERO, cause)));
+                min_wake(&mut wake, Instant::now());
+            }
+        }
         let seen = Seen {
             node: &node,
             raw_pods: &raw_pods,

@@ -29,14 +29,14 @@ use crate::config::CompletionPolicy;
 use crate::plan::budget::{plan_steps, split_remaining, BudgetReserves};
 use crate::plan::reachability;
 use crate::plan::{normalize_drain_plan, DrainPlanEntry, DrainTargets};
-use crate::shutdown::{ShutdownKind, ShutdownRequest};
+use crate::shutdown::{CancelCause, ShutdownKind, ShutdownRequest};
 use crate::state::OfflineDrain;
 
 use super::{
     is_deleting, kind_str, lock, merge_params, merge_values, shutdown_maintenance_name, AfterBoot,
     Engine, EngineError, Progress, Replan, Shared, ShutdownCtx, ShutdownTimings, ToLoop,
-    BOOT_ID_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL, QUIET_PROBE_INTERVAL,
-    SHUTDOWN_KIND_ANNOTATION,
+    BOOT_ID_ANNOTATION, DRAIN_STOPPED_ANNOTATION, FALLBACK_ANNOTATION, PROBE_INTERVAL,
+    QUIET_PROBE_INTERVAL, SHUTDOWN_KIND_ANNOTATION,
 };
 
 /// How long the drain waits, beside the cordon, for the evicting identity's connection.
@@ -126,6 +126,7 @@ impl Engine {
             budget: req.budget,
             reserves,
             schedule,
+            planned: pods.iter().map(|p| p.uid.clone()).collect(),
             start,
             // The loop's to set: planned when it takes the schedule.
             planned_at: Duration::ZERO,
@@ -201,14 +202,55 @@ impl Engine {
 
     /// The shutdown was cancelled: stop escalating, clear the shutdown marks, and complete
     /// or keep the maintenance as `policy` says.
-    pub async fn cancel_shutdown(&self, policy: CompletionPolicy) -> Result<()> {
+    /// The shutdown will not happen: its drain stops where it is (the loop asks no pod
+    /// more for it), the Node says why, and its maintenance is completed or kept as
+    /// `policy` says. A kept one holds the node cordoned and drains nothing more until the
+    /// next shutdown adopts it ([`DRAIN_STOPPED_ANNOTATION`]).
+    pub async fn cancel_shutdown(
+        &self,
+        policy: CompletionPolicy,
+        cause: CancelCause,
+    ) -> Result<()> {
         let sh = &self.shared;
         sh.tell_loop(ToLoop::ShutdownEnded);
         sh.shutting_down.store(false, Ordering::Relaxed);
+        let name = shutdown_maintenance_name(&sh.node);
+        let (warning, reason, note) = match cause {
+            CancelCause::Cancelled => (
+                false,
+                "ShutdownCancelled",
+                "the shutdown was cancelled (PrepareForShutdown(false)): the drain stopped",
+            ),
+            CancelCause::Lost => (true, "ShutdownLost", crate::plan::lifecycle::LOST),
+        };
+        let kept = match policy {
+            CompletionPolicy::Complete => format!("{name} is completed"),
+            CompletionPolicy::Keep => {
+                format!("{name} is kept: the node stays cordoned until `nodegrace complete`")
+            }
+        };
+        let node = sh
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.name_any() == sh.node);
+        let maintenance = sh.maintenances.state(&lock(&sh.watch_log));
+        let maintenance = maintenance.iter().find(|m| m.name_any() == name);
+        match node {
+            Some(node) => sh.event_both(
+                &node,
+                maintenance.map(|m| &**m),
+                warning,
+                reason,
+                format!("{note}; {kept}"),
+            ),
+            None => tracing::warn!(node = %sh.node, "no Node to tell of the cancelled shutdown"),
+        }
+        tracing::warn!(node = %sh.node, maintenance = %name, cause = ?cause, "{note}; {kept}");
         sh.clear_shutdown_marks(REASON_SHUTDOWN_CANCELLED).await?;
-        if policy == CompletionPolicy::Complete {
-            sh.set_stage(&shutdown_maintenance_name(&sh.node), Stage::Complete)
-                .await?;
+        match policy {
+            CompletionPolicy::Complete => sh.set_stage(&name, Stage::Complete).await?,
+            CompletionPolicy::Keep => sh.mark_drain_stopped(&name, note).await?,
         }
         Ok(())
     }
@@ -384,6 +426,26 @@ impl Shared {
 
     /// The shutdown conditions back to False (`reason`), where they say `NodeShutdown`;
     /// the load-balancer exclusion removed.
+    /// Keeps the cancelled shutdown's maintenance and stops its drain, for a daemon started
+    /// again too. None to mark (the cancel came before it was created) is nothing to do.
+    async fn mark_drain_stopped(&self, name: &str, why: &str) -> Result<()> {
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let stopped = format!(
+            "{}: {why}",
+            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+        let patch = json!({"metadata": {"annotations": {DRAIN_STOPPED_ANNOTATION: stopped}}});
+        let r = api
+            .patch(name, &merge_params(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("marking NodeMaintenance {name}'s drain stopped"));
+        match gateway::answer(self, r.map(|_| ())) {
+            Ok(()) => Ok(()),
+            Err(f) if f.is(Kind::NotFound) => Ok(()),
+            Err(f) => Err(f.into()),
+        }
+    }
+
     pub(super) async fn clear_shutdown_marks(&self, reason: &'static str) -> Result<()> {
         let api: Api<Node> = Api::all(self.client.clone());
         let node = api
@@ -589,7 +651,10 @@ impl Shared {
                     .get(SHUTDOWN_KIND_ANNOTATION)
                     .map(String::as_str)
                     == Some(kind)
-                && existing.spec.stage == Stage::Drain;
+                && existing.spec.stage == Stage::Drain
+                && !existing
+                    .annotations()
+                    .contains_key(DRAIN_STOPPED_ANNOTATION);
             if same {
                 tracing::info!(node = %self.node, maintenance = %name, "adopted the shutdown maintenance");
                 return Ok(existing);
@@ -597,6 +662,7 @@ impl Shared {
             let mut patch = json!({"metadata": {"annotations": {
                 BOOT_ID_ANNOTATION: req.boot_id,
                 SHUTDOWN_KIND_ANNOTATION: kind,
+                DRAIN_STOPPED_ANNOTATION: null,
             }}});
             if existing.spec.stage != Stage::Drain {
                 patch["spec"] = json!({"stage": "Drain"});

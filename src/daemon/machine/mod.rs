@@ -21,7 +21,7 @@ use tokio::time::{Instant, Interval};
 use crate::config::Settings;
 use crate::daemon::bus::{Bus, Connector};
 use crate::daemon::status::{LastShutdown, Phase, ShutdownStatus, Status, DEFAULT_STATUS_FILE};
-use crate::daemon::{Drainer, ShutdownKind, ShutdownRequest};
+use crate::daemon::{CancelCause, Drainer, ShutdownKind, ShutdownRequest};
 use crate::logind::budget::{self, BudgetReport};
 use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
 use crate::plan::lifecycle::{self, BudgetFrom, Effect, Event, KindFrom, Lifecycle, Outcome};
@@ -662,19 +662,29 @@ impl Machine {
         self.persist_end(ShutdownPhase::Released, outcome);
     }
 
-    async fn cancel_shutdown(&mut self, rearm: bool) -> Result<()> {
+    async fn cancel_shutdown(&mut self, rearm: bool, cause: CancelCause) -> Result<()> {
         if let Some(d) = self.drain.take() {
             d.abort();
         }
         self.deadline = None;
-        self.persist_end(ShutdownPhase::Cancelled, ShutdownOutcome::Cancelled);
+        let outcome = match cause {
+            CancelCause::Cancelled => ShutdownOutcome::Cancelled,
+            CancelCause::Lost => {
+                tracing::error!(kind = ?self.shutdown.as_ref().map(|r| r.kind), "{}", lifecycle::LOST);
+                ShutdownOutcome::Lost
+            }
+        };
+        self.persist_end(ShutdownPhase::Cancelled, outcome);
         let req = self.shutdown.take();
         self.status.shutdown = None;
         if rearm {
             self.take_inhibitor_now().await?;
         }
         if let Some(req) = req {
-            self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
+            self.spawn_side(
+                "cancel",
+                move |d| async move { d.cancel(&req, cause).await },
+            );
         }
         Ok(())
     }
@@ -780,7 +790,7 @@ impl Machine {
                 self.deadline = Some(self.deadline.map_or(cap, |d| d.min(cap)));
             }
             Effect::Release { reason, outcome } => self.release(&reason, outcome),
-            Effect::CancelShutdown { rearm } => self.cancel_shutdown(rearm).await?,
+            Effect::CancelShutdown { rearm, cause } => self.cancel_shutdown(rearm, cause).await?,
             Effect::CancelPersisted => {
                 if let Some(p) = persisted {
                     tracing::info!("the shutdown was cancelled while nodegrace was not running");
@@ -788,7 +798,9 @@ impl Machine {
                     self.shutdown = Some(req.clone());
                     self.persist_end(ShutdownPhase::Cancelled, ShutdownOutcome::Cancelled);
                     self.shutdown = None;
-                    self.spawn_side("cancel", move |d| async move { d.cancel(&req).await });
+                    self.spawn_side("cancel", move |d| async move {
+                        d.cancel(&req, CancelCause::Cancelled).await
+                    });
                 }
             }
             Effect::AfterBoot => {

@@ -17,7 +17,7 @@
 //!   DaemonSet is its replacement (its controller ignores cordon and taints): neither asked
 //!   nor waited for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::bandend::{BandEnd, NodeTrack, NodeView};
@@ -110,6 +110,8 @@ pub(crate) struct Deadlines<'a> {
     /// ([`crate::plan::reachability::Reachability::schedule_holds`]): false while the
     /// apiserver cannot be used, and after an outage until the schedule is made again.
     pub holds: bool,
+    /// The UIDs of the pods the schedule was split over.
+    pub planned: &'a HashSet<String>,
 }
 
 impl Deadlines<'_> {
@@ -183,6 +185,11 @@ pub(crate) struct Decision {
     pub actions: Vec<(PodInfo, Action)>,
     /// Decide again then even if nothing changes (a back-off ends, an escalation is due).
     pub wake_at: Option<Duration>,
+    /// Pods of the shutdown's plan that its schedule was not made for (bound to the node
+    /// after it was split, their band possibly over): the schedule is to be made again
+    /// over what is left of the budget, as after time lost to a fault. Until then nothing
+    /// escalates them.
+    pub unplanned: Vec<PodInfo>,
 }
 
 impl Decision {
@@ -276,12 +283,24 @@ pub(crate) fn decide(s: &Snapshot<'_>) -> Result<Decision, PlanError> {
             actions.push((pod.clone(), action));
         }
     }
+    let unplanned = s
+        .deadlines
+        .map(|d| {
+            counted
+                .iter()
+                .map(|p| &p.info)
+                .filter(|p| p.is_active() && !d.planned.contains(&p.uid) && d.step_of(p).is_some())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Decision {
         evaluation,
         pods,
         replacements,
         actions,
         wake_at,
+        unplanned,
     })
 }
 
@@ -336,7 +355,7 @@ fn escalation(
         return None;
     }
     let held = track.asked || info.terminating;
-    if !held {
+    if !held || !deadlines.planned.contains(&info.uid) {
         return None;
     }
     let step = deadlines.step_of(info)?;

@@ -28,6 +28,8 @@ struct World {
     holds: bool,
     budgets: HashMap<String, BudgetStatus>,
     view: Option<NodeView>,
+    /// The pods the schedule was split over.
+    planned: HashSet<String>,
 }
 
 const RESERVES: BudgetReserves = BudgetReserves {
@@ -49,7 +51,9 @@ impl World {
         let step_targets = (0..plan.len())
             .map(|i| DrainTargets::for_plan(&plan, i).unwrap())
             .collect();
+        let planned = pods.iter().map(|p| p.uid.clone()).collect();
         World {
+            planned,
             plan,
             pods: pods.into_iter().map(node_pod).collect(),
             tracks: HashMap::new(),
@@ -80,6 +84,7 @@ impl World {
                 schedule: &self.schedule,
                 start: Duration::ZERO,
                 holds: self.holds,
+                planned: &self.planned,
             }),
             backoff_cap: S(5),
             drain_began: Some(1_000),
@@ -708,4 +713,77 @@ fn a_band_ends_when_the_node_shows_its_pods_gone() {
         names(&d),
         [("agent".into(), Action::Delete { grace_seconds: 30 })]
     );
+}
+
+/// Issue 44: a pod bound to the node after the schedule was split (here in the first band,
+/// which is long over) is asked as its band's pods were and never escalated by that band's
+/// deadline; the drain asks for a new schedule, and once made for it, the pod's deadline is
+/// the new one.
+#[test]
+fn a_pod_that_arrives_after_its_band_is_asked_and_its_schedule_made_again() {
+    let mut w = World::new(
+        vec![
+            pod("web-1", PodType::Default, 1000),
+            pod("crit", PodType::Default, 2_000_000_000),
+            pod("agent", PodType::DaemonSet, 0),
+        ],
+        S(120),
+    );
+    let first = w.schedule[0].clone();
+    let now = first.escalate_at + S(1);
+    w.pods
+        .push(node_pod(pod("web-late", PodType::Default, 1000)));
+    w.tracks.insert(
+        "uid-web-late".into(),
+        PodTrack {
+            asked: true,
+            accepted: true,
+            ..PodTrack::default()
+        },
+    );
+    let d = w.decide(now, true);
+    assert!(
+        !d.actions.iter().any(|(p, _)| p.name == "web-late"),
+        "escalated by a band that is over: {:?}",
+        names(&d)
+    );
+    let unplanned: Vec<&str> = d.unplanned.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(unplanned, ["web-late"]);
+    // Not asked yet: asked at once, the Eviction API as for its band.
+    w.tracks.clear();
+    let d = w.decide(now, true);
+    assert!(
+        names(&d).contains(&("web-late".into(), Action::Evict)),
+        "{:?}",
+        names(&d)
+    );
+    // Planned again over what is left: its deadline comes from the budget left.
+    let steps = plan_steps(
+        &w.plan,
+        &w.pods.iter().map(|p| p.info.clone()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    w.schedule = crate::plan::budget::split_remaining(S(120), now, &steps, &RESERVES);
+    w.planned.insert("uid-web-late".into());
+    w.tracks.insert(
+        "uid-web-late".into(),
+        PodTrack {
+            asked: true,
+            accepted: true,
+            ..PodTrack::default()
+        },
+    );
+    let d = w.decide(now + S(1), true);
+    assert!(d.unplanned.is_empty());
+    assert!(
+        !d.actions.iter().any(|(p, _)| p.name == "web-late"),
+        "{:?}",
+        names(&d)
+    );
+    let step = w
+        .schedule
+        .iter()
+        .find(|s| s.pods.contains(&"ns/web-late".to_string()));
+    let step = step.unwrap_or_else(|| panic!("{:?}", w.schedule));
+    assert!(step.escalate_at > now + S(10), "{step:?}");
 }

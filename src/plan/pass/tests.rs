@@ -31,10 +31,12 @@ struct World {
     /// The shutdown maintenance was moved to Complete (or deleted) under the drain.
     ending: bool,
     admin: bool,
+    planned: std::collections::HashSet<String>,
 }
 
 impl World {
     fn new(pods: Vec<PodInfo>, budget: Duration) -> World {
+        let pods_planned = pods.iter().map(|p| p.uid.clone()).collect();
         let plan = normalize_drain_plan(&[]).unwrap();
         let steps = plan_steps(&plan, &pods).unwrap();
         let schedule = split_budget(
@@ -67,6 +69,7 @@ impl World {
             terminated: HashMap::new(),
             ending: false,
             admin: false,
+            planned: pods_planned,
         }
     }
 
@@ -96,6 +99,7 @@ impl World {
                 schedule: &self.schedule,
                 start: Duration::ZERO,
                 holds: true,
+                planned: &self.planned,
             }),
             previous: None,
             pods: &self.pods,
