@@ -3,11 +3,23 @@
 
 use std::borrow::Cow;
 
-/// Control characters (C0, DEL, C1) and the bidirectional overrides and isolates: what can
-/// move the cursor, recolour, clear the screen, start a line that looks like ours, or
-/// reorder what is shown.
+/// Control characters (C0, DEL, C1), the bidirectional marks, overrides and isolates, the
+/// line and paragraph separators and the zero-width space: what can move the cursor,
+/// recolour, clear the screen, start a line that looks like ours, reorder what is shown, or
+/// make two different names look the same.
 fn is_unsafe(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200b}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+        )
 }
 
 fn escape_where(s: &str, unsafe_char: impl Fn(char) -> bool) -> Cow<'_, str> {
@@ -141,6 +153,10 @@ mod tests {
         assert_eq!(escape("abc\u{202e}fed"), "abc\\u202efed");
         assert_eq!(escape("tab\there"), "tab\\u0009here");
         assert_eq!(escape("日本\u{2069}"), "日本\\u2069");
+        assert_eq!(
+            escape("a\u{200b}b\u{200e}c\u{200f}d\u{061c}e\u{2028}f"),
+            "a\\u200bb\\u200ec\\u200fd\\u061ce\\u2028f"
+        );
     }
 
     #[test]
