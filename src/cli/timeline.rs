@@ -326,6 +326,10 @@ fn seconds(d: chrono::Duration) -> String {
 }
 
 fn tick_label(secs: i64) -> String {
+    const DAY: i64 = 86_400;
+    if secs >= DAY && secs % DAY == 0 {
+        return format!("{}d", secs / DAY);
+    }
     match (secs / 60, secs % 60) {
         (0, s) => format!("{s}s"),
         (m, 0) => format!("{m}m"),
@@ -363,11 +367,13 @@ impl Axis {
         const STEPS: [i64; 13] = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
         let total_s = self.total_ms / 1000 + 1;
         let room = (self.cols / 8).max(1) as i64;
+        // Past an hour a step, whole days: events dated years apart (a clock gone wrong, an
+        // Event written by hand) still get a ruler of a few ticks, drawn at once.
         let step = STEPS
             .iter()
             .copied()
             .find(|s| total_s / s <= room)
-            .unwrap_or(3600);
+            .unwrap_or_else(|| (total_s / room / 86_400 + 1) * 86_400);
         let mut labels = vec![' '; self.cols];
         let mut rule = vec!['-'; self.cols];
         let mut free_from = 0;

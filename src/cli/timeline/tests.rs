@@ -191,3 +191,34 @@ fn a_refusal_told_before_its_bands_first_event_waits_until_the_escalation() {
     assert_eq!(waits, [("a/p", t(100), t(2_000))]);
     assert_eq!((s.end, s.outcome.as_str()), (t(2_500), "drained"));
 }
+
+#[test]
+fn events_years_apart_draw_a_ruler_of_a_few_ticks() {
+    let at = |y: i32| Utc.with_ymd_and_hms(y, 1, 1, 0, 0, 0).unwrap();
+    let events = [
+        Record {
+            at: at(0),
+            reason: "DrainTargets".into(),
+            note: "node node-a drains Default<=1000".into(),
+        },
+        Record {
+            at: at(9999),
+            reason: "Drained".into(),
+            note: "node node-a drained for shutdown-node-a".into(),
+        },
+    ];
+    let s = Story::tell("node-a", &[], &events, at(9999)).unwrap();
+    let drawn = draw(&s, 80, false);
+    let rule = drawn.iter().find(|l| l.contains('|')).unwrap();
+    let ticks = rule.matches('|').count();
+    assert!((2..=10).contains(&ticks), "{drawn:#?}");
+    assert!(drawn[1].trim_start().starts_with("0s "), "{drawn:#?}");
+    let second = drawn[1].split_whitespace().nth(1).unwrap();
+    assert!(
+        second.ends_with('d'),
+        "ticks a whole number of days apart: {drawn:#?}"
+    );
+    for line in &drawn {
+        assert!(line.chars().count() <= 80, "{line:?}");
+    }
+}
