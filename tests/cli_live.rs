@@ -380,3 +380,168 @@ fn status_matches_label_selected_maintenances_against_the_node() {
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(names.contains(&"rack-7"), "{names:?}");
 }
+
+/// A date the apiserver stores but the API types cannot hold (they stop at 9999-12-30).
+const PAST_THE_TYPES: &str = "9999-12-31T23:59:59.000000Z";
+
+/// An Event nodegrace wrote on `maintenance`, as events.k8s.io/v1 lists it.
+fn event(name: &str, maintenance: &str, at: &str, reason: &str, note: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "default", "resourceVersion": "5"},
+        "eventTime": at, "reason": reason, "note": note, "action": reason, "type": "Normal",
+        "reportingController": "nodegrace", "reportingInstance": "node-a",
+        "regarding": {"apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "name": maintenance, "uid": "uid-1"}})
+}
+
+fn event_list(items: Vec<Value>, next: Option<&str>) -> Value {
+    json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList",
+        "metadata": {"resourceVersion": "9", "continue": next}, "items": items})
+}
+
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+fn one_shutdown() -> Vec<Value> {
+    vec![
+        event(
+            "a",
+            "shutdown-node-a",
+            "2026-11-27T14:02:03.000000Z",
+            "DrainTargets",
+            "node node-a drains Default<=1000",
+        ),
+        event(
+            "b",
+            "shutdown-node-a",
+            "2026-11-27T14:02:13.000000Z",
+            "Drained",
+            "node node-a drained for shutdown-node-a",
+        ),
+    ]
+}
+
+/// `nodegrace history node-a` with the environment's kubeconfig: exit code, stdout, stderr.
+fn history(env: &Env) -> (Option<i32>, String, String) {
+    let out = env.run(&[
+        "history",
+        "node-a",
+        "--kubeconfig",
+        env.path("kubeconfig").to_str().unwrap(),
+    ]);
+    (
+        out.status.code(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn an_object_that_cannot_be_decoded_is_set_aside_and_the_rest_read() {
+    let mut pods = pod_list();
+    pods["items"][0]["status"]["startTime"] = json!(PAST_THE_TYPES);
+    let bad_pod = format!(
+        "Pod {}/{} cannot be decoded and is left out",
+        pods["items"][0]["metadata"]["namespace"].as_str().unwrap(),
+        pods["items"][0]["metadata"]["name"].as_str().unwrap()
+    );
+    let mut nms = maintenances();
+    nms["items"][3]["metadata"]["creationTimestamp"] = json!(PAST_THE_TYPES);
+    let mut events = one_shutdown();
+    events.push(event(
+        "far",
+        "shutdown-node-a",
+        PAST_THE_TYPES,
+        "Drained",
+        "written by hand",
+    ));
+    let (port, requests) = serve(
+        vec![
+            ("/version", version()),
+            ("/api/v1/pods", pods),
+            ("/apis/nodegrace.dev/v1alpha1/nodemaintenances", nms),
+            (EVENTS, event_list(events, None)),
+        ],
+        true,
+    );
+    let env = Env::new(port);
+
+    let out = env.run(&["plan", "-o", "json"]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["order"].as_array().unwrap().len(), 5, "{r}");
+    assert!(err.contains(&bad_pod), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let out = env.run(&["status", "-o", "json"]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["maintenances"]["known"], true, "{r}\n{err}");
+    assert_eq!(r["maintenances"]["active"][0]["name"], "shutdown-node-a");
+    // Once for each of the two lists (by label, unlabelled) the stub answers alike.
+    assert!(
+        err.contains("NodeMaintenance rack-7 cannot be decoded and is left out"),
+        "{err}"
+    );
+
+    let (code, drawn, err) = history(&env);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        drawn.starts_with("node-a: shutdown at 2026-11-27 14:02:03Z, 10.0s, drained"),
+        "{drawn}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("Event default/far cannot be decoded and is left out"),
+        "{err}"
+    );
+    let seen = requests.lock().unwrap().clone();
+    let lists: Vec<_> = seen.iter().filter(|t| t.starts_with(EVENTS)).collect();
+    assert!(
+        lists.iter().all(|t| t.contains(
+            "fieldSelector=regarding.kind%3DNodeMaintenance%2Cregarding.name%3Dshutdown-node-a"
+        )),
+        "{lists:?}"
+    );
+}
+
+#[test]
+fn history_stops_paging_at_an_empty_page_or_a_token_sent_before() {
+    for (page, pages_read) in [
+        (event_list(Vec::new(), Some("more")), 1),
+        (event_list(one_shutdown(), Some("same")), 2),
+    ] {
+        let (port, requests) = serve(vec![(EVENTS, page)], true);
+        let env = Env::new(port);
+        let began = Instant::now();
+        let (code, drawn, err) = history(&env);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(began.elapsed() < Duration::from_secs(10));
+        assert!(err.contains("listing Event: stopped after"), "{err}");
+        let seen = requests.lock().unwrap().clone();
+        let lists = seen.iter().filter(|t| t.starts_with(EVENTS)).count();
+        assert_eq!(lists, pages_read, "{seen:?}\n{drawn}");
+    }
+}
+
+#[test]
+fn an_apiserver_message_of_megabytes_is_shown_clipped() {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "m".repeat(10 << 20), "reason": "InternalError", "code": 500});
+    let (port, _) = serve(
+        vec![("/api/v1/pods", status.clone()), (EVENTS, status)],
+        true,
+    );
+    let env = Env::new(port);
+    let out = env.run(&["plan"]);
+    let plan_err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{plan_err}");
+    let (code, _, history_err) = history(&env);
+    assert_eq!(code, Some(1), "{history_err}");
+    for err in [plan_err, history_err] {
+        assert!(err.len() < 2000, "{} bytes", err.len());
+        assert!(
+            err.contains("HTTP 500 (InternalError): mmmm") && err.contains("characters left out"),
+            "{err}"
+        );
+    }
+}

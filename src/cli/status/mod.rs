@@ -739,10 +739,10 @@ async fn cluster_sections(
         Ok(Vec::new())
     } else {
         bounded("listing the node's pods", async {
-            let api: kube::Api<Pod> = kube::Api::all(client.clone());
+            use crate::cluster::listing::{list_all, Caps};
             let params = kube::api::ListParams::default()
                 .fields(&crate::plan::own::pods_field_selector(node));
-            Ok(api.list(&params).await?.items)
+            list_all::<Pod>(&client, None, &params, Caps::NODE).await
         })
         .await
         .map(|pods| {

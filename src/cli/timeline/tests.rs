@@ -222,3 +222,40 @@ fn events_years_apart_draw_a_ruler_of_a_few_ticks() {
         assert!(line.chars().count() <= 80, "{line:?}");
     }
 }
+
+#[test]
+fn thousands_of_pods_waiting_are_read_in_linear_time() {
+    let pods = |from: usize| {
+        (from..from + 20_000)
+            .map(|i| format!("ns/pod-{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let events = [
+        ev(100, "DrainTargets", "node node-a drains Default<=1000"),
+        ev(
+            200,
+            "EvictionBlocked",
+            &format!("eviction of 20000 pod(s) blocked by PodDisruptionBudget a/b; retrying with back-off: {}", pods(0)),
+        ),
+        ev(
+            300,
+            "Throttled",
+            &format!("the apiserver throttled the requests (429 Too Many Requests); asking again after 1s: {}", pods(10_000)),
+        ),
+        ev(
+            400,
+            "Escalated",
+            &format!("still running at their shutdown deadline: deleted with the grace left: {}", pods(5_000)),
+        ),
+        ev(500, "Drained", "node node-a drained for shutdown-node-a"),
+    ];
+    let started = std::time::Instant::now();
+    let s = Story::tell("node-a", &[], &events, t(9_000)).unwrap();
+    assert_eq!(s.waits.len(), 40_000);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
