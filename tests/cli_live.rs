@@ -545,3 +545,70 @@ fn an_apiserver_message_of_megabytes_is_shown_clipped() {
         );
     }
 }
+
+/// `history` with its stdout on a terminal (a pseudo-terminal this test reads): what the
+/// terminal gets.
+fn history_on_a_terminal(env: &Env) -> String {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain calls on a new pseudo-terminal; every fd is checked and owned once.
+    let (master, slave) = unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        assert_eq!(libc::grantpt(fd), 0);
+        assert_eq!(libc::unlockpt(fd), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(fd, name.as_mut_ptr(), name.len()), 0);
+        let path = std::ffi::CStr::from_ptr(name.as_ptr()).to_str().unwrap();
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        (std::fs::File::from_raw_fd(fd), slave)
+    };
+    let mut child = env
+        .command(&[
+            "history",
+            "node-a",
+            "--kubeconfig",
+            env.path("kubeconfig").to_str().unwrap(),
+        ])
+        .env_remove("NO_COLOR")
+        .env("COLUMNS", "80")
+        .stdout(slave)
+        .spawn()
+        .unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut master = master;
+        let mut shown = Vec::new();
+        let mut buf = [0u8; 4096];
+        // EIO once the child, the last holder of the terminal, has exited.
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            shown.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&shown).into_owned()
+    });
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap()
+}
+
+#[test]
+fn a_terminal_gets_the_colours_and_names_stay_escaped() {
+    let mut events = one_shutdown();
+    events.push(event(
+        "c",
+        "shutdown-node-a",
+        "2026-11-27T14:02:05.000000Z",
+        "EvictionBlocked",
+        "eviction of 1 pod(s) blocked by PodDisruptionBudget a/b\u{1b}[2J; retrying with back-off: a/p",
+    ));
+    let (port, _) = serve(vec![(EVENTS, event_list(events, None))], true);
+    let env = Env::new(port);
+    let shown = history_on_a_terminal(&env);
+    assert!(shown.contains("\u{1b}[32m█"), "{shown:?}");
+    assert!(shown.contains("\u{1b}[0m"), "{shown:?}");
+    assert!(!shown.contains("\\u001b[32m"), "{shown:?}");
+    assert!(shown.contains("a/b\\u001b[2J"), "{shown:?}");
+    assert!(!shown.contains("\u{1b}[2J"), "{shown:?}");
+}

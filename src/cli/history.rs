@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 
+use super::runtime;
 use super::timeline::{draw, Record, Story};
-use super::{print_stdout, runtime};
 use crate::api::{shutdown_maintenance_name, NodeMaintenance, Stage};
 use crate::cluster::client::Timeouts;
 use crate::cluster::listing::{list_each, Caps};
@@ -158,6 +158,6 @@ pub fn history_command(node: &str, kubeconfig: Option<&Path>) -> Result<ExitCode
             shutdown_maintenance_name(node)
         );
     }
-    print_stdout(&out)?;
+    crate::text::print_stdout_painted(&out, colour)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -403,7 +403,8 @@ impl Axis {
     }
 }
 
-/// The story in lines of at most `width` characters; `colour` paints the bars.
+/// The story in lines of at most `width` characters; `colour` paints the bars (printed by
+/// `print_stdout_painted`).
 pub(crate) fn draw(story: &Story, width: usize, colour: bool) -> Vec<String> {
     let esc = |s: &str| crate::text::escape(s).into_owned();
     let total = story.end - story.start;
@@ -465,7 +466,7 @@ pub(crate) fn draw(story: &Story, width: usize, colour: bool) -> Vec<String> {
     };
     let paint = |bar: String, code: &str| {
         if colour && !bar.trim().is_empty() {
-            format!("\x1b[{code}m{bar}\x1b[0m")
+            crate::text::paint(&bar, code)
         } else {
             bar
         }
