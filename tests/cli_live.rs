@@ -453,11 +453,17 @@ fn an_object_that_cannot_be_decoded_is_set_aside_and_the_rest_read() {
         "Drained",
         "written by hand",
     ));
+    let mut shutdown = nms["items"][0].clone();
+    shutdown["metadata"]["creationTimestamp"] = json!(PAST_THE_TYPES);
     let (port, requests) = serve(
         vec![
             ("/version", version()),
             ("/api/v1/pods", pods),
             ("/apis/nodegrace.dev/v1alpha1/nodemaintenances", nms),
+            (
+                "/apis/nodegrace.dev/v1alpha1/nodemaintenances/shutdown-node-a",
+                shutdown,
+            ),
             (EVENTS, event_list(events, None)),
         ],
         true,
@@ -489,9 +495,13 @@ fn an_object_that_cannot_be_decoded_is_set_aside_and_the_rest_read() {
         drawn.starts_with("node-a: shutdown at 2026-11-27 14:02:03Z, 10.0s, drained"),
         "{drawn}"
     );
-    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 2, "{err}");
     assert!(
         err.contains("Event default/far cannot be decoded and is left out"),
+        "{err}"
+    );
+    assert!(
+        err.contains("NodeMaintenance shutdown-node-a cannot be decoded and is left out"),
         "{err}"
     );
     let seen = requests.lock().unwrap().clone();

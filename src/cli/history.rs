@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::events::v1::Event;
-use kube::Api;
 
 use super::runtime;
 use super::timeline::{draw, Record, Story};
 use crate::api::{shutdown_maintenance_name, NodeMaintenance, Stage};
 use crate::cluster::client::Timeouts;
-use crate::cluster::listing::{list_each, Caps};
+use crate::cluster::listing::{get_opt, list_each, Caps};
 
 const TIMEOUTS: Timeouts = Timeouts {
     connect: Duration::from_secs(10),
@@ -112,16 +111,10 @@ pub fn history_command(node: &str, kubeconfig: Option<&Path>) -> Result<ExitCode
     let (lists, maintenance) = runtime()?.block_on(async {
         let client = crate::cluster::client::build(kubeconfig, "the kubeconfig", TIMEOUTS).await?;
         let lists = shutdown_events(&client, node).await?;
-        let api: Api<NodeMaintenance> = Api::all(client);
-        let maintenance = api
-            .get_opt(&shutdown_maintenance_name(node))
+        let name = shutdown_maintenance_name(node);
+        let maintenance = get_opt::<NodeMaintenance>(&client, None, &name)
             .await
-            .with_context(|| {
-                format!(
-                    "reading NodeMaintenance {}",
-                    shutdown_maintenance_name(node)
-                )
-            })?;
+            .with_context(|| format!("reading NodeMaintenance {name}"))?;
         anyhow::Ok((lists, maintenance))
     })?;
     let (width, colour) = terminal();

@@ -115,6 +115,37 @@ where
     Ok(all)
 }
 
+/// The object `name` (in `namespace`, or cluster-scoped): None when there is none, or when it
+/// cannot be decoded (said on one line, as for a list).
+pub(crate) async fn get_opt<K>(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Option<K>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    use crate::cluster::gateway::{reply, Kind};
+    let kind = K::kind(&());
+    let req = kube::core::Request::new(K::url_path(&(), namespace))
+        .get(name, &kube::api::GetParams::default())
+        .with_context(|| format!("building the read of {kind} {name}"))?;
+    let text = match reply(client.request_text(req).await) {
+        Ok(text) => text,
+        Err(f) if f.is(Kind::NotFound) => return Ok(None),
+        Err(f) => return Err(f.into()),
+    };
+    let item: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{kind} {name} cannot be read: {e}"))?;
+    match K::deserialize(&item) {
+        Ok(object) => Ok(Some(object)),
+        Err(e) => {
+            set_aside(&kind, &item, &e);
+            Ok(None)
+        }
+    }
+}
+
 /// One line for an object that cannot be decoded: its kind, namespace and name, and why.
 fn set_aside(kind: &str, item: &serde_json::Value, error: &serde_json::Error) {
     let field = |f: &str| {
