@@ -515,10 +515,34 @@ fn an_object_that_cannot_be_decoded_is_set_aside_and_the_rest_read() {
 }
 
 #[test]
-fn history_stops_paging_at_an_empty_page_or_a_token_sent_before() {
-    for (page, pages_read) in [
-        (event_list(Vec::new(), Some("more")), 1),
-        (event_list(one_shutdown(), Some("same")), 2),
+fn history_stops_paging_at_an_empty_page_a_token_sent_before_or_its_byte_cap() {
+    let mut large = one_shutdown();
+    large.push(event(
+        "large",
+        "shutdown-node-a",
+        "2026-11-27T14:02:04.000000Z",
+        "Throttled",
+        &"n".repeat(17 << 20),
+    ));
+    for (page, pages_read, why, shown) in [
+        (
+            event_list(Vec::new(), Some("more")),
+            1,
+            "an empty page that says more follow",
+            "no shutdown of node node-a",
+        ),
+        (
+            event_list(one_shutdown(), Some("same")),
+            2,
+            "a continue token a second time",
+            "node-a: shutdown at 2026-11-27 14:02:03Z",
+        ),
+        (
+            event_list(large, Some("more")),
+            1,
+            "the most bytes read for one list",
+            "node-a: shutdown at 2026-11-27 14:02:03Z",
+        ),
     ] {
         let (port, requests) = serve(vec![(EVENTS, page)], true);
         let env = Env::new(port);
@@ -527,6 +551,8 @@ fn history_stops_paging_at_an_empty_page_or_a_token_sent_before() {
         assert_eq!(code, Some(0), "{err}");
         assert!(began.elapsed() < Duration::from_secs(10));
         assert!(err.contains("listing Event: stopped after"), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(drawn.starts_with(shown), "{drawn}");
         let seen = requests.lock().unwrap().clone();
         let lists = seen.iter().filter(|t| t.starts_with(EVENTS)).count();
         assert_eq!(lists, pages_read, "{seen:?}\n{drawn}");
