@@ -225,7 +225,16 @@ const EXIT_CODES: &str =
 
 fn main() -> ExitCode {
     cli::record_panics();
-    let args = Cli::parse();
+    let args = match Cli::try_parse() {
+        Ok(args) => args,
+        // Help and version are output like any other (clap's own printing ignores a full
+        // stdout and exits 0).
+        Err(e) if !e.use_stderr() => {
+            let printed = cli::print_stdout(&e.render().to_string());
+            return cli::exit_code("nodegrace", printed.map(|()| ExitCode::SUCCESS));
+        }
+        Err(e) => e.exit(),
+    };
     if !matches!(args.command, Command::Run) {
         nodegrace::commands::init_cli();
     }

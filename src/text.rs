@@ -3,11 +3,23 @@
 
 use std::borrow::Cow;
 
-/// Control characters (C0, DEL, C1) and the bidirectional overrides and isolates: what can
-/// move the cursor, recolour, clear the screen, start a line that looks like ours, or
-/// reorder what is shown.
+/// Control characters (C0, DEL, C1), the bidirectional marks, overrides and isolates, the
+/// line and paragraph separators and the zero-width space: what can move the cursor,
+/// recolour, clear the screen, start a line that looks like ours, reorder what is shown, or
+/// make two different names look the same.
 fn is_unsafe(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200b}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+        )
 }
 
 fn escape_where(s: &str, unsafe_char: impl Fn(char) -> bool) -> Cow<'_, str> {
@@ -66,9 +78,54 @@ pub(crate) fn clip(message: &str) -> Cow<'_, str> {
 /// (values that may hold a line break are escaped where they are put in). A closed pipe (`| head`) means the reader has what it
 /// wanted; any other failure (`> /dev/full`) is the command's error.
 pub fn print_stdout(text: &str) -> anyhow::Result<()> {
+    write_stdout(&escape_keeping_lines(text))
+}
+
+/// [`print_stdout`] for output painted by the command itself ([`paint`]): its colour codes
+/// reach the terminal when `colour`; everything else unsafe is escaped as always.
+pub(crate) fn print_stdout_painted(text: &str, colour: bool) -> anyhow::Result<()> {
+    if colour {
+        write_stdout(&escape_keeping_colour(text))
+    } else {
+        print_stdout(text)
+    }
+}
+
+const PAINT_START: &str = "\x1b[";
+/// The colours [`paint`] is given: nothing that hides, blinks or moves.
+const PAINT_CODES: [&str; 5] = ["0", "1", "31", "32", "33"];
+
+/// `text` in the colour `code` (one of [`PAINT_CODES`]) for [`print_stdout_painted`].
+pub(crate) fn paint(text: &str, code: &str) -> String {
+    format!("{PAINT_START}{code}m{text}{PAINT_START}0m")
+}
+
+/// [`escape_keeping_lines`] that keeps the colour codes of [`paint`].
+fn escape_keeping_colour(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(PAINT_START) {
+        out.push_str(&escape_keeping_lines(&rest[..at]));
+        let after = &rest[at + PAINT_START.len()..];
+        let code = after.split_once('m').map(|(code, _)| code);
+        match code.filter(|c| PAINT_CODES.contains(c)) {
+            Some(code) => {
+                out.push_str(&rest[at..at + PAINT_START.len() + code.len() + 1]);
+                rest = &after[code.len() + 1..];
+            }
+            None => {
+                out.push_str(&escape_keeping_lines(PAINT_START));
+                rest = after;
+            }
+        }
+    }
+    out.push_str(&escape_keeping_lines(rest));
+    out
+}
+
+fn write_stdout(text: &str) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::io::Write;
-    let text = escape_keeping_lines(text);
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -141,6 +198,10 @@ mod tests {
         assert_eq!(escape("abc\u{202e}fed"), "abc\\u202efed");
         assert_eq!(escape("tab\there"), "tab\\u0009here");
         assert_eq!(escape("日本\u{2069}"), "日本\\u2069");
+        assert_eq!(
+            escape("a\u{200b}b\u{200e}c\u{200f}d\u{061c}e\u{2028}f"),
+            "a\\u200bb\\u200ec\\u200fd\\u061ce\\u2028f"
+        );
     }
 
     #[test]
@@ -188,6 +249,19 @@ mod tests {
         assert_eq!(
             parse_fault("\"abcdef\"", Some((1, 2))),
             "cannot be parsed at line 1 column 2 (the file's text is not shown)"
+        );
+    }
+
+    #[test]
+    fn painted_output_keeps_its_colours_and_escapes_the_rest() {
+        let text = format!(
+            "{} a\u{1b}[2J b\u{1b}[8mhidden\u{1b}[0m\n{}\u{1b}[",
+            paint("█", "32"),
+            paint("x", "1")
+        );
+        assert_eq!(
+            escape_keeping_colour(&text),
+            "\u{1b}[32m█\u{1b}[0m a\\u001b[2J b\\u001b[8mhidden\u{1b}[0m\n\u{1b}[1mx\u{1b}[0m\\u001b["
         );
     }
 

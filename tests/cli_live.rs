@@ -380,3 +380,271 @@ fn status_matches_label_selected_maintenances_against_the_node() {
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(names.contains(&"rack-7"), "{names:?}");
 }
+
+/// A date the apiserver stores but the API types cannot hold (they stop at 9999-12-30).
+const PAST_THE_TYPES: &str = "9999-12-31T23:59:59.000000Z";
+
+/// An Event nodegrace wrote on `maintenance`, as events.k8s.io/v1 lists it.
+fn event(name: &str, maintenance: &str, at: &str, reason: &str, note: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "default", "resourceVersion": "5"},
+        "eventTime": at, "reason": reason, "note": note, "action": reason, "type": "Normal",
+        "reportingController": "nodegrace", "reportingInstance": "node-a",
+        "regarding": {"apiVersion": "nodegrace.dev/v1alpha1", "kind": "NodeMaintenance",
+            "name": maintenance, "uid": "uid-1"}})
+}
+
+fn event_list(items: Vec<Value>, next: Option<&str>) -> Value {
+    json!({"apiVersion": "events.k8s.io/v1", "kind": "EventList",
+        "metadata": {"resourceVersion": "9", "continue": next}, "items": items})
+}
+
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+fn one_shutdown() -> Vec<Value> {
+    vec![
+        event(
+            "a",
+            "shutdown-node-a",
+            "2026-11-27T14:02:03.000000Z",
+            "DrainTargets",
+            "node node-a drains Default<=1000",
+        ),
+        event(
+            "b",
+            "shutdown-node-a",
+            "2026-11-27T14:02:13.000000Z",
+            "Drained",
+            "node node-a drained for shutdown-node-a",
+        ),
+    ]
+}
+
+/// `nodegrace history node-a` with the environment's kubeconfig: exit code, stdout, stderr.
+fn history(env: &Env) -> (Option<i32>, String, String) {
+    let out = env.run(&[
+        "history",
+        "node-a",
+        "--kubeconfig",
+        env.path("kubeconfig").to_str().unwrap(),
+    ]);
+    (
+        out.status.code(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn an_object_that_cannot_be_decoded_is_set_aside_and_the_rest_read() {
+    let mut pods = pod_list();
+    pods["items"][0]["status"]["startTime"] = json!(PAST_THE_TYPES);
+    let bad_pod = format!(
+        "Pod {}/{} cannot be decoded and is left out",
+        pods["items"][0]["metadata"]["namespace"].as_str().unwrap(),
+        pods["items"][0]["metadata"]["name"].as_str().unwrap()
+    );
+    let mut nms = maintenances();
+    nms["items"][3]["metadata"]["creationTimestamp"] = json!(PAST_THE_TYPES);
+    let mut events = one_shutdown();
+    events.push(event(
+        "far",
+        "shutdown-node-a",
+        PAST_THE_TYPES,
+        "Drained",
+        "written by hand",
+    ));
+    let mut shutdown = nms["items"][0].clone();
+    shutdown["metadata"]["creationTimestamp"] = json!(PAST_THE_TYPES);
+    let (port, requests) = serve(
+        vec![
+            ("/version", version()),
+            ("/api/v1/pods", pods),
+            ("/apis/nodegrace.dev/v1alpha1/nodemaintenances", nms),
+            (
+                "/apis/nodegrace.dev/v1alpha1/nodemaintenances/shutdown-node-a",
+                shutdown,
+            ),
+            (EVENTS, event_list(events, None)),
+        ],
+        true,
+    );
+    let env = Env::new(port);
+
+    let out = env.run(&["plan", "-o", "json"]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["order"].as_array().unwrap().len(), 5, "{r}");
+    assert!(err.contains(&bad_pod), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let out = env.run(&["status", "-o", "json"]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["maintenances"]["known"], true, "{r}\n{err}");
+    assert_eq!(r["maintenances"]["active"][0]["name"], "shutdown-node-a");
+    // Once for each of the two lists (by label, unlabelled) the stub answers alike.
+    assert!(
+        err.contains("NodeMaintenance rack-7 cannot be decoded and is left out"),
+        "{err}"
+    );
+
+    let (code, drawn, err) = history(&env);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        drawn.starts_with("node-a: shutdown at 2026-11-27 14:02:03Z, 10.0s, drained"),
+        "{drawn}"
+    );
+    assert_eq!(err.lines().count(), 2, "{err}");
+    assert!(
+        err.contains("Event default/far cannot be decoded and is left out"),
+        "{err}"
+    );
+    assert!(
+        err.contains("NodeMaintenance shutdown-node-a cannot be decoded and is left out"),
+        "{err}"
+    );
+    let seen = requests.lock().unwrap().clone();
+    let lists: Vec<_> = seen.iter().filter(|t| t.starts_with(EVENTS)).collect();
+    assert!(
+        lists.iter().all(|t| t.contains(
+            "fieldSelector=regarding.kind%3DNodeMaintenance%2Cregarding.name%3Dshutdown-node-a"
+        )),
+        "{lists:?}"
+    );
+}
+
+#[test]
+fn history_stops_paging_at_an_empty_page_a_token_sent_before_or_its_byte_cap() {
+    let mut large = one_shutdown();
+    large.push(event(
+        "large",
+        "shutdown-node-a",
+        "2026-11-27T14:02:04.000000Z",
+        "Throttled",
+        &"n".repeat(17 << 20),
+    ));
+    for (page, pages_read, why, shown) in [
+        (
+            event_list(Vec::new(), Some("more")),
+            1,
+            "an empty page that says more follow",
+            "no shutdown of node node-a",
+        ),
+        (
+            event_list(one_shutdown(), Some("same")),
+            2,
+            "a continue token a second time",
+            "node-a: shutdown at 2026-11-27 14:02:03Z",
+        ),
+        (
+            event_list(large, Some("more")),
+            1,
+            "the most bytes read for one list",
+            "node-a: shutdown at 2026-11-27 14:02:03Z",
+        ),
+    ] {
+        let (port, requests) = serve(vec![(EVENTS, page)], true);
+        let env = Env::new(port);
+        let began = Instant::now();
+        let (code, drawn, err) = history(&env);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(began.elapsed() < Duration::from_secs(10));
+        assert!(err.contains("listing Event: stopped after"), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(drawn.starts_with(shown), "{drawn}");
+        let seen = requests.lock().unwrap().clone();
+        let lists = seen.iter().filter(|t| t.starts_with(EVENTS)).count();
+        assert_eq!(lists, pages_read, "{seen:?}\n{drawn}");
+    }
+}
+
+#[test]
+fn an_apiserver_message_of_megabytes_is_shown_clipped() {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "m".repeat(10 << 20), "reason": "InternalError", "code": 500});
+    let (port, _) = serve(
+        vec![("/api/v1/pods", status.clone()), (EVENTS, status)],
+        true,
+    );
+    let env = Env::new(port);
+    let out = env.run(&["plan"]);
+    let plan_err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{plan_err}");
+    let (code, _, history_err) = history(&env);
+    assert_eq!(code, Some(1), "{history_err}");
+    for err in [plan_err, history_err] {
+        assert!(err.len() < 2000, "{} bytes", err.len());
+        assert!(
+            err.contains("HTTP 500 (InternalError): mmmm") && err.contains("characters left out"),
+            "{err}"
+        );
+    }
+}
+
+/// `history` with its stdout on a terminal (a pseudo-terminal this test reads): what the
+/// terminal gets.
+fn history_on_a_terminal(env: &Env) -> String {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain calls on a new pseudo-terminal; every fd is checked and owned once.
+    let (master, slave) = unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        assert_eq!(libc::grantpt(fd), 0);
+        assert_eq!(libc::unlockpt(fd), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(fd, name.as_mut_ptr(), name.len()), 0);
+        let path = std::ffi::CStr::from_ptr(name.as_ptr()).to_str().unwrap();
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        (std::fs::File::from_raw_fd(fd), slave)
+    };
+    let mut child = env
+        .command(&[
+            "history",
+            "node-a",
+            "--kubeconfig",
+            env.path("kubeconfig").to_str().unwrap(),
+        ])
+        .env_remove("NO_COLOR")
+        .env("COLUMNS", "80")
+        .stdout(slave)
+        .spawn()
+        .unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut master = master;
+        let mut shown = Vec::new();
+        let mut buf = [0u8; 4096];
+        // EIO once the child, the last holder of the terminal, has exited.
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            shown.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&shown).into_owned()
+    });
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap()
+}
+
+#[test]
+fn a_terminal_gets_the_colours_and_names_stay_escaped() {
+    let mut events = one_shutdown();
+    events.push(event(
+        "c",
+        "shutdown-node-a",
+        "2026-11-27T14:02:05.000000Z",
+        "EvictionBlocked",
+        "eviction of 1 pod(s) blocked by PodDisruptionBudget a/b\u{1b}[2J; retrying with back-off: a/p",
+    ));
+    let (port, _) = serve(vec![(EVENTS, event_list(events, None))], true);
+    let env = Env::new(port);
+    let shown = history_on_a_terminal(&env);
+    assert!(shown.contains("\u{1b}[32m█"), "{shown:?}");
+    assert!(shown.contains("\u{1b}[0m"), "{shown:?}");
+    assert!(!shown.contains("\\u001b[32m"), "{shown:?}");
+    assert!(shown.contains("a/b\\u001b[2J"), "{shown:?}");
+    assert!(!shown.contains("\u{1b}[2J"), "{shown:?}");
+}

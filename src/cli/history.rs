@@ -2,18 +2,19 @@
 //! apiserver (the Events on its `shutdown-<node>` NodeMaintenance, and the maintenance
 //! itself), from any machine with a kubeconfig.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::events::v1::Event;
-use kube::Api;
 
+use super::runtime;
 use super::timeline::{draw, Record, Story};
-use super::{print_stdout, runtime};
 use crate::api::{shutdown_maintenance_name, NodeMaintenance, Stage};
 use crate::cluster::client::Timeouts;
+use crate::cluster::listing::{get_opt, list_each, Caps};
 
 const TIMEOUTS: Timeouts = Timeouts {
     connect: Duration::from_secs(10),
@@ -21,10 +22,13 @@ const TIMEOUTS: Timeouts = Timeouts {
     answer: Some(Duration::from_secs(60)),
 };
 
-/// Events read at most: an hour of a large fleet's events in `default` (the apiserver keeps
-/// them an hour by default).
-const EVENTS_READ_MAX: usize = 100_000;
-const EVENTS_PAGE: u32 = 500;
+/// What one `history` reads at most: the Events about one maintenance are a few hundred per
+/// shutdown, of at most 1 KiB each on a real apiserver.
+const EVENTS_CAPS: Caps = Caps {
+    pages: 1000,
+    bytes: 16 << 20,
+};
+const EVENTS_PAGE: u32 = 100;
 /// Shutdowns drawn at most, the latest ones.
 const SHUTDOWNS_MAX: usize = 5;
 
@@ -33,50 +37,39 @@ const SHUTDOWNS_MAX: usize = 5;
 /// the events of a cluster-scoped object in `default`.
 async fn shutdown_events(client: &kube::Client, node: &str) -> Result<Vec<Vec<Record>>> {
     let name = shutdown_maintenance_name(node);
-    let api: Api<Event> = Api::namespaced(client.clone(), "default");
-    let mut by_uid: Vec<(String, Vec<Record>)> = Vec::new();
-    let mut params = kube::api::ListParams::default().limit(EVENTS_PAGE);
-    let mut read = 0;
-    loop {
-        let page = api
-            .list(&params)
-            .await
-            .context("listing the Events in namespace default")?;
-        read += page.items.len();
-        for e in page.items {
-            let ours = e.reporting_controller.as_deref() == Some(crate::cluster::FIELD_MANAGER);
-            let on = &e.regarding;
-            let regards = on.as_ref().is_some_and(|r| {
-                r.kind.as_deref() == Some("NodeMaintenance") && r.name.as_deref() == Some(&name)
-            });
-            let at = e
-                .event_time
-                .as_ref()
-                .map(|t| t.0)
-                .or(e.deprecated_first_timestamp.as_ref().map(|t| t.0))
-                .and_then(|t| chrono::DateTime::from_timestamp_millis(t.as_millisecond()));
-            let (true, true, Some(at)) = (ours, regards, at) else {
-                continue;
-            };
-            let uid = on.as_ref().and_then(|r| r.uid.clone()).unwrap_or_default();
-            let record = Record {
-                at,
-                reason: e.reason.unwrap_or_default(),
-                note: e.note.unwrap_or_default(),
-            };
-            match by_uid.iter_mut().find(|(u, _)| *u == uid) {
-                Some((_, list)) => list.push(record),
-                None => by_uid.push((uid, vec![record])),
-            }
-        }
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() && read < EVENTS_READ_MAX => {
-                params = params.continue_token(&token);
-            }
-            _ => break,
-        }
-    }
-    let mut lists: Vec<Vec<Record>> = by_uid.into_iter().map(|(_, l)| l).collect();
+    let mut by_uid: HashMap<String, Vec<Record>> = HashMap::new();
+    let params = kube::api::ListParams::default()
+        .fields(&format!(
+            "regarding.kind=NodeMaintenance,regarding.name={name}"
+        ))
+        .limit(EVENTS_PAGE);
+    list_each(client, Some("default"), &params, EVENTS_CAPS, |e: Event| {
+        let ours = e.reporting_controller.as_deref() == Some(crate::cluster::FIELD_MANAGER);
+        let on = e.regarding.as_ref();
+        let regards = on.is_some_and(|r| {
+            r.kind.as_deref() == Some("NodeMaintenance") && r.name.as_deref() == Some(&name)
+        });
+        let at = e
+            .event_time
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.deprecated_first_timestamp.as_ref().map(|t| t.0))
+            .and_then(|t| chrono::DateTime::from_timestamp_millis(t.as_millisecond()));
+        let (true, true, Some(at)) = (ours, regards, at) else {
+            return;
+        };
+        let uid = on.and_then(|r| r.uid.clone()).unwrap_or_default();
+        by_uid.entry(uid).or_default().push(Record {
+            at,
+            reason: e.reason.unwrap_or_default(),
+            note: e.note.unwrap_or_default(),
+        });
+    })
+    .await
+    .with_context(|| {
+        format!("listing the Events of NodeMaintenance {name} in namespace default")
+    })?;
+    let mut lists: Vec<Vec<Record>> = by_uid.into_values().collect();
     lists.sort_by_key(|l| l.iter().map(|r| r.at).min());
     Ok(lists)
 }
@@ -118,16 +111,10 @@ pub fn history_command(node: &str, kubeconfig: Option<&Path>) -> Result<ExitCode
     let (lists, maintenance) = runtime()?.block_on(async {
         let client = crate::cluster::client::build(kubeconfig, "the kubeconfig", TIMEOUTS).await?;
         let lists = shutdown_events(&client, node).await?;
-        let api: Api<NodeMaintenance> = Api::all(client);
-        let maintenance = api
-            .get_opt(&shutdown_maintenance_name(node))
+        let name = shutdown_maintenance_name(node);
+        let maintenance = get_opt::<NodeMaintenance>(&client, None, &name)
             .await
-            .with_context(|| {
-                format!(
-                    "reading NodeMaintenance {}",
-                    shutdown_maintenance_name(node)
-                )
-            })?;
+            .with_context(|| format!("reading NodeMaintenance {name}"))?;
         anyhow::Ok((lists, maintenance))
     })?;
     let (width, colour) = terminal();
@@ -164,6 +151,6 @@ pub fn history_command(node: &str, kubeconfig: Option<&Path>) -> Result<ExitCode
             shutdown_maintenance_name(node)
         );
     }
-    print_stdout(&out)?;
+    crate::text::print_stdout_painted(&out, colour)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -239,10 +239,10 @@ fn unreadable_manifests(settings: &Settings) -> Vec<IgnoredPod> {
 async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<ListedPod>> {
     let list = async {
         let client = kube_client(settings, APISERVER_TIMEOUT).await?;
-        let api: kube::Api<Pod> = kube::Api::all(client);
+        use crate::cluster::listing::{list_all, Caps};
         let params =
             kube::api::ListParams::default().fields(&crate::plan::own::pods_field_selector(node));
-        api.list(&params).await.map_err(anyhow::Error::from)
+        list_all::<Pod>(&client, None, &params, Caps::NODE).await
     };
     let result = match tokio::time::timeout(APISERVER_TIMEOUT, list).await {
         Ok(r) => r,
@@ -253,7 +253,6 @@ async fn live_pods(settings: &Settings, node: &str) -> Result<Vec<ListedPod>> {
     };
     match result {
         Ok(list) => list
-            .items
             .iter()
             .enumerate()
             .map(|(i, pod)| {

@@ -3,6 +3,8 @@
 //! what nodegrace wrote (the daemon's phase changes, the Events on the shutdown maintenance);
 //! [`draw`] turns a story into lines no wider than the terminal.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 
 use crate::daemon::status::PhaseChange;
@@ -125,7 +127,7 @@ impl Story {
                 marks: Vec::new(),
             },
             band: None,
-            open: Vec::new(),
+            open: HashMap::new(),
         };
         for r in events.iter().filter(|r| r.at <= end) {
             reading.read(r);
@@ -161,11 +163,11 @@ impl Story {
 }
 
 /// A story being read from its events, oldest first: the band under way and the waits
-/// not yet ended.
+/// not yet ended, by pod (an event may name thousands).
 struct Reading {
     story: Story,
     band: Option<(String, DateTime<Utc>)>,
-    open: Vec<Wait>,
+    open: HashMap<String, Wait>,
 }
 
 impl Reading {
@@ -177,9 +179,7 @@ impl Reading {
                 let pods = r.note.rsplit_once(": ").map(|(_, p)| pods_listed(p));
                 let pods = pods.unwrap_or_default();
                 for pod in &pods {
-                    if let Some(i) = self.open.iter().position(|w| &w.pod == pod) {
-                        self.end_wait(i, r.at);
-                    }
+                    self.end_wait(pod, r.at);
                 }
                 self.mark(
                     r.at,
@@ -244,29 +244,31 @@ impl Reading {
         };
         let Some((on, pods)) = parsed else { return };
         for pod in pods {
-            if let Some(i) = self.open.iter().position(|w| w.pod == pod) {
-                if self.open[i].on == on {
-                    continue;
-                }
-                self.end_wait(i, r.at);
+            if self.open.get(&pod).is_some_and(|w| w.on == on) {
+                continue;
             }
-            self.open.push(Wait {
-                pod,
-                on: on.clone(),
-                from: r.at,
-                to: r.at,
-            });
+            self.end_wait(&pod, r.at);
+            self.open.insert(
+                pod.clone(),
+                Wait {
+                    pod,
+                    on: on.clone(),
+                    from: r.at,
+                    to: r.at,
+                },
+            );
         }
     }
 
-    fn end_wait(&mut self, i: usize, at: DateTime<Utc>) {
-        let mut w = self.open.remove(i);
-        w.to = at;
-        self.story.waits.push(w);
+    fn end_wait(&mut self, pod: &str, at: DateTime<Utc>) {
+        if let Some(mut w) = self.open.remove(pod) {
+            w.to = at;
+            self.story.waits.push(w);
+        }
     }
 
     fn end_open_waits(&mut self, at: DateTime<Utc>) {
-        for mut w in self.open.drain(..) {
+        for (_, mut w) in self.open.drain() {
             w.to = at;
             self.story.waits.push(w);
         }
@@ -326,6 +328,10 @@ fn seconds(d: chrono::Duration) -> String {
 }
 
 fn tick_label(secs: i64) -> String {
+    const DAY: i64 = 86_400;
+    if secs >= DAY && secs % DAY == 0 {
+        return format!("{}d", secs / DAY);
+    }
     match (secs / 60, secs % 60) {
         (0, s) => format!("{s}s"),
         (m, 0) => format!("{m}m"),
@@ -363,11 +369,13 @@ impl Axis {
         const STEPS: [i64; 13] = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
         let total_s = self.total_ms / 1000 + 1;
         let room = (self.cols / 8).max(1) as i64;
+        // Past an hour a step, whole days: events dated years apart (a clock gone wrong, an
+        // Event written by hand) still get a ruler of a few ticks, drawn at once.
         let step = STEPS
             .iter()
             .copied()
             .find(|s| total_s / s <= room)
-            .unwrap_or(3600);
+            .unwrap_or_else(|| (total_s / room / 86_400 + 1) * 86_400);
         let mut labels = vec![' '; self.cols];
         let mut rule = vec!['-'; self.cols];
         let mut free_from = 0;
@@ -395,7 +403,8 @@ impl Axis {
     }
 }
 
-/// The story in lines of at most `width` characters; `colour` paints the bars.
+/// The story in lines of at most `width` characters; `colour` paints the bars (printed by
+/// `print_stdout_painted`).
 pub(crate) fn draw(story: &Story, width: usize, colour: bool) -> Vec<String> {
     let esc = |s: &str| crate::text::escape(s).into_owned();
     let total = story.end - story.start;
@@ -457,7 +466,7 @@ pub(crate) fn draw(story: &Story, width: usize, colour: bool) -> Vec<String> {
     };
     let paint = |bar: String, code: &str| {
         if colour && !bar.trim().is_empty() {
-            format!("\x1b[{code}m{bar}\x1b[0m")
+            crate::text::paint(&bar, code)
         } else {
             bar
         }

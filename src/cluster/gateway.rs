@@ -299,13 +299,15 @@ pub(crate) fn error_text(err: &anyhow::Error) -> String {
     parts.join(": ").replace('\n', " ")
 }
 
+/// Clipped as the other causes are: an apiserver (or what answers in its place) can send a
+/// message of megabytes, and this text is printed and logged at every retry.
 fn status_text(status: &Status) -> String {
     let mut text = format!("HTTP {}", status.code);
     if !status.reason.is_empty() {
-        text.push_str(&format!(" ({})", status.reason));
+        text.push_str(&format!(" ({})", crate::text::clip(&status.reason)));
     }
     if !status.message.is_empty() {
-        text.push_str(&format!(": {}", status.message));
+        text.push_str(&format!(": {}", crate::text::clip(&status.message)));
     }
     text
 }

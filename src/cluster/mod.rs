@@ -11,6 +11,7 @@ pub(crate) mod eviction_request;
 pub(crate) mod gateway;
 pub(crate) mod identity;
 pub(crate) mod kubeconfig;
+pub(crate) mod listing;
 pub(crate) mod node;
 pub(crate) mod nodesel;
 mod slim;

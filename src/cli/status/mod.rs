@@ -241,13 +241,16 @@ pub fn status_command(config: &Path, output: OutputFormat) -> Result<ExitCode> {
     let paths = DaemonPaths::from_env();
     let report = gather(&settings, &paths.status_file)?;
     let protection = protection(&settings, &report);
-    let text = match output {
-        OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
-        OutputFormat::Table => render_table(&report) + &protection_line(&protection),
+    let (text, colour) = match output {
+        OutputFormat::Json => (serde_json::to_string_pretty(&report)? + "\n", false),
+        OutputFormat::Table => (
+            render_table(&report) + &protection_line(&protection),
+            crate::cli::history::terminal().1,
+        ),
     };
     // The exit code answers "is this node protected?" whether or not the report could
     // be written.
-    if let Err(err) = super::print_stdout(&text) {
+    if let Err(err) = crate::text::print_stdout_painted(&text, colour) {
         super::print_stderr(&format!("nodegrace: {err:#}"));
     }
     let determined = report.daemon.state != "unreadable"
@@ -739,10 +742,10 @@ async fn cluster_sections(
         Ok(Vec::new())
     } else {
         bounded("listing the node's pods", async {
-            let api: kube::Api<Pod> = kube::Api::all(client.clone());
+            use crate::cluster::listing::{list_all, Caps};
             let params = kube::api::ListParams::default()
                 .fields(&crate::plan::own::pods_field_selector(node));
-            Ok(api.list(&params).await?.items)
+            list_all::<Pod>(&client, None, &params, Caps::NODE).await
         })
         .await
         .map(|pods| {

@@ -191,3 +191,71 @@ fn a_refusal_told_before_its_bands_first_event_waits_until_the_escalation() {
     assert_eq!(waits, [("a/p", t(100), t(2_000))]);
     assert_eq!((s.end, s.outcome.as_str()), (t(2_500), "drained"));
 }
+
+#[test]
+fn events_years_apart_draw_a_ruler_of_a_few_ticks() {
+    let at = |y: i32| Utc.with_ymd_and_hms(y, 1, 1, 0, 0, 0).unwrap();
+    let events = [
+        Record {
+            at: at(0),
+            reason: "DrainTargets".into(),
+            note: "node node-a drains Default<=1000".into(),
+        },
+        Record {
+            at: at(9999),
+            reason: "Drained".into(),
+            note: "node node-a drained for shutdown-node-a".into(),
+        },
+    ];
+    let s = Story::tell("node-a", &[], &events, at(9999)).unwrap();
+    let drawn = draw(&s, 80, false);
+    let rule = drawn.iter().find(|l| l.contains('|')).unwrap();
+    let ticks = rule.matches('|').count();
+    assert!((2..=10).contains(&ticks), "{drawn:#?}");
+    assert!(drawn[1].trim_start().starts_with("0s "), "{drawn:#?}");
+    let second = drawn[1].split_whitespace().nth(1).unwrap();
+    assert!(
+        second.ends_with('d'),
+        "ticks a whole number of days apart: {drawn:#?}"
+    );
+    for line in &drawn {
+        assert!(line.chars().count() <= 80, "{line:?}");
+    }
+}
+
+#[test]
+fn thousands_of_pods_waiting_are_read_in_linear_time() {
+    let pods = |from: usize| {
+        (from..from + 20_000)
+            .map(|i| format!("ns/pod-{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let events = [
+        ev(100, "DrainTargets", "node node-a drains Default<=1000"),
+        ev(
+            200,
+            "EvictionBlocked",
+            &format!("eviction of 20000 pod(s) blocked by PodDisruptionBudget a/b; retrying with back-off: {}", pods(0)),
+        ),
+        ev(
+            300,
+            "Throttled",
+            &format!("the apiserver throttled the requests (429 Too Many Requests); asking again after 1s: {}", pods(10_000)),
+        ),
+        ev(
+            400,
+            "Escalated",
+            &format!("still running at their shutdown deadline: deleted with the grace left: {}", pods(5_000)),
+        ),
+        ev(500, "Drained", "node node-a drained for shutdown-node-a"),
+    ];
+    let started = std::time::Instant::now();
+    let s = Story::tell("node-a", &[], &events, t(9_000)).unwrap();
+    assert_eq!(s.waits.len(), 40_000);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::Store;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 
 use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
 use crate::plan::freshness::{Fresher, Version, WatchLog, Written};
@@ -99,15 +99,14 @@ pub(crate) async fn list_maintenances_for(
     client: &Client,
     node: &str,
 ) -> Result<Vec<NodeMaintenance>> {
-    let api: Api<NodeMaintenance> = Api::all(client.clone());
+    use crate::cluster::listing::{list_all, Caps};
     let mut all: Vec<NodeMaintenance> = Vec::new();
     for selector in maintenance_selectors(node) {
         let params = kube::api::ListParams::default().labels(&selector);
-        let list = api
-            .list(&params)
+        let list: Vec<NodeMaintenance> = list_all(client, None, &params, Caps::NODE)
             .await
             .with_context(|| format!("listing NodeMaintenances ({selector})"))?;
-        for m in list.items {
+        for m in list {
             match all
                 .iter_mut()
                 .find(|known| known.name_any() == m.name_any())

@@ -238,6 +238,18 @@ fn an_apiserver_status_reads_as_http_code_reason_and_message() {
 }
 
 #[test]
+fn an_apiserver_message_of_megabytes_is_clipped() {
+    let huge = "x".repeat(10 << 20);
+    let text = error_text(&api_error(500, &huge, &huge).context("listing the Events"));
+    assert!(text.len() < 2000, "{} bytes", text.len());
+    assert!(
+        text.starts_with("listing the Events: HTTP 500 (xxx"),
+        "{text}"
+    );
+    assert!(text.contains("characters left out"), "{text}");
+}
+
+#[test]
 fn an_error_passed_up_is_recorded_only_when_unusable() {
     let record = Record::default();
     let f = passed_up(

@@ -174,6 +174,21 @@ fn supported_fields(group: &str, plural: &str) -> &'static [&'static str] {
             "source",
             "type",
         ],
+        // events.k8s.io/v1's names for the same fields of the one Event storage.
+        ("events.k8s.io", "events") => &[
+            "metadata.name",
+            "metadata.namespace",
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "regarding.apiVersion",
+            "regarding.resourceVersion",
+            "regarding.fieldPath",
+            "reason",
+            "reportingController",
+            "type",
+        ],
         ("", "namespaces") => &["metadata.name", "status.phase"],
         _ => &["metadata.name", "metadata.namespace"],
     }
