@@ -301,19 +301,7 @@ impl Fallback {
                 }
             }
             if timed_out {
-                let mut r = self.lock();
-                for &i in members
-                    .iter()
-                    .filter(|&&i| progress[i] == Progress::Containers)
-                {
-                    let p = &mut r.pods[i];
-                    warn!(pod = %format!("{}/{}", p.namespace, p.name), band = band.priority, "band time is up before the pod stopped");
-                    p.outcome = PodOutcome::TimedOut;
-                    p.errors.push(format!(
-                        "not stopped when band {} ended ({:?} grace + {:?} slack)",
-                        band.priority, band.shutdown_grace_period, self.opts.band_slack
-                    ));
-                }
+                self.band_timed_out(band, &members, &progress);
             }
             let ended = Instant::now() - t0;
             let mut r = self.lock();
@@ -352,6 +340,22 @@ impl Fallback {
         r.finished_at = Some(Utc::now());
         info!(pods = r.pods.len(), elapsed = ?(Instant::now() - t0), "offline fallback done");
         r.clone()
+    }
+
+    fn band_timed_out(&self, band: &PriorityGracePeriod, members: &[usize], progress: &[Progress]) {
+        let mut r = self.lock();
+        for &i in members
+            .iter()
+            .filter(|&&i| progress[i] == Progress::Containers)
+        {
+            let p = &mut r.pods[i];
+            warn!(pod = %format!("{}/{}", p.namespace, p.name), band = band.priority, "band time is up before the pod stopped");
+            p.outcome = PodOutcome::TimedOut;
+            p.errors.push(format!(
+                "not stopped when band {} ended ({:?} grace + {:?} slack)",
+                band.priority, band.shutdown_grace_period, self.opts.band_slack
+            ));
+        }
     }
 
     /// Stops the kubelet unit; its stop job when that has not finished in time.
@@ -609,10 +613,9 @@ impl Fallback {
         (targets, listing_error)
     }
 
-    /// Pods the runtime shows that no look before found, joined to the drain with their own
-    /// band (each in the report). A known pod in a new sandbox is the kubelet starting it
-    /// again ([`Fallback::stop_restarted`]); a runtime the first look could not use is not
-    /// asked again.
+    /// Pods the runtime shows that no look found before, joined to the drain with their own
+    /// band. A known pod in a new sandbox is a restart ([`Fallback::stop_restarted`]); a
+    /// runtime the first look could not use is not asked again.
     async fn take_arrivals(
         &self,
         cache: &PodCache,
