@@ -507,10 +507,13 @@ impl FsGate {
         let mut unsettled: Vec<Intent> = Vec::new();
         let mut untouched: Vec<String> = Vec::new();
         let mut aside: Vec<(String, String)> = Vec::new();
+        if let Some(first) = contents.unreadable.first() {
+            tracing::error!(journal = %self.journal.display(), count = contents.unreadable.len(),
+                first_line = %crate::text::clip(&crate::text::escape(&first.line)),
+                reason = %crate::text::clip(&first.why), set_aside_in = %aside_file.display(),
+                "unreadable static pod journal line(s) set aside; nothing done for them");
+        }
         for u in &contents.unreadable {
-            tracing::error!(journal = %self.journal.display(), line = %u.line, reason = %u.why,
-                set_aside_in = %aside_file.display(),
-                "unreadable static pod journal line set aside; nothing done for it");
             report.set_aside.push(Problem {
                 file_name: "(unreadable journal line)".into(),
                 reason: u.why.clone(),
