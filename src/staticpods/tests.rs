@@ -1058,6 +1058,29 @@ fn unreadable_journal_lines_are_set_aside_and_torn_ones_skipped() {
 }
 
 #[test]
+fn the_daemons_gate_settles_the_journal_at_its_first_use_not_when_built() {
+    let f = Fixture::new();
+    let body = pod("a", None, "");
+    f.write(&f.m, "a.yaml", &body, 0o600);
+    fs::create_dir(&f.g).unwrap();
+    fs::set_permissions(&f.g, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir_all(&f.state).unwrap();
+    let journal = intent_line("a.yaml", "manifests", "gate", &body);
+    fs::write(f.state.join(JOURNAL_FILE), &journal).unwrap();
+
+    let gate = RecoveredFirst::new(f.gate());
+    assert_eq!(
+        fs::read_to_string(f.state.join(JOURNAL_FILE)).unwrap(),
+        journal,
+        "nothing is read before the first use"
+    );
+    assert!(!gate.has_gated().unwrap());
+    assert_eq!(f.pending_intents(), 0, "settled before the first answer");
+    gate.gate("a.yaml").unwrap();
+    assert_eq!(fs::read(f.g.join("a.yaml")).unwrap(), body);
+}
+
+#[test]
 fn a_damaged_journal_is_kept_as_it_was_and_its_records_still_settled() {
     for garbage in [b"x}\n".repeat(2 << 20).to_vec(), vec![0u8; 8 << 20]] {
         let f = Fixture::new();
