@@ -97,6 +97,28 @@ pub(crate) fn read_regular(
 /// Renames a file that cannot be used to `<name>.corrupt-<UTC time>` beside it, so that
 /// nothing is lost and the next start does not trip over it again. Returns the new path.
 pub(crate) fn set_aside(path: &Path) -> Result<PathBuf> {
+    let target = aside_name(path)?;
+    fs::rename(path, &target)
+        .with_context(|| format!("renaming {} to {}", path.display(), target.display()))?;
+    if let Some(dir) = path.parent() {
+        fsync_dir(dir)?;
+    }
+    Ok(target)
+}
+
+/// Keeps the file as it is under the name [`set_aside`] would give it (a hard link), for a
+/// caller that replaces `path` next and wants no moment without either.
+pub(crate) fn keep_aside(path: &Path) -> Result<PathBuf> {
+    let target = aside_name(path)?;
+    fs::hard_link(path, &target)
+        .with_context(|| format!("linking {} to {}", path.display(), target.display()))?;
+    if let Some(dir) = path.parent() {
+        fsync_dir(dir)?;
+    }
+    Ok(target)
+}
+
+fn aside_name(path: &Path) -> Result<PathBuf> {
     let name = path
         .file_name()
         .with_context(|| format!("{} has no file name", path.display()))?
@@ -109,11 +131,6 @@ pub(crate) fn set_aside(path: &Path) -> Result<PathBuf> {
     while fs::symlink_metadata(&target).is_ok() {
         n += 1;
         target = path.with_file_name(format!("{name}.corrupt-{stamp}-{n}"));
-    }
-    fs::rename(path, &target)
-        .with_context(|| format!("renaming {} to {}", path.display(), target.display()))?;
-    if let Some(dir) = path.parent() {
-        fsync_dir(dir)?;
     }
     Ok(target)
 }

@@ -104,8 +104,13 @@ fn a_state_directory_that_cannot_exist_is_refused_by_check_config_and_run() {
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(env.path("a-file"), "").unwrap();
     let under_a_file = env.path("a-file/state").display().to_string();
+    std::os::unix::fs::symlink(env.path("loop"), env.path("loop")).unwrap();
+    let a_loop = env.path("loop").display().to_string();
+    let under_a_loop = env.path("loop/state").display().to_string();
     for (state_dir, why) in [
         (under_a_file.as_str(), "a-file is not a directory"),
+        (a_loop.as_str(), "loop is a symlink loop"),
+        (under_a_loop.as_str(), "loop is a symlink loop"),
         ("/proc/nodegrace", "is on /proc"),
         ("/sys/nodegrace", "is on /sys"),
     ] {

@@ -1,6 +1,7 @@
 //! resourceVersions are opaque (API conventions: only equality means anything): the engine
 //! against a fake apiserver that serves versions that are no numbers and whose text runs
-//! backwards, and against a watch that sends an event of a type no apiserver sends.
+//! backwards, against a watch that sends an event of a type no apiserver sends, and against
+//! objects the apiserver accepts but k8s-openapi's types cannot hold.
 
 mod engine_support;
 
@@ -128,4 +129,54 @@ async fn a_watch_event_of_an_unknown_type_or_without_a_version_is_told_and_the_d
     let told = log_lines("Node: the watch sent an object without a resourceVersion");
     assert_eq!(told.len(), 1, "{told:?}");
     assert!(told[0].contains("WARN"), "{told:?}");
+}
+
+#[tokio::test]
+async fn a_pod_that_cannot_be_decoded_is_set_aside_and_the_watch_and_the_drain_go_on() {
+    logs();
+    let env = Env::new(kubelet(150)).await;
+    env.pod("plain", Kind::Default, 0, 30, json!({}));
+    // A date the apiserver accepts, one day past where k8s-openapi's timestamps end.
+    let far = "9999-12-31T23:59:59.000000Z";
+    env.cluster
+        .insert(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "far-future", "namespace": "work"},
+            "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "pause"}]},
+            "status": {"phase": "Running", "startTime": far},
+        }))
+        .unwrap();
+    let engine = env.engine(env.settings());
+    eventually(10, "the engine's view of the decodable pod", || {
+        engine.pods().len() == 1
+    })
+    .await;
+    // A change the types cannot hold either: the view keeps the pod as it last decoded it.
+    let mut plain = env
+        .cluster
+        .store
+        .get_obj("", "pods", "work", "plain")
+        .unwrap();
+    plain["status"]["startTime"] = json!(far);
+    env.cluster
+        .api
+        .inject_watch_event("pods", json!({"type": "MODIFIED", "object": plain}));
+
+    drain_timed(&engine, ShutdownKind::Poweroff, Duration::from_secs(60)).await;
+
+    assert!(!env.pod_exists("plain"));
+    assert_eq!(env.evictions(), ["plain"]);
+    let told = log_lines("cannot be decoded");
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert!(
+        told[0].contains("ERROR")
+            && told[0].contains("kind=Pod")
+            && told[0].contains("namespace=work"),
+        "{told:?}"
+    );
+    assert!(
+        told.iter().any(|l| l.contains("name=far-future")),
+        "{told:?}"
+    );
+    assert!(told.iter().any(|l| l.contains("name=plain")), "{told:?}");
 }

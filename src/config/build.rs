@@ -492,8 +492,21 @@ fn check_layout(ctx: &Ctx<'_>, raw: &RawConfig, s: &Settings) -> Result<(), Conf
 /// Why a directory nodegrace creates and writes to can never be one: it is under a file, or
 /// on /proc or /sys (where nothing can be created, or what is there is the kernel's). The
 /// deepest parent that exists is what decides, with its symlinks followed; the directory
-/// itself being something else is a state to report at run time, not a setting's fault.
+/// itself being something else is a state to report at run time, not a setting's fault,
+/// unless it is a symlink loop, which nothing but an operator's hand can undo.
 fn cannot_exist(dir: &std::path::Path) -> Option<String> {
+    let ancestors: Vec<_> = dir.ancestors().collect();
+    let looped = ancestors
+        .into_iter()
+        .rev()
+        .find(|a| std::fs::metadata(a).is_err_and(|e| e.raw_os_error() == Some(nix::libc::ELOOP)));
+    if let Some(looped) = looped {
+        return Some(format!(
+            "{} cannot be a directory: {} is a symlink loop (too many levels of symbolic links)",
+            dir.display(),
+            looped.display()
+        ));
+    }
     let existing = dir.ancestors().skip(1).find_map(|a| {
         let meta = std::fs::metadata(a).ok()?;
         Some((a, meta))

@@ -57,6 +57,10 @@ pub(crate) fn load(main: &Path) -> Result<Settings, ConfigError> {
     load_report(main).map(|loaded| loaded.settings)
 }
 
+/// Most bytes of the main file and its drop-ins together: every file is kept in memory to
+/// locate errors, and a node's configuration is a few KiB.
+const MAX_TOTAL_BYTES: usize = 4 << 20;
+
 /// Loads `main` and the drop-ins `<dir of main>/config.d/*.toml`, merged in byte order of
 /// their names after the main file; later files win, tables merge key by key, arrays and
 /// scalars replace. Drop-ins whose names start with `.` or do not end in `.toml` are
@@ -81,9 +85,20 @@ pub(crate) fn load_report(main: &Path) -> Result<Loaded, ConfigError> {
         Err(ReadError::NotFound) => true,
         Err(err) => return Err(ConfigError::file(main, format!("cannot read: {err}"))),
     };
+    let mut total = fragments.iter().map(|f| f.text.len()).sum::<usize>();
     for path in drop_in_paths(main)? {
         let bytes = read_regular(&path, CONFIG_FILE_LIMIT, Symlinks::Refuse)
             .map_err(|err| ConfigError::file(&path, format!("cannot read: {err}")))?;
+        total += bytes.len();
+        if total > MAX_TOTAL_BYTES {
+            return Err(ConfigError::file(
+                &path,
+                format!(
+                    "with this drop-in the configuration files pass {} MiB together, more than nodegrace reads; merge or remove drop-ins",
+                    MAX_TOTAL_BYTES >> 20
+                ),
+            ));
+        }
         fragments.push(fragment_from_bytes(&path, bytes)?);
     }
     let mut settings = load_fragments(&fragments)?;

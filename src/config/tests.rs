@@ -588,6 +588,23 @@ fn a_fifo_or_a_device_as_configuration_is_refused_without_hanging() {
 }
 
 #[test]
+fn drop_ins_past_a_few_mib_together_are_refused_naming_the_one_that_passed() {
+    let dir = Dir::new();
+    let mut text = String::from("# padding\n");
+    while text.len() < 1_000_000 {
+        text.push_str("# ........................................................\n");
+    }
+    for n in 0..8 {
+        dir.write(&format!("config.d/{n:02}.toml"), &text);
+    }
+    let e = load(&dir.main()).unwrap_err().to_string();
+    assert!(
+        e.contains("config.d/04.toml") && e.contains("pass 4 MiB together"),
+        "{e}"
+    );
+}
+
+#[test]
 fn an_oversized_configuration_is_refused() {
     let dir = Dir::new();
     let mut text = String::from("# padding\n");

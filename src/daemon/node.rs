@@ -716,13 +716,8 @@ pub(crate) fn real_node_drainer(settings: &Settings, metrics: Metrics) -> Result
     let node = settings.node_name().context("determining the node name")?;
     let gate = crate::staticpods::FsGate::new(&settings.static_pods, &settings.state_dir)
         .context("opening the static pod gate")?;
-    // Settle any move a crash interrupted before anything else touches the manifests.
-    if let Err(err) = gate.recover() {
-        tracing::error!(
-            error = crate::cluster::error_text(&err),
-            "static pod gate recovery left moves unsettled; see the journal"
-        );
-    }
+    // Any move a crash interrupted is settled before anything else touches the manifests.
+    let gate = crate::staticpods::RecoveredFirst::new(gate);
     let runtime = crate::cri::CriClient::new(
         &settings.fallback.cri_endpoint,
         crate::cri::CriTimeouts::default(),

@@ -104,8 +104,14 @@ pub fn parse_inhibit_delay(contents: &str) -> Option<String> {
     value
 }
 
+/// Most bytes read from logind's drop-ins together (a node has a few small ones); past it
+/// the rest are listed but not read.
+const DROPINS_READ_LIMIT: usize = 4 << 20;
+
 fn scan(search_dirs: &[PathBuf], own_dir: &Path) -> Vec<DropinFile> {
     let mut found = Vec::new();
+    let mut total = 0;
+    let mut skipped: Vec<String> = Vec::new();
     let mut dirs: Vec<&Path> = search_dirs.iter().map(PathBuf::as_path).collect();
     if !dirs.contains(&own_dir) {
         dirs.push(own_dir);
@@ -121,6 +127,18 @@ fn scan(search_dirs: &[PathBuf], own_dir: &Path) -> Vec<DropinFile> {
                 continue;
             }
             let path = entry.path();
+            // Listed all the same: nodegrace's own drop-in must sort after it.
+            if total > DROPINS_READ_LIMIT {
+                skipped.push(crate::text::escape(&path.display().to_string()).into_owned());
+                found.push(DropinFile {
+                    dir_rank,
+                    ours: false,
+                    delay: None,
+                    name,
+                    path,
+                });
+                continue;
+            }
             // Never blocks (a FIFO) nor reads without end; a drop-in masked by a symlink to
             // /dev/null reads as empty, as logind sees it.
             let contents = crate::fsutil::read_regular(
@@ -131,6 +149,7 @@ fn scan(search_dirs: &[PathBuf], own_dir: &Path) -> Vec<DropinFile> {
             .ok()
             .and_then(|b| String::from_utf8(b).ok())
             .unwrap_or_default();
+            total += contents.len();
             found.push(DropinFile {
                 dir_rank,
                 ours: *dir == own_dir && contents.starts_with(DROPIN_MARKER),
@@ -139,6 +158,15 @@ fn scan(search_dirs: &[PathBuf], own_dir: &Path) -> Vec<DropinFile> {
                 path,
             });
         }
+    }
+    if !skipped.is_empty() {
+        tracing::warn!(
+            skipped = skipped.len(),
+            first = %skipped[0],
+            last = %skipped[skipped.len() - 1],
+            "logind's drop-ins pass {} MiB together; the rest are not read, so an InhibitDelayMaxSec they set is not seen",
+            DROPINS_READ_LIMIT >> 20
+        );
     }
     found
 }
@@ -307,6 +335,20 @@ mod tests {
             parse_inhibit_delay("[Login]\nHandleLidSwitch=ignore\n"),
             None
         );
+    }
+
+    #[test]
+    fn drop_ins_past_a_few_mib_together_are_listed_but_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::from("[Login]\nInhibitDelayMaxSec=5\n");
+        text.push_str(&"#".repeat(1_000_000));
+        for n in 0..8 {
+            std::fs::write(dir.path().join(format!("{n}.conf")), &text).unwrap();
+        }
+        let found = scan(&[dir.path().to_path_buf()], dir.path());
+        assert_eq!(found.len(), 8);
+        let read = found.iter().filter(|f| f.delay.is_some()).count();
+        assert_eq!(read, 5, "{found:?}");
     }
 
     #[test]

@@ -64,7 +64,9 @@ pub(crate) struct Unreadable {
     pub why: String,
 }
 
-/// Reads the journal. One that is not a regular file or is larger than any journal gets
+/// Reads the journal. One with more bad lines than crashes leave is kept aside as it was
+/// (a hard link) and stands as one unreadable line; its records are still acted on.
+/// One that is not a regular file or is larger than any journal gets
 /// (it is compacted at every recovery) is renamed out of the way and reported: the gate
 /// then works without it, and settles nothing it cannot see (it never deletes the only
 /// copy of a manifest, with or without a journal).
@@ -86,27 +88,77 @@ pub(crate) fn read(path: &Path) -> Result<Contents> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let mut contents = Contents::default();
+    let (mut torn, mut bad, mut long) = (0usize, 0usize, false);
+    let mut sample = None;
     for line in text.split(|b| *b == b'\n') {
         if line.iter().all(|b| b.is_ascii_whitespace()) {
             continue;
         }
         contents.lines += 1;
-        match serde_json::from_slice::<Record>(line) {
+        // Every record is an object: what is not one costs no parse (garbage can be
+        // millions of short lines).
+        let parsed = if line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+            serde_json::from_slice::<Record>(line).map_err(Some)
+        } else {
+            Err(None)
+        };
+        if parsed.is_err() {
+            long |= line.len() > LINE_MAX;
+            sample.get_or_insert_with(|| sample_of(line));
+        }
+        match parsed {
             Ok(r) => contents.records.push(r),
             // Cut short by a crash while it was written: an intent is synced before its
             // move starts, so that move never started.
-            Err(e) if e.is_eof() => tracing::warn!(
-                journal = %path.display(),
-                error = %e,
-                "skipping a torn journal line (its move never started)"
-            ),
-            Err(e) => contents.unreadable.push(Unreadable {
-                line: String::from_utf8_lossy(line).into_owned(),
-                why: format!("not a journal record: {e}"),
-            }),
+            Err(Some(e)) if e.is_eof() => torn += 1,
+            Err(e) => {
+                bad += 1;
+                if contents.unreadable.len() < BAD_LINES_KEPT && line.len() <= LINE_MAX {
+                    contents.unreadable.push(Unreadable {
+                        line: String::from_utf8_lossy(line).into_owned(),
+                        why: match e {
+                            Some(e) => format!("not a journal record: {e}"),
+                            None => "not a journal record: not a JSON object".into(),
+                        },
+                    });
+                }
+            }
         }
     }
+    if torn + bad > BAD_LINES_KEPT || long {
+        let kept = crate::fsutil::keep_aside(path).with_context(|| {
+            format!("keeping the damaged static pod journal {}", path.display())
+        })?;
+        let why = format!(
+            "damaged journal: {bad} unreadable and {torn} torn line(s) of {}, {} record(s) read; kept as it was in {}",
+            contents.lines,
+            contents.records.len(),
+            kept.display()
+        );
+        contents.unreadable = vec![Unreadable {
+            line: sample.unwrap_or_default(),
+            why,
+        }];
+    } else if torn > 0 {
+        tracing::warn!(journal = %path.display(), torn,
+            "skipping torn journal lines (their moves never started)");
+    }
     Ok(contents)
+}
+
+/// A few lines a crash can leave; more, or one longer than any record, is damage.
+const BAD_LINES_KEPT: usize = 16;
+const LINE_MAX: usize = 4096;
+
+/// The start of a bad line, printable, for a log line.
+fn sample_of(line: &[u8]) -> String {
+    let start = &line[..line.len().min(120)];
+    let text = crate::text::escape(&String::from_utf8_lossy(start)).into_owned();
+    if start.len() < line.len() {
+        format!("{text}... ({} bytes)", line.len())
+    } else {
+        text
+    }
 }
 
 /// Name of the file, beside the journal, that keeps what recovery set aside.

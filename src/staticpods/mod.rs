@@ -131,6 +131,59 @@ pub trait StaticPodGate: Send + Sync {
     }
 }
 
+/// The daemon's gate: an interrupted move is settled just before the first use, not when
+/// the daemon is built, so that the daemon's inhibitor is already held when recovery runs
+/// (its first users are the lifecycle's effects, which come after the inhibitor).
+pub(crate) struct RecoveredFirst {
+    gate: FsGate,
+    recovered: std::sync::Once,
+}
+
+impl RecoveredFirst {
+    pub(crate) fn new(gate: FsGate) -> Self {
+        RecoveredFirst {
+            gate,
+            recovered: std::sync::Once::new(),
+        }
+    }
+
+    fn ready(&self) -> &FsGate {
+        self.recovered.call_once(|| {
+            if let Err(err) = self.gate.recover() {
+                tracing::error!(
+                    error = %crate::text::clip(&format!("{err:#}")),
+                    "static pod gate recovery left moves unsettled; see the journal"
+                );
+            }
+        });
+        &self.gate
+    }
+}
+
+impl StaticPodGate for RecoveredFirst {
+    fn recover(&self) -> Result<()> {
+        self.ready().recover()
+    }
+    fn active(&self) -> Result<Vec<StaticManifest>> {
+        self.ready().active()
+    }
+    fn gated(&self) -> Result<Vec<StaticManifest>> {
+        self.ready().gated()
+    }
+    fn gate(&self, file_name: &str) -> Result<()> {
+        self.ready().gate(file_name)
+    }
+    fn restore_all(&self) -> Result<Vec<String>> {
+        self.ready().restore_all()
+    }
+    fn unreadable_active(&self) -> Result<Vec<Problem>> {
+        self.ready().unreadable_active()
+    }
+    fn has_gated(&self) -> Result<bool> {
+        self.ready().has_gated()
+    }
+}
+
 /// A file left where it is, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -507,10 +560,13 @@ impl FsGate {
         let mut unsettled: Vec<Intent> = Vec::new();
         let mut untouched: Vec<String> = Vec::new();
         let mut aside: Vec<(String, String)> = Vec::new();
+        if let Some(first) = contents.unreadable.first() {
+            tracing::error!(journal = %self.journal.display(), count = contents.unreadable.len(),
+                first_line = %crate::text::clip(&crate::text::escape(&first.line)),
+                reason = %crate::text::clip(&first.why), set_aside_in = %aside_file.display(),
+                "unreadable static pod journal line(s) set aside; nothing done for them");
+        }
         for u in &contents.unreadable {
-            tracing::error!(journal = %self.journal.display(), line = %u.line, reason = %u.why,
-                set_aside_in = %aside_file.display(),
-                "unreadable static pod journal line set aside; nothing done for it");
             report.set_aside.push(Problem {
                 file_name: "(unreadable journal line)".into(),
                 reason: u.why.clone(),

@@ -1057,6 +1057,80 @@ fn unreadable_journal_lines_are_set_aside_and_torn_ones_skipped() {
     );
 }
 
+#[test]
+fn the_daemons_gate_settles_the_journal_at_its_first_use_not_when_built() {
+    let f = Fixture::new();
+    let body = pod("a", None, "");
+    f.write(&f.m, "a.yaml", &body, 0o600);
+    fs::create_dir(&f.g).unwrap();
+    fs::set_permissions(&f.g, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::create_dir_all(&f.state).unwrap();
+    let journal = intent_line("a.yaml", "manifests", "gate", &body);
+    fs::write(f.state.join(JOURNAL_FILE), &journal).unwrap();
+
+    let gate = RecoveredFirst::new(f.gate());
+    assert_eq!(
+        fs::read_to_string(f.state.join(JOURNAL_FILE)).unwrap(),
+        journal,
+        "nothing is read before the first use"
+    );
+    assert!(!gate.has_gated().unwrap());
+    assert_eq!(f.pending_intents(), 0, "settled before the first answer");
+    gate.gate("a.yaml").unwrap();
+    assert_eq!(fs::read(f.g.join("a.yaml")).unwrap(), body);
+}
+
+#[test]
+fn a_damaged_journal_is_kept_as_it_was_and_its_records_still_settled() {
+    for garbage in [b"x}\n".repeat(2 << 20).to_vec(), vec![0u8; 8 << 20]] {
+        let f = Fixture::new();
+        let body = pod("a", None, "");
+        f.write(&f.m, "a.yaml", &body, 0o600);
+        fs::create_dir(&f.g).unwrap();
+        fs::set_permissions(&f.g, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::create_dir_all(&f.state).unwrap();
+        // A record of a move that started, then the damage a crash or a disk leaves.
+        let mut journal = intent_line("a.yaml", "manifests", "gate", &body).into_bytes();
+        journal.extend_from_slice(&garbage[..garbage.len() - journal.len()]);
+        fs::write(f.state.join(JOURNAL_FILE), &journal).unwrap();
+
+        let started = std::time::Instant::now();
+        let report = f.gate().recover_report().unwrap();
+        println!(
+            "{} bytes recovered in {:?}",
+            journal.len(),
+            started.elapsed()
+        );
+        assert_eq!(
+            report.settled,
+            [("a.yaml".into(), Settled::AtSource)],
+            "{report:?}"
+        );
+        assert_eq!(fs::read(f.m.join("a.yaml")).unwrap(), body);
+        assert_eq!(report.set_aside.len(), 1, "{report:?}");
+        let why = &report.set_aside[0].reason;
+        assert!(
+            why.contains("damaged journal") && why.contains("1 record(s) read"),
+            "{why}"
+        );
+        let kept: Vec<PathBuf> = fs::read_dir(&f.state)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().contains(".corrupt-"))
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(fs::read(&kept[0]).unwrap(), journal, "kept as it was");
+        let aside = fs::read_to_string(f.gate().set_aside_file()).unwrap();
+        assert!(aside.len() < 2000, "{aside}");
+        assert_eq!(
+            fs::read_to_string(f.state.join(JOURNAL_FILE)).unwrap(),
+            "",
+            "the journal is compacted"
+        );
+    }
+}
+
 /// Where a journaled file is before recovery, relative to its intent's source and
 /// destination (for an intent that names one directory twice or none of ours: the manifest
 /// and gate directories).

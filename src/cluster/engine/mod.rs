@@ -13,6 +13,7 @@
 //! terminating are not asked again, and the shutdown maintenance is adopted by name.
 
 mod budgets;
+mod lenient;
 mod offline;
 mod reach;
 mod reconcile;
@@ -543,7 +544,7 @@ impl Engine {
         let mut tasks = vec![
             spawn_reflector(
                 shared.clone(),
-                Api::<Node>::all(c.clone()),
+                c.clone(),
                 watcher::Config::default().fields(&format!("metadata.name={node}")),
                 nodes_w,
                 |r| &mut r.node,
@@ -551,7 +552,7 @@ impl Engine {
             ),
             spawn_reflector(
                 shared.clone(),
-                Api::<Pod>::all(c.clone()),
+                c.clone(),
                 watcher::Config::default().fields(&own::pods_field_selector(node)),
                 pods_w,
                 |r| &mut r.pods,
@@ -559,7 +560,7 @@ impl Engine {
             ),
             spawn_reflector(
                 shared.clone(),
-                Api::<NodeMaintenance>::all(c.clone()),
+                c.clone(),
                 watcher::Config::default().labels(&own::unlabelled_selector()),
                 shared_nms_w,
                 |r| &mut r.shared_maintenances,
@@ -570,7 +571,7 @@ impl Engine {
         match own::own_selector(node) {
             Some(mine) => tasks.push(spawn_reflector(
                 shared.clone(),
-                Api::<NodeMaintenance>::all(c.clone()),
+                c.clone(),
                 watcher::Config::default().labels(&mine),
                 own_nms_w,
                 |r| &mut r.own_maintenances,

@@ -15,19 +15,19 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Resource};
+use kube::runtime::watcher;
+use kube::Resource;
 use rand::Rng as _;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{gateway, Slim};
 use crate::plan::reachability::{retry_delay, watch_silence_limit};
 
-use super::{lock, Ready, Shared};
+use super::{lenient, lock, Ready, Shared};
 
 pub(super) fn spawn_reflector<K>(
     shared: Arc<Shared>,
-    api: Api<K>,
+    client: kube::Client,
     config: watcher::Config,
     mut writer: reflector::store::Writer<K>,
     flag: fn(&mut Ready) -> &mut bool,
@@ -46,8 +46,7 @@ where
     tokio::spawn(async move {
         let kind = K::kind(&()).to_string();
         let watch_name = watch_name(&kind, &config);
-        let watch = || watcher(api.clone(), config.clone()).modify(K::slim).boxed();
-        let mut stream = watch();
+        let mut stream = lenient::watch(&client, &config, writer.as_reader());
         let mut reconnect = shared.reconnect.subscribe();
         let mut failures = 0u32;
         // What the view held when a silent watch was given up, until the new list says
@@ -83,7 +82,7 @@ where
                         before_relist = Some(versions(&writer.as_reader()));
                     }
                     shared.bump();
-                    stream = watch();
+                    stream = lenient::watch(&client, &config, writer.as_reader());
                     listing = true;
                     continue;
                 }
