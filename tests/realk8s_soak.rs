@@ -4,8 +4,9 @@
 //! random, at a random moment 0–6 s after `systemctl poweroff`:
 //! the apiserver killed (SIGKILL) and started again 2–8 s later; etcd, the same; the daemon
 //! killed (SIGKILL; systemd restarts it); the apiserver killed, then the daemon, the
-//! apiserver back 2–8 s later; the node's dbus-daemon or logind restarted (logind forgets
-//! the poweroff: `systemctl poweroff` again once nodegrace is armed again); the node's
+//! apiserver back 2–8 s later; the node's dbus-daemon or logind restarted, or logind killed
+//! (logind forgets the poweroff: `systemctl poweroff` again once nodegrace is armed again,
+//! its drain stopped); the node's
 //! requests throttled (429) for 2–8 s; nodegrace's credential refused (its RBAC binding
 //! deleted) until the node is down.
 //!
@@ -99,14 +100,13 @@ enum Fault {
     CredentialRevoked,
 }
 
-const FAULTS: [Fault; 9] = [
+const FAULTS: [Fault; 8] = [
     Fault::ApiserverKilled,
     Fault::EtcdKilled,
     Fault::DaemonKilled,
     Fault::ApiserverThenDaemon,
     Fault::DbusRestarted,
     Fault::LogindRestarted,
-    Fault::LogindKilled,
     Fault::Throttled,
     Fault::CredentialRevoked,
 ];
@@ -167,6 +167,13 @@ impl Draw {
         let outage = rng.random_range(2.0..8.0);
         // Drawn last, so that a seed from before the real-kubelet runs draws the same fault.
         let real_kubelet = fault.kubelet_matters() && rng.random_bool(REAL_KUBELET_SHARE);
+        // Half the logind faults kill it (issue 44), drawn after everything else for the same
+        // reason.
+        let fault = if fault == Fault::LogindRestarted && rng.random_bool(0.5) {
+            Fault::LogindKilled
+        } else {
+            fault
+        };
         Draw {
             seed,
             fault,
