@@ -445,6 +445,28 @@ async fn cancel_keeps_or_completes_the_shutdown_maintenance() {
             asked,
             "{policy:?}: a pod asked again after the cancel"
         );
+        if policy == CompletionPolicy::Keep {
+            // A daemon started again keeps the kept maintenance's drain stopped; the next
+            // shutdown adopts it and drains what is left.
+            drop(engine);
+            let again = env.engine(env.settings());
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert_eq!(
+                env.evictions().len(),
+                asked,
+                "a restarted daemon drained on"
+            );
+            let adopted = || {
+                let m = env.maintenance(&name).unwrap();
+                let annotations = m.metadata.annotations.unwrap_or_default();
+                !annotations.contains_key("nodegrace.dev/drain-stopped")
+                    && env.evictions().len() > asked
+            };
+            tokio::select! {
+                _ = again.shutdown_drain(&req) => panic!("the drain ended while db is blocked"),
+                () = eventually(10, "adopted, its mark removed, db asked again", adopted) => {}
+            }
+        }
     }
 }
 

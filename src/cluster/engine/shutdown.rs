@@ -200,8 +200,6 @@ impl Engine {
         self.shutdown_drain(&req).await
     }
 
-    /// The shutdown was cancelled: stop escalating, clear the shutdown marks, and complete
-    /// or keep the maintenance as `policy` says.
     /// The shutdown will not happen: its drain stops where it is (the loop asks no pod
     /// more for it), the Node says why, and its maintenance is completed or kept as
     /// `policy` says. A kept one holds the node cordoned and drains nothing more until the
@@ -424,8 +422,6 @@ impl Shared {
         !self.settings().fallback.kubelet_gns
     }
 
-    /// The shutdown conditions back to False (`reason`), where they say `NodeShutdown`;
-    /// the load-balancer exclusion removed.
     /// Keeps the cancelled shutdown's maintenance and stops its drain, for a daemon started
     /// again too. None to mark (the cancel came before it was created) is nothing to do.
     async fn mark_drain_stopped(&self, name: &str, why: &str) -> Result<()> {
@@ -446,6 +442,8 @@ impl Shared {
         }
     }
 
+    /// The shutdown conditions back to False (`reason`), where they say `NodeShutdown`;
+    /// the load-balancer exclusion removed.
     pub(super) async fn clear_shutdown_marks(&self, reason: &'static str) -> Result<()> {
         let api: Api<Node> = Api::all(self.client.clone());
         let node = api
