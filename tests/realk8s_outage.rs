@@ -819,7 +819,8 @@ async fn an_apiserver_killed_while_static_pods_are_gated_costs_no_pod_its_grace(
 /// Eviction API, never DELETEd (the budget has time for its grace), and the inhibitor is
 /// released only once it is gone. The DaemonSet pod takes 12 s to exit, so that the first
 /// band's deadline (10 s into the 110 s budget) passes while the drain is still on; the
-/// daemon of 68fbbf5 DELETEd the last two at once.
+/// daemon of 68fbbf5 DELETEd the last two at once. The static pod takes 2 s, so that the
+/// last band is still on when its pod is bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_bound_to_the_node_during_the_drain_keep_their_grace() {
     if skip("pods_bound_to_the_node_during_the_drain_keep_their_grace") {
@@ -849,7 +850,7 @@ async fn pods_bound_to_the_node_during_the_drain_keep_their_grace() {
     workload::static_pod(
         &f.node.manifests,
         &ns,
-        PodShape::new("etcd").exits_after_ms(300),
+        PodShape::new("etcd").exits_after_ms(2000),
     );
     f.kubelet.wait_running(6).await;
     f.node.boot();
