@@ -495,9 +495,18 @@ impl Drop for PodWatch {
 /// When the kubelet's Graceful Node Shutdown began killing each pod (its log's "Shutdown
 /// manager killing pod" lines), by pod name, in Unix seconds.
 pub fn gns_kills(log: &str) -> BTreeMap<String, f64> {
+    gns_lines(log, "Shutdown manager killing pod")
+}
+
+/// When the kubelet's GNS had stopped each pod's containers, by pod name (its log).
+pub fn gns_killed(log: &str) -> BTreeMap<String, f64> {
+    gns_lines(log, "Shutdown manager finished killing pod")
+}
+
+fn gns_lines(log: &str, says: &str) -> BTreeMap<String, f64> {
     let year = chrono::Utc::now().format("%Y").to_string();
     log.lines()
-        .filter(|l| l.contains("Shutdown manager killing pod"))
+        .filter(|l| l.contains(says))
         .filter_map(|l| {
             // I1124 16:17:05.196576   32173 nodeshutdown_manager_linux.go:375] "..." pod="ns/name" ...
             let mut words = l.split_whitespace();
