@@ -284,12 +284,7 @@ impl Shared {
 
     pub(super) fn event_offline_record(&self, m: &NodeMaintenance, summary: &FallbackSummary) {
         let note = format!("{} (shutdown of an earlier boot)", summary.describe());
-        match self
-            .nodes
-            .state()
-            .into_iter()
-            .find(|n| n.name_any() == self.node)
-        {
+        match self.node_watched() {
             Some(node) => self.event_both(&node, Some(m), true, "FallbackUsed", note),
             None => self.event(m.object_ref(&()), true, "FallbackUsed", note),
         }

@@ -227,11 +227,7 @@ impl Engine {
                 format!("{name} is kept: the node stays cordoned until `nodegrace complete`")
             }
         };
-        let node = sh
-            .nodes
-            .state()
-            .into_iter()
-            .find(|n| n.name_any() == sh.node);
+        let node = sh.node_watched();
         let maintenance = sh.maintenances.state(&lock(&sh.watch_log));
         let maintenance = maintenance.iter().find(|m| m.name_any() == name);
         match node {
@@ -394,11 +390,7 @@ impl Shared {
         let want = Lifecycle::Shutdown {
             gns: self.writes_gns(),
         };
-        let node = self
-            .nodes
-            .state()
-            .into_iter()
-            .find(|n| n.name_any() == self.node);
+        let node = self.node_watched();
         let node = node.map(|n| (*n).clone()).unwrap_or_else(|| {
             let mut n = Node::default();
             n.metadata.name = Some(self.node.clone());
@@ -521,12 +513,7 @@ impl Shared {
     }
 
     async fn clear_stale_shutdown_conditions(&self) -> Result<()> {
-        let Some(node) = self
-            .nodes
-            .state()
-            .into_iter()
-            .find(|n| n.name_any() == self.node)
-        else {
+        let Some(node) = self.node_watched() else {
             return Ok(());
         };
         let api: Api<Node> = Api::all(self.client.clone());

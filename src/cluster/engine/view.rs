@@ -192,12 +192,16 @@ impl Shared {
             .collect()
     }
 
-    pub(super) fn node_obj(&self, st: &mut DrainState) -> Option<Arc<Node>> {
-        let stored = self
-            .nodes
+    /// This node's Node as its watch last delivered it.
+    pub(super) fn node_watched(&self) -> Option<Arc<Node>> {
+        self.nodes
             .state()
             .into_iter()
-            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))?;
+            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))
+    }
+
+    pub(super) fn node_obj(&self, st: &mut DrainState) -> Option<Arc<Node>> {
+        let stored = self.node_watched()?;
         Some(fresher(
             &lock(&self.watch_log),
             stored,
