@@ -55,11 +55,8 @@ pub mod evict {
 /// The CRI's generated v1 messages.
 pub use crate::cri::v1;
 
-/// The `lifecycle.nodegrace.dev/v1alpha1` CRDs: the in-tree EvictionRequest and Eviction
-/// shapes of Kubernetes 1.37.
+/// The EvictionRequest API of Kubernetes 1.37 as nodegrace requests through it.
 pub mod lifecycle {
-    pub use crate::api::lifecycle::*;
-    pub use crate::api::{lifecycle_eviction_crd, lifecycle_eviction_request_crd};
     pub use crate::plan::intree::requester_key;
 }
 
@@ -68,20 +65,15 @@ pub use crate::api::{
     crd_files, crds_yaml, node_maintenance_crd, node_selector_for, node_status_apply_patch,
     node_status_patch_params, shutdown_maintenance_name, NodeMaintenance,
     NodeMaintenanceNodeStatus, NodeMaintenanceSpec, NodeMaintenanceStatus, Stage,
-    FINALIZER_MAINTENANCE_COMPLETION, INTERCEPTOR_ANNOTATION_PREFIX, NODE_LABEL,
-    NODE_MAINTENANCE_CRD_NAME,
+    FINALIZER_MAINTENANCE_COMPLETION, NODE_LABEL, NODE_MAINTENANCE_CRD_NAME,
 };
 
-// The cluster engine, the eviction-request controller and the apiserver clients.
+// The cluster engine, the requester and the apiserver clients.
 pub use crate::cluster::client::{build as build_clients, Clients, Timeouts};
 pub use crate::cluster::engine::COMPLETED_MESSAGE;
 pub use crate::cluster::engine::{AfterBoot, Engine, EngineError, EngineOptions};
-pub use crate::cluster::eviction_request::{
-    ControllerHandle, PodKey, WallClock, NODE_LABEL as REQUEST_NODE_LABEL,
-};
-pub use crate::cluster::identity::{
-    required_in_tree, required_lifecycle_crds, verify as verify_identity,
-};
+pub use crate::cluster::eviction_request::NODE_LABEL as REQUEST_NODE_LABEL;
+pub use crate::cluster::identity::{required_in_tree, verify as verify_identity};
 pub use crate::cluster::{EvictionApi, PodTerminator, Request};
 
 // Settings.

@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::plan::evictions::Refusal;
+use crate::plan::intree::Refusal;
 use crate::state::ShutdownOutcome;
 
 /// How a pod was made to go away.

@@ -86,14 +86,7 @@ fn crds_command_output_is_a_stream_of_every_crd() {
         .iter()
         .map(|c| c.metadata.name.clone().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        [
-            api::NODE_MAINTENANCE_CRD_NAME,
-            nodegrace::lifecycle::EVICTION_REQUESTS_CRD_NAME,
-            nodegrace::lifecycle::EVICTIONS_CRD_NAME,
-        ]
-    );
+    assert_eq!(names, [api::NODE_MAINTENANCE_CRD_NAME,]);
 }
 
 fn crd_json(crd: CustomResourceDefinition) -> Value {
@@ -249,11 +242,7 @@ fn all_rules(schema: &Value, path: String, out: &mut Vec<(String, Value)>) {
 
 #[test]
 fn every_cel_rule_compiles_and_uses_only_crd_variables() {
-    for crd in [
-        api::node_maintenance_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
-    ] {
+    for crd in [api::node_maintenance_crd().unwrap()] {
         let schema = schema_of(&crd_json(crd));
         let mut rules = Vec::new();
         all_rules(&schema, String::new(), &mut rules);
@@ -332,11 +321,7 @@ fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
 
 #[test]
 fn every_schema_is_structural() {
-    for crd in [
-        api::node_maintenance_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
-        nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
-    ] {
+    for crd in [api::node_maintenance_crd().unwrap()] {
         let schema = schema_of(&crd_json(crd));
         assert_eq!(schema["type"], "object");
         check_structural(&schema, "", false);
@@ -483,11 +468,7 @@ fn node_status_entries_keep_key_and_ref_consistent() {
 /// (1.29+) as an unknown field, so no rule may use it.
 #[test]
 fn no_rule_needs_a_kubernetes_newer_than_1_28() {
-    for crd in [
-        crd_json(api::node_maintenance_crd().unwrap()),
-        crd_json(nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap()),
-        crd_json(nodegrace::lifecycle::lifecycle_eviction_crd().unwrap()),
-    ] {
+    for crd in [crd_json(api::node_maintenance_crd().unwrap())] {
         let text = serde_json::to_string(&crd).unwrap();
         assert!(
             !text.contains("optionalOldSelf"),
@@ -565,14 +546,9 @@ mod rbac {
                 "/nodes: get,list,watch,patch",
                 "/pods/status: patch",
                 "/pods: list,watch",
-                "apiextensions.k8s.io/customresourcedefinitions[nodemaintenances.nodegrace.dev,evictionrequests.lifecycle.nodegrace.dev,evictions.lifecycle.nodegrace.dev]: get",
                 "events.k8s.io/events: create,patch",
                 "lifecycle.k8s.io/evictionrequests: get,list,watch,create,patch",
                 "lifecycle.k8s.io/evictions: list,watch",
-                "lifecycle.nodegrace.dev/evictionrequests/status: patch,update",
-                "lifecycle.nodegrace.dev/evictionrequests: get,list,watch,create,patch",
-                "lifecycle.nodegrace.dev/evictions/status: patch,update",
-                "lifecycle.nodegrace.dev/evictions: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
                 "policy/poddisruptionbudgets: list,watch",
@@ -1266,27 +1242,7 @@ mod rbac {
         assert_eq!(admit(&p, ME, "UPDATE", "status", aggregate, own), Ok(()));
     }
 
-    #[test]
-    fn the_cluster_role_grants_what_the_lifecycle_crd_path_checks_for() {
-        let docs = documents("clusterrole.yaml");
-        let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
-        let has = |list: &Value, item: &str| list.as_array().unwrap().iter().any(|v| v == item);
-        for p in nodegrace::required_lifecycle_crds(true) {
-            let resource = if p.subresource.is_empty() {
-                p.resource.to_owned()
-            } else {
-                format!("{}/{}", p.resource, p.subresource)
-            };
-            let granted = role["rules"].as_array().unwrap().iter().any(|r| {
-                has(&r["apiGroups"], p.group)
-                    && has(&r["resources"], &resource)
-                    && has(&r["verbs"], p.verb)
-            });
-            assert!(granted, "{p}");
-        }
-    }
-
-    /// An EvictionRequest of lifecycle.k8s.io or lifecycle.nodegrace.dev (same shape).
+    /// An EvictionRequest of lifecycle.k8s.io.
     fn lifecycle_request(requester: &str, node: Option<&str>, intent: &str) -> Value {
         let mut r = json!({
             "metadata": {"name": "nodegrace-uid-1", "namespace": "shop", "labels": {"app": "web"}},
@@ -1362,29 +1318,6 @@ mod rbac {
             Value::Null,
             lifecycle_request("descheduler.example.com/x", me, "Eviction"),
         ));
-
-        // Status, as the controller of its pods: its own and unlabelled requests only.
-        let with_status = |r: &Value| {
-            let mut r = r.clone();
-            r["status"] = json!({"conditions": [{"type": "Invalid", "status": "True"}]});
-            r
-        };
-        let unlabelled = lifecycle_request("descheduler.example.com/x", None, "Eviction");
-        for old in [&own, &unlabelled] {
-            assert_eq!(
-                admit(&p, ME, "UPDATE", "status", with_status(old), old.clone()),
-                Ok(())
-            );
-        }
-        assert!(denied(admit(
-            &p,
-            ME,
-            "UPDATE",
-            "status",
-            with_status(&b),
-            b.clone()
-        ))
-        .contains("labelled for another node"));
     }
 
     #[test]
@@ -1406,68 +1339,5 @@ mod rbac {
             ))
             .contains("over 63 characters"));
         }
-        assert!(denied(admit(
-            &policy("lifecycle-evictions"),
-            &user,
-            "CREATE",
-            "",
-            eviction(Some(&long)),
-            Value::Null
-        ))
-        .contains("over 63 characters"));
-    }
-
-    fn eviction(node: Option<&str>) -> Value {
-        let mut e = json!({
-            "metadata": {"name": "uid-1", "namespace": "shop", "labels": {"nodegrace.dev/one": "requester"}},
-            "spec": {"target": {"pod": {"name": "web-0", "uid": "uid-1"}}}
-        });
-        if let Some(node) = node {
-            e["metadata"]["labels"][nodegrace::REQUEST_NODE_LABEL] = json!(node);
-        }
-        e
-    }
-
-    #[test]
-    fn a_node_keeps_only_the_evictions_labelled_for_it() {
-        let p = policy("lifecycle-evictions");
-        let create = |e: Value| admit(&p, ME, "CREATE", "", e, Value::Null);
-        assert_eq!(create(eviction(Some("one"))), Ok(()));
-        for label in [Some("two"), None] {
-            assert!(denied(create(eviction(label))).contains("nodegrace.dev/node=one"));
-        }
-        let own = eviction(Some("one"));
-        let theirs = eviction(Some("two"));
-        let with_status = |e: &Value| {
-            let mut e = e.clone();
-            e["status"] = json!({"responders": [{"name": "imperative-eviction.nodegrace.dev/evictor",
-                                                 "startTime": "2026-01-01T00:00:00Z"}]});
-            e
-        };
-        assert_eq!(
-            admit(&p, ME, "UPDATE", "status", with_status(&own), own.clone()),
-            Ok(())
-        );
-        denied(admit(
-            &p,
-            ME,
-            "UPDATE",
-            "status",
-            with_status(&theirs),
-            theirs.clone(),
-        ));
-        for label in [Some("two"), None] {
-            denied(admit(&p, ME, "UPDATE", "", eviction(label), own.clone()));
-        }
-        denied(admit(
-            &p,
-            ME,
-            "UPDATE",
-            "",
-            eviction(Some("one")),
-            theirs.clone(),
-        ));
-        assert_eq!(admit(&p, ME, "DELETE", "", Value::Null, own), Ok(()));
-        denied(admit(&p, ME, "DELETE", "", Value::Null, theirs));
     }
 }

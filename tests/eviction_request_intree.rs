@@ -53,20 +53,6 @@ fn posted(reqs: &[RecordedRequest]) -> Vec<Value> {
         .collect()
 }
 
-/// The EvictionRequests POSTed to nodegrace's `lifecycle.nodegrace.dev` CRDs.
-fn crd_requests_posted(reqs: &[RecordedRequest]) -> usize {
-    reqs.iter()
-        .filter(|r| {
-            r.method == "POST"
-                && r.path.contains("/apis/lifecycle.nodegrace.dev/")
-                && r.path.ends_with("/evictionrequests")
-        })
-        .count()
-}
-
-/// A pod that declares responders leaves through the in-tree API (its responder first, then
-/// the in-tree evictor); a pod that declares none is evicted through the Eviction API at once,
-/// as the imperative evictor would, without the objects; a DaemonSet pod is deleted.
 #[tokio::test]
 async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
@@ -103,7 +89,6 @@ async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it()
     assert_eq!(env.evictions(), ["web"]);
     // The DaemonSet pod stayed nodegrace's: deleted by it, never requested.
     assert_eq!(env.deletes(), ["ds"]);
-    assert_eq!(crd_requests_posted(&reqs), 0);
     // Counted by the way each went: kv through its request, web evicted directly.
     let metrics = env.metrics.render().unwrap();
     // And by the band each went in, named as the band's duration is (the default plan: the
@@ -124,36 +109,6 @@ async fn where_the_in_tree_api_is_served_pods_with_responders_leave_through_it()
     let eviction = controllers.eviction_of("work", &kv).unwrap();
     assert_eq!(eviction["metadata"]["labels"][KEY], "requester");
     // Env's teardown checks every request against the shipped ClusterRole.
-}
-
-#[tokio::test]
-async fn with_both_served_the_in_tree_api_wins_and_says_so() {
-    let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.install_lifecycle_crds();
-    let controllers = FakeEvictionControllers::start(env.cluster.store.clone());
-    env.pod("both", Kind::Default, 0, 30, json!({"app": "both"}));
-    let drainer = start(&env);
-    drain_a_reboot(&drainer).await;
-    assert!(!env.pod_exists("both"));
-    let reqs = env.requests();
-    // It declares no responder: evicted directly, no request on either API.
-    assert!(posted(&reqs).is_empty());
-    assert_eq!(crd_requests_posted(&reqs), 0, "our CRD stands down");
-    assert!(controllers.evicted().is_empty());
-    assert_eq!(env.evictions(), ["both"]);
-    // Our eviction-request controller did not start: it would watch our CRD.
-    assert!(
-        !reqs.iter().any(|r| r
-            .path
-            .contains("/apis/lifecycle.nodegrace.dev/v1alpha1/evictionrequests")
-            && r.is_watch()),
-        "our controller stood down"
-    );
-    let said = log_lines("pods are asked to leave through EvictionRequests");
-    assert!(
-        said.iter().any(|l| l.contains("api=lifecycle.k8s.io")),
-        "one line says which API wins: {said:?}"
-    );
 }
 
 /// An administrator's maintenance drains db, whose budget allows no disruption; its operator
@@ -337,42 +292,26 @@ async fn bad_responder_declarations_are_logged() {
     let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("many", Kind::Default, 0, 30, json!({"app": "many"}));
     env.pod("badname", Kind::Default, 0, 30, json!({"app": "badname"}));
-    env.pod("mixed", Kind::Default, 0, 30, json!({"app": "mixed"}));
     env.pod("twice", Kind::Default, 0, 30, json!({"app": "twice"}));
-    let set = |pod: &str, responders: Value, annotations: Option<Value>| {
+    let set = |pod: &str, responders: Value| {
         env.cluster
             .store
             .update_in_process("", "pods", "work", pod, |p| {
                 p["spec"]["evictionResponders"] = responders;
-                if let Some(a) = annotations {
-                    p["metadata"]["annotations"] = a;
-                }
             })
             .unwrap();
     };
     let eleven: Vec<Value> = (0..11)
         .map(|i| json!({"name": format!("r{i}.example.com/x"), "priority": 5000}))
         .collect();
-    set("many", json!(eleven), None);
-    set(
-        "badname",
-        json!([{"name": "no-domain", "priority": 5000}]),
-        None,
-    );
-    set(
-        "mixed",
-        json!([{"name": "db.example.com/operator", "priority": 10000}]),
-        Some(
-            json!({"interceptor.evictionrequest.coordination.k8s.io/priority_db.example.com": "20000"}),
-        ),
-    );
-    // The field and nodegrace's annotation disagreeing: the field wins, the difference is named.
+    set("many", json!(eleven));
+    set("badname", json!([{"name": "no-domain", "priority": 5000}]));
     set(
         "twice",
-        json!([{"name": "db.example.com/operator", "priority": 10000}]),
-        Some(
-            json!({"nodegrace.dev/eviction-responders": r#"[{"name":"db.example.com/operator","priority":20000}]"#}),
-        ),
+        json!([
+            {"name": "db.example.com/operator", "priority": 10000},
+            {"name": "db.example.com/operator", "priority": 20000}
+        ]),
     );
     let drainer = start(&env);
     // Responders that never answer hold their pods until the escalation: a short budget.
@@ -390,11 +329,10 @@ async fn bad_responder_declarations_are_logged() {
     };
     assert!(find("many", "11 responders declared"));
     assert!(find("badname", "no domain prefix"));
-    assert!(find("mixed", "disagree"));
-    assert!(find("twice", "disagree; spec.evictionResponders is used"));
+    assert!(find("twice", "declared twice"));
     // The same problems as Warning events on the pods, once per pod and problem.
     eventually(15, "the events written", || {
-        env.events("EvictionResponderInvalid").len() >= 4
+        env.events("EvictionResponderInvalid").len() >= 3
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -418,19 +356,9 @@ async fn bad_responder_declarations_are_logged() {
         badname.iter().any(|n| n.contains("no domain prefix")),
         "{badname:?}"
     );
-    let mixed = on("mixed");
-    assert_eq!(mixed.len(), 1, "{mixed:?}");
-    assert!(mixed[0].contains("disagree"), "{mixed:?}");
-    assert!(
-        mixed[0].contains("deprecated and read by nothing"),
-        "{mixed:?}"
-    );
     let twice = on("twice");
     assert_eq!(twice.len(), 1, "{twice:?}");
-    assert!(
-        twice[0].contains("nodegrace.dev/eviction-responders"),
-        "{twice:?}"
-    );
+    assert!(twice[0].contains("declared twice"), "{twice:?}");
 }
 
 #[tokio::test]
@@ -588,44 +516,4 @@ async fn a_direct_eviction_after_the_in_tree_api_refused_is_counted_when_a_budge
     assert_eq!(env.evictions(), ["gang"]);
     assert_eq!(env.refused("budget"), 1, "counted once");
     assert!(env.pod_exists("gang"));
-}
-
-#[tokio::test]
-async fn with_both_served_this_nodes_lifecycle_crd_requests_are_withdrawn() {
-    let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.install_lifecycle_crds();
-    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
-    env.pod("kept", Kind::Default, 0, 30, json!({"app": "kept"}));
-    env.pod("others", Kind::Default, 0, 30, json!({"app": "others"}));
-    // Named as nodegrace names its requests.
-    let request = |pod: &str, requester: &str, labels: Value| {
-        let uid = uid(&env, pod);
-        let name = format!("nodegrace-{uid}");
-        env.cluster
-            .insert(&json!({
-                "apiVersion": "lifecycle.nodegrace.dev/v1alpha1", "kind": "EvictionRequest",
-                "metadata": {"name": name, "namespace": "work", "labels": labels},
-                "spec": {"intent": "Eviction", "requester": requester,
-                         "target": {"pod": {"name": pod, "uid": uid}}},
-            }))
-            .unwrap();
-        name
-    };
-    // What this node asked before the cluster gained the in-tree API, and someone else's.
-    let mine = request("kept", KEY, json!({"nodegrace.dev/node": NODE}));
-    let theirs = request("others", "descheduler.example.com/d", json!({}));
-    let intent = |name: &str| {
-        env.cluster
-            .store
-            .get_obj("lifecycle.nodegrace.dev", "evictionrequests", "work", name)
-            .unwrap()["spec"]["intent"]
-            .clone()
-    };
-    let _drainer = start(&env);
-    eventually(15, "this node's request withdrawn", || {
-        intent(&mine) == "Withdrawn"
-    })
-    .await;
-    assert_eq!(intent(&theirs), "Eviction", "another requester's untouched");
-    assert!(env.pod_exists("kept") && env.pod_exists("others"));
 }

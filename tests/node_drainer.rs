@@ -16,6 +16,7 @@ use nodegrace::{
 };
 use nodegrace_testkit::fake_cri::{CriCall, FakeRuntime};
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
+use nodegrace_testkit::fake_lifecycle::FakeEvictionControllers;
 use serde_json::{json, Value};
 
 #[derive(Default)]
@@ -553,9 +554,9 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
 }
 
 #[tokio::test]
-async fn with_nodegraces_crds_a_pod_without_responders_is_evicted_directly() {
+async fn with_the_eviction_request_api_served_a_pod_without_responders_is_evicted_directly() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.install_lifecycle_crds();
+    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("web", Kind::Default, 0, 30, json!({"app": "web"}));
     env.pod("ds", Kind::DaemonSet, 0, 30, json!({"app": "ds"}));
     let settings = env.settings();
@@ -589,12 +590,12 @@ async fn with_nodegraces_crds_a_pod_without_responders_is_evicted_directly() {
     drop(drainer);
 }
 
-/// With nodegrace's CRDs served, a pod without responders meets its budget on the Eviction
-/// API; the maintenance names it (KEP-4212 drainMessage).
+/// With the EvictionRequest API served, a pod without responders meets its budget on the
+/// Eviction API; the maintenance names it (KEP-4212 drainMessage).
 #[tokio::test]
-async fn a_blocking_budget_is_named_on_the_maintenance_with_nodegraces_crds() {
+async fn a_blocking_budget_is_named_on_the_maintenance_with_the_eviction_request_api_served() {
     let env = Env::new(KubeletConfig::node(NODE)).await;
-    env.install_lifecycle_crds();
+    let _controllers = FakeEvictionControllers::start(env.cluster.store.clone());
     env.pod("db", Kind::Default, 0, 30, json!({"app": "db"}));
     env.pdb("db-pdb", "db", 1);
     env.admin_maintenance("upgrade", "Drain", json!([]));

@@ -1,9 +1,7 @@
-//! CRD types: NodeMaintenance (KEP-4212) in `nodegrace.dev/v1alpha1`, EvictionRequest and
-//! Eviction (KEP-4563, the in-tree shapes) in `lifecycle.nodegrace.dev/v1alpha1`, the CRDs
-//! generated from them, and the server-side-apply helpers that let every node write only its
-//! own entry of a maintenance's status.
+//! The NodeMaintenance CRD (KEP-4212) in `nodegrace.dev/v1alpha1`, generated from its types,
+//! and the server-side-apply helpers that let every node write only its own entry of a
+//! maintenance's status.
 
-pub(crate) mod lifecycle;
 mod maintenance;
 mod schema;
 
@@ -26,10 +24,6 @@ pub const FINALIZER_MAINTENANCE_COMPLETION: &str = "nodegrace.dev/maintenance-co
 /// NodeMaintenance condition: every targeted pod on every selected node has terminated.
 pub(crate) const CONDITION_DRAINED: &str = "Drained";
 pub use crate::plan::own::NODE_LABEL;
-
-/// Pod annotation prefix declaring an interceptor: `<prefix><name>: "<priority>"`.
-pub const INTERCEPTOR_ANNOTATION_PREFIX: &str =
-    "interceptor.evictionrequest.coordination.k8s.io/priority_";
 
 /// Field managers of the node daemons are `nodegrace-<node>`.
 pub(crate) const FIELD_MANAGER_PREFIX: &str = "nodegrace-";
@@ -63,38 +57,17 @@ fn finish(
     Ok(serde_json::from_value(crd)?)
 }
 
-/// The `lifecycle.nodegrace.dev` EvictionRequest CRD (the in-tree shape).
-pub fn lifecycle_eviction_request_crd() -> Result<CustomResourceDefinition> {
-    finish(
-        lifecycle::EvictionRequest::crd(),
-        schema::LIFECYCLE_EVICTION_REQUEST,
-    )
-    .context("building the lifecycle.nodegrace.dev EvictionRequest CRD")
-}
-
-/// The `lifecycle.nodegrace.dev` Eviction CRD (the in-tree shape).
-pub fn lifecycle_eviction_crd() -> Result<CustomResourceDefinition> {
-    finish(lifecycle::Eviction::crd(), schema::LIFECYCLE_EVICTION)
-        .context("building the lifecycle.nodegrace.dev Eviction CRD")
-}
-
 /// `(file name under packaging/crds, YAML)` for each CRD, in a fixed order; each file is
 /// named after the CRD.
 pub fn crd_files() -> Result<Vec<(String, String)>> {
-    [
-        (NODE_MAINTENANCE_CRD_NAME, node_maintenance_crd()?),
-        (
-            lifecycle::EVICTION_REQUESTS_CRD_NAME,
-            lifecycle_eviction_request_crd()?,
-        ),
-        (lifecycle::EVICTIONS_CRD_NAME, lifecycle_eviction_crd()?),
-    ]
-    .into_iter()
-    .map(|(name, crd)| {
-        let yaml = serde_yaml::to_string(&crd).with_context(|| format!("serializing {name}"))?;
-        Ok((format!("{name}.yaml"), format!("{GENERATED_HEADER}{yaml}")))
-    })
-    .collect()
+    [(NODE_MAINTENANCE_CRD_NAME, node_maintenance_crd()?)]
+        .into_iter()
+        .map(|(name, crd)| {
+            let yaml =
+                serde_yaml::to_string(&crd).with_context(|| format!("serializing {name}"))?;
+            Ok((format!("{name}.yaml"), format!("{GENERATED_HEADER}{yaml}")))
+        })
+        .collect()
 }
 
 /// Every CRD as one multi-document YAML stream (what `nodegrace crds` prints).

@@ -10,7 +10,7 @@ use kube::core::Status;
 use kube::Api;
 
 use crate::cluster::gateway::{self, Kind, Reply};
-use crate::plan::evictions::Refusal;
+use crate::plan::intree::Refusal;
 
 /// What became of a request to terminate a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

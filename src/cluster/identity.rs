@@ -317,44 +317,10 @@ pub fn required_in_tree() -> Vec<Permission> {
     ]
 }
 
-/// What nodegrace's credential needs on its own `lifecycle.nodegrace.dev` EvictionRequest
-/// and Eviction CRDs: as a requester (as on the in-tree API), and with `controller` also as
-/// the eviction-request controller of its node's pods (their Evictions, the status of both,
-/// its imperative evictor's `status.responders` entry).
-pub fn required_lifecycle_crds(controller: bool) -> Vec<Permission> {
-    const GROUP: &str = crate::api::lifecycle::LIFECYCLE_GROUP;
-    let mut list = vec![
-        permission("create", GROUP, "evictionrequests"),
-        permission("patch", GROUP, "evictionrequests"),
-        permission("watch", GROUP, "evictionrequests"),
-        permission("watch", GROUP, "evictions"),
-    ];
-    if controller {
-        list.extend([
-            permission("update", GROUP, "evictionrequests/status"),
-            permission("create", GROUP, "evictions"),
-            permission("update", GROUP, "evictions"),
-            permission("delete", GROUP, "evictions"),
-            permission("update", GROUP, "evictions/status"),
-        ]);
-    }
-    list
-}
-
 /// [`verify`]'s permission check for the in-tree EvictionRequest API: a missing grant is a
 /// [`CredentialError`] naming it.
 pub(crate) async fn verify_in_tree(clients: &Clients, verified: &Verified) -> anyhow::Result<()> {
     verify_nodegrace_may(clients, verified, required_in_tree()).await
-}
-
-/// Whether nodegrace's credential may use its `lifecycle.nodegrace.dev` CRDs, as requester and
-/// (`controller`) as the eviction-request controller of its pods.
-pub(crate) async fn verify_lifecycle_crds(
-    clients: &Clients,
-    verified: &Verified,
-    controller: bool,
-) -> anyhow::Result<()> {
-    verify_nodegrace_may(clients, verified, required_lifecycle_crds(controller)).await
 }
 
 async fn verify_nodegrace_may(
@@ -627,39 +593,6 @@ mod tests {
                 && m.contains("check the kubelet"),
             "{m}"
         );
-    }
-
-    #[test]
-    fn the_lifecycle_crds_need_requester_rights_and_the_controllers_on_top() {
-        let named = |list: Vec<Permission>| -> Vec<String> {
-            list.iter().map(ToString::to_string).collect()
-        };
-        let requester = [
-            "create evictionrequests.lifecycle.nodegrace.dev",
-            "patch evictionrequests.lifecycle.nodegrace.dev",
-            "watch evictionrequests.lifecycle.nodegrace.dev",
-            "watch evictions.lifecycle.nodegrace.dev",
-        ];
-        assert_eq!(named(required_lifecycle_crds(false)), requester);
-        let mut controller: Vec<&str> = requester.to_vec();
-        controller.extend([
-            "update evictionrequests/status.lifecycle.nodegrace.dev",
-            "create evictions.lifecycle.nodegrace.dev",
-            "update evictions.lifecycle.nodegrace.dev",
-            "delete evictions.lifecycle.nodegrace.dev",
-            "update evictions/status.lifecycle.nodegrace.dev",
-        ]);
-        assert_eq!(named(required_lifecycle_crds(true)), controller);
-        // The same requester rights as on the in-tree API, in the other group.
-        let in_tree: Vec<(&str, &str, &str)> = required_in_tree()
-            .iter()
-            .map(|p| (p.verb, p.resource, p.subresource))
-            .collect();
-        let ours: Vec<(&str, &str, &str)> = required_lifecycle_crds(false)
-            .iter()
-            .map(|p| (p.verb, p.resource, p.subresource))
-            .collect();
-        assert_eq!(ours, in_tree);
     }
 
     #[test]

@@ -258,10 +258,6 @@ fn drain_section(ctx: &Ctx<'_>, dr: &RawDrain, t: &mut DrainSettings) -> Result<
         },
         &mut t.eviction_backoff_max_shutdown,
     )?;
-    flag(
-        &dr.external_eviction_request_controller,
-        &mut t.external_eviction_request_controller,
-    );
     if let Some(leaf) = &dr.max_concurrent_requests {
         let n = *leaf.get();
         t.max_concurrent_requests = usize::try_from(n)

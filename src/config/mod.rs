@@ -13,8 +13,7 @@
 //! names the changed ones, to be logged; [`keep_restart_only`] keeps their running values):
 //! `state_dir` (state and gate journal live there), `node.*` (the watches are bound to one
 //! Node and one client), the logind settings of `[shutdown]` (the budget is negotiated at
-//! start), `drain.external_eviction_request_controller` (the controller is started, and its
-//! permissions checked, when the apiserver is first reached), `fallback.cri_endpoint` (one CRI
+//! start), `fallback.cri_endpoint` (one CRI
 //! connection), `static_pods.*` (moving these while manifests are gated could strand a
 //! manifest), `metrics.listen` (bound socket). Every other key is read when next used (a
 //! drain already running keeps the plan it started with).
@@ -132,8 +131,6 @@ pub struct DrainSettings {
     pub eviction_backoff_max: Duration,
     /// The same cap while a shutdown deadline runs.
     pub eviction_backoff_max_shutdown: Duration,
-    /// An external eviction-request controller runs in the cluster; do not act as one.
-    pub external_eviction_request_controller: bool,
     /// Requests to the apiserver in flight at once when a band's pods are asked to go.
     pub max_concurrent_requests: usize,
     /// How long to wait for the Node to report no volume attached or in use before
@@ -255,7 +252,6 @@ impl Default for Settings {
                 eviction_backoff_max: Duration::from_secs(15 * 60),
                 eviction_backoff_max_shutdown: Duration::from_secs(5),
                 max_concurrent_requests: 64,
-                external_eviction_request_controller: false,
                 volume_detach_timeout: Duration::from_secs(20),
                 kubelet_root_dir: Some(PathBuf::from("/var/lib/kubelet")),
             },
@@ -321,7 +317,6 @@ pub(crate) const RESTART_ONLY: &[&str] = &[
     "shutdown.manage_logind_dropin",
     "shutdown.logind_dropin_dir",
     "shutdown.logind_dropin_name",
-    "drain.external_eviction_request_controller",
     "fallback.cri_endpoint",
     "static_pods.manifest_dir",
     "static_pods.gate_dir",
@@ -350,8 +345,6 @@ pub(crate) fn keep_restart_only(running: &Settings, reloaded: Settings) -> Setti
     s.shutdown.manage_logind_dropin = running.shutdown.manage_logind_dropin;
     s.shutdown.logind_dropin_dir = running.shutdown.logind_dropin_dir.clone();
     s.shutdown.logind_dropin_name = running.shutdown.logind_dropin_name.clone();
-    s.drain.external_eviction_request_controller =
-        running.drain.external_eviction_request_controller;
     s.fallback.cri_endpoint = running.fallback.cri_endpoint.clone();
     s.static_pods = running.static_pods.clone();
     s.metrics = running.metrics.clone();

@@ -129,7 +129,6 @@ pub(super) struct RawDrain {
     pub critical_priority: Option<Leaf<i64>>,
     pub eviction_backoff_max: Option<Leaf<Dur>>,
     pub eviction_backoff_max_shutdown: Option<Leaf<Dur>>,
-    pub external_eviction_request_controller: Option<Leaf<bool>>,
     pub max_concurrent_requests: Option<Leaf<i64>>,
     pub volume_detach_timeout: Option<Leaf<Dur>>,
     pub kubelet_root_dir: Option<Leaf<String>>,
@@ -231,8 +230,7 @@ impl Merge for RawDrain {
     fn merge(&mut self, later: Self, file: usize) {
         merge_leaves!(self, later, file; plan, reserve_daemonset, reserve_static, reserve_critical,
             critical_priority, eviction_backoff_max, eviction_backoff_max_shutdown,
-            external_eviction_request_controller, max_concurrent_requests, volume_detach_timeout,
-            kubelet_root_dir);
+            max_concurrent_requests, volume_detach_timeout, kubelet_root_dir);
     }
 }
 

@@ -156,10 +156,6 @@ fn drain_table(d: &DrainSettings) -> Value {
             dur(d.eviction_backoff_max_shutdown),
         ),
         (
-            "external_eviction_request_controller",
-            Value::Boolean(d.external_eviction_request_controller),
-        ),
-        (
             "max_concurrent_requests",
             Value::Integer(i64::try_from(d.max_concurrent_requests).unwrap_or(i64::MAX)),
         ),

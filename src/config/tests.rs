@@ -140,7 +140,6 @@ reserve_critical = "1m"
 critical_priority = 1000000
 eviction_backoff_max = "2m"
 eviction_backoff_max_shutdown = "1s"
-external_eviction_request_controller = true
 volume_detach_timeout = "0s"
 
 [[drain.plan]]
@@ -207,7 +206,6 @@ fn every_key_is_applied() {
     assert_eq!(s.drain.critical_priority, 1_000_000);
     assert_eq!(s.drain.eviction_backoff_max, secs(120));
     assert_eq!(s.drain.eviction_backoff_max_shutdown, secs(1));
-    assert!(s.drain.external_eviction_request_controller);
     assert_eq!(s.drain.volume_detach_timeout, secs(0));
     let selector: BTreeMap<String, String> = [
         (
@@ -1261,7 +1259,6 @@ mod roundtrip {
             s.drain.critical_priority = critical_priority;
             s.drain.eviction_backoff_max = backoff;
             s.drain.eviction_backoff_max_shutdown = backoff_shutdown;
-            s.drain.external_eviction_request_controller = bools[4];
             s.drain.volume_detach_timeout = secs(volume);
             s.drain.plan = plan;
             s.fallback.enabled = bools[5];

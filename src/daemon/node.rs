@@ -24,8 +24,7 @@ use crate::shutdown::{CancelCause, ShutdownRequest};
 use crate::state::{BootIdSource, OfflineDrain, PodCache, ShutdownState};
 use crate::staticpods::StaticPodGate;
 
-use crate::plan::wiring::Served;
-use crate::plan::wiring::{LifecycleGroup, Requester, Wiring};
+use crate::plan::wiring::Wiring;
 
 mod paths;
 use crate::plan::lifecycle::{route, Route, RouteEvent};
@@ -538,7 +537,6 @@ where
         &endpoint,
         [paths[0].as_deref(), paths[1].as_deref()],
         &node,
-        settings.drain.external_eviction_request_controller,
         &metrics,
         &mut shutting_down,
     )
@@ -567,15 +565,13 @@ where
 }
 
 /// Connects until the apiserver answers and both credentials pass `identity::verify`:
-/// whether the in-tree EvictionRequest API is served, whether nodegrace's lifecycle CRDs are, and who
-/// each client is. Failures are logged (a refused credential loudly, an absent apiserver now
+/// whether the in-tree EvictionRequest API is served, and who each client is. Failures are logged (a refused credential loudly, an absent apiserver now
 /// and then) and retried.
 async fn connect_verified<F, Fut, C>(
     connect: &F,
     endpoint: &str,
     paths: [Option<&Path>; 2],
     node: &str,
-    external_controller: bool,
     metrics: &Metrics,
     shutting_down: &mut watch::Receiver<bool>,
 ) -> (Clients, Wiring, identity::Verified)
@@ -590,33 +586,12 @@ where
     loop {
         let attempt = async {
             let clients: Clients = connect().await?.into();
-            let served = Served {
-                in_tree: eviction_request::is_served(
-                    &clients.nodegrace,
-                    &eviction_request::LifecycleApi::in_tree(),
-                )
-                .await?,
-                lifecycle_crds: eviction_request::is_served(
-                    &clients.nodegrace,
-                    &eviction_request::LifecycleApi::nodegrace(),
-                )
-                .await?,
-            };
-            let wiring = Wiring::new(served, node, external_controller);
+            let in_tree = eviction_request::is_served(&clients.nodegrace).await?;
+            let wiring = Wiring::new(in_tree, node);
             let verified = identity::verify(&clients, paths, node).await?;
             // Only the path taken needs its permissions.
-            match wiring.requester {
-                Some(Requester {
-                    group: LifecycleGroup::InTree,
-                    ..
-                }) => identity::verify_in_tree(&clients, &verified).await?,
-                Some(Requester {
-                    group: LifecycleGroup::Nodegrace,
-                    own_controller,
-                }) => {
-                    identity::verify_lifecycle_crds(&clients, &verified, own_controller).await?;
-                }
-                None => {}
+            if wiring.requester {
+                identity::verify_in_tree(&clients, &verified).await?;
             }
             anyhow::Ok((clients, wiring, verified))
         };

@@ -3,12 +3,9 @@
 //! progress, and what is wrong with the responders a pod declares (which API a drain asks
 //! through is `plan::wiring`'s). No I/O.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::EvictionResponder;
 use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
 
-use super::evictions::{recorded_attempts, Refusal};
 use super::names;
 
 /// The domain of nodegrace's requester keys.
@@ -214,6 +211,17 @@ pub(crate) fn respond(progress: &Progress) -> Response {
     }
 }
 
+/// Why an eviction was refused, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A PodDisruptionBudget (or another reason the apiserver gave for a 429).
+    Budget,
+    /// The apiserver throttled the request without looking at it.
+    Throttled,
+    /// Any other failure.
+    Error,
+}
+
 /// What an imperative evictor's message says of its refused evictions of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EvictorRefusals {
@@ -239,7 +247,7 @@ pub(crate) fn evictor_refusals(progress: &Progress) -> Option<EvictorRefusals> {
     if !is_imperative_evictor(responder) || !is_refusal(message) {
         return None;
     }
-    let attempts = recorded_attempts(Some(message)).max(retries_counted(message));
+    let attempts = recorded_attempts(message).max(retries_counted(message));
     let words = message.to_ascii_lowercase();
     let reason = if words.contains("disruption budget") || words.contains("poddisruptionbudget") {
         Refusal::Budget
@@ -253,6 +261,20 @@ pub(crate) fn evictor_refusals(progress: &Progress) -> Option<EvictorRefusals> {
         attempts,
         reason,
     })
+}
+
+/// Failed attempts so far as upstream's evictor words them in its message: `(attempts=N)`.
+fn recorded_attempts(message: &str) -> u32 {
+    const MARK: &str = "(attempts=";
+    let Some(i) = message.find(MARK) else {
+        return 0;
+    };
+    let rest = &message[i + MARK.len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    match rest[digits.len()..].starts_with(')') {
+        true => digits.parse().unwrap_or(0),
+        false => 0,
+    }
 }
 
 /// How the KEP's imperative evictor words its retry count: `number of retries: N`.
@@ -271,10 +293,10 @@ fn retries_counted(message: &str) -> u32 {
     digits.parse().unwrap_or(0)
 }
 
-/// The in-tree imperative evictor or nodegrace's, on its CRDs: what they say is the Eviction
-/// API's answer, not a responder's own work.
+/// The in-tree imperative evictor: what it says is the Eviction API's answer, not a
+/// responder's own work.
 fn is_imperative_evictor(responder: &str) -> bool {
-    responder == IMPERATIVE_EVICTOR || responder == crate::plan::evictions::NODEGRACE_EVICTOR
+    responder == IMPERATIVE_EVICTOR
 }
 
 /// An imperative evictor's message about a refused eviction: it counts its attempts.
@@ -306,295 +328,68 @@ pub(crate) struct DeclaredResponder {
     pub priority: i64,
 }
 
-/// The annotation a pod declares its responders in where the cluster's pod API has no
-/// `spec.evictionResponders`: a JSON list in the field's shape,
-/// `[{"name":"example.com/db","priority":10000}]`.
-pub(crate) const RESPONDERS_ANNOTATION: &str = "nodegrace.dev/eviction-responders";
-
-/// An example of the declaration, for the problem sentences.
-const DECLARATION_EXAMPLE: &str = r#"[{"name":"example.com/db","priority":10000}]"#;
-
-/// Where a pod's responders were taken from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum ResponderSource {
-    /// `spec.evictionResponders`.
-    Field,
-    /// [`RESPONDERS_ANNOTATION`] (a malformed one declares nothing; its problems say why).
-    Annotation,
-    /// Nothing declared that the path reads: the default imperative evictor alone.
-    #[default]
-    Undeclared,
-}
-
-impl ResponderSource {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Field => "spec.evictionResponders",
-            Self::Annotation => "annotation nodegrace.dev/eviction-responders",
-            Self::Undeclared => "none declared",
-        }
-    }
-}
-
-impl std::fmt::Display for ResponderSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The responders a pod declares, and what is wrong with them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ResponderCheck {
-    /// The responders in force, from `source`.
+    /// The responders in force, from `spec.evictionResponders`.
     pub responders: Vec<DeclaredResponder>,
-    pub source: ResponderSource,
     /// One sentence per problem, for a log line or an event.
     pub problems: Vec<String>,
 }
 
-/// Reads [`RESPONDERS_ANNOTATION`]'s `value`: the responders it declares, in its order, and
-/// what is wrong with it. An entry without a usable name or priority is left out.
-pub(crate) fn parse_responders_annotation(value: &str) -> (Vec<DeclaredResponder>, Vec<String>) {
-    let what = format!("annotation {RESPONDERS_ANNOTATION}");
-    let parsed: serde_json::Value = match serde_json::from_str(value) {
-        Ok(v) => v,
-        Err(err) => {
-            return (
-                Vec::new(),
-                vec![format!(
-                    "{what} is not JSON ({err}); write a list such as {DECLARATION_EXAMPLE}"
-                )],
-            )
-        }
-    };
-    let Some(entries) = parsed.as_array() else {
-        return (
-            Vec::new(),
-            vec![format!(
-                "{what} must be a JSON list such as {DECLARATION_EXAMPLE}"
-            )],
-        );
-    };
-    let mut responders = Vec::new();
-    let mut problems = Vec::new();
-    for (i, entry) in entries.iter().enumerate() {
-        let n = i + 1;
-        let Some(object) = entry.as_object() else {
-            problems.push(format!(
-                "{what}: entry {n} is not an object with a name and a priority"
-            ));
-            continue;
-        };
-        for field in object.keys() {
-            if field != "name" && field != "priority" {
-                problems.push(format!(
-                    "{what}: entry {n} has an unknown field {field:?} (only name and priority)"
-                ));
-            }
-        }
-        let name = object.get("name").and_then(serde_json::Value::as_str);
-        let priority = object.get("priority");
-        match (name, priority) {
-            (None, _) => problems.push(format!("{what}: entry {n} has no name (a string)")),
-            (Some(name), None) => {
-                problems.push(format!("{what}: entry {n} ({name}) has no priority"));
-            }
-            (Some(name), Some(p)) => match p.as_i64() {
-                Some(priority) => responders.push(DeclaredResponder {
-                    name: name.to_owned(),
-                    priority,
-                }),
-                None => problems.push(format!(
-                    "{what}: the priority {p} of entry {n} ({name}) is not a whole number"
-                )),
-            },
-        }
-    }
-    (responders, problems)
-}
-
-/// Checks the responders a pod declares. They come from `spec.evictionResponders`
-/// (`field`) when it is set, else from the [`RESPONDERS_ANNOTATION`] annotation — unless
-/// the cluster's pod API has the field (`field_served`, the in-tree path of 1.37), where the
-/// in-tree controllers read the field alone and the annotation is only compared with it.
-/// The responders in force are checked against the in-tree rules (at most
-/// [`MAX_POD_RESPONDERS`], unique domain-prefixed names outside the reserved domains,
-/// priority 0..=100000 with 0..=999 only for `*.k8s.io`). The field and the annotation
-/// disagreeing is a problem (the field wins); the old
-/// `<old_annotation_prefix><name>: <priority>[/<role>]` annotations are deprecated and read by
-/// nothing on this path: each use is a problem naming what to declare instead.
-pub(crate) fn check_responders(
-    field: Option<&[EvictionResponder]>,
-    annotations: Option<&BTreeMap<String, String>>,
-    old_annotation_prefix: &str,
-    field_served: bool,
-) -> ResponderCheck {
-    let from_field: Option<Vec<DeclaredResponder>> = field.filter(|f| !f.is_empty()).map(|f| {
-        f.iter()
-            .map(|r| DeclaredResponder {
-                name: r.name.clone(),
-                priority: i64::from(r.priority),
-            })
-            .collect()
-    });
-    let mut problems = Vec::new();
-    let from_annotation = annotations
-        .and_then(|a| a.get(RESPONDERS_ANNOTATION))
-        .map(|value| {
-            let (list, bad) = parse_responders_annotation(value);
-            let clean = bad.is_empty();
-            problems.extend(bad);
-            (list, clean)
-        });
-    let from_old = old_annotations(annotations, old_annotation_prefix, &mut problems);
-    let (source, responders) = match (from_field, from_annotation) {
-        (Some(field), annotation) => {
-            if let Some((annotation, true)) = annotation {
-                if sorted(&field) != sorted(&annotation) {
-                    problems.push(format!(
-                        "spec.evictionResponders ({}) and annotation {RESPONDERS_ANNOTATION} ({}) disagree; spec.evictionResponders is used",
-                        describe(&field),
-                        describe(&annotation)
-                    ));
-                }
-            }
-            (ResponderSource::Field, field)
-        }
-        (None, Some((annotation, _))) if field_served => {
-            problems.push(format!(
-                "annotation {RESPONDERS_ANNOTATION} ({}) is not read where the pod API has spec.evictionResponders (the in-tree EvictionRequest API): declare them in spec.evictionResponders",
-                describe(&annotation)
-            ));
-            (ResponderSource::Undeclared, Vec::new())
-        }
-        (None, Some((annotation, _))) => (ResponderSource::Annotation, annotation),
-        (None, None) => (ResponderSource::Undeclared, Vec::new()),
-    };
-    if !from_old.is_empty() {
-        problems.push(old_annotations_problem(
-            &from_old,
-            old_annotation_prefix,
-            &responders,
-            source,
-            field_served,
-        ));
-    }
-    problems.extend(rule_problems(&responders, source));
+/// Checks the responders a pod declares in `spec.evictionResponders` (`field`) against the
+/// in-tree rules (at most [`MAX_POD_RESPONDERS`], unique domain-prefixed names outside the
+/// reserved domains, priority 0..=100000 with 0..=999 only for `*.k8s.io`).
+pub(crate) fn check_responders(field: Option<&[EvictionResponder]>) -> ResponderCheck {
+    let responders: Vec<DeclaredResponder> = field
+        .unwrap_or_default()
+        .iter()
+        .map(|r| DeclaredResponder {
+            name: r.name.clone(),
+            priority: i64::from(r.priority),
+        })
+        .collect();
     ResponderCheck {
+        problems: rule_problems(&responders),
         responders,
-        source,
-        problems,
-    }
-}
-
-/// The responders the deprecated `<prefix><name>: <priority>[/<role>]` annotations declare;
-/// an unreadable priority is a problem.
-fn old_annotations(
-    annotations: Option<&BTreeMap<String, String>>,
-    prefix: &str,
-    problems: &mut Vec<String>,
-) -> Vec<DeclaredResponder> {
-    let mut from_old = Vec::new();
-    for (key, value) in annotations.into_iter().flatten() {
-        let Some(name) = key.strip_prefix(prefix) else {
-            continue;
-        };
-        match value
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .parse::<i64>()
-        {
-            Ok(priority) => from_old.push(DeclaredResponder {
-                name: name.to_owned(),
-                priority,
-            }),
-            Err(_) => problems.push(format!(
-                "annotation {key} (deprecated): priority {value:?} is not a number"
-            )),
-        }
-    }
-    from_old
-}
-
-/// What to tell of deprecated annotations beside the `responders` in force.
-fn old_annotations_problem(
-    from_old: &[DeclaredResponder],
-    prefix: &str,
-    responders: &[DeclaredResponder],
-    source: ResponderSource,
-    field_served: bool,
-) -> String {
-    let old = format!(
-        "the {prefix}* annotations ({}) are deprecated and read by nothing on this path",
-        describe(from_old)
-    );
-    if responders.is_empty() {
-        let instead = if field_served {
-            "spec.evictionResponders".to_owned()
-        } else {
-            format!("annotation {RESPONDERS_ANNOTATION}")
-        };
-        format!("{old}; declare the responders in {instead} instead, e.g. {DECLARATION_EXAMPLE}")
-    } else if sorted(responders) != sorted(from_old) {
-        format!(
-            "{old}, and they disagree with {source} ({}), which is used: remove them",
-            describe(responders)
-        )
-    } else {
-        format!("{old}; {source} declares the same: remove them")
     }
 }
 
 /// The in-tree rules the declared `responders` break.
-fn rule_problems(responders: &[DeclaredResponder], source: ResponderSource) -> Vec<String> {
+fn rule_problems(responders: &[DeclaredResponder]) -> Vec<String> {
     let mut problems = Vec::new();
     if responders.len() > MAX_POD_RESPONDERS {
         problems.push(format!(
-            "{} responders declared ({source}); the in-tree API allows at most {MAX_POD_RESPONDERS}",
+            "{} responders declared; the in-tree API allows at most {MAX_POD_RESPONDERS}",
             responders.len()
         ));
     }
     let mut seen = std::collections::BTreeSet::new();
     for r in responders {
         if !seen.insert(r.name.as_str()) {
-            problems.push(format!("responder {} is declared twice ({source})", r.name));
+            problems.push(format!("responder {} is declared twice", r.name));
         }
         if let Some(why) = domain_prefixed_key_problem(&r.name) {
-            problems.push(format!("responder name invalid ({source}): {why}"));
+            problems.push(format!("responder name invalid: {why}"));
         } else if is_reserved_domain(&r.name) {
             problems.push(format!(
-                "responder {} ({source}) uses a domain reserved for Kubernetes",
+                "responder {} uses a domain reserved for Kubernetes",
                 r.name
             ));
         }
         if !(0..=i64::from(MAX_RESPONDER_PRIORITY)).contains(&r.priority) {
             problems.push(format!(
-                "responder {} ({source}): priority {} is outside 0..={MAX_RESPONDER_PRIORITY}",
+                "responder {}: priority {} is outside 0..={MAX_RESPONDER_PRIORITY}",
                 r.name, r.priority
             ));
         } else if r.priority <= i64::from(RESERVED_PRIORITY_MAX) && !is_reserved_domain(&r.name) {
             problems.push(format!(
-                "responder {} ({source}): priorities 0..={RESERVED_PRIORITY_MAX} are reserved for *.k8s.io responders",
+                "responder {}: priorities 0..={RESERVED_PRIORITY_MAX} are reserved for *.k8s.io responders",
                 r.name
             ));
         }
     }
     problems
-}
-
-fn sorted(list: &[DeclaredResponder]) -> Vec<DeclaredResponder> {
-    let mut list = list.to_vec();
-    list.sort();
-    list
-}
-
-fn describe(list: &[DeclaredResponder]) -> String {
-    list.iter()
-        .map(|r| format!("{}={}", r.name, r.priority))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[cfg(test)]

@@ -19,12 +19,11 @@
 //!   the node is done; what each answer means for the next pass.
 //! - [`reachability`]: whether the apiserver can be used, the back-off between tries, when a
 //!   shutdown falls back offline and when time lost to an outage is planned again.
-//! - [`evictions`]: nodegrace's own eviction-request controller and default evictor for its
-//!   `lifecycle.nodegrace.dev` CRDs (the in-tree 1.37 shapes), per target pod
-//!   ([`evictions::decide`], [`evictions::decide_evictor`]).
-//! - [`wiring`]: what the daemon starts at connect ([`wiring::Wiring`]): the eviction path,
-//!   the requester and its API group, nodegrace's own eviction-request controller, what is
-//!   withdrawn and what is warned about.
+//! - [`intree`]: the EvictionRequest API of Kubernetes 1.37 as nodegrace requests through
+//!   it: its requester key, what a pod's `Eviction` says, what is wrong with declared
+//!   responders.
+//! - [`wiring`]: what the daemon starts at connect ([`wiring::Wiring`]): the eviction path
+//!   and what is warned about.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,7 +37,6 @@ pub(crate) mod budget;
 pub(crate) mod classify;
 pub(crate) mod drain;
 pub(crate) mod drainplan;
-pub(crate) mod evictions;
 pub(crate) mod freshness;
 pub(crate) mod gns;
 pub(crate) mod intree;

@@ -240,17 +240,6 @@ pub(crate) fn retry_delay(failures: u32, shutdown: bool, jitter: f64) -> Duratio
     }
 }
 
-/// The wait before a request that failed (not throttled: that waits as the apiserver says)
-/// is tried again: about a second while a shutdown runs, as a watch's, so that the drain
-/// goes on within a second of the apiserver answering again; 5 s otherwise.
-pub(crate) fn request_retry(shutdown: bool, jitter: f64) -> Duration {
-    if shutdown {
-        retry_delay(3, true, jitter)
-    } else {
-        Duration::from_secs(5)
-    }
-}
-
 /// How long a watch may say nothing before its view is listed again. While a shutdown runs,
 /// 10 s: its decisions must not rest on a watch hung mid-stream on a connection that lives
 /// (the HTTP/2 pings find only dead connections), and listing one node's objects again costs
@@ -320,18 +309,6 @@ mod tests {
         assert!(!unusable(Answer::NotSent));
     }
     use proptest::prelude::*;
-
-    #[test]
-    fn a_failed_request_is_tried_again_within_a_second_during_a_shutdown() {
-        for jitter in [0.0, 0.5, 0.999] {
-            let d = request_retry(true, jitter);
-            assert!(
-                d >= Duration::from_millis(800) && d <= Duration::from_secs(1),
-                "{d:?}"
-            );
-            assert_eq!(request_retry(false, jitter), Duration::from_secs(5));
-        }
-    }
 
     #[test]
     fn only_a_shutdown_bounds_a_silent_watch_and_within_the_offline_timeout() {

@@ -58,16 +58,6 @@ impl Drop for Env {
 }
 
 impl Env {
-    /// nodegrace's `lifecycle.nodegrace.dev` CRDs, the default path where they are packaged.
-    pub fn install_lifecycle_crds(&self) {
-        for crd in [
-            nodegrace::lifecycle::lifecycle_eviction_request_crd().unwrap(),
-            nodegrace::lifecycle::lifecycle_eviction_crd().unwrap(),
-        ] {
-            self.cluster.install_crd(&crd).unwrap();
-        }
-    }
-
     pub async fn new(kubelet: KubeletConfig) -> Env {
         let cluster = FakeCluster::start().await.unwrap();
         cluster

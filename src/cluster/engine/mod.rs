@@ -49,7 +49,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::eviction_request::ControllerHandle;
 use super::gateway::{self, Failure};
 use super::node::patch_node_with;
 use super::terminate::{EvictionApi, PodTerminator};
@@ -252,9 +251,6 @@ struct Shared {
     watch_log: Mutex<WatchLog>,
     recorder: Recorder,
     timings: Mutex<ShutdownTimings>,
-    /// This node's eviction-request controller, when nodegrace is it: fed the engine's pod
-    /// events and the eviction back-off cap in force. Set once, when the connection is wired.
-    eviction_requests: std::sync::OnceLock<ControllerHandle>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -433,9 +429,6 @@ struct DrainState {
     invalid_plans: HashMap<String, String>,
     /// DaemonSet UID -> the UID of its tolerate-all pod this drain terminated.
     daemonset_terminated: HashMap<String, String>,
-    /// The eviction back-off cap and concurrency last given to the eviction-request
-    /// controller.
-    eviction_requests_tuned: Option<(Duration, usize)>,
     /// The shutdown maintenance's name and its latest re-plan, for its status entry.
     shutdown_replan: Option<(String, Replan)>,
     /// The re-plan last told in an event.
@@ -537,7 +530,6 @@ impl Engine {
             watch_log: Mutex::new(WatchLog::default()),
             recorder,
             timings: Mutex::new(ShutdownTimings::default()),
-            eviction_requests: std::sync::OnceLock::new(),
         });
         let c = &opts.client;
         let node = &opts.node;
@@ -556,7 +548,7 @@ impl Engine {
                 watcher::Config::default().fields(&own::pods_field_selector(node)),
                 pods_w,
                 |r| &mut r.pods,
-                Shared::pod_changed,
+                |_, _| {},
             ),
             spawn_reflector(
                 shared.clone(),
@@ -592,14 +584,7 @@ impl Engine {
         &self.shared.node
     }
 
-    /// The node's pods as the engine's watch holds them (the eviction-request controller's
-    /// pod cache: one watch of the node's pods serves both).
-    pub(crate) fn pod_store(&self) -> Store<Pod> {
-        self.shared.pods.clone()
-    }
-
-    /// True while a shutdown drain runs (the eviction-request controller's watches retry
-    /// faster then).
+    /// True while a shutdown drain runs (the requester's watch retries faster then).
     pub(crate) fn shutting_down(&self) -> Arc<std::sync::atomic::AtomicBool> {
         self.shared.shutting_down.clone()
     }
@@ -624,7 +609,7 @@ impl Engine {
         self.shared.bump();
     }
 
-    /// Where this node's eviction-request controller reports what blocks a pod's eviction.
+    /// Where the requester's watch reports what blocks a pod's eviction.
     pub(crate) fn eviction_block_sink(&self) -> crate::cluster::eviction_request::BlockSink {
         let tell = self.shared.to_loop.clone();
         Arc::new(move |uid: &str, by: Option<String>| {
@@ -633,15 +618,6 @@ impl Engine {
                 by,
             });
         })
-    }
-
-    /// Feeds this node's eviction-request controller: pod events, and the shorter eviction
-    /// back-off cap while a shutdown runs.
-    pub(crate) fn attach_eviction_request_controller(&self, handle: ControllerHandle) {
-        if self.shared.eviction_requests.set(handle).is_err() {
-            tracing::warn!(node = %self.shared.node, "an eviction-request controller is attached already; keeping it");
-        }
-        self.shared.bump();
     }
 
     pub fn timings(&self) -> ShutdownTimings {
@@ -677,15 +653,6 @@ impl Shared {
             .read()
             .map(|s| s.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
-    }
-
-    fn pod_changed(&self, pod: &Pod) {
-        if let Some(handle) = self.eviction_requests.get() {
-            handle.pod_changed(
-                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                pod.metadata.uid.as_deref().unwrap_or_default(),
-            );
-        }
     }
 
     fn bump(&self) {

@@ -401,7 +401,6 @@ impl Shared {
         };
         self.note_replacements(st, &d.drain.replacements, seen.raw_pods);
         let views = self.views(st, seen.prepared, &d.drain);
-        self.tune_eviction_requests(st, d.backoff_cap);
         self.admin_conditions(st, node, &views, &d.drain.pods)
             .await?;
         let retry = self
@@ -814,24 +813,6 @@ impl Shared {
             .collect();
         if !fresh.is_empty() {
             tracing::info!(node = %self.node, pods = ?fresh, "DaemonSet pods that tolerate every taint came back after their termination: left running, not waited for");
-        }
-    }
-
-    /// The eviction-request controller backs off with the cap in force and runs as many
-    /// requests at once as the configuration says (both change: shutdowns, reloads).
-    fn tune_eviction_requests(&self, st: &mut DrainState, cap: Duration) {
-        let concurrency = self.settings().drain.max_concurrent_requests;
-        if st.eviction_requests_tuned == Some((cap, concurrency)) {
-            return;
-        }
-        if let Some(handle) = self.eviction_requests.get() {
-            if st.eviction_requests_tuned.map(|t| t.0) != Some(cap) {
-                handle.set_backoff_max(cap);
-            }
-            if st.eviction_requests_tuned.map(|t| t.1) != Some(concurrency) {
-                handle.set_concurrency(concurrency);
-            }
-            st.eviction_requests_tuned = Some((cap, concurrency));
         }
     }
 }

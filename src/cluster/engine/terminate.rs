@@ -93,14 +93,13 @@ impl Shared {
         }
 
         let terminator = self.terminator.clone();
-        let controller = self.eviction_requests.get().cloned();
         let max = self.settings().drain.max_concurrent_requests;
         let window = st.window.get_or_insert_with(|| Window::new(max));
         window.set_max(max);
         let concurrency = window.limit();
         let results: Vec<_> = futures::stream::iter(d.requests.iter().cloned())
             .map(|r| {
-                let (terminator, controller) = (terminator.clone(), controller.clone());
+                let terminator = terminator.clone();
                 let object = raw.get(r.pod.uid.as_str()).map(|p| (*p).clone());
                 let request = match r.action {
                     Action::Delete { grace_seconds } | Action::Escalate { grace_seconds } => {
@@ -109,9 +108,6 @@ impl Shared {
                     Action::Evict | Action::Gate => Request::Cooperative,
                 };
                 async move {
-                    if let (Request::Delete { .. }, Some(controller)) = (request, &controller) {
-                        controller.escalating(&r.pod.uid).await;
-                    }
                     let result = terminator
                         .terminate(&r.pod, object.as_deref(), request, &r.maintenance)
                         .await;

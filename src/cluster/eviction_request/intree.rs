@@ -19,8 +19,7 @@ use k8s_openapi::api::lifecycle::v1alpha1::{
     EvictionRequestTarget,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::DynamicObject;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -28,7 +27,6 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::lifecycle_api::{typed, LifecycleApi};
 use super::{BlockSink, PodKey, PodState, NODE_LABEL};
 use crate::cluster::backoff::backed_off;
 use crate::cluster::evict::{self, Outcome};
@@ -36,26 +34,53 @@ use crate::cluster::gateway::{self, Kind};
 use crate::cluster::terminate::{PodTerminator, Request};
 use crate::cluster::FIELD_MANAGER;
 use crate::metrics::{Metrics, TerminationMethod};
-use crate::plan::evictions::NODEGRACE_EVICTOR;
 use crate::plan::intree::{
     check_responders, evictor_refusals, read_eviction, read_request, request_name, respond,
     Progress as EvictionProgress, Response, INTENT_EVICTION, INTENT_WITHDRAWN,
 };
 use crate::plan::PodInfo;
 
-/// Whether the apiserver serves both `evictionrequests` and `evictions` of `api`.
-pub(crate) async fn is_served(client: &Client, api: &LifecycleApi) -> Result<bool> {
-    let group_version = api.request_resource().api_version;
-    match gateway::reply(client.list_api_group_resources(&group_version).await) {
+const GROUP_VERSION: &str = "lifecycle.k8s.io/v1alpha1";
+
+/// Whether the apiserver serves both `evictionrequests` and `evictions` of
+/// `lifecycle.k8s.io/v1alpha1`.
+pub(crate) async fn is_served(client: &Client) -> Result<bool> {
+    match gateway::reply(client.list_api_group_resources(GROUP_VERSION).await) {
         Ok(list) => {
             let has = |n: &str| list.resources.iter().any(|r| r.name == n);
             Ok(has("evictionrequests") && has("evictions"))
         }
         Err(f) if f.is(Kind::NotFound) => Ok(false),
         Err(f) => Err(f
-            .context(format!("discovering the {group_version} API group"))
+            .context(format!("discovering the {GROUP_VERSION} API group"))
             .into()),
     }
+}
+
+/// The EvictionRequests (of `namespace`, or all), read as objects that may not decode: one
+/// that does not is skipped where it is met, not a failed list or watch.
+fn requests(client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
+    let resource = ApiResource::erase::<EvictionRequest>(&());
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+fn evictions(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<Eviction>(&()))
+}
+
+/// A lifecycle object as its type.
+fn typed<T: serde::de::DeserializeOwned>(object: &DynamicObject) -> Result<T> {
+    let value = serde_json::to_value(object).context("serializing a lifecycle object")?;
+    serde_json::from_value(value).with_context(|| {
+        format!(
+            "reading {} {} as a lifecycle object",
+            object.types.as_ref().map_or("", |t| t.kind.as_str()),
+            object.metadata.name.as_deref().unwrap_or_default()
+        )
+    })
 }
 
 /// Pod UID -> (pod, maintenances that asked for it).
@@ -67,8 +92,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The drain's [`PodTerminator`] on a cluster serving the in-tree API.
 pub(crate) struct InTreeTerminator {
-    /// Which server of the lifecycle API.
-    api: LifecycleApi,
     /// Writes the EvictionRequests (nodegrace's identity).
     client: Client,
     /// Evictions and DELETEs (the kubelet's credential in the daemon).
@@ -78,8 +101,6 @@ pub(crate) struct InTreeTerminator {
     wanted: Wanted,
     /// Maintenances seen asking since this daemon started.
     seen: Mutex<BTreeSet<String>>,
-    /// This node's controller of nodegrace's CRDs, told of each request written.
-    announce: std::sync::OnceLock<super::ControllerHandle>,
     /// Pods whose responder declarations were already complained about.
     checked: Mutex<HashSet<String>>,
     /// Warning events on pods (nodegrace's identity).
@@ -87,29 +108,16 @@ pub(crate) struct InTreeTerminator {
 }
 
 impl InTreeTerminator {
-    pub(crate) fn new(api: LifecycleApi, client: Client, evictor: Client, node: &str) -> Self {
+    pub(crate) fn new(client: Client, evictor: Client, node: &str) -> Self {
         Self {
-            api,
             evictor,
             node: node.to_owned(),
             key: crate::plan::intree::requester_key(node),
             wanted: Wanted::default(),
             seen: Mutex::new(BTreeSet::new()),
-            announce: std::sync::OnceLock::new(),
             checked: Mutex::new(HashSet::new()),
             recorder: crate::cluster::event_recorder(client.clone(), node),
             client,
-        }
-    }
-
-    /// Tells `controller` of every request this requester writes.
-    pub(crate) fn announce_to(&self, controller: super::ControllerHandle) {
-        let _ = self.announce.set(controller);
-    }
-
-    fn announce(&self, written: &DynamicObject) {
-        if let (Some(controller), Ok(request)) = (self.announce.get(), typed(written)) {
-            controller.lifecycle_requested(request);
         }
     }
 
@@ -119,18 +127,9 @@ impl InTreeTerminator {
     }
 
     /// The watch of this requester's Evictions, reporting to the drain through `blocks`.
-    /// `own_evictor_counts`: nodegrace's own evictor runs in this daemon and counts its
-    /// refusals itself, so what it writes is not counted again here.
-    pub(crate) fn progress(
-        &self,
-        blocks: BlockSink,
-        metrics: Metrics,
-        own_evictor_counts: bool,
-    ) -> Progress {
+    pub(crate) fn progress(&self, blocks: BlockSink, metrics: Metrics) -> Progress {
         Progress {
             metrics,
-            own_evictor_counts,
-            api: self.api.clone(),
             client: self.client.clone(),
             evictor: self.evictor.clone(),
             key: self.key.clone(),
@@ -142,25 +141,20 @@ impl InTreeTerminator {
     }
 
     fn requests(&self, namespace: &str) -> Api<DynamicObject> {
-        self.api.requests(&self.client, Some(namespace))
+        requests(&self.client, Some(namespace))
     }
 
-    /// Whether `pod` declares eviction responders (`spec.evictionResponders`, or before 1.37
-    /// the annotation); what is wrong with its declaration is said once per pod.
+    /// Whether `pod` declares eviction responders (`spec.evictionResponders`); what is wrong
+    /// with its declaration is said once per pod.
     fn declares_responders(&self, key: &PodKey, pod: &Pod) -> bool {
         let field = pod
             .spec
             .as_ref()
             .and_then(|s| s.eviction_responders.as_deref());
-        let check = check_responders(
-            field,
-            pod.metadata.annotations.as_ref(),
-            crate::api::INTERCEPTOR_ANNOTATION_PREFIX,
-            self.api.pod_field_served(),
-        );
+        let check = check_responders(field);
         if lock(&self.checked).insert(key.uid.clone()) {
             for problem in &check.problems {
-                warn!(node = %self.node, pod = %key, responders_from = %check.source, "eviction responders: {problem}");
+                warn!(node = %self.node, pod = %key, "eviction responders: {problem}");
                 warn_on_pod(
                     &self.recorder,
                     key,
@@ -212,11 +206,12 @@ impl InTreeTerminator {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        let created = api.create(&params, &self.api.to_dynamic(&request)?).await;
-        match gateway::reply(created) {
-            Ok(written) => {
-                self.announce(&written);
-                info!(node = %self.node, pod = %key, requester = %self.key, api = %self.api.group(), "created the pod's EvictionRequest");
+        let request: DynamicObject = serde_json::to_value(&request)
+            .and_then(serde_json::from_value)
+            .context("serializing an EvictionRequest")?;
+        match gateway::reply(api.create(&params, &request).await) {
+            Ok(_) => {
+                info!(node = %self.node, pod = %key, requester = %self.key, "created the pod's EvictionRequest");
                 return Ok(());
             }
             Err(f) if f.is(Kind::Conflict) => {}
@@ -242,9 +237,8 @@ impl InTreeTerminator {
             ..PatchParams::default()
         };
         match gateway::reply(api.patch(name, &params, &Patch::Merge(&patch)).await) {
-            Ok(written) => {
-                self.announce(&written);
-                info!(node = %self.node, pod = %key, intent, api = %self.api.group(), "set the intent of the pod's EvictionRequest");
+            Ok(_) => {
+                info!(node = %self.node, pod = %key, intent, "set the intent of the pod's EvictionRequest");
                 Ok(())
             }
             Err(f) if f.is(Kind::NotFound) && intent == INTENT_WITHDRAWN => Ok(()),
@@ -277,39 +271,17 @@ impl InTreeTerminator {
         released
     }
 
-    /// Withdraws every request of this node's with intent Eviction (on an API nodegrace no
-    /// longer uses); how many.
-    pub(crate) async fn withdraw_all(&self) -> Result<usize> {
-        let pods = self.own_requests().await?;
-        for pod in &pods {
-            let api = self.requests(&pod.namespace);
-            self.set_intent(&api, &request_name(&pod.uid), pod, INTENT_WITHDRAWN)
-                .await?;
-        }
-        Ok(pods.len())
-    }
-
     /// This node's requests with intent Eviction (what a restarted daemon may have left).
     async fn own_requests(&self) -> Result<Vec<PodKey>> {
         let Some(mine) = crate::plan::own::own_selector(&self.node) else {
             return Ok(Vec::new());
         };
-        let list = self
-            .api
-            .requests(&self.client, None)
+        let list = requests(&self.client, None)
             .list(&ListParams::default().labels(&mine))
             .await
-            .with_context(|| {
-                format!(
-                    "listing this node's EvictionRequests ({})",
-                    self.api.group()
-                )
-            })?;
-        let requests = list
-            .items
-            .iter()
-            .map(typed::<EvictionRequest>)
-            .collect::<Result<Vec<_>>>()?;
+            .context("listing this node's EvictionRequests")?;
+        let requests: Vec<EvictionRequest> =
+            list.items.iter().filter_map(|r| typed(r).ok()).collect();
         Ok(requests
             .iter()
             .filter(|r| r.spec.requester == self.key && r.spec.intent == INTENT_EVICTION)
@@ -329,7 +301,7 @@ impl InTreeTerminator {
 impl PodTerminator for InTreeTerminator {
     async fn connect(&self) {
         // The kubelet's connection carries no watch and may have been closed while idle; its
-        // evictions (the CRDs' evictor) and escalations must share one, not open one each.
+        // evictions and escalations must share one, not open one each.
         crate::cluster::terminate::open_connection(&self.evictor).await;
     }
 
@@ -413,7 +385,6 @@ impl PodTerminator for InTreeTerminator {
 /// Follows the Evictions labelled with this requester's key (the in-tree controller labels
 /// each Eviction with its requesters' keys) and tells the drain what holds each pod.
 pub(crate) struct Progress {
-    api: LifecycleApi,
     client: Client,
     evictor: Client,
     key: String,
@@ -422,10 +393,9 @@ pub(crate) struct Progress {
     wanted: Wanted,
     blocks: BlockSink,
     recorder: Recorder,
-    /// Counts the refusals of the evictors nodegrace does not run, and of its own direct
+    /// Counts the refusals the Evictions report and those of nodegrace's own direct
     /// evictions (`nodegrace_evictions_refused_total`).
     metrics: Metrics,
-    own_evictor_counts: bool,
 }
 
 impl Progress {
@@ -435,18 +405,22 @@ impl Progress {
         stop: CancellationToken,
         shutting_down: Arc<std::sync::atomic::AtomicBool>,
     ) {
-        let evictions = self.api.evictions(&self.client, None);
         let eviction_events = backed_off(
-            watcher(evictions, watcher::Config::default().labels(&self.key)),
+            watcher(
+                evictions(&self.client),
+                watcher::Config::default().labels(&self.key),
+            ),
             shutting_down.clone(),
         )
         .map(Watched::Eviction);
         // Its own requests too: a request the in-tree controller refuses (EvictionInvalid)
         // gets no Eviction at all.
-        let requests = self.api.requests(&self.client, None);
         let request_events = match &self.own_selector {
             Some(mine) => backed_off(
-                watcher(requests, watcher::Config::default().labels(mine)),
+                watcher(
+                    requests(&self.client, None),
+                    watcher::Config::default().labels(mine),
+                ),
                 shutting_down,
             )
             .map(Watched::Request)
@@ -486,7 +460,7 @@ impl Progress {
                     }
                 }
                 Some(Watched::Eviction(Err(err)) | Watched::Request(Err(err))) => {
-                    tracing::debug!(error = %err, api = %self.api.group(), "watching EvictionRequests and Evictions");
+                    tracing::debug!(error = %err, "watching EvictionRequests and Evictions");
                 }
                 Some(_) => {}
                 None => return,
@@ -498,7 +472,10 @@ impl Progress {
     fn read<T: serde::de::DeserializeOwned>(&self, object: &DynamicObject) -> Option<T> {
         typed(object)
             .map_err(|err| {
-                warn!(api = %self.api.group(), error = crate::cluster::error_text(&err), "ignoring a lifecycle object that does not parse");
+                warn!(
+                    error = crate::cluster::error_text(&err),
+                    "ignoring a lifecycle object that does not parse"
+                );
             })
             .ok()
     }
@@ -559,9 +536,6 @@ impl Progress {
         let Some(r) = evictor_refusals(progress) else {
             return;
         };
-        if self.own_evictor_counts && r.evictor == NODEGRACE_EVICTOR {
-            return;
-        }
         let counted = seen.refusals.entry(pod.uid.clone()).or_default();
         let new = r.attempts.saturating_sub(*counted);
         self.metrics.evictions_refused(r.reason, u64::from(new));

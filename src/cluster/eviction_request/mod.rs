@@ -1,44 +1,38 @@
-//! Terminating a pod through its EvictionRequest (KEP-4563), for the node's own pods.
-//!
-//! Two APIs of one shape ([`LifecycleApi`]): the in-tree `lifecycle.k8s.io/v1alpha1` of
-//! Kubernetes 1.37 when the cluster serves it ([`is_served`]), otherwise nodegrace's own
-//! `lifecycle.nodegrace.dev` CRDs. On either, nodegrace is the requester of its node's pods
-//! ([`InTreeTerminator`], the drain engine's `PodTerminator`). On its own CRDs it is also,
-//! unless `drain.external_eviction_request_controller` is set, the eviction-request
-//! controller and imperative evictor of the node's pods ([`LifecycleController`]), fed by the
-//! engine through a [`ControllerHandle`]. Where neither API is served the drain uses the
-//! Eviction API directly.
+//! Terminating a pod through its EvictionRequest (KEP-4563 as Kubernetes 1.37 shipped it,
+//! `lifecycle.k8s.io/v1alpha1`), for the node's own pods. Where the cluster serves that API
+//! ([`is_served`]), nodegrace is the requester of its node's pods that declare eviction
+//! responders ([`InTreeTerminator`], the drain engine's `PodTerminator`) and the cluster's
+//! controllers do the rest; every other pod, and every pod where the API is not served, goes
+//! through the Eviction API.
 
-mod gate;
-mod handle;
 mod intree;
-mod lifecycle_api;
-mod lifecycle_controller;
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
 
 use crate::plan::classify;
 
-pub(crate) use handle::BlockSink;
-pub use handle::ControllerHandle;
 pub(crate) use intree::{is_served, InTreeTerminator};
-pub(crate) use lifecycle_api::LifecycleApi;
-pub(crate) use lifecycle_controller::LifecycleController;
 
 pub use crate::plan::own::NODE_LABEL;
+
+/// Told what blocks the eviction of a pod (by UID): `Some` with the budget or the
+/// apiserver's message after a refusal, `None` once it is evicted or gone. The drain engine
+/// names the blocker on the NodeMaintenance, as it does for its own evictions.
+pub(crate) type BlockSink = Arc<dyn Fn(&str, Option<String>) + Send + Sync>;
 
 /// The pod a request is about: UID included, so a pod recreated under the same name is
 /// never targeted by its predecessor's request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct PodKey {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 impl PodKey {
-    pub fn new(namespace: &str, name: &str, uid: &str) -> Self {
+    pub(crate) fn new(namespace: &str, name: &str, uid: &str) -> Self {
         Self {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
@@ -92,37 +86,6 @@ impl PodState {
     }
 }
 
-/// Wall-clock time for heartbeats and conditions. `System` in the daemon; `Tokio` derives
-/// the wall clock from tokio's clock so that tests with paused time move it.
-#[derive(Debug, Clone, Copy)]
-pub enum WallClock {
-    System,
-    Tokio {
-        wall: Timestamp,
-        mono: tokio::time::Instant,
-    },
-}
-
-impl WallClock {
-    /// A clock anchored now that then advances with tokio time.
-    pub fn tokio() -> Self {
-        WallClock::Tokio {
-            wall: Timestamp::now(),
-            mono: tokio::time::Instant::now(),
-        }
-    }
-
-    pub fn now(&self) -> Timestamp {
-        match self {
-            WallClock::System => Timestamp::now(),
-            WallClock::Tokio { wall, mono } => {
-                let elapsed = tokio::time::Instant::now().saturating_duration_since(*mono);
-                wall.checked_add(elapsed).unwrap_or(*wall)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,9 +104,10 @@ mod tests {
         assert_eq!(PodState::of(Some(&pod), "u2"), PodState::Absent);
         assert_eq!(PodState::of(None, "u1"), PodState::Absent);
         let mut deleting = pod.clone();
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
-        );
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
         assert_eq!(PodState::of(Some(&deleting), "u1"), PodState::Terminating);
         let mut done = pod.clone();
         done.status.as_mut().unwrap().phase = Some("Succeeded".into());
