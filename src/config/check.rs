@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::error::{located, ConfigError};
-use super::load::Fragment;
+use super::error::{located, ConfigError, Fragment};
 use super::raw::{Dur, Leaf, RawPolicy};
 use super::CompletionPolicy;
 use crate::plan::names;

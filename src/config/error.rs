@@ -1,6 +1,22 @@
 use std::fmt;
 use std::path::PathBuf;
 
+/// One configuration text and the name errors use for it.
+#[derive(Debug, Clone)]
+pub(crate) struct Fragment {
+    pub name: PathBuf,
+    pub text: String,
+}
+
+impl Fragment {
+    pub(crate) fn new(name: impl Into<PathBuf>, text: impl Into<String>) -> Self {
+        Fragment {
+            name: name.into(),
+            text: text.into(),
+        }
+    }
+}
+
 /// Why a configuration could not be loaded. Displays as one line:
 /// `FILE[:LINE:COLUMN]: [KEY: ]MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq)]

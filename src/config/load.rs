@@ -12,7 +12,7 @@ use toml::Spanned;
 
 use super::build::{build, check_fragment};
 use super::check::Ctx;
-use super::error::{located, ConfigError};
+use super::error::{located, ConfigError, Fragment};
 use super::raw::{Merge, RawConfig};
 use super::{BandsSource, Settings};
 use crate::fsutil::{read_regular, ReadError, Symlinks, CONFIG_FILE_LIMIT};
@@ -25,22 +25,6 @@ pub(crate) struct Loaded {
     pub files: Vec<PathBuf>,
     /// The main file does not exist; the settings are the defaults plus any drop-ins.
     pub main_missing: bool,
-}
-
-/// One configuration text and the name errors use for it.
-#[derive(Debug, Clone)]
-pub(crate) struct Fragment {
-    pub name: PathBuf,
-    pub text: String,
-}
-
-impl Fragment {
-    pub(crate) fn new(name: impl Into<PathBuf>, text: impl Into<String>) -> Self {
-        Fragment {
-            name: name.into(),
-            text: text.into(),
-        }
-    }
 }
 
 /// Loads `main` and the drop-ins `<dir of main>/config.d/*.toml` (see [`load_report`]).
