@@ -350,6 +350,28 @@ async fn pods_the_cache_does_not_know_go_to_the_lowest_band_with_its_grace() {
     assert_eq!(n.stop_requested("known-high-c0").0, S(10));
 }
 
+/// A pod the cache does not know is static when its sandbox says the kubelet took it from a
+/// file or a URL (`kubernetes.io/config.source`), as the API's pods are classified; one
+/// from the apiserver is not.
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_from_a_file_or_a_url_is_a_static_pods() {
+    let mut n = Node::new();
+    for (name, source) in [
+        ("from-file", "file"),
+        ("from-url", "http"),
+        ("from-api", "api"),
+    ] {
+        n.pod("ns", name, None, &[Behaviour::ExitsAfter(S(1))]);
+        n.runtime
+            .annotate_sandbox(&format!("sb-{name}"), "kubernetes.io/config.source", source);
+    }
+    let report = n.fallback(BANDS, false, false).run(&n.cache).await;
+    let kind = |name: &str| report.pod("ns", name).unwrap().pod_type;
+    assert_eq!(kind("from-file"), Some(PodType::Static));
+    assert_eq!(kind("from-url"), Some(PodType::Static));
+    assert_eq!(kind("from-api"), None);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_erroring_container_is_reported_and_the_rest_goes_on() {
     let mut n = Node::new();

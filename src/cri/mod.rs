@@ -21,9 +21,6 @@ use v1::runtime_service_client::RuntimeServiceClient;
 pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
 pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
-/// Pod annotation (copied to the sandbox) naming where the kubelet got the pod from;
-/// `file` for static pods.
-pub(crate) const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxState {

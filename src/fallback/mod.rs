@@ -682,8 +682,8 @@ impl Fallback {
                 .or_else(|| manifest.map(|m| manifests[m].priority));
             let static_by_annotation = s
                 .annotations
-                .get(crate::cri::ANNOTATION_CONFIG_SOURCE)
-                .is_some_and(|v| v == "file");
+                .get(crate::plan::classify::SOURCE_ANNOTATION)
+                .is_some_and(|v| crate::plan::classify::is_static_source(v));
             let pod_type = pod
                 .map(|p| p.pod_type)
                 .or((manifest.is_some() || static_by_annotation).then_some(PodType::Static));

@@ -34,7 +34,26 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a String> {
 /// from a manifest).
 pub(crate) fn is_static_mirror(pod: &Pod) -> bool {
     annotation(pod, MIRROR_ANNOTATION).is_some()
-        || annotation(pod, SOURCE_ANNOTATION).is_some_and(|s| s != "api")
+        || annotation(pod, SOURCE_ANNOTATION).is_some_and(|s| is_static_source(s))
+}
+
+/// A config source ([`SOURCE_ANNOTATION`], on a pod or on its CRI sandbox) other than the
+/// apiserver's: a static pod's (`file` or `http`).
+pub(crate) fn is_static_source(source: &str) -> bool {
+    source != "api"
+}
+
+/// The pod's kind, the one definition the plan, the online drain and the requester use:
+/// static ([`is_static_mirror`]) wins over DaemonSet ([`daemonset_controller`]); every
+/// other pod is Default.
+pub(crate) fn kind(pod: &Pod) -> PodType {
+    if is_static_mirror(pod) {
+        PodType::Static
+    } else if daemonset_controller(pod).is_some() {
+        PodType::DaemonSet
+    } else {
+        PodType::Default
+    }
 }
 
 /// The controller ownerReference of a DaemonSet's pod: kind `DaemonSet` in any group and
@@ -60,22 +79,15 @@ pub(crate) fn is_terminal(pod: &Pod) -> bool {
 }
 
 impl PodInfo {
-    /// Classifies a pod as the drain needs it. Static ([`is_static_mirror`]) wins over
-    /// DaemonSet ([`daemonset_controller`]); every other pod is Default.
+    /// Classifies a pod as the drain needs it (its kind: [`kind`]).
     /// Namespace defaults to `default` and uid to empty (pod list files for `nodegrace plan`).
     pub fn from_pod(pod: &Pod) -> Result<PodInfo, ClassifyError> {
         let meta = &pod.metadata;
         let name = meta.name.clone().ok_or(ClassifyError::MissingName)?;
         let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
 
-        let is_static = is_static_mirror(pod);
-        let pod_type = if is_static {
-            PodType::Static
-        } else if daemonset_controller(pod).is_some() {
-            PodType::DaemonSet
-        } else {
-            PodType::Default
-        };
+        let pod_type = kind(pod);
+        let is_static = pod_type == PodType::Static;
 
         let spec = pod.spec.as_ref();
         let grace = spec

@@ -146,6 +146,14 @@ impl FakeRuntime {
         id
     }
 
+    /// Sets annotation `key` on the sandbox `id`, as the kubelet copies a pod's annotations.
+    pub fn annotate_sandbox(&self, id: &str, key: &str, value: &str) {
+        let mut inner = lock(&self.inner);
+        if let Some(s) = inner.sandboxes.iter_mut().find(|s| s.id == id) {
+            s.annotations.insert(key.into(), value.into());
+        }
+    }
+
     /// Adds a running container `name` to a sandbox of [`Self::add_sandbox`]; its id is
     /// `<pod name>-<name>` (the sandbox id without `sb-`).
     pub fn add_container(&self, sandbox_id: &str, name: &str, behaviour: Behaviour) -> String {

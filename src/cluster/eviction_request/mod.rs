@@ -80,8 +80,7 @@ impl PodState {
             return PodState::Terminating;
         }
         PodState::Present {
-            evictable: !classify::is_static_mirror(pod)
-                && classify::daemonset_controller(pod).is_none(),
+            evictable: classify::kind(pod) == crate::plan::PodType::Default,
         }
     }
 }
