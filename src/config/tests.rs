@@ -1022,7 +1022,7 @@ const RELOADED: &[(&str, &str)] = &[
     ),
     (
         "drain.max_concurrent_requests",
-        "a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight, a_reloaded_max_concurrent_requests_bounds_the_controllers_evictions",
+        "a_reloaded_max_concurrent_requests_bounds_the_evictions_in_flight",
     ),
     (
         "drain.volume_detach_timeout",

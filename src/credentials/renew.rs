@@ -18,6 +18,7 @@ use crate::cluster::client::{client_for, Role, Timeouts};
 use crate::cluster::kubeconfig::{Credential, KubeconfigFile};
 use crate::config::Settings;
 use crate::metrics::Metrics;
+use crate::plan::backoff::Backoff;
 
 /// How often the credential is looked at while nothing is due.
 const RECHECK: Duration = Duration::from_secs(3600);
@@ -97,7 +98,7 @@ pub(crate) async fn run(
     stop: CancellationToken,
 ) {
     let mut said_leave_alone: Option<String> = None;
-    let mut delay = RETRY_MIN;
+    let mut backoff = Backoff::new(RETRY_MIN, RECHECK);
     loop {
         export_expiry(&settings, Role::Nodegrace, &metrics);
         export_expiry(&settings, Role::Kubelet, &metrics);
@@ -111,7 +112,7 @@ pub(crate) async fn run(
                 .unwrap_or(None);
                 match next(&node, file, Utc::now()) {
                     Next::WaitUntil(at) => {
-                        delay = RETRY_MIN;
+                        backoff.reset();
                         (at - Utc::now()).to_std().unwrap_or_default().min(RECHECK)
                     }
                     Next::LeaveAlone(why) => {
@@ -136,7 +137,7 @@ pub(crate) async fn run(
                         };
                         match attempt {
                             Ok(true) => {
-                                delay = RETRY_MIN;
+                                backoff.reset();
                                 Duration::ZERO
                             }
                             Ok(false) => Duration::ZERO,
@@ -147,10 +148,9 @@ pub(crate) async fn run(
                             }
                             Err(err) => {
                                 metrics.api_error("credential");
+                                let delay = backoff.next();
                                 tracing::warn!(node = %node, error = format!("{err:#}"), retry_in = ?delay, "requesting nodegrace's credential failed");
-                                let d = delay;
-                                delay = (delay * 2).min(RECHECK);
-                                d
+                                delay
                             }
                         }
                     }

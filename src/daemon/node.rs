@@ -27,6 +27,7 @@ use crate::staticpods::StaticPodGate;
 use crate::plan::wiring::Wiring;
 
 mod paths;
+use crate::plan::backoff::Backoff;
 use crate::plan::lifecycle::{route, Route, RouteEvent};
 use crate::plan::reachability::retry_delay;
 use paths::start_wired;
@@ -456,7 +457,7 @@ impl Drainer for NodeDrainer {
         if soft_rebooted {
             tracing::info!(node = %self.parts.node, "the boot after a soft reboot");
         }
-        let mut delay = RETRY_MIN;
+        let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
         let engine = self.apiserver_back(None).await;
         loop {
             // Read when used: the apiserver may have been awaited across a reload.
@@ -493,9 +494,9 @@ impl Drainer for NodeDrainer {
                     return Ok(());
                 }
                 Err(err) => {
+                    let delay = backoff.next();
                     tracing::warn!(node = %self.parts.node, error = crate::cluster::error_text(&err), retry_in = ?delay, "after-boot reconcile failed");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RETRY_MAX);
                 }
             }
         }
@@ -580,7 +581,6 @@ where
     Fut: std::future::Future<Output = Result<C>>,
     C: Into<Clients>,
 {
-    let mut delay = RETRY_MIN;
     let mut failures = 0u32;
     let mut said: Option<String> = None;
     loop {
@@ -603,6 +603,14 @@ where
                 let credential = err
                     .chain()
                     .any(|c| c.downcast_ref::<CredentialError>().is_some());
+                // An apiserver that is away is looked for often (a shutdown waits at most
+                // fallback.apiserver_timeout for it); one that refuses the credential less so.
+                let cap = if credential {
+                    RETRY_MAX
+                } else {
+                    RETRY_MAX_UNREACHABLE
+                };
+                let delay = Backoff::after(RETRY_MIN, cap, failures);
                 // The first failure, a new reason, and then about every few minutes.
                 let remind = failures.is_power_of_two() || failures == 0;
                 if credential && (said.as_deref() != Some(text.as_str()) || remind) {
@@ -625,14 +633,6 @@ where
                         tokio::time::sleep(wait).await;
                     },
                 }
-                // An apiserver that is away is looked for often (a shutdown waits at most
-                // fallback.apiserver_timeout for it); one that refuses the credential less so.
-                let cap = if credential {
-                    RETRY_MAX
-                } else {
-                    RETRY_MAX_UNREACHABLE
-                };
-                delay = (delay * 2).min(cap);
             }
         }
     }

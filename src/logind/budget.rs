@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::{Logind, LogindError};
 use crate::config::ShutdownSettings;
 use crate::fsutil::write_atomic;
+use crate::plan::backoff::Backoff;
 use crate::systemd::SystemdManager;
 
 pub(crate) const LOGIND_UNIT: &str = "systemd-logind.service";
@@ -300,9 +301,10 @@ pub(crate) async fn establish(
 }
 
 async fn wait_for_reload(logind: &dyn Logind, wanted: Duration, mut last: Duration) -> Duration {
-    let mut pause = Duration::from_millis(20);
+    let mut pauses = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
     let mut waited = Duration::ZERO;
     while waited < RELOAD_WAIT {
+        let pause = pauses.next();
         tokio::time::sleep(pause).await;
         waited += pause;
         match logind.inhibit_delay_max().await {
@@ -314,7 +316,6 @@ async fn wait_for_reload(logind: &dyn Logind, wanted: Duration, mut last: Durati
             }
             Err(e) => tracing::debug!(error = %e, "re-reading InhibitDelayMaxUSec"),
         }
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
     tracing::warn!(
         logind = %humantime::format_duration(last),

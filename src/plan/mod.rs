@@ -32,6 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub(crate) mod backoff;
 pub(crate) mod bandend;
 pub(crate) mod budget;
 pub(crate) mod classify;

@@ -301,8 +301,7 @@ pub(crate) fn decide(s: &PassSnapshot<'_>) -> Result<PassDecisions, PlanError> {
 
 /// Delay before eviction attempt `attempt` (0-based) after refusals: 1 s doubling, capped.
 pub(crate) fn backoff(attempt: u32, cap: Duration) -> Duration {
-    let secs = 1u64.checked_shl(attempt.min(63)).unwrap_or(u64::MAX);
-    Duration::from_secs(secs).min(cap)
+    super::backoff::Backoff::after(Duration::from_secs(1), cap, attempt)
 }
 
 /// What the apiserver (or the terminator) answered to one request.

@@ -230,8 +230,7 @@ pub(crate) fn retry_delay(failures: u32, shutdown: bool, jitter: f64) -> Duratio
     } else {
         (Duration::from_millis(800), Duration::from_secs(30))
     };
-    let doubled = first.saturating_mul(1u32 << failures.min(16));
-    let base = doubled.min(cap);
+    let base = super::backoff::Backoff::after(first, cap, failures);
     let stretched = base.mul_f64(1.0 + jitter.clamp(0.0, 0.999) / 2.0);
     if shutdown {
         stretched.min(cap)

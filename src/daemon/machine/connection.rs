@@ -25,14 +25,13 @@ impl Machine {
     }
 
     pub(super) fn schedule_reconnect(&mut self) {
-        self.reconnect_at = Some(instant_after(self.backoff));
-        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        self.reconnect_at = Some(instant_after(self.backoff.next()));
     }
 
     /// Forgets the connection; the inhibitor fd is kept until a new one replaces it,
     /// because logind may well still honour it.
     pub(super) fn disconnect(&mut self, why: &str) {
-        tracing::warn!(reason = why, retry_in = ?self.backoff, "lost the bus or logind; reconnecting");
+        tracing::warn!(reason = why, retry_in = ?self.backoff.peek(), "lost the bus or logind; reconnecting");
         self.events = None;
         self.bus = None;
         self.status.bus_connected = false;
@@ -55,7 +54,7 @@ impl Machine {
             }
             Ok(Err(LogindError::Other(e))) => {
                 let msg = format!("cannot use logind: {e:#}");
-                tracing::warn!(error = %crate::cluster::error_text(&e), retry_in = ?self.backoff, "cannot use logind yet; retrying");
+                tracing::warn!(error = %crate::cluster::error_text(&e), retry_in = ?self.backoff.peek(), "cannot use logind yet; retrying");
                 self.status.last_error = Some(msg);
                 self.publish();
                 self.schedule_reconnect();
@@ -75,7 +74,7 @@ impl Machine {
         self.events = Some(c.events);
         match self.after_connect(&c.bus).await {
             Ok(()) => {
-                self.backoff = BACKOFF_INITIAL;
+                self.backoff.reset();
                 self.publish();
             }
             Err(e) => self.disconnect(&crate::cluster::error_text(&e)),

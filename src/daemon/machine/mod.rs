@@ -24,6 +24,7 @@ use crate::daemon::status::{LastShutdown, Phase, ShutdownStatus, Status, DEFAULT
 use crate::daemon::{CancelCause, Drainer, ShutdownKind, ShutdownRequest};
 use crate::logind::budget::{self, BudgetReport};
 use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
+use crate::plan::backoff::Backoff;
 use crate::plan::lifecycle::{self, BudgetFrom, Effect, Event, KindFrom, Lifecycle, Outcome};
 use crate::state::{current_boot_id, ShutdownOutcome, ShutdownPhase, ShutdownState};
 use crate::systemd::{self, Notifier, Notify, INHIBITOR_FDNAME};
@@ -188,7 +189,7 @@ impl Daemon {
             events: None,
             connecting: None,
             reconnect_at: None,
-            backoff: BACKOFF_INITIAL,
+            backoff: Backoff::new(BACKOFF_INITIAL, BACKOFF_MAX),
             lock: None,
             budget: None,
             shutdown: None,
@@ -265,7 +266,7 @@ struct Machine {
     events: Option<BoxStream<'static, LogindEvent>>,
     connecting: Option<JoinHandle<Result<Connected, LogindError>>>,
     reconnect_at: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
     lock: Option<InhibitorLock>,
     budget: Option<BudgetReport>,
     shutdown: Option<ShutdownRequest>,
