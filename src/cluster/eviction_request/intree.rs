@@ -31,7 +31,7 @@ use super::{BlockSink, PodKey, PodState, NODE_LABEL};
 use crate::cluster::backoff::backed_off;
 use crate::cluster::evict::{self, Outcome};
 use crate::cluster::gateway::{self, Kind};
-use crate::cluster::terminate::{PodTerminator, Request};
+use crate::cluster::terminate::{EvictionApi, PodTerminator, Request};
 use crate::cluster::FIELD_MANAGER;
 use crate::metrics::{Metrics, TerminationMethod};
 use crate::plan::intree::{
@@ -94,7 +94,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct InTreeTerminator {
     /// Writes the EvictionRequests (nodegrace's identity).
     client: Client,
-    /// Evictions and DELETEs (the kubelet's credential in the daemon).
+    /// Evictions and DELETEs (the kubelet's credential in the daemon): every pod that is not
+    /// asked through a request, every escalation and mirror pod.
+    direct: EvictionApi,
+    /// The same credential, for the evictions after a refused request.
     evictor: Client,
     node: String,
     key: String,
@@ -110,6 +113,7 @@ pub(crate) struct InTreeTerminator {
 impl InTreeTerminator {
     pub(crate) fn new(client: Client, evictor: Client, node: &str) -> Self {
         Self {
+            direct: EvictionApi::new(evictor.clone()),
             evictor,
             node: node.to_owned(),
             key: crate::plan::intree::requester_key(node),
@@ -300,9 +304,7 @@ impl InTreeTerminator {
 #[async_trait]
 impl PodTerminator for InTreeTerminator {
     async fn connect(&self) {
-        // The kubelet's connection carries no watch and may have been closed while idle; its
-        // evictions and escalations must share one, not open one each.
-        crate::cluster::terminate::open_connection(&self.evictor).await;
+        self.direct.connect().await;
     }
 
     async fn terminate(
@@ -312,32 +314,27 @@ impl PodTerminator for InTreeTerminator {
         request: Request,
         maintenance: &str,
     ) -> Result<Outcome> {
-        let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), &pod.namespace);
-        match request {
-            Request::Delete { grace_seconds } => {
-                evict::delete(&pods, &pod.name, &pod.uid, grace_seconds, maintenance).await
-            }
-            Request::Cooperative => {
-                let key = PodKey::from(pod);
-                let object = object.filter(|o| o.metadata.uid.as_deref() == Some(&pod.uid));
-                match PodState::of(object, &pod.uid) {
-                    PodState::Absent | PodState::Terminal => return Ok(Outcome::Gone),
-                    // The in-tree evictor skips DaemonSet and mirror pods: they stay nodegrace's.
-                    PodState::Present { evictable: false } => {
-                        return evict::evict(&pods, &pod.name, &pod.uid, None).await
-                    }
-                    PodState::Terminating | PodState::Present { evictable: true } => {}
-                }
+        if request == Request::Cooperative {
+            let key = PodKey::from(pod);
+            let object = object.filter(|o| o.metadata.uid.as_deref() == Some(&pod.uid));
+            match PodState::of(object, &pod.uid) {
+                PodState::Absent | PodState::Terminal => return Ok(Outcome::Gone),
                 // A pod no responder answers for is what the imperative evictor would evict
-                // at once: the Eviction API directly, without the objects.
-                if !object.is_some_and(|o| self.declares_responders(&key, o)) {
-                    return evict::evict(&pods, &pod.name, &pod.uid, None).await;
+                // at once: the Eviction API directly, without the objects. The in-tree
+                // evictor skips DaemonSet and mirror pods: they stay nodegrace's.
+                PodState::Terminating | PodState::Present { evictable: true }
+                    if object.is_some_and(|o| self.declares_responders(&key, o)) =>
+                {
+                    self.request(&key).await?;
+                    self.record(key, maintenance);
+                    return Ok(Outcome::Accepted);
                 }
-                self.request(&key).await?;
-                self.record(key, maintenance);
-                Ok(Outcome::Accepted)
+                _ => {}
             }
         }
+        self.direct
+            .terminate(pod, object, request, maintenance)
+            .await
     }
 
     async fn withdraw(&self, maintenance: &str) -> Result<()> {
@@ -365,8 +362,7 @@ impl PodTerminator for InTreeTerminator {
     }
 
     async fn delete_mirror(&self, pod: &PodInfo) -> Result<Outcome> {
-        let pods: Api<Pod> = Api::namespaced(self.evictor.clone(), &pod.namespace);
-        evict::delete_mirror(&pods, &pod.name, &pod.uid).await
+        self.direct.delete_mirror(pod).await
     }
 
     /// A pod without responders was evicted through the Eviction API directly: only the pods
