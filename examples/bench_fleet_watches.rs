@@ -11,8 +11,9 @@
 //! counts understate a real drain's.
 //!
 //! Beside the daemon, the benchmark holds two sets of watches with the admin identity: the
-//! ones a node holds now (NodeMaintenances and EvictionRequests by `nodegrace.dev/node`, its
-//! own or unlabelled) and the ones it held before (every NodeMaintenance, EvictionRequest
+//! ones a node holds now (NodeMaintenances by `nodegrace.dev/node`, its own or unlabelled;
+//! its own `lifecycle.k8s.io` EvictionRequests) and the ones it held before (every
+//! NodeMaintenance, EvictionRequest
 //! and VolumeAttachment), and counts the events and bytes (JSON) each set receives idle and
 //! while the others drain. It prints those, the daemon's lists/watches and other requests
 //! (audit log), its RSS and CPU before and after the fleet's objects exist, and the
@@ -48,11 +49,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::lifecycle::v1alpha1::EvictionRequest;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
-use nodegrace::lifecycle::EvictionRequest;
 use nodegrace::{node_selector_for, shutdown_maintenance_name, NodeMaintenance, NODE_LABEL};
 use realk8s::fixture::Fixture;
 use serde_json::json;
@@ -118,12 +119,13 @@ fn watches(admin: &Client, node: &str) -> Watches {
             watcher::Config::default().labels(selector),
             now.clone(),
         );
-        count(
-            Api::<EvictionRequest>::all(admin.clone()),
-            watcher::Config::default().labels(selector),
-            now.clone(),
-        );
     }
+    // The requester's own EvictionRequests (lifecycle.k8s.io, the tests' CRDs on v1.28).
+    count(
+        Api::<EvictionRequest>::all(admin.clone()),
+        watcher::Config::default().labels(&own),
+        now.clone(),
+    );
     count(
         Api::<NodeMaintenance>::all(admin.clone()),
         watcher::Config::default(),
@@ -175,7 +177,7 @@ async fn drain_of(
     for p in 0..pods {
         let uid = format!("{node}-pod-{p}");
         let r: EvictionRequest = serde_json::from_value(json!({
-            "apiVersion": nodegrace::lifecycle::LIFECYCLE_API_VERSION, "kind": "EvictionRequest",
+            "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "EvictionRequest",
             "metadata": {"name": format!("bench-{uid}"), "namespace": ns,
                          "labels": {NODE_LABEL: node}},
             "spec": {"intent": "Eviction", "requester": "bench.example.com/fleet",

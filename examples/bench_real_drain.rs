@@ -30,18 +30,21 @@
 //! requests (429) during the drain; it stops nothing.
 //! `BENCH_PODS` (default 110, at least 4), `BENCH_EXIT_MS` (default 1000), `BENCH_VERBOSE=1`
 //! (every pod's timeline too).
-//! `BENCH_DIRECT=1` measures the direct Eviction API path: it deletes the cluster-wide
-//! EvictionRequest CRDs (and with them every EvictionRequest) before the node boots and applies
-//! the cluster side again at the end, so it **needs the control plane to itself** — run it
-//! only when no other test uses the control plane (no `ng-` nspawn containers).
-//! `BENCH_RESPONDERS=1` measures the responder path on the default one (nodegrace's
-//! `lifecycle.nodegrace.dev` CRDs): every Deployment pod declares one responder
-//! ([`RESPONDER`], by the annotation `nodegrace.dev/eviction-responders`, as a managing
-//! operator's pods do where the pod API has no `spec.evictionResponders`), so each gets its
-//! EvictionRequest and Eviction. The operator is played by [`Responder`]: one with nothing to
-//! move for these pods, which, once its entry of a pod's Eviction is Active, writes it
-//! started and completed in one status write and so hands the pod over to nodegrace's
-//! evictor, which calls the Eviction API. A responder nobody serves would hold its pod for
+//! `BENCH_DIRECT=1` measures the direct Eviction API path where `lifecycle.k8s.io` is not
+//! served: it deletes the tests' EvictionRequest CRDs (and with them every EvictionRequest)
+//! before the node boots and applies the cluster side again at the end, so it **needs the
+//! control plane to itself** — run it only when no other test uses the control plane (no
+//! `ng-` nspawn containers). By default `lifecycle.k8s.io` is served (the tests' CRDs) and no
+//! pod declares a responder: every pod goes through the Eviction API too.
+//! `BENCH_RESPONDERS=1` measures the responder path: every Deployment pod declares one
+//! responder ([`RESPONDER`], in `spec.evictionResponders` as the daemon sees it through the
+//! test kit's [`RespondersProxy`]), so each gets nodegrace's EvictionRequest, and the test
+//! kit's stand-in of the cluster's controllers ([`StandInControllers`]) makes its Eviction.
+//! The operator is played by [`Responder`]: one with nothing to move for these pods, which,
+//! once its entry of a pod's Eviction is Active, writes it started and completed in one
+//! status write and so hands the pod over to the imperative evictor, which calls the
+//! Eviction API (as the cluster's controller, not as the node: those evictions are not
+//! among nodegrace's requests). A responder nobody serves would hold its pod for
 //! the 20-minute heartbeat deadline (the drain escalates it first), not a path an operator
 //! takes. DaemonSet pods are DELETEd by the drain whatever they declare. The requests are
 //! also split by the pods they are about (the pod, its EvictionRequest `nodegrace-<uid>`, its
@@ -58,12 +61,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
 use kube::api::PostParams;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
-use nodegrace::lifecycle::Eviction;
 use realk8s::audit::{self, Request};
 use realk8s::fixture::{app_of, signal_and_release, Fixture};
+use realk8s::lifecycle::StandInControllers;
+use realk8s::responders_proxy::RespondersProxy;
 use realk8s::workload::{self, PodShape};
 use realk8s::ControlPlane;
 
@@ -121,8 +126,8 @@ fn other_nodes(ours: &str) -> Vec<String> {
     found
 }
 
-/// The direct Eviction API path: nodegrace's lifecycle CRDs are absent while this lives; the
-/// cluster side (CRDs included) is applied again when it goes.
+/// The direct Eviction API path: the tests' `lifecycle.k8s.io` CRDs are absent while this
+/// lives; the cluster side (CRDs included) is applied again when it goes.
 struct WithoutEvictionRequests {
     cp: &'static ControlPlane,
 }
@@ -132,8 +137,8 @@ impl WithoutEvictionRequests {
         cp.kubectl_ok(&[
             "delete",
             "crd",
-            nodegrace::lifecycle::EVICTION_REQUESTS_CRD_NAME,
-            nodegrace::lifecycle::EVICTIONS_CRD_NAME,
+            "evictionrequests.lifecycle.k8s.io",
+            "evictions.lifecycle.k8s.io",
             "--ignore-not-found",
             "--wait=true",
             "--timeout=60s",
@@ -142,7 +147,7 @@ impl WithoutEvictionRequests {
         let client = cp.admin().await;
         for _ in 0..300 {
             let lifecycle = client
-                .list_api_group_resources(nodegrace::lifecycle::LIFECYCLE_API_VERSION)
+                .list_api_group_resources("lifecycle.k8s.io/v1alpha1")
                 .await
                 .is_ok_and(|l| !l.resources.is_empty());
             if !lifecycle {
@@ -157,7 +162,7 @@ impl WithoutEvictionRequests {
 impl Drop for WithoutEvictionRequests {
     fn drop(&mut self) {
         self.cp.apply_cluster_side();
-        eprintln!("EvictionRequest CRD applied again (packaging/crds)");
+        eprintln!("EvictionRequest CRDs applied again (tests/data/lifecycle.k8s.io)");
     }
 }
 
@@ -433,7 +438,7 @@ async fn main() {
         } else if responders {
             "EvictionRequest, every Deployment pod declaring a responder that hands over at once"
         } else {
-            "EvictionRequest CRDs present, no pod declaring a responder"
+            "lifecycle.k8s.io served, no pod declaring a responder"
         }
     );
     println!(
@@ -441,6 +446,18 @@ async fn main() {
         f.name,
         binary.display()
     );
+
+    // The responder path: the pods' responders as 1.37 serves them, the cluster's controllers.
+    let through = tempfile::NamedTempFile::new().expect("kubeconfig");
+    let _responder_path = if responders {
+        let identity = f.cp.nodegrace_identity(&f.name);
+        let proxy = RespondersProxy::open(&identity).await;
+        proxy.kubeconfig(&identity, through.path());
+        f.node.use_kubeconfig(through.path().to_owned());
+        Some((proxy, StandInControllers::start(f.admin.clone(), &f.name)))
+    } else {
+        None
+    };
 
     // The main future runs on its own thread: blocking here leaves the runtime's workers
     // to the kubelet stand-in.

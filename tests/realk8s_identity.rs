@@ -1,6 +1,7 @@
 //! Real-control-plane tier: what a stolen credential of node A can do to node B, row by row
 //! as packaging/rbac/README.md ("What a stolen credential can do") tables it, with the
-//! packaged ClusterRole and admission policy applied (v1beta1 form on 1.28). Node A holds
+//! packaged ClusterRole and admission policy applied (v1beta1 form on 1.28) and the 1.37
+//! `lifecycle.k8s.io` API as the tests' CRDs (`tests/data/lifecycle.k8s.io`). Node A holds
 //! two credentials: nodegrace's identity (`nodegrace:node:A`) and the kubelet's
 //! (`system:node:A`, which the Node authorizer and NodeRestriction confine). Each refusal is
 //! checked against who refused it (RBAC, NodeRestriction or the named policy), and each
@@ -13,9 +14,10 @@ mod real;
 mod realk8s;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest as LifecycleRequest};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use nodegrace::lifecycle::{requester_key, Eviction, EvictionRequest as LifecycleRequest};
+use nodegrace::lifecycle::requester_key;
 use nodegrace::{
     NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION, REQUEST_NODE_LABEL as NODE_LABEL,
 };
@@ -24,7 +26,6 @@ use serde_json::{json, Value};
 const NS: &str = "default";
 const MAINTENANCES: &str = "nodegrace-node-restriction-nodemaintenances";
 const LC_REQUESTS: &str = "nodegrace-node-restriction-lifecycle-evictionrequests";
-const LC_EVICTIONS: &str = "nodegrace-node-restriction-lifecycle-evictions";
 
 /// Who refused a request, told by the apiserver's message.
 #[derive(Clone, Copy, Debug)]
@@ -120,7 +121,7 @@ impl Cluster {
         format!("p-{node}")
     }
 
-    /// A `lifecycle.nodegrace.dev` EvictionRequest for `node`'s pod under `requester`,
+    /// A `lifecycle.k8s.io` EvictionRequest for `node`'s pod under `requester`,
     /// labelled for `label` (not made).
     async fn lifecycle_request(
         &self,
@@ -133,7 +134,7 @@ impl Cluster {
             .await
             .unwrap();
         serde_json::from_value(json!({
-            "apiVersion": "lifecycle.nodegrace.dev/v1alpha1", "kind": "EvictionRequest",
+            "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "EvictionRequest",
             "metadata": {
                 "name": format!("nodegrace-{}", pod.uid().unwrap()),
                 "namespace": NS,
@@ -145,15 +146,15 @@ impl Cluster {
         .unwrap()
     }
 
-    /// The `lifecycle.nodegrace.dev` Eviction of `node`'s pod, labelled for `label` (not
-    /// made).
+    /// The `lifecycle.k8s.io` Eviction of `node`'s pod, labelled for `label` (not made), as
+    /// the cluster's evictionrequest-controller would make it.
     async fn eviction(&self, node: &str, label: Option<&str>) -> Eviction {
         let pod = Api::<Pod>::namespaced(self.admin.clone(), NS)
             .get(&self.pod_of(node))
             .await
             .unwrap();
         serde_json::from_value(json!({
-            "apiVersion": "lifecycle.nodegrace.dev/v1alpha1", "kind": "Eviction",
+            "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "Eviction",
             "metadata": {
                 "name": pod.uid().unwrap(),
                 "namespace": NS,
@@ -357,10 +358,10 @@ where
     refused(what, By::Policy(name), attempt().await);
 }
 
-/// Rows "EvictionRequests (lifecycle.nodegrace.dev)": node A's identity asks for evictions
-/// only under its own requester key and labelled for itself, withdraws its own, and leaves
-/// B's requests and their status alone. The lifecycle.k8s.io half of the policy is the same
-/// rule, which 1.28 cannot serve.
+/// Rows "EvictionRequests": node A's identity asks for evictions (`lifecycle.k8s.io`, the
+/// tests' CRDs of the 1.37 API) only under its own requester key and labelled for itself,
+/// withdraws its own, and leaves B's requests alone; it writes no request's status (that is
+/// the cluster's evictionrequest-controller's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_credential_of_a_node_requests_or_withdraws_under_another_nodes_key() {
     if !realk8s::enabled(
@@ -413,7 +414,7 @@ async fn no_credential_of_a_node_requests_or_withdraws_under_another_nodes_key()
         kubelet.create(&realk8s::dry::post(), &own).await,
     );
 
-    // Requests as they stand: A's own, B's, and another requester's (unlabelled) for B's pod.
+    // Requests as they stand: A's own and B's.
     let own = admin.create(&PostParams::default(), &own).await.unwrap();
     let theirs = c.lifecycle_request(&b, &key_b, Some(&b)).await;
     let theirs = admin.create(&PostParams::default(), &theirs).await.unwrap();
@@ -458,34 +459,21 @@ async fn no_credential_of_a_node_requests_or_withdraws_under_another_nodes_key()
         ng.delete(&theirs, &realk8s::dry::delete()).await,
     );
 
-    // Status, as the controller of A's pods: not of B's requests.
+    // Status: the cluster's controllers write it, never a node.
     let status = Patch::Merge(json!({"status": {"conditions": [{
-        "type": "Invalid", "status": "True", "reason": "Set", "message": "x",
+        "type": "Failed", "status": "True", "reason": "Set", "message": "x",
         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}));
-    accepted(
+    refused(
         "nodegrace:node:A writes the status of its own request",
+        By::Rbac,
         ng.patch_status(&own, &realk8s::dry::patch(), &status).await,
     );
     refused(
         "nodegrace:node:A writes the status of B's request",
-        By::Policy(LC_REQUESTS),
+        By::Rbac,
         ng.patch_status(&theirs, &realk8s::dry::patch(), &status)
             .await,
     );
-    // The limit: another requester's request carries no node label, and the controller of
-    // its pod's node writes its status; admission cannot tell which node that is.
-    let mut other = c.lifecycle_request(&b, "descheduler.example/x", None).await;
-    other.metadata.name = Some(format!("descheduler-{}", c.pod_of(&b)));
-    let other = admin.create(&PostParams::default(), &other).await.unwrap();
-    accepted(
-        "nodegrace:node:A writes the status of another requester's unlabelled request",
-        ng.patch_status(&other.name_any(), &realk8s::dry::patch(), &status)
-            .await,
-    );
-    admin
-        .delete(&other.name_any(), &DeleteParams::default())
-        .await
-        .unwrap();
 
     // An admin is not a node: the same writes go through.
     accepted(
@@ -517,38 +505,29 @@ async fn no_credential_of_a_node_requests_or_withdraws_under_another_nodes_key()
     c.cleanup().await;
 }
 
-/// Rows "Evictions (lifecycle.nodegrace.dev)": node A's identity keeps the Evictions
-/// labelled for itself, status included, and none of B's.
+/// Rows "Evictions": node A's identity follows the Evictions (`lifecycle.k8s.io`) of its
+/// requests and writes none, its own pod's or B's: the cluster's evictionrequest-controller
+/// keeps them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_credential_of_a_node_keeps_another_nodes_evictions() {
-    if !realk8s::enabled("realk8s_identity::no_credential_of_a_node_keeps_another_nodes_evictions")
-    {
+async fn no_credential_of_a_node_writes_an_eviction() {
+    if !realk8s::enabled("realk8s_identity::no_credential_of_a_node_writes_an_eviction") {
         return;
     }
     let c = Cluster::new().await;
     let (a, b) = (c.a.clone(), c.b.clone());
     let ng: Api<Eviction> = Api::namespaced(c.ng.clone(), NS);
     let admin: Api<Eviction> = Api::namespaced(c.admin.clone(), NS);
+    let key_a = requester_key(&a);
 
     let own = c.eviction(&a, Some(&a)).await;
-    accepted(
-        "nodegrace:node:A makes its pod's Eviction labelled for itself",
-        ng.create(&realk8s::dry::post(), &own).await,
-    );
     let labelled_b = c.eviction(&b, Some(&b)).await;
-    let post = realk8s::dry::post();
-    once_in_effect(
-        "nodegrace:node:A makes an Eviction labelled for B",
-        LC_EVICTIONS,
-        || ng.create(&post, &labelled_b),
-    )
-    .await;
-    refused(
-        "nodegrace:node:A makes an unlabelled Eviction",
-        By::Policy(LC_EVICTIONS),
-        ng.create(&realk8s::dry::post(), &c.eviction(&a, None).await)
-            .await,
-    );
+    for (what, eviction) in [("its pod's", &own), ("B's pod's", &labelled_b)] {
+        refused(
+            &format!("nodegrace:node:A makes {what} Eviction"),
+            By::Rbac,
+            ng.create(&realk8s::dry::post(), eviction).await,
+        );
+    }
     let kubelet: Api<Eviction> = Api::namespaced(c.kubelet.clone(), NS);
     refused(
         "system:node:A makes an Eviction",
@@ -561,79 +540,56 @@ async fn no_credential_of_a_node_keeps_another_nodes_evictions() {
         .create(&PostParams::default(), &labelled_b)
         .await
         .unwrap();
+    admin
+        .patch(
+            &own.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {key_a.as_str(): "requester"}}})),
+        )
+        .await
+        .unwrap();
+    accepted(
+        "nodegrace:node:A lists the Evictions labelled with its requester key",
+        ng.list(&kube::api::ListParams::default().labels(&key_a))
+            .await,
+    );
     let (own, theirs) = (own.name_any(), theirs.name_any());
-    // The default imperative evictor's entry, and the controller's view of the requesters.
+    // What a responder or the imperative evictor writes.
     let status = Patch::Merge(json!({"status": {
-        "requesters": [{"name": requester_key(&a), "intent": "Eviction"}],
-        "targetResponders": [{"name": "imperative-eviction.nodegrace.dev/evictor",
+        "targetResponders": [{"name": "imperative-eviction.k8s.io/evictor",
                               "priority": 100, "state": "Active"}],
-        "responders": [{"name": "imperative-eviction.nodegrace.dev/evictor",
+        "responders": [{"name": "imperative-eviction.k8s.io/evictor",
                         "startTime": "2026-01-01T00:00:00Z",
                         "heartbeatTime": "2026-01-01T00:00:00Z",
                         "message": "evicting"}],
     }}));
-    accepted(
-        "nodegrace:node:A writes the status of its own Eviction",
-        ng.patch_status(&own, &realk8s::dry::patch(), &status).await,
-    );
-    refused(
-        "nodegrace:node:A writes the status of B's Eviction",
-        By::Policy(LC_EVICTIONS),
-        ng.patch_status(&theirs, &realk8s::dry::patch(), &status)
-            .await,
-    );
     let annotate = Patch::Merge(json!({"metadata": {"annotations": {"x": "y"}}}));
-    accepted(
-        "nodegrace:node:A changes its own Eviction",
-        ng.patch(&own, &realk8s::dry::patch(), &annotate).await,
-    );
-    refused(
-        "nodegrace:node:A changes B's Eviction",
-        By::Policy(LC_EVICTIONS),
-        ng.patch(&theirs, &realk8s::dry::patch(), &annotate).await,
-    );
-    for (what, label) in [("to B", json!(b)), ("away", Value::Null)] {
+    for (whose, name) in [("its own", &own), ("B's", &theirs)] {
         refused(
-            &format!("nodegrace:node:A changes the label of its own Eviction {what}"),
-            By::Policy(LC_EVICTIONS),
-            ng.patch(
-                &own,
-                &realk8s::dry::patch(),
-                &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: label}}})),
-            )
-            .await,
+            &format!("nodegrace:node:A writes the status of {whose} Eviction"),
+            By::Rbac,
+            ng.patch_status(name, &realk8s::dry::patch(), &status).await,
+        );
+        refused(
+            &format!("nodegrace:node:A changes {whose} Eviction"),
+            By::Rbac,
+            ng.patch(name, &realk8s::dry::patch(), &annotate).await,
+        );
+        refused(
+            &format!("nodegrace:node:A deletes {whose} Eviction"),
+            By::Rbac,
+            ng.delete(name, &realk8s::dry::delete()).await,
         );
     }
-    refused(
-        "nodegrace:node:A labels B's Eviction for itself",
-        By::Policy(LC_EVICTIONS),
-        ng.patch(
-            &theirs,
-            &realk8s::dry::patch(),
-            &Patch::Merge(json!({"metadata": {"labels": {NODE_LABEL: a}}})),
-        )
-        .await,
-    );
-    accepted(
-        "nodegrace:node:A deletes its own Eviction",
-        ng.delete(&own, &realk8s::dry::delete()).await,
-    );
-    refused(
-        "nodegrace:node:A deletes B's Eviction",
-        By::Policy(LC_EVICTIONS),
-        ng.delete(&theirs, &realk8s::dry::delete()).await,
-    );
-
     accepted(
         "the admin writes the status of B's Eviction",
         admin
             .patch_status(&theirs, &realk8s::dry::patch(), &status)
             .await,
     );
-    accepted(
-        "the admin deletes B's Eviction",
-        admin.delete(&theirs, &realk8s::dry::delete()).await,
-    );
+    for name in [&own, &theirs] {
+        let _ = admin.delete(name, &DeleteParams::default()).await;
+    }
     c.cleanup().await;
 }
 

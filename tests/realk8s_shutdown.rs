@@ -1031,24 +1031,44 @@ async fn a_label_selected_maintenance_waits_for_every_selected_node() {
     f.cleanup().await;
 }
 
-/// KEP-4563 in the shapes Kubernetes 1.37 shipped, on the real apiserver with nodegrace's
-/// `lifecycle.nodegrace.dev` CRDs as packaged: a maintenance asks for a pod whose declared
-/// responder never finishes; the pod's Eviction has that responder Active and nodegrace's
-/// evictor waiting behind it, the pod keeps running; once the maintenance completes,
-/// nodegrace's request says `Withdrawn`, the Eviction fails as cancelled, the responder is
-/// Canceled and the pod is left running.
+/// KEP-4563 as a 1.37 cluster serves it, on the real apiserver: `lifecycle.k8s.io` as the
+/// tests' CRDs, the cluster's evictionrequest-controller and imperative evictor played by
+/// the test kit ([`StandInControllers`]), and the pods' `spec.evictionResponders` shown to the
+/// daemon by [`RespondersProxy`]. A maintenance asks for two pods: the one that declares no
+/// responder is evicted by nodegrace through the Eviction API, with no EvictionRequest; the
+/// one whose declared responder never finishes gets nodegrace's EvictionRequest, its
+/// Eviction has that responder Active and the imperative evictor waiting behind it, and it
+/// keeps running; once the maintenance completes, nodegrace's request says `Withdrawn`, the
+/// Eviction fails as cancelled, the responder is Canceled and the pod is left running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
     if skip("a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws") {
         return;
     }
-    use nodegrace::lifecycle::{Eviction, EvictionRequest};
+    use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
+    use realk8s::lifecycle::{StandInControllers, IMPERATIVE};
+    use realk8s::responders_proxy::RespondersProxy;
     const OPERATOR: &str = "db-operator.example.com/operator";
     let mut f = Fixture::new("ng-req").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let controllers = StandInControllers::start(c.clone(), &ns);
+    let identity = f.cp.nodegrace_identity(&node);
+    let proxy = RespondersProxy::open(&identity).await;
+    let through = tempfile::NamedTempFile::new().unwrap();
+    proxy.kubeconfig(&identity, through.path());
+    f.node.use_kubeconfig(through.path().to_owned());
     workload::deployment(c, &ns, &node, 1, PodShape::new("db").responded_by(OPERATOR)).await;
-    f.kubelet.wait_running(1).await;
-    let pod_uid = f.kubelet.live_pods()[0].uid().unwrap();
+    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
+    f.kubelet.wait_running(2).await;
+    let pod_of = |app: &str| {
+        f.kubelet
+            .live_pods()
+            .into_iter()
+            .find(|p| app_of(p) == app)
+            .unwrap()
+    };
+    let (held_pod, web_pod) = (pod_of("db"), pod_of("web"));
+    let pod_uid = held_pod.uid().unwrap();
     f.node.boot();
     let name = format!("req-{node}");
     let nms: Api<NodeMaintenance> = Api::all(c.clone());
@@ -1081,7 +1101,7 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
         let evictions = evictions.clone();
         let uid = pod_uid.clone();
         async move {
-            for _ in 0..300 {
+            for _ in 0..600 {
                 let list = evictions.list(&Default::default()).await.unwrap();
                 if let Some(e) = list.items.into_iter().find(|e| {
                     e.spec.target.pod.as_ref().map(|p| p.uid.as_str()) == Some(uid.as_str())
@@ -1103,10 +1123,7 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
         states(&held),
         [
             (OPERATOR.to_owned(), "Active".to_owned()),
-            (
-                "imperative-eviction.nodegrace.dev/evictor".to_owned(),
-                "Inactive".to_owned()
-            )
+            (IMPERATIVE.to_owned(), "Inactive".to_owned())
         ]
     );
     assert_eq!(
@@ -1120,8 +1137,22 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
     let request = requests.get(&request_name).await.unwrap();
     assert_eq!(request.spec.requester, key);
     assert_eq!(request.spec.intent, "Eviction");
+    // The pod without responders goes the Eviction API's way.
+    f.kubelet
+        .wait_for("the web pod gone", Duration::from_secs(60), |_, live| {
+            !live.iter().any(|p| p.uid() == web_pod.uid())
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(f.kubelet.live_pods().len(), 1, "the responder holds it");
+    assert_eq!(
+        f.kubelet
+            .live_pods()
+            .iter()
+            .filter(|p| p.uid().as_deref() == Some(pod_uid.as_str()))
+            .count(),
+        1,
+        "the responder holds it"
+    );
 
     // The maintenance completes: the request is withdrawn, the eviction cancelled, the pod stays.
     nms.patch(
@@ -1145,28 +1176,56 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
         "Withdrawn"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(f.kubelet.live_pods().len(), 1);
+    assert!(f
+        .kubelet
+        .live_pods()
+        .iter()
+        .any(|p| p.uid().as_deref() == Some(pod_uid.as_str())));
     assert!(
-        !f.requests()
-            .iter()
-            .any(|r| r.resource == "pods" && r.subresource == "eviction"),
-        "nothing called the Eviction API for the held pod"
+        controllers.evicted().is_empty(),
+        "{:?}",
+        controllers.evicted()
     );
-    audit::assert_allowed_by_cluster_role(&f.requests());
+
+    // What the apiserver received from the node: one EvictionRequest, for the held pod, and
+    // one eviction, of the other; never an eviction of the held pod.
+    let sent = f.requests();
+    let created: Vec<&str> = sent
+        .iter()
+        .filter(|r| {
+            r.kind() == "create lifecycle.k8s.io/evictionrequests" && r.code < 300 && r.code > 0
+        })
+        .map(|r| r.uri.as_str())
+        .collect();
+    assert_eq!(created.len(), 1, "{created:?}");
+    assert!(
+        created[0].contains(&format!("/namespaces/{ns}/evictionrequests")),
+        "{created:?}"
+    );
+    let evicted: Vec<&str> = sent
+        .iter()
+        .filter(|r| r.resource == "pods" && r.subresource == "eviction")
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(evicted, [web_pod.name_any().as_str()], "{sent:#?}");
+    audit::assert_allowed_by_cluster_role(&sent);
     let _ = nms.delete(&name, &DeleteParams::default()).await;
     // The responder never finishes: take the workload away before the poweroff.
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c.clone(), &ns);
-    deployments
-        .delete("db", &DeleteParams::foreground())
-        .await
-        .unwrap();
+    for app in ["db", "web"] {
+        deployments
+            .delete(app, &DeleteParams::foreground())
+            .await
+            .unwrap();
+    }
     f.kubelet
-        .wait_for("the pod gone", Duration::from_secs(60), |_, live| {
+        .wait_for("the pods gone", Duration::from_secs(60), |_, live| {
             live.is_empty()
         })
         .await;
     let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
     f.cleanup().await;
+    drop(proxy);
 }
 
 /// §Uncordon: `nodegrace complete` on a node another maintenance still drains leaves its

@@ -1,8 +1,9 @@
 //! Real-control-plane tier: what a node's daemon asks the apiserver to send it. Every list
 //! and watch it makes, read from the real apiserver's audit log through a boot and a
-//! poweroff drained through EvictionRequests, is confined to its own node: the Node by name,
-//! the pods by `spec.nodeName`, NodeMaintenances and EvictionRequests by the
-//! `nodegrace.dev/node` label (its own, or unlabelled), and no VolumeAttachment at all.
+//! poweroff, is confined to its own node: the Node by name, the pods by `spec.nodeName`,
+//! NodeMaintenances by the `nodegrace.dev/node` label (its own, or unlabelled), its
+//! EvictionRequests (`lifecycle.k8s.io`, served here by the tests' CRDs) by its own label and
+//! their Evictions by its requester key, and no VolumeAttachment at all.
 //!
 //! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
 
@@ -63,20 +64,18 @@ fn confinement(r: &Request, node: &str) -> Option<String> {
         ("", "pods") => fields == format!("spec.nodeName={node}"),
         // The budget blocking one of its pods, in that pod's namespace.
         ("policy", "poddisruptionbudgets") => !r.namespace.is_empty(),
-        ("nodegrace.dev", "nodemaintenances") | ("lifecycle.nodegrace.dev", "evictionrequests") => {
-            labels == own_label || labels == unlabelled
-        }
-        // The controller's own Evictions; the requester's, by its key.
-        ("lifecycle.nodegrace.dev", "evictions") => {
-            labels == own_label || labels == nodegrace::lifecycle::requester_key(node)
-        }
+        ("nodegrace.dev", "nodemaintenances") => labels == own_label || labels == unlabelled,
+        // The requester's own requests, and the Evictions the cluster's controller labels
+        // with its key.
+        ("lifecycle.k8s.io", "evictionrequests") => labels == own_label,
+        ("lifecycle.k8s.io", "evictions") => labels == nodegrace::lifecycle::requester_key(node),
         _ => false,
     };
     ok.then(|| format!("{fields}{labels}"))
 }
 
-/// A node booted, idle, then powered off with pods drained through EvictionRequests, beside
-/// another node's shutdown maintenance and EvictionRequest: each of the daemon's lists and
+/// A node booted, idle, then powered off with its pods drained, beside another node's
+/// shutdown maintenance, on a cluster serving `lifecycle.k8s.io`: each of the daemon's lists and
 /// watches carries its node's selector, and its own shutdown maintenance carries the label
 /// that keeps it out of every other node's watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,19 +142,29 @@ async fn a_node_lists_and_watches_only_what_concerns_it() {
         "lists and watches not confined to node {node}:\n{}",
         unconfined.join("\n")
     );
-    for (group, resource) in [
-        ("nodegrace.dev", "nodemaintenances"),
-        ("lifecycle.nodegrace.dev", "evictionrequests"),
+    let own = format!("{NODE_LABEL}={node}");
+    for (group, resource, selectors) in [
+        (
+            "nodegrace.dev",
+            "nodemaintenances",
+            vec![own.clone(), format!("!{NODE_LABEL}")],
+        ),
+        ("lifecycle.k8s.io", "evictionrequests", vec![own.clone()]),
+        (
+            "lifecycle.k8s.io",
+            "evictions",
+            vec![nodegrace::lifecycle::requester_key(&node)],
+        ),
     ] {
         let watched: Vec<String> = reads
             .iter()
             .filter(|r| r.is_watch() && r.api_group == group && r.resource == resource)
             .filter_map(|r| param(&r.uri, "labelSelector"))
             .collect();
-        for selector in [format!("{NODE_LABEL}={node}"), format!("!{NODE_LABEL}")] {
+        for selector in selectors {
             assert!(
                 watched.contains(&selector),
-                "no watch of {resource} with {selector}: {watched:?}"
+                "no watch of {group}/{resource} with {selector}: {watched:?}"
             );
         }
     }

@@ -2,7 +2,7 @@
 //! cluster code in this process, each with its own identities (`nodegrace:node:<node>` and
 //! `system:node:<node>`, minted from the cluster CA), its own state directory, static pod
 //! gate and boot id: [`NodeDrainer`], as `nodegrace run` builds it (identity check, engine,
-//! EvictionRequest path and the node's eviction-request controller), over clients built as
+//! EvictionRequest requester where `lifecycle.k8s.io` is served), over clients built as
 //! the daemon builds them (HTTP/2). Only the CRI runtime is a fake: the apiserver always
 //! answers, so the offline fallback never runs.
 //!

@@ -1,6 +1,7 @@
 //! The real-control-plane tier: a real kube-apiserver, kube-controller-manager and
 //! kube-scheduler (v1.28.4, `../shared/realk8s/`), the packaged CRDs, ClusterRole and
-//! admission policy applied as docs/install.md says, identities minted from the cluster CA, the
+//! admission policy applied as docs/install.md says, the 1.37 `lifecycle.k8s.io` API as CRDs
+//! with a stand-in of its controllers ([`lifecycle`]), identities minted from the cluster CA, the
 //! apiserver's audit log read back, and a kubelet stand-in ([`kubelet`]) playing the node.
 //!
 //! Only with `NODEGRACE_REAL_TESTS=1` (as root). The control plane is started on first use
@@ -12,8 +13,10 @@ pub mod audit;
 pub mod faults;
 pub mod fixture;
 pub mod kubelet;
+pub mod lifecycle;
 pub mod node;
 pub mod real_kubelet;
+pub mod responders_proxy;
 pub mod stand_in_logind;
 pub mod workload;
 
@@ -26,6 +29,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 
 pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
+
+/// `lifecycle.k8s.io/v1alpha1` EvictionRequest and Eviction as CRDs (tests only).
+pub const LIFECYCLE_CRDS: &str = "tests/data/lifecycle.k8s.io";
 
 /// True when the real tiers run; otherwise says on stderr that `tier` was skipped.
 pub fn enabled(tier: &str) -> bool {
@@ -243,7 +249,8 @@ impl ControlPlane {
     }
 
     /// What an operator applies once per cluster (docs/install.md "Cluster side"): the CRDs, the
-    /// ClusterRole and binding, and the admission policy in the form this Kubernetes serves.
+    /// ClusterRole and binding, and the admission policy in the form this Kubernetes serves;
+    /// and what a 1.37 cluster serves itself, `lifecycle.k8s.io` ([`LIFECYCLE_CRDS`]).
     pub fn apply_cluster_side(&self) {
         let repo = Path::new(MANIFEST_DIR);
         for dir in [
@@ -259,10 +266,19 @@ impl ControlPlane {
                 &repo.join(dir).display().to_string(),
             ]);
         }
+        // The in-tree EvictionRequest API of 1.37 as the tests' own CRDs: v1.28 does not
+        // serve it, and nodegrace is its requester, never its server.
+        self.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &repo.join(LIFECYCLE_CRDS).display().to_string(),
+        ]);
         for crd in [
             "nodemaintenances.nodegrace.dev",
-            "evictionrequests.lifecycle.nodegrace.dev",
-            "evictions.lifecycle.nodegrace.dev",
+            "evictionrequests.lifecycle.k8s.io",
+            "evictions.lifecycle.k8s.io",
         ] {
             self.kubectl_ok(&[
                 "wait",

@@ -118,6 +118,11 @@ impl TestNode {
         }
     }
 
+    /// nodegrace's identity from `kubeconfig` instead (before the node boots).
+    pub fn use_kubeconfig(&mut self, kubeconfig: PathBuf) {
+        self.kubeconfig = kubeconfig;
+    }
+
     /// A node of `debian` that carries everything in its own root, as a host does: binary,
     /// unit, configuration, identities, host name, manifests and state are files in it (not
     /// bind mounts), so they outlive its boots and a soft reboot. `manifests` and `state` are

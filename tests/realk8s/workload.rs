@@ -21,8 +21,10 @@ pub struct PodShape<'a> {
     /// How long the pod takes to exit once asked to (the kubelet stand-in plays it).
     pub exit_after_ms: u64,
     pub grace_seconds: i64,
-    /// An eviction responder the pod declares (`nodegrace.dev/eviction-responders`,
-    /// priority 10000, what a managing controller uses), by name.
+    /// An eviction responder the pod declares (priority 10000, what a managing controller
+    /// uses), by name: `spec.evictionResponders` as 1.37 serves it, which v1.28 drops, so
+    /// written in [`super::lifecycle::RESPONDERS_ANNOTATION`] (see
+    /// [`super::responders_proxy`]).
     pub responder: Option<&'a str>,
     /// For a real kubelet ([`super::real_kubelet`]): a busybox container that exits
     /// `exit_after_ms` after SIGTERM (so the kubelet kills it at its grace period when that
@@ -55,7 +57,7 @@ impl<'a> PodShape<'a> {
         self
     }
 
-    /// Declares the responder `name`: the pod's Eviction waits for it before nodegrace's
+    /// Declares the responder `name`: the pod's Eviction waits for it before the imperative
     /// evictor calls the Eviction API.
     pub fn responded_by(mut self, name: &'a str) -> Self {
         self.responder = Some(name);
@@ -115,7 +117,7 @@ impl<'a> PodShape<'a> {
         }
         let mut annotations = json!({EXIT_AFTER_ANNOTATION: self.exit_after_ms.to_string()});
         if let Some(name) = self.responder {
-            annotations["nodegrace.dev/eviction-responders"] =
+            annotations[super::lifecycle::RESPONDERS_ANNOTATION] =
                 json!(json!([{"name": name, "priority": 10000}]).to_string());
         }
         json!({
