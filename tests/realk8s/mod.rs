@@ -33,6 +33,9 @@ pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 /// `lifecycle.k8s.io/v1alpha1` EvictionRequest and Eviction as CRDs (tests only).
 pub const LIFECYCLE_CRDS: &str = "tests/data/lifecycle.k8s.io";
 
+/// The group of the CRDs nodegrace shipped before it was a requester only.
+const OLD_LIFECYCLE_GROUP: &str = "lifecycle.nodegrace.dev";
+
 /// True when the real tiers run; otherwise says on stderr that `tier` was skipped.
 pub fn enabled(tier: &str) -> bool {
     if std::env::var("NODEGRACE_REAL_TESTS").as_deref() == Ok("1") {
@@ -253,11 +256,37 @@ impl ControlPlane {
     /// and what a 1.37 cluster serves itself, `lifecycle.k8s.io` ([`LIFECYCLE_CRDS`]).
     pub fn apply_cluster_side(&self) {
         let repo = Path::new(MANIFEST_DIR);
-        for dir in [
-            "packaging/crds",
-            "packaging/rbac",
-            "packaging/admission/v1beta1",
-        ] {
+        // nodegrace's own lifecycle.nodegrace.dev CRDs, from before it was a requester only,
+        // are not applied and are gone from a cluster that had them: an upgraded cluster has
+        // none, and a daemon must find nothing of them.
+        let mut crds: Vec<PathBuf> = std::fs::read_dir(repo.join("packaging/crds"))
+            .expect("packaging/crds")
+            .map(|e| e.expect("packaging/crds entry").path())
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "yaml")
+                    && !p.to_string_lossy().contains(OLD_LIFECYCLE_GROUP)
+            })
+            .collect();
+        crds.sort();
+        for crd in &crds {
+            self.kubectl_ok(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                &crd.display().to_string(),
+            ]);
+        }
+        self.kubectl_ok(&[
+            "delete",
+            "crd",
+            &format!("evictionrequests.{OLD_LIFECYCLE_GROUP}"),
+            &format!("evictions.{OLD_LIFECYCLE_GROUP}"),
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=60s",
+        ]);
+        for dir in ["packaging/rbac", "packaging/admission/v1beta1"] {
             self.kubectl_ok(&[
                 "apply",
                 "--server-side",
