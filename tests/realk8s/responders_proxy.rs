@@ -121,12 +121,12 @@ fn is_pod_read(method: &http::Method, path: &str) -> bool {
         return false;
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match parts.as_slice() {
-        ["api", "v1", "pods"] => true,
-        ["api", "v1", "namespaces", _, "pods"] => true,
-        ["api", "v1", "namespaces", _, "pods", _] => true,
-        _ => false,
-    }
+    matches!(
+        parts.as_slice(),
+        ["api", "v1", "pods"]
+            | ["api", "v1", "namespaces", _, "pods"]
+            | ["api", "v1", "namespaces", _, "pods", _]
+    )
 }
 
 fn is_watch(query: Option<&str>) -> bool {
