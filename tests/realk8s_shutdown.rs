@@ -1228,6 +1228,145 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
     drop(proxy);
 }
 
+/// The requester's whole way on a poweroff, on the real apiserver with the test kit's
+/// stand-in of the cluster's controllers and the pods' `spec.evictionResponders` shown by
+/// [`RespondersProxy`]: the pod whose responder hands over at once (its operator, played
+/// here, completes its entry as soon as it is Active) is asked through nodegrace's
+/// EvictionRequest, evicted by the cluster's imperative evictor, never by the node, and gone
+/// before the poweroff is released; the pod without responders is evicted by nodegrace
+/// through the Eviction API with no EvictionRequest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poweroff_asks_a_pod_with_responders_through_its_eviction_request() {
+    if skip("a_poweroff_asks_a_pod_with_responders_through_its_eviction_request") {
+        return;
+    }
+    use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
+    use realk8s::lifecycle::{StandInControllers, IMPERATIVE};
+    use realk8s::responders_proxy::RespondersProxy;
+    const OPERATOR: &str = "db-operator.example.com/operator";
+    let mut f = Fixture::new("ng-reqoff").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let controllers = StandInControllers::start(c.clone(), &ns);
+    let identity = f.cp.nodegrace_identity(&node);
+    let proxy = RespondersProxy::open(&identity).await;
+    let through = tempfile::NamedTempFile::new().unwrap();
+    proxy.kubeconfig(&identity, through.path());
+    f.node.use_kubeconfig(through.path().to_owned());
+    workload::deployment(c, &ns, &node, 1, PodShape::new("db").responded_by(OPERATOR)).await;
+    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
+    f.kubelet.wait_running(2).await;
+    let pod_of = |app: &str| {
+        f.kubelet
+            .live_pods()
+            .into_iter()
+            .find(|p| app_of(p) == app)
+            .unwrap()
+    };
+    let (db, web) = (pod_of("db"), pod_of("web"));
+    // The operator: nothing to move, so it completes its entry once it is Active.
+    // What it saw of the responders' states (the Eviction goes with its pod).
+    let seen: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>> = Arc::default();
+    let operated: Api<Eviction> = Api::namespaced(c.clone(), &ns);
+    let (db_uid, saw) = (db.uid().unwrap(), seen.clone());
+    let operator = tokio::spawn(async move {
+        loop {
+            for e in operated
+                .list(&Default::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                if e.spec.target.pod.as_ref().map(|p| p.uid.as_str()) == Some(db_uid.as_str()) {
+                    saw.lock().unwrap().extend(
+                        e.status
+                            .iter()
+                            .flat_map(|s| s.target_responders.iter().flatten())
+                            .map(|t| (t.name.clone(), t.state.clone())),
+                    );
+                }
+                let active = e
+                    .status
+                    .iter()
+                    .flat_map(|s| s.target_responders.iter().flatten())
+                    .any(|t| t.name == OPERATOR && t.state == "Active");
+                let mut done = e.clone();
+                let Some(mine) = done
+                    .status
+                    .as_mut()
+                    .and_then(|s| s.responders.as_mut())
+                    .and_then(|r| r.iter_mut().find(|r| r.name == OPERATOR))
+                    .filter(|r| active && r.completion_time.is_none())
+                else {
+                    continue;
+                };
+                let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+                mine.start_time.get_or_insert_with(|| now.clone());
+                mine.heartbeat_time = Some(now.clone());
+                mine.completion_time = Some(now);
+                mine.message = Some("nothing to move: handed over".to_owned());
+                let _ = operated
+                    .replace_status(&e.name_any(), &Default::default(), &done)
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    f.node.boot();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let down = f.node.shutdown("poweroff", Duration::from_secs(120));
+    operator.abort();
+    let (_, release) = signal_and_release(&down);
+
+    let sent = f.requests();
+    let created: Vec<&str> = sent
+        .iter()
+        .filter(|r| r.kind() == "create lifecycle.k8s.io/evictionrequests" && r.code == 201)
+        .map(|r| r.name.as_str())
+        .collect();
+    let db_uid = db.uid().unwrap();
+    assert_eq!(
+        created,
+        [format!("nodegrace-{db_uid}").as_str()],
+        "{}",
+        down.journal_text()
+    );
+    assert!(evictions(&sent, &db.name_any()).is_empty(), "{sent:#?}");
+    assert_eq!(evictions(&sent, &web.name_any()).len(), 1, "{sent:#?}");
+    for pod in [&db, &web] {
+        assert!(deletes(&sent, &pod.name_any()).is_empty(), "{sent:#?}");
+    }
+    assert_eq!(controllers.evicted(), [format!("{ns}/{}", db.name_any())]);
+    let records = f.kubelet.records();
+    for pod in [&db, &web] {
+        let exited = records
+            .iter()
+            .find(|r| Some(r.uid.as_str()) == pod.uid().as_deref())
+            .and_then(|r| r.exited_at)
+            .unwrap_or_else(|| panic!("{} never exited: {records:#?}", pod.name_any()));
+        assert!(
+            exited <= release,
+            "{} exited at {exited}, after the release at {release}",
+            pod.name_any()
+        );
+    }
+    let seen = seen.lock().unwrap().clone();
+    for (responder, state) in [
+        (OPERATOR, "Active"),
+        (OPERATOR, "Completed"),
+        (IMPERATIVE, "Active"),
+    ] {
+        assert!(
+            seen.contains(&(responder.to_owned(), state.to_owned())),
+            "{responder} never seen {state}: {seen:?}"
+        );
+    }
+    audit::assert_allowed_by_cluster_role(&sent);
+    f.cleanup().await;
+    drop(proxy);
+}
+
 /// §Uncordon: `nodegrace complete` on a node another maintenance still drains leaves its
 /// static pods gated (and says why); they come back when that maintenance completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
