@@ -10,6 +10,7 @@ pub mod fake_apiserver;
 pub mod fake_cri;
 pub mod fake_kubelet;
 pub mod fake_lifecycle;
+pub mod lifecycle_decisions;
 pub mod fake_logind;
 pub mod harness;
 pub mod log_buffer;
