@@ -10,9 +10,9 @@ pub mod fake_apiserver;
 pub mod fake_cri;
 pub mod fake_kubelet;
 pub mod fake_lifecycle;
-pub mod lifecycle_decisions;
 pub mod fake_logind;
 pub mod harness;
+pub mod lifecycle_decisions;
 pub mod log_buffer;
 pub mod memory_logind;
 

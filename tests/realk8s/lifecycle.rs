@@ -2,41 +2,43 @@
 //! `lifecycle.k8s.io/v1alpha1`, KEP-4563) for the real control plane, whose v1.28 serves that
 //! API only as the tests' CRDs ([`super::LIFECYCLE_CRDS`]) and runs none of its controllers.
 //! It plays kube-controller-manager's evictionrequest-controller and imperative evictor for
-//! one namespace, through the apiserver as the cluster admin, with the rules of
-//! `nodegrace_testkit::fake_lifecycle` (the fake apiserver's equivalent, which documents
-//! them): one `Eviction` per target pod while a request for it has intent `Eviction`;
-//! requesters and responders as labels and `status.requesters`; `status.targetResponders`
-//! from the pod's responders plus [`IMPERATIVE`] at priority 100, one `Active` at a time,
-//! handed over on `completionTime` or after [`HEARTBEAT_DEADLINE`]; `TargetEvicted` /
-//! `Failed` copied back to the requests; the imperative evictor calls the Eviction API with
-//! the pod's UID as precondition, backing off, and skips DaemonSet, mirror and terminating
-//! pods.
+//! one namespace, through the apiserver as the cluster admin, carrying out the decisions of
+//! `nodegrace_testkit::lifecycle_decisions` (upstream's rules, once nodegrace's own
+//! controller's): one `Eviction` per target pod while a request for it has intent `Eviction`,
+//! its responders in priority order one `Active` at a time, the imperative evictor calling
+//! the Eviction API with the pod's UID as precondition and backing off, the conditions
+//! copied back to the requests.
+//!
+//! Each pass reads the namespace's requests, Evictions and pods afresh (the apiserver's
+//! consistent lists) and writes what the decisions say; a watch of each only wakes it. A write
+//! refused as stale (409) or about an object already collected (404) waits for the next pass.
 //!
 //! A v1.28 apiserver drops `spec.evictionResponders` from pods, so a test pod declares its
-//! responders in [`RESPONDERS_ANNOTATION`] (the field's JSON); [`declared_responders`] reads
-//! either, and [`super::responders_proxy`] shows the annotation to the daemon as the field.
+//! responders in [`RESPONDERS_ANNOTATION`] (the field's JSON); the stand-in reads either, and
+//! [`super::responders_proxy`] shows the annotation to the daemon as the field.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
+use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest, ResponderStatus};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams,
-    PostParams, Preconditions,
+    DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams, Preconditions,
 };
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use nodegrace_testkit::lifecycle_decisions::{
+    activated_eviction, decide, decide_evictor, eviction_is_final, evictor_attempted,
+    with_evictor_entry, Decision, DeclaredResponder, EvictionOutcome, EvictorDecision, PodFacts,
+    PodKind, Presence, TargetRef, EVICTOR_BACKOFF_CAP,
+};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
-pub const IMPERATIVE: &str = "imperative-eviction.k8s.io/evictor";
-pub const HEARTBEAT_DEADLINE: Duration = Duration::from_secs(20 * 60);
-const BACKOFF_MAX: Duration = Duration::from_secs(15 * 60);
+pub use nodegrace_testkit::lifecycle_decisions::IMPERATIVE_EVICTOR as IMPERATIVE;
 
 /// Where a test pod declares what a 1.37 pod has in `spec.evictionResponders` (that JSON
 /// list). Test-only: no product reads it.
@@ -54,17 +56,20 @@ pub fn declared_responders(pod: &Value) -> Option<Value> {
     serde_json::from_str(text).ok()
 }
 
+/// What the controllers keep in memory, as upstream's do.
 #[derive(Default)]
-struct State {
-    /// Per pod UID: failed imperative evictions and when the next may be tried.
-    imperative: HashMap<String, (u32, Instant)>,
-    /// Pods the imperative evictor evicted ("namespace/name").
+struct Memory {
+    /// Per pod UID: when the imperative evictor last tried and was refused.
+    last_attempt: HashMap<String, Timestamp>,
+    /// Pod UIDs the imperative evictor evicted (not evicted again).
+    evicted_uids: HashSet<String>,
+    /// Pods the imperative evictor evicted, in order ("namespace/name").
     evicted: Vec<String>,
 }
 
 /// The evictionrequest-controller and imperative evictor of one namespace, until dropped.
 pub struct StandInControllers {
-    state: Arc<Mutex<State>>,
+    memory: Arc<Mutex<Memory>>,
     task: JoinHandle<()>,
 }
 
@@ -77,14 +82,20 @@ impl Drop for StandInControllers {
 impl StandInControllers {
     /// Starts both controllers for `namespace` with `admin`'s client.
     pub fn start(admin: Client, namespace: &str) -> Self {
-        let state = Arc::new(Mutex::new(State::default()));
-        let task = tokio::spawn(run(admin, namespace.to_owned(), state.clone()));
-        StandInControllers { state, task }
+        let memory = Arc::new(Mutex::new(Memory::default()));
+        let apis = Apis {
+            requests: Api::namespaced(admin.clone(), namespace),
+            evictions: Api::namespaced(admin.clone(), namespace),
+            pods: Api::namespaced(admin, namespace),
+            namespace: namespace.to_owned(),
+        };
+        let task = tokio::spawn(run(apis, memory.clone()));
+        StandInControllers { memory, task }
     }
 
     /// Pods the imperative evictor evicted, in order ("namespace/name").
     pub fn evicted(&self) -> Vec<String> {
-        lock(&self.state).evicted.clone()
+        lock(&self.memory).evicted.clone()
     }
 }
 
@@ -92,85 +103,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
-    v.pointer(ptr).and_then(Value::as_str).unwrap_or_default()
-}
-
-fn now_str() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
-fn parse_time(t: &str) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(t)
-        .ok()
-        .map(|t| t.with_timezone(&Utc))
-}
-
-fn conditions(obj: &Value) -> impl Iterator<Item = &Value> {
-    obj.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-}
-
-fn condition_true(obj: &Value, kind: &str) -> bool {
-    conditions(obj).any(|c| s(c, "/type") == kind && s(c, "/status") == "True")
-}
-
-fn completed(eviction: &Value) -> bool {
-    condition_true(eviction, "TargetEvicted") || condition_true(eviction, "Failed")
-}
-
-/// Conditions as `meta.SetStatusCondition` leaves them: the transition time moves only
-/// when the status does.
-fn set_condition(existing: &Value, kind: &str, status: &str, reason: &str, message: &str) -> Value {
-    let old = existing
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| s(c, "/type") == kind);
-    let since = match old {
-        Some(o) if s(o, "/status") == status => s(o, "/lastTransitionTime").to_string(),
-        _ => now_str(),
-    };
-    json!({"type": kind, "status": status, "reason": reason, "message": message,
-        "lastTransitionTime": since})
-}
-
-fn pod_skipped_by_imperative(pod: &Value) -> Option<&'static str> {
-    let daemonset = pod
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|o| s(o, "/kind") == "DaemonSet" && o.get("controller") == Some(&json!(true)));
-    if daemonset {
-        return Some("DaemonSet pods are not evicted by the imperative evictor");
-    }
-    if pod
-        .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
-        .is_some()
-    {
-        return Some("mirror pods are not evicted by the imperative evictor");
-    }
-    None
-}
-
 struct Apis {
-    requests: Api<DynamicObject>,
-    evictions: Api<DynamicObject>,
+    requests: Api<EvictionRequest>,
+    evictions: Api<Eviction>,
     pods: Api<Pod>,
+    namespace: String,
 }
 
-async fn run(admin: Client, ns: String, state: Arc<Mutex<State>>) {
-    let requests_ar = ApiResource::erase::<EvictionRequest>(&());
-    let evictions_ar = ApiResource::erase::<Eviction>(&());
-    let apis = Apis {
-        requests: Api::namespaced_with(admin.clone(), &ns, &requests_ar),
-        evictions: Api::namespaced_with(admin.clone(), &ns, &evictions_ar),
-        pods: Api::namespaced(admin.clone(), &ns),
-    };
-    // The watches only wake a pass; each pass reads everything afresh.
+async fn run(apis: Apis, memory: Arc<Mutex<Memory>>) {
     let cfg = watcher::Config::default;
     let mut changes = futures::stream::select_all([
         watcher(apis.requests.clone(), cfg()).map(|_| ()).boxed(),
@@ -178,16 +118,16 @@ async fn run(admin: Client, ns: String, state: Arc<Mutex<State>>) {
         watcher(apis.pods.clone(), cfg()).map(|_| ()).boxed(),
     ]);
     loop {
-        let next = match reconcile(&apis, &state).await {
-            Ok(next) => next,
+        let wake = match pass(&apis, &memory).await {
+            Ok(wake) => wake,
             Err(err) => {
-                eprintln!("lifecycle stand-in ({ns}): {err}");
-                Some(Instant::now() + Duration::from_millis(500))
+                eprintln!("lifecycle stand-in ({}): {err}", apis.namespace);
+                Some(Duration::from_millis(500))
             }
         };
         let sleep = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
+            match wake {
+                Some(after) => tokio::time::sleep(after).await,
                 None => std::future::pending().await,
             }
         };
@@ -200,478 +140,328 @@ async fn run(admin: Client, ns: String, state: Arc<Mutex<State>>) {
     }
 }
 
-fn values(list: kube::core::ObjectList<DynamicObject>) -> Vec<Value> {
-    list.items
-        .into_iter()
-        .filter_map(|o| serde_json::to_value(o).ok())
-        .collect()
+/// A 409 (stale) or 404 (collected meanwhile): the next pass decides again.
+fn next_pass<T>(r: kube::Result<T>) -> kube::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
-/// One pass of both controllers; returns when to look again without a change.
-async fn reconcile(apis: &Apis, state: &Mutex<State>) -> Result<Option<Instant>, kube::Error> {
-    let now = Instant::now();
-    let mut next: Option<Instant> = None;
-    let mut at = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-    let requests = values(apis.requests.list(&ListParams::default()).await?);
-    let evictions = values(apis.evictions.list(&ListParams::default()).await?);
-    let pods: HashMap<String, Value> = apis
+/// One pass over every target pod of the namespace's requests; how long until the next
+/// without a change.
+async fn pass(apis: &Apis, memory: &Mutex<Memory>) -> kube::Result<Option<Duration>> {
+    let requests = apis.requests.list(&ListParams::default()).await?.items;
+    let evictions = apis.evictions.list(&ListParams::default()).await?.items;
+    let pods: HashMap<String, Pod> = apis
         .pods
         .list(&ListParams::default())
         .await?
         .items
         .into_iter()
-        .filter_map(|p| {
-            let name = p.metadata.name.clone()?;
-            Some((name, serde_json::to_value(p).ok()?))
-        })
+        .filter_map(|p| Some((p.metadata.name.clone()?, p)))
         .collect();
-    let target = |v: &Value| {
-        (
-            s(v, "/metadata/namespace").to_string(),
-            s(v, "/spec/target/pod/uid").to_string(),
-        )
-    };
-    let mut created: Vec<(String, String)> = Vec::new();
-    let mut by_target: BTreeMap<(String, String), Vec<&Value>> = BTreeMap::new();
-    for r in &requests {
-        by_target.entry(target(r)).or_default().push(r);
-    }
-
-    // EvictionRequests: validation, Eviction creation, conditions copied back.
-    for request in &requests {
-        if condition_true(request, "TargetEvicted")
-            || (condition_true(request, "Failed")
-                && conditions(request).any(|c| s(c, "/reason") == "EvictionInvalid"))
-        {
-            continue;
-        }
-        let (ns, uid) = target(request);
-        let pod_name = s(request, "/spec/target/pod/name");
-        let name = s(request, "/metadata/name").to_string();
-        let pod = pods.get(pod_name);
-        let mine: Vec<&Value> = evictions
+    let pod_name_of = |target: Option<&str>| target.map(str::to_owned);
+    let names: BTreeSet<String> = requests
+        .iter()
+        .filter_map(|r| pod_name_of(r.spec.target.pod.as_ref().map(|p| p.name.as_str())))
+        .collect();
+    let mut wakes: Vec<Timestamp> = Vec::new();
+    for name in names {
+        let about = |n: Option<&str>| n == Some(name.as_str());
+        let requests: Vec<EvictionRequest> = requests
             .iter()
-            .filter(|e| target(e) == (ns.clone(), uid.clone()))
+            .filter(|r| about(r.spec.target.pod.as_ref().map(|p| p.name.as_str())))
+            .cloned()
             .collect();
-        let invalid = if mine.is_empty() {
-            match pod {
-                None => Some("Target pod not found.".to_string()),
-                Some(p) if s(p, "/metadata/uid") != uid => Some(format!(
-                    "Target pod UID mismatch: expected {uid}, got {}.",
-                    s(p, "/metadata/uid")
-                )),
-                _ => None,
-            }
-        } else {
-            None
-        };
-        if let Some(why) = invalid {
-            let existing = request
-                .pointer("/status/conditions")
-                .cloned()
-                .unwrap_or(Value::Null);
-            let status = json!({"observedGeneration": 1, "conditions": [
-                set_condition(&existing, "Failed", "True", "EvictionInvalid", &why),
-                set_condition(&existing, "TargetEvicted", "False", "EvictionFailed", ""),
-            ]});
-            write_status(&apis.requests, request, status).await?;
-            continue;
-        }
-        let active = mine.iter().find(|e| !completed(e)).copied();
-        let wants = by_target
-            .get(&(ns.clone(), uid.clone()))
-            .into_iter()
-            .flatten()
-            .any(|r| {
-                s(r, "/spec/intent") == "Eviction"
-                    && r.pointer("/metadata/deletionTimestamp").is_none()
-            });
-        // A new Eviction only for a target without one, or after a cancelled one (a new
-        // Eviction intent after all had withdrawn).
-        let renewable = mine.iter().all(|e| {
-            conditions(e).any(|c| {
-                s(c, "/type") == "Failed" && s(c, "/reason") == "CanceledDueToNoRequesters"
-            })
-        });
-        if active.is_none() && wants && renewable && !created.contains(&(ns.clone(), uid.clone())) {
-            created.push((ns.clone(), uid.clone()));
-            let taken: Vec<&str> = evictions.iter().map(|e| s(e, "/metadata/name")).collect();
-            let mut eviction_name = pod_name.to_string();
-            let mut n = 1;
-            while taken.contains(&eviction_name.as_str()) {
-                eviction_name = format!("{pod_name}-{n}");
-                n += 1;
-            }
-            let requester = s(request, "/spec/requester");
-            let eviction: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "lifecycle.k8s.io/v1alpha1", "kind": "Eviction",
-                "metadata": {"name": eviction_name, "namespace": ns,
-                    "labels": {requester: "requester"},
-                    "ownerReferences": [{"apiVersion": "lifecycle.k8s.io/v1alpha1",
-                        "kind": "EvictionRequest", "name": name,
-                        "uid": s(request, "/metadata/uid")}]},
-                "spec": {"target": {"pod": {"name": pod_name, "uid": uid}}},
-            }))
-            .map_err(kube::Error::SerdeError)?;
-            match apis
-                .evictions
-                .create(&PostParams::default(), &eviction)
-                .await
-            {
-                Ok(_) => {}
-                // Another pass's list did not see it yet.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e),
-            }
-            // The new Eviction is a change: the next pass takes it on.
-            continue;
-        }
-        let relevant = active.or_else(|| {
-            mine.iter()
-                .max_by_key(|e| s(e, "/metadata/creationTimestamp").to_string())
-                .copied()
-        });
-        if let Some(e) = relevant {
-            let copy: Vec<Value> = conditions(e).cloned().collect();
-            if !copy.is_empty() {
-                let status = json!({"observedGeneration": 1, "conditions": copy});
-                write_status(&apis.requests, request, status).await?;
-            }
-        }
-    }
-
-    // Evictions: requesters, responders, conditions, labels; the imperative evictor.
-    for eviction in &evictions {
-        if completed(eviction) {
-            continue;
-        }
-        let (ns, uid) = target(eviction);
-        let name = s(eviction, "/metadata/name").to_string();
-        let pod = pods
-            .get(s(eviction, "/spec/target/pod/name"))
-            .filter(|p| s(p, "/metadata/uid") == uid);
-        let gone = pod.is_none();
-        let terminal = pod.is_some_and(|p| matches!(s(p, "/status/phase"), "Succeeded" | "Failed"));
-        let requests = by_target
-            .get(&(ns.clone(), uid.clone()))
+        let mut evictions: Vec<Eviction> = evictions
+            .iter()
+            .filter(|e| about(e.spec.target.pod.as_ref().map(|p| p.name.as_str())))
             .cloned()
-            .unwrap_or_default();
-        let canceled = !requests.iter().any(|r| {
-            s(r, "/spec/intent") == "Eviction" && r.pointer("/metadata/deletionTimestamp").is_none()
-        });
-        let mut requesters: Vec<Value> = eviction
-            .pointer("/status/requesters")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for r in &requests {
-            let key = s(r, "/spec/requester");
-            let intent = if r.pointer("/metadata/deletionTimestamp").is_some() {
-                "Withdrawn"
-            } else {
-                s(r, "/spec/intent")
+            .collect();
+        let pod = pods.get(&name);
+        let uids: BTreeSet<String> = requests
+            .iter()
+            .filter_map(|r| r.spec.target.pod.as_ref().map(|p| p.uid.clone()))
+            .collect();
+        for uid in uids {
+            let facts = facts(pod, &uid);
+            let target = TargetRef {
+                name: name.clone(),
+                uid: uid.clone(),
             };
-            match requesters.iter_mut().find(|x| s(x, "/name") == key) {
-                Some(x) => x["intent"] = json!(intent),
-                None => requesters.push(json!({"name": key, "intent": intent})),
-            }
-        }
-        let known: Vec<&str> = requests.iter().map(|r| s(r, "/spec/requester")).collect();
-        for x in requesters.iter_mut() {
-            if !known.contains(&s(x, "/name")) {
-                x["intent"] = json!("Withdrawn");
-            }
-        }
-
-        let mut targets: Vec<Value> = eviction
-            .pointer("/status/targetResponders")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if targets.is_empty() {
-            if let Some(p) = pod {
-                let mut list: Vec<(i64, String)> = declared_responders(p)
-                    .and_then(|v| v.as_array().cloned())
-                    .into_iter()
-                    .flatten()
-                    .map(|r| {
-                        (
-                            r.get("priority").and_then(Value::as_i64).unwrap_or(0),
-                            s(&r, "/name").to_string(),
-                        )
-                    })
-                    .collect();
-                list.push((100, IMPERATIVE.to_string()));
-                list.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-                targets = list
-                    .into_iter()
-                    .map(|(p, n)| json!({"name": n, "priority": p, "state": "Inactive"}))
-                    .collect();
-            }
-        }
-        let statuses: Vec<Value> = eviction
-            .pointer("/status/responders")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let status_of = |n: &str| statuses.iter().find(|r| s(r, "/name") == n).cloned();
-        let wall_now = Utc::now();
-        let last_final = targets
-            .last()
-            .is_some_and(|t| matches!(s(t, "/state"), "Interrupted" | "Canceled" | "Completed"));
-        let mut progression_done = last_final;
-        if !targets.is_empty() && !last_final {
-            let active = targets.iter().position(|t| s(t, "/state") == "Active");
-            if gone || terminal {
-                if let Some(i) = active {
-                    let done = status_of(s(&targets[i], "/name"))
-                        .is_some_and(|r| r.get("completionTime").is_some());
-                    targets[i]["state"] = json!(if done { "Completed" } else { "Interrupted" });
-                }
-            } else if canceled {
-                if let Some(i) = active {
-                    targets[i]["state"] = json!("Canceled");
-                }
-            } else {
-                let i =
-                    active.or_else(|| targets.iter().position(|t| s(t, "/state") == "Inactive"));
-                if let Some(i) = i {
-                    let responder = s(&targets[i], "/name").to_string();
-                    let state = match status_of(&responder) {
-                        None => "Active",
-                        Some(r) if r.get("completionTime").is_some() => "Completed",
-                        Some(r) => {
-                            let last = parse_time(s(&r, "/heartbeatTime"))
-                                .or_else(|| parse_time(s(&r, "/startTime")))
-                                .unwrap_or(wall_now);
-                            let elapsed = (wall_now - last).to_std().unwrap_or_default();
-                            if elapsed >= HEARTBEAT_DEADLINE {
-                                "Interrupted"
-                            } else {
-                                at(now + (HEARTBEAT_DEADLINE - elapsed));
-                                "Active"
-                            }
-                        }
-                    };
-                    targets[i]["state"] = json!(state);
-                    if state != "Active" {
-                        if let Some(next_one) = targets.get_mut(i + 1) {
-                            next_one["state"] = json!("Active");
-                            at(now + HEARTBEAT_DEADLINE);
-                        } else {
-                            progression_done = true;
-                        }
+            // The evictor reports first: a pod it evicted that is now gone is its completion,
+            // which the controller must see before it closes the Eviction.
+            if let Some(i) = evictions.iter().position(|e| is_open_for(e, &uid)) {
+                let d = evictor_step(apis, memory, &target, &facts, &evictions[i]).await;
+                wakes.extend(d.wake_at);
+                if let Some(entry) = d.status {
+                    if let Some(written) = write_entry(apis, &evictions[i], entry).await? {
+                        evictions[i] = written;
                     }
                 }
             }
-        }
-        let responders: Vec<Value> = targets
-            .iter()
-            .map(|t| {
-                let n = s(t, "/name");
-                let mut r = status_of(n).unwrap_or_else(|| json!({"name": n}));
-                if r.get("startTime").is_none() && s(t, "/state") == "Active" {
-                    r["startTime"] = json!(now_str());
-                }
-                r
-            })
-            .collect();
-        let existing = eviction
-            .pointer("/status/conditions")
-            .cloned()
-            .unwrap_or(Value::Null);
-        let cond = |k: &str, st: &str, reason: &str, msg: &str| {
-            set_condition(&existing, k, st, reason, msg)
-        };
-        let conditions = if gone {
-            vec![
-                cond(
-                    "TargetEvicted",
-                    "True",
-                    "PodDeleted",
-                    "Target pod has been deleted",
-                ),
-                cond("Failed", "False", "Succeeded", ""),
-            ]
-        } else if terminal {
-            vec![
-                cond(
-                    "TargetEvicted",
-                    "True",
-                    "PodTerminal",
-                    "Pod has reached terminal state",
-                ),
-                cond("Failed", "False", "Succeeded", ""),
-            ]
-        } else if canceled {
-            vec![
-                cond(
-                    "Failed",
-                    "True",
-                    "CanceledDueToNoRequesters",
-                    "No active requesters with eviction intent",
-                ),
-                cond("TargetEvicted", "False", "EvictionFailed", ""),
-            ]
-        } else if progression_done {
-            vec![
-                cond(
-                    "Failed",
-                    "True",
-                    "NoFurtherResponder",
-                    "All responders have completed without evicting the target",
-                ),
-                cond("TargetEvicted", "False", "EvictionFailed", ""),
-            ]
-        } else {
-            vec![
-                cond("Failed", "False", "AwaitingEviction", ""),
-                cond("TargetEvicted", "False", "AwaitingEviction", ""),
-            ]
-        };
-        let mut labels: BTreeMap<String, Value> = eviction
-            .pointer("/metadata/labels")
-            .and_then(|l| serde_json::from_value(l.clone()).ok())
-            .unwrap_or_default();
-        for r in &requests {
-            labels.insert(s(r, "/spec/requester").to_string(), json!("requester"));
-        }
-        for t in &targets {
-            let n = s(t, "/name").to_string();
-            let role = if requests.iter().any(|r| s(r, "/spec/requester") == n) {
-                "requester-responder"
-            } else {
-                "responder"
-            };
-            labels.insert(n, json!(role));
-        }
-        let mut refs: Vec<Value> = eviction
-            .pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for r in &requests {
-            if !refs.iter().any(|o| s(o, "/uid") == s(r, "/metadata/uid")) {
-                refs.push(json!({"apiVersion": "lifecycle.k8s.io/v1alpha1",
-                    "kind": "EvictionRequest", "name": s(r, "/metadata/name"),
-                    "uid": s(r, "/metadata/uid")}));
+            let mut decision = decide(&target, &facts, &requests, &evictions, Timestamp::now());
+            for problem in &decision.problems {
+                eprintln!("lifecycle stand-in ({}): {problem}", apis.namespace);
             }
-        }
-        let meta = json!({"labels": labels, "ownerReferences": refs});
-        let mut current = eviction.clone();
-        if eviction.pointer("/metadata/labels") != meta.get("labels")
-            || eviction.pointer("/metadata/ownerReferences") != meta.get("ownerReferences")
-        {
-            let patched = apis
-                .evictions
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": meta})),
-                )
-                .await?;
-            current = serde_json::to_value(patched).map_err(kube::Error::SerdeError)?;
-        }
-        let status = json!({"observedGeneration": 1, "requesters": requesters,
-            "targetResponders": targets, "responders": responders, "conditions": conditions});
-        let written = write_status(&apis.evictions, &current, status).await?;
-
-        // The imperative evictor, while it is the active responder.
-        if completed(&written) {
-            continue;
-        }
-        let imperative_active = written
-            .pointer("/status/targetResponders")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .any(|t| s(t, "/name") == IMPERATIVE && s(t, "/state") == "Active");
-        let Some(pod) = pod.filter(|_| imperative_active) else {
-            continue;
-        };
-        if pod.pointer("/metadata/deletionTimestamp").is_some() {
-            continue;
-        }
-        let message = if let Some(why) = pod_skipped_by_imperative(pod) {
-            why.to_string()
-        } else {
-            let (tries, not_before) = lock(state)
-                .imperative
-                .get(&uid)
-                .copied()
-                .unwrap_or((0, now));
-            if not_before > now {
-                at(not_before);
+            wakes.extend(decision.wake_at);
+            if decision.is_quiet() {
                 continue;
             }
-            let pod_name = s(pod, "/metadata/name").to_string();
-            let params = EvictParams {
-                delete_options: Some(DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: Some(uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                }),
-                ..EvictParams::default()
-            };
-            match apis.pods.evict(&pod_name, &params).await {
-                Ok(_) => {
-                    let mut st = lock(state);
-                    st.evicted.push(format!("{ns}/{pod_name}"));
-                    st.imperative.remove(&uid);
-                    "pod evicted".to_string()
+            // The evictor acts at once when the decision makes it the active responder, and
+            // its report joins the decision's write.
+            if let Some(activated) = activated_eviction(&decision, &evictions, &target) {
+                let d = evictor_step(apis, memory, &target, &facts, &activated).await;
+                if let (Some(entry), Some(at)) = (d.status, activated.metadata.name.as_deref()) {
+                    with_evictor_entry(&mut decision, at, entry);
                 }
-                Err(err) => {
-                    let tries = tries + 1;
-                    let delay = Duration::from_secs(1u64 << tries.min(10)).min(BACKOFF_MAX);
-                    lock(state)
-                        .imperative
-                        .insert(uid.clone(), (tries, now + delay));
-                    at(now + delay);
-                    let text = match err {
-                        kube::Error::Api(e) => e.message,
-                        other => other.to_string(),
-                    };
-                    format!("{text}, number of retries: {tries}")
-                }
+                wakes.extend(d.wake_at);
             }
-        };
-        let mut status = written.get("status").cloned().unwrap_or(Value::Null);
-        if let Some(list) = status.get_mut("responders").and_then(Value::as_array_mut) {
-            for r in list.iter_mut().filter(|r| s(r, "/name") == IMPERATIVE) {
-                if r.get("message") != Some(&json!(message)) {
-                    r["message"] = json!(message);
-                    r["heartbeatTime"] = json!(now_str());
-                }
-            }
+            apply(apis, &decision, &evictions).await?;
         }
-        write_status(&apis.evictions, &written, status).await?;
     }
-    Ok(next)
+    let now = Timestamp::now();
+    Ok(wakes
+        .into_iter()
+        .min()
+        .map(|at| Duration::try_from(at.duration_since(now)).unwrap_or(Duration::ZERO)))
 }
 
-/// Writes `status` on `object` unless it is what it has already; the object as written.
-/// A conflict (someone wrote it meanwhile, a responder among them) waits for the next pass.
-async fn write_status(
-    api: &Api<DynamicObject>,
-    object: &Value,
-    status: Value,
-) -> Result<Value, kube::Error> {
-    if object.get("status") == Some(&status) {
-        return Ok(object.clone());
+fn is_open_for(eviction: &Eviction, uid: &str) -> bool {
+    eviction
+        .spec
+        .target
+        .pod
+        .as_ref()
+        .is_some_and(|p| p.uid == uid)
+        && !eviction_is_final(eviction)
+}
+
+/// What the decisions need of the pod named in the requests, for the target `uid`.
+fn facts(pod: Option<&Pod>, uid: &str) -> PodFacts {
+    let other = |presence| PodFacts {
+        presence,
+        kind: PodKind::Regular,
+        in_pod_group: false,
+        responders: Vec::new(),
+    };
+    let Some(pod) = pod else {
+        return other(Presence::Absent);
+    };
+    if pod.metadata.uid.as_deref() != Some(uid) {
+        return other(Presence::Replaced {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+        });
     }
-    let name = s(object, "/metadata/name");
+    let terminal = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    let deletion = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+    let presence = match (terminal, deletion) {
+        (true, d) => Presence::Terminal {
+            deletion_timestamp: d,
+        },
+        (false, Some(d)) => Presence::Terminating {
+            deletion_timestamp: d,
+            removed_at_once: pod.metadata.deletion_grace_period_seconds == Some(0),
+        },
+        _ => Presence::Running,
+    };
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let daemonset = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+    let kind = if mirror {
+        PodKind::Mirror
+    } else if daemonset {
+        PodKind::DaemonSet
+    } else {
+        PodKind::Regular
+    };
+    let responders = serde_json::to_value(pod)
+        .ok()
+        .and_then(|v| declared_responders(&v))
+        .and_then(|v| v.as_array().cloned())
+        .into_iter()
+        .flatten()
+        .map(|r| DeclaredResponder {
+            name: r
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            priority: r
+                .get("priority")
+                .and_then(Value::as_i64)
+                .unwrap_or_default(),
+        })
+        .collect();
+    PodFacts {
+        presence,
+        kind,
+        in_pod_group: pod
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.scheduling_group.is_some()),
+        responders,
+    }
+}
+
+/// The imperative evictor's decision on `eviction`, the Eviction API called when it says so;
+/// the entry to write is the caller's.
+async fn evictor_step(
+    apis: &Apis,
+    memory: &Mutex<Memory>,
+    target: &TargetRef,
+    facts: &PodFacts,
+    eviction: &Eviction,
+) -> EvictorDecision {
+    let now = Timestamp::now();
+    let last = lock(memory).last_attempt.get(&target.uid).copied();
+    let d = decide_evictor(eviction, target, facts, last, EVICTOR_BACKOFF_CAP, now);
+    if !d.evict_now {
+        return d;
+    }
+    if lock(memory).evicted_uids.contains(&target.uid) {
+        return EvictorDecision::idle();
+    }
+    let params = EvictParams {
+        delete_options: Some(DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(target.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        }),
+        ..EvictParams::default()
+    };
+    let outcome = match apis.pods.evict(&target.name, &params).await {
+        Ok(_) => EvictionOutcome::Evicted,
+        Err(kube::Error::Api(e)) if e.code == 404 => EvictionOutcome::Evicted,
+        Err(kube::Error::Api(e)) if e.code < 500 => EvictionOutcome::Refused {
+            error: e.message,
+            retry_after: None,
+        },
+        // Not answered: no attempt to count; asked again in a second.
+        Err(_) => {
+            return EvictorDecision {
+                evict_now: false,
+                status: None,
+                wake_at: now.checked_add(Duration::from_secs(1)).ok(),
+            }
+        }
+    };
+    {
+        let mut m = lock(memory);
+        match &outcome {
+            EvictionOutcome::Evicted => {
+                m.last_attempt.remove(&target.uid);
+                m.evicted_uids.insert(target.uid.clone());
+                m.evicted
+                    .push(format!("{}/{}", apis.namespace, target.name));
+            }
+            EvictionOutcome::Refused { .. } => {
+                m.last_attempt.insert(target.uid.clone(), now);
+            }
+        }
+    }
+    evictor_attempted(eviction, target, &outcome, EVICTOR_BACKOFF_CAP, now)
+}
+
+/// The imperative evictor's entry of `eviction` replaced by `entry`; the Eviction as written.
+async fn write_entry(
+    apis: &Apis,
+    eviction: &Eviction,
+    entry: ResponderStatus,
+) -> kube::Result<Option<Eviction>> {
+    let mut responders = eviction
+        .status
+        .as_ref()
+        .and_then(|s| s.responders.clone())
+        .unwrap_or_default();
+    match responders.iter_mut().find(|r| r.name == entry.name) {
+        Some(r) => *r = entry,
+        None => return Ok(None),
+    }
+    write_status(apis, eviction, json!({"responders": responders})).await
+}
+
+/// Replaces the status of `eviction`, refused when it changed since it was read.
+async fn write_status(
+    apis: &Apis,
+    eviction: &Eviction,
+    status: Value,
+) -> kube::Result<Option<Eviction>> {
+    let name = eviction.metadata.name.clone().unwrap_or_default();
     let patch = json!({
-        "metadata": {"resourceVersion": s(object, "/metadata/resourceVersion")},
+        "metadata": {"resourceVersion": eviction.metadata.resource_version},
         "status": status,
     });
-    match api
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-    {
-        Ok(written) => serde_json::to_value(written).map_err(kube::Error::SerdeError),
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(object.clone()),
-        Err(e) => Err(e),
+    next_pass(
+        apis.evictions
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    )
+}
+
+/// Writes `decision`.
+async fn apply(apis: &Apis, decision: &Decision, known: &[Eviction]) -> kube::Result<()> {
+    if let Some(new) = &decision.create {
+        let mut new = new.clone();
+        let status = new.status.take();
+        let Some(created) = next_pass(apis.evictions.create(&PostParams::default(), &new).await)?
+        else {
+            return Ok(());
+        };
+        if let Some(status) = status {
+            write_status(apis, &created, json!(status)).await?;
+        }
     }
+    let mut known = known.to_vec();
+    for (name, metadata) in &decision.eviction_metadata {
+        let patch = json!({"metadata": {"labels": metadata.labels, "ownerReferences": metadata.owner_references}});
+        let written = next_pass(
+            apis.evictions
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await,
+        )?;
+        // Its status is written next, on the version this write made.
+        if let Some(written) = written {
+            known.retain(|e| e.metadata.name.as_deref() != Some(name));
+            known.push(written);
+        }
+    }
+    for (name, status) in &decision.eviction_statuses {
+        // Written from the object the decision was made on: stale, it waits.
+        if let Some(old) = known
+            .iter()
+            .find(|e| e.metadata.name.as_deref() == Some(name))
+        {
+            write_status(apis, old, json!(status)).await?;
+        }
+    }
+    for (name, status) in &decision.request_statuses {
+        // Only the controller writes a request's status: no precondition needed.
+        next_pass(
+            apis.requests
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await,
+        )?;
+    }
+    Ok(())
 }

@@ -151,9 +151,7 @@ pub fn decide_evictor(
                 _ => "a mirror pod",
             };
             report(
-                format!(
-                    "pod {pod_name:?} is {what}: the Eviction API is not called for it"
-                ),
+                format!("pod {pod_name:?} is {what}: the Eviction API is not called for it"),
                 None,
                 false,
             )

@@ -307,10 +307,7 @@ fn wants_eviction(r: &EvictionRequest) -> bool {
 /// The name of a new Eviction of pod `pod_name` (upstream `newEvictionName`): `pod-<n>-<name>`
 /// with `n` one above the highest counter among `existing` names of the same pod name, cut to
 /// 253 characters (a cut name shares its counters with pod names of the same prefix).
-pub fn eviction_name<'a>(
-    pod_name: &str,
-    existing: impl IntoIterator<Item = &'a str>,
-) -> String {
+pub fn eviction_name<'a>(pod_name: &str, existing: impl IntoIterator<Item = &'a str>) -> String {
     const MAX: usize = 253;
     let highest = existing
         .into_iter()

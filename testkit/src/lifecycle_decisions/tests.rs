@@ -786,7 +786,10 @@ fn duplicate_and_invalid_responder_names_are_dropped_and_reported() {
         &mut problems,
     );
     let names: Vec<(&str, i32)> = list.iter().map(|t| (t.name.as_str(), t.priority)).collect();
-    assert_eq!(names, [(DB, 10_000), (IMPERATIVE_EVICTOR, EVICTOR_PRIORITY)]);
+    assert_eq!(
+        names,
+        [(DB, 10_000), (IMPERATIVE_EVICTOR, EVICTOR_PRIORITY)]
+    );
     assert_eq!(problems.len(), 4, "{problems:?}");
 }
 
