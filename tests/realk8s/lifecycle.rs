@@ -38,7 +38,8 @@ use nodegrace_testkit::lifecycle_decisions::{
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
-pub use nodegrace_testkit::lifecycle_decisions::IMPERATIVE_EVICTOR as IMPERATIVE;
+/// The default responder of every pod's Eviction, which calls the Eviction API.
+pub const IMPERATIVE: &str = nodegrace_testkit::lifecycle_decisions::IMPERATIVE_EVICTOR;
 
 /// Where a test pod declares what a 1.37 pod has in `spec.evictionResponders` (that JSON
 /// list). Test-only: no product reads it.
