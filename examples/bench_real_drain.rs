@@ -67,7 +67,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use realk8s::audit::{self, Request};
 use realk8s::fixture::{app_of, signal_and_release, Fixture};
-use realk8s::lifecycle::StandInControllers;
+use realk8s::lifecycle::{StandInControllers, CONTROLLERS_USER};
 use realk8s::responders_proxy::RespondersProxy;
 use realk8s::workload::{self, PodShape};
 use realk8s::ControlPlane;
@@ -454,7 +454,10 @@ async fn main() {
         let proxy = RespondersProxy::open(&identity).await;
         proxy.kubeconfig(&identity, through.path());
         f.node.use_kubeconfig(through.path().to_owned());
-        Some((proxy, StandInControllers::start(f.admin.clone(), &f.name)))
+        Some((
+            proxy,
+            StandInControllers::for_namespace(f.cp, &f.name).await,
+        ))
     } else {
         None
     };
@@ -553,6 +556,14 @@ async fn main() {
         .filter(|r| r.received >= signal && r.received <= release)
         .cloned()
         .collect();
+    // The cluster's side of the responder path: the stand-in's Evictions and evictions.
+    let cluster: Vec<Request> = audit::requests_of(&f.cp.audit_log(), CONTROLLERS_USER, signal)
+        .into_iter()
+        .filter(|r| r.received <= release)
+        .collect();
+    // What terminated pods: nodegrace's requests and the cluster's evictions, in order.
+    let mut terminating: Vec<Request> = drain.iter().chain(&cluster).cloned().collect();
+    terminating.sort_by(|a, b| a.received.total_cmp(&b.received));
     let kubelet_reqs = audit::requests_of(
         &f.cp.audit_log(),
         &format!("system:node:{}", f.name),
@@ -656,7 +667,7 @@ async fn main() {
         let span = |pred: &dyn Fn(&Request, &PodInfo) -> bool| {
             members
                 .iter()
-                .filter_map(|p| drain.iter().find(|r| pred(r, p)).map(|r| r.received))
+                .filter_map(|p| terminating.iter().find(|r| pred(r, p)).map(|r| r.received))
                 .fold((f64::NAN, f64::NAN), |(lo, hi), t| (lo.min(t), hi.max(t)))
         };
         let asked = span(&is_ask);
@@ -667,7 +678,7 @@ async fn main() {
             .fold(f64::NAN, f64::max);
         let mut evict_latency: Vec<f64> = members
             .iter()
-            .filter_map(|p| drain.iter().find(|r| is_accepted_termination(r, p)))
+            .filter_map(|p| terminating.iter().find(|r| is_accepted_termination(r, p)))
             .map(|r| r.completed - r.received)
             .collect();
         let mut remove_latency: Vec<f64> = members
@@ -698,7 +709,7 @@ async fn main() {
         for p in &originals {
             let at = |pred: &dyn Fn(&Request, &PodInfo) -> bool| {
                 secs(
-                    drain
+                    terminating
                         .iter()
                         .find(|r| pred(r, p))
                         .map(|r| r.received - signal),
@@ -763,7 +774,9 @@ async fn main() {
         else {
             continue;
         };
-        let accepted = drain.iter().find(|r| is_accepted_termination(r, last));
+        let accepted = terminating
+            .iter()
+            .find(|r| is_accepted_termination(r, last));
         let removed = final_delete(&kubelet_reqs, last);
         let (Some(accepted), Some(removed), Some(seen), Some(due), Some(exited)) = (
             accepted,
@@ -874,20 +887,27 @@ async fn main() {
             responder.refused.load(Ordering::Relaxed)
         );
         // Where a pod's asking went on this path, from the audit log: nodegrace's requests,
-        // and the stand-in's status writes (the cluster admin's).
+        // the cluster's (the stand-in of its controllers), and the responder's status writes
+        // (the cluster admin's).
         let handovers = audit::requests_of(&f.cp.audit_log(), "admin", signal);
+        let theirs = |pick: &dyn Fn(&Request) -> bool, p: &PodInfo| {
+            cluster.iter().find(|r| is_about(r, p) && pick(r))
+        };
         let mut steps: [Vec<f64>; 4] = Default::default();
         for p in originals.iter().filter(|p| !BANDS[p.band].2) {
             let ours =
                 |pick: &dyn Fn(&Request) -> bool| drain.iter().find(|r| is_about(r, p) && pick(r));
             let chain = (
                 ours(&|r| r.verb == "create" && r.resource == "evictionrequests"),
-                ours(&|r| r.verb == "create" && r.resource == "evictions"),
-                ours(&|r| r.resource == "evictions" && r.subresource == "status"),
+                theirs(&|r| r.verb == "create" && r.resource == "evictions", p),
+                theirs(
+                    &|r| r.resource == "evictions" && r.subresource == "status",
+                    p,
+                ),
                 handovers
                     .iter()
                     .find(|r| r.subresource == "status" && is_about(r, p)),
-                ours(&|r| is_accepted_termination(r, p)),
+                theirs(&|r| is_accepted_termination(r, p), p),
             );
             if let (Some(asked), Some(created), Some(active), Some(handed), Some(evicted)) = chain {
                 steps[0].push(created.received - asked.received);
@@ -902,7 +922,7 @@ async fn main() {
             stats(&mut steps[0])
         );
         println!(
-            "    Eviction created → nodegrace's first status write of it answered (the responder Active) {}",
+            "    Eviction created → the controller's first status write of it answered (the responder Active) {}",
             stats(&mut steps[1])
         );
         println!(
@@ -910,7 +930,7 @@ async fn main() {
             stats(&mut steps[2])
         );
         println!(
-            "    the responder's write answered → nodegrace's eviction received {}",
+            "    the responder's write answered → the imperative evictor's eviction received {}",
             stats(&mut steps[3])
         );
     }
@@ -1022,7 +1042,7 @@ async fn main() {
     // answer to nodegrace's request and the exit time.
     let (mut watch, mut timer, mut request, mut total_lag) = (vec![], vec![], vec![], vec![]);
     for p in &originals {
-        let Some(asked) = drain.iter().find(|r| is_accepted_termination(r, p)) else {
+        let Some(asked) = terminating.iter().find(|r| is_accepted_termination(r, p)) else {
             continue;
         };
         let Some(record) = records.get(&p.uid) else {

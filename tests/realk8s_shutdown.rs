@@ -1051,7 +1051,7 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
     const OPERATOR: &str = "db-operator.example.com/operator";
     let mut f = Fixture::new("ng-req").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    let controllers = StandInControllers::start(c.clone(), &ns);
+    let controllers = StandInControllers::for_namespace(f.cp, &ns).await;
     let identity = f.cp.nodegrace_identity(&node);
     let proxy = RespondersProxy::open(&identity).await;
     let through = tempfile::NamedTempFile::new().unwrap();
@@ -1246,7 +1246,7 @@ async fn a_poweroff_asks_a_pod_with_responders_through_its_eviction_request() {
     const OPERATOR: &str = "db-operator.example.com/operator";
     let mut f = Fixture::new("ng-reqoff").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    let controllers = StandInControllers::start(c.clone(), &ns);
+    let controllers = StandInControllers::for_namespace(f.cp, &ns).await;
     let identity = f.cp.nodegrace_identity(&node);
     let proxy = RespondersProxy::open(&identity).await;
     let through = tempfile::NamedTempFile::new().unwrap();

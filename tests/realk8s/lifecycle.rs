@@ -80,7 +80,17 @@ impl Drop for StandInControllers {
     }
 }
 
+/// The identity the stand-in acts as, a cluster admin of its own so that the audit log tells
+/// its requests (the cluster's) from the test's and the node's.
+pub const CONTROLLERS_USER: &str = "nodegrace-test:evictionrequest-controller";
+
 impl StandInControllers {
+    /// Starts both controllers for `namespace`, as [`CONTROLLERS_USER`].
+    pub async fn for_namespace(cp: &super::ControlPlane, namespace: &str) -> Self {
+        let kubeconfig = cp.mint(CONTROLLERS_USER, "system:masters");
+        Self::start(super::client_from(&kubeconfig).await, namespace)
+    }
+
     /// Starts both controllers for `namespace` with `admin`'s client.
     pub fn start(admin: Client, namespace: &str) -> Self {
         let memory = Arc::new(Mutex::new(Memory::default()));
