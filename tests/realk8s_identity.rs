@@ -18,9 +18,7 @@ use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest as Lifecyc
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nodegrace::lifecycle::requester_key;
-use nodegrace::{
-    NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION, REQUEST_NODE_LABEL as NODE_LABEL,
-};
+use nodegrace::{NodeMaintenance, FINALIZER_MAINTENANCE_COMPLETION, NODE_LABEL};
 use serde_json::{json, Value};
 
 const NS: &str = "default";
