@@ -173,10 +173,9 @@ async fn pass(apis: &Apis, memory: &Mutex<Memory>) -> kube::Result<Option<Durati
         .into_iter()
         .filter_map(|p| Some((p.metadata.name.clone()?, p)))
         .collect();
-    let pod_name_of = |target: Option<&str>| target.map(str::to_owned);
     let names: BTreeSet<String> = requests
         .iter()
-        .filter_map(|r| pod_name_of(r.spec.target.pod.as_ref().map(|p| p.name.as_str())))
+        .filter_map(|r| r.spec.target.pod.as_ref().map(|p| p.name.clone()))
         .collect();
     let mut wakes: Vec<Timestamp> = Vec::new();
     for name in names {
