@@ -179,9 +179,17 @@ pub(crate) fn parse_fault(message: &str, at: Option<(usize, usize)>) -> String {
     }
 }
 
-/// [`parse_fault`] of a serde_yaml error.
-pub(crate) fn yaml_fault(e: &serde_yaml::Error) -> String {
-    parse_fault(&e.to_string(), e.location().map(|l| (l.line(), l.column())))
+/// [`parse_fault`] of a YAML error.
+pub(crate) fn yaml_fault(e: &serde_saphyr::Error) -> String {
+    let at = e
+        .location()
+        .map(|l| (l.line() as usize, l.column() as usize));
+    let message = e.without_snippet().to_string();
+    // serde-saphyr names the key given twice, unquoted.
+    if message.starts_with("duplicate mapping key") {
+        return parse_fault("a key given twice in a mapping", at);
+    }
+    parse_fault(&message, at)
 }
 
 #[cfg(test)]

@@ -1,226 +1,224 @@
-//! A look at YAML before it is parsed. libyaml (serde_yaml) spends time in proportion to the
-//! depth of nested flow collections for every token, so a file of `[[[[…` takes time in the
-//! square of its size (1 MiB: tens of minutes). Block nesting costs it nothing extra and
-//! serde_yaml refuses it past 128 levels; flow nesting is refused here, in one pass, past
-//! [`MAX_FLOW_DEPTH`], and so is a file whose flow nesting, summed over its characters,
-//! passes [`MAX_FLOW_COST`].
+//! YAML as nodegrace reads it: serde-saphyr, within limits of its own. Its parser takes time
+//! in proportion to the nodes (values, lists, maps) it reads, whatever their nesting (libyaml
+//! took the square of flow nesting), so a budget of nodes bounds the time a file takes:
+//! 100,000 took 0.2 s on the optimized build, 2 s unoptimized.
 
-/// Deeper than any Kubernetes object written as JSON (a pod is about 10 levels).
-pub(crate) const MAX_FLOW_DEPTH: usize = 64;
+use serde::de::DeserializeOwned;
+use serde_saphyr::budget::BudgetBreach;
+use serde_saphyr::{DuplicateKeyPolicy, Error};
 
-/// The most flow nesting read, as the sum over the characters inside flow collections of
-/// their depth: about a quarter of a second of libyaml's time on the optimized build
-/// (measured: 2^24 took 0.45 s of CPU), leaving the rest of a second to the block YAML of the
-/// largest file read. A pod written as JSON, 10 levels deep, may be 800 KB; as block YAML,
-/// which costs only its shallow flow collections here, any size read.
-pub(crate) const MAX_FLOW_COST: u64 = 1 << 23;
+/// Lists and maps nested, block and flow together: deeper than any Kubernetes object (a pod
+/// is about 10 levels), and within a 2 MiB thread stack on an unoptimized build (96 is not).
+pub(crate) const MAX_DEPTH: usize = 64;
+/// The nodes of a configuration file or a manifest: a kubelet's configuration has about 150,
+/// a pod a few hundred.
+pub(crate) const MAX_FILE_NODES: usize = 50_000;
 
-/// Why `text` is not given to the YAML parser: flow collections (`[`, `{`) nested deeper
-/// than [`MAX_FLOW_DEPTH`] or more of them than [`MAX_FLOW_COST`], with the line and column
-/// where the scan stopped; None when it may be parsed.
-///
-/// The scan errs towards counting: a bracket that might open a collection is counted, and a
-/// block scalar (`|`, `>`) is skipped only over lines indented past the entry it belongs to.
-pub(crate) fn why_not_read(text: &str) -> Option<String> {
-    let mut scan = Scan::default();
-    let mut block_scalar_over: Option<usize> = None;
-    for (n, line) in text.split('\n').enumerate() {
-        let indent = line.len() - line.trim_start_matches(' ').len();
-        if let Some(over) = block_scalar_over {
-            if line.trim().is_empty() || indent > over {
-                continue;
-            }
-            block_scalar_over = None;
-        }
-        let at = |col: usize| format!("line {} column {}", n + 1, col + 1);
-        match scan.line(line) {
-            Ok(Some(entry_col)) => block_scalar_over = Some(entry_col),
-            Ok(None) => {}
-            Err(col) => {
-                return Some(format!(
-                    "flow collections nested deeper than {MAX_FLOW_DEPTH} levels at {}",
-                    at(col)
-                ))
-            }
-        }
-        if scan.cost > MAX_FLOW_COST {
-            return Some(format!(
-                "more nested flow collections ([ ], {{ }}) than are read, at {}: write it as \
-                 block YAML or JSON of fewer levels",
-                at(line.len())
-            ));
-        }
-    }
-    None
+/// How a key given twice in one mapping is taken.
+#[derive(Clone, Copy)]
+pub(crate) enum Duplicates {
+    Refused,
+    LastWins,
 }
 
-#[derive(Default)]
-struct Scan {
-    depth: usize,
-    /// The depth of each character read inside flow collections, summed.
-    cost: u64,
-    /// Inside a quoted scalar, which may go on over lines: its quote character.
-    quote: Option<char>,
+/// How a text is read: what a key given twice means, and the most nodes.
+#[derive(Clone, Copy)]
+pub(crate) struct Reading {
+    pub duplicates: Duplicates,
+    pub max_nodes: usize,
 }
 
-impl Scan {
-    /// Scans one line. Ok(Some(column)): a block scalar starts, belonging to the entry at
-    /// that column; Err(column): the flow collection opened there is too deep.
-    fn line(&mut self, line: &str) -> Result<Option<usize>, usize> {
-        let chars: Vec<(usize, char)> = line.char_indices().collect();
-        let mut i = 0;
-        // Block context: whether a node may start here (a bracket there opens a collection).
-        let mut node_start = true;
-        let mut entry_col = line.len() - line.trim_start_matches(' ').len();
-        let mut prev = ' ';
-        while i < chars.len() {
-            let (col, c) = chars[i];
-            self.cost += self.depth as u64;
-            if let Some(q) = self.quote {
-                if q == '"' && c == '\\' {
-                    i += 2;
-                    continue;
-                }
-                if c == q {
-                    if q == '\'' && chars.get(i + 1).map(|x| x.1) == Some('\'') {
-                        i += 2;
-                        continue;
-                    }
-                    self.quote = None;
-                    node_start = false;
-                }
-                prev = c;
-                i += 1;
-                continue;
-            }
-            let after_space = matches!(prev, ' ' | '\t');
-            let token_start =
-                i == 0 || after_space || matches!(prev, '[' | '{' | ',' | ':' | '?' | '-');
-            match c {
-                '#' if i == 0 || after_space => break,
-                '"' | '\'' if (self.depth > 0 || node_start) && token_start => {
-                    self.quote = Some(c);
-                }
-                '[' | '{' if self.depth > 0 || node_start => {
-                    self.depth += 1;
-                    if self.depth > MAX_FLOW_DEPTH {
-                        return Err(col);
-                    }
-                }
-                ']' | '}' if self.depth > 0 => self.depth -= 1,
-                '|' | '>' if self.depth == 0 && node_start => return Ok(Some(entry_col)),
-                ' ' | '\t' => {}
-                '-' | '?' | ':'
-                    if self.depth == 0
-                        && chars.get(i + 1).is_none_or(|x| matches!(x.1, ' ' | '\t')) =>
-                {
-                    node_start = true;
-                    if c != ':' {
-                        entry_col = chars
-                            .iter()
-                            .skip(i + 1)
-                            .find(|x| !matches!(x.1, ' ' | '\t'))
-                            .map_or(col + 2, |x| x.0);
-                    }
-                }
-                '&' | '!' if self.depth == 0 && node_start && token_start => {
-                    // An anchor or a tag: the node it marks comes after it.
-                    while i + 1 < chars.len() && !matches!(chars[i + 1].1, ' ' | '\t') {
-                        i += 1;
-                    }
-                }
-                _ if self.depth == 0 => node_start = false,
-                _ => {}
-            }
-            prev = c;
-            i += 1;
+impl Reading {
+    pub(crate) const fn file(duplicates: Duplicates) -> Reading {
+        Reading {
+            duplicates,
+            max_nodes: MAX_FILE_NODES,
         }
-        Ok(None)
     }
+}
+
+fn options(reading: Reading) -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: MAX_DEPTH,
+            // Its parser looks ahead through flow collections, before the depth is counted.
+            flow_nesting_limit: MAX_DEPTH,
+            max_nodes: reading.max_nodes,
+        },
+        duplicate_keys: match reading.duplicates {
+            Duplicates::Refused => DuplicateKeyPolicy::Error,
+            Duplicates::LastWins => DuplicateKeyPolicy::LastWins,
+        },
+        // Its snippet quotes the file's lines, a secret among them.
+        with_snippet: false,
+    }
+}
+
+/// `bytes`, one document: UTF-8, or UTF-16 after its byte order mark.
+pub(crate) fn from_slice<T: DeserializeOwned>(bytes: &[u8], reading: Reading) -> Result<T, Error> {
+    serde_saphyr::from_slice_with_options(bytes, options(reading))
+}
+
+/// Every document of `text` (an empty one is none).
+pub(crate) fn documents<T: DeserializeOwned>(
+    text: &str,
+    reading: Reading,
+) -> Result<Vec<T>, Error> {
+    serde_saphyr::from_multiple_with_options(text, options(reading))
+}
+
+/// The documents of `text` one by one, read as they are taken (empty ones skipped).
+pub(crate) fn each_document<'a, T: DeserializeOwned + 'a>(
+    text: &'a mut &'a [u8],
+    reading: Reading,
+) -> impl Iterator<Item = Result<T, Error>> + 'a {
+    serde_saphyr::read_with_options(text, options(reading))
+}
+
+/// The first document of `text`; the ones after its `---` are not read. None: no document.
+pub(crate) fn first_document<T: DeserializeOwned>(
+    text: &str,
+    reading: Reading,
+) -> Option<Result<T, Error>> {
+    each_document(&mut text.as_bytes(), reading).next()
+}
+
+/// Why `e` is one of nodegrace's limits (the text was not read), with where; None when the
+/// text is not YAML or not of the shape read.
+pub(crate) fn limit(e: &Error) -> Option<String> {
+    let e = e.without_snippet();
+    let why = match e {
+        Error::Budget {
+            breach: BudgetBreach::Depth { .. },
+            ..
+        } => format!("lists and maps nested deeper than {MAX_DEPTH} levels"),
+        Error::Budget {
+            breach: BudgetBreach::Nodes { nodes },
+            ..
+        } => format!("more than {} values, lists and maps", nodes - 1),
+        Error::Budget { .. } => "past a limit of the YAML read (aliases, documents, size)".into(),
+        _ if e.to_string().starts_with("recursion limit exceeded") => {
+            format!("flow collections nested deeper than {MAX_DEPTH} levels")
+        }
+        _ => return None,
+    };
+    Some(match e.location() {
+        Some(l) => format!("{why} at line {} column {}", l.line(), l.column()),
+        None => why,
+    })
+}
+
+/// `value` as YAML.
+pub(crate) fn to_string<T: serde::Serialize>(
+    value: &T,
+) -> Result<String, serde_saphyr::SerializeError> {
+    serde_saphyr::to_string(value)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn deep_flow_nesting_is_found_where_it_passes_the_limit() {
-        let deep = format!("a: {}", "[".repeat(MAX_FLOW_DEPTH + 1));
-        assert!(why_not_read(&deep)
-            .is_some_and(|w| w.ends_with("deeper than 64 levels at line 1 column 68")));
-        let ok = format!(
-            "a: {}{}",
-            "[".repeat(MAX_FLOW_DEPTH),
-            "]".repeat(MAX_FLOW_DEPTH)
-        );
-        assert_eq!(why_not_read(&ok), None);
-        let json = format!("{}\n{}", "{\"a\":".repeat(70), "}".repeat(70));
-        assert!(why_not_read(&json).is_some());
-        let over_lines = "k:\n".to_string() + &"- [\n".repeat(70);
-        assert!(why_not_read(&over_lines).is_some());
-        let after_an_anchor = format!("k: &x !!seq {}", "[".repeat(70));
-        assert!(why_not_read(&after_an_anchor).is_some());
+    fn from_str<T: DeserializeOwned>(text: &str, duplicates: Duplicates) -> Result<T, Error> {
+        from_slice(text.as_bytes(), Reading::file(duplicates))
+    }
+
+    fn refused(text: &str) -> String {
+        let e = from_str::<serde_json::Value>(text, Duplicates::Refused)
+            .err()
+            .unwrap_or_else(|| panic!("{text:.80} was read"));
+        limit(&e).unwrap_or_else(|| panic!("not a limit: {e}"))
     }
 
     #[test]
-    fn brackets_that_are_text_are_not_counted() {
+    fn nesting_is_refused_where_it_passes_the_limit() {
+        let deep = format!("a: {}", "[".repeat(1 << 20));
+        assert_eq!(
+            refused(&deep),
+            "flow collections nested deeper than 64 levels at line 1 column 68"
+        );
+        let deep = format!("a: {}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert_eq!(
+            refused(&deep),
+            "lists and maps nested deeper than 64 levels at line 1 column 67"
+        );
+        let ok = format!(
+            "a: {}{}",
+            "[".repeat(MAX_DEPTH - 1),
+            "]".repeat(MAX_DEPTH - 1)
+        );
+        assert!(from_str::<serde_json::Value>(&ok, Duplicates::Refused).is_ok());
+        let json = format!("{}\n{}", "{\"a\":".repeat(70), "}".repeat(70));
+        assert!(refused(&json).contains("nested deeper than 64 levels"));
+        let block = (0..MAX_DEPTH + 1)
+            .map(|i| format!("{}- \n", " ".repeat(i * 2)))
+            .collect::<String>();
+        assert!(refused(&block).starts_with("lists and maps nested deeper than 64 levels"));
+    }
+
+    #[test]
+    fn brackets_that_are_text_are_read_as_text() {
         let texts = [
             format!("msg: a{}\n", "[".repeat(100)),
             format!("msg: \"{}\"\n", "[".repeat(100)),
-            format!("msg: '{}''{}'\n", "[".repeat(50), "{".repeat(50)),
-            format!("msg: \"a\\\"{}\"\n", "[".repeat(100)),
             format!("# {}\nk: v\n", "[".repeat(100)),
-            format!("k: [a, \"{}\", '{}']\n", "]".repeat(3), "[".repeat(100)),
             format!("script: |\n  {}\n  x\nnext: [1]\n", "[".repeat(100)),
-            format!("- k: >-\n    {}\n  other: 1\n", "{".repeat(100)),
-            format!("k: \"multi\n  {}\n  line\"\n", "[".repeat(100)),
         ];
         for t in &texts {
-            assert_eq!(why_not_read(t), None, "{t}");
+            assert!(
+                from_str::<serde_json::Value>(t, Duplicates::Refused).is_ok(),
+                "{t}"
+            );
         }
     }
 
     #[test]
-    fn a_block_scalar_hides_nothing_past_its_entry() {
-        // `other` is a sibling of `k`, not part of its text.
-        let t = format!("- k: |\n    text\n  other: {}\n", "[".repeat(100));
-        assert!(why_not_read(&t).is_some());
-        let t = format!("k: |\nnext: {}\n", "[".repeat(100));
-        assert!(why_not_read(&t).is_some());
+    fn nodes_past_the_budget_are_refused_where_they_pass_it() {
+        let most = "- a\n".repeat(MAX_FILE_NODES - 1);
+        assert!(from_str::<serde_json::Value>(&most, Duplicates::Refused).is_ok());
+        assert_eq!(
+            refused(&format!("{most}- a\n")),
+            format!("more than 50000 values, lists and maps at line {MAX_FILE_NODES} column 3")
+        );
     }
 
     #[test]
-    fn flow_nesting_past_the_cost_is_refused_where_it_passes_it() {
-        // 4,096 per line: each bracket counts the depth it is read at.
-        let line = format!("  - {}{}", "[".repeat(64), "]".repeat(64));
-        let lines = |n: usize| format!("k:\n{}", format!("{line}\n").repeat(n));
-        let most = (MAX_FLOW_COST / 4096) as usize;
-        assert_eq!(why_not_read(&lines(most)), None);
-        let over = why_not_read(&lines(most + 1)).unwrap_or_default();
-        assert!(
-            over.starts_with("more nested flow collections")
-                && over.contains(&format!("line {}", most + 2)),
-            "{over}"
-        );
-        // Block YAML costs only the depth of its shallow flow collections; text inside a
-        // JSON object, its depth.
-        assert_eq!(why_not_read(&"- k: [a]\n".repeat(1 << 20)), None);
-        let json_pod = format!(
-            "{}\"{}\"{}",
-            "{\"a\":".repeat(10),
-            "x".repeat(800_000),
-            "}".repeat(10)
-        );
-        assert_eq!(why_not_read(&json_pod), None);
-    }
-
-    #[test]
-    fn the_scan_is_linear() {
-        let text = "[".repeat(1 << 20);
+    fn a_megabyte_of_brackets_is_refused_at_once() {
         let start = std::time::Instant::now();
-        assert!(why_not_read(&text).is_some());
-        let text = format!("k: [{}]\n", "a, ".repeat(300_000));
-        assert_eq!(why_not_read(&text), None);
-        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+        assert!(refused(&"[".repeat(1 << 20)).contains("nested deeper than 64 levels"));
+        assert!(refused(&"{\"a\":".repeat(1 << 18)).contains("nested deeper than 64 levels"));
+        assert!(start.elapsed() < std::time::Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_key_twice_is_refused_or_the_last_one_kept() {
+        let text = "a: 1\nb: 2\na: 3\n";
+        let e = from_str::<serde_json::Value>(text, Duplicates::Refused)
+            .err()
+            .map(|e| crate::text::yaml_fault(&e));
+        assert_eq!(
+            e.as_deref(),
+            Some(
+                "a key given twice in a mapping at line 3 column 1 (the file's text is not shown)"
+            )
+        );
+        let v: serde_json::Value = from_str(text, Duplicates::LastWins).unwrap_or_default();
+        assert_eq!(v, serde_json::json!({"a": 3, "b": 2}));
+    }
+
+    #[test]
+    fn yaml_1_1_booleans_are_booleans_as_the_kubelet_reads_them() {
+        let v: serde_json::Value =
+            from_str("a: yes\nb: off\nc: \"yes\"\n", Duplicates::Refused).unwrap_or_default();
+        assert_eq!(v, serde_json::json!({"a": true, "b": false, "c": "yes"}));
+    }
+
+    #[test]
+    fn only_the_first_document_is_read() {
+        let reading = Reading::file(Duplicates::Refused);
+        let v: Option<Result<serde_json::Value, _>> =
+            first_document("a: 1\n---\n[: broken\n", reading);
+        assert_eq!(v.and_then(Result::ok), Some(serde_json::json!({"a": 1})));
+        assert!(first_document::<serde_json::Value>("", reading).is_none());
     }
 }

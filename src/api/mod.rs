@@ -64,7 +64,7 @@ pub fn crd_files() -> Result<Vec<(String, String)>> {
         .into_iter()
         .map(|(name, crd)| {
             let yaml =
-                serde_yaml::to_string(&crd).with_context(|| format!("serializing {name}"))?;
+                crate::yaml::to_string(&crd).with_context(|| format!("serializing {name}"))?;
             Ok((format!("{name}.yaml"), format!("{GENERATED_HEADER}{yaml}")))
         })
         .collect()

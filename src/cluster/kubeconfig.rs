@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use kube::config::{Kubeconfig, NamedAuthInfo, NamedCluster};
 
 use crate::fsutil::{read_regular, Symlinks, CONFIG_FILE_LIMIT};
+use crate::yaml::{Duplicates, Reading};
 
 /// A client certificate's identity and validity.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,13 +120,22 @@ impl KubeconfigFile {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let text =
             String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8", path.display()))?;
-        if let Some(why) = crate::yaml::why_not_read(&text) {
-            bail!("{}: not read: {why}", path.display());
-        }
-        let mut config = Kubeconfig::from_yaml(&text).map_err(|e| {
-            let why = without_text(&e).unwrap_or_else(|| e.to_string());
-            anyhow::anyhow!("{} is not a kubeconfig: {why}", path.display())
-        })?;
+        // As kube's `Kubeconfig::from_yaml`, within nodegrace's limits and without the text.
+        let documents: Vec<Kubeconfig> =
+            crate::yaml::documents(&text, Reading::file(Duplicates::Refused)).map_err(|e| {
+                match crate::yaml::limit(&e) {
+                    Some(why) => anyhow::anyhow!("{}: not read: {why}", path.display()),
+                    None => anyhow::anyhow!(
+                        "{} is not a kubeconfig: {}",
+                        path.display(),
+                        crate::text::yaml_fault(&e)
+                    ),
+                }
+            })?;
+        let mut config = documents
+            .into_iter()
+            .try_fold(Kubeconfig::default(), Kubeconfig::merge)
+            .with_context(|| format!("{} is not a kubeconfig", path.display()))?;
         let dir = path.parent().unwrap_or(Path::new("/"));
         for c in &mut config.clusters {
             if let Some(cluster) = c.cluster.as_mut() {
@@ -291,7 +301,7 @@ pub(crate) fn render(
     });
     Ok(format!(
         "# nodegrace's identity on this node ({user}), written by nodegrace; renewed before it expires.\n{}",
-        serde_yaml::to_string(&doc)?
+        crate::yaml::to_string(&doc)?
     ))
 }
 
@@ -326,7 +336,7 @@ mod tests {
             ..Default::default()
         };
         // The cluster as a kubelet.conf with a relative CA path names it.
-        let kubelet_conf = serde_yaml::to_string(&serde_json::json!({
+        let kubelet_conf = crate::yaml::to_string(&serde_json::json!({
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "k", "cluster": cluster}],
             "users": [{"name": "u", "user": {"client-certificate": "pki/c.pem", "client-key": "pki/c.pem"}}],

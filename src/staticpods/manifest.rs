@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use serde_yaml::Value;
+use serde_json::Value;
+
+use crate::yaml::{self, Duplicates, Reading};
 
 /// Value of the built-in PriorityClass `system-node-critical`.
 pub(crate) const SYSTEM_NODE_CRITICAL: i32 = 2_000_001_000;
@@ -35,15 +37,14 @@ pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
             MAX_PARSED_BYTES >> 20
         ));
     }
-    if let Some(why) = std::str::from_utf8(bytes)
-        .ok()
-        .and_then(crate::yaml::why_not_read)
-    {
-        return Err(format!("not read: {why}"));
-    }
-    let doc: Value = serde_yaml::from_slice(bytes)
-        .map_err(|e| format!("not YAML/JSON: {}", crate::text::yaml_fault(&e)))?;
-    let Value::Mapping(_) = doc else {
+    let doc: Value =
+        yaml::from_slice(bytes, Reading::file(Duplicates::Refused)).map_err(
+            |e| match yaml::limit(&e) {
+                Some(why) => format!("not read: {why}"),
+                None => format!("not YAML/JSON: {}", crate::text::yaml_fault(&e)),
+            },
+        )?;
+    let Value::Object(_) = doc else {
         return Err("top level is not an object".into());
     };
     match doc.get("apiVersion").and_then(Value::as_str) {
@@ -70,10 +71,10 @@ pub(crate) fn parse_manifest(bytes: &[u8]) -> Result<ParsedPod, String> {
     let mut labels = BTreeMap::new();
     match meta.get("labels") {
         None | Some(Value::Null) => {}
-        Some(Value::Mapping(m)) => {
+        Some(Value::Object(m)) => {
             for (k, v) in m {
-                match (k, v) {
-                    (Value::String(k), Value::String(v)) => {
+                match v {
+                    Value::String(v) => {
                         labels.insert(k.clone(), v.clone());
                     }
                     _ => return Err(format!("metadata.labels has a non-string entry {k:?}")),
@@ -110,8 +111,8 @@ fn builtin_class_priority(class: &str) -> i32 {
     }
 }
 
-/// The most of a manifest parsed: with the flow nesting allowed (`yaml::MAX_FLOW_COST`),
-/// about half a second of the YAML parser on the optimized build (files up to
+/// The most of a manifest parsed: with the nodes allowed (`yaml::MAX_FILE_NODES`), about a
+/// tenth of a second of the YAML parser on the optimized build (files up to
 /// `fsio::MANIFEST_LIMIT` are still moved, gated and restored).
 pub(crate) const MAX_PARSED_BYTES: usize = 1 << 20;
 

@@ -13,10 +13,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map, Value};
 
 use super::PriorityGracePeriod;
 use crate::fsutil::{read_regular, ReadError, Symlinks, CONFIG_FILE_LIMIT};
+use crate::yaml::{self, Duplicates, Reading};
+
+type Mapping = Map<String, Value>;
 
 /// `system-critical`'s priority: the critical band the kubelet makes of the older fields.
 const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
@@ -262,28 +265,19 @@ fn document(bytes: &[u8]) -> Result<Mapping, Fault> {
     }
     let text = decode_text(bytes).ok_or_else(|| Fault::Refused("not valid UTF-8".into()))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-    if let Some(why) = crate::yaml::why_not_read(text) {
-        return Err(Fault::NotRead(format!("not read: {why}")));
-    }
-    let mut doc: Value = match first_document(text) {
-        Ok(doc) => doc,
-        // The kubelet decodes strictly and, failing on a key given twice, again leniently
-        // (its `DecodeKubeletConfiguration`): the last one wins.
-        Err(e) if e.to_string().contains("duplicate entry with key") => last_key_wins(text)
-            .ok_or_else(|| Fault::Refused(format!("not YAML: {}", crate::text::yaml_fault(&e))))?,
-        Err(e) => {
-            return Err(Fault::Refused(format!(
-                "not YAML: {}",
-                crate::text::yaml_fault(&e)
-            )))
+    // The kubelet decodes strictly and, failing on a key given twice, again leniently (its
+    // `DecodeKubeletConfiguration`): the last one wins. Merge keys (`<<`) are applied.
+    let doc: Value = match yaml::first_document(text, Reading::file(Duplicates::LastWins)) {
+        None => Value::Null,
+        Some(Ok(doc)) => doc,
+        Some(Err(e)) => {
+            return Err(match yaml::limit(&e) {
+                Some(why) => Fault::NotRead(format!("not read: {why}")),
+                None => Fault::Refused(format!("not YAML: {}", crate::text::yaml_fault(&e))),
+            })
         }
     };
-    doc.apply_merge().map_err(|_| {
-        Fault::Refused(
-            "not YAML: a merge key (<<) that is not a mapping or a list of mappings".into(),
-        )
-    })?;
-    let Value::Mapping(map) = doc else {
+    let Value::Object(map) = doc else {
         return Err(Fault::Refused(format!(
             "not a {KIND} (no kind and apiVersion)"
         )));
@@ -303,22 +297,6 @@ fn document(bytes: &[u8]) -> Result<Mapping, Fault> {
         None => return Err(Fault::Refused(format!("not a {KIND} (no apiVersion)"))),
     }
     Ok(map)
-}
-
-/// The first YAML document of `text`: the kubelet's YAML decoding reads that one and
-/// ignores any after a `---`.
-fn first_document<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_yaml::Error> {
-    match serde_yaml::Deserializer::from_str(text).next() {
-        Some(doc) => T::deserialize(doc),
-        None => serde_yaml::from_str(text),
-    }
-}
-
-/// `text` with each key given twice in a mapping taking its last value (a JSON object's
-/// decoding keeps the last); None when it is not read that way either.
-fn last_key_wins(text: &str) -> Option<Value> {
-    let json: serde_json::Value = first_document(text).ok()?;
-    serde_yaml::to_value(json).ok()
 }
 
 fn decode_text(bytes: &[u8]) -> Option<String> {
@@ -367,12 +345,9 @@ impl Merged {
         match map.get("featureGates") {
             None => {}
             Some(Value::Null) => self.gates.clear(),
-            Some(Value::Mapping(gates)) => {
+            Some(Value::Object(gates)) => {
                 for (name, value) in gates {
-                    let name = match name {
-                        Value::String(s) => s.as_str(),
-                        _ => continue,
-                    };
+                    let name = name.as_str();
                     let known = name == GATE_GNS || name == GATE_BY_PRIORITY;
                     let on = match value {
                         // In the file the kubelet decodes, null is false; in a drop-in
@@ -527,13 +502,13 @@ fn by_priority(v: &Value) -> Result<Vec<(i32, i64)>, String> {
     const KEY: &str = "shutdownGracePeriodByPodPriority";
     let list = match v {
         Value::Null => return Ok(Vec::new()),
-        Value::Sequence(s) => s,
+        Value::Array(s) => s,
         _ => return Err(format!("{KEY}: not a list")),
     };
     let mut out = Vec::with_capacity(list.len());
     for (i, band) in list.iter().enumerate() {
         let field = |name: &str| match band {
-            Value::Mapping(m) => Ok(m.get(name)),
+            Value::Object(m) => Ok(m.get(name)),
             Value::Null => Ok(None),
             _ => Err(format!("{KEY}[{i}]: not a mapping")),
         };
