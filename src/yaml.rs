@@ -112,7 +112,9 @@ pub(crate) fn limit(e: &Error) -> Option<String> {
 pub(crate) fn to_string<T: serde::Serialize>(
     value: &T,
 ) -> Result<String, serde_saphyr::SerializeError> {
-    serde_saphyr::to_string(value)
+    // Long strings stay on one line, as kubectl and the files written before write them.
+    let options = serde_saphyr::ser_options! { folded_wrap_chars: usize::MAX };
+    serde_saphyr::to_string_with_options(value, options)
 }
 
 #[cfg(test)]
@@ -150,10 +152,14 @@ mod tests {
         assert!(from_str::<serde_json::Value>(&ok, Duplicates::Refused).is_ok());
         let json = format!("{}\n{}", "{\"a\":".repeat(70), "}".repeat(70));
         assert!(refused(&json).contains("nested deeper than 64 levels"));
-        let block = (0..MAX_DEPTH + 1)
-            .map(|i| format!("{}- \n", " ".repeat(i * 2)))
-            .collect::<String>();
-        assert!(refused(&block).starts_with("lists and maps nested deeper than 64 levels"));
+        let block = |levels: usize| {
+            (0..levels)
+                .map(|i| format!("{}- \n", " ".repeat(i * 2)))
+                .collect::<String>()
+        };
+        // On a test's thread, of the 2 MiB stack a tokio worker has.
+        assert!(from_str::<serde_json::Value>(&block(MAX_DEPTH), Duplicates::Refused).is_ok());
+        assert!(refused(&block(MAX_DEPTH + 1)).starts_with("lists and maps nested deeper than 64"));
     }
 
     #[test]
