@@ -341,7 +341,8 @@ fn malformed_pod_files_fail_with_one_clear_line() {
         &[
             "nodegrace: invalid pod list",
             "pods-malformed.yaml",
-            "line 10",
+            // Where the bracket left open is (libyaml named the end of the file, line 10).
+            "unclosed bracket at line 9 column 19",
         ],
     );
     assert_one_line_error(
@@ -385,7 +386,7 @@ fn malformed_pod_files_fail_with_one_clear_line() {
         &out,
         &[
             "long.yaml",
-            "spec.priority: invalid type: string at line 4 column 13",
+            "invalid i32 at line 4 column 13",
             "(the file's text is not shown)",
         ],
     );
