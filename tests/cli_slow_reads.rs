@@ -58,7 +58,7 @@ fn costliest(nodes: usize, bytes: usize, indent: &str) -> String {
 /// The most nodes of a configuration file or a manifest (`yaml::MAX_FILE_NODES`) and of a
 /// YAML pod list, less those of the heads below.
 const FILE_NODES: usize = 50_000 - 40;
-const POD_LIST_NODES: usize = 150_000 - 60;
+const POD_LIST_NODES: usize = 100_000 - 60;
 
 /// The bound checked, in CPU time: one second as the product is shipped (optimized); an
 /// unoptimized test build parses YAML several times slower and is held to five.

@@ -22,13 +22,13 @@ use crate::yaml::{self, Duplicates, Reading};
 pub(crate) const MAX_PODS: usize = 100_000;
 
 /// The largest YAML pod list read, and its most nodes (values, lists, maps): what the YAML
-/// parser reads in well under a second on the optimized build (100,000 nodes, 0.2 s); a
-/// node's 110 pods as `kubectl get -o yaml` writes them are about 1 MiB and 60,000 nodes.
+/// parser reads in well under a second on the optimized build (100,000 nodes, 0.2 to 0.3 s);
+/// a node's 110 pods as `kubectl get -o yaml` writes them are about 1 MiB and 60,000 nodes.
 /// Larger lists are read as JSON, whose parser streams.
 pub(crate) const MAX_YAML_BYTES: usize = 2 * 1024 * 1024;
 const READING: Reading = Reading {
     duplicates: Duplicates::Refused,
-    max_nodes: 150_000,
+    max_nodes: 100_000,
 };
 
 /// Controller owner references kept of one pod; Kubernetes allows one.
@@ -144,7 +144,9 @@ pub fn parse_pod_list(text: &str, labels: &LabelKeys) -> Result<Vec<ListedPod>> 
         for (i, doc) in yaml::each_document::<Document>(&mut bytes, READING).enumerate() {
             let what = || format!("YAML document {}", i + 1);
             let doc = doc.map_err(|e| match yaml::limit(&e) {
-                Some(why) => anyhow::anyhow!("{why}: not read"),
+                Some(why) => {
+                    anyhow::anyhow!("{why}: not read; give it as JSON (kubectl get pods -o json)")
+                }
                 None => anyhow::anyhow!("{}: {}", what(), crate::text::yaml_fault(&e)),
             })?;
             objects += 1;
@@ -540,6 +542,30 @@ mod tests {
             parse_pod_list(&text, &LabelKeys::All).expect_err("over the YAML cap")
         );
         assert!(err.contains("kubectl get pods -o json"), "{err}");
+    }
+
+    #[test]
+    fn a_yaml_list_past_its_nodes_is_refused_and_json_is_pointed_to() {
+        let head = "kind: PodList\nitems:\n- metadata: {name: p, namespace: n}\n  x:\n";
+        let list = |n: usize| format!("{head}{}", "  - a\n".repeat(n));
+        // The head's nodes: the document, items, the item, metadata, x (maps and lists), 6
+        // keys and 3 values.
+        let most = READING.max_nodes - 14;
+        assert_eq!(
+            parse_pod_list(&list(most), &LabelKeys::All)
+                .map(|p| p.len())
+                .ok(),
+            Some(1)
+        );
+        let err = format!(
+            "{:#}",
+            parse_pod_list(&list(most + 1), &LabelKeys::All).expect_err("over the nodes")
+        );
+        assert!(
+            err.starts_with("more than 100000 values, lists and maps at line")
+                && err.ends_with("not read; give it as JSON (kubectl get pods -o json)"),
+            "{err}"
+        );
     }
 
     #[test]
