@@ -157,6 +157,9 @@ struct Draw {
     outage: f64,
     /// On a node run by the real kubelet (and its containerd) rather than the stand-in.
     real_kubelet: bool,
+    /// A pod is bound to the node at the fault's moment, just before the fault (issue 44):
+    /// it keeps its grace as the others do.
+    late_pod: bool,
 }
 
 impl Draw {
@@ -174,12 +177,15 @@ impl Draw {
         } else {
             fault
         };
+        // On the stand-in, whose records the checks read; drawn last too.
+        let late_pod = !real_kubelet && rng.random_bool(LATE_POD_SHARE);
         Draw {
             seed,
             fault,
             moment,
             outage,
             real_kubelet,
+            late_pod,
         }
     }
 
@@ -212,6 +218,9 @@ impl Draw {
         }
         if self.real_kubelet {
             text.push_str(", real kubelet");
+        }
+        if self.late_pod {
+            text.push_str(", a pod bound to the node just before it");
         }
         text
     }
@@ -424,15 +433,20 @@ async fn run_once(d: Draw) -> (Outcome, Measured) {
 }
 
 /// Powers the booted node off, injects `d`'s fault and waits for the node to go down.
-/// `None` when it did not.
+/// `None` when it did not. `late`: the client and namespace to bind `d`'s late pod with.
 async fn poweroff_with_fault(
     d: &Draw,
     cp: &'static ControlPlane,
     node: &str,
     container: &mut real::Container,
+    late: Option<(&kube::Client, &str)>,
 ) -> Option<Result<Injected, Broken>> {
     let _ = container.exec(&["systemctl", "poweroff"]);
     tokio::time::sleep(Duration::from_secs_f64(d.moment)).await;
+    if let (true, Some((client, ns))) = (d.late_pod, late) {
+        let shape = PodShape::new(LATE_APP).exits_after_ms(1000);
+        workload::bound_pod(client, ns, node, &format!("{LATE_APP}-{}", d.seed), shape).await;
+    }
     let injected = inject(d, cp, node, container).await;
     let exited = tokio::task::block_in_place(|| {
         container.wait_exit(Duration::from_secs(d.budget_secs() + 30))
@@ -458,7 +472,9 @@ async fn run_on_stand_in(d: Draw) -> (Outcome, Measured) {
         fault: d.fault,
     };
     let mut container = f.node.container.take().expect("booted");
-    let down = poweroff_with_fault(&d, f.cp, &f.name, &mut container).await;
+    let admin = f.admin.clone();
+    let down =
+        poweroff_with_fault(&d, f.cp, &f.name, &mut container, Some((&admin, &f.name))).await;
     if d.fault == Fault::CredentialRevoked {
         drop(restore);
     }
@@ -492,7 +508,7 @@ async fn run_on_stand_in(d: Draw) -> (Outcome, Measured) {
                     &f,
                     &reqs,
                     &journal,
-                    &["web-", "crit-", "agent-", "etcd-"],
+                    &["web-", "crit-", "agent-", "etcd-", "late-"],
                     signal,
                 )
             })
@@ -514,6 +530,9 @@ async fn run_on_stand_in(d: Draw) -> (Outcome, Measured) {
 /// The apps of a real-kubelet run, the bands of `booted_with_bands`: 3 `web` pods, 1
 /// critical `crit`, the DaemonSet's `agent`, the static `etcd`.
 const REAL_APPS: [(&str, usize); 4] = [("web", 3), ("crit", 1), ("agent", 1), ("etcd", 1)];
+
+/// The share of the stand-in's runs that also bind a pod to the node during the drain.
+const LATE_POD_SHARE: f64 = 0.3;
 
 /// The share of the runs whose fault can leave the kubelet finishing pods unseen
 /// ([`Fault::kubelet_matters`]) that run on the real kubelet.
@@ -557,7 +576,7 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
     let endpoint = format!("unix://{}", f.kubelet.dir.join("containerd.sock").display());
     let runtime = rk::ContainerWatch::start(&endpoint);
     let mut container = f.node.container.take().expect("booted");
-    let down = poweroff_with_fault(&d, f.cp, &f.name, &mut container).await;
+    let down = poweroff_with_fault(&d, f.cp, &f.name, &mut container, None).await;
     let journal = container.journal_text();
     let mut m = Measured::default();
     let outcome = match down {

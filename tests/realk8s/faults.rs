@@ -21,6 +21,10 @@ pub fn fault_budget_config() -> String {
     format!("[shutdown]\nmax_delay = \"{FAULT_BUDGET_SECS}s\"\n")
 }
 
+/// The app of a pod bound to the node during the drain: checked like those that ran before
+/// the signal.
+pub const LATE_APP: &str = "late";
+
 /// The exit times of [`booted_with_bands`]'s bands in drain order (`web`, `crit`, the
 /// DaemonSet's `agent`, the static `etcd`), in seconds: their sum is the ideal drain.
 pub const BAND_EXITS: [f64; 4] = [3.0, 0.5, 0.3, 0.3];
@@ -188,7 +192,9 @@ pub fn each_pod_went_once(
     for r in records
         .iter()
         .filter(|r| prefixes.iter().any(|p| r.name.starts_with(p)))
-        .filter(|r| r.running_at.is_some_and(|t| t < signal))
+        .filter(|r| {
+            r.running_at.is_some_and(|t| t < signal) || r.name.starts_with(&format!("{LATE_APP}-"))
+        })
     {
         let gone = r
             .gone_at
