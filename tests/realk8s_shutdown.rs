@@ -1046,28 +1046,16 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
         return;
     }
     use k8s_openapi::api::lifecycle::v1alpha1::{Eviction, EvictionRequest};
-    use realk8s::lifecycle::{StandInControllers, IMPERATIVE};
-    use realk8s::responders_proxy::RespondersProxy;
+    use realk8s::lifecycle::IMPERATIVE;
     const OPERATOR: &str = "db-operator.example.com/operator";
-    let mut f = Fixture::new("ng-req").await;
+    let WithResponders {
+        mut f,
+        controllers,
+        proxy,
+        db: held_pod,
+        web: web_pod,
+    } = WithResponders::booted_soon("ng-req", OPERATOR).await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    let controllers = StandInControllers::for_namespace(f.cp, &ns).await;
-    let identity = f.cp.nodegrace_identity(&node);
-    let proxy = RespondersProxy::open(&identity).await;
-    let through = tempfile::NamedTempFile::new().unwrap();
-    proxy.kubeconfig(&identity, through.path());
-    f.node.use_kubeconfig(through.path().to_owned());
-    workload::deployment(c, &ns, &node, 1, PodShape::new("db").responded_by(OPERATOR)).await;
-    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
-    f.kubelet.wait_running(2).await;
-    let pod_of = |app: &str| {
-        f.kubelet
-            .live_pods()
-            .into_iter()
-            .find(|p| app_of(p) == app)
-            .unwrap()
-    };
-    let (held_pod, web_pod) = (pod_of("db"), pod_of("web"));
     let pod_uid = held_pod.uid().unwrap();
     f.node.boot();
     let name = format!("req-{node}");
@@ -1228,6 +1216,53 @@ async fn a_pods_responder_holds_its_eviction_until_the_maintenance_withdraws() {
     drop(proxy);
 }
 
+/// A node whose daemon reaches the apiserver through a [`RespondersProxy`] (the pods'
+/// `spec.evictionResponders` shown from their test annotation), the cluster's controllers
+/// played by [`StandInControllers`], and two running pods: `db`, whose responder is
+/// `operator`, and `web`, which declares none. The proxy and the kubeconfig through it live as
+/// long as this does; the node is booted by the test.
+struct WithResponders {
+    f: Fixture,
+    controllers: realk8s::lifecycle::StandInControllers,
+    proxy: (
+        realk8s::responders_proxy::RespondersProxy,
+        tempfile::NamedTempFile,
+    ),
+    db: Arc<Pod>,
+    web: Arc<Pod>,
+}
+
+impl WithResponders {
+    async fn booted_soon(prefix: &str, operator: &'static str) -> WithResponders {
+        let mut f = Fixture::new(prefix).await;
+        let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+        let controllers = realk8s::lifecycle::StandInControllers::for_namespace(f.cp, &ns).await;
+        let identity = f.cp.nodegrace_identity(&node);
+        let proxy = realk8s::responders_proxy::RespondersProxy::open(&identity).await;
+        let through = tempfile::NamedTempFile::new().unwrap();
+        proxy.kubeconfig(&identity, through.path());
+        f.node.use_kubeconfig(through.path().to_owned());
+        workload::deployment(c, &ns, &node, 1, PodShape::new("db").responded_by(operator)).await;
+        workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
+        f.kubelet.wait_running(2).await;
+        let pod_of = |app: &str| {
+            f.kubelet
+                .live_pods()
+                .into_iter()
+                .find(|p| app_of(p) == app)
+                .unwrap()
+        };
+        let (db, web) = (pod_of("db"), pod_of("web"));
+        WithResponders {
+            f,
+            controllers,
+            proxy: (proxy, through),
+            db,
+            web,
+        }
+    }
+}
+
 /// The requester's whole way on a poweroff, on the real apiserver with the test kit's
 /// stand-in of the cluster's controllers and the pods' `spec.evictionResponders` shown by
 /// [`RespondersProxy`]: the pod whose responder hands over at once (its operator, played
@@ -1241,28 +1276,16 @@ async fn a_poweroff_asks_a_pod_with_responders_through_its_eviction_request() {
         return;
     }
     use k8s_openapi::api::lifecycle::v1alpha1::Eviction;
-    use realk8s::lifecycle::{StandInControllers, IMPERATIVE};
-    use realk8s::responders_proxy::RespondersProxy;
+    use realk8s::lifecycle::IMPERATIVE;
     const OPERATOR: &str = "db-operator.example.com/operator";
-    let mut f = Fixture::new("ng-reqoff").await;
-    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
-    let controllers = StandInControllers::for_namespace(f.cp, &ns).await;
-    let identity = f.cp.nodegrace_identity(&node);
-    let proxy = RespondersProxy::open(&identity).await;
-    let through = tempfile::NamedTempFile::new().unwrap();
-    proxy.kubeconfig(&identity, through.path());
-    f.node.use_kubeconfig(through.path().to_owned());
-    workload::deployment(c, &ns, &node, 1, PodShape::new("db").responded_by(OPERATOR)).await;
-    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
-    f.kubelet.wait_running(2).await;
-    let pod_of = |app: &str| {
-        f.kubelet
-            .live_pods()
-            .into_iter()
-            .find(|p| app_of(p) == app)
-            .unwrap()
-    };
-    let (db, web) = (pod_of("db"), pod_of("web"));
+    let WithResponders {
+        mut f,
+        controllers,
+        proxy,
+        db,
+        web,
+    } = WithResponders::booted_soon("ng-reqoff", OPERATOR).await;
+    let (c, ns) = (&f.admin.clone(), f.name.clone());
     // The operator: nothing to move, so it completes its entry once it is Active.
     // What it saw of the responders' states (the Eviction goes with its pod).
     let seen: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>> = Arc::default();
