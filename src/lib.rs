@@ -94,9 +94,10 @@ pub use crate::plan::bandend::{NodeView, OnNode};
 pub use crate::daemon::node::{daemon_clients, NodeDrainer, NodeParts};
 pub use crate::daemon::status::ShutdownStatus;
 pub use crate::daemon::{
-    Bus, CancelCause, Connector, Daemon, DaemonHandle, DaemonPaths, Drainer, Phase, ShutdownKind,
-    ShutdownRequest, Status, ZbusConnector,
+    Bus, CancelCause, Connector, Daemon, DaemonHandle, DaemonPaths, Drainer, Phase, RouteEvent,
+    ShutdownKind, ShutdownRequest, Status, Way, ZbusConnector,
 };
+pub use crate::plan::lifecycle::{route, Route};
 
 // The offline fallback.
 pub use crate::fallback::{Fallback, FallbackOptions, KubeletControl};

@@ -101,6 +101,7 @@ impl Env {
             started_at: started,
             deadline: started + chrono::Duration::seconds(600),
             resumed: false,
+            way: None,
         });
         status.write(&self.path("status.json"));
         ShutdownState {

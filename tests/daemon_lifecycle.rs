@@ -4,7 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nodegrace::{current_boot_id, Phase, ShutdownKind, ShutdownPhase, ShutdownState, Status};
+use nodegrace::{
+    current_boot_id, Phase, RouteEvent, ShutdownKind, ShutdownPhase, ShutdownState, Status, Way,
+};
 use nodegrace_testkit::{DrainMode, FakeState, ScriptedDrainer, TestEnv};
 
 const MIN: Duration = Duration::from_secs(60);
@@ -110,6 +112,54 @@ async fn drain_starts_on_the_signal_and_the_inhibitor_closes_when_it_is_done() {
         .entries()
         .iter()
         .any(|e| e.starts_with("notify: STATUS=draining")));
+}
+
+/// The way the drain goes is the lifecycle's: no apiserver at first, so offline until it
+/// answers, then through the cluster again with the shutdown's maintenance kept (resumed);
+/// the status names the way, and the inhibitor goes once the cluster drained the node.
+#[tokio::test]
+async fn the_drain_goes_offline_and_back_to_the_cluster_leg_by_leg() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&dir, 20 * MIN).await;
+    let drainer = ScriptedDrainer::new(DrainMode::UntilFinished);
+    drainer.legs([
+        RouteEvent::Begin { engine: false },
+        RouteEvent::ApiserverBack,
+    ]);
+    let d = env
+        .spawn_armed(env.settings(), Arc::new(drainer.clone()))
+        .await;
+    env.fakes
+        .prepare_for_shutdown_typed(true, "poweroff")
+        .await
+        .unwrap();
+    let st = within(
+        d.handle
+            .wait_for(|s| s.shutdown.as_ref().and_then(|s| s.way) == Some(Way::Online)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(st.phase, Phase::Draining);
+    assert_eq!(env.held_by_us(), 1, "the lock is held while draining");
+    drainer.finish();
+    let st = within(d.handle.wait_for(|s| s.phase == Phase::Released))
+        .await
+        .unwrap();
+    assert_eq!(st.shutdown.and_then(|s| s.way), None);
+    let legs = drainer.record().legs;
+    let ways: Vec<(Way, bool)> = legs.iter().map(|(w, r)| (*w, r.resumed)).collect();
+    assert_eq!(
+        ways,
+        [
+            (Way::Connecting, false),
+            (Way::Offline { switch_back: true }, false),
+            (Way::Online, true),
+        ]
+    );
+    assert_eq!(
+        st.last_shutdown.map(|l| l.outcome),
+        Some(nodegrace::ShutdownOutcome::Drained)
+    );
 }
 
 #[tokio::test]

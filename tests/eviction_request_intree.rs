@@ -13,7 +13,7 @@ use std::time::Duration;
 use engine_support::{
     drain_a_reboot, eventually, log_lines, logs, request, start_drainer, Env, Kind, NODE,
 };
-use nodegrace::{Drainer, NodeDrainer, ShutdownKind};
+use nodegrace::{NodeDrainer, ShutdownKind};
 use nodegrace_testkit::fake_apiserver::RecordedRequest;
 use nodegrace_testkit::fake_kubelet::KubeletConfig;
 use nodegrace_testkit::fake_lifecycle::FakeEvictionControllers;
@@ -191,7 +191,11 @@ async fn a_blocked_pod_is_escalated_at_the_deadline_as_on_every_path() {
     let started = std::time::Instant::now();
     tokio::time::timeout(
         Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Poweroff, Duration::from_secs(4))),
+        nodegrace_testkit::drain_through(
+            &drainer,
+            &request(ShutdownKind::Poweroff, Duration::from_secs(4)),
+            true,
+        ),
     )
     .await
     .expect("the drain ends")
@@ -317,7 +321,11 @@ async fn bad_responder_declarations_are_logged() {
     // Responders that never answer hold their pods until the escalation: a short budget.
     tokio::time::timeout(
         Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(4))),
+        nodegrace_testkit::drain_through(
+            &drainer,
+            &request(ShutdownKind::Reboot, Duration::from_secs(4)),
+            true,
+        ),
     )
     .await
     .expect("the drain ends")

@@ -130,7 +130,11 @@ async fn unreachable_at_start_then_back_mid_way_continues_through_the_maintenanc
     });
 
     let req = request(ShutdownKind::Poweroff, Duration::from_secs(120));
-    let drain = tokio::spawn(async move { drainer.drain(&req).await.map(|()| drainer) });
+    let drain = tokio::spawn(async move {
+        nodegrace_testkit::drain_through(&drainer, &req, true)
+            .await
+            .map(|()| drainer)
+    });
 
     eventually(
         10,
@@ -224,10 +228,13 @@ async fn no_apiserver_at_all_drains_every_band_locally() {
         Err::<kube::Client, _>(anyhow::anyhow!("no kubeconfig on this node"))
     });
     let req = request(ShutdownKind::Reboot, Duration::from_secs(60));
-    tokio::time::timeout(Duration::from_secs(20), drainer.drain(&req))
-        .await
-        .expect("the offline drain ends")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        nodegrace_testkit::drain_through(&drainer, &req, true),
+    )
+    .await
+    .expect("the offline drain ends")
+    .unwrap();
 
     let stops: Vec<String> = runtime
         .calls()
@@ -343,10 +350,13 @@ async fn the_boot_after_an_offline_shutdown_records_it_in_the_shutdown_maintenan
             || async { Err::<kube::Client, _>(anyhow::anyhow!("apiserver unreachable")) },
         );
         let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
-        tokio::time::timeout(Duration::from_secs(20), offline.drain(&req))
-            .await
-            .expect("the offline drain ends")
-            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            nodegrace_testkit::drain_through(&offline, &req, true),
+        )
+        .await
+        .expect("the offline drain ends")
+        .unwrap();
         drop(offline);
         assert_eq!(env.gate.gated_files(), ["etcd.yaml"]);
         assert!(env.maintenance("shutdown-node-a").is_none());
@@ -535,10 +545,13 @@ async fn a_cluster_path_that_fails_while_reachable_drains_locally_once() {
         async move { cluster.clients() }
     });
     let req = request(ShutdownKind::Poweroff, Duration::from_secs(60));
-    tokio::time::timeout(Duration::from_secs(20), drainer.drain(&req))
-        .await
-        .expect("the local drain ends")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        nodegrace_testkit::drain_through(&drainer, &req, true),
+    )
+    .await
+    .expect("the local drain ends")
+    .unwrap();
 
     let stops = runtime
         .calls()
@@ -568,10 +581,13 @@ async fn with_the_eviction_request_api_served_a_pod_without_responders_is_evicte
         async move { cluster.clients() }
     });
     let req = request(ShutdownKind::Reboot, Duration::from_secs(60));
-    tokio::time::timeout(Duration::from_secs(30), drainer.drain(&req))
-        .await
-        .expect("the drain ends")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        nodegrace_testkit::drain_through(&drainer, &req, true),
+    )
+    .await
+    .expect("the drain ends")
+    .unwrap();
 
     assert!(!env.pod_exists("web") && !env.pod_exists("ds"));
     // web declares no responders: evicted directly, without an EvictionRequest.

@@ -614,7 +614,8 @@ gate_dir = "/srv/nodegrace-gate"
 }
 
 /// logind 257 names each shutdown it can be asked for here in its metadata; nodegrace drains
-/// for that kind and says so in `nodegrace status` while it drains. (`systemctl kexec`
+/// for that kind and says so in `nodegrace status` while it drains, with the way the drain
+/// goes (the test hook's drain stands for the cluster's). (`systemctl kexec`
 /// cannot be asked for in a container: without a kexec kernel loaded, logind 257 answers
 /// `RebootWithFlags(KEXEC)` with type "reboot" — measured — and loading one needs the host.)
 #[test]
@@ -639,7 +640,11 @@ fn on_debian_13_poweroff_and_halt_are_named_in_the_drain_and_in_status() {
                 let out = c.exec(&["nodegrace", "status"]);
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
                 text.lines()
-                    .any(|l| l.starts_with("Shutdown") && l.contains(&format!(" {verb} since")))
+                    .any(|l| {
+                        l.starts_with("Shutdown")
+                            && l.contains(&format!(" {verb} since"))
+                            && l.contains(", draining through the cluster")
+                    })
                     .then_some(text)
             },
         );

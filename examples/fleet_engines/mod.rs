@@ -301,7 +301,7 @@ impl FleetNode {
             boot_id: self.boot_id(),
             started_since_boot: None,
         };
-        if let Err(e) = self.drainer().drain(&request).await {
+        if let Err(e) = nodegrace_testkit::drain_through(self.drainer(), &request, true).await {
             eprintln!("{}: drain: {e:#}", self.name);
         }
         let drained = realk8s::now_unix();

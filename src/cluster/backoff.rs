@@ -7,7 +7,7 @@
 //! before each list: a list refused again and again would be tried about every second for
 //! ever (kube's own default back-off too). Here only an answer ends a back-off.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,19 +15,20 @@ use futures::{Stream, StreamExt as _};
 use kube::runtime::utils::{Backoff, StreamBackoff};
 use kube::runtime::watcher;
 use rand::Rng as _;
+use tokio::sync::watch;
 
 use crate::plan::reachability::retry_delay;
 
-/// `watch` tried again after a failure as [`retry_delay`] says. `shutting_down` is the
+/// `watch` tried again after a failure as [`retry_delay`] says. `under_way` is the
 /// engine's: true while a shutdown drain runs.
 pub(crate) fn backed_off<K, S>(
     watch: S,
-    shutting_down: Arc<AtomicBool>,
+    under_way: watch::Receiver<bool>,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
 where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
-    let backoff = WatchBackoff::new(shutting_down);
+    let backoff = WatchBackoff::new(under_way);
     let failures = backoff.failures.clone();
     let watch = watch.inspect(move |item| {
         if matches!(item, Ok(e) if !matches!(e, watcher::Event::Init)) {
@@ -40,14 +41,14 @@ where
 struct WatchBackoff {
     /// Failures since the last answer.
     failures: Arc<AtomicU32>,
-    shutting_down: Arc<AtomicBool>,
+    under_way: watch::Receiver<bool>,
 }
 
 impl WatchBackoff {
-    fn new(shutting_down: Arc<AtomicBool>) -> Self {
+    fn new(under_way: watch::Receiver<bool>) -> Self {
         WatchBackoff {
             failures: Arc::default(),
-            shutting_down,
+            under_way,
         }
     }
 }
@@ -56,7 +57,7 @@ impl Iterator for WatchBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        let shutdown = self.shutting_down.load(Ordering::Relaxed);
+        let shutdown = *self.under_way.borrow();
         let failures = self.failures.fetch_add(1, Ordering::Relaxed);
         Some(retry_delay(failures, shutdown, rand::rng().random::<f64>()))
     }
@@ -80,14 +81,14 @@ mod tests {
 
     #[test]
     fn a_shutdown_caps_the_wait_at_a_second_from_the_next_failure_on() {
-        let flag = Arc::new(AtomicBool::new(false));
-        let mut b = WatchBackoff::new(flag.clone());
+        let (flag, under_way) = watch::channel(false);
+        let mut b = WatchBackoff::new(under_way);
         let quiet: Vec<Duration> = (&mut b).take(8).collect();
         assert!(quiet[7] >= Duration::from_secs(30), "{quiet:?}");
-        flag.store(true, Ordering::Relaxed);
+        flag.send_replace(true);
         assert!(b.next().is_some_and(|d| d <= Duration::from_secs(1)));
         b.failures.store(0, Ordering::Relaxed);
-        flag.store(false, Ordering::Relaxed);
+        flag.send_replace(false);
         assert!(b.next().is_some_and(|d| d < Duration::from_millis(1300)));
     }
 
@@ -129,8 +130,8 @@ mod tests {
     /// tried about every second for ever.
     #[tokio::test(start_paused = true)]
     async fn a_list_refused_again_and_again_backs_off_longer_each_time() {
-        let flag = Arc::new(AtomicBool::new(false));
-        let refused = refusals(|s| backed_off(s, flag), 6).await;
+        let (_flag, under_way) = watch::channel(false);
+        let refused = refusals(|s| backed_off(s, under_way), 6).await;
         let gaps: Vec<Duration> = refused.windows(2).map(|w| w[1] - w[0]).collect();
         // 800 ms doubling: the fifth wait is 12.8 s at least.
         assert!(gaps[4] >= Duration::from_millis(12_800), "{gaps:?}");

@@ -19,15 +19,17 @@ pub use bus::{Bus, Connector, ZbusConnector};
 pub use machine::{Daemon, DaemonHandle, DaemonPaths};
 pub use status::{Phase, Status};
 
+pub use crate::plan::lifecycle::{RouteEvent, Way};
 pub use crate::shutdown::{CancelCause, ShutdownKind, ShutdownRequest};
 
-/// The node's drain, as seen by the state machine. The daemon releases the inhibitor when
-/// `drain` returns or when the budget ends, whichever is first; at the budget end the
-/// `drain` future is dropped, so implementations must be cancel-safe.
+/// The node's drain, as seen by the state machine: one leg at a time, the way the
+/// lifecycle says (`plan::lifecycle::route`). The daemon releases the inhibitor when the
+/// drain is over or when the budget ends, whichever is first; at the budget end the `drain`
+/// future is dropped, so implementations must be cancel-safe.
 #[async_trait]
 pub trait Drainer: Send + Sync + 'static {
-    /// Drains the node for `req`; returns once every targeted pod is gone.
-    async fn drain(&self, req: &ShutdownRequest) -> anyhow::Result<()>;
+    /// Drains the node for `req` the way `way` says; returns how that leg ended.
+    async fn drain(&self, req: &ShutdownRequest, way: Way) -> anyhow::Result<RouteEvent>;
     /// The shutdown will not happen (`cause`): stop the drain where it is and undo what
     /// must be undone.
     async fn cancel(&self, req: &ShutdownRequest, cause: CancelCause) -> anyhow::Result<()>;
@@ -76,9 +78,12 @@ struct SleepDrainer(Duration);
 #[cfg(feature = "test-hooks")]
 #[async_trait]
 impl Drainer for SleepDrainer {
-    async fn drain(&self, _req: &ShutdownRequest) -> anyhow::Result<()> {
+    async fn drain(&self, _req: &ShutdownRequest, way: Way) -> anyhow::Result<RouteEvent> {
+        if way == Way::Connecting {
+            return Ok(RouteEvent::Begin { engine: true });
+        }
         tokio::time::sleep(self.0).await;
-        Ok(())
+        Ok(RouteEvent::OnlineDrained)
     }
     async fn cancel(&self, _req: &ShutdownRequest, _cause: CancelCause) -> anyhow::Result<()> {
         Ok(())

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::client::{client_for, Clients, ReloadingClient, Role, Timeouts};
@@ -28,7 +28,7 @@ use crate::plan::wiring::Wiring;
 
 mod paths;
 use crate::plan::backoff::Backoff;
-use crate::plan::lifecycle::{route, Route, RouteEvent};
+use crate::plan::lifecycle::{RouteEvent, Way};
 use crate::plan::reachability::retry_delay;
 use paths::start_wired;
 use rand::Rng as _;
@@ -128,9 +128,9 @@ pub struct NodeDrainer {
     /// When connecting began: a shutdown after the apiserver has been unreachable for
     /// `fallback.apiserver_timeout` since then does not wait that long again.
     connecting_since: tokio::time::Instant,
-    /// True once a shutdown began: a connection still being tried is tried at once, then at
-    /// most about a second apart.
-    shutting_down: watch::Sender<bool>,
+    /// Rung when a shutdown begins: a connection still being tried is tried at once, then
+    /// at most about a second apart.
+    hurry: Arc<Notify>,
 }
 
 impl Drop for NodeDrainer {
@@ -156,7 +156,8 @@ impl NodeDrainer {
         let gate = parts.gate.clone();
         let metrics = parts.metrics.clone();
         let task_stop = stop.clone();
-        let (shutting_down, shutdown_rx) = watch::channel(false);
+        let hurry = Arc::new(Notify::new());
+        let hurried = hurry.clone();
         let runtime = parts.runtime.clone();
         tokio::spawn(async move {
             let connecting = connect_engine(
@@ -166,7 +167,7 @@ impl NodeDrainer {
                 gate,
                 metrics,
                 task_stop.clone(),
-                shutdown_rx,
+                hurried,
             );
             let started = tokio::select! {
                 _ = task_stop.cancelled() => return,
@@ -193,7 +194,7 @@ impl NodeDrainer {
             fallback: Mutex::new(None),
             stop,
             connecting_since: tokio::time::Instant::now(),
-            shutting_down,
+            hurry,
         }
     }
 
@@ -325,12 +326,7 @@ impl NodeDrainer {
 
     /// Drains locally through the CRI runtime until that is done or, with `switch_back`,
     /// until the apiserver answers again (then the engine to continue with comes back too).
-    async fn drain_offline(
-        &self,
-        req: &ShutdownRequest,
-        engine: &Option<Arc<Engine>>,
-        switch_back: bool,
-    ) -> (RouteEvent, Option<Arc<Engine>>) {
+    async fn drain_offline(&self, req: &ShutdownRequest, switch_back: bool) -> RouteEvent {
         self.parts.metrics.fallback_used();
         let _offline = self.parts.metrics.offline_fallback();
         let fallback = self.new_fallback();
@@ -339,19 +335,19 @@ impl NodeDrainer {
         tokio::select! {
             report = fallback.run(&cache) => {
                 self.count_cri_terminations(&report);
-                if let Some(online) = engine {
+                if let Some(online) = self.engine_now() {
                     online.record_fallback(&report);
                 }
                 tracing::info!(node = %self.parts.node, pods = report.pods.len(), errors = report.errors.len(), "offline drain finished");
-                (RouteEvent::OfflineFinished, None)
+                RouteEvent::OfflineFinished
             }
-            back = self.apiserver_back(engine.clone()), if switch_back => {
+            back = self.apiserver_back(self.engine_now()), if switch_back => {
                 let report = fallback.report();
                 self.count_cri_terminations(&report);
                 tracing::info!(node = %self.parts.node, "apiserver reachable again: continuing through the NodeMaintenance");
                 self.restart_kubelet_if_stopped().await;
                 back.record_fallback(&report);
-                (RouteEvent::ApiserverBack, Some(back))
+                RouteEvent::ApiserverBack
             }
         }
     }
@@ -367,52 +363,40 @@ impl NodeDrainer {
 
 #[async_trait]
 impl Drainer for NodeDrainer {
-    async fn drain(&self, req: &ShutdownRequest) -> Result<()> {
-        self.shutting_down.send_replace(true);
-        let timeout = self.settings().fallback.apiserver_timeout;
-        let mut engine = self
-            .engine_within(timeout.saturating_sub(self.connecting_since.elapsed()))
-            .await;
-        let mut req = req.clone();
-        let mut event = RouteEvent::Begin {
-            engine: engine.is_some(),
-        };
-        loop {
-            match route(event, self.settings().fallback.enabled) {
-                Route::Done => return Ok(()),
-                Route::Fail => anyhow::bail!(
-                    "the apiserver cannot be reached and the offline fallback is disabled"
-                ),
-                Route::Online => {
-                    let Some(online) = &engine else {
-                        anyhow::bail!("no cluster engine to drain through");
-                    };
-                    event = match online.shutdown_drain(&req).await {
-                        Ok(()) => RouteEvent::OnlineDrained,
-                        Err(EngineError::ApiserverUnreachable(given_up)) => {
-                            tracing::warn!(node = %self.parts.node, unusable_for = ?given_up.unusable_for, last_error = %given_up.last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
-                            RouteEvent::OnlineUnreachable
-                        }
-                        // Without the CRDs or with a rejected request the cluster path cannot
-                        // drain; stopping pods locally still beats releasing at once.
-                        Err(EngineError::Other(err)) => {
-                            tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the cluster drain failed: draining locally through the CRI runtime");
-                            RouteEvent::OnlineFailed
-                        }
-                    };
+    async fn drain(&self, req: &ShutdownRequest, way: Way) -> Result<RouteEvent> {
+        match way {
+            Way::Connecting => {
+                self.hurry.notify_one();
+                let timeout = self.settings().fallback.apiserver_timeout;
+                let engine = self
+                    .engine_within(timeout.saturating_sub(self.connecting_since.elapsed()))
+                    .await;
+                if engine.is_none() {
+                    tracing::warn!(node = %self.parts.node, "no apiserver connection: draining locally through the CRI runtime");
                 }
-                Route::Offline { switch_back } => {
-                    if engine.is_none() {
-                        tracing::warn!(node = %self.parts.node, "no apiserver connection: draining locally through the CRI runtime");
-                    }
-                    let (ended, back) = self.drain_offline(&req, &engine, switch_back).await;
-                    if let Some(back) = back {
-                        req.resumed = true;
-                        engine = Some(back);
-                    }
-                    event = ended;
-                }
+                Ok(RouteEvent::Begin {
+                    engine: engine.is_some(),
+                })
             }
+            Way::Online => {
+                let Some(online) = self.engine_now() else {
+                    anyhow::bail!("no cluster engine to drain through");
+                };
+                Ok(match online.shutdown_drain(req).await {
+                    Ok(()) => RouteEvent::OnlineDrained,
+                    Err(EngineError::ApiserverUnreachable(given_up)) => {
+                        tracing::warn!(node = %self.parts.node, unusable_for = ?given_up.unusable_for, last_error = %given_up.last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
+                        RouteEvent::OnlineUnreachable
+                    }
+                    // Without the CRDs or with a rejected request the cluster path cannot
+                    // drain; stopping pods locally still beats releasing at once.
+                    Err(EngineError::Other(err)) => {
+                        tracing::error!(node = %self.parts.node, error = crate::cluster::error_text(&err), "the cluster drain failed: draining locally through the CRI runtime");
+                        RouteEvent::OnlineFailed
+                    }
+                })
+            }
+            Way::Offline { switch_back } => Ok(self.drain_offline(req, switch_back).await),
         }
     }
 
@@ -521,7 +505,7 @@ async fn connect_engine<F, Fut, C>(
     gate: Arc<dyn StaticPodGate>,
     metrics: Metrics,
     stop: CancellationToken,
-    mut shutting_down: watch::Receiver<bool>,
+    hurry: Arc<Notify>,
 ) -> Engine
 where
     F: Fn() -> Fut,
@@ -539,7 +523,7 @@ where
         [paths[0].as_deref(), paths[1].as_deref()],
         &node,
         &metrics,
-        &mut shutting_down,
+        &hurry,
     )
     .await;
     for warning in &verified.warnings {
@@ -574,7 +558,7 @@ async fn connect_verified<F, Fut, C>(
     paths: [Option<&Path>; 2],
     node: &str,
     metrics: &Metrics,
-    shutting_down: &mut watch::Receiver<bool>,
+    hurry: &Notify,
 ) -> (Clients, Wiring, identity::Verified)
 where
     F: Fn() -> Fut,
@@ -583,6 +567,8 @@ where
 {
     let mut failures = 0u32;
     let mut said: Option<String> = None;
+    // A shutdown began: it waits for this connection.
+    let mut hurried = false;
     loop {
         let attempt = async {
             let clients: Clients = connect().await?.into();
@@ -621,7 +607,7 @@ where
                 said = Some(text);
                 // During a shutdown an apiserver that is away is looked for at most about a
                 // second apart (a refused credential does not mend itself meanwhile).
-                let wait = if *shutting_down.borrow_and_update() && !credential {
+                let wait = if hurried && !credential {
                     retry_delay(failures, true, rand::rng().random::<f64>())
                 } else {
                     delay
@@ -629,9 +615,7 @@ where
                 failures += 1;
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    changed = shutting_down.changed() => if changed.is_err() {
-                        tokio::time::sleep(wait).await;
-                    },
+                    () = hurry.notified(), if !hurried => hurried = true,
                 }
             }
         }

@@ -24,6 +24,9 @@ pub struct ShutdownStatus {
     pub started_at: chrono::DateTime<chrono::Utc>,
     pub deadline: chrono::DateTime<chrono::Utc>,
     pub resumed: bool,
+    /// The way the drain goes now.
+    #[serde(default)]
+    pub way: Option<crate::plan::lifecycle::Way>,
 }
 
 /// How the last shutdown ended, and when it started and ended.

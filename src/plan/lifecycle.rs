@@ -1,9 +1,9 @@
 //! The shutdown lifecycle as one transition function: `(state, event) -> (state, effects)`.
 //!
 //! [`step`] decides everything the daemon does about a shutdown: arming (taking the delay
-//! inhibitor), starting the drain, resuming after a crash, releasing the inhibitor, a
-//! cancelled shutdown and stopping. [`route`] decides which way the drain goes: through the
-//! cluster, offline through the CRI runtime, or back to the cluster. The state machine
+//! inhibitor), starting the drain, the way it goes (through the cluster, offline through the
+//! CRI runtime, back to the cluster: [`Way`], decided by [`route`]), resuming after a crash,
+//! releasing the inhibitor, a cancelled shutdown and stopping. The state machine
 //! (`daemon::machine`) and the drainer (`daemon::node`) only carry the effects out and feed
 //! the events back. An event that means nothing in a state is [`Outcome::Ignored`], with the
 //! reason, and changes nothing.
@@ -49,6 +49,8 @@ pub(crate) struct Lifecycle {
     /// The shutdown under way bypassed logind, so logind's `PreparingForShutdown` does not
     /// tell whether it is still on.
     pub bypass: bool,
+    /// The way the drain goes: set while the phase is [`Phase::Draining`].
+    pub way: Option<Way>,
 }
 
 impl Default for Lifecycle {
@@ -58,6 +60,34 @@ impl Default for Lifecycle {
             terminating: false,
             inhibitor: false,
             bypass: false,
+            way: None,
+        }
+    }
+}
+
+/// The way a shutdown's drain goes, one leg at a time; [`route`] decides the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Way {
+    /// Waiting for the apiserver's connection, `fallback.apiserver_timeout` at most since
+    /// the daemon began connecting.
+    Connecting,
+    /// Through the cluster: the NodeMaintenance.
+    Online,
+    /// Locally through the CRI runtime; `switch_back`: back to the cluster once the
+    /// apiserver answers again.
+    Offline { switch_back: bool },
+}
+
+impl Way {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Way::Connecting => "waiting for the apiserver",
+            Way::Online => "through the cluster",
+            Way::Offline { switch_back: true } => {
+                "offline through the CRI runtime, until the apiserver answers"
+            }
+            Way::Offline { switch_back: false } => "offline through the CRI runtime",
         }
     }
 }
@@ -130,8 +160,13 @@ pub(crate) enum Event {
         start: bool,
         kind: Option<ShutdownKind>,
     },
-    /// The drain task ended (drained, failed or panicked); `reason` says which.
-    DrainEnded { reason: String, failed: bool },
+    /// A leg of the drain ended as `ended` says; `fallback_enabled`: `fallback.enabled`.
+    Route {
+        ended: RouteEvent,
+        fallback_enabled: bool,
+    },
+    /// A leg of the drain failed or panicked; `reason` says which.
+    DrainFailed { reason: String },
     /// The shutdown's budget is used up.
     BudgetEnded,
     /// SIGTERM (or the control channel closed).
@@ -165,12 +200,15 @@ pub(crate) enum BudgetFrom {
 pub(crate) enum Effect {
     /// Take a delay inhibitor (replacing one held).
     TakeInhibitor,
-    /// Persist the shutdown, start the drain task and the budget's deadline.
+    /// Persist the shutdown and start the budget's deadline.
     StartDrain {
         kind: KindFrom,
         budget: BudgetFrom,
         resume: bool,
     },
+    /// Start the drain's leg `way` (stopping none: the one before it ended); `resumed`: the
+    /// cluster drained this shutdown before it (its maintenance and schedule stand).
+    Drain { way: Way, resumed: bool },
     /// End the budget at `shutdown.stop_drain_timeout` from now at the latest.
     CapDeadline,
     /// Release the inhibitor; stop the drain task and the deadline; persist `Released`.
@@ -266,16 +304,26 @@ pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
                 effects.push(Effect::Exit);
             }
         }
-        Event::DrainEnded { reason, failed } => {
+        Event::Route {
+            ended,
+            fallback_enabled,
+        } => {
             if state.phase != Phase::Draining {
                 return ignored(state, "no drain under way");
             }
-            let outcome = if failed {
-                ShutdownOutcome::Failed
-            } else {
-                ShutdownOutcome::Drained
-            };
-            release(state, &mut next, &mut effects, reason, outcome);
+            leg_ended(state, ended, fallback_enabled, &mut next, &mut effects);
+        }
+        Event::DrainFailed { reason } => {
+            if state.phase != Phase::Draining {
+                return ignored(state, "no drain under way");
+            }
+            release(
+                state,
+                &mut next,
+                &mut effects,
+                reason,
+                ShutdownOutcome::Failed,
+            );
         }
         Event::BudgetEnded => {
             if state.phase != Phase::Draining {
@@ -328,6 +376,30 @@ pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
         effects,
         outcome: Outcome::Applied,
     }
+}
+
+/// A leg of the drain ended: the next leg, or the release.
+fn leg_ended(
+    state: Lifecycle,
+    ended: RouteEvent,
+    fallback_enabled: bool,
+    next: &mut Lifecycle,
+    effects: &mut Vec<Effect>,
+) {
+    let (reason, outcome) = match route(ended, fallback_enabled) {
+        Route::Go(way) => {
+            next.way = Some(way);
+            let resumed = ended == RouteEvent::ApiserverBack;
+            effects.push(Effect::Drain { way, resumed });
+            return;
+        }
+        Route::Done => ("drain finished", ShutdownOutcome::Drained),
+        Route::Fail => (
+            "drain failed: the apiserver cannot be reached and the offline fallback is disabled",
+            ShutdownOutcome::Failed,
+        ),
+    };
+    release(state, next, effects, reason.into(), outcome);
 }
 
 /// On every connection the inhibitor and the shutdown are brought in line with what logind
@@ -408,7 +480,12 @@ fn start_drain(
         budget,
         resume,
     });
+    effects.push(Effect::Drain {
+        way: Way::Connecting,
+        resumed: false,
+    });
     next.phase = Phase::Draining;
+    next.way = Some(Way::Connecting);
     next.bypass = kind == KindFrom::Given(ShutdownKind::Bypass);
 }
 
@@ -426,6 +503,7 @@ fn release(
     });
     next.inhibitor = false;
     next.phase = Phase::Released;
+    next.way = None;
     effects.push(enter(Phase::Released, reason));
     if state.terminating {
         effects.push(Effect::Exit);
@@ -450,18 +528,15 @@ fn cancel(
     });
     next.inhibitor = true;
     next.bypass = false;
+    next.way = None;
     next.phase = Phase::Armed;
     effects.push(enter(Phase::Armed, reason));
 }
 
 /// Which way a shutdown's drain goes next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// Through the cluster: the NodeMaintenance.
-    Online,
-    /// Locally through the CRI runtime; `switch_back`: back to the cluster path once the
-    /// apiserver answers again.
-    Offline { switch_back: bool },
+pub enum Route {
+    Go(Way),
     /// The drain is over.
     Done,
     /// The apiserver cannot be used and the fallback is disabled: the drain fails (and the
@@ -469,10 +544,10 @@ pub(crate) enum Route {
     Fail,
 }
 
-/// What happened to the drain's current route.
+/// How a leg of the drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RouteEvent {
-    /// The drain begins; `engine`: the cluster engine is up.
+pub enum RouteEvent {
+    /// [`Way::Connecting`] ended; `engine`: the cluster engine is up.
     Begin { engine: bool },
     /// The cluster path drained the node.
     OnlineDrained,
@@ -487,16 +562,16 @@ pub(crate) enum RouteEvent {
 }
 
 /// The one place the node falls back offline, and back.
-pub(crate) fn route(event: RouteEvent, fallback_enabled: bool) -> Route {
+pub fn route(event: RouteEvent, fallback_enabled: bool) -> Route {
     let offline = |switch_back| {
         if fallback_enabled {
-            Route::Offline { switch_back }
+            Route::Go(Way::Offline { switch_back })
         } else {
             Route::Fail
         }
     };
     match event {
-        RouteEvent::Begin { engine: true } | RouteEvent::ApiserverBack => Route::Online,
+        RouteEvent::Begin { engine: true } | RouteEvent::ApiserverBack => Route::Go(Way::Online),
         RouteEvent::Begin { engine: false } | RouteEvent::OnlineUnreachable => offline(true),
         // Going back to a cluster path that fails while answering would fail again at once.
         RouteEvent::OnlineFailed => offline(false),
@@ -505,341 +580,4 @@ pub(crate) fn route(event: RouteEvent, fallback_enabled: bool) -> Route {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn at(phase: Phase) -> Lifecycle {
-        Lifecycle {
-            phase,
-            inhibitor: matches!(phase, Phase::Armed | Phase::Draining),
-            ..Lifecycle::default()
-        }
-    }
-
-    fn connected(preparing: bool, persisted: Option<Persisted>) -> Event {
-        Event::Connected {
-            preparing,
-            persisted,
-        }
-    }
-
-    #[test]
-    fn first_connection_arms_and_reconciles_after_boot() {
-        let t = step(Lifecycle::default(), connected(false, None));
-        assert_eq!(
-            t.effects,
-            vec![
-                Effect::TakeInhibitor,
-                Effect::AfterBoot,
-                enter(Phase::Armed, "inhibitor held")
-            ]
-        );
-        assert_eq!(t.next, at(Phase::Armed));
-    }
-
-    #[test]
-    fn a_crash_mid_shutdown_resumes_the_persisted_drain() {
-        let p = Persisted {
-            kind: ShutdownKind::Reboot,
-            cancelled: false,
-        };
-        let t = step(Lifecycle::default(), connected(true, Some(p)));
-        assert_eq!(
-            t.effects[..2],
-            [
-                Effect::TakeInhibitor,
-                Effect::StartDrain {
-                    kind: KindFrom::Persisted,
-                    budget: BudgetFrom::Logind,
-                    resume: true
-                }
-            ]
-        );
-        assert_eq!(t.next.phase, Phase::Draining);
-    }
-
-    #[test]
-    fn a_persisted_shutdown_not_under_way_any_more_is_cancelled() {
-        let p = Persisted {
-            kind: ShutdownKind::Poweroff,
-            cancelled: false,
-        };
-        let t = step(Lifecycle::default(), connected(false, Some(p)));
-        assert!(t.effects.contains(&Effect::CancelPersisted));
-        // A cancelled or bypass shutdown is not resumed: logind's signal starts a new one.
-        for p in [
-            Persisted {
-                cancelled: true,
-                ..p
-            },
-            Persisted {
-                kind: ShutdownKind::Bypass,
-                ..p
-            },
-        ] {
-            let t = step(Lifecycle::default(), connected(true, Some(p)));
-            assert!(t.effects.contains(&Effect::StartDrain {
-                kind: KindFrom::AskLogind,
-                budget: BudgetFrom::Logind,
-                resume: false
-            }));
-        }
-    }
-
-    #[test]
-    fn the_signal_starts_the_drain_with_its_kind() {
-        let t = step(
-            at(Phase::Armed),
-            Event::PrepareForShutdown {
-                start: true,
-                kind: Some(ShutdownKind::Poweroff),
-            },
-        );
-        assert_eq!(
-            t.effects[0],
-            Effect::StartDrain {
-                kind: KindFrom::Given(ShutdownKind::Poweroff),
-                budget: BudgetFrom::Logind,
-                resume: false
-            }
-        );
-        let again = step(
-            t.next,
-            Event::PrepareForShutdown {
-                start: true,
-                kind: None,
-            },
-        );
-        assert!(matches!(again.outcome, Outcome::Ignored(_)));
-        assert_eq!(again.next, t.next);
-    }
-
-    #[test]
-    fn the_drain_ending_or_the_budget_releases() {
-        for event in [
-            Event::DrainEnded {
-                reason: "drain finished".into(),
-                failed: false,
-            },
-            Event::BudgetEnded,
-        ] {
-            let t = step(at(Phase::Draining), event);
-            assert!(matches!(t.effects[0], Effect::Release { .. }));
-            assert_eq!(t.next.phase, Phase::Released);
-            assert!(!t.next.inhibitor);
-            assert!(!t.effects.contains(&Effect::Exit));
-        }
-        let terminating = Lifecycle {
-            terminating: true,
-            ..at(Phase::Draining)
-        };
-        let t = step(terminating, Event::BudgetEnded);
-        assert_eq!(t.effects.last(), Some(&Effect::Exit));
-    }
-
-    #[test]
-    fn a_cancel_after_the_release_takes_a_new_inhibitor() {
-        let cancel = Event::PrepareForShutdown {
-            start: false,
-            kind: None,
-        };
-        let t = step(at(Phase::Released), cancel.clone());
-        let cancelled = |rearm| Effect::CancelShutdown {
-            rearm,
-            cause: CancelCause::Cancelled,
-        };
-        assert_eq!(t.effects[0], cancelled(true));
-        let t = step(at(Phase::Draining), cancel);
-        assert_eq!(t.effects[0], cancelled(false));
-        assert_eq!(t.next, at(Phase::Armed));
-    }
-
-    #[test]
-    fn a_reconnect_during_a_bypass_shutdown_does_not_cancel_it() {
-        let bypass = Lifecycle {
-            bypass: true,
-            ..at(Phase::Draining)
-        };
-        assert_eq!(
-            step(bypass, connected(false, None)).effects,
-            vec![Effect::TakeInhibitor]
-        );
-        let t = step(at(Phase::Draining), connected(false, None));
-        assert_eq!(t.next.phase, Phase::Armed);
-    }
-
-    #[test]
-    fn logind_back_without_the_shutdown_stops_the_drain_as_lost() {
-        for phase in [Phase::Draining, Phase::Released] {
-            let t = step(at(phase), connected(false, None));
-            let lost = t.effects.iter().find_map(|e| match e {
-                Effect::CancelShutdown { cause, .. } => Some(*cause),
-                _ => None,
-            });
-            assert_eq!(lost, Some(CancelCause::Lost), "{phase:?}");
-            assert!(t.effects.contains(&enter(Phase::Armed, LOST)), "{phase:?}");
-            assert_eq!(t.next.phase, Phase::Armed);
-            assert!(t.next.inhibitor);
-        }
-        // A restart that keeps the shutdown pending goes on with the drain.
-        let t = step(at(Phase::Draining), connected(true, None));
-        assert_eq!(t.effects, vec![Effect::TakeInhibitor]);
-        assert_eq!(t.next.phase, Phase::Draining);
-    }
-
-    #[test]
-    fn sigterm_drains_only_when_the_system_is_going_down() {
-        let t = step(at(Phase::Armed), Event::Terminate);
-        assert_eq!(
-            t.effects,
-            vec![Effect::NotifyStopping, Effect::AskSystemStopping]
-        );
-        let down = step(t.next, Event::SystemStopping(Some(true)));
-        assert_eq!(
-            down.effects[0],
-            Effect::StartDrain {
-                kind: KindFrom::Given(ShutdownKind::Bypass),
-                budget: BudgetFrom::StopTimeout,
-                resume: false
-            }
-        );
-        assert!(down.next.bypass);
-        for answer in [Some(false), None] {
-            let t = step(t.next, Event::SystemStopping(answer));
-            assert_eq!(t.effects, vec![Effect::Exit]);
-        }
-        let draining = step(at(Phase::Draining), Event::Terminate);
-        assert_eq!(
-            draining.effects,
-            vec![Effect::NotifyStopping, Effect::CapDeadline]
-        );
-        let twice = step(draining.next, Event::Terminate);
-        assert_eq!(twice.effects, vec![Effect::CapDeadline]);
-    }
-
-    #[test]
-    fn the_route_falls_back_and_comes_back() {
-        assert_eq!(
-            route(RouteEvent::Begin { engine: true }, true),
-            Route::Online
-        );
-        assert_eq!(
-            route(RouteEvent::Begin { engine: false }, true),
-            Route::Offline { switch_back: true }
-        );
-        assert_eq!(
-            route(RouteEvent::OnlineUnreachable, true),
-            Route::Offline { switch_back: true }
-        );
-        assert_eq!(
-            route(RouteEvent::OnlineFailed, true),
-            Route::Offline { switch_back: false }
-        );
-        assert_eq!(route(RouteEvent::ApiserverBack, true), Route::Online);
-        assert_eq!(route(RouteEvent::OfflineFinished, true), Route::Done);
-        assert_eq!(route(RouteEvent::OnlineDrained, false), Route::Done);
-        for e in [
-            RouteEvent::Begin { engine: false },
-            RouteEvent::OnlineUnreachable,
-            RouteEvent::OnlineFailed,
-        ] {
-            assert_eq!(route(e, false), Route::Fail);
-        }
-    }
-
-    fn arb_kind() -> impl Strategy<Value = ShutdownKind> {
-        prop_oneof![
-            Just(ShutdownKind::Poweroff),
-            Just(ShutdownKind::Reboot),
-            Just(ShutdownKind::Bypass),
-            Just(ShutdownKind::Unknown),
-        ]
-    }
-
-    fn arb_event() -> impl Strategy<Value = Event> {
-        prop_oneof![
-            (
-                any::<bool>(),
-                proptest::option::of((arb_kind(), any::<bool>()))
-            )
-                .prop_map(|(preparing, p)| Event::Connected {
-                    preparing,
-                    persisted: p.map(|(kind, cancelled)| Persisted { kind, cancelled }),
-                }),
-            (any::<bool>(), proptest::option::of(arb_kind()))
-                .prop_map(|(start, kind)| Event::PrepareForShutdown { start, kind }),
-            Just(Event::DrainEnded {
-                reason: "drain finished".into(),
-                failed: false,
-            }),
-            Just(Event::DrainEnded {
-                reason: "drain failed".into(),
-                failed: true,
-            }),
-            Just(Event::BudgetEnded),
-            Just(Event::Terminate),
-            proptest::option::of(any::<bool>()).prop_map(Event::SystemStopping),
-        ]
-    }
-
-    proptest! {
-        #[test]
-        fn the_lifecycle_keeps_its_promises(events in proptest::collection::vec(arb_event(), 1..40)) {
-            let mut state = Lifecycle::default();
-            // Releases since the drain under way started; None: no drain started yet.
-            let mut releases: Option<u32> = None;
-            for event in events {
-                let t = step(state, event.clone());
-                if let Outcome::Ignored(_) = t.outcome {
-                    prop_assert_eq!(t.next, state);
-                    prop_assert!(t.effects.is_empty());
-                    continue;
-                }
-                for e in &t.effects {
-                    match e {
-                        Effect::StartDrain { .. } => {
-                            prop_assert!(state.phase != Phase::Draining, "two drains at once");
-                            releases = Some(0);
-                        }
-                        Effect::Release { .. } => {
-                            // Never while the drain runs, unless its budget is out.
-                            prop_assert!(
-                                matches!(event, Event::DrainEnded { .. } | Event::BudgetEnded),
-                                "released on {:?}", event
-                            );
-                            prop_assert!(state.inhibitor);
-                            let n = releases.get_or_insert(0);
-                            *n += 1;
-                            prop_assert_eq!(*n, 1, "released twice in one shutdown");
-                        }
-                        Effect::CancelShutdown { rearm, .. } => {
-                            prop_assert_eq!(*rearm, !state.inhibitor);
-                        }
-                        Effect::Exit => prop_assert!(t.next.terminating),
-                        _ => {}
-                    }
-                }
-                if t.effects.iter().any(|e| matches!(e, Effect::CancelShutdown { .. })) {
-                    prop_assert!(t.next.inhibitor, "a cancel must end re-armed");
-                    prop_assert_eq!(t.next.phase, Phase::Armed);
-                }
-                if t.next.phase == Phase::Released {
-                    prop_assert_eq!(releases, Some(1));
-                    prop_assert!(!t.next.inhibitor);
-                }
-                if t.next.phase == Phase::Armed {
-                    prop_assert!(t.next.inhibitor);
-                }
-                // The phase a transition announces is the phase it reaches.
-                if let Some(Effect::Enter { phase, .. }) =
-                    t.effects.iter().rev().find(|e| matches!(e, Effect::Enter { .. }))
-                {
-                    prop_assert_eq!(*phase, t.next.phase);
-                }
-                state = t.next;
-            }
-        }
-    }
-}
+mod tests;

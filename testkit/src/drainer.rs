@@ -5,7 +5,30 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use nodegrace::{CancelCause, Drainer, ShutdownRequest};
+use nodegrace::{route, CancelCause, Drainer, Route, RouteEvent, ShutdownRequest, Way};
+
+/// A shutdown's whole drain the way the daemon's lifecycle takes it, leg after leg as
+/// [`route`] says, for tests that drive a drainer without the daemon: Ok once the drain is
+/// over, an error when a leg failed or the route did.
+pub async fn drain_through(
+    drainer: &dyn Drainer,
+    req: &ShutdownRequest,
+    fallback_enabled: bool,
+) -> anyhow::Result<()> {
+    let mut req = req.clone();
+    let mut way = Way::Connecting;
+    loop {
+        let ended = drainer.drain(&req, way).await?;
+        req.resumed |= ended == RouteEvent::ApiserverBack;
+        way = match route(ended, fallback_enabled) {
+            Route::Go(next) => next,
+            Route::Done => return Ok(()),
+            Route::Fail => anyhow::bail!(
+                "the apiserver cannot be reached and the offline fallback is disabled"
+            ),
+        };
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainMode {
@@ -30,6 +53,8 @@ pub struct DrainCall {
 #[derive(Debug, Clone, Default)]
 pub struct DrainRecord {
     pub drains: Vec<DrainCall>,
+    /// Every leg asked for, [`Way::Connecting`] included, with its request.
+    pub legs: Vec<(Way, ShutdownRequest)>,
     pub cancels: Vec<ShutdownRequest>,
     /// Why each of `cancels` was cancelled.
     pub cancel_causes: Vec<CancelCause>,
@@ -38,6 +63,8 @@ pub struct DrainRecord {
 
 struct Shared {
     mode: Mutex<DrainMode>,
+    /// How the next legs end, first first; once empty, as `mode` says.
+    script: Mutex<std::collections::VecDeque<RouteEvent>>,
     record: Mutex<DrainRecord>,
     finish: watch::Sender<u64>,
     changed: watch::Sender<u64>,
@@ -70,6 +97,7 @@ impl ScriptedDrainer {
         ScriptedDrainer {
             shared: Arc::new(Shared {
                 mode: Mutex::new(mode),
+                script: Mutex::default(),
                 record: Mutex::new(DrainRecord::default()),
                 finish: watch::channel(0).0,
                 changed: watch::channel(0).0,
@@ -109,6 +137,13 @@ impl ScriptedDrainer {
         }
     }
 
+    /// The next legs end as `ended` says, one each, before any drain of `mode`.
+    pub fn legs(&self, ended: impl IntoIterator<Item = RouteEvent>) {
+        if let Ok(mut s) = self.shared.script.lock() {
+            s.extend(ended);
+        }
+    }
+
     fn bump(&self) {
         self.shared.changed.send_modify(|v| *v += 1);
     }
@@ -116,7 +151,25 @@ impl ScriptedDrainer {
 
 #[async_trait]
 impl Drainer for ScriptedDrainer {
-    async fn drain(&self, req: &ShutdownRequest) -> anyhow::Result<()> {
+    /// The legs scripted with [`ScriptedDrainer::legs`] end at once as scripted; then it
+    /// connects at once and the drain is the cluster's.
+    async fn drain(&self, req: &ShutdownRequest, way: Way) -> anyhow::Result<RouteEvent> {
+        if let Ok(mut r) = self.shared.record.lock() {
+            r.legs.push((way, req.clone()));
+        }
+        let scripted = self
+            .shared
+            .script
+            .lock()
+            .ok()
+            .and_then(|mut s| s.pop_front());
+        if let Some(ended) = scripted {
+            self.bump();
+            return Ok(ended);
+        }
+        if way == Way::Connecting {
+            return Ok(RouteEvent::Begin { engine: true });
+        }
         let started = std::time::Instant::now();
         let mode = self
             .shared
@@ -159,7 +212,7 @@ impl Drainer for ScriptedDrainer {
             r.drains[index].finished = Some(std::time::Instant::now());
         }
         self.bump();
-        Ok(())
+        Ok(RouteEvent::OnlineDrained)
     }
 
     async fn cancel(&self, req: &ShutdownRequest, cause: CancelCause) -> anyhow::Result<()> {

@@ -19,7 +19,7 @@ pub mod memory_logind;
 use std::sync::{Arc, Mutex};
 
 pub use bus::PrivateBus;
-pub use drainer::{DrainMode, ScriptedDrainer};
+pub use drainer::{drain_through, DrainMode, ScriptedDrainer};
 pub use fake_logind::{FakeInhibitor, FakeState, Fakes};
 pub use harness::TestEnv;
 pub use log_buffer::LogBuffer;

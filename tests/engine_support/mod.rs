@@ -299,7 +299,11 @@ pub fn request(kind: ShutdownKind, budget: Duration) -> ShutdownRequest {
 pub async fn drain_a_reboot(drainer: &impl nodegrace::Drainer) {
     tokio::time::timeout(
         Duration::from_secs(30),
-        drainer.drain(&request(ShutdownKind::Reboot, Duration::from_secs(60))),
+        nodegrace_testkit::drain_through(
+            drainer,
+            &request(ShutdownKind::Reboot, Duration::from_secs(60)),
+            true,
+        ),
     )
     .await
     .expect("the drain ends")

@@ -371,11 +371,14 @@ fn shutdown_rows(rows: &mut Rows, r: &StatusReport) {
         rows.row(
             "Shutdown",
             format!(
-                "{} since {}, deadline {}{}",
+                "{} since {}, deadline {}{}{}",
                 serde_name(&cur.kind),
                 cur.started_at.to_rfc3339(),
                 cur.deadline.to_rfc3339(),
-                if cur.resumed { " (resumed)" } else { "" }
+                if cur.resumed { " (resumed)" } else { "" },
+                cur.way
+                    .map(|w| format!(", draining {}", w.describe()))
+                    .unwrap_or_default()
             ),
         );
     }

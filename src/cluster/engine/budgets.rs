@@ -4,7 +4,6 @@
 //! the moment a budget allows a disruption instead of after their back-off.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -87,7 +86,7 @@ impl Shared {
                     epoch: self.epoch,
                     node: self.node.clone(),
                 },
-                self.shutting_down.clone(),
+                self.under_way.subscribe(),
             ));
             budgets.watches.insert(key.to_owned(), task);
         }
@@ -106,12 +105,12 @@ async fn watch_budget(
     namespace: String,
     name: String,
     to: Told,
-    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+    under_way: tokio::sync::watch::Receiver<bool>,
 ) {
     let key = format!("{namespace}/{name}");
     let api: Api<PodDisruptionBudget> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = backed_off(watcher(api, config), shutting_down).boxed();
+    let mut events = backed_off(watcher(api, config), under_way).boxed();
     while let Some(event) = events.next().await {
         let status = match event {
             Ok(watcher::Event::Apply(pdb) | watcher::Event::InitApply(pdb)) => {

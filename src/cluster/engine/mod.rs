@@ -184,21 +184,36 @@ enum ToLoop {
     },
 }
 
+/// Whether a shutdown is under way: held here only, by the loop, and published to the
+/// watches on [`Shared::under_way`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum RunState {
+    #[default]
+    None,
+    /// From `ShutdownBegun` to `ShutdownEnded`: the node is held for it.
+    On,
+    /// From `ShutdownEnded` to the next `ShutdownBegun`: the shutdown maintenance drains
+    /// nothing more (until its [`DRAIN_STOPPED_ANNOTATION`] or completion is watched, and
+    /// after).
+    Stopped,
+}
+
 /// The shutdown drain under way, as the loop knows it.
 #[derive(Default)]
 struct ShutdownRun {
-    /// From `ShutdownBegun` to `ShutdownEnded`: the node is held for it.
-    on: bool,
+    state: RunState,
     /// Its drain waits for the cordon, and is told when the apiserver refuses it.
     cordon_awaited: bool,
     /// Its schedule once made; kept over a drain that resumes, until that one's comes.
     ctx: Option<Arc<ShutdownCtx>>,
-    /// From `ShutdownEnded` to the next `ShutdownBegun`: the shutdown maintenance drains
-    /// nothing more (until its [`DRAIN_STOPPED_ANNOTATION`] or completion is watched, and
-    /// after).
-    stopped: bool,
     /// Where the loop reports to the latest shutdown's drain.
     progress: Option<watch::Sender<Progress>>,
+}
+
+impl ShutdownRun {
+    fn on(&self) -> bool {
+        self.state == RunState::On
+    }
 }
 
 #[derive(Default)]
@@ -238,12 +253,12 @@ struct Shared {
     endpoint: String,
     /// Whether the apiserver can be used (as `cluster::gateway` records it), on the drain clock.
     reach: Mutex<Reachability>,
-    /// Bumped when the apiserver answers again after an outage, and when a shutdown starts:
-    /// the watches waiting out a back-off try again at once.
+    /// Bumped when the apiserver answers again after an outage: the watches waiting out a
+    /// back-off try again at once.
     reconnect: watch::Sender<u64>,
-    /// A shutdown drain runs (from its first request, before its schedule exists): failed
-    /// watches try again at most about a second apart.
-    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+    /// The loop's [`ShutdownRun`] is on, as the watches read it: failed watches try again
+    /// at most about a second apart, and at once when it begins. Written by the loop only.
+    under_way: watch::Sender<bool>,
     /// To the loop ([`ToLoop`]).
     to_loop: mpsc::UnboundedSender<ToLoop>,
     /// The versions the watches delivered, in order: what says whether our own write's
@@ -291,6 +306,10 @@ async fn run_loop(shared: Arc<Shared>, mut inbox: mpsc::UnboundedReceiver<ToLoop
         while let Ok(msg) = inbox.try_recv() {
             shared.take(&mut st, msg);
         }
+        let on = st.shutdown.on();
+        shared
+            .under_way
+            .send_if_modified(|u| std::mem::replace(u, on) != on);
         let ready = {
             let r = lock(&shared.ready);
             r.node && r.pods && r.maintenances
@@ -525,7 +544,7 @@ impl Engine {
             endpoint: opts.endpoint,
             reach: Mutex::new(Reachability::default()),
             reconnect: watch::channel(0u64).0,
-            shutting_down: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            under_way: watch::channel(false).0,
             to_loop,
             watch_log: Mutex::new(WatchLog::default()),
             recorder,
@@ -584,9 +603,9 @@ impl Engine {
         &self.shared.node
     }
 
-    /// True while a shutdown drain runs (the requester's watch retries faster then).
-    pub(crate) fn shutting_down(&self) -> Arc<std::sync::atomic::AtomicBool> {
-        self.shared.shutting_down.clone()
+    /// Whether a shutdown drain runs (the requester's watch retries faster then).
+    pub(crate) fn under_way(&self) -> watch::Receiver<bool> {
+        self.shared.under_way.subscribe()
     }
 
     /// Where the engine asks the node about its terminating pods (`plan::bandend`); None: the
@@ -668,8 +687,7 @@ impl Shared {
     fn take(&self, st: &mut DrainState, msg: ToLoop) {
         match msg {
             ToLoop::ShutdownBegun { progress } => {
-                st.shutdown.on = true;
-                st.shutdown.stopped = false;
+                st.shutdown.state = RunState::On;
                 st.shutdown.cordon_awaited = true;
                 st.shutdown.progress = Some(progress);
             }
@@ -680,8 +698,7 @@ impl Shared {
                 st.shutdown.ctx = Some(Arc::new(ctx));
             }
             ToLoop::ShutdownEnded => {
-                st.shutdown.on = false;
-                st.shutdown.stopped = true;
+                st.shutdown.state = RunState::Stopped;
                 st.shutdown.cordon_awaited = false;
                 st.shutdown.ctx = None;
             }

@@ -1,7 +1,6 @@
 //! One pass of the reconcile loop: read the reflected state, decide, carry it out.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -172,7 +171,7 @@ impl Shared {
             selecting.iter().filter(|m| is_active(m)).cloned().collect();
         self.metrics
             .set_node_hold(cordoned_by_nodegrace(&node), active.len());
-        let hold = pass::hold(&facts, node_marks(&node), st.shutdown.on);
+        let hold = pass::hold(&facts, node_marks(&node), st.shutdown.on());
         self.apply_hold(st, &node, &active, &hold).await?;
 
         let shutdown_name = shutdown_maintenance_name(&self.node);
@@ -363,7 +362,7 @@ impl Shared {
                 );
             }
         }
-        if st.shutdown.on {
+        if st.shutdown.on() {
             self.tell_progress(st, |p| p.cordoned = true);
             st.shutdown.cordon_awaited = false;
         }
@@ -744,7 +743,7 @@ impl Shared {
         views: &[MaintView],
         pods: &[PodInfo],
     ) -> Result<()> {
-        if self.shutting_down.load(Ordering::Relaxed) {
+        if st.shutdown.on() {
             return Ok(());
         }
         let own = shutdown_maintenance_name(&self.node);

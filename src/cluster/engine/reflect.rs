@@ -10,7 +10,6 @@
 //! the drain must not wait on a view that stopped moving.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -18,6 +17,7 @@ use kube::runtime::reflector::{self};
 use kube::runtime::watcher;
 use kube::Resource;
 use rand::Rng as _;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cluster::{gateway, Slim};
@@ -48,6 +48,7 @@ where
         let watch_name = watch_name(&kind, &config);
         let mut stream = lenient::watch(&client, &config, writer.as_reader());
         let mut reconnect = shared.reconnect.subscribe();
+        let mut under_way = shared.under_way.subscribe();
         let mut failures = 0u32;
         // What the view held when a silent watch was given up, until the new list says
         // whether the watch had hung.
@@ -56,16 +57,16 @@ where
         let mut listing = true;
         let mut told_unversioned = false;
         loop {
-            let shutdown = shared.shutting_down.load(Ordering::Relaxed);
+            let shutdown = *under_way.borrow_and_update();
             let limit = watch_silence_limit(shutdown);
             reconnect.borrow_and_update();
             let silence = sleep_for(limit);
             let item = tokio::select! {
                 item = stream.next() => item,
-                // A shutdown began (or the apiserver answers again): the silence limit may
-                // have changed for the watch waited on.
-                r = reconnect.changed() => {
-                    if r.is_err() {
+                // A shutdown began or ended (or the apiserver answers again): the silence
+                // limit may have changed for the watch waited on.
+                open = woken(&mut reconnect, &mut under_way) => {
+                    if !open {
                         return;
                     }
                     continue;
@@ -131,11 +132,11 @@ where
                 reconnect.borrow_and_update();
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    r = reconnect.changed() => {
-                        if r.is_err() {
+                    open = woken(&mut reconnect, &mut under_way) => {
+                        if !open {
                             return;
                         }
-                        // The apiserver answers again (or a shutdown began): what was built
+                        // The apiserver answers again, or a shutdown began: what was built
                         // up before says nothing about now.
                         failures = 0;
                     }
@@ -143,6 +144,18 @@ where
             }
         }
     })
+}
+
+/// The apiserver answers again after an outage, or a shutdown began or ended; false once
+/// the engine is gone.
+async fn woken(
+    reconnect: &mut watch::Receiver<u64>,
+    under_way: &mut watch::Receiver<bool>,
+) -> bool {
+    tokio::select! {
+        r = reconnect.changed() => r.is_ok(),
+        r = under_way.changed() => r.is_ok(),
+    }
 }
 
 /// A watch's name in the engine's [`crate::plan::freshness::WatchLog`]: its kind and selectors.

@@ -2,7 +2,6 @@
 //! adopted, the deadline schedule, waiting for the node to be empty; cancel and the boot after.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,9 +52,10 @@ impl Engine {
         let sh = &self.shared;
         let t0 = Instant::now();
         *lock(&sh.timings) = ShutdownTimings::default();
-        // A watch waiting out a long back-off tries again now, then at most a second apart.
-        sh.shutting_down.store(true, Ordering::Relaxed);
-        sh.reconnect.send_modify(|g| *g = g.wrapping_add(1));
+        // Told before the watches are ready: once the loop takes it, a watch waiting out a
+        // long back-off tries again now, then at most a second apart.
+        let (progress, mut told) = watch::channel(Progress::default());
+        sh.tell_loop(ToLoop::ShutdownBegun { progress });
         sh.wait_ready(|r| r.node && r.pods && r.maintenances)
             .await?;
 
@@ -66,8 +66,6 @@ impl Engine {
         // up. Meanwhile the evicting identity's connection opens, so that the first band's
         // requests share it (`PodTerminator::connect`); a slow apiserver does not hold the
         // drain for it.
-        let (progress, mut told) = watch::channel(Progress::default());
-        sh.tell_loop(ToLoop::ShutdownBegun { progress });
         let connect = tokio::time::timeout(CONNECT_AHEAD_MAX, sh.terminator.connect());
         // The conditions go beside the cordon, and before the maintenance exists: no pod
         // is asked to go before the cluster can read that the node is shutting down.
@@ -211,7 +209,6 @@ impl Engine {
     ) -> Result<()> {
         let sh = &self.shared;
         sh.tell_loop(ToLoop::ShutdownEnded);
-        sh.shutting_down.store(false, Ordering::Relaxed);
         let name = shutdown_maintenance_name(&sh.node);
         let (warning, reason, note) = match cause {
             CancelCause::Cancelled => (

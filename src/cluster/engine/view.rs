@@ -15,7 +15,7 @@ use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
 use crate::plan::freshness::{Fresher, Version, WatchLog, Written};
 use crate::plan::{own, PodInfo};
 
-use super::{lock, DrainState, Shared, ShutdownRun, DRAIN_STOPPED_ANNOTATION};
+use super::{lock, DrainState, RunState, Shared, ShutdownRun, DRAIN_STOPPED_ANNOTATION};
 
 /// How long the shutdown maintenance from its create's answer stands in for the watch's copy.
 pub(super) const CREATED_KEPT: Duration = Duration::from_secs(5);
@@ -140,9 +140,10 @@ pub(super) fn is_draining(m: &NodeMaintenance) -> bool {
 /// The node's shutdown maintenance (named `shutdown`) whose shutdown was cancelled: it drains
 /// nothing more, though still in stage Drain, until a shutdown begins again.
 pub(super) fn drain_stopped(m: &NodeMaintenance, shutdown: &str, run: &ShutdownRun) -> bool {
-    !run.on
+    !run.on()
         && m.name_any() == shutdown
-        && (run.stopped || m.annotations().contains_key(DRAIN_STOPPED_ANNOTATION))
+        && (run.state == RunState::Stopped
+            || m.annotations().contains_key(DRAIN_STOPPED_ANNOTATION))
 }
 
 /// The volumes the Node says are attached to it or in use by its kubelet, by name.

@@ -24,6 +24,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -395,18 +396,14 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// Runs until `stop`. `shutting_down` shortens the watch's retry delays during a shutdown.
-    pub(crate) async fn run(
-        self,
-        stop: CancellationToken,
-        shutting_down: Arc<std::sync::atomic::AtomicBool>,
-    ) {
+    /// Runs until `stop`. `under_way` shortens the watch's retry delays during a shutdown.
+    pub(crate) async fn run(self, stop: CancellationToken, under_way: watch::Receiver<bool>) {
         let eviction_events = backed_off(
             watcher(
                 evictions(&self.client),
                 watcher::Config::default().labels(&self.key),
             ),
-            shutting_down.clone(),
+            under_way.clone(),
         )
         .map(Watched::Eviction);
         // Its own requests too: a request the in-tree controller refuses (EvictionInvalid)
@@ -417,7 +414,7 @@ impl Progress {
                     requests(&self.client, None),
                     watcher::Config::default().labels(mine),
                 ),
-                shutting_down,
+                under_way,
             )
             .map(Watched::Request)
             .boxed(),

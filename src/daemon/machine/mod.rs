@@ -2,6 +2,7 @@
 //! the budget deadline, control messages (signals) and the watchdog timer.
 
 mod connection;
+mod persist;
 mod reload;
 
 use connection::shutdown_kind_now;
@@ -25,7 +26,9 @@ use crate::daemon::{CancelCause, Drainer, ShutdownKind, ShutdownRequest};
 use crate::logind::budget::{self, BudgetReport};
 use crate::logind::{InhibitorInfo, InhibitorLock, LogindError, LogindEvent};
 use crate::plan::backoff::Backoff;
-use crate::plan::lifecycle::{self, BudgetFrom, Effect, Event, KindFrom, Lifecycle, Outcome};
+use crate::plan::lifecycle::{
+    self, BudgetFrom, Effect, Event, KindFrom, Lifecycle, Outcome, RouteEvent, Way,
+};
 use crate::state::{current_boot_id, ShutdownOutcome, ShutdownPhase, ShutdownState};
 use crate::systemd::{self, Notifier, Notify, INHIBITOR_FDNAME};
 
@@ -227,7 +230,7 @@ enum Step {
     Connected(Result<Result<Connected, LogindError>, JoinError>),
     Reconnect,
     Event(Option<LogindEvent>),
-    DrainDone(Result<Result<()>, JoinError>),
+    DrainDone(Result<Result<RouteEvent>, JoinError>),
     Reloaded(Box<Result<Result<Settings>, JoinError>>),
     ReloadTimedOut,
     Deadline,
@@ -270,7 +273,8 @@ struct Machine {
     lock: Option<InhibitorLock>,
     budget: Option<BudgetReport>,
     shutdown: Option<ShutdownRequest>,
-    drain: Option<JoinHandle<Result<()>>>,
+    /// The drain's leg under way (`lifecycle::Way`).
+    drain: Option<JoinHandle<Result<RouteEvent>>>,
     deadline: Option<Instant>,
     /// Where the shutdown lifecycle is; changed by `dispatch` only.
     life: Lifecycle,
@@ -362,19 +366,25 @@ impl Machine {
                 Step::Event(e) => self.on_event(e).await,
                 Step::DrainDone(r) => {
                     self.drain = None;
-                    let (reason, failed) = match r {
-                        Ok(Ok(())) => ("drain finished".to_string(), false),
+                    let event = match r {
+                        Ok(Ok(ended)) => Event::Route {
+                            ended,
+                            fallback_enabled: self.settings.fallback.enabled,
+                        },
                         Ok(Err(e)) => {
                             tracing::error!(error = %crate::cluster::error_text(&e), "drain failed");
-                            (format!("drain failed: {e:#}"), true)
+                            Event::DrainFailed {
+                                reason: format!("drain failed: {e:#}"),
+                            }
                         }
                         Err(e) => {
                             tracing::error!(error = %e, "drain task ended abnormally");
-                            ("drain task ended abnormally".to_string(), true)
+                            Event::DrainFailed {
+                                reason: "drain task ended abnormally".to_string(),
+                            }
                         }
                     };
-                    self.dispatch_now(Event::DrainEnded { reason, failed })
-                        .await
+                    self.dispatch_now(event).await
                 }
                 Step::Deadline => {
                     tracing::warn!("shutdown budget ended before the drain finished");
@@ -437,111 +447,6 @@ impl Machine {
         self.publish();
     }
 
-    fn persisted_this_boot(&self) -> Option<ShutdownState> {
-        match ShutdownState::load_or_set_aside(&self.settings.state_dir) {
-            Ok(s) => s.filter(|s| s.boot_id == self.boot_id && !s.soft_rebooted()),
-            Err(e) => {
-                tracing::error!(error = %crate::cluster::error_text(&e), "ignoring unreadable shutdown state");
-                None
-            }
-        }
-    }
-
-    /// How the last shutdown ended, as the state directory kept it (a restart or a boot
-    /// does not lose it).
-    /// Its duration is counted here when this is the first daemon since it ended, and
-    /// recorded as counted first: a failed write counts nothing rather than twice.
-    fn last_shutdown_recorded(&self) -> Option<LastShutdown> {
-        let mut state = ShutdownState::load(&self.settings.state_dir).ok()??;
-        let duration_to_count = state.duration_to_count(&self.boot_id).filter(|_| {
-            state.duration_counted = true;
-            match state.store(&self.settings.state_dir) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::error!(error = %crate::cluster::error_text(&e), "the last shutdown's duration is not counted in the metrics: cannot record it as counted");
-                    false
-                }
-            }
-        });
-        Some(LastShutdown {
-            outcome: state.ended(&self.boot_id)?,
-            started_at: state.started_at,
-            ended_at: state.updated_at,
-            kind: state.kind,
-            duration_to_count,
-        })
-    }
-
-    fn request_from(&self, p: &ShutdownState, resumed: bool) -> ShutdownRequest {
-        ShutdownRequest {
-            kind: p.kind,
-            started_at: p.started_at,
-            budget: p.budget(),
-            resumed,
-            boot_id: p.boot_id.clone(),
-            started_since_boot: p.started_since_boot(),
-        }
-    }
-
-    /// The shutdown ended with `outcome`: persisted, and the status says so.
-    fn persist_end(&mut self, phase: ShutdownPhase, outcome: ShutdownOutcome) {
-        let Some((started_at, kind)) = self.shutdown.as_ref().map(|r| (r.started_at, r.kind))
-        else {
-            return;
-        };
-        if let Some(at) = self.persist_with(phase, Some(outcome), false) {
-            self.status.last_shutdown = Some(LastShutdown {
-                outcome,
-                started_at,
-                ended_at: at,
-                kind,
-                duration_to_count: None,
-            });
-        }
-    }
-
-    /// `fast`: rename into place now and fsync on a blocking thread, so that the drain
-    /// starts without waiting for the disk (tens of ms on a busy node). Returns the time
-    /// recorded, None without a shutdown.
-    fn persist_with(
-        &mut self,
-        phase: ShutdownPhase,
-        outcome: Option<ShutdownOutcome>,
-        fast: bool,
-    ) -> Option<chrono::DateTime<chrono::Utc>> {
-        let req = self.shutdown.as_ref()?;
-        let state = ShutdownState {
-            phase,
-            kind: req.kind,
-            started_at: req.started_at,
-            budget_seconds: req.budget.as_secs_f64(),
-            boot_id: req.boot_id.clone(),
-            started_since_boot_seconds: req.started_since_boot.map(|d| d.as_secs_f64()),
-            updated_at: chrono::Utc::now(),
-            outcome,
-            duration_counted: false,
-        };
-        let at = state.updated_at;
-        let dir = self.settings.state_dir.clone();
-        let stored = if fast {
-            state.store_unsynced(&dir).map(|()| {
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = ShutdownState::sync(&dir) {
-                        tracing::error!(error = %crate::cluster::error_text(&e), "cannot sync the shutdown state");
-                    }
-                });
-            })
-        } else {
-            state.store(&dir)
-        };
-        if let Err(e) = stored {
-            let msg = crate::cluster::error_text(&e);
-            tracing::error!(error = %msg, "cannot persist the shutdown state");
-            self.status.last_error = Some(msg);
-        }
-        Some(at)
-    }
-
     fn spawn_side<F, Fut>(&mut self, what: &'static str, f: F)
     where
         F: FnOnce(Arc<dyn Drainer>) -> Fut,
@@ -592,9 +497,6 @@ impl Machine {
         self.shutdown = Some(req.clone());
         self.persist_with(ShutdownPhase::Draining, None, true);
         self.deadline = Some(instant_after(remaining));
-        let drainer = self.drainer.clone();
-        let r = req.clone();
-        self.drain = Some(tokio::spawn(async move { drainer.drain(&r).await }));
         self.status.shutdown = Some(ShutdownStatus {
             kind: req.kind,
             started_at: req.started_at,
@@ -603,7 +505,28 @@ impl Machine {
                 .and_then(|b| req.started_at.checked_add_signed(b))
                 .unwrap_or(req.started_at),
             resumed: req.resumed,
+            way: None,
         });
+    }
+
+    /// Starts the drain's leg `way`; `resumed`: the cluster drained this shutdown before.
+    fn start_leg(&mut self, way: Way, resumed: bool) {
+        let Some(req) = &self.shutdown else {
+            tracing::error!(way = ?way, "no shutdown to drain");
+            return;
+        };
+        let mut req = req.clone();
+        req.resumed |= resumed;
+        if way != Way::Connecting {
+            tracing::info!(
+                way = way.describe(),
+                resumed = req.resumed,
+                "the drain goes {}",
+                way.describe()
+            );
+        }
+        let drainer = self.drainer.clone();
+        self.drain = Some(tokio::spawn(async move { drainer.drain(&req, way).await }));
     }
 
     /// Holds a delay inhibitor: the one systemd passed back from the fd store if logind
@@ -755,6 +678,12 @@ impl Machine {
                 return (flow, failed);
             }
             self.life = t.next;
+            if let Some(status) = &mut self.status.shutdown {
+                if status.way != self.life.way {
+                    status.way = self.life.way;
+                    self.publish();
+                }
+            }
         }
         (flow, None)
     }
@@ -785,6 +714,7 @@ impl Machine {
                 };
                 self.begin_shutdown(kind, budget, persisted.filter(|_| resume));
             }
+            Effect::Drain { way, resumed } => self.start_leg(way, resumed),
             Effect::CapDeadline => {
                 tracing::info!("stop requested while draining: finishing the drain first");
                 let cap = instant_after(self.settings.shutdown.stop_drain_timeout);

@@ -35,9 +35,9 @@ pub(super) fn start_wired(
     let engine = Engine::start(options);
     if let Some(t) = requester {
         let progress = t.progress(engine.eviction_block_sink(), metrics);
-        let shutting_down = engine.shutting_down();
+        let under_way = engine.under_way();
         let stop = stop.clone();
-        tokio::spawn(async move { progress.run(stop, shutting_down).await });
+        tokio::spawn(async move { progress.run(stop, under_way).await });
     }
     engine
 }
