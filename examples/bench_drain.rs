@@ -184,7 +184,7 @@ async fn main() -> Result<()> {
 
     let cpu0 = cpu_time();
     let signal = Instant::now();
-    engine
+    let t = engine
         .shutdown_drain(&ShutdownRequest {
             kind: ShutdownKind::Reboot,
             started_at: chrono::Utc::now(),
@@ -196,7 +196,6 @@ async fn main() -> Result<()> {
         .await?;
     let total = signal.elapsed();
     let cpu = cpu_time().saturating_sub(cpu0);
-    let t = engine.timings();
     let reqs = cluster.api.requests();
     let count = |pred: &dyn Fn(&nodegrace_testkit::fake_apiserver::RecordedRequest) -> bool| {
         reqs.iter().filter(|r| pred(r)).count()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use engine_support::*;
 use nodegrace::{
     shutdown_maintenance_name, AfterBoot, CancelCause, CompletionPolicy, EngineError, ShutdownKind,
-    Stage, NODE_LABEL,
+    ShutdownRequest, Stage, NODE_LABEL,
 };
 use nodegrace_testkit::fake_kubelet::{KubeletConfig, StatefulSetRecreate};
 use serde_json::{json, Value};
@@ -23,7 +23,12 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
     let mirror = env.pod("etcd", Kind::Static, 2_000_001_000, 30, json!({}));
     let engine = env.engine(env.settings());
 
-    let took = drain_timed(&engine, ShutdownKind::Reboot, Duration::from_secs(60)).await;
+    let started = std::time::Instant::now();
+    let timings = engine
+        .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let took = started.elapsed();
 
     // Every band waits for the one before: 4 bands of ~150 ms.
     assert!(
@@ -106,7 +111,6 @@ async fn shutdown_drains_in_plan_order_and_returns_when_empty() {
         .iter()
         .any(|c| c["type"] == "GracefulNodeShutdownInProgress" && c["status"] == "True"));
     assert!(!env.events("Drained").is_empty());
-    let timings = engine.timings();
     assert!(timings.maintenance_ready.unwrap() < Duration::from_millis(500));
     assert!(timings.cordoned.unwrap() < Duration::from_millis(500));
 }
@@ -912,7 +916,11 @@ async fn the_drain_resumes_through_the_maintenance_after_the_fallback() {
     tokio::time::timeout(Duration::from_secs(10), engine.wait_reachable())
         .await
         .expect("the engine sees the apiserver again");
-    engine.resume(&req).await.unwrap();
+    let resumed = ShutdownRequest {
+        resumed: true,
+        ..req.clone()
+    };
+    engine.shutdown_drain(&resumed).await.unwrap();
     assert!(!env.pod_exists("app"));
     let m = env.maintenance(&shutdown_maintenance_name(NODE)).unwrap();
     assert!(m.spec.reason.as_deref().unwrap().contains("poweroff"));

@@ -383,7 +383,7 @@ impl Drainer for NodeDrainer {
                     anyhow::bail!("no cluster engine to drain through");
                 };
                 Ok(match online.shutdown_drain(req).await {
-                    Ok(()) => RouteEvent::OnlineDrained,
+                    Ok(_timings) => RouteEvent::OnlineDrained,
                     Err(EngineError::ApiserverUnreachable(given_up)) => {
                         tracing::warn!(node = %self.parts.node, unusable_for = ?given_up.unusable_for, last_error = %given_up.last_error, "the apiserver cannot be used: draining locally through the CRI runtime");
                         RouteEvent::OnlineUnreachable

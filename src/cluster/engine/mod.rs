@@ -108,8 +108,7 @@ impl From<Failure> for EngineError {
     }
 }
 
-/// How long the steps of the last `shutdown_drain` took, from its call (for benchmarks and
-/// logs).
+/// How long the steps of a `shutdown_drain` took, from its call (logged, and for benchmarks).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ShutdownTimings {
     pub maintenance_ready: Option<Duration>,
@@ -265,7 +264,6 @@ struct Shared {
     /// answer is still fresher than a watch's copy.
     watch_log: Mutex<WatchLog>,
     recorder: Recorder,
-    timings: Mutex<ShutdownTimings>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -548,7 +546,6 @@ impl Engine {
             to_loop,
             watch_log: Mutex::new(WatchLog::default()),
             recorder,
-            timings: Mutex::new(ShutdownTimings::default()),
         });
         let c = &opts.client;
         let node = &opts.node;
@@ -637,10 +634,6 @@ impl Engine {
                 by,
             });
         })
-    }
-
-    pub fn timings(&self) -> ShutdownTimings {
-        *lock(&self.shared.timings)
     }
 
     /// The node's current pods as the engine sees them (for the pod cache and `status`).

@@ -48,10 +48,13 @@ impl Engine {
     /// Drains the node for a shutdown through `shutdown-<node>` and returns once the node is
     /// empty, its volumes are detached (bounded) and the last status update reached
     /// the apiserver. Cancel-safe: dropping the future leaves the maintenance in place.
-    pub async fn shutdown_drain(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
+    pub async fn shutdown_drain(
+        &self,
+        req: &ShutdownRequest,
+    ) -> Result<ShutdownTimings, EngineError> {
         let sh = &self.shared;
         let t0 = Instant::now();
-        *lock(&sh.timings) = ShutdownTimings::default();
+        let mut timings = ShutdownTimings::default();
         // Told before the watches are ready: once the loop takes it, a watch waiting out a
         // long back-off tries again now, then at most a second apart.
         let (progress, mut told) = watch::channel(Progress::default());
@@ -75,12 +78,12 @@ impl Engine {
             sh.set_condition_for_shutdown(req)
         );
         cordoned?;
-        lock(&sh.timings).cordoned = Some(t0.elapsed());
+        timings.cordoned = Some(t0.elapsed());
         if let Err(e) = condition {
             tracing::warn!(node = %sh.node, error = crate::cluster::error_text(&e), "setting the shutdown conditions failed");
         }
         let adopted = sh.ensure_shutdown_maintenance(req, &plan).await;
-        lock(&sh.timings).maintenance_ready = Some(t0.elapsed());
+        timings.maintenance_ready = Some(t0.elapsed());
         let maintenance = adopted?;
         sh.tell_loop(ToLoop::Created(
             Arc::new(maintenance.clone()),
@@ -133,11 +136,11 @@ impl Engine {
         tracing::info!(node = %sh.node, maintenance = %name, kind = %req.kind, resumed = req.resumed, "shutdown drain started");
 
         self.wait_progress(&mut told, |p| p.shutdown_done).await?;
-        lock(&sh.timings).node_empty = Some(t0.elapsed());
+        timings.node_empty = Some(t0.elapsed());
         sh.wait_volumes_detached().await;
-        lock(&sh.timings).volumes_detached = Some(t0.elapsed());
-        tracing::info!(node = %sh.node, maintenance = %name, took = ?t0.elapsed(), "node drained for shutdown");
-        Ok(())
+        timings.volumes_detached = Some(t0.elapsed());
+        tracing::info!(node = %sh.node, maintenance = %name, took = ?t0.elapsed(), cordoned = ?timings.cordoned, maintenance_ready = ?timings.maintenance_ready, node_empty = ?timings.node_empty, "node drained for shutdown");
+        Ok(timings)
     }
 
     /// Waits until the loop reports `reached` on this shutdown's channel, asking the
@@ -188,14 +191,6 @@ impl Engine {
             }
         }
         Ok(())
-    }
-
-    /// Continues the drain through the maintenance after the apiserver came back (the
-    /// fallback ran meanwhile): the same as `shutdown_drain`, adopting the maintenance.
-    pub async fn resume(&self, req: &ShutdownRequest) -> Result<(), EngineError> {
-        let mut req = req.clone();
-        req.resumed = true;
-        self.shutdown_drain(&req).await
     }
 
     /// The shutdown will not happen: its drain stops where it is (the loop asks no pod
