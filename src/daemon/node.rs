@@ -1,5 +1,5 @@
-//! The daemon's real drain: the cluster engine while the apiserver answers, the kubelet-like
-//! CRI fallback while it does not, and back to the engine when it returns.
+//! The daemon's real drain, one leg at a time as the lifecycle routes it: the wait for the
+//! apiserver's connection, the cluster engine, the kubelet-like CRI fallback.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -211,12 +211,12 @@ pub(crate) enum Effect {
     Drain { way: Way, resumed: bool },
     /// End the budget at `shutdown.stop_drain_timeout` from now at the latest.
     CapDeadline,
-    /// Release the inhibitor; stop the drain task and the deadline; persist `Released`.
+    /// Release the inhibitor; stop the drain's leg and the deadline; persist `Released`.
     Release {
         reason: String,
         outcome: ShutdownOutcome,
     },
-    /// Stop the drain task and the deadline, persist `Cancelled`, take a new inhibitor when
+    /// Stop the drain's leg and the deadline, persist `Cancelled`, take a new inhibitor when
     /// `rearm`, and ask the drainer to stop the drain where it is and undo the shutdown.
     CancelShutdown { rearm: bool, cause: CancelCause },
     /// The persisted shutdown was cancelled while no process ran: record it and undo it.

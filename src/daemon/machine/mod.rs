@@ -1,4 +1,4 @@
-//! The daemon's state machine: one task, fed by the logind signal stream, the drain task,
+//! The daemon's state machine: one task, fed by the logind signal stream, the drain's legs,
 //! the budget deadline, control messages (signals) and the watchdog timer.
 
 mod connection;
