@@ -325,7 +325,7 @@ impl NodeDrainer {
     }
 
     /// Drains locally through the CRI runtime until that is done or, with `switch_back`,
-    /// until the apiserver answers again (then the engine to continue with comes back too).
+    /// until the apiserver answers again.
     async fn drain_offline(&self, req: &ShutdownRequest, switch_back: bool) -> RouteEvent {
         self.parts.metrics.fallback_used();
         let _offline = self.parts.metrics.offline_fallback();
