@@ -267,6 +267,13 @@ fn enter(phase: Phase, reason: impl Into<String>) -> Effect {
 pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
     let mut next = state;
     let mut effects = Vec::new();
+    let ends_a_leg = matches!(
+        event,
+        Event::Route { .. } | Event::DrainFailed { .. } | Event::BudgetEnded
+    );
+    if ends_a_leg && state.phase != Phase::Draining {
+        return ignored(state, "no drain under way");
+    }
     match event {
         Event::Connected {
             preparing,
@@ -307,36 +314,21 @@ pub(crate) fn step(state: Lifecycle, event: Event) -> Transition {
         Event::Route {
             ended,
             fallback_enabled,
-        } => {
-            if state.phase != Phase::Draining {
-                return ignored(state, "no drain under way");
-            }
-            leg_ended(state, ended, fallback_enabled, &mut next, &mut effects);
-        }
-        Event::DrainFailed { reason } => {
-            if state.phase != Phase::Draining {
-                return ignored(state, "no drain under way");
-            }
-            release(
-                state,
-                &mut next,
-                &mut effects,
-                reason,
-                ShutdownOutcome::Failed,
-            );
-        }
-        Event::BudgetEnded => {
-            if state.phase != Phase::Draining {
-                return ignored(state, "no drain under way");
-            }
-            release(
-                state,
-                &mut next,
-                &mut effects,
-                "shutdown budget ended".into(),
-                ShutdownOutcome::BudgetEnded,
-            );
-        }
+        } => leg_ended(state, ended, fallback_enabled, &mut next, &mut effects),
+        Event::DrainFailed { reason } => release(
+            state,
+            &mut next,
+            &mut effects,
+            reason,
+            ShutdownOutcome::Failed,
+        ),
+        Event::BudgetEnded => release(
+            state,
+            &mut next,
+            &mut effects,
+            "shutdown budget ended".into(),
+            ShutdownOutcome::BudgetEnded,
+        ),
         Event::Terminate => {
             if !state.terminating {
                 effects.push(Effect::NotifyStopping);
