@@ -262,10 +262,12 @@ impl Outcome {
     }
 }
 
-/// When the fault came and when it was over (Unix seconds).
+/// When the fault came and when it was over, and when the late pod's create was answered
+/// (Unix seconds).
 struct Injected {
     at: f64,
     over: f64,
+    late_bound: Option<f64>,
 }
 
 /// Lifts a storm or gives the credential back, whatever the run did (the control plane is
@@ -406,7 +408,11 @@ async fn inject(
             at
         }
     };
-    Ok(Injected { at, over })
+    Ok(Injected {
+        at,
+        over,
+        late_bound: None,
+    })
 }
 
 /// What a run measured, for its line in the output.
@@ -443,11 +449,16 @@ async fn poweroff_with_fault(
 ) -> Option<Result<Injected, Broken>> {
     let _ = container.exec(&["systemctl", "poweroff"]);
     tokio::time::sleep(Duration::from_secs_f64(d.moment)).await;
+    let mut late_bound = None;
     if let (true, Some((client, ns))) = (d.late_pod, late) {
         let shape = PodShape::new(LATE_APP).exits_after_ms(1000);
         workload::bound_pod(client, ns, node, &format!("{LATE_APP}-{}", d.seed), shape).await;
+        late_bound = Some(realk8s::now_unix());
     }
-    let injected = inject(d, cp, node, container).await;
+    let injected = inject(d, cp, node, container).await.map(|mut i| {
+        i.late_bound = late_bound;
+        i
+    });
     let exited = tokio::task::block_in_place(|| {
         container.wait_exit(Duration::from_secs(d.budget_secs() + 30))
     });
@@ -503,14 +514,17 @@ async fn run_on_stand_in(d: Draw) -> (Outcome, Measured) {
                 .filter(|r| r.name.starts_with("web-") || r.name.starts_with("crit-"))
                 .map(|r| r.name.clone())
                 .collect();
-            check(&d, &node, &i, &deployments, &mut m, |signal| {
-                each_pod_went_once(
-                    &f,
-                    &reqs,
-                    &journal,
-                    &["web-", "crit-", "agent-", "etcd-", "late-"],
-                    signal,
-                )
+            check(&d, &node, &i, &deployments, &mut m, |signal, release| {
+                let mut apps = vec!["web-", "crit-", "agent-", "etcd-"];
+                // A late pod is the drain's when it was bound before the drain ended, by
+                // more than the daemon's watch takes to deliver it; one bound after (its
+                // moment came after the release) was never the drain's.
+                if i.late_bound
+                    .is_some_and(|at| at + LATE_POD_SEEN_SECS < release)
+                {
+                    apps.push("late-");
+                }
+                each_pod_went_once(&f, &reqs, &journal, &apps, signal)
             })
             .unwrap_or_else(Outcome::Broken)
         }
@@ -533,6 +547,10 @@ const REAL_APPS: [(&str, usize); 4] = [("web", 3), ("crit", 1), ("agent", 1), ("
 
 /// The share of the stand-in's runs that also bind a pod to the node during the drain.
 const LATE_POD_SHARE: f64 = 0.3;
+
+/// Time for the daemon to see a pod bound to its node: a late pod bound less than this
+/// before the release may have come after the drain found the node empty.
+const LATE_POD_SEEN_SECS: f64 = 0.5;
 
 /// The share of the runs whose fault can leave the kubelet finishing pods unseen
 /// ([`Fault::kubelet_matters`]) that run on the real kubelet.
@@ -615,7 +633,7 @@ async fn run_on_real_kubelet(d: Draw) -> (Outcome, Measured) {
                 .filter(|p| matches!(app_of(p).as_str(), "web" | "crit"))
                 .map(|p| p.name_any())
                 .collect();
-            check(&d, &node, &i, &deployments, &mut m, |signal| {
+            check(&d, &node, &i, &deployments, &mut m, |signal, _| {
                 let kubelet = KubeletRecord {
                     requests: &kubelets,
                     containers: &ctrs,
@@ -821,7 +839,7 @@ fn check(
     i: &Injected,
     deployments: &[String],
     m: &mut Measured,
-    went: impl FnOnce(f64) -> Result<f64, Broken>,
+    went: impl FnOnce(f64, f64) -> Result<f64, Broken>,
 ) -> Result<Outcome, Broken> {
     let logind = node.container.journal_of("systemd-logind");
     let ours = node.container.journal_of("nodegrace");
@@ -915,7 +933,7 @@ fn check(
         return Ok(Outcome::PassedOffline);
     }
 
-    let last_gone = went(signal)?;
+    let last_gone = went(signal, release)?;
     // After logind forgot the poweroff the node waits, empty or not, for the next one; and
     // a node that emptied while the apiserver (or the daemon) was away can be known empty
     // only once it is back.
