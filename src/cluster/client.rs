@@ -8,7 +8,6 @@
 //! restart and without dropping what is in flight.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -290,22 +289,22 @@ fn fingerprint(path: &Path) -> Fingerprint {
     )
 }
 
+/// Where the current inner client is published: the file watch alone replaces it.
+type Current = tokio::sync::watch::Sender<kube::Client>;
+
+/// What the file watch needs to build, check and publish a new inner client.
 struct Reloading {
     path: PathBuf,
     role: Role,
     timeouts: Timeouts,
-    current: RwLock<kube::Client>,
-    seen: std::sync::Mutex<Fingerprint>,
     /// Checks a reloaded client before it replaces the current one.
     accept:
         Box<dyn Fn(kube::Client) -> futures::future::BoxFuture<'static, Result<()>> + Send + Sync>,
-    /// The last reload error said, so it is not repeated every check.
-    last_error: std::sync::Mutex<Option<String>>,
 }
 
 /// Forwards every request to the current inner client.
 #[derive(Clone)]
-struct Forward(Arc<Reloading>);
+struct Forward(tokio::sync::watch::Receiver<kube::Client>);
 
 impl tower::Service<http::Request<kube::client::Body>> for Forward {
     type Response = http::Response<kube::client::Body>;
@@ -320,12 +319,7 @@ impl tower::Service<http::Request<kube::client::Body>> for Forward {
     }
 
     fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
-        let inner = self
-            .0
-            .current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let inner = self.0.borrow().clone();
         Box::pin(async move { inner.send(request).await })
     }
 }
@@ -352,23 +346,16 @@ impl ReloadingClient {
     {
         let seen = fingerprint_blocking(path.to_owned()).await;
         let inner = client_for(Some(path), role, timeouts).await?;
-        let state = Arc::new(Reloading {
+        let namespace = inner.default_namespace().to_owned();
+        let (current, forward) = tokio::sync::watch::channel(inner);
+        let reloading = Reloading {
             path: path.to_owned(),
             role,
             timeouts,
-            current: RwLock::new(inner),
-            seen: std::sync::Mutex::new(seen),
             accept: Box::new(move |c| Box::pin(accept(c))),
-            last_error: std::sync::Mutex::new(None),
-        });
-        let namespace = state
-            .current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .default_namespace()
-            .to_owned();
-        let client = kube::Client::new(Forward(state.clone()), namespace);
-        tokio::spawn(watch_files(Arc::downgrade(&state)));
+        };
+        let client = kube::Client::new(Forward(forward), namespace);
+        tokio::spawn(watch_files(reloading, current, seen));
         Ok(ReloadingClient { client })
     }
 
@@ -384,17 +371,27 @@ async fn fingerprint_blocking(path: PathBuf) -> Fingerprint {
         .unwrap_or_default()
 }
 
-async fn watch_files(state: Weak<Reloading>) {
+/// Until every clone of the client is gone.
+async fn watch_files(state: Reloading, current: Current, mut seen: Fingerprint) {
+    // The last reload error said, so it is not repeated every check.
+    let mut last_error = None;
     loop {
-        tokio::time::sleep(RELOAD_CHECK).await;
-        let Some(state) = state.upgrade() else { return };
-        check(&state).await;
+        tokio::select! {
+            () = tokio::time::sleep(RELOAD_CHECK) => {}
+            () = current.closed() => return,
+        }
+        check(&state, &current, &mut seen, &mut last_error).await;
     }
 }
 
-async fn check(state: &Reloading) {
+async fn check(
+    state: &Reloading,
+    current: &Current,
+    seen: &mut Fingerprint,
+    last_error: &mut Option<String>,
+) {
     let now = fingerprint_blocking(state.path.clone()).await;
-    if *state.seen.lock().unwrap_or_else(|p| p.into_inner()) == now {
+    if *seen == now {
         return;
     }
     let attempt = async {
@@ -404,18 +401,85 @@ async fn check(state: &Reloading) {
     };
     match attempt.await {
         Ok(fresh) => {
-            *state.current.write().unwrap_or_else(|p| p.into_inner()) = fresh;
-            *state.seen.lock().unwrap_or_else(|p| p.into_inner()) = now;
-            *state.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            current.send_replace(fresh);
+            *seen = now;
+            *last_error = None;
             tracing::info!(kubeconfig = %state.path.display(), key = state.role.key(), "the kubeconfig changed: using its new credential");
         }
         Err(err) => {
             let text = crate::cluster::error_text(&err);
-            let mut last = state.last_error.lock().unwrap_or_else(|p| p.into_inner());
-            if last.as_deref() != Some(text.as_str()) {
+            if last_error.as_deref() != Some(text.as_str()) {
                 tracing::error!(kubeconfig = %state.path.display(), key = state.role.key(), error = %text, "the kubeconfig changed but cannot be used: keeping the credential in use");
-                *last = Some(text);
+                *last_error = Some(text);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(namespace: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n    namespace: {namespace}\ncurrent-context: x\nusers:\n- name: u\n  user:\n    token: t\n"
+        )
+    }
+
+    const TIMEOUTS: Timeouts = Timeouts {
+        connect: Duration::from_secs(1),
+        read: None,
+        answer: None,
+    };
+
+    /// The credential follows the file: a changed kubeconfig that `accept` refuses keeps
+    /// the client in use (and is said once); one it takes is swapped in.
+    #[tokio::test]
+    async fn a_changed_kubeconfig_is_taken_once_accepted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, kubeconfig("first")).expect("write");
+        let inner = client_for(Some(&path), Role::Nodegrace, TIMEOUTS)
+            .await
+            .expect("client");
+        let (current, mut seen_by_requests) = tokio::sync::watch::channel(inner);
+        let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let refusing = refuse.clone();
+        let state = Reloading {
+            path: path.clone(),
+            role: Role::Nodegrace,
+            timeouts: TIMEOUTS,
+            accept: Box::new(move |_| {
+                let refused = refusing.load(std::sync::atomic::Ordering::SeqCst);
+                Box::pin(async move {
+                    if refused {
+                        anyhow::bail!("refused")
+                    }
+                    Ok(())
+                })
+            }),
+        };
+        let mut seen = fingerprint(&path);
+        let mut last_error = None;
+
+        check(&state, &current, &mut seen, &mut last_error).await;
+        assert!(
+            !seen_by_requests.has_changed().expect("open"),
+            "unchanged file"
+        );
+
+        std::fs::write(&path, kubeconfig("second-namespace")).expect("write");
+        check(&state, &current, &mut seen, &mut last_error).await;
+        assert!(!seen_by_requests.has_changed().expect("open"), "refused");
+        assert!(last_error.is_some());
+
+        refuse.store(false, std::sync::atomic::Ordering::SeqCst);
+        check(&state, &current, &mut seen, &mut last_error).await;
+        assert_eq!(
+            seen_by_requests.borrow_and_update().default_namespace(),
+            "second-namespace"
+        );
+        assert!(last_error.is_none());
+        assert_eq!(seen, fingerprint(&path));
     }
 }
