@@ -84,8 +84,17 @@ fn typed<T: serde::de::DeserializeOwned>(object: &DynamicObject) -> Result<T> {
     })
 }
 
-/// Pod UID -> (pod, maintenances that asked for it).
-type Wanted = Arc<Mutex<HashMap<String, (PodKey, BTreeSet<String>)>>>;
+/// What this requester asked, shared by the drain's requests and the watch of their
+/// progress.
+#[derive(Default)]
+struct Asked {
+    /// Pod UID -> (pod, maintenances that asked for it).
+    wanted: HashMap<String, (PodKey, BTreeSet<String>)>,
+    /// Maintenances seen asking since this daemon started.
+    seen: BTreeSet<String>,
+    /// Pods whose responder declarations were already complained about.
+    checked: HashSet<String>,
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -102,11 +111,7 @@ pub(crate) struct InTreeTerminator {
     evictor: Client,
     node: String,
     key: String,
-    wanted: Wanted,
-    /// Maintenances seen asking since this daemon started.
-    seen: Mutex<BTreeSet<String>>,
-    /// Pods whose responder declarations were already complained about.
-    checked: Mutex<HashSet<String>>,
+    asked: Arc<Mutex<Asked>>,
     /// Warning events on pods (nodegrace's identity).
     recorder: Recorder,
 }
@@ -118,9 +123,7 @@ impl InTreeTerminator {
             evictor,
             node: node.to_owned(),
             key: crate::plan::intree::requester_key(node),
-            wanted: Wanted::default(),
-            seen: Mutex::new(BTreeSet::new()),
-            checked: Mutex::new(HashSet::new()),
+            asked: Arc::default(),
             recorder: crate::cluster::event_recorder(client.clone(), node),
             client,
         }
@@ -139,7 +142,7 @@ impl InTreeTerminator {
             evictor: self.evictor.clone(),
             key: self.key.clone(),
             own_selector: crate::plan::own::own_selector(&self.node),
-            wanted: self.wanted.clone(),
+            asked: self.asked.clone(),
             blocks,
             recorder: self.recorder.clone(),
         }
@@ -157,7 +160,7 @@ impl InTreeTerminator {
             .as_ref()
             .and_then(|s| s.eviction_responders.as_deref());
         let check = check_responders(field);
-        if lock(&self.checked).insert(key.uid.clone()) {
+        if lock(&self.asked).checked.insert(key.uid.clone()) {
             for problem in &check.problems {
                 warn!(node = %self.node, pod = %key, "eviction responders: {problem}");
                 warn_on_pod(
@@ -256,17 +259,19 @@ impl InTreeTerminator {
     }
 
     fn record(&self, key: PodKey, maintenance: &str) {
-        lock(&self.wanted)
+        let mut asked = lock(&self.asked);
+        asked
+            .wanted
             .entry(key.uid.clone())
             .or_insert_with(|| (key, BTreeSet::new()))
             .1
             .insert(maintenance.to_owned());
-        lock(&self.seen).insert(maintenance.to_owned());
+        asked.seen.insert(maintenance.to_owned());
     }
 
     fn release(&self, maintenance: &str) -> Vec<PodKey> {
         let mut released = Vec::new();
-        lock(&self.wanted).retain(|_, (pod, by)| {
+        lock(&self.asked).wanted.retain(|_, (pod, by)| {
             if by.remove(maintenance) && by.is_empty() {
                 released.push(pod.clone());
                 return false;
@@ -340,9 +345,10 @@ impl PodTerminator for InTreeTerminator {
 
     async fn withdraw(&self, maintenance: &str) -> Result<()> {
         let mut pods = self.release(maintenance);
-        if !lock(&self.seen).remove(maintenance) {
+        let seen = lock(&self.asked).seen.remove(maintenance);
+        if !seen {
             // Asked before this daemon (re)started: withdraw what no maintenance wants since.
-            let wanted: BTreeSet<String> = lock(&self.wanted).keys().cloned().collect();
+            let wanted: BTreeSet<String> = lock(&self.asked).wanted.keys().cloned().collect();
             pods.extend(
                 self.own_requests()
                     .await?
@@ -370,7 +376,7 @@ impl PodTerminator for InTreeTerminator {
     /// asked for through a request are counted as such.
     fn method(&self, pod: &PodInfo, request: Request) -> TerminationMethod {
         match request {
-            Request::Cooperative if lock(&self.wanted).contains_key(&pod.uid) => {
+            Request::Cooperative if lock(&self.asked).wanted.contains_key(&pod.uid) => {
                 TerminationMethod::EvictionRequest
             }
             Request::Cooperative => TerminationMethod::Eviction,
@@ -387,7 +393,7 @@ pub(crate) struct Progress {
     key: String,
     /// The label selector of this node's requests (none for a node name too long for a label).
     own_selector: Option<String>,
-    wanted: Wanted,
+    asked: Arc<Mutex<Asked>>,
     blocks: BlockSink,
     recorder: Recorder,
     /// Counts the refusals the Evictions report and those of nodegrace's own direct
@@ -480,7 +486,11 @@ impl Progress {
         let Some(target) = request.spec.target.pod.as_ref() else {
             return;
         };
-        let Some(pod) = lock(&self.wanted).get(&target.uid).map(|(p, _)| p.clone()) else {
+        let pod = lock(&self.asked)
+            .wanted
+            .get(&target.uid)
+            .map(|(p, _)| p.clone());
+        let Some(pod) = pod else {
             return;
         };
         let Some(progress) = read_request(request) else {
@@ -494,7 +504,8 @@ impl Progress {
     /// to nodegrace's request (named after the pod UID), else by the target's name.
     fn asked_for(&self, eviction: &Eviction) -> Option<PodKey> {
         let namespace = eviction.metadata.namespace.as_deref()?;
-        let wanted = lock(&self.wanted);
+        let asked = lock(&self.asked);
+        let wanted = &asked.wanted;
         let by_owner = eviction
             .metadata
             .owner_references
