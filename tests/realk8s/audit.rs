@@ -84,7 +84,10 @@ fn parse(line: &str) -> Option<(String, Request)> {
 /// Every request `user` made that the apiserver received at or after `since` (Unix
 /// seconds), in order of receipt. A watch appears once (its latest stage).
 pub fn requests_of(log: &Path, user: &str, since: f64) -> Vec<Request> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let text: String = written_since(log, since)
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
     let mut by_id: BTreeMap<String, Request> = BTreeMap::new();
     for line in text.lines() {
         if !line.contains(user) {
@@ -99,6 +102,37 @@ pub fn requests_of(log: &Path, user: &str, since: f64) -> Vec<Request> {
     let mut all: Vec<Request> = by_id.into_values().collect();
     all.sort_by(|a, b| a.received.total_cmp(&b.received));
     all
+}
+
+/// `log` and the files the apiserver rotated it to (`audit-<time>.log`, at 100 MB) since
+/// `since` (Unix seconds): a run that spans a rotation has its first requests there.
+fn written_since(log: &Path, since: f64) -> Vec<std::path::PathBuf> {
+    let stem = log
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_owned();
+    let dir = log.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut rotated: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name.starts_with(&format!("{stem}-")) && name.ends_with(".log")
+        })
+        .filter(|p| {
+            std::fs::metadata(p)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .is_some_and(|t| t.as_secs_f64() >= since)
+        })
+        .collect();
+    rotated.sort();
+    rotated.push(log.to_path_buf());
+    rotated
 }
 
 /// Requests counted by `verb group/resource[/sub]`, for reports and assertions.
