@@ -1,5 +1,5 @@
 //! One pass of the node's drain engine as pure functions: the engine
-//! (`cluster/engine/reconcile.rs::Shared::reconcile`) takes a snapshot of what its reflectors
+//! (`cluster/engine/reconcile.rs::Shared::reconcile`) takes a snapshot of what its watches
 //! hold and what the drain remembers, asks [`hold`] and [`decide`] what to do, and applies
 //! the answers (the applier does I/O only). [`note_answer`] says what one pod's answer means
 //! for the next pass; [`node_entry`] is the node's entry in a maintenance's status.

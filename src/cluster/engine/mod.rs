@@ -1,9 +1,10 @@
 //! The drain engine for the daemon's own node.
 //!
-//! Reflectors of the Node, its pods and the NodeMaintenances that may concern it (those
-//! labelled for it, and the unlabelled ones: an admin's, selecting nodes by a nodeSelector the
-//! engine evaluates) feed one reconcile loop that wakes on a watch event or on a timer it set itself (eviction
-//! back-off, escalation deadline, debounced status): there is no polling. Each pass computes
+//! One reconcile loop watches the Node, its pods and the NodeMaintenances that may concern it
+//! (those labelled for it, and the unlabelled ones: an admin's, selecting nodes by a
+//! nodeSelector the engine evaluates) and wakes on a watch event, on what the engine's callers
+//! tell it, or on a timer it set itself (eviction back-off, escalation deadline, debounced
+//! status): there is no polling. Each pass computes
 //! everything from the reflected state (plus the objects our own writes returned, so a write
 //! is never repeated before its watch event arrives) and issues only the requests that
 //! change something.
@@ -24,7 +25,7 @@ mod terminate;
 mod view;
 
 pub(crate) use offline::FallbackSummary;
-use reflect::spawn_reflector;
+use reflect::{Watch, Watches};
 pub(crate) use shutdown::{complete_shutdown_maintenance, other_active_maintenances};
 pub(crate) use view::list_maintenances_for;
 use view::{
@@ -215,7 +216,7 @@ impl ShutdownRun {
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Ready {
     node: bool,
     pods: bool,
@@ -228,6 +229,10 @@ struct Ready {
 impl Ready {
     fn settle(&mut self) {
         self.maintenances = self.own_maintenances && self.shared_maintenances;
+    }
+
+    fn all(&self) -> bool {
+        self.node && self.pods && self.maintenances
     }
 }
 
@@ -242,7 +247,8 @@ struct Shared {
     nodes: Store<Node>,
     pods: Store<Pod>,
     maintenances: Maintenances,
-    ready: Mutex<Ready>,
+    /// Which views have listed, as the loop (which alone polls the watches) publishes it.
+    ready: watch::Sender<Ready>,
     wake: watch::Sender<u64>,
     /// Origin of the drain clock (`plan::drain` works on offsets from it).
     epoch: Instant,
@@ -260,23 +266,18 @@ struct Shared {
     under_way: watch::Sender<bool>,
     /// To the loop ([`ToLoop`]).
     to_loop: mpsc::UnboundedSender<ToLoop>,
-    /// The versions the watches delivered, in order: what says whether our own write's
-    /// answer is still fresher than a watch's copy.
-    watch_log: Mutex<WatchLog>,
     recorder: Recorder,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
 pub struct Engine {
     shared: Arc<Shared>,
-    tasks: Vec<JoinHandle<()>>,
+    task: JoinHandle<()>,
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.task.abort();
     }
 }
 
@@ -296,23 +297,36 @@ fn min_wake(wake: &mut Option<Instant>, at: Instant) {
     *wake = Some(wake.map_or(at, |w| w.min(at)));
 }
 
-async fn run_loop(shared: Arc<Shared>, mut inbox: mpsc::UnboundedReceiver<ToLoop>) {
+async fn run_loop(
+    shared: Arc<Shared>,
+    mut inbox: mpsc::UnboundedReceiver<ToLoop>,
+    mut watches: Watches,
+) {
     let mut rx = shared.wake.subscribe();
     let mut st = DrainState::default();
+    let mut ready = *shared.ready.borrow();
+    let mut reconnects = *shared.reconnect.borrow();
     loop {
-        rx.borrow_and_update();
         while let Ok(msg) = inbox.try_recv() {
             shared.take(&mut st, msg);
         }
+        watches.take_ready(&mut ready, &mut st.watch_log);
+        // What woke the loop so far is in what the pass reads; the watches' own bumps are
+        // for the tasks outside it.
+        rx.borrow_and_update();
         let on = st.shutdown.on();
-        shared
+        let began_or_ended = shared
             .under_way
             .send_if_modified(|u| std::mem::replace(u, on) != on);
-        let ready = {
-            let r = lock(&shared.ready);
-            r.node && r.pods && r.maintenances
-        };
-        let next = if ready {
+        let came_back = *shared.reconnect.borrow() != reconnects;
+        reconnects = *shared.reconnect.borrow();
+        if began_or_ended || came_back {
+            watches.woken(on);
+        }
+        shared
+            .ready
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
+        let next = if ready.all() {
             let pass = Instant::now();
             let result = shared.reconcile(&mut st).await;
             tracing::trace!(node = %shared.node, took = ?pass.elapsed(), "reconcile pass");
@@ -338,6 +352,7 @@ async fn run_loop(shared: Arc<Shared>, mut inbox: mpsc::UnboundedReceiver<ToLoop
                 Some(msg) => shared.take(&mut st, msg),
                 None => return,
             },
+            seen = watches.next() => seen.record(&mut ready, &mut st.watch_log),
             _ = crate::timer::sleep_until(next) => {}
         }
     }
@@ -427,6 +442,9 @@ fn describe_targets(t: &DrainTargets) -> String {
 
 #[derive(Default)]
 struct DrainState {
+    /// The versions the watches delivered, in order: what says whether our own write's
+    /// answer is still fresher than a watch's copy.
+    watch_log: WatchLog,
     targets: DrainTargets,
     targets_since: Option<Instant>,
     tracks: HashMap<String, crate::plan::drain::PodTrack>,
@@ -535,7 +553,7 @@ impl Engine {
                 own: own_nms_r,
                 shared: shared_nms_r,
             },
-            ready: Mutex::new(Ready::default()),
+            ready: watch::channel(Ready::default()).0,
             wake,
             epoch: Instant::now(),
             epoch_wall: chrono::Utc::now(),
@@ -544,56 +562,48 @@ impl Engine {
             reconnect: watch::channel(0u64).0,
             under_way: watch::channel(false).0,
             to_loop,
-            watch_log: Mutex::new(WatchLog::default()),
             recorder,
         });
-        let c = &opts.client;
         let node = &opts.node;
-        let mut tasks = vec![
-            spawn_reflector(
+        let own = own::own_selector(node).map(|mine| {
+            Watch::new(
                 shared.clone(),
-                c.clone(),
-                watcher::Config::default().fields(&format!("metadata.name={node}")),
-                nodes_w,
-                |r| &mut r.node,
-                |_, _| {},
-            ),
-            spawn_reflector(
-                shared.clone(),
-                c.clone(),
-                watcher::Config::default().fields(&own::pods_field_selector(node)),
-                pods_w,
-                |r| &mut r.pods,
-                |_, _| {},
-            ),
-            spawn_reflector(
-                shared.clone(),
-                c.clone(),
-                watcher::Config::default().labels(&own::unlabelled_selector()),
-                shared_nms_w,
-                |r| &mut r.shared_maintenances,
-                |_, _| {},
-            ),
-            tokio::spawn(run_loop(shared.clone(), inbox)),
-        ];
-        match own::own_selector(node) {
-            Some(mine) => tasks.push(spawn_reflector(
-                shared.clone(),
-                c.clone(),
                 watcher::Config::default().labels(&mine),
                 own_nms_w,
                 |r| &mut r.own_maintenances,
-                |_, _| {},
-            )),
+            )
+        });
+        if own.is_none() {
             // A node name too long for a label value: its shutdown maintenance is
             // unlabelled, in the shared watch.
-            None => {
-                let mut ready = lock(&shared.ready);
-                ready.own_maintenances = true;
-                ready.settle();
-            }
+            shared.ready.send_modify(|r| {
+                r.own_maintenances = true;
+                r.settle();
+            });
         }
-        Engine { shared, tasks }
+        let watches = Watches {
+            node: Watch::new(
+                shared.clone(),
+                watcher::Config::default().fields(&format!("metadata.name={node}")),
+                nodes_w,
+                |r| &mut r.node,
+            ),
+            pods: Watch::new(
+                shared.clone(),
+                watcher::Config::default().fields(&own::pods_field_selector(node)),
+                pods_w,
+                |r| &mut r.pods,
+            ),
+            own,
+            shared: Watch::new(
+                shared.clone(),
+                watcher::Config::default().labels(&own::unlabelled_selector()),
+                shared_nms_w,
+                |r| &mut r.shared_maintenances,
+            ),
+        };
+        let task = tokio::spawn(run_loop(shared.clone(), inbox, watches));
+        Engine { shared, task }
     }
 
     pub fn node(&self) -> &str {

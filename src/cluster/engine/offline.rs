@@ -313,7 +313,7 @@ impl Shared {
         {
             Ok(updated) => {
                 st.nm_overlay
-                    .insert(name.clone(), self.written(Arc::new(updated)));
+                    .insert(name.clone(), st.watch_log.written(Arc::new(updated)));
                 st.fallback = None;
                 if let Some(node) = self.node_obj(st) {
                     self.event_both(

@@ -34,17 +34,15 @@ impl Engine {
     pub async fn wait_reachable(&self) {
         let sh = &self.shared;
         let mut rx = sh.wake.subscribe();
+        let mut ready = sh.ready.subscribe();
         loop {
             rx.borrow_and_update();
-            let ready = {
-                let r = lock(&sh.ready);
-                r.node && r.pods && r.maintenances
-            };
-            if ready && lock(&sh.reach).usable() {
+            if ready.borrow_and_update().all() && lock(&sh.reach).usable() {
                 return;
             }
             tokio::select! {
                 r = rx.changed() => if r.is_err() { return },
+                r = ready.changed() => if r.is_err() { return },
                 _ = tokio::time::sleep(PROBE_INTERVAL) => sh.probe().await,
             }
         }
@@ -182,11 +180,12 @@ impl Shared {
     /// node whose apiserver went away long ago does not wait the whole timeout again).
     pub(super) async fn wait_ready(&self, which: fn(&Ready) -> bool) -> Result<(), EngineError> {
         let mut rx = self.wake.subscribe();
+        let mut ready = self.ready.subscribe();
         let started = Instant::now();
         let timeout = self.settings().fallback.apiserver_timeout;
         loop {
             rx.borrow_and_update();
-            if which(&lock(&self.ready)) {
+            if which(&ready.borrow_and_update()) {
                 return Ok(());
             }
             let deadline = self
@@ -197,6 +196,9 @@ impl Shared {
             }
             tokio::select! {
                 r = rx.changed() => if r.is_err() {
+                    return Err(anyhow::anyhow!("the engine stopped").into());
+                },
+                r = ready.changed() => if r.is_err() {
                     return Err(anyhow::anyhow!("the engine stopped").into());
                 },
                 _ = tokio::time::sleep_until(deadline) => {}

@@ -781,7 +781,7 @@ impl Shared {
         match gateway::answer(self, r) {
             Ok(Some(written)) => {
                 tracing::info!(node = %self.node, conditions = ?want, maintenances = %names, "node lifecycle conditions written");
-                st.node_overlay = Some(self.written(Arc::new(written)));
+                st.node_overlay = Some(st.watch_log.written(Arc::new(written)));
             }
             Ok(None) => {}
             Err(f) if f.apiserver_unusable() => return Err(f.into()),

@@ -1,4 +1,6 @@
-//! The watches: one reflector per resource feeding the reconcile loop.
+//! The watches: one per resource, polled by the reconcile loop itself, so that what they
+//! saw (the views' readiness, the order of their deliveries) is the loop's own state and no
+//! task but the loop's writes it.
 //!
 //! A failed watch waits before it tries again ([`retry_delay`]), but not past the moment the
 //! apiserver is known to answer again, or a shutdown starts: then it tries at once. A
@@ -12,27 +14,139 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{FutureExt as _, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{self};
 use kube::runtime::watcher;
 use kube::Resource;
 use rand::Rng as _;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
+use crate::api::NodeMaintenance;
 use crate::cluster::{gateway, Slim};
+use crate::plan::freshness::WatchLog;
 use crate::plan::reachability::{retry_delay, watch_silence_limit};
 
-use super::{lenient, lock, Ready, Shared};
+use super::{lenient, Ready, Shared};
 
-pub(super) fn spawn_reflector<K>(
+/// The engine's watches, which the loop polls between its passes.
+pub(super) struct Watches {
+    pub(super) node: Watch<Node>,
+    pub(super) pods: Watch<Pod>,
+    /// The maintenances labelled for the node; None: a node name too long for a label
+    /// value, whose shutdown maintenance is unlabelled, in the shared watch.
+    pub(super) own: Option<Watch<NodeMaintenance>>,
+    pub(super) shared: Watch<NodeMaintenance>,
+}
+
+impl Watches {
+    /// What the next watch item brings. Cancel-safe: an item is taken and recorded, or not
+    /// taken at all.
+    pub(super) async fn next(&mut self) -> Seen {
+        let own = async {
+            match self.own.as_mut() {
+                Some(w) => w.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            seen = self.node.next() => seen,
+            seen = self.pods.next() => seen,
+            seen = own => seen,
+            seen = self.shared.next() => seen,
+        }
+    }
+
+    /// Every item the watches hold already, into the loop's records, without waiting.
+    pub(super) fn take_ready(&mut self, ready: &mut Ready, log: &mut WatchLog) {
+        while let Some(seen) = self.next().now_or_never() {
+            seen.record(ready, log);
+        }
+    }
+
+    /// A shutdown began or ended, or the apiserver answers again: a watch waiting out a
+    /// back-off tries at once, and the silence limit is the one of now.
+    pub(super) fn woken(&mut self, shutdown: bool) {
+        self.node.woken(shutdown);
+        self.pods.woken(shutdown);
+        if let Some(own) = self.own.as_mut() {
+            own.woken(shutdown);
+        }
+        self.shared.woken(shutdown);
+    }
+}
+
+/// What one watch item leaves in the loop's records.
+#[derive(Default)]
+pub(super) struct Seen {
+    delivered: Option<Delivery>,
+    /// A list is in: this view is ready.
+    listed: Option<fn(&mut Ready) -> &mut bool>,
+}
+
+/// A watch event as the [`WatchLog`] records it.
+enum Delivery {
+    Listing {
+        watch: String,
+    },
+    Listed {
+        watch: String,
+        key: String,
+        rv: Option<String>,
+    },
+    Applied {
+        key: String,
+        rv: Option<String>,
+    },
+    Deleted {
+        key: String,
+    },
+}
+
+impl Seen {
+    pub(super) fn record(self, ready: &mut Ready, log: &mut WatchLog) {
+        match self.delivered {
+            Some(Delivery::Listing { watch }) => log.listing(&watch),
+            Some(Delivery::Listed { watch, key, rv }) => log.listed(&watch, &key, rv.as_deref()),
+            Some(Delivery::Applied { key, rv }) => log.delivered(&key, rv.as_deref()),
+            Some(Delivery::Deleted { key }) => log.deleted(&key),
+            None => {}
+        }
+        if let Some(flag) = self.listed {
+            *flag(ready) = true;
+            ready.settle();
+        }
+    }
+}
+
+pub(super) struct Watch<K: Resource<DynamicType = ()> + Clone + 'static> {
     shared: Arc<Shared>,
     client: kube::Client,
     config: watcher::Config,
-    mut writer: reflector::store::Writer<K>,
+    kind: String,
+    /// Its name in the [`WatchLog`]: its kind and selectors.
+    name: String,
+    stream: BoxStream<'static, watcher::Result<watcher::Event<K>>>,
+    writer: reflector::store::Writer<K>,
     flag: fn(&mut Ready) -> &mut bool,
-    on_object: fn(&Shared, &K),
-) -> JoinHandle<()>
+    failures: u32,
+    /// After a failure: when it tries again.
+    retry_at: Option<Instant>,
+    /// While a shutdown runs: when it is given up for its silence.
+    silent_at: Option<Instant>,
+    shutdown: bool,
+    /// What the view held when a silent watch was given up, until the new list says
+    /// whether the watch had hung.
+    before_relist: Option<Versions>,
+    /// From a (re)start until its list is in: silence then is a list not answered.
+    listing: bool,
+    told_unversioned: bool,
+    /// The stream ended (a watcher's never does): nothing more comes.
+    ended: bool,
+}
+
+impl<K> Watch<K>
 where
     K: Resource<DynamicType = ()>
         + Slim
@@ -43,189 +157,171 @@ where
         + Sync
         + 'static,
 {
-    tokio::spawn(async move {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        config: watcher::Config,
+        writer: reflector::store::Writer<K>,
+        flag: fn(&mut Ready) -> &mut bool,
+    ) -> Watch<K> {
         let kind = K::kind(&()).to_string();
-        let watch_name = watch_name(&kind, &config);
-        let mut stream = lenient::watch(&client, &config, writer.as_reader());
-        let mut reconnect = shared.reconnect.subscribe();
-        let mut under_way = shared.under_way.subscribe();
-        let mut failures = 0u32;
-        // What the view held when a silent watch was given up, until the new list says
-        // whether the watch had hung.
-        let mut before_relist: Option<Versions> = None;
-        // From a (re)start until its list is in: silence then is a list not answered.
-        let mut listing = true;
-        let mut told_unversioned = false;
-        loop {
-            let shutdown = *under_way.borrow_and_update();
-            let limit = watch_silence_limit(shutdown);
-            reconnect.borrow_and_update();
-            let silence = sleep_for(limit);
-            let item = tokio::select! {
-                item = stream.next() => item,
-                // A shutdown began or ended (or the apiserver answers again): the silence
-                // limit may have changed for the watch waited on.
-                open = woken(&mut reconnect, &mut under_way) => {
-                    if !open {
-                        return;
-                    }
-                    continue;
-                }
-                () = silence => {
-                    let limit = limit.unwrap_or_default();
-                    if listing {
-                        gateway::no_answer(
-                            &*shared,
-                            &format_args!("listing {kind}: no answer in {}s", limit.as_secs()),
-                        );
-                    } else {
-                        tracing::debug!(kind = %kind, silent_for = ?limit, "a watch silent during the shutdown: listing again");
-                        before_relist = Some(versions(&writer.as_reader()));
-                    }
-                    shared.bump();
-                    stream = lenient::watch(&client, &config, writer.as_reader());
-                    listing = true;
-                    continue;
-                }
-            };
-            let Some(item) = item else { return };
-            if let Ok(event) = &item {
-                writer.apply_watcher_event(event);
-                log_delivery(&shared, &kind, &watch_name, event, &mut told_unversioned);
+        let client = shared.client.clone();
+        let stream = lenient::watch(&client, &config, writer.as_reader());
+        Watch {
+            name: watch_name(&kind, &config),
+            shared,
+            client,
+            config,
+            kind,
+            stream,
+            writer,
+            flag,
+            failures: 0,
+            retry_at: None,
+            silent_at: None,
+            shutdown: false,
+            before_relist: None,
+            listing: true,
+            told_unversioned: false,
+            ended: false,
+        }
+    }
+
+    fn woken(&mut self, shutdown: bool) {
+        self.shutdown = shutdown;
+        if self.retry_at.take().is_some() {
+            // What was built up before says nothing about now.
+            self.failures = 0;
+        }
+        self.silent_at = self.silence_from_now();
+    }
+
+    fn silence_from_now(&self) -> Option<Instant> {
+        watch_silence_limit(self.shutdown).map(|limit| Instant::now() + limit)
+    }
+
+    async fn next(&mut self) -> Seen {
+        if self.ended {
+            return std::future::pending().await;
+        }
+        if let Some(at) = self.retry_at {
+            tokio::time::sleep_until(at).await;
+            self.retry_at = None;
+            self.silent_at = self.silence_from_now();
+        }
+        let item = tokio::select! {
+            biased;
+            item = self.stream.next() => item,
+            () = crate::timer::sleep_until(self.silent_at) => {
+                self.given_up_for_silence();
+                return Seen::default();
             }
-            // Only an answer ends a back-off (`Init` comes before every attempt).
-            if matches!(&item, Ok(e) if !matches!(e, watcher::Event::Init)) {
-                failures = 0;
-            }
-            let failed = item.is_err();
-            match item {
-                Ok(watcher::Event::InitDone) => {
-                    listing = false;
-                    listed(
-                        &shared,
-                        &kind,
-                        flag,
-                        before_relist.take(),
-                        &writer.as_reader(),
-                    );
-                }
-                Ok(watcher::Event::InitApply(obj)) => {
-                    gateway::listed(&*shared);
-                    on_object(&shared, &obj);
-                }
-                // An event on a watch opened earlier says the connection lives, not that the
-                // apiserver takes requests: it does not authorize a stream again (a revoked
-                // credential keeps its open watches), and its watch cache streams while
-                // etcd refuses writes. Only a new answer counts.
-                Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
-                    on_object(&shared, &obj);
-                }
-                // Emitted when a (re)list begins, before any request: no answer (a watch
-                // retrying against a refusing apiserver emits one at every attempt).
-                Ok(watcher::Event::Init) => listing = true,
-                Err(err) => gateway::watch_failed(&*shared, &kind, &err),
-            }
-            shared.bump();
-            if failed {
-                let delay = retry_delay(failures, shutdown, rand::rng().random::<f64>());
-                failures = failures.saturating_add(1);
-                reconnect.borrow_and_update();
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    open = woken(&mut reconnect, &mut under_way) => {
-                        if !open {
-                            return;
-                        }
-                        // The apiserver answers again, or a shutdown began: what was built
-                        // up before says nothing about now.
-                        failures = 0;
+        };
+        self.silent_at = self.silence_from_now();
+        let Some(item) = item else {
+            self.ended = true;
+            return Seen::default();
+        };
+        let seen = self.took(item);
+        self.shared.bump();
+        seen
+    }
+
+    fn given_up_for_silence(&mut self) {
+        let limit = watch_silence_limit(self.shutdown).unwrap_or_default();
+        if self.listing {
+            gateway::no_answer(
+                &*self.shared,
+                &format_args!("listing {}: no answer in {}s", self.kind, limit.as_secs()),
+            );
+        } else {
+            tracing::debug!(kind = %self.kind, silent_for = ?limit, "a watch silent during the shutdown: listing again");
+            self.before_relist = Some(versions(&self.writer.as_reader()));
+        }
+        self.shared.bump();
+        self.stream = lenient::watch(&self.client, &self.config, self.writer.as_reader());
+        self.listing = true;
+        self.silent_at = self.silence_from_now();
+    }
+
+    fn took(&mut self, item: watcher::Result<watcher::Event<K>>) -> Seen {
+        let mut seen = Seen::default();
+        if let Ok(event) = &item {
+            self.writer.apply_watcher_event(event);
+            seen.delivered = self.delivery(event);
+        }
+        // Only an answer ends a back-off (`Init` comes before every attempt).
+        if matches!(&item, Ok(e) if !matches!(e, watcher::Event::Init)) {
+            self.failures = 0;
+        }
+        match item {
+            Ok(watcher::Event::InitDone) => {
+                self.listing = false;
+                seen.listed = Some(self.flag);
+                gateway::listed(&*self.shared);
+                if let Some(before) = self.before_relist.take() {
+                    let missed = changed(&before, &versions(&self.writer.as_reader()));
+                    if missed > 0 {
+                        tracing::warn!(kind = %self.kind, missed, "the {} watch had hung: it said nothing while objects changed; listed again", self.kind);
                     }
                 }
+            }
+            Ok(watcher::Event::InitApply(_)) => gateway::listed(&*self.shared),
+            // An event on a watch opened earlier says the connection lives, not that the
+            // apiserver takes requests: it does not authorize a stream again (a revoked
+            // credential keeps its open watches), and its watch cache streams while
+            // etcd refuses writes. Only a new answer counts.
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {}
+            // Emitted when a (re)list begins, before any request: no answer (a watch
+            // retrying against a refusing apiserver emits one at every attempt).
+            Ok(watcher::Event::Init) => self.listing = true,
+            Err(err) => {
+                gateway::watch_failed(&*self.shared, &self.kind, &err);
+                let delay = retry_delay(self.failures, self.shutdown, rand::rng().random::<f64>());
+                self.failures = self.failures.saturating_add(1);
+                self.retry_at = Some(Instant::now() + delay);
             }
         }
-    })
-}
+        seen
+    }
 
-/// The apiserver answers again after an outage, or a shutdown began or ended; false once
-/// the engine is gone.
-async fn woken(
-    reconnect: &mut watch::Receiver<u64>,
-    under_way: &mut watch::Receiver<bool>,
-) -> bool {
-    tokio::select! {
-        r = reconnect.changed() => r.is_ok(),
-        r = under_way.changed() => r.is_ok(),
+    /// What the watch delivered, for the [`WatchLog`]. An object without a resourceVersion
+    /// is said once per watch: nothing can tell whether our own writes are newer than it,
+    /// so they stand in for it until the watch delivers them.
+    fn delivery(&mut self, event: &watcher::Event<K>) -> Option<Delivery> {
+        Some(match event {
+            watcher::Event::Init => Delivery::Listing {
+                watch: self.name.clone(),
+            },
+            watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+                let rv = obj.meta().resource_version.clone();
+                if rv.is_none() && !std::mem::replace(&mut self.told_unversioned, true) {
+                    tracing::warn!(kind = %self.kind, name = ?obj.meta().name, "the apiserver listed an object without a resourceVersion; nodegrace's own writes stand in for it until the watch delivers them");
+                }
+                let key = super::view::log_key(obj);
+                if matches!(event, watcher::Event::InitApply(_)) {
+                    Delivery::Listed {
+                        watch: self.name.clone(),
+                        key,
+                        rv,
+                    }
+                } else {
+                    Delivery::Applied { key, rv }
+                }
+            }
+            watcher::Event::Delete(obj) => Delivery::Deleted {
+                key: super::view::log_key(obj),
+            },
+            watcher::Event::InitDone => return None,
+        })
     }
 }
 
-/// A watch's name in the engine's [`crate::plan::freshness::WatchLog`]: its kind and selectors.
 fn watch_name(kind: &str, config: &watcher::Config) -> String {
     format!(
         "{kind} {} {}",
         config.label_selector.as_deref().unwrap_or_default(),
         config.field_selector.as_deref().unwrap_or_default()
     )
-}
-
-/// What the watch delivered, in the engine's [`crate::plan::freshness::WatchLog`]. An object
-/// without a resourceVersion is said once per watch: nothing can tell whether our own
-/// writes are newer than it, so they stand in for it until the watch delivers them.
-fn log_delivery<K: Resource<DynamicType = ()>>(
-    shared: &Shared,
-    kind: &str,
-    watch: &str,
-    event: &watcher::Event<K>,
-    told_unversioned: &mut bool,
-) {
-    let mut log = lock(&shared.watch_log);
-    match event {
-        watcher::Event::Init => log.listing(watch),
-        watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
-            let rv = obj.meta().resource_version.as_deref();
-            if rv.is_none() && !std::mem::replace(told_unversioned, true) {
-                tracing::warn!(kind = %kind, name = ?obj.meta().name, "the apiserver listed an object without a resourceVersion; nodegrace's own writes stand in for it until the watch delivers them");
-            }
-            let key = super::view::log_key(obj);
-            if matches!(event, watcher::Event::InitApply(_)) {
-                log.listed(watch, &key, rv);
-            } else {
-                log.delivered(&key, rv);
-            }
-        }
-        watcher::Event::Delete(obj) => log.deleted(&super::view::log_key(obj)),
-        watcher::Event::InitDone => {}
-    }
-}
-
-/// Sleeps for `limit`, or forever when there is none.
-async fn sleep_for(limit: Option<std::time::Duration>) {
-    match limit {
-        Some(limit) => tokio::time::sleep(limit).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// A list is in: the view is ready, the apiserver answered, and a watch given up for its
-/// silence is told apart from one that had hung.
-fn listed<K: Resource<DynamicType = ()> + Clone>(
-    shared: &Shared,
-    kind: &str,
-    flag: fn(&mut Ready) -> &mut bool,
-    before_relist: Option<Versions>,
-    view: &reflector::Store<K>,
-) {
-    {
-        let mut ready = lock(&shared.ready);
-        *flag(&mut ready) = true;
-        ready.settle();
-    }
-    gateway::listed(shared);
-    if let Some(before) = before_relist {
-        let missed = changed(&before, &versions(view));
-        if missed > 0 {
-            tracing::warn!(kind = %kind, missed, "the {kind} watch had hung: it said nothing while objects changed; listed again");
-        }
-    }
 }
 
 /// Each object of a view and the version it was seen at.

@@ -220,12 +220,11 @@ impl Engine {
             }
         };
         let node = sh.node_watched();
-        let maintenance = sh.maintenances.state(&lock(&sh.watch_log));
-        let maintenance = maintenance.iter().find(|m| m.name_any() == name);
+        let maintenance = sh.maintenances.named(&name);
         match node {
             Some(node) => sh.event_both(
                 &node,
-                maintenance.map(|m| &**m),
+                maintenance.as_deref(),
                 warning,
                 reason,
                 format!("{note}; {kept}"),
@@ -570,12 +569,7 @@ impl Shared {
             "graceful shutdown by nodegrace",
         );
         let started = Instant::now();
-        let mut known = self
-            .maintenances
-            .state(&lock(&self.watch_log))
-            .into_iter()
-            .find(|m| m.name_any() == name)
-            .map(|m| (*m).clone());
+        let mut known = self.maintenances.named(&name).map(|m| (*m).clone());
         loop {
             let existing = match known.take() {
                 Some(m) => m,
@@ -698,12 +692,7 @@ impl Shared {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             rx.borrow_and_update();
-            if !self
-                .maintenances
-                .state(&lock(&self.watch_log))
-                .iter()
-                .any(|m| m.name_any() == name)
-            {
+            if self.maintenances.named(name).is_none() {
                 return Ok(());
             }
             tokio::select! {

@@ -89,7 +89,7 @@ impl Shared {
                         ));
                     latest = Arc::new(self.apply_entry(&name, &e).await?);
                     st.nm_overlay
-                        .insert(name.clone(), self.written(latest.clone()));
+                        .insert(name.clone(), st.watch_log.written(latest.clone()));
                     st.last_entry_write.insert(name.clone(), Instant::now());
                     up_to_date = true;
                 }
@@ -269,7 +269,8 @@ impl Shared {
                     .into())
             }
         };
-        st.nm_overlay.insert(name, self.written(Arc::new(updated)));
+        st.nm_overlay
+            .insert(name, st.watch_log.written(Arc::new(updated)));
         Ok(())
     }
 
@@ -295,7 +296,8 @@ impl Shared {
             .await;
         match gateway::answer(self, r) {
             Ok(updated) => {
-                st.nm_overlay.insert(name, self.written(Arc::new(updated)));
+                st.nm_overlay
+                    .insert(name, st.watch_log.written(Arc::new(updated)));
                 Ok(())
             }
             // Someone changed it meanwhile: the watch brings the new version and a new pass.
@@ -368,7 +370,7 @@ impl Shared {
             ));
             latest = Arc::new(self.apply_entry(&name, &entry).await?);
             st.nm_overlay
-                .insert(name.clone(), self.written(latest.clone()));
+                .insert(name.clone(), st.watch_log.written(latest.clone()));
         }
         self.write_aggregate(st, &latest, None).await?;
         let everyone_done = latest

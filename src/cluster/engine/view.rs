@@ -1,4 +1,4 @@
-//! The cluster view: what the reflectors hold of the node, its pods and the
+//! The cluster view: what the watches hold of the node, its pods and the
 //! NodeMaintenances that may select it, joined with the objects the engine's own writes
 //! returned (a write is never repeated before its watch event arrives).
 
@@ -15,7 +15,7 @@ use crate::api::{NodeMaintenance, Stage, FINALIZER_MAINTENANCE_COMPLETION};
 use crate::plan::freshness::{Fresher, Version, WatchLog, Written};
 use crate::plan::{own, PodInfo};
 
-use super::{lock, DrainState, RunState, Shared, ShutdownRun, DRAIN_STOPPED_ANNOTATION};
+use super::{DrainState, RunState, Shared, ShutdownRun, DRAIN_STOPPED_ANNOTATION};
 
 /// How long the shutdown maintenance from its create's answer stands in for the watch's copy.
 pub(super) const CREATED_KEPT: Duration = Duration::from_secs(5);
@@ -46,6 +46,15 @@ impl Maintenances {
             }
         }
         by_name.into_values().collect()
+    }
+
+    /// The maintenance `name` as a watch holds it, for a drain or a cancel outside the loop
+    /// (which alone knows which copy came last): an older copy only costs a request that
+    /// the apiserver refuses as a conflict.
+    pub(super) fn named(&self, name: &str) -> Option<Arc<NodeMaintenance>> {
+        let find =
+            |s: &Store<NodeMaintenance>| s.state().into_iter().find(|m| m.name_any() == name);
+        find(&self.own).or_else(|| find(&self.shared))
     }
 }
 
@@ -174,10 +183,6 @@ pub(super) fn tolerates_everything(pod: &Pod) -> bool {
 
 impl Shared {
     /// Our write's answer, to act on until the watch delivers it.
-    pub(super) fn written<K>(&self, copy: K) -> Written<K> {
-        lock(&self.watch_log).written(copy)
-    }
-
     pub(super) fn pod_infos(&self) -> Vec<PodInfo> {
         self.pods
             .state()
@@ -203,16 +208,12 @@ impl Shared {
 
     pub(super) fn node_obj(&self, st: &mut DrainState) -> Option<Arc<Node>> {
         let stored = self.node_watched()?;
-        Some(fresher(
-            &lock(&self.watch_log),
-            stored,
-            &mut st.node_overlay,
-        ))
+        Some(fresher(&st.watch_log, stored, &mut st.node_overlay))
     }
 
     pub(super) fn maintenance_objs(&self, st: &mut DrainState) -> Vec<Arc<NodeMaintenance>> {
-        let log = lock(&self.watch_log);
-        let mut stored = self.maintenances.state(&log);
+        let log = &st.watch_log;
+        let mut stored = self.maintenances.state(log);
         let mut names: HashSet<String> = stored.iter().map(|m| m.name_any()).collect();
         {
             // The shutdown maintenance from its create's answer, until the watch has it: the
@@ -232,7 +233,7 @@ impl Shared {
             .map(|m| {
                 let name = m.name_any();
                 let mut written = st.nm_overlay.remove(&name);
-                let m = fresher(&log, m, &mut written);
+                let m = fresher(log, m, &mut written);
                 if let Some(w) = written {
                     st.nm_overlay.insert(name, w);
                 }
