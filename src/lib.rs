@@ -37,8 +37,8 @@ mod yaml;
 pub mod commands {
     pub use crate::cli::{
         align, approve_command, check_config, complete, crds, exit_code, history, human,
-        load_settings, parse_budget, parse_pod_list, plan, record_panics, request_command, run,
-        runtime, status, LabelKeys, ListedPod, OutputFormat, PlanOptions, RequestOptions,
+        load_settings, parse_budget, parse_pod_list, plan, reboot, record_panics, request_command,
+        run, runtime, status, LabelKeys, ListedPod, OutputFormat, PlanOptions, RequestOptions,
         EXIT_CONFIG, EXIT_FAILURE,
     };
     pub use crate::credentials::approve::ApproveOptions;
@@ -63,9 +63,10 @@ pub mod lifecycle {
 // The CRDs and their names and labels.
 pub use crate::api::{
     crd_files, crds_yaml, node_maintenance_crd, node_selector_for, node_status_apply_patch,
-    node_status_patch_params, shutdown_maintenance_name, NodeMaintenance,
-    NodeMaintenanceNodeStatus, NodeMaintenanceSpec, NodeMaintenanceStatus, Stage,
-    FINALIZER_MAINTENANCE_COMPLETION, NODE_LABEL, NODE_MAINTENANCE_CRD_NAME,
+    node_status_patch_params, reboot_wave_crd, shutdown_maintenance_name, NodeMaintenance,
+    NodeMaintenanceNodeStatus, NodeMaintenanceSpec, NodeMaintenanceStatus, RebootWave,
+    RebootWaveSpec, RebootWaveStatus, SlotPhase, Stage, WaveMember, WaveSlot,
+    FINALIZER_MAINTENANCE_COMPLETION, NODE_LABEL, NODE_MAINTENANCE_CRD_NAME, REBOOT_WAVE_CRD_NAME,
 };
 
 // The cluster engine, the requester and the apiserver clients.

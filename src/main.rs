@@ -82,6 +82,14 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         kubeconfig: Option<PathBuf>,
     },
+    /// Ask for this node's turn in the RebootWave that selects it (as the sentinel
+    /// /run/reboot-required does): it drains and reboots when the wave's limits allow.
+    /// Without a wave selecting the node, nothing reboots.
+    Reboot {
+        /// Withdraw the ask (a slot already taken is seen through to the reboot).
+        #[arg(long)]
+        cancel: bool,
+    },
     /// nodegrace's identity on this node (nodegrace:node:<node> in nodegrace:nodes): request
     /// it, or approve nodes' requests.
     #[command(subcommand)]
@@ -260,6 +268,7 @@ fn main() -> ExitCode {
         ),
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
+        Command::Reboot { cancel } => cli::reboot(cancel),
         Command::History { node, kubeconfig } => cli::history(&node, kubeconfig.as_deref()),
         Command::Credentials(CredentialsCommand::Request { wait, force }) => {
             nodegrace::commands::request_command(

@@ -86,7 +86,10 @@ fn crds_command_output_is_a_stream_of_every_crd() {
         .iter()
         .map(|c| c.metadata.name.clone().unwrap())
         .collect();
-    assert_eq!(names, [api::NODE_MAINTENANCE_CRD_NAME,]);
+    assert_eq!(
+        names,
+        [api::NODE_MAINTENANCE_CRD_NAME, api::REBOOT_WAVE_CRD_NAME]
+    );
 }
 
 fn crd_json(crd: CustomResourceDefinition) -> Value {
@@ -242,11 +245,14 @@ fn all_rules(schema: &Value, path: String, out: &mut Vec<(String, Value)>) {
 
 #[test]
 fn every_cel_rule_compiles_and_uses_only_crd_variables() {
-    for crd in [api::node_maintenance_crd().unwrap()] {
+    for crd in [
+        api::node_maintenance_crd().unwrap(),
+        api::reboot_wave_crd().unwrap(),
+    ] {
         let schema = schema_of(&crd_json(crd));
         let mut rules = Vec::new();
         all_rules(&schema, String::new(), &mut rules);
-        assert!(rules.len() >= 5);
+        assert!(!rules.is_empty());
         for (path, rule) in rules {
             let text = rule["rule"].as_str().unwrap();
             assert!(rule["message"].is_string(), "{path}: {text} has no message");
@@ -321,9 +327,70 @@ fn check_structural(schema: &Value, path: &str, under_uncorrelated_list: bool) {
 
 #[test]
 fn every_schema_is_structural() {
-    let schema = schema_of(&crd_json(api::node_maintenance_crd().unwrap()));
-    assert_eq!(schema["type"], "object");
-    check_structural(&schema, "", false);
+    for crd in [
+        api::node_maintenance_crd().unwrap(),
+        api::reboot_wave_crd().unwrap(),
+    ] {
+        let schema = schema_of(&crd_json(crd));
+        assert_eq!(schema["type"], "object");
+        check_structural(&schema, "", false);
+    }
+}
+
+#[test]
+fn reboot_wave_crd_structure() {
+    let crd = crd_json(api::reboot_wave_crd().unwrap());
+    assert_eq!(crd["metadata"]["name"], "rebootwaves.nodegrace.dev");
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["rw"]));
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["subresources"]["status"], json!({}));
+    let schema = schema_of(&crd);
+    assert_eq!(node(&schema, "spec")["required"], json!(["nodeSelector"]));
+    assert_eq!(node(&schema, "spec.maxUnavailable")["default"], 1);
+    assert_eq!(node(&schema, "spec.healthySeconds")["default"], 300);
+    assert_eq!(node(&schema, "spec.rebootBudgetSeconds")["default"], 1800);
+    assert_eq!(node(&schema, "spec.windows[].timeZone")["default"], "UTC");
+    assert_eq!(node(&schema, "status.slots")["maxItems"], 100);
+    assert_map_list(&schema, "status.members", "node");
+    assert_map_list(&schema, "status.slots", "node");
+}
+
+fn wave_schema() -> Value {
+    schema_of(&crd_json(api::reboot_wave_crd().unwrap()))
+}
+
+fn wave(max_unavailable: Value) -> Value {
+    json!({
+        "apiVersion": "nodegrace.dev/v1alpha1", "kind": "RebootWave",
+        "metadata": {"name": "nightly"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "blue"}}, "maxUnavailable": max_unavailable},
+    })
+}
+
+#[test]
+fn max_unavailable_is_a_count_or_a_percentage() {
+    let schema = wave_schema();
+    for good in [
+        json!(1),
+        json!(7),
+        json!("3"),
+        json!("1%"),
+        json!("25%"),
+        json!("100%"),
+    ] {
+        assert_accepted(&schema, &wave(good), None);
+    }
+    for bad in [
+        json!(0),
+        json!(-2),
+        json!("0%"),
+        json!("101%"),
+        json!("two"),
+        json!("5 %"),
+    ] {
+        assert_rejected(&schema, &wave(bad), None, "maxUnavailable is a count");
+    }
 }
 
 // --- CEL evaluation on sample objects ------------------------------------------------
@@ -543,6 +610,8 @@ mod rbac {
                 "lifecycle.k8s.io/evictions: list,watch",
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
+                "nodegrace.dev/rebootwaves/status: update",
+                "nodegrace.dev/rebootwaves: get,list,watch",
                 "policy/poddisruptionbudgets: list,watch",
             ]
         );
@@ -1331,5 +1400,220 @@ mod rbac {
             ))
             .contains("over 63 characters"));
         }
+    }
+
+    // --- RebootWaves: a node's slot ------------------------------------------------------
+
+    fn rebootwave(
+        max_unavailable: Value,
+        per_domain: Option<u32>,
+        members: &[(&str, &str)],
+        slots: &[(&str, &str)],
+    ) -> Value {
+        let mut w = json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "RebootWave",
+            "metadata": {"name": "nightly"},
+            "spec": {"nodeSelector": {"matchLabels": {"pool": "blue"}}, "maxUnavailable": max_unavailable},
+            "status": {
+                "members": members.iter().map(|(n, d)| json!({"node": n, "domain": d})).collect::<Vec<_>>(),
+                "slots": slots.iter().map(|(n, d)| json!({
+                    "node": n, "domain": d, "phase": "Down",
+                    "taken": "2026-12-01T21:00:00Z", "renewTime": "2026-12-01T21:00:00Z",
+                })).collect::<Vec<_>>(),
+            },
+        });
+        if let Some(per) = per_domain {
+            w["spec"]["perDomain"] =
+                json!({"topologyKey": "topology.kubernetes.io/zone", "maxUnavailable": per});
+        }
+        w
+    }
+
+    const SIX: [(&str, &str); 6] = [
+        ("one", "z1"),
+        ("two", "z2"),
+        ("three", "z3"),
+        ("four", "z1"),
+        ("five", "z2"),
+        ("six", "z3"),
+    ];
+
+    fn take(old: &Value, new: Value) -> Result<(), String> {
+        admit(
+            &policy("rebootwaves"),
+            ME,
+            "UPDATE",
+            "status",
+            new,
+            old.clone(),
+        )
+    }
+
+    #[test]
+    fn a_node_takes_a_slot_only_within_the_wave_and_its_domain() {
+        let two = json!(2);
+        let free = rebootwave(two.clone(), Some(1), &SIX, &[("two", "z2")]);
+        assert_eq!(
+            take(
+                &free,
+                rebootwave(two.clone(), Some(1), &SIX, &[("two", "z2"), ("one", "z1")])
+            ),
+            Ok(())
+        );
+        // The wave is full.
+        let full = rebootwave(
+            two.clone(),
+            Some(1),
+            &SIX,
+            &[("two", "z2"), ("three", "z3")],
+        );
+        let message = denied(take(
+            &full,
+            rebootwave(
+                two.clone(),
+                Some(1),
+                &SIX,
+                &[("two", "z2"), ("three", "z3"), ("one", "z1")],
+            ),
+        ));
+        assert_eq!(
+            message,
+            "no slot for node one: RebootWave nightly has 2 slots, all held"
+        );
+        // Its zone is full.
+        let zone = rebootwave(two.clone(), Some(1), &SIX, &[("four", "z1")]);
+        let message = denied(take(
+            &zone,
+            rebootwave(two.clone(), Some(1), &SIX, &[("four", "z1"), ("one", "z1")]),
+        ));
+        assert_eq!(
+            message,
+            "no slot for node one: domain z1 of RebootWave nightly has 1 slots, all held"
+        );
+        // Renewing a slot held in a wave whose limit was lowered since is not a take.
+        let mut renewed = rebootwave(json!(1), Some(1), &SIX, &[("two", "z2"), ("one", "z1")]);
+        renewed["status"]["slots"][1]["renewTime"] = json!("2026-12-01T21:01:00Z");
+        assert_eq!(
+            take(
+                &rebootwave(json!(1), Some(1), &SIX, &[("two", "z2"), ("one", "z1")]),
+                renewed
+            ),
+            Ok(())
+        );
+        // Freeing it is always allowed, over the limit too.
+        let over = rebootwave(json!(1), Some(1), &SIX, &[("two", "z2"), ("one", "z1")]);
+        assert_eq!(
+            take(&over, rebootwave(json!(1), Some(1), &SIX, &[("two", "z2")])),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_percentage_counts_the_members_and_never_gives_less_than_one_slot() {
+        let half = json!("50%");
+        let old = rebootwave(half.clone(), None, &SIX, &[("two", "z2"), ("three", "z3")]);
+        assert_eq!(
+            take(
+                &old,
+                rebootwave(
+                    half.clone(),
+                    None,
+                    &SIX,
+                    &[("two", "z2"), ("three", "z3"), ("one", "z1")]
+                )
+            ),
+            Ok(())
+        );
+        let four = rebootwave(
+            half.clone(),
+            None,
+            &SIX,
+            &[("two", "z2"), ("three", "z3"), ("four", "z1")],
+        );
+        assert_eq!(
+            denied(take(
+                &four,
+                rebootwave(
+                    half,
+                    None,
+                    &SIX,
+                    &[
+                        ("two", "z2"),
+                        ("three", "z3"),
+                        ("four", "z1"),
+                        ("one", "z1")
+                    ]
+                )
+            )),
+            "no slot for node one: RebootWave nightly has 3 slots, all held"
+        );
+        let tiny = json!("10%");
+        let alone = [("one", "z1")];
+        assert_eq!(
+            take(
+                &rebootwave(tiny.clone(), None, &alone, &[]),
+                rebootwave(tiny, None, &alone, &[("one", "z1")])
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_node_writes_only_its_own_entries_and_may_only_take_back_another_slot() {
+        let two = json!(2);
+        let old = rebootwave(two.clone(), None, &SIX, &[("two", "z2")]);
+        // A slot for another node.
+        assert!(denied(take(
+            &old,
+            rebootwave(two.clone(), None, &SIX, &[("two", "z2"), ("three", "z3")])
+        ))
+        .contains("may only take, renew and free its own slot"));
+        // Another node's slot changed.
+        let mut moved = old.clone();
+        moved["status"]["slots"][0]["phase"] = json!("Returning");
+        assert!(denied(take(&old, moved)).contains("may only take, renew and free its own slot"));
+        // Another node's slot taken back.
+        assert_eq!(take(&old, rebootwave(two.clone(), None, &SIX, &[])), Ok(()));
+        // Another node's members entry.
+        let fewer = &SIX[..5];
+        assert!(denied(take(
+            &old,
+            rebootwave(two.clone(), None, fewer, &[("two", "z2")])
+        ))
+        .contains("its own status.members entry"));
+        // Its own members entry, and a slot only in the domain it names.
+        let mut joined = SIX.to_vec();
+        joined[0] = ("one", "z9");
+        assert_eq!(
+            take(
+                &old,
+                rebootwave(two.clone(), None, &joined, &[("two", "z2")])
+            ),
+            Ok(())
+        );
+        assert!(denied(take(
+            &old,
+            rebootwave(two.clone(), None, &SIX, &[("two", "z2"), ("one", "z2")])
+        ))
+        .contains("only in the domain of its own status.members entry"));
+        // The spec, through the object rather than the status.
+        assert!(denied(admit(
+            &policy("rebootwaves"),
+            ME,
+            "UPDATE",
+            "",
+            old.clone(),
+            old.clone()
+        ))
+        .contains("may only update the status"));
+        assert!(denied(admit(
+            &policy("rebootwaves"),
+            ME,
+            "CREATE",
+            "",
+            old.clone(),
+            Value::Null
+        ))
+        .contains("may only update the status"));
     }
 }

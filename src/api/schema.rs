@@ -93,6 +93,39 @@ pub(crate) const NODE_MAINTENANCE: &[Patch] = &[
     },
 ];
 
+const CLOCK: &str = "^([01][0-9]|2[0-3]):[0-5][0-9]$";
+
+pub(crate) const REBOOT_WAVE: &[Patch] = &[
+    Patch::Rule {
+        path: "spec.maxUnavailable",
+        rule: "string(self).matches('^([1-9][0-9]*|([1-9][0-9]?|100)%)$')",
+        message: "maxUnavailable is a count of 1 or more or a percentage from 1% to 100%",
+    },
+    Patch::Set {
+        path: "spec.windows[].start",
+        key: "pattern",
+        value: || json!(CLOCK),
+    },
+    Patch::Set {
+        path: "spec.windows[].end",
+        key: "pattern",
+        value: || json!(CLOCK),
+    },
+    Patch::Set {
+        path: "spec.windows[].days",
+        key: "x-kubernetes-list-type",
+        value: || json!("set"),
+    },
+    Patch::MapList {
+        path: "status.members",
+        keys: &["node"],
+    },
+    Patch::MapList {
+        path: "status.slots",
+        keys: &["node"],
+    },
+];
+
 /// Applies `patches` to an `openAPIV3Schema`, failing on a path the schema does not have
 /// (a renamed field must not silently drop its validation).
 pub(crate) fn apply(schema: &mut Value, patches: &[Patch]) -> Result<()> {

@@ -21,6 +21,7 @@ mod history;
 mod panics;
 mod plan;
 mod podlist;
+mod reboot;
 mod status;
 mod timeline;
 
@@ -31,6 +32,7 @@ pub use panics::{exit_code, record_panics};
 
 pub use plan::{parse_budget, plan_command as plan, PlanOptions};
 pub use podlist::{parse_pod_list, LabelKeys, ListedPod};
+pub use reboot::reboot_command as reboot;
 pub use status::status_command as status;
 
 /// `-o` of `plan` and `status`.

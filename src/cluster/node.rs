@@ -18,6 +18,8 @@ pub(crate) const PREVIOUS_UNSCHEDULABLE_ANNOTATION: &str = "nodegrace.dev/previo
 /// Present while nodegrace added the load-balancer exclusion label (and so must remove it).
 pub(crate) const ADDED_LB_EXCLUSION_ANNOTATION: &str = "nodegrace.dev/added-lb-exclusion";
 pub(crate) const MAINTENANCE_TAINT_KEY: &str = "nodegrace.dev/maintenance";
+/// On a node that needs a reboot until its slot in its wave is free (PreferNoSchedule).
+pub(crate) const REBOOT_PENDING_TAINT_KEY: &str = "nodegrace.dev/reboot-pending";
 pub(crate) const SHUTDOWN_CONDITION: &str = "GracefulNodeShutdownInProgress";
 pub(crate) const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
@@ -79,23 +81,33 @@ fn taints(node: &Node) -> Vec<Taint> {
         .unwrap_or_default()
 }
 
-/// Adds (`present`) or removes the `nodegrace.dev/maintenance:NoSchedule` taint. Taints have
-/// no merge key, so the whole list is written back.
+/// Adds (`present`) or removes the `nodegrace.dev/maintenance:NoSchedule` taint.
 pub(crate) fn maintenance_taint_patch(node: &Node, present: bool) -> Option<Value> {
+    taint_patch(node, MAINTENANCE_TAINT_KEY, "NoSchedule", present)
+}
+
+/// Adds (`present`) or removes the `nodegrace.dev/reboot-pending:PreferNoSchedule` taint of
+/// a node waiting for its turn in a reboot wave.
+pub(crate) fn reboot_pending_taint_patch(node: &Node, present: bool) -> Option<Value> {
+    taint_patch(node, REBOOT_PENDING_TAINT_KEY, "PreferNoSchedule", present)
+}
+
+/// Taints have no merge key, so the whole list is written back.
+fn taint_patch(node: &Node, key: &str, effect: &str, present: bool) -> Option<Value> {
     let mut list = taints(node);
-    let has = list.iter().any(|t| t.key == MAINTENANCE_TAINT_KEY);
+    let has = list.iter().any(|t| t.key == key);
     if has == present {
         return None;
     }
     if present {
         list.push(Taint {
-            key: MAINTENANCE_TAINT_KEY.into(),
-            effect: "NoSchedule".into(),
+            key: key.into(),
+            effect: effect.into(),
             value: None,
             time_added: None,
         });
     } else {
-        list.retain(|t| t.key != MAINTENANCE_TAINT_KEY);
+        list.retain(|t| t.key != key);
     }
     Some(json!({"spec": {"taints": list}}))
 }

@@ -5,6 +5,7 @@ mod bus;
 mod machine;
 pub(crate) mod node;
 pub(crate) mod status;
+pub(crate) mod wave;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -159,6 +159,7 @@ impl NodeDrainer {
         let hurry = Arc::new(Notify::new());
         let hurried = hurry.clone();
         let runtime = parts.runtime.clone();
+        let boot_id = parts.boot_id.clone();
         tokio::spawn(async move {
             let connecting = connect_engine(
                 connect,
@@ -175,6 +176,19 @@ impl NodeDrainer {
             };
             let engine = Arc::new(started);
             tx.send_replace(Some(engine.clone()));
+            match boot_id.read() {
+                Ok(id) => {
+                    tokio::spawn(crate::daemon::wave::run(
+                        engine.clone(),
+                        id,
+                        task_stop.clone(),
+                    ));
+                }
+                Err(err) => tracing::warn!(
+                    error = format!("{err:#}"),
+                    "no boot id: this node takes no part in reboot waves"
+                ),
+            }
             // Keep the engine (and its watches) alive until the drainer goes, and give it
             // every reloaded configuration (one may have come while it was connecting).
             loop {

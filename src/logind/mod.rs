@@ -239,6 +239,8 @@ pub(crate) trait Login1Manager {
 
     fn list_inhibitors(&self) -> zbus::Result<Vec<(String, String, String, String, u32, u32)>>;
 
+    fn reboot(&self, interactive: bool) -> zbus::Result<()>;
+
     #[zbus(signal)]
     fn prepare_for_shutdown(&self, start: bool) -> zbus::Result<()>;
 
@@ -273,6 +275,20 @@ impl ZbusLogind {
             .context("creating the org.freedesktop.login1 proxy")?;
         Ok(ZbusLogind { proxy })
     }
+}
+
+/// Asks logind on the system bus to reboot the node (a reboot wave's turn). The shutdown
+/// then goes as any other: `PrepareForShutdown`, the drain, the release of the inhibitor.
+pub(crate) async fn ask_reboot() -> Result<()> {
+    let conn = zbus::Connection::system()
+        .await
+        .context("connecting to the system bus to ask logind for a reboot")?;
+    let logind = ZbusLogind::new(&conn).await?;
+    logind
+        .proxy
+        .reboot(false)
+        .await
+        .context("asking logind to reboot")
 }
 
 fn is_missing_property(err: &zbus::Error) -> bool {

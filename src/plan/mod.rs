@@ -22,6 +22,8 @@
 //! - [`intree`]: the EvictionRequest API of Kubernetes 1.37 as nodegrace requests through
 //!   it: its requester key, what a pod's `Eviction` says, what is wrong with declared
 //!   responders.
+//! - [`wave`]: a fleet's reboots in turns: a node's turn, its slot's fate, a slot taken back,
+//!   a wave's windows.
 //! - [`wiring`]: what the daemon starts at connect ([`wiring::Wiring`]): the eviction path
 //!   and what is warned about.
 
@@ -54,6 +56,7 @@ pub(crate) mod selector;
 pub(crate) mod targets;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub(crate) mod wave;
 pub(crate) mod wiring;
 
 pub use budget::plan_steps;

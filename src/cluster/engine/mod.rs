@@ -44,7 +44,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -61,7 +61,7 @@ use crate::nodeview::PodsOnNode;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
 use crate::plan::freshness::{WatchLog, Written};
 use crate::plan::reachability::{GivenUp, Reachability};
-use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo};
+use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo, PodType};
 use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
@@ -267,6 +267,12 @@ struct Shared {
     /// To the loop ([`ToLoop`]).
     to_loop: mpsc::UnboundedSender<ToLoop>,
     recorder: Recorder,
+}
+
+/// What [`Engine::node_for_wave`] gives.
+pub(crate) struct NodeForWave {
+    pub(crate) node: Node,
+    pub(crate) health: Result<(), String>,
 }
 
 /// The node's drain engine. Dropping it stops its watches and its loop.
@@ -643,6 +649,53 @@ impl Engine {
                 uid: uid.to_owned(),
                 by,
             });
+        })
+    }
+
+    /// The apiserver client the engine uses (nodegrace's identity).
+    pub(crate) fn client(&self) -> Client {
+        self.shared.client.clone()
+    }
+
+    /// The node as its reboot wave needs it: its labels and taints from the engine's watch,
+    /// and whether it is healthy (`plan::wave::health`). None until the node was listed.
+    pub(crate) fn node_for_wave(&self) -> Option<NodeForWave> {
+        let node = self
+            .shared
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(self.shared.node.as_str()))?;
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let unschedulable = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        let not_ready: Vec<String> = self
+            .shared
+            .pods
+            .state()
+            .iter()
+            .filter(|p| own::is_bound_to(p, &self.shared.node))
+            .filter(|p| {
+                PodInfo::from_pod(p).is_ok_and(|i| !i.terminal && i.pod_type != PodType::Default)
+            })
+            .filter(|p| {
+                !p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        Some(NodeForWave {
+            health: crate::plan::wave::health(ready, unschedulable, &not_ready),
+            node: node.as_ref().clone(),
         })
     }
 

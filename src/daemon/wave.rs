@@ -1,0 +1,507 @@
+//! The node's part in its reboot wave (issue 43): it needs a reboot when the sentinel file
+//! is there; it joins the wave that selects it, taints itself so the scheduler keeps pods
+//! off it, takes a slot when `plan::wave::next` says so and asks logind to reboot; the
+//! shutdown then drains as any other. After the boot it frees the slot once healthy for the
+//! wave's healthy time. Each step is one write of the wave's status with the
+//! resourceVersion read, so the apiserver orders them and its admission policy holds the
+//! limits; a conflict is read again at the next event.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::PostParams;
+use kube::runtime::{reflector, watcher, WatchStreamExt as _};
+use kube::{Api, ResourceExt as _};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{RebootWave, SlotPhase, WaveMember, WaveSlot};
+use crate::cluster::gateway::{self, Kind};
+use crate::cluster::node::{patch_node_with, reboot_pending_taint_patch, REBOOT_PENDING_TAINT_KEY};
+use crate::cluster::Engine;
+use crate::plan::selector::Selector;
+use crate::plan::wave::{self, Held, Limit, Mine, Opening, Phase, Rules, Seen, Step, Why, Window};
+
+/// Debian's and Ubuntu's sign that an update wants a reboot.
+pub(crate) const SENTINEL: &str = "/run/reboot-required";
+/// `nodegrace reboot`: an operator asks for this node's turn.
+pub(crate) const ASKED: &str = "/run/nodegrace/reboot-requested";
+
+/// How often the node looks at its sentinel and its health between the wave's events.
+const TICK: Duration = Duration::from_secs(2);
+/// How often a holder writes its slot's renewTime while its daemon runs.
+const RENEW: Duration = Duration::from_secs(30);
+/// How long between two asks for the same reboot.
+const ASK_AGAIN: Duration = Duration::from_secs(60);
+
+/// Runs until `stop`: watches the RebootWaves and takes this node's steps in the one that
+/// selects it.
+pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: CancellationToken) {
+    let client = engine.client();
+    let node = engine.node().to_owned();
+    let api: Api<RebootWave> = Api::all(client.clone());
+    let (store, writer) = reflector::store();
+    let mut events = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    let mut part = Part {
+        api,
+        nodes: Api::all(client),
+        node,
+        boot_id,
+        healthy_since: None,
+        renewed: None,
+        asked: None,
+        others: HashMap::new(),
+        said: None,
+        watch_failing: false,
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            event = events.next() => match event {
+                Some(Ok(_)) => part.watch_failing = false,
+                Some(Err(err)) => {
+                    if !part.watch_failing {
+                        tracing::warn!(node = %part.node, error = %err, "cannot watch RebootWaves (is the rebootwaves.nodegrace.dev CRD installed?): no planned reboot starts until it can");
+                    }
+                    part.watch_failing = true;
+                    continue;
+                }
+                None => return,
+            },
+            _ = tick.tick() => {}
+        }
+        if part.watch_failing {
+            continue;
+        }
+        let Some(now) = engine.node_for_wave() else {
+            continue;
+        };
+        part.step(&store.state(), &now.node, now.health).await;
+    }
+}
+
+/// Whether the node needs a reboot: the sentinel or an operator's ask is a regular file.
+/// Anything else there is said once and counts as no.
+fn needs_reboot(node: &str) -> bool {
+    [SENTINEL, ASKED]
+        .iter()
+        .any(|path| regular_file(node, Path::new(path)))
+}
+
+fn regular_file(node: &str, path: &Path) -> bool {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_file() => true,
+        Ok(meta) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(node = %node, path = %path.display(), kind = ?meta.file_type(), "the reboot sentinel is not a regular file (a directory, a FIFO or a symlink): ignored, the node does not count as needing a reboot");
+            });
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// This node's part in the waves: what it remembers between steps.
+struct Part {
+    api: Api<RebootWave>,
+    nodes: Api<Node>,
+    node: String,
+    boot_id: String,
+    /// Healthy without a break since then.
+    healthy_since: Option<Timestamp>,
+    /// When the own slot was last written.
+    renewed: Option<Instant>,
+    /// When logind was last asked to reboot.
+    asked: Option<Instant>,
+    /// Other holders' renewTime as last seen, and since when (this node's own clock).
+    others: HashMap<String, (String, Instant)>,
+    /// What the node last said about its turn.
+    said: Option<String>,
+    watch_failing: bool,
+}
+
+impl Part {
+    async fn step(&mut self, waves: &[Arc<RebootWave>], node: &Node, health: Result<(), String>) {
+        let labels = node.labels();
+        // A slot held is seen to its end in its wave, selected or not any more.
+        let holding = waves.iter().find(|w| slot_of(w, &self.node).is_some());
+        let wave = match holding {
+            Some(w) => Some(w.clone()),
+            None => {
+                let mut selecting = Vec::new();
+                for w in waves {
+                    match Selector::compile(&w.spec.node_selector) {
+                        Ok(sel) if sel.matches(labels) => selecting.push(w.name_any()),
+                        Ok(_) => {}
+                        Err(err) => self.say(
+                            Some(w),
+                            &Why::Invalid {
+                                problem: format!(
+                                    "RebootWave {}: nodeSelector: {err}",
+                                    w.name_any()
+                                ),
+                            },
+                        ),
+                    }
+                }
+                selecting.sort();
+                match wave::choose(&selecting) {
+                    Ok(Some(name)) => waves.iter().find(|w| w.name_any() == name).cloned(),
+                    Ok(None) => None,
+                    Err(why) => {
+                        self.say(None, &why);
+                        None
+                    }
+                }
+            }
+        };
+        let needs = needs_reboot(&self.node);
+        let taint = wave::pending_taint(needs && wave.is_some(), holding.is_some());
+        self.keep_taint(node, taint).await;
+        let Some(wave) = wave else {
+            return;
+        };
+        self.healthy_since = match (&health, self.healthy_since) {
+            (Ok(()), Some(since)) => Some(since),
+            (Ok(()), None) => Some(Timestamp::now()),
+            (Err(_), _) => None,
+        };
+        let (rules, opening) = match read_rules(&wave) {
+            Ok(read) => read,
+            Err(problem) => {
+                self.say(Some(&wave), &Why::Invalid { problem });
+                return;
+            }
+        };
+        let status = wave.status.clone().unwrap_or_default();
+        let domain = wave
+            .spec
+            .per_domain
+            .as_ref()
+            .and_then(|p| labels.get(&p.topology_key).cloned())
+            .unwrap_or_default();
+        let held: Vec<Held> = status
+            .slots
+            .iter()
+            .map(|s| Held {
+                node: s.node.clone(),
+                domain: s.domain.clone(),
+            })
+            .collect();
+        let mine = slot_of(&wave, &self.node).map(|s| Mine {
+            phase: match s.phase {
+                SlotPhase::Down => Phase::Down,
+                SlotPhase::Returning => Phase::Returning,
+                SlotPhase::Stuck => Phase::Stuck,
+            },
+            boot_id: s.boot_id.clone(),
+            taken: s.taken.0,
+            healthy_since: s.healthy_since.as_ref().map(|t| t.0),
+        });
+        let take_back = self.silent_holder(&rules, &status.slots).await;
+        let seen = Seen {
+            me: &self.node,
+            boot_id: &self.boot_id,
+            needs_reboot: needs,
+            rules: &rules,
+            domain: &domain,
+            member: status
+                .members
+                .iter()
+                .find(|m| m.node == self.node)
+                .map(|m| m.domain.as_str()),
+            members: status.members.len(),
+            held: &held,
+            mine: mine.as_ref(),
+            opening,
+            stuck: status
+                .slots
+                .iter()
+                .find(|s| s.phase == SlotPhase::Stuck && s.node != self.node)
+                .map(|s| s.node.as_str()),
+            take_back: take_back.as_deref(),
+            healthy: self.healthy_since,
+            renew_due: self.renewed.is_none_or(|at| at.elapsed() >= RENEW),
+            now: Timestamp::now(),
+        };
+        let step = wave::next(&seen);
+        if let Step::Wait(why) = &step {
+            self.say(Some(&wave), why);
+            return;
+        }
+        self.carry_out(&wave, step, &domain, health).await;
+    }
+
+    async fn carry_out(
+        &mut self,
+        wave: &RebootWave,
+        step: Step,
+        domain: &str,
+        health: Result<(), String>,
+    ) {
+        let name = wave.name_any();
+        let now = Time(Timestamp::now());
+        let me = self.node.clone();
+        let boot_id = self.boot_id.clone();
+        let written = match &step {
+            Step::Idle => return,
+            Step::Wait(_) => return,
+            Step::Reboot => {
+                self.ask_reboot(&name).await;
+                return;
+            }
+            Step::Join => {
+                let entry = WaveMember {
+                    node: me.clone(),
+                    domain: domain.to_owned(),
+                };
+                self.write(wave, |st| {
+                    st.members.retain(|m| m.node != entry.node);
+                    st.members.push(entry.clone());
+                })
+                .await
+            }
+            Step::Take => {
+                let slot = WaveSlot {
+                    node: me.clone(),
+                    domain: domain.to_owned(),
+                    phase: SlotPhase::Down,
+                    boot_id,
+                    taken: now.clone(),
+                    renew_time: now.clone(),
+                    healthy_since: None,
+                };
+                self.write(wave, |st| st.slots.push(slot.clone())).await
+            }
+            Step::TakeBack(other) => {
+                let other = other.clone();
+                self.write(wave, |st| st.slots.retain(|s| s.node != other))
+                    .await
+            }
+            Step::Free => {
+                self.write(wave, |st| st.slots.retain(|s| s.node != me))
+                    .await
+            }
+            Step::Returning | Step::Healthy(_) | Step::Unhealthy | Step::Stuck | Step::Renew => {
+                let step = step.clone();
+                self.write(wave, |st| {
+                    if let Some(slot) = st.slots.iter_mut().find(|s| s.node == me) {
+                        slot.renew_time = now.clone();
+                        match step {
+                            Step::Returning => slot.phase = SlotPhase::Returning,
+                            Step::Healthy(since) => {
+                                slot.phase = SlotPhase::Returning;
+                                slot.healthy_since = Some(Time(since));
+                            }
+                            Step::Unhealthy => slot.healthy_since = None,
+                            Step::Stuck => slot.phase = SlotPhase::Stuck,
+                            _ => {}
+                        }
+                    }
+                })
+                .await
+            }
+        };
+        match written {
+            Written::Yes => {}
+            Written::Conflict => return,
+            Written::Refused(message) => {
+                self.say(Some(wave), &Why::Invalid { problem: message });
+                return;
+            }
+        }
+        if !matches!(step, Step::Join | Step::TakeBack(_)) {
+            self.renewed = Some(Instant::now());
+        }
+        match step {
+            Step::Join => {
+                tracing::info!(node = %me, wave = %name, domain = %domain, "joined the reboot wave")
+            }
+            Step::Take => {
+                tracing::info!(node = %me, wave = %name, domain = %domain, "took a slot of the reboot wave: rebooting");
+                self.ask_reboot(&name).await;
+            }
+            Step::TakeBack(other) => {
+                tracing::warn!(node = %me, wave = %name, holder = %other, "took back the slot of a node gone or silent past the wave's reboot budget")
+            }
+            Step::Returning => {
+                tracing::info!(node = %me, wave = %name, "back after the reboot: the slot is freed once the node is healthy for the wave's healthy time")
+            }
+            Step::Healthy(_) => {
+                tracing::info!(node = %me, wave = %name, "healthy again after the reboot")
+            }
+            Step::Unhealthy => {
+                tracing::warn!(node = %me, wave = %name, why = %health.err().unwrap_or_default(), "not healthy any more: the healthy time starts again")
+            }
+            Step::Free => {
+                self.renewed = None;
+                tracing::info!(node = %me, wave = %name, "healthy for the wave's healthy time: freed the slot");
+            }
+            Step::Stuck => {
+                tracing::error!(node = %me, wave = %name, why = %health.err().unwrap_or_default(), "not healthy within the wave's reboot budget: the wave stops here and the slot is kept until the node is healthy or an operator frees it")
+            }
+            Step::Renew | Step::Idle | Step::Wait(_) | Step::Reboot => {}
+        }
+    }
+
+    /// One write of the wave's status, with the resourceVersion read.
+    async fn write(
+        &self,
+        wave: &RebootWave,
+        change: impl FnOnce(&mut crate::api::RebootWaveStatus),
+    ) -> Written {
+        let mut next = wave.clone();
+        change(next.status.get_or_insert_with(Default::default));
+        let r = self
+            .api
+            .replace_status(&wave.name_any(), &PostParams::default(), &next)
+            .await;
+        match gateway::reply(r) {
+            Ok(_) => Written::Yes,
+            Err(f) if f.is(Kind::Conflict) => Written::Conflict,
+            Err(f) => Written::Refused(format!("{:#}", anyhow::Error::from(f))),
+        }
+    }
+
+    async fn ask_reboot(&mut self, wave: &str) {
+        if self.asked.is_some_and(|at| at.elapsed() < ASK_AGAIN) {
+            return;
+        }
+        self.asked = Some(Instant::now());
+        if let Err(err) = crate::logind::ask_reboot().await {
+            tracing::error!(node = %self.node, wave = %wave, error = format!("{err:#}"), "logind did not take the reboot: the slot is kept and the reboot asked again in a minute");
+        }
+    }
+
+    /// The first other holder that is gone or has been silent past the reboot budget.
+    async fn silent_holder(&mut self, rules: &Rules, slots: &[WaveSlot]) -> Option<String> {
+        self.others
+            .retain(|node, _| slots.iter().any(|s| &s.node == node));
+        for slot in slots.iter().filter(|s| s.node != self.node) {
+            let renewed = slot.renew_time.0.to_string();
+            let seen = self
+                .others
+                .entry(slot.node.clone())
+                .or_insert_with(|| (renewed.clone(), Instant::now()));
+            if seen.0 != renewed {
+                *seen = (renewed, Instant::now());
+            }
+            let silent = seen.1.elapsed();
+            let gone = silent > RENEW * 4 && self.node_gone(&slot.node).await;
+            if wave::take_back(rules, gone, silent) {
+                return Some(slot.node.clone());
+            }
+        }
+        None
+    }
+
+    async fn node_gone(&self, node: &str) -> bool {
+        matches!(gateway::reply(self.nodes.get(node).await), Err(f) if f.is(Kind::NotFound))
+    }
+
+    async fn keep_taint(&self, node: &Node, wanted: bool) {
+        let has = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == REBOOT_PENDING_TAINT_KEY));
+        if has == wanted {
+            return;
+        }
+        let what = if wanted {
+            "taint the node reboot-pending"
+        } else {
+            "remove the reboot-pending taint"
+        };
+        match patch_node_with(&self.nodes, &self.node, what, |n| {
+            reboot_pending_taint_patch(n, wanted)
+        })
+        .await
+        {
+            Ok(_) => {
+                tracing::info!(node = %self.node, taint = REBOOT_PENDING_TAINT_KEY, present = wanted, "{what}")
+            }
+            Err(err) => {
+                tracing::warn!(node = %self.node, error = format!("{err:#}"), "could not {what}")
+            }
+        }
+    }
+
+    /// Says why the node waits, once each time the reason changes.
+    fn say(&mut self, wave: Option<&RebootWave>, why: &Why) {
+        let text = why.to_string();
+        if self.said.as_deref() == Some(text.as_str()) {
+            return;
+        }
+        let name = wave.map(|w| w.name_any()).unwrap_or_default();
+        match why {
+            Why::Invalid { .. } | Why::SelectedTwice { .. } | Why::Stuck { .. } => {
+                tracing::warn!(node = %self.node, wave = %name, "waiting for a reboot: {text}")
+            }
+            _ => tracing::info!(node = %self.node, wave = %name, "waiting for a reboot: {text}"),
+        }
+        self.said = Some(text);
+    }
+}
+
+enum Written {
+    Yes,
+    Conflict,
+    Refused(String),
+}
+
+fn slot_of<'a>(wave: &'a RebootWave, node: &str) -> Option<&'a WaveSlot> {
+    wave.status.as_ref()?.slots.iter().find(|s| s.node == node)
+}
+
+/// The wave's limits and whether its windows are open now.
+fn read_rules(wave: &RebootWave) -> Result<(Rules, Opening), String> {
+    let max = match &wave.spec.max_unavailable {
+        IntOrString::Int(n) => n.to_string(),
+        IntOrString::String(s) => s.clone(),
+    };
+    let rules = Rules {
+        limit: Limit::parse(&max)?,
+        per_domain: wave.spec.per_domain.as_ref().map(|p| p.max_unavailable),
+        healthy_for: Duration::from_secs(u64::from(wave.spec.healthy_seconds)),
+        reboot_budget: Duration::from_secs(u64::from(wave.spec.reboot_budget_seconds)),
+    };
+    let windows = wave
+        .spec
+        .windows
+        .iter()
+        .map(|w| {
+            let zone = jiff::tz::db().get(&w.time_zone).map_err(|_| {
+                format!(
+                    "RebootWave {}: time zone {:?} is not in this node's tzdata (/usr/share/zoneinfo): no reboot starts until it is corrected",
+                    wave.name_any(),
+                    w.time_zone
+                )
+            })?;
+            let clock = |t: &str| {
+                t.parse::<jiff::civil::Time>()
+                    .map_err(|e| format!("RebootWave {}: {t:?} is not HH:MM: {e}", wave.name_any()))
+            };
+            Ok(Window {
+                days: w.days.iter().map(|d| d.weekday()).collect(),
+                start: clock(&w.start)?,
+                end: clock(&w.end)?,
+                zone,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((rules, wave::opening(&windows, Timestamp::now())))
+}

@@ -1,0 +1,275 @@
+//! Real-control-plane tier: a RebootWave's slots as the real apiserver orders and limits them
+//! (issue 43, item 3). Six node identities of three zones join a wave of `maxUnavailable: 2`,
+//! one a zone, and all take a slot at once, each by an update with the resourceVersion it
+//! read: the packaged admission policy refuses every take beyond the limits, and a node's
+//! credential cannot write another node's slot.
+//!
+//! Only with `NODEGRACE_REAL_TESTS=1` as root (`scripts/test-all`).
+
+mod real;
+mod realk8s;
+
+use std::time::{Duration, Instant};
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use nodegrace::RebootWave;
+use serde_json::{json, Value};
+
+const ZONES: [&str; 3] = ["z1", "z2", "z3"];
+
+struct Wave {
+    admin: Api<RebootWave>,
+    name: String,
+}
+
+impl Wave {
+    async fn create(admin: Client, spec: Value) -> Wave {
+        let admin: Api<RebootWave> = Api::all(admin);
+        let name = realk8s::unique("ng-wave");
+        let wave: RebootWave = serde_json::from_value(json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "RebootWave",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .unwrap();
+        admin.create(&PostParams::default(), &wave).await.unwrap();
+        Wave { admin, name }
+    }
+
+    async fn status(&self) -> Value {
+        let wave = self.admin.get(&self.name).await.unwrap();
+        serde_json::to_value(wave.status.unwrap_or_default()).unwrap()
+    }
+
+    async fn delete(&self) {
+        let _ = self
+            .admin
+            .delete(&self.name, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// What the apiserver answered a node's write.
+#[derive(Debug)]
+enum Answer {
+    Written,
+    Refused(String),
+}
+
+/// Reads the wave and writes `change` of its status with the resourceVersion read, again on a
+/// conflict: what a node does to join, take, renew or free.
+async fn write(api: &Api<RebootWave>, name: &str, change: impl Fn(&mut Value)) -> Answer {
+    loop {
+        let wave = api.get(name).await.unwrap();
+        let mut body = serde_json::to_value(&wave).unwrap();
+        if body.get("status").is_none_or(Value::is_null) {
+            body["status"] = json!({});
+        }
+        change(&mut body["status"]);
+        let body: RebootWave = serde_json::from_value(body).unwrap();
+        match api
+            .replace_status(name, &PostParams::default(), &body)
+            .await
+        {
+            Ok(_) => return Answer::Written,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+                return Answer::Refused(e.message)
+            }
+            Err(e) => panic!("writing wave {name}: {e}"),
+        }
+    }
+}
+
+fn push(status: &mut Value, list: &str, entry: Value) {
+    let key = entry["node"].clone();
+    let items = status[list].as_array().cloned().unwrap_or_default();
+    let mut items: Vec<Value> = items.into_iter().filter(|e| e["node"] != key).collect();
+    items.push(entry);
+    status[list] = Value::Array(items);
+}
+
+fn remove(status: &mut Value, list: &str, node: &str) {
+    if let Some(items) = status[list].as_array_mut() {
+        items.retain(|e| e["node"] != node);
+    }
+}
+
+fn slot(node: &str, zone: &str) -> Value {
+    let now = jiff::Timestamp::now().to_string();
+    json!({"node": node, "domain": zone, "phase": "Down", "taken": now, "renewTime": now})
+}
+
+fn held(status: &Value) -> Vec<(String, String)> {
+    let mut held: Vec<(String, String)> = status["slots"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|s| {
+            (
+                s["node"].as_str().unwrap().to_owned(),
+                s["domain"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    held.sort();
+    held
+}
+
+/// Six nodes of three zones race for slots of a wave of two, one a zone, then the same wave at
+/// 50%: the apiserver grants what the limits allow and refuses the rest with the policy's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_racing_for_slots_get_no_more_than_the_wave_and_a_zone_allow() {
+    if !realk8s::enabled(
+        "realk8s_waves::nodes_racing_for_slots_get_no_more_than_the_wave_and_a_zone_allow",
+    ) {
+        return;
+    }
+    let cp = realk8s::running_control_plane().await;
+    let admin = cp.admin().await;
+    let wave = Wave::create(
+        admin.clone(),
+        json!({
+            "nodeSelector": {"matchLabels": {"pool": "wave"}},
+            "maxUnavailable": 2,
+            "perDomain": {"topologyKey": "topology.kubernetes.io/zone", "maxUnavailable": 1},
+        }),
+    )
+    .await;
+    let prefix = realk8s::unique("ng-w");
+    let nodes: Vec<(String, &str)> = (0..6)
+        .map(|i| (format!("{prefix}-{i}"), ZONES[i % 3]))
+        .collect();
+    let mut apis = Vec::new();
+    for (node, _) in &nodes {
+        let client = realk8s::client_from(&cp.nodegrace_identity(node)).await;
+        apis.push(Api::<RebootWave>::all(client));
+    }
+
+    // A policy applied a moment ago takes effect once the apiserver's informers caught up.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let intruder = loop {
+        let answer = write(&apis[0], &wave.name, |s| {
+            push(s, "slots", slot(&nodes[1].0, nodes[1].1))
+        })
+        .await;
+        match answer {
+            Answer::Refused(message) => break message,
+            Answer::Written if Instant::now() < deadline => {
+                write(&apis[0], &wave.name, |s| remove(s, "slots", &nodes[1].0)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Answer::Written => panic!("a node wrote another node's slot"),
+        }
+    };
+    assert!(
+        intruder.contains("may only take, renew and free its own slot"),
+        "{intruder}"
+    );
+
+    let joins = nodes.iter().zip(&apis).map(|((node, zone), api)| {
+        let entry = json!({"node": node, "domain": zone});
+        let name = wave.name.clone();
+        async move { write(api, &name, |s| push(s, "members", entry.clone())).await }
+    });
+    for answer in futures::future::join_all(joins).await {
+        assert!(matches!(answer, Answer::Written), "{answer:?}");
+    }
+
+    let takes = nodes.iter().zip(&apis).map(|((node, zone), api)| {
+        let name = wave.name.clone();
+        async move { write(api, &name, |s| push(s, "slots", slot(node, zone))).await }
+    });
+    let answers = futures::future::join_all(takes).await;
+    let granted = answers
+        .iter()
+        .filter(|a| matches!(a, Answer::Written))
+        .count();
+    let status = wave.status().await;
+    let slots = held(&status);
+    assert_eq!(granted, 2, "{answers:?}");
+    assert_eq!(slots.len(), 2, "{slots:?}");
+    assert_ne!(slots[0].1, slots[1].1, "two slots in one zone: {slots:?}");
+    for answer in &answers {
+        if let Answer::Refused(message) = answer {
+            assert!(
+                message.contains("has 2 slots, all held")
+                    || message.contains("has 1 slots, all held"),
+                "{message}"
+            );
+        }
+    }
+
+    // A node takes back the slot of another (one that is gone): allowed, never the reverse
+    // of adding one.
+    let holder = slots[0].0.clone();
+    let taker = nodes
+        .iter()
+        .position(|(n, _)| !slots.iter().any(|(h, _)| h == n))
+        .unwrap();
+    let answer = write(&apis[taker], &wave.name, |s| remove(s, "slots", &holder)).await;
+    assert!(matches!(answer, Answer::Written), "{answer:?}");
+    assert_eq!(held(&wave.status().await).len(), 1);
+
+    // At 50% of six members and no zone limit, three slots.
+    wave.admin
+        .patch(
+            &wave.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxUnavailable": "50%", "perDomain": null}})),
+        )
+        .await
+        .unwrap();
+    let mut answers = Vec::new();
+    for ((node, zone), api) in nodes.iter().zip(&apis) {
+        answers.push(write(api, &wave.name, |s| push(s, "slots", slot(node, zone))).await);
+    }
+    let status = wave.status().await;
+    assert_eq!(held(&status).len(), 3, "{answers:?}");
+    let refused: Vec<&String> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Answer::Refused(m) => Some(m),
+            Answer::Written => None,
+        })
+        .collect();
+    assert!(!refused.is_empty());
+    for message in refused {
+        assert!(message.contains("has 3 slots, all held"), "{message}");
+    }
+    wave.delete().await;
+}
+
+/// What the CRD itself refuses from an operator: a limit of none, a window at 25:00.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_with_no_slot_or_a_window_past_midnight_is_refused() {
+    if !realk8s::enabled("realk8s_waves::a_wave_with_no_slot_or_a_window_past_midnight_is_refused")
+    {
+        return;
+    }
+    let cp = realk8s::running_control_plane().await;
+    let admin: Api<RebootWave> = Api::all(cp.admin().await);
+    for (spec, says) in [
+        (
+            json!({"nodeSelector": {}, "maxUnavailable": "0%"}),
+            "maxUnavailable is a count of 1 or more or a percentage",
+        ),
+        (
+            json!({"nodeSelector": {}, "windows": [{"start": "25:00", "end": "04:00"}]}),
+            "spec.windows[0].start",
+        ),
+    ] {
+        let wave: RebootWave = serde_json::from_value(json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "RebootWave",
+            "metadata": {"name": realk8s::unique("ng-bad-wave")}, "spec": spec,
+        }))
+        .unwrap();
+        match admin.create(&realk8s::dry::post(), &wave).await {
+            Err(kube::Error::Api(e)) if e.code == 422 => {
+                assert!(e.message.contains(says), "{}", e.message)
+            }
+            other => panic!("expected 422 for {spec}, got {other:?}"),
+        }
+    }
+}
