@@ -121,6 +121,10 @@ pub struct Metrics {
     /// [`Metrics::shutdown_took`]).
     durations_to_count: Arc<std::sync::Mutex<Vec<(KindLabel, f64)>>>,
     evictions_refused: Family<ReasonLabel, Counter>,
+    wave_slot_held: Gauge,
+    wave_stuck: Gauge,
+    wave_waiting: Gauge,
+    wave_slots_taken_back: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -264,6 +268,26 @@ const EVICTIONS_REFUSED: Help = (
     "Evictions refused, by reason: budget (a PodDisruptionBudget), throttled (429 without a budget), error",
 );
 
+const WAVE_SLOT_HELD: Help = (
+    "wave_slot_held",
+    "1 while the node holds a slot of its RebootWave (draining, rebooting, or on its way back)",
+);
+
+const WAVE_STUCK: Help = (
+    "wave_stuck",
+    "1 while the node's slot says Stuck: not healthy within the wave's reboot budget, the wave stops",
+);
+
+const WAVE_WAITING: Help = (
+    "wave_waiting",
+    "1 while the node needs a reboot and waits for its turn in its RebootWave",
+);
+
+const WAVE_SLOTS_TAKEN_BACK: Help = (
+    "wave_slots_taken_back",
+    "Slots of other nodes this node took back: their node was gone or silent past the wave's reboot budget",
+);
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodegrace");
@@ -319,6 +343,14 @@ impl Metrics {
                 r,
                 EVICTIONS_REFUSED,
                 Family::<ReasonLabel, Counter>::default(),
+            ),
+            wave_slot_held: register(&mut registry, WAVE_SLOT_HELD, Gauge::default()),
+            wave_stuck: register(&mut registry, WAVE_STUCK, Gauge::default()),
+            wave_waiting: register(&mut registry, WAVE_WAITING, Gauge::default()),
+            wave_slots_taken_back: register(
+                &mut registry,
+                WAVE_SLOTS_TAKEN_BACK,
+                Counter::default(),
             ),
             // Last: the fields above have registered their metrics in it.
             registry: Arc::new(registry),
@@ -439,6 +471,17 @@ impl Metrics {
     }
 
     /// What the drain plan reserves for the node's pods now (`Settings::reserves_needed`).
+    /// The node's place in its reboot wave: a slot held, that slot stuck, waiting for one.
+    pub(crate) fn set_wave(&self, held: bool, stuck: bool, waiting: bool) {
+        self.wave_slot_held.set(i64::from(held));
+        self.wave_stuck.set(i64::from(stuck));
+        self.wave_waiting.set(i64::from(waiting));
+    }
+
+    pub(crate) fn wave_slot_taken_back(&self) {
+        self.wave_slots_taken_back.inc();
+    }
+
     pub(crate) fn set_budget_needed(&self, needed: std::time::Duration) {
         self.budget_needed.set(needed.as_secs_f64());
         self.judge_budget();

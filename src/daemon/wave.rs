@@ -57,6 +57,7 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         nodes: Api::all(client),
         node,
         boot_id,
+        metrics: engine.metrics(),
         healthy_since: None,
         renewed: None,
         asked: None,
@@ -94,7 +95,7 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
 
 /// Whether the node needs a reboot: the sentinel or an operator's ask is a regular file.
 /// Anything else there is said once and counts as no.
-fn needs_reboot(node: &str) -> bool {
+pub(crate) fn needs_reboot(node: &str) -> bool {
     [SENTINEL, ASKED]
         .iter()
         .any(|path| regular_file(node, Path::new(path)))
@@ -120,6 +121,7 @@ struct Part {
     nodes: Api<Node>,
     node: String,
     boot_id: String,
+    metrics: crate::metrics::Metrics,
     /// Healthy without a break since then.
     healthy_since: Option<Timestamp>,
     /// When the own slot was last written.
@@ -136,42 +138,23 @@ struct Part {
 impl Part {
     async fn step(&mut self, waves: &[Arc<RebootWave>], node: &Node, health: Result<(), String>) {
         let labels = node.labels();
-        // A slot held is seen to its end in its wave, selected or not any more.
-        let holding = waves.iter().find(|w| slot_of(w, &self.node).is_some());
-        let wave = match holding {
-            Some(w) => Some(w.clone()),
-            None => {
-                let mut selecting = Vec::new();
-                for w in waves {
-                    match Selector::compile(&w.spec.node_selector) {
-                        Ok(sel) if sel.matches(labels) => selecting.push(w.name_any()),
-                        Ok(_) => {}
-                        Err(err) => self.say(
-                            Some(w),
-                            &Why::Invalid {
-                                problem: format!(
-                                    "RebootWave {}: nodeSelector: {err}",
-                                    w.name_any()
-                                ),
-                            },
-                        ),
-                    }
-                }
-                selecting.sort();
-                match wave::choose(&selecting) {
-                    Ok(Some(name)) => waves.iter().find(|w| w.name_any() == name).cloned(),
-                    Ok(None) => None,
-                    Err(why) => {
-                        self.say(None, &why);
-                        None
-                    }
-                }
+        let (wave, problems) = wave_of(waves, &self.node, labels);
+        let holding = matches!(&wave, Ok(Some(w)) if slot_of(w, &self.node).is_some());
+        for why in problems {
+            self.say(None, &why);
+        }
+        let wave = match wave {
+            Ok(wave) => wave,
+            Err(why) => {
+                self.say(None, &why);
+                None
             }
         };
         let needs = needs_reboot(&self.node);
-        let taint = wave::pending_taint(needs && wave.is_some(), holding.is_some());
+        let taint = wave::pending_taint(needs && wave.is_some(), holding);
         self.keep_taint(node, taint).await;
         let Some(wave) = wave else {
+            self.metrics.set_wave(false, false, false);
             return;
         };
         self.healthy_since = match (&health, self.healthy_since) {
@@ -182,6 +165,7 @@ impl Part {
         let (rules, opening) = match read_rules(&wave) {
             Ok(read) => read,
             Err(problem) => {
+                self.metrics.set_wave(false, false, needs);
                 self.say(Some(&wave), &Why::Invalid { problem });
                 return;
             }
@@ -238,6 +222,11 @@ impl Part {
             now: Timestamp::now(),
         };
         let step = wave::next(&seen);
+        self.metrics.set_wave(
+            mine.is_some(),
+            mine.as_ref().is_some_and(|m| m.phase == Phase::Stuck),
+            matches!(step, Step::Wait(_) | Step::Join | Step::TakeBack(_)),
+        );
         if let Step::Wait(why) = &step {
             self.say(Some(&wave), why);
             return;
@@ -335,6 +324,7 @@ impl Part {
                 self.ask_reboot(&name).await;
             }
             Step::TakeBack(other) => {
+                self.metrics.wave_slot_taken_back();
                 tracing::warn!(node = %me, wave = %name, holder = %other, "took back the slot of a node gone or silent past the wave's reboot budget")
             }
             Step::Returning => {
@@ -457,18 +447,46 @@ impl Part {
     }
 }
 
+/// The wave the node takes part in: the one holding its slot (seen to its end, selected or
+/// not any more), else the one wave whose selector matches its labels. Beside it, what is
+/// wrong with the waves' selectors.
+pub(crate) fn wave_of(
+    waves: &[Arc<RebootWave>],
+    node: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> (Result<Option<Arc<RebootWave>>, Why>, Vec<Why>) {
+    if let Some(w) = waves.iter().find(|w| slot_of(w, node).is_some()) {
+        return (Ok(Some(w.clone())), Vec::new());
+    }
+    let mut selecting = Vec::new();
+    let mut problems = Vec::new();
+    for w in waves {
+        match Selector::compile(&w.spec.node_selector) {
+            Ok(sel) if sel.matches(labels) => selecting.push(w.name_any()),
+            Ok(_) => {}
+            Err(err) => problems.push(Why::Invalid {
+                problem: format!("RebootWave {}: nodeSelector: {err}", w.name_any()),
+            }),
+        }
+    }
+    selecting.sort();
+    let chosen = wave::choose(&selecting)
+        .map(|name| name.and_then(|name| waves.iter().find(|w| w.name_any() == name).cloned()));
+    (chosen, problems)
+}
+
 enum Written {
     Yes,
     Conflict,
     Refused(String),
 }
 
-fn slot_of<'a>(wave: &'a RebootWave, node: &str) -> Option<&'a WaveSlot> {
+pub(crate) fn slot_of<'a>(wave: &'a RebootWave, node: &str) -> Option<&'a WaveSlot> {
     wave.status.as_ref()?.slots.iter().find(|s| s.node == node)
 }
 
 /// The wave's limits and whether its windows are open now.
-fn read_rules(wave: &RebootWave) -> Result<(Rules, Opening), String> {
+pub(crate) fn read_rules(wave: &RebootWave) -> Result<(Rules, Opening), String> {
     let max = match &wave.spec.max_unavailable {
         IntOrString::Int(n) => n.to_string(),
         IntOrString::String(s) => s.clone(),
@@ -484,7 +502,12 @@ fn read_rules(wave: &RebootWave) -> Result<(Rules, Opening), String> {
         .windows
         .iter()
         .map(|w| {
-            let zone = jiff::tz::db().get(&w.time_zone).map_err(|_| {
+            let zone = if w.time_zone == "UTC" {
+                Ok(jiff::tz::TimeZone::UTC)
+            } else {
+                jiff::tz::db().get(&w.time_zone)
+            }
+            .map_err(|_| {
                 format!(
                     "RebootWave {}: time zone {:?} is not in this node's tzdata (/usr/share/zoneinfo): no reboot starts until it is corrected",
                     wave.name_any(),

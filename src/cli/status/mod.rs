@@ -19,6 +19,7 @@ use crate::cluster::client::Role;
 use crate::config::Settings;
 
 mod table;
+mod wave;
 pub(crate) use table::render_table;
 
 use crate::daemon::status::{PhaseChange, ShutdownStatus};
@@ -47,6 +48,7 @@ pub(crate) struct StatusReport {
     pub pod_cache: PodCacheSection,
     pub kubelet_config: KubeletConfigSection,
     pub last_shutdown: ShutdownSection,
+    pub reboot_wave: wave::WaveSection,
 }
 
 /// What nodegrace made of the kubelet's configuration.
@@ -342,7 +344,7 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
     };
     let (daemon, status) = daemon_section(status_file);
     let budget = budget_section(settings, status.as_ref());
-    let (apiserver, maintenances) =
+    let (apiserver, maintenances, reboot_wave) =
         runtime()?.block_on(cluster_sections(settings, node.as_deref()));
     let (persisted, persisted_error) = match ShutdownState::load(&settings.state_dir) {
         Ok(s) => (s, None),
@@ -391,6 +393,7 @@ fn gather(settings: &Settings, status_file: &Path) -> Result<StatusReport> {
             offline_drain,
             offline_drain_error,
         },
+        reboot_wave,
     })
 }
 
@@ -684,7 +687,7 @@ async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = Result<T>
 async fn cluster_sections(
     settings: &Settings,
     node: Option<&str>,
-) -> (ApiserverSection, MaintenanceSection) {
+) -> (ApiserverSection, MaintenanceSection, wave::WaveSection) {
     let mut api = ApiserverSection {
         reachable: false,
         version: None,
@@ -711,20 +714,22 @@ async fn cluster_sections(
         }
         Err(e) => {
             api.error = Some(one_line(&e));
-            return (api, unknown("apiserver unreachable".into()));
+            let why = "apiserver unreachable".to_owned();
+            return (
+                api,
+                unknown(why.clone()),
+                wave::section(node.unwrap_or_default(), None, Err(why)),
+            );
         }
     };
     let Some(node) = node else {
-        return (api, unknown("the node name is not known".into()));
+        let why = "the node name is not known".to_owned();
+        return (api, unknown(why.clone()), wave::section("", None, Err(why)));
     };
     let maintenances = bounded("listing NodeMaintenances", async {
         crate::cluster::list_maintenances_for(&client, node).await
     })
     .await;
-    let maintenances = match maintenances {
-        Ok(list) => list,
-        Err(e) => return (api, unknown(one_line(&e))),
-    };
     // Label selectors need the Node; without it only entries and name pins can be judged.
     let node_obj = bounded("reading the Node", async {
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
@@ -732,6 +737,17 @@ async fn cluster_sections(
     })
     .await
     .ok();
+    let waves = bounded("listing RebootWaves", async {
+        let api: kube::Api<crate::api::RebootWave> = kube::Api::all(client.clone());
+        Ok(api.list(&kube::api::ListParams::default()).await?.items)
+    })
+    .await
+    .map_err(|e| one_line(&e));
+    let reboot_wave = wave::section(node, node_obj.as_ref(), waves);
+    let maintenances = match maintenances {
+        Ok(list) => list,
+        Err(e) => return (api, unknown(one_line(&e)), reboot_wave),
+    };
     let active: Vec<NodeMaintenance> = maintenances
         .into_iter()
         .filter(|m| {
@@ -766,6 +782,7 @@ async fn cluster_sections(
             error: None,
             active: reports,
         },
+        reboot_wave,
     )
 }
 

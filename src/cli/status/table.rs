@@ -77,6 +77,7 @@ pub(crate) fn render_table(r: &StatusReport) -> String {
     budget_rows(&mut rows, r);
     access_rows(&mut rows, r);
     maintenance_rows(&mut rows, r);
+    rows.row("Reboot wave", super::wave::line(&r.reboot_wave));
     local_rows(&mut rows, r);
     kubelet_rows(&mut rows, r);
     shutdown_rows(&mut rows, r);

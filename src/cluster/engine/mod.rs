@@ -652,6 +652,10 @@ impl Engine {
         })
     }
 
+    pub(crate) fn metrics(&self) -> Metrics {
+        self.shared.metrics.clone()
+    }
+
     /// The apiserver client the engine uses (nodegrace's identity).
     pub(crate) fn client(&self) -> Client {
         self.shared.client.clone()
