@@ -11,9 +11,13 @@ mod realk8s;
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodegrace::RebootWave;
+use realk8s::fixture::Fixture;
+use realk8s::kubelet::Kubelet;
+use realk8s::workload::{self, PodShape};
 use serde_json::{json, Value};
 
 const ZONES: [&str; 3] = ["z1", "z2", "z3"];
@@ -272,4 +276,117 @@ async fn a_wave_with_no_slot_or_a_window_past_midnight_is_refused() {
             other => panic!("expected 422 for {spec}, got {other:?}"),
         }
     }
+}
+
+/// One node of a wave on the real control plane, with real logind: the sentinel makes it
+/// taint itself, take its slot and ask logind to reboot; the shutdown drains it; after the
+/// boot the slot goes once the node is healthy for the wave's healthy time, and the taint
+/// with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_healthy() {
+    if !realk8s::enabled("realk8s_waves::a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_healthy") {
+        return;
+    }
+    let mut f = Fixture::new("ng-wave-node").await;
+    let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
+    let nodes: Api<Node> = Api::all(c.clone());
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"nodegrace-test/wave": node}}})),
+        )
+        .await
+        .unwrap();
+    let wave = Wave::create(
+        c.clone(),
+        json!({
+            "nodeSelector": {"matchLabels": {"nodegrace-test/wave": node}},
+            "healthySeconds": 3,
+        }),
+    )
+    .await;
+    workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
+    f.kubelet.wait_running(1).await;
+    f.node.boot_connected();
+    let booted = boot_id(f.node.container());
+    let _ = f.node.container().exec(&["touch", "/run/reboot-required"]);
+    let mut down = f.node.container.take().unwrap();
+    let status = down
+        .wait_exit(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("the node did not reboot:\n{}", down.journal_text()));
+    assert_eq!(
+        status.code(),
+        Some(133),
+        "systemd-nspawn exited with {status}"
+    );
+    let journal = journal_lines(&down);
+    for said in [
+        "joined the reboot wave",
+        "taint the node reboot-pending",
+        "took a slot of the reboot wave: rebooting",
+        "shutdown delay inhibitor released",
+    ] {
+        assert!(journal.contains(said), "{said:?} not in:\n{journal}");
+    }
+    let held = held(&wave.status().await);
+    assert_eq!(held, [(node.clone(), String::new())]);
+
+    // The kubelet went down with the node and comes back with the next boot.
+    f.kubelet.stop();
+    f.kubelet = Kubelet::start(
+        &f.cp.kubelet_identity(&node),
+        &node,
+        Some(f.node.manifests.clone()),
+    )
+    .await;
+    f.node.boot_connected();
+    assert_ne!(boot_id(f.node.container()), booted);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let status = wave.status().await;
+        let n = nodes.get(&node).await.unwrap();
+        let tainted = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == "nodegrace.dev/reboot-pending"));
+        let cordoned = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        if status["slots"].as_array().is_none_or(Vec::is_empty) && !tainted && !cordoned {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot was not freed after the boot: {status}\n{}",
+            journal_lines(f.node.container())
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let journal = journal_lines(f.node.container());
+    for said in [
+        "back after the reboot",
+        "healthy again after the reboot",
+        "freed the slot",
+    ] {
+        assert!(journal.contains(said), "{said:?} not in:\n{journal}");
+    }
+    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+    wave.delete().await;
+    f.cleanup().await;
+}
+
+fn journal_lines(c: &real::Container) -> String {
+    c.journal_of("nodegrace")
+        .iter()
+        .map(|l| l.text.clone())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn boot_id(c: &real::Container) -> String {
+    c.run(&["cat", "/proc/sys/kernel/random/boot_id"])
 }
