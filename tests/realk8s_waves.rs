@@ -101,7 +101,7 @@ fn remove(status: &mut Value, list: &str, node: &str) {
 
 fn slot(node: &str, zone: &str) -> Value {
     let now = jiff::Timestamp::now().to_string();
-    json!({"node": node, "domain": zone, "phase": "Down", "taken": now, "renewTime": now})
+    json!({"node": node, "domain": zone, "phase": "Down", "bootId": "b", "taken": now, "renewTime": now})
 }
 
 fn held(status: &Value) -> Vec<(String, String)> {
@@ -310,7 +310,12 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     f.kubelet.wait_running(1).await;
     f.node.boot_connected();
     let booted = boot_id(f.node.container());
-    let _ = f.node.container().exec(&["touch", "/run/reboot-required"]);
+    // The sentinel as a reload sets it (reboot.sentinel, read at each look).
+    reload_with(f.node.container(), "sentinel = \"/run/wave-test-sentinel\"");
+    let _ = f
+        .node
+        .container()
+        .exec(&["touch", "/run/wave-test-sentinel"]);
     let mut down = f.node.container.take().unwrap();
     let status = down
         .wait_exit(Duration::from_secs(120))
@@ -329,8 +334,9 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     ] {
         assert!(journal.contains(said), "{said:?} not in:\n{journal}");
     }
-    let held = held(&wave.status().await);
-    assert_eq!(held, [(node.clone(), String::new())]);
+    let first = wave.status().await;
+    assert_eq!(held(&first), [(node.clone(), String::new())]);
+    let first_boot = first["slots"][0]["bootId"].clone();
 
     // The kubelet went down with the node and comes back with the next boot.
     f.kubelet.stop();
@@ -374,7 +380,27 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     ] {
         assert!(journal.contains(said), "{said:?} not in:\n{journal}");
     }
-    let _ = f.node.shutdown("poweroff", Duration::from_secs(60));
+
+    // A sentinel command as a reload sets it: exit status 1, a reboot is needed.
+    reload_with(
+        f.node.container(),
+        "sentinel_command = [\"sh\", \"-c\", \"exit 1\"]",
+    );
+    let mut down = f.node.container.take().unwrap();
+    let status = down
+        .wait_exit(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("the node did not reboot again:\n{}", down.journal_text()));
+    assert_eq!(
+        status.code(),
+        Some(133),
+        "systemd-nspawn exited with {status}"
+    );
+    let slots = wave.status().await["slots"].clone();
+    assert_eq!(slots[0]["node"], json!(node), "{slots}");
+    assert_ne!(
+        slots[0]["bootId"], first_boot,
+        "{slots}: taken in the first boot"
+    );
     wave.delete().await;
     f.cleanup().await;
 }
@@ -385,6 +411,22 @@ fn journal_lines(c: &real::Container) -> String {
         .map(|l| l.text.clone())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Writes a `[reboot]` drop-in with `line` and reloads nodegrace, waiting until it did.
+fn reload_with(c: &real::Container, line: &str) {
+    let script = format!(
+        "mkdir -p /etc/nodegrace/config.d && printf '[reboot]\\n%s\\n' '{line}' > /etc/nodegrace/config.d/50-wave-test.toml && systemctl reload nodegrace"
+    );
+    let reloads = || journal_lines(c).matches("configuration reloaded").count();
+    let before = reloads();
+    let out = c.exec(&["sh", "-c", &script]);
+    assert!(out.status.success(), "{out:?}");
+    real::wait_until(
+        "the configuration reloaded",
+        Duration::from_secs(20),
+        || (reloads() > before).then_some(()),
+    );
 }
 
 fn boot_id(c: &real::Container) -> String {

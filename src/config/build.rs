@@ -87,6 +87,20 @@ pub(super) fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigErr
         }
     }
 
+    if let Some(rb) = &raw.reboot {
+        path(ctx, &rb.sentinel, "reboot.sentinel", &mut s.reboot.sentinel)?;
+        if let Some(leaf) = &rb.sentinel_command {
+            if leaf.get().iter().any(|a| a.is_empty() || a.contains('\0')) {
+                return Err(ctx.leaf(
+                    leaf,
+                    "reboot.sentinel_command",
+                    "every argument must be a non-empty string without NUL",
+                ));
+            }
+            s.reboot.sentinel_command = leaf.get().clone();
+        }
+    }
+
     check_reserves(ctx, &raw, &s)?;
     Ok(s)
 }

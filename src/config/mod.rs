@@ -79,6 +79,7 @@ pub struct Settings {
     /// Where state.json, the pod cache and the gate journal live.
     pub state_dir: PathBuf,
     pub metrics: MetricsSettings,
+    pub reboot: RebootSettings,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -203,6 +204,16 @@ pub struct StaticPodSettings {
     pub gate_dir: PathBuf,
 }
 
+/// When the node needs a reboot (its turn in a RebootWave).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RebootSettings {
+    /// A regular file here means the node needs a reboot (Debian's and Ubuntu's updates).
+    pub sentinel: PathBuf,
+    /// Run instead of looking at `sentinel`: exit status 1 means a reboot is needed (as
+    /// `needs-restarting -r`), 0 that it is not. Empty: the sentinel.
+    pub sentinel_command: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricsSettings {
     /// Prometheus listen address; None turns metrics off.
@@ -283,6 +294,10 @@ impl Default for Settings {
             },
             state_dir: PathBuf::from("/var/lib/nodegrace"),
             metrics: MetricsSettings::default(),
+            reboot: RebootSettings {
+                sentinel: PathBuf::from("/run/reboot-required"),
+                sentinel_command: Vec::new(),
+            },
         }
     }
 }

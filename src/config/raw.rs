@@ -94,6 +94,7 @@ pub(super) struct RawConfig {
     pub fallback: Option<RawFallback>,
     pub static_pods: Option<RawStaticPods>,
     pub metrics: Option<RawMetrics>,
+    pub reboot: Option<RawReboot>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -180,6 +181,13 @@ pub(super) struct RawMetrics {
     pub listen: Option<Leaf<String>>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table ([reboot])")]
+pub(super) struct RawReboot {
+    pub sentinel: Option<Leaf<String>>,
+    pub sentinel_command: Option<Leaf<Vec<String>>>,
+}
+
 /// Later fragments win: tables merge key by key, arrays and scalars replace as a whole.
 pub(super) trait Merge {
     fn merge(&mut self, later: Self, file: usize);
@@ -209,7 +217,7 @@ macro_rules! merge_tables {
 impl Merge for RawConfig {
     fn merge(&mut self, later: Self, file: usize) {
         merge_leaves!(self, later, file; state_dir);
-        merge_tables!(self, later, file; node, shutdown, drain, fallback, static_pods, metrics);
+        merge_tables!(self, later, file; node, shutdown, drain, fallback, static_pods, metrics, reboot);
     }
 }
 
@@ -262,5 +270,11 @@ impl Merge for RawStaticPods {
 impl Merge for RawMetrics {
     fn merge(&mut self, later: Self, file: usize) {
         merge_leaves!(self, later, file; listen);
+    }
+}
+
+impl Merge for RawReboot {
+    fn merge(&mut self, later: Self, file: usize) {
+        merge_leaves!(self, later, file; sentinel, sentinel_command);
     }
 }

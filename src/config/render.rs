@@ -68,6 +68,19 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
         "listen",
         Value::String(s.metrics.listen.map(|a| a.to_string()).unwrap_or_default()),
     )]);
+    let reboot = table([
+        ("sentinel", path(&s.reboot.sentinel)),
+        (
+            "sentinel_command",
+            Value::Array(
+                s.reboot
+                    .sentinel_command
+                    .iter()
+                    .map(|a| Value::String(a.clone()))
+                    .collect(),
+            ),
+        ),
+    ]);
     entries([
         ("state_dir", path(&s.state_dir)),
         ("node", node_table(&s.node)),
@@ -76,6 +89,7 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
         ("fallback", fallback_table(&s.fallback)),
         ("static_pods", static_pods),
         ("metrics", metrics),
+        ("reboot", reboot),
     ])
 }
 
@@ -223,6 +237,7 @@ pub(crate) fn to_toml_string(s: &Settings) -> String {
         "fallback",
         "static_pods",
         "metrics",
+        "reboot",
     ];
     let mut parts = Vec::new();
     for key in order {

@@ -1060,6 +1060,14 @@ const RELOADED: &[(&str, &str)] = &[
         "fallback.kubelet_config_dir",
         "the_kubelets_files_are_read_again_on_reload",
     ),
+    (
+        "reboot.sentinel",
+        "realk8s_waves::a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_healthy",
+    ),
+    (
+        "reboot.sentinel_command",
+        "realk8s_waves::a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_healthy",
+    ),
 ];
 
 /// The keys of the rendered settings; a list (the plan, the bands) is one key.

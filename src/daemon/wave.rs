@@ -26,16 +26,18 @@ use crate::api::{RebootWave, SlotPhase, WaveMember, WaveSlot};
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::node::{patch_node_with, reboot_pending_taint_patch, REBOOT_PENDING_TAINT_KEY};
 use crate::cluster::Engine;
+use crate::config::RebootSettings;
 use crate::plan::selector::Selector;
 use crate::plan::wave::{self, Held, Limit, Mine, Opening, Phase, Rules, Seen, Step, Why, Window};
 
-/// Debian's and Ubuntu's sign that an update wants a reboot.
-pub(crate) const SENTINEL: &str = "/run/reboot-required";
 /// `nodegrace reboot`: an operator asks for this node's turn.
 pub(crate) const ASKED: &str = "/run/nodegrace/reboot-requested";
 
 /// How often the node looks at its sentinel and its health between the wave's events.
 const TICK: Duration = Duration::from_secs(2);
+/// How long `reboot.sentinel_command` may take, and how long its answer is kept.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How often a holder writes its slot's renewTime while its daemon runs.
 const RENEW: Duration = Duration::from_secs(30);
 /// How long between two asks for the same reboot.
@@ -58,6 +60,9 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         node,
         boot_id,
         metrics: engine.metrics(),
+        engine: engine.clone(),
+        seen_node: None,
+        command_said: None,
         healthy_since: None,
         renewed: None,
         asked: None,
@@ -93,12 +98,35 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
     }
 }
 
-/// Whether the node needs a reboot: the sentinel or an operator's ask is a regular file.
-/// Anything else there is said once and counts as no.
-pub(crate) fn needs_reboot(node: &str) -> bool {
-    [SENTINEL, ASKED]
-        .iter()
-        .any(|path| regular_file(node, Path::new(path)))
+/// Whether the node needs a reboot: an operator's ask is a regular file, or the configured
+/// sentinel command says so (exit status 1), or else the sentinel is a regular file. Anything
+/// else at a path, or a command that fails, is said once and counts as no.
+pub(crate) async fn needs_reboot(settings: &RebootSettings, node: &str) -> bool {
+    if regular_file(node, Path::new(ASKED)) {
+        return true;
+    }
+    let Some((program, args)) = settings.sentinel_command.split_first() else {
+        return regular_file(node, &settings.sentinel);
+    };
+    let run = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .status();
+    let said = match tokio::time::timeout(COMMAND_TIMEOUT, run).await {
+        Ok(Ok(status)) if status.code() == Some(1) => return true,
+        Ok(Ok(status)) if status.success() => return false,
+        Ok(Ok(status)) => format!("exited with {status}"),
+        Ok(Err(err)) => format!("could not be run: {err}"),
+        Err(_) => format!("did not finish within {COMMAND_TIMEOUT:?}"),
+    };
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(node = %node, command = ?settings.sentinel_command, "reboot.sentinel_command {said} (1 means a reboot is needed, 0 that it is not): the node does not count as needing a reboot");
+    });
+    false
 }
 
 fn regular_file(node: &str, path: &Path) -> bool {
@@ -122,6 +150,12 @@ struct Part {
     node: String,
     boot_id: String,
     metrics: crate::metrics::Metrics,
+    /// For Events on the Node.
+    engine: Arc<Engine>,
+    /// The sentinel command's last answer, and when.
+    command_said: Option<(Instant, bool)>,
+    /// The Node as last seen, for its Events.
+    seen_node: Option<Node>,
     /// Healthy without a break since then.
     healthy_since: Option<Timestamp>,
     /// When the own slot was last written.
@@ -137,6 +171,7 @@ struct Part {
 
 impl Part {
     async fn step(&mut self, waves: &[Arc<RebootWave>], node: &Node, health: Result<(), String>) {
+        self.seen_node = Some(node.clone());
         let labels = node.labels();
         let (wave, problems) = wave_of(waves, &self.node, labels);
         let holding = matches!(&wave, Ok(Some(w)) if slot_of(w, &self.node).is_some());
@@ -150,7 +185,7 @@ impl Part {
                 None
             }
         };
-        let needs = needs_reboot(&self.node);
+        let needs = self.needs_reboot().await;
         let taint = wave::pending_taint(needs && wave.is_some(), holding);
         self.keep_taint(node, taint).await;
         let Some(wave) = wave else {
@@ -320,11 +355,17 @@ impl Part {
                 tracing::info!(node = %me, wave = %name, domain = %domain, "joined the reboot wave")
             }
             Step::Take => {
+                self.event(
+                    false,
+                    "RebootSlotTaken",
+                    format!("took a slot of RebootWave {name}: draining, then rebooting"),
+                );
                 tracing::info!(node = %me, wave = %name, domain = %domain, "took a slot of the reboot wave: rebooting");
                 self.ask_reboot(&name).await;
             }
             Step::TakeBack(other) => {
                 self.metrics.wave_slot_taken_back();
+                self.event(true, "RebootSlotTakenBack", format!("took back the slot of node {other} in RebootWave {name}: it was gone or silent past the wave's reboot budget"));
                 tracing::warn!(node = %me, wave = %name, holder = %other, "took back the slot of a node gone or silent past the wave's reboot budget")
             }
             Step::Returning => {
@@ -338,10 +379,13 @@ impl Part {
             }
             Step::Free => {
                 self.renewed = None;
+                self.event(false, "RebootSlotFreed", format!("healthy for RebootWave {name}'s healthy time after the reboot: freed the slot"));
                 tracing::info!(node = %me, wave = %name, "healthy for the wave's healthy time: freed the slot");
             }
             Step::Stuck => {
-                tracing::error!(node = %me, wave = %name, why = %health.err().unwrap_or_default(), "not healthy within the wave's reboot budget: the wave stops here and the slot is kept until the node is healthy or an operator frees it")
+                let why = health.err().unwrap_or_default();
+                self.event(true, "RebootWaveStuck", format!("not healthy within RebootWave {name}'s reboot budget ({why}): the wave stops here"));
+                tracing::error!(node = %me, wave = %name, why = %why, "not healthy within the wave's reboot budget: the wave stops here and the slot is kept until the node is healthy or an operator frees it")
             }
             Step::Renew | Step::Idle | Step::Wait(_) | Step::Reboot => {}
         }
@@ -430,6 +474,29 @@ impl Part {
         }
     }
 
+    fn event(&self, warning: bool, reason: &str, note: String) {
+        if let Some(node) = &self.seen_node {
+            self.engine.node_event(node, warning, reason, note);
+        }
+    }
+
+    /// [`needs_reboot`] with the settings in force; a command's answer is kept a while.
+    async fn needs_reboot(&mut self) -> bool {
+        let settings = self.engine.settings();
+        if !settings.reboot.sentinel_command.is_empty() {
+            if let Some((at, answer)) = self.command_said {
+                if at.elapsed() < COMMAND_TIMEOUT {
+                    return answer || regular_file(&self.node, Path::new(ASKED));
+                }
+            }
+        }
+        let answer = needs_reboot(&settings.reboot, &self.node).await;
+        if !settings.reboot.sentinel_command.is_empty() {
+            self.command_said = Some((Instant::now(), answer));
+        }
+        answer
+    }
+
     /// Says why the node waits, once each time the reason changes.
     fn say(&mut self, wave: Option<&RebootWave>, why: &Why) {
         let text = why.to_string();
@@ -437,6 +504,15 @@ impl Part {
             return;
         }
         let name = wave.map(|w| w.name_any()).unwrap_or_default();
+        let warning = matches!(
+            why,
+            Why::Invalid { .. } | Why::SelectedTwice { .. } | Why::Stuck { .. }
+        );
+        self.event(
+            warning,
+            "RebootWaiting",
+            format!("waiting for a reboot: {text}"),
+        );
         match why {
             Why::Invalid { .. } | Why::SelectedTwice { .. } | Why::Stuck { .. } => {
                 tracing::warn!(node = %self.node, wave = %name, "waiting for a reboot: {text}")

@@ -718,13 +718,17 @@ async fn cluster_sections(
             return (
                 api,
                 unknown(why.clone()),
-                wave::section(node.unwrap_or_default(), None, Err(why)),
+                wave::section(&settings.reboot, node.unwrap_or_default(), None, Err(why)).await,
             );
         }
     };
     let Some(node) = node else {
         let why = "the node name is not known".to_owned();
-        return (api, unknown(why.clone()), wave::section("", None, Err(why)));
+        return (
+            api,
+            unknown(why.clone()),
+            wave::section(&settings.reboot, "", None, Err(why)).await,
+        );
     };
     let maintenances = bounded("listing NodeMaintenances", async {
         crate::cluster::list_maintenances_for(&client, node).await
@@ -743,7 +747,7 @@ async fn cluster_sections(
     })
     .await
     .map_err(|e| one_line(&e));
-    let reboot_wave = wave::section(node, node_obj.as_ref(), waves);
+    let reboot_wave = wave::section(&settings.reboot, node, node_obj.as_ref(), waves).await;
     let maintenances = match maintenances {
         Ok(list) => list,
         Err(e) => return (api, unknown(one_line(&e)), reboot_wave),

@@ -30,12 +30,13 @@ pub(crate) struct WaveSection {
     pub this_node: String,
 }
 
-pub(crate) fn section(
+pub(crate) async fn section(
+    settings: &crate::config::RebootSettings,
     node: &str,
     node_obj: Option<&Node>,
     waves: Result<Vec<RebootWave>, String>,
 ) -> WaveSection {
-    let needs = needs_reboot(node);
+    let needs = needs_reboot(settings, node).await;
     let mut out = WaveSection {
         known: false,
         error: None,

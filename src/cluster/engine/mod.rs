@@ -652,8 +652,19 @@ impl Engine {
         })
     }
 
+    /// The settings in force (replaced on SIGHUP).
+    pub(crate) fn settings(&self) -> Arc<Settings> {
+        self.shared.settings()
+    }
+
     pub(crate) fn metrics(&self) -> Metrics {
         self.shared.metrics.clone()
+    }
+
+    /// An Event on the Node (a reboot wave's steps), sent in the background.
+    pub(crate) fn node_event(&self, node: &Node, warning: bool, reason: &str, note: String) {
+        self.shared
+            .event(node.object_ref(&()), warning, reason, note);
     }
 
     /// The apiserver client the engine uses (nodegrace's identity).
