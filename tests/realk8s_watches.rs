@@ -69,6 +69,11 @@ fn confinement(r: &Request, node: &str) -> Option<String> {
         // with its key.
         ("lifecycle.k8s.io", "evictionrequests") => labels == own_label,
         ("lifecycle.k8s.io", "evictions") => labels == nodegrace::lifecycle::requester_key(node),
+        // The reboot waves: a few cluster-wide policies, and which selects the node is known
+        // only by reading them. Said as it is, not as a selector.
+        ("nodegrace.dev", "rebootwaves") if fields.is_empty() && labels.is_empty() => {
+            return Some("every RebootWave (a node cannot tell which selects it)".into())
+        }
         _ => false,
     };
     ok.then(|| format!("{fields}{labels}"))

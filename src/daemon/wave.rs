@@ -22,7 +22,8 @@ use kube::{Api, ResourceExt as _};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{RebootWave, SlotPhase, WaveMember, WaveSlot};
+use crate::api::{RebootWave, RebootWaveStatus, SlotPhase, WaveMember, WaveSlot};
+use crate::cluster::backoff::backed_off;
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::node::{patch_node_with, reboot_pending_taint_patch, REBOOT_PENDING_TAINT_KEY};
 use crate::cluster::Engine;
@@ -50,10 +51,13 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
     let node = engine.node().to_owned();
     let api: Api<RebootWave> = Api::all(client.clone());
     let (store, writer) = reflector::store();
-    let mut events = watcher(api.clone(), watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .boxed();
+    // One back-off for every watch that can wait (`cluster::backoff`).
+    let mut events = backed_off(
+        watcher(api.clone(), watcher::Config::default()),
+        engine.under_way(),
+    )
+    .reflect(writer)
+    .boxed();
     let mut part = Part {
         api,
         nodes: Api::all(client),
@@ -206,20 +210,8 @@ impl Part {
             }
         };
         let status = wave.status.clone().unwrap_or_default();
-        let domain = wave
-            .spec
-            .per_domain
-            .as_ref()
-            .and_then(|p| labels.get(&p.topology_key).cloned())
-            .unwrap_or_default();
-        let held: Vec<Held> = status
-            .slots
-            .iter()
-            .map(|s| Held {
-                node: s.node.clone(),
-                domain: s.domain.clone(),
-            })
-            .collect();
+        let domain = domain_of(&wave, labels);
+        let held = held_slots(&status);
         let mine = slot_of(&wave, &self.node).map(|s| Mine {
             phase: match s.phase {
                 SlotPhase::Down => Phase::Down,
@@ -246,11 +238,7 @@ impl Part {
             held: &held,
             mine: mine.as_ref(),
             opening,
-            stuck: status
-                .slots
-                .iter()
-                .find(|s| s.phase == SlotPhase::Stuck && s.node != self.node)
-                .map(|s| s.node.as_str()),
+            stuck: stuck_holder(&status, &self.node),
             take_back: take_back.as_deref(),
             healthy: self.healthy_since,
             renew_due: self.renewed.is_none_or(|at| at.elapsed() >= RENEW),
@@ -555,6 +543,38 @@ enum Written {
     Yes,
     Conflict,
     Refused(String),
+}
+
+/// The node's value of the wave's topology key ("" without one).
+pub(crate) fn domain_of(
+    wave: &RebootWave,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> String {
+    wave.spec
+        .per_domain
+        .as_ref()
+        .and_then(|p| labels.get(&p.topology_key).cloned())
+        .unwrap_or_default()
+}
+
+pub(crate) fn held_slots(status: &RebootWaveStatus) -> Vec<Held> {
+    status
+        .slots
+        .iter()
+        .map(|s| Held {
+            node: s.node.clone(),
+            domain: s.domain.clone(),
+        })
+        .collect()
+}
+
+/// Another node whose slot says Stuck.
+pub(crate) fn stuck_holder<'a>(status: &'a RebootWaveStatus, me: &str) -> Option<&'a str> {
+    status
+        .slots
+        .iter()
+        .find(|s| s.phase == SlotPhase::Stuck && s.node != me)
+        .map(|s| s.node.as_str())
 }
 
 pub(crate) fn slot_of<'a>(wave: &'a RebootWave, node: &str) -> Option<&'a WaveSlot> {

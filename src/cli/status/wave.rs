@@ -8,8 +8,10 @@ use kube::ResourceExt as _;
 use serde::Serialize;
 
 use crate::api::RebootWave;
-use crate::daemon::wave::{needs_reboot, read_rules, slot_of, wave_of};
-use crate::plan::wave::{self, Held, Turn};
+use crate::daemon::wave::{
+    domain_of, held_slots, needs_reboot, read_rules, slot_of, stuck_holder, wave_of,
+};
+use crate::plan::wave::{self, Turn};
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -99,25 +101,9 @@ pub(crate) async fn section(
         out.this_node = "needs no reboot".into();
         return out;
     }
-    let domain = w
-        .spec
-        .per_domain
-        .as_ref()
-        .and_then(|p| node_obj.labels().get(&p.topology_key).cloned())
-        .unwrap_or_default();
-    let held: Vec<Held> = status
-        .slots
-        .iter()
-        .map(|s| Held {
-            node: s.node.clone(),
-            domain: s.domain.clone(),
-        })
-        .collect();
-    let stuck = status
-        .slots
-        .iter()
-        .find(|s| s.phase == crate::api::SlotPhase::Stuck)
-        .map(|s| s.node.as_str());
+    let domain = domain_of(&w, node_obj.labels());
+    let held = held_slots(&status);
+    let stuck = stuck_holder(&status, node);
     out.this_node = match wave::turn(&rules, node, &domain, &held, out.members, opening, stuck) {
         Turn::Take => "needs a reboot: takes its turn at the daemon's next look".into(),
         Turn::Holding => "holds a slot".into(),
