@@ -338,6 +338,12 @@ impl Part {
         if !matches!(step, Step::Join | Step::TakeBack(_)) {
             self.renewed = Some(Instant::now());
         }
+        self.written(&name, step, domain, health).await;
+    }
+
+    /// What a step written means: the log line, the Event, the reboot after a take.
+    async fn written(&mut self, name: &str, step: Step, domain: &str, health: Result<(), String>) {
+        let me = self.node.clone();
         match step {
             Step::Join => {
                 tracing::info!(node = %me, wave = %name, domain = %domain, "joined the reboot wave")
@@ -349,7 +355,7 @@ impl Part {
                     format!("took a slot of RebootWave {name}: draining, then rebooting"),
                 );
                 tracing::info!(node = %me, wave = %name, domain = %domain, "took a slot of the reboot wave: rebooting");
-                self.ask_reboot(&name).await;
+                self.ask_reboot(name).await;
             }
             Step::TakeBack(other) => {
                 self.metrics.wave_slot_taken_back();
