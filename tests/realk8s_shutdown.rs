@@ -21,7 +21,7 @@ use nodegrace::NodeMaintenance;
 use real::Debian;
 use realk8s::audit;
 use realk8s::fixture::*;
-use realk8s::kubelet::{Kubelet, PodRecord};
+use realk8s::kubelet::PodRecord;
 use realk8s::workload::{self, PodShape};
 
 /// The shutdown budget of the escalation test. The shipped 15 minutes would put the
@@ -728,13 +728,7 @@ async fn the_boot_after_completes_the_shutdown_maintenance(mut f: Fixture, verb:
     .await;
     assert!(says(&down, "DrainInProgress", "True", "NodeShutdown"));
     // The kubelet went down with the node and comes back with the next boot.
-    f.kubelet.stop();
-    f.kubelet = Kubelet::start(
-        &f.cp.kubelet_identity(&node),
-        &node,
-        Some(f.node.manifests.clone()),
-    )
-    .await;
+    f.restart_kubelet().await;
     let booted_again = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
     f.node.boot();
 

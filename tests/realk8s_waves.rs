@@ -16,7 +16,6 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use nodegrace::RebootWave;
 use realk8s::fixture::Fixture;
-use realk8s::kubelet::Kubelet;
 use realk8s::workload::{self, PodShape};
 use serde_json::{json, Value};
 
@@ -316,15 +315,7 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
         .node
         .container()
         .exec(&["touch", "/run/wave-test-sentinel"]);
-    let mut down = f.node.container.take().unwrap();
-    let status = down
-        .wait_exit(Duration::from_secs(120))
-        .unwrap_or_else(|| panic!("the node did not reboot:\n{}", down.journal_text()));
-    assert_eq!(
-        status.code(),
-        Some(133),
-        "systemd-nspawn exited with {status}"
-    );
+    let down = rebooted(&mut f.node);
     let journal = journal_lines(&down);
     for said in [
         "joined the reboot wave",
@@ -339,13 +330,7 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     let first_boot = first["slots"][0]["bootId"].clone();
 
     // The kubelet went down with the node and comes back with the next boot.
-    f.kubelet.stop();
-    f.kubelet = Kubelet::start(
-        &f.cp.kubelet_identity(&node),
-        &node,
-        Some(f.node.manifests.clone()),
-    )
-    .await;
+    f.restart_kubelet().await;
     f.node.boot_connected();
     assert_ne!(boot_id(f.node.container()), booted);
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -386,15 +371,7 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
         f.node.container(),
         "sentinel_command = [\"sh\", \"-c\", \"exit 1\"]",
     );
-    let mut down = f.node.container.take().unwrap();
-    let status = down
-        .wait_exit(Duration::from_secs(120))
-        .unwrap_or_else(|| panic!("the node did not reboot again:\n{}", down.journal_text()));
-    assert_eq!(
-        status.code(),
-        Some(133),
-        "systemd-nspawn exited with {status}"
-    );
+    let _ = rebooted(&mut f.node);
     let slots = wave.status().await["slots"].clone();
     assert_eq!(slots[0]["node"], json!(node), "{slots}");
     assert_ne!(
@@ -411,6 +388,21 @@ fn journal_lines(c: &real::Container) -> String {
         .map(|l| l.text.clone())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Waits until the node's container exits asking to be rebooted (systemd-nspawn's 133);
+/// returns it, for its journal.
+fn rebooted(node: &mut realk8s::node::TestNode) -> real::Container {
+    let mut down = node.container.take().expect("node is running");
+    let status = down
+        .wait_exit(Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("the node did not reboot:\n{}", down.journal_text()));
+    assert_eq!(
+        status.code(),
+        Some(133),
+        "systemd-nspawn exited with {status}"
+    );
+    down
 }
 
 /// Writes a `[reboot]` drop-in with `line` and reloads nodegrace, waiting until it did.

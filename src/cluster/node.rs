@@ -33,7 +33,7 @@ fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-fn unschedulable(node: &Node) -> bool {
+pub(crate) fn unschedulable(node: &Node) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.unschedulable)

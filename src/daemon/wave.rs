@@ -63,7 +63,6 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         nodes: Api::all(client),
         node,
         boot_id,
-        metrics: engine.metrics(),
         engine: engine.clone(),
         seen_node: None,
         command_said: None,
@@ -95,10 +94,10 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         if part.watch_failing {
             continue;
         }
-        let Some(now) = engine.node_for_wave() else {
+        let Some(node) = engine.own_node() else {
             continue;
         };
-        part.step(&store.state(), &now.node, now.health).await;
+        part.step(&store.state(), &node).await;
     }
 }
 
@@ -106,9 +105,14 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
 /// sentinel command says so (exit status 1), or else the sentinel is a regular file. Anything
 /// else at a path, or a command that fails, is said once and counts as no.
 pub(crate) async fn needs_reboot(settings: &RebootSettings, node: &str) -> bool {
-    if regular_file(node, Path::new(ASKED)) {
-        return true;
-    }
+    asked(node) || sentinel_says(settings, node).await
+}
+
+fn asked(node: &str) -> bool {
+    regular_file(node, Path::new(ASKED))
+}
+
+async fn sentinel_says(settings: &RebootSettings, node: &str) -> bool {
     let Some((program, args)) = settings.sentinel_command.split_first() else {
         return regular_file(node, &settings.sentinel);
     };
@@ -153,8 +157,7 @@ struct Part {
     nodes: Api<Node>,
     node: String,
     boot_id: String,
-    metrics: crate::metrics::Metrics,
-    /// For Events on the Node.
+    /// Its stores (the Node's health), settings, metrics and Events.
     engine: Arc<Engine>,
     /// The sentinel command's last answer, and when.
     command_said: Option<(Instant, bool)>,
@@ -166,15 +169,15 @@ struct Part {
     renewed: Option<Instant>,
     /// When logind was last asked to reboot.
     asked: Option<Instant>,
-    /// Other holders' renewTime as last seen, and since when (this node's own clock).
-    others: HashMap<String, (String, Instant)>,
+    /// Other holders' slots as this node has seen them.
+    others: HashMap<String, Silence>,
     /// What the node last said about its turn.
     said: Option<String>,
     watch_failing: bool,
 }
 
 impl Part {
-    async fn step(&mut self, waves: &[Arc<RebootWave>], node: &Node, health: Result<(), String>) {
+    async fn step(&mut self, waves: &[Arc<RebootWave>], node: &Node) {
         self.seen_node = Some(node.clone());
         let labels = node.labels();
         let (wave, problems) = wave_of(waves, &self.node, labels);
@@ -189,12 +192,20 @@ impl Part {
                 None
             }
         };
-        let needs = self.needs_reboot().await;
-        let taint = wave::pending_taint(needs && wave.is_some(), holding);
+        // Without a wave the sentinel means nothing: it is not looked at (nor its command run).
+        let needs = wave.is_some() && self.needs_reboot().await;
+        let taint = wave::pending_taint(needs, holding);
         self.keep_taint(node, taint).await;
+        let metrics = self.engine.metrics();
         let Some(wave) = wave else {
-            self.metrics.set_wave(false, false, false);
+            metrics.set_wave(false, false, false);
             return;
+        };
+        // Health is the way back's: it reads every pod of the node, so only while holding.
+        let health = if holding {
+            self.engine.health(node)
+        } else {
+            Err("holds no slot".to_owned())
         };
         self.healthy_since = match (&health, self.healthy_since) {
             (Ok(()), Some(since)) => Some(since),
@@ -204,7 +215,7 @@ impl Part {
         let (rules, opening) = match read_rules(&wave) {
             Ok(read) => read,
             Err(problem) => {
-                self.metrics.set_wave(false, false, needs);
+                metrics.set_wave(false, false, needs);
                 self.say(Some(&wave), &Why::Invalid { problem });
                 return;
             }
@@ -222,7 +233,9 @@ impl Part {
             taken: s.taken.0,
             healthy_since: s.healthy_since.as_ref().map(|t| t.0),
         });
-        let take_back = self.silent_holder(&rules, &status.slots).await;
+        let take_back = self
+            .silent_holder(&rules, &status.slots, needs && mine.is_none())
+            .await;
         let seen = Seen {
             me: &self.node,
             boot_id: &self.boot_id,
@@ -245,7 +258,7 @@ impl Part {
             now: Timestamp::now(),
         };
         let step = wave::next(&seen);
-        self.metrics.set_wave(
+        metrics.set_wave(
             mine.is_some(),
             mine.as_ref().is_some_and(|m| m.phase == Phase::Stuck),
             matches!(step, Step::Wait(_) | Step::Join | Step::TakeBack(_)),
@@ -358,7 +371,7 @@ impl Part {
                 self.ask_reboot(name).await;
             }
             Step::TakeBack(other) => {
-                self.metrics.wave_slot_taken_back();
+                self.engine.metrics().wave_slot_taken_back();
                 self.event(true, "RebootSlotTakenBack", format!("took back the slot of node {other} in RebootWave {name}: it was gone or silent past the wave's reboot budget"));
                 tracing::warn!(node = %me, wave = %name, holder = %other, "took back the slot of a node gone or silent past the wave's reboot budget")
             }
@@ -414,8 +427,15 @@ impl Part {
         }
     }
 
-    /// The first other holder that is gone or has been silent past the reboot budget.
-    async fn silent_holder(&mut self, rules: &Rules, slots: &[WaveSlot]) -> Option<String> {
+    /// The first other holder that is gone or has been silent past the reboot budget. The
+    /// silences are timed all along; a holder silent for a while is looked up (its Node
+    /// deleted?) only by a node `waiting` for its turn, and at most once a renewal.
+    async fn silent_holder(
+        &mut self,
+        rules: &Rules,
+        slots: &[WaveSlot],
+        waiting: bool,
+    ) -> Option<String> {
         self.others
             .retain(|node, _| slots.iter().any(|s| &s.node == node));
         for slot in slots.iter().filter(|s| s.node != self.node) {
@@ -423,12 +443,17 @@ impl Part {
             let seen = self
                 .others
                 .entry(slot.node.clone())
-                .or_insert_with(|| (renewed.clone(), Instant::now()));
-            if seen.0 != renewed {
-                *seen = (renewed, Instant::now());
+                .or_insert_with(|| Silence::since(renewed.clone()));
+            if seen.renewed != renewed {
+                *seen = Silence::since(renewed);
             }
-            let silent = seen.1.elapsed();
-            let gone = silent > RENEW * 4 && self.node_gone(&slot.node).await;
+            let silent = seen.since.elapsed();
+            let look =
+                waiting && silent > RENEW * 4 && seen.looked.is_none_or(|at| at.elapsed() >= RENEW);
+            if look {
+                seen.looked = Some(Instant::now());
+            }
+            let gone = look && self.node_gone(&slot.node).await;
             if wave::take_back(rules, gone, silent) {
                 return Some(slot.node.clone());
             }
@@ -441,12 +466,7 @@ impl Part {
     }
 
     async fn keep_taint(&self, node: &Node, wanted: bool) {
-        let has = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| t.iter().any(|t| t.key == REBOOT_PENDING_TAINT_KEY));
-        if has == wanted {
+        if reboot_pending_taint_patch(node, wanted).is_none() {
             return;
         }
         let what = if wanted {
@@ -474,20 +494,22 @@ impl Part {
         }
     }
 
-    /// [`needs_reboot`] with the settings in force; a command's answer is kept a while.
+    /// [`needs_reboot`] with the settings in force; a sentinel command's answer is kept a while.
     async fn needs_reboot(&mut self) -> bool {
+        if asked(&self.node) {
+            return true;
+        }
         let settings = self.engine.settings();
-        if !settings.reboot.sentinel_command.is_empty() {
-            if let Some((at, answer)) = self.command_said {
-                if at.elapsed() < COMMAND_TIMEOUT {
-                    return answer || regular_file(&self.node, Path::new(ASKED));
-                }
+        if settings.reboot.sentinel_command.is_empty() {
+            return sentinel_says(&settings.reboot, &self.node).await;
+        }
+        if let Some((at, answer)) = self.command_said {
+            if at.elapsed() < COMMAND_TIMEOUT {
+                return answer;
             }
         }
-        let answer = needs_reboot(&settings.reboot, &self.node).await;
-        if !settings.reboot.sentinel_command.is_empty() {
-            self.command_said = Some((Instant::now(), answer));
-        }
+        let answer = sentinel_says(&settings.reboot, &self.node).await;
+        self.command_said = Some((Instant::now(), answer));
         answer
     }
 
@@ -543,6 +565,26 @@ pub(crate) fn wave_of(
     let chosen = wave::choose(&selecting)
         .map(|name| name.and_then(|name| waves.iter().find(|w| w.name_any() == name).cloned()));
     (chosen, problems)
+}
+
+/// Another holder's slot as this node has seen it, on its own clock.
+struct Silence {
+    /// Its renewTime as last seen.
+    renewed: String,
+    /// Since when it has not changed.
+    since: Instant,
+    /// When its Node was last looked up.
+    looked: Option<Instant>,
+}
+
+impl Silence {
+    fn since(renewed: String) -> Silence {
+        Silence {
+            renewed,
+            since: Instant::now(),
+            looked: None,
+        }
+    }
 }
 
 enum Written {

@@ -94,6 +94,17 @@ impl Fixture {
         }
     }
 
+    /// The kubelet stand-in as at the node's next boot: a new one, the old one stopped.
+    pub async fn restart_kubelet(&mut self) {
+        self.kubelet.stop();
+        self.kubelet = Kubelet::start(
+            &self.cp.kubelet_identity(&self.name),
+            &self.name,
+            Some(self.node.manifests.clone()),
+        )
+        .await;
+    }
+
     pub fn user(&self) -> String {
         format!("nodegrace:node:{}", self.name)
     }

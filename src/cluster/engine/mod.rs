@@ -269,12 +269,6 @@ struct Shared {
     recorder: Recorder,
 }
 
-/// What [`Engine::node_for_wave`] gives.
-pub(crate) struct NodeForWave {
-    pub(crate) node: Node,
-    pub(crate) health: Result<(), String>,
-}
-
 /// The node's drain engine. Dropping it stops its watches and its loop.
 pub struct Engine {
     shared: Arc<Shared>,
@@ -672,25 +666,24 @@ impl Engine {
         self.shared.client.clone()
     }
 
-    /// The node as its reboot wave needs it: its labels and taints from the engine's watch,
-    /// and whether it is healthy (`plan::wave::health`). None until the node was listed.
-    pub(crate) fn node_for_wave(&self) -> Option<NodeForWave> {
-        let node = self
-            .shared
+    /// The Node from the engine's watch (its labels and taints for the reboot wave). None
+    /// until the node was listed.
+    pub(crate) fn own_node(&self) -> Option<Arc<Node>> {
+        self.shared
             .nodes
             .state()
             .into_iter()
-            .find(|n| n.metadata.name.as_deref() == Some(self.shared.node.as_str()))?;
-        let ready = node
+            .find(|n| n.metadata.name.as_deref() == Some(self.shared.node.as_str()))
+    }
+
+    /// Whether `node` is healthy again after a reboot (`plan::wave::health`), read from the
+    /// engine's stores: asked only while the node holds a slot of its wave.
+    pub(crate) fn health(&self, node: &Node) -> Result<(), String> {
+        let node_ready = node
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let unschedulable = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
         let not_ready: Vec<String> = self
             .shared
             .pods
@@ -708,10 +701,11 @@ impl Engine {
             })
             .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
             .collect();
-        Some(NodeForWave {
-            health: crate::plan::wave::health(ready, unschedulable, &not_ready),
-            node: node.as_ref().clone(),
-        })
+        crate::plan::wave::health(
+            node_ready,
+            crate::cluster::node::unschedulable(node),
+            &not_ready,
+        )
     }
 
     /// The node's current pods as the engine sees them (for the pod cache and `status`).
