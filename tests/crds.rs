@@ -346,7 +346,8 @@ fn reboot_wave_crd_structure() {
     let version = &crd["spec"]["versions"][0];
     assert_eq!(version["subresources"]["status"], json!({}));
     let schema = schema_of(&crd);
-    assert_eq!(node(&schema, "spec")["required"], json!(["nodeSelector"]));
+    // The wave of one at a time selects no node by label.
+    assert_eq!(node(&schema, "spec")["required"], Value::Null);
     assert_eq!(node(&schema, "spec.maxUnavailable")["default"], 1);
     assert_eq!(node(&schema, "spec.healthySeconds")["default"], 300);
     assert_eq!(node(&schema, "spec.rebootBudgetSeconds")["default"], 1800);
@@ -611,7 +612,7 @@ mod rbac {
                 "nodegrace.dev/nodemaintenances/status: patch,update",
                 "nodegrace.dev/nodemaintenances: get,list,watch,create,patch,update,delete",
                 "nodegrace.dev/rebootwaves/status: update",
-                "nodegrace.dev/rebootwaves: get,list,watch",
+                "nodegrace.dev/rebootwaves: get,list,watch,create",
                 "policy/poddisruptionbudgets: list,watch",
             ]
         );

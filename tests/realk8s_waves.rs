@@ -19,6 +19,9 @@ use realk8s::fixture::Fixture;
 use realk8s::workload::{self, PodShape};
 use serde_json::{json, Value};
 
+/// The wave a node makes when its configuration turns reboots on without one.
+const ONE_AT_A_TIME: &str = "one-at-a-time";
+
 const ZONES: [&str; 3] = ["z1", "z2", "z3"];
 
 struct Wave {
@@ -170,6 +173,30 @@ async fn nodes_racing_for_slots_get_no_more_than_the_wave_and_a_zone_allow() {
         intruder.contains("may only take, renew and free its own slot"),
         "{intruder}"
     );
+
+    // A node makes no wave but the one of one node at a time, and that only as nodegrace
+    // makes it (dry runs: the wave is the cluster's one).
+    let other = realk8s::unique("ng-made");
+    for (name, max, made) in [
+        (ONE_AT_A_TIME, 1, true),
+        (ONE_AT_A_TIME, 2, false),
+        (other.as_str(), 1, false),
+    ] {
+        let made_by_node: RebootWave = serde_json::from_value(json!({
+            "apiVersion": "nodegrace.dev/v1alpha1", "kind": "RebootWave",
+            "metadata": {"name": name}, "spec": {"maxUnavailable": max},
+        }))
+        .unwrap();
+        match (apis[0].create(&realk8s::dry::post(), &made_by_node).await, made) {
+            (Ok(_), true) => {}
+            (Err(kube::Error::Api(e)), false) if e.code == 422 || e.code == 403 => assert!(
+                e.message.contains("may only update the status of a RebootWave, or make RebootWave one-at-a-time as nodegrace makes it"),
+                "{}",
+                e.message
+            ),
+            (other, _) => panic!("a node making wave {name} of {max}: {other:?}"),
+        }
+    }
 
     let joins = nodes.iter().zip(&apis).map(|((node, zone), api)| {
         let entry = json!({"node": node, "domain": zone});
@@ -379,6 +406,31 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
         "{slots}: taken in the first boot"
     );
     wave.delete().await;
+
+    // No wave selects the node any more; its configuration turns reboots on without one
+    // (reboot.without_wave, as a reload sets it): it makes the wave of one node at a time,
+    // takes its one slot and reboots.
+    let waves: Api<RebootWave> = Api::all(c.clone());
+    let _ = waves.delete(ONE_AT_A_TIME, &DeleteParams::default()).await;
+    f.restart_kubelet().await;
+    f.node.boot_connected();
+    reload_with(f.node.container(), "without_wave = true");
+    let _ = f.node.container().exec(&["touch", "/run/reboot-required"]);
+    let down = rebooted(&mut f.node);
+    let journal = journal_lines(&down);
+    assert!(
+        journal.contains("made the reboot wave of one node at a time"),
+        "{journal}"
+    );
+    let alone = waves.get(ONE_AT_A_TIME).await.unwrap();
+    let spec = serde_json::to_value(&alone.spec).unwrap();
+    assert_eq!(
+        spec,
+        json!({"maxUnavailable": 1, "healthySeconds": 300, "rebootBudgetSeconds": 1800})
+    );
+    let slots = serde_json::to_value(alone.status.unwrap_or_default()).unwrap();
+    assert_eq!(held(&slots), [(node.clone(), String::new())]);
+    let _ = waves.delete(ONE_AT_A_TIME, &DeleteParams::default()).await;
     f.cleanup().await;
 }
 

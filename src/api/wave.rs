@@ -44,9 +44,12 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RebootWaveSpec {
-    /// The nodes of this wave (by label). A node selected by two waves takes part in
-    /// neither: it says so, and reboots only when an operator resolves it.
-    pub node_selector: LabelSelector,
+    /// The nodes of this wave (by label); none: no node by label. A node selected by two
+    /// waves takes part in neither: it says so, and reboots only when an operator resolves it.
+    /// The wave `one-at-a-time` also takes every node whose configuration turns reboots on
+    /// (`reboot.without_wave`) and that no other wave selects; the first such node makes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
 
     /// How many of the wave's nodes may be down at once: a count, or a percentage of the
     /// nodes taking part (`status.members`), rounded down but never below 1.
@@ -73,6 +76,27 @@ pub struct RebootWaveSpec {
     #[serde(default = "reboot_budget_seconds")]
     #[schemars(range(min = 60, max = 86400))]
     pub reboot_budget_seconds: u32,
+}
+
+/// The wave of the nodes whose configuration turns reboots on without a wave selecting them.
+pub(crate) const ONE_AT_A_TIME: &str = "one-at-a-time";
+
+impl RebootWave {
+    /// [`ONE_AT_A_TIME`] as a node makes it (the admission policy admits it from a node only
+    /// so): one node of the cluster at a time, no window, the default times.
+    pub(crate) fn one_at_a_time() -> RebootWave {
+        RebootWave::new(
+            ONE_AT_A_TIME,
+            RebootWaveSpec {
+                node_selector: None,
+                max_unavailable: one(),
+                per_domain: None,
+                windows: Vec::new(),
+                healthy_seconds: healthy_seconds(),
+                reboot_budget_seconds: reboot_budget_seconds(),
+            },
+        )
+    }
 }
 
 fn one() -> IntOrString {

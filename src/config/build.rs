@@ -99,6 +99,9 @@ pub(super) fn build(ctx: &Ctx<'_>, raw: RawConfig) -> Result<Settings, ConfigErr
             }
             s.reboot.sentinel_command = leaf.get().clone();
         }
+        if let Some(leaf) = &rb.without_wave {
+            s.reboot.without_wave = *leaf.get();
+        }
     }
 
     check_reserves(ctx, &raw, &s)?;

@@ -212,6 +212,9 @@ pub struct RebootSettings {
     /// Run instead of looking at `sentinel`: exit status 1 means a reboot is needed (as
     /// `needs-restarting -r`), 0 that it is not. Empty: the sentinel.
     pub sentinel_command: Vec<String>,
+    /// Reboots when needed even if no RebootWave selects the node: one node of the cluster
+    /// at a time, in the wave `one-at-a-time`.
+    pub without_wave: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -297,6 +300,7 @@ impl Default for Settings {
             reboot: RebootSettings {
                 sentinel: PathBuf::from("/run/reboot-required"),
                 sentinel_command: Vec::new(),
+                without_wave: false,
             },
         }
     }

@@ -186,6 +186,7 @@ pub(super) struct RawMetrics {
 pub(super) struct RawReboot {
     pub sentinel: Option<Leaf<String>>,
     pub sentinel_command: Option<Leaf<Vec<String>>>,
+    pub without_wave: Option<Leaf<bool>>,
 }
 
 /// Later fragments win: tables merge key by key, arrays and scalars replace as a whole.
@@ -275,6 +276,6 @@ impl Merge for RawMetrics {
 
 impl Merge for RawReboot {
     fn merge(&mut self, later: Self, file: usize) {
-        merge_leaves!(self, later, file; sentinel, sentinel_command);
+        merge_leaves!(self, later, file; sentinel, sentinel_command, without_wave);
     }
 }

@@ -80,6 +80,7 @@ pub(crate) fn to_toml_table(s: &Settings) -> Table {
                     .collect(),
             ),
         ),
+        ("without_wave", Value::Boolean(s.reboot.without_wave)),
     ]);
     entries([
         ("state_dir", path(&s.state_dir)),

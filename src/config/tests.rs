@@ -1068,6 +1068,10 @@ const RELOADED: &[(&str, &str)] = &[
         "reboot.sentinel_command",
         "realk8s_waves::a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_healthy",
     ),
+    (
+        "reboot.without_wave",
+        "realk8s_waves::a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_healthy",
+    ),
 ];
 
 /// The keys of the rendered settings; a list (the plan, the bands) is one key.

@@ -22,7 +22,7 @@ use kube::{Api, ResourceExt as _};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{RebootWave, RebootWaveStatus, SlotPhase, WaveMember, WaveSlot};
+use crate::api::{RebootWave, RebootWaveStatus, SlotPhase, WaveMember, WaveSlot, ONE_AT_A_TIME};
 use crate::cluster::backoff::backed_off;
 use crate::cluster::gateway::{self, Kind};
 use crate::cluster::node::{patch_node_with, reboot_pending_taint_patch, REBOOT_PENDING_TAINT_KEY};
@@ -69,6 +69,7 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         healthy_since: None,
         renewed: None,
         asked: None,
+        made: None,
         others: HashMap::new(),
         said: None,
         watch_failing: false,
@@ -169,6 +170,8 @@ struct Part {
     renewed: Option<Instant>,
     /// When logind was last asked to reboot.
     asked: Option<Instant>,
+    /// When the wave of one at a time was last made.
+    made: Option<Instant>,
     /// Other holders' slots as this node has seen them.
     others: HashMap<String, Silence>,
     /// What the node last said about its turn.
@@ -180,25 +183,30 @@ impl Part {
     async fn step(&mut self, waves: &[Arc<RebootWave>], node: &Node) {
         self.seen_node = Some(node.clone());
         let labels = node.labels();
-        let (wave, problems) = wave_of(waves, &self.node, labels);
+        let without_wave = self.engine.settings().reboot.without_wave;
+        let (wave, problems) = wave_of(waves, &self.node, labels, without_wave);
         let holding = matches!(&wave, Ok(Some(w)) if slot_of(w, &self.node).is_some());
         for why in problems {
             self.say(None, &why);
         }
-        let wave = match wave {
-            Ok(wave) => wave,
+        // Ok(None) with `without_wave`: the wave of one at a time is not made yet.
+        let (wave, to_make) = match wave {
+            Ok(wave) => (wave.clone(), wave.is_none() && without_wave),
             Err(why) => {
                 self.say(None, &why);
-                None
+                (None, false)
             }
         };
         // Without a wave the sentinel means nothing: it is not looked at (nor its command run).
-        let needs = wave.is_some() && self.needs_reboot().await;
+        let needs = (wave.is_some() || to_make) && self.needs_reboot().await;
         let taint = wave::pending_taint(needs, holding);
         self.keep_taint(node, taint).await;
         let metrics = self.engine.metrics();
         let Some(wave) = wave else {
-            metrics.set_wave(false, false, false);
+            metrics.set_wave(false, false, needs);
+            if needs {
+                self.make_one_at_a_time().await;
+            }
             return;
         };
         // Health is the way back's: it reads every pod of the node, so only while holding.
@@ -417,6 +425,33 @@ impl Part {
         }
     }
 
+    /// Makes the wave [`ONE_AT_A_TIME`] for a node whose configuration turns reboots on; the
+    /// watch then brings it. Another node making it first is as good.
+    async fn make_one_at_a_time(&mut self) {
+        if self.made.is_some_and(|at| at.elapsed() < ASK_AGAIN) {
+            return;
+        }
+        self.made = Some(Instant::now());
+        let r = self
+            .api
+            .create(&PostParams::default(), &RebootWave::one_at_a_time())
+            .await;
+        match gateway::reply(r) {
+            Ok(_) => {
+                tracing::info!(node = %self.node, wave = ONE_AT_A_TIME, "made the reboot wave of one node at a time (reboot.without_wave)")
+            }
+            // 409: it already exists.
+            Err(f) if f.is(Kind::Conflict) => {}
+            Err(f) => {
+                let problem = format!(
+                    "cannot make RebootWave {ONE_AT_A_TIME} for reboot.without_wave (are this version's RBAC and admission policy applied?): {}",
+                    f.text()
+                );
+                self.say(None, &Why::Invalid { problem });
+            }
+        }
+    }
+
     async fn ask_reboot(&mut self, wave: &str) {
         if self.asked.is_some_and(|at| at.elapsed() < ASK_AGAIN) {
             return;
@@ -540,12 +575,14 @@ impl Part {
 }
 
 /// The wave the node takes part in: the one holding its slot (seen to its end, selected or
-/// not any more), else the one wave whose selector matches its labels. Beside it, what is
-/// wrong with the waves' selectors.
+/// not any more), else the one wave whose selector matches its labels, else with
+/// `without_wave` the wave of one at a time. Beside it, what is wrong with the waves'
+/// selectors.
 pub(crate) fn wave_of(
     waves: &[Arc<RebootWave>],
     node: &str,
     labels: &std::collections::BTreeMap<String, String>,
+    without_wave: bool,
 ) -> (Result<Option<Arc<RebootWave>>, Why>, Vec<Why>) {
     if let Some(w) = waves.iter().find(|w| slot_of(w, node).is_some()) {
         return (Ok(Some(w.clone())), Vec::new());
@@ -553,7 +590,10 @@ pub(crate) fn wave_of(
     let mut selecting = Vec::new();
     let mut problems = Vec::new();
     for w in waves {
-        match Selector::compile(&w.spec.node_selector) {
+        let Some(selector) = &w.spec.node_selector else {
+            continue;
+        };
+        match Selector::compile(selector) {
             Ok(sel) if sel.matches(labels) => selecting.push(w.name_any()),
             Ok(_) => {}
             Err(err) => problems.push(Why::Invalid {
@@ -562,7 +602,7 @@ pub(crate) fn wave_of(
         }
     }
     selecting.sort();
-    let chosen = wave::choose(&selecting)
+    let chosen = wave::choose(&selecting, without_wave, ONE_AT_A_TIME)
         .map(|name| name.and_then(|name| waves.iter().find(|w| w.name_any() == name).cloned()));
     (chosen, problems)
 }

@@ -193,9 +193,16 @@ impl fmt::Display for Why {
     }
 }
 
-/// The wave the node takes part in: the one that selects it; none of two or more.
-pub(crate) fn choose(selecting: &[String]) -> Result<Option<&str>, Why> {
+/// The wave the node takes part in: the one that selects it; none of two or more. Selected by
+/// none, a node whose configuration turns reboots on (`without_wave`) takes part in `alone`,
+/// the wave of one node at a time.
+pub(crate) fn choose<'a>(
+    selecting: &'a [String],
+    without_wave: bool,
+    alone: &'a str,
+) -> Result<Option<&'a str>, Why> {
     match selecting {
+        [] if without_wave => Ok(Some(alone)),
         [] => Ok(None),
         [one] => Ok(Some(one)),
         more => Err(Why::SelectedTwice {

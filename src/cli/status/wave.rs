@@ -62,12 +62,13 @@ pub(crate) async fn section(
     };
     out.known = true;
     let waves: Vec<Arc<RebootWave>> = waves.into_iter().map(Arc::new).collect();
-    let (chosen, problems) = wave_of(&waves, node, node_obj.labels());
+    let (chosen, problems) = wave_of(&waves, node, node_obj.labels(), settings.without_wave);
     let w = match chosen {
         Ok(Some(w)) => w,
         Ok(None) => {
             out.this_node = match problems.first() {
                 Some(why) => why.to_string(),
+                None if settings.without_wave => format!("no RebootWave selects this node: it reboots one node of the cluster at a time (reboot.without_wave) in RebootWave {}, made when it needs a reboot", crate::api::ONE_AT_A_TIME),
                 None => "no RebootWave selects this node: it never reboots by itself".into(),
             };
             return out;

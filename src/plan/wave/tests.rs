@@ -278,10 +278,12 @@ fn the_taint_stays_from_the_need_until_the_slot_is_free() {
 }
 
 #[test]
-fn a_node_selected_by_two_waves_takes_part_in_neither() {
-    assert_eq!(choose(&[]), Ok(None));
-    assert_eq!(choose(&["a".into()]), Ok(Some("a")));
-    let err = choose(&["a".into(), "b".into()]).unwrap_err();
+fn a_node_takes_part_in_the_wave_selecting_it_else_one_at_a_time_if_configured_and_none_of_two() {
+    assert_eq!(choose(&[], false, "alone"), Ok(None));
+    assert_eq!(choose(&[], true, "alone"), Ok(Some("alone")));
+    assert_eq!(choose(&["a".into()], false, "alone"), Ok(Some("a")));
+    assert_eq!(choose(&["a".into()], true, "alone"), Ok(Some("a")));
+    let err = choose(&["a".into(), "b".into()], true, "alone").unwrap_err();
     assert_eq!(
         err.to_string(),
         "selected by more than one wave (a, b): the node takes part in none until an operator changes their nodeSelectors"
