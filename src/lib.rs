@@ -38,8 +38,8 @@ pub mod commands {
     pub use crate::cli::{
         align, approve_command, check_config, complete, crds, exit_code, history, human,
         load_settings, parse_budget, parse_pod_list, plan, reboot, record_panics, request_command,
-        run, runtime, status, LabelKeys, ListedPod, OutputFormat, PlanOptions, RequestOptions,
-        EXIT_CONFIG, EXIT_FAILURE,
+        run, runtime, status, wave_history, LabelKeys, ListedPod, OutputFormat, PlanOptions,
+        RequestOptions, EXIT_CONFIG, EXIT_FAILURE,
     };
     pub use crate::credentials::approve::ApproveOptions;
     pub use crate::sandbox::generator_command;

@@ -76,7 +76,11 @@ enum Command {
     #[command(after_help = HISTORY_HELP)]
     History {
         /// The node's name.
-        node: String,
+        #[arg(required_unless_present = "wave", conflicts_with = "wave")]
+        node: Option<String>,
+        /// A RebootWave instead: its slots now and its turns as its nodes' Events tell them.
+        #[arg(long, value_name = "NAME")]
+        wave: Option<String>,
         /// The kubeconfig to read with (default: $KUBECONFIG, then in-cluster config). Not
         /// the node's configuration.
         #[arg(long, value_name = "FILE")]
@@ -226,7 +230,12 @@ refused (from the first refusal until it was escalated or its band ended), and R
 E (escalated) and F (offline fallback) where they happened, then the same as a list. Lines fit
 the terminal's width (else $COLUMNS, else 80); colour only on a terminal without NO_COLOR. Needs
 get on the NodeMaintenance and list on Events in namespace default: the ClusterRole
-nodegrace-viewer (/usr/share/nodegrace/rbac/viewer.yaml) grants exactly that.";
+nodegrace-viewer (/usr/share/nodegrace/rbac/viewer.yaml) grants exactly that.
+
+With --wave NAME: the RebootWave's members and slots now, then every Event nodegrace wrote on a
+Node about it (slots taken, freed, taken back, a stuck node, and why its nodes waited), oldest
+first, and each node's turn from its slot taken to freed. Needs get on the RebootWave too
+(nodegrace-viewer grants it).";
 
 const EXIT_CODES: &str =
     "Exit codes: 0 success, 1 failure (message on stderr), 2 invalid configuration or usage.";
@@ -269,7 +278,15 @@ fn main() -> ExitCode {
         Command::Status { output } => cli::status(&args.config, output),
         Command::Complete => cli::complete(&args.config),
         Command::Reboot { cancel } => cli::reboot(cancel),
-        Command::History { node, kubeconfig } => cli::history(&node, kubeconfig.as_deref()),
+        Command::History {
+            node,
+            wave,
+            kubeconfig,
+        } => match wave {
+            Some(wave) => cli::wave_history(&wave, kubeconfig.as_deref()),
+            // clap requires a node without --wave.
+            None => cli::history(&node.unwrap_or_default(), kubeconfig.as_deref()),
+        },
         Command::Credentials(CredentialsCommand::Request { wait, force }) => {
             nodegrace::commands::request_command(
                 &args.config,

@@ -436,40 +436,14 @@ async fn poweroff_drains_every_band(mut f: Fixture) {
 /// `nodegrace-viewer` and nothing else: refused without it, and with it the drain just done
 /// drawn from the real Events (its band wait on the budget, the escalation).
 async fn history_as_a_viewer(f: &Fixture) {
-    let user = format!("viewer-{}", f.name);
-    let admin = std::fs::read_to_string(f.cp.admin_kubeconfig()).expect("admin kubeconfig");
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("admin kubeconfig");
-    for u in config["users"].as_sequence_mut().expect("users") {
-        u["user"]["as"] = user.clone().into();
-    }
-    let kubeconfig = std::env::temp_dir().join(format!("{user}.kubeconfig"));
-    std::fs::write(&kubeconfig, serde_yaml::to_string(&config).unwrap()).unwrap();
-    let history = || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodegrace"))
-            .args(["history", &f.name, "--kubeconfig"])
-            .arg(&kubeconfig)
-            .env("COLUMNS", "100")
-            .env_remove("KUBECONFIG")
-            .output()
-            .expect("nodegrace history");
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status.success(), text(&out.stdout), text(&out.stderr))
-    };
+    let viewer = f.cp.viewer(&format!("viewer-{}", f.name));
+    let history = || viewer.history(&[&f.name]);
     let (ok, _, err) = tokio::task::block_in_place(history);
     assert!(
         !ok && err.contains("forbidden"),
         "history without the viewer role: {err}"
     );
-    let role = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/rbac/viewer.yaml");
-    f.cp.kubectl_ok(&["apply", "-f", role]);
-    let binding = format!("{user}-binding");
-    f.cp.kubectl_ok(&[
-        "create",
-        "clusterrolebinding",
-        &binding,
-        "--clusterrole=nodegrace-viewer",
-        &format!("--user={user}"),
-    ]);
+    viewer.bind();
     // The Drained event is written in the background; RBAC's cache follows the binding.
     let drawn = real::wait_until(
         "history to draw the drain as the viewer",
@@ -479,8 +453,7 @@ async fn history_as_a_viewer(f: &Fixture) {
             (ok && out.contains(", drained")).then_some(out)
         },
     );
-    f.cp.kubectl_ok(&["delete", "clusterrolebinding", &binding]);
-    let _ = std::fs::remove_file(&kubeconfig);
+    drop(viewer);
     for expected in [
         format!("{}: shutdown at ", f.name),
         "waited on PodDisruptionBudget".into(),

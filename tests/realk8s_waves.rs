@@ -392,6 +392,7 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     ] {
         assert!(journal.contains(said), "{said:?} not in:\n{journal}");
     }
+    wave_history_as_a_viewer(&f, &wave.name);
 
     // A sentinel command as a reload sets it: exit status 1, a reboot is needed.
     reload_with(
@@ -432,6 +433,37 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     assert_eq!(held(&slots), [(node.clone(), String::new())]);
     let _ = waves.delete(ONE_AT_A_TIME, &DeleteParams::default()).await;
     f.cleanup().await;
+}
+
+/// `nodegrace history --wave` as an operator with the packaged `nodegrace-viewer` only: the
+/// node's turn from its Events, slot taken to freed.
+fn wave_history_as_a_viewer(f: &Fixture, wave: &str) {
+    let viewer = f.cp.viewer(&format!("viewer-{}", f.name));
+    viewer.bind();
+    let node = &f.name;
+    let turn = format!("  {node}: ");
+    // RBAC's cache follows the binding; the Events are written in the background.
+    let told = real::wait_until(
+        "history --wave to tell the node's turn",
+        Duration::from_secs(30),
+        || {
+            let (ok, out, _) = tokio::task::block_in_place(|| viewer.history(&["--wave", wave]));
+            (ok && out
+                .lines()
+                .any(|l| l.starts_with(&turn) && l.ends_with(" s)")))
+            .then_some(out)
+        },
+    );
+    for said in [
+        format!("RebootWave {wave}: 1 members; slots held: none"),
+        format!("{node}  took a slot of RebootWave {wave}: draining, then rebooting"),
+        format!(
+            "{node}  healthy for RebootWave {wave}'s healthy time after the reboot: freed the slot"
+        ),
+        "turns (slot taken to freed):".to_owned(),
+    ] {
+        assert!(told.contains(&said), "{said:?} not in:\n{told}");
+    }
 }
 
 fn journal_lines(c: &real::Container) -> String {

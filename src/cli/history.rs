@@ -16,7 +16,7 @@ use crate::api::{shutdown_maintenance_name, NodeMaintenance, Stage};
 use crate::cluster::client::Timeouts;
 use crate::cluster::listing::{get_opt, list_each, Caps};
 
-const TIMEOUTS: Timeouts = Timeouts {
+pub(crate) const TIMEOUTS: Timeouts = Timeouts {
     connect: Duration::from_secs(10),
     read: Some(Duration::from_secs(30)),
     answer: Some(Duration::from_secs(60)),

@@ -24,11 +24,13 @@ mod podlist;
 mod reboot;
 mod status;
 mod timeline;
+mod wave_history;
 
 pub use complete::complete_command as complete;
 pub use credentials::{approve_command, request_command, RequestOptions};
 pub use history::history_command as history;
 pub use panics::{exit_code, record_panics};
+pub use wave_history::wave_history_command as wave_history;
 
 pub use plan::{parse_budget, plan_command as plan, PlanOptions};
 pub use podlist::{parse_pod_list, LabelKeys, ListedPod};

@@ -356,6 +356,23 @@ impl ControlPlane {
         client_from(&self.admin_kubeconfig()).await
     }
 
+    /// A kubeconfig of the admin's acting as `user`, who may do nothing until
+    /// [`Viewer::bind`] binds the packaged ClusterRole `nodegrace-viewer` to it.
+    pub fn viewer(&self, user: &str) -> Viewer<'_> {
+        let admin = std::fs::read_to_string(self.admin_kubeconfig()).expect("admin kubeconfig");
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("admin kubeconfig");
+        for u in config["users"].as_sequence_mut().expect("users") {
+            u["user"]["as"] = user.into();
+        }
+        let kubeconfig = std::env::temp_dir().join(format!("{user}.kubeconfig"));
+        std::fs::write(&kubeconfig, serde_yaml::to_string(&config).unwrap()).unwrap();
+        Viewer {
+            cp: self,
+            user: user.to_owned(),
+            kubeconfig,
+        }
+    }
+
     /// The apiserver throttles `node`'s requests from now on (see [`throttling`]).
     pub fn throttle(&self, node: &str) {
         self.apply_text(&throttling(node));
@@ -421,6 +438,57 @@ impl ControlPlane {
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!("{name} (pid {pid}) did not stop");
+    }
+}
+
+/// An operator's identity for `nodegrace history` ([`ControlPlane::viewer`]).
+pub struct Viewer<'a> {
+    cp: &'a ControlPlane,
+    pub user: String,
+    pub kubeconfig: PathBuf,
+}
+
+impl Viewer<'_> {
+    /// Binds the packaged `nodegrace-viewer` to the user, and nothing else.
+    pub fn bind(&self) {
+        let role = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/rbac/viewer.yaml");
+        self.cp.kubectl_ok(&["apply", "-f", role]);
+        self.cp.kubectl_ok(&[
+            "create",
+            "clusterrolebinding",
+            &format!("{}-binding", self.user),
+            "--clusterrole=nodegrace-viewer",
+            &format!("--user={}", self.user),
+        ]);
+    }
+
+    /// `nodegrace history ARGS --kubeconfig <the viewer's>` at 100 columns: whether it
+    /// succeeded, its stdout and stderr.
+    pub fn history(&self, args: &[&str]) -> (bool, String, String) {
+        let out = std::process::Command::new(crate::real::nodegrace_binary())
+            .arg("history")
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env("COLUMNS", "100")
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("nodegrace history");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    }
+}
+
+impl Drop for Viewer<'_> {
+    fn drop(&mut self) {
+        let binding = format!("{}-binding", self.user);
+        self.cp.kubectl(&[
+            "delete",
+            "clusterrolebinding",
+            &binding,
+            "--ignore-not-found",
+        ]);
+        let _ = std::fs::remove_file(&self.kubeconfig);
     }
 }
 
