@@ -136,6 +136,20 @@ fn judge_faults(f: &Fleet, run: &WaveRun) -> Vec<String> {
         ),
         None => failures.push("no daemon was killed: no node with pods was seen holding a slot".into()),
     }
+    if let Some(k) = &run.killed {
+        let reboots = run.reboots(f);
+        let down = reboots
+            .iter()
+            .find(|(n, _)| *n == k.node)
+            .and_then(|(_, rs)| rs.first().map(|r| r.down));
+        if down.is_none_or(|d| d <= k.at) {
+            failures.push(format!(
+                "{}'s daemon was killed at {:.1} s, not before the node went down ({down:?})",
+                k.node,
+                rel(k.at)
+            ));
+        }
+    }
     let Some(o) = &run.outage else {
         failures.push(
             "the apiserver was never stopped: no sample saw a second batch hold a slot".into(),
