@@ -50,19 +50,16 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
     let client = engine.client();
     let node = engine.node().to_owned();
     let api: Api<RebootWave> = Api::all(client.clone());
-    let (store, writer) = reflector::store();
-    // One back-off for every watch that can wait (`cluster::backoff`).
-    let mut events = backed_off(
-        watcher(api.clone(), watcher::Config::default()),
-        engine.under_way(),
-    )
-    .reflect(writer)
-    .boxed();
+    let mut reconnects = engine.reconnects();
+    let (mut store, mut events) = watch_waves(&api, &engine);
+    // No step on a store not listed yet: it would read as no wave, and drop the taint.
+    let mut listed = false;
     let mut part = Part {
-        api,
+        api: api.clone(),
         nodes: Api::all(client),
         node,
         boot_id,
+        booted_at: crate::state::booted_at(),
         engine: engine.clone(),
         seen_node: None,
         command_said: None,
@@ -80,6 +77,10 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         tokio::select! {
             _ = stop.cancelled() => return,
             event = events.next() => match event {
+                Some(Ok(watcher::Event::InitDone)) => {
+                    listed = true;
+                    part.watch_failing = false;
+                }
                 Some(Ok(_)) => part.watch_failing = false,
                 Some(Err(err)) => {
                     if !part.watch_failing {
@@ -90,9 +91,21 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
                 }
                 None => return,
             },
+            changed = reconnects.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // The apiserver answers again: a watch waiting out the back-off of the
+                // outage starts at once, so a freed slot is seen within a tick.
+                if part.watch_failing {
+                    (store, events) = watch_waves(&api, &engine);
+                    listed = false;
+                }
+                continue;
+            }
             _ = tick.tick() => {}
         }
-        if part.watch_failing {
+        if part.watch_failing || !listed {
             continue;
         }
         let Some(node) = engine.own_node() else {
@@ -100,6 +113,25 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         };
         part.step(&store.state(), &node).await;
     }
+}
+
+type WaveEvents =
+    futures::stream::BoxStream<'static, Result<watcher::Event<RebootWave>, watcher::Error>>;
+
+/// The RebootWaves' watch and its store, with the back-off of every watch that can wait
+/// (`cluster::backoff`).
+fn watch_waves(
+    api: &Api<RebootWave>,
+    engine: &Engine,
+) -> (reflector::Store<RebootWave>, WaveEvents) {
+    let (store, writer) = reflector::store();
+    let events = backed_off(
+        watcher(api.clone(), watcher::Config::default()),
+        engine.under_way(),
+    )
+    .reflect(writer)
+    .boxed();
+    (store, events)
 }
 
 /// Whether the node needs a reboot: an operator's ask is a regular file, or the configured
@@ -158,6 +190,8 @@ struct Part {
     nodes: Api<Node>,
     node: String,
     boot_id: String,
+    /// When this boot began (`state::booted_at`): a Ready older than that is the last boot's.
+    booted_at: Option<Timestamp>,
     /// Its stores (the Node's health), settings, metrics and Events.
     engine: Arc<Engine>,
     /// The sentinel command's last answer, and when.
@@ -211,7 +245,7 @@ impl Part {
         };
         // Health is the way back's: it reads every pod of the node, so only while holding.
         let health = if holding {
-            self.engine.health(node)
+            self.engine.health(node, self.booted_at)
         } else {
             Err("holds no slot".to_owned())
         };

@@ -389,11 +389,23 @@ fn way_back(seen: &Seen<'_>, mine: &Mine) -> Step {
     }
 }
 
-/// Whether the node is healthy again after its reboot: Ready, uncordoned, and its DaemonSet
-/// and static pods Ready (`not_ready` names those that are not). Err says what is missing.
-pub(crate) fn health(ready: bool, unschedulable: bool, not_ready: &[String]) -> Result<(), String> {
+/// Whether the node is healthy again after its reboot: Ready as the kubelet of this boot
+/// reported it (`kubelet_of_this_boot`: its heartbeat is not older than the boot, so a Ready
+/// left from before the reboot does not count), uncordoned, and its DaemonSet and
+/// static pods Ready (`not_ready` names those that are not). Err says what is missing.
+pub(crate) fn health(
+    ready: bool,
+    kubelet_of_this_boot: bool,
+    unschedulable: bool,
+    not_ready: &[String],
+) -> Result<(), String> {
     let mut missing = Vec::new();
-    if !ready {
+    if !kubelet_of_this_boot {
+        missing.push(
+            "the kubelet has not reported since the reboot (the Node's Ready is from before it)"
+                .to_owned(),
+        );
+    } else if !ready {
         missing.push("the Node is not Ready".to_owned());
     }
     if unschedulable {

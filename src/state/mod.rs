@@ -498,6 +498,18 @@ fn init_start_ticks() -> Option<u64> {
     after_comm.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// When this boot began by the wall clock: the kernel's boot (`btime` of /proc/stat) plus the
+/// start of PID 1, since a node that is itself a container boots when its init starts.
+pub(crate) fn booted_at() -> Option<jiff::Timestamp> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let btime = stat.lines().find_map(|l| l.strip_prefix("btime "))?;
+    let btime: i128 = btime.trim().parse().ok()?;
+    // SAFETY: sysconf reads a constant of the system and touches no memory of ours.
+    let hz = i128::from(unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) });
+    let init = i128::from(init_start_ticks()?) * 1_000_000_000 / hz.max(1);
+    jiff::Timestamp::from_nanosecond(btime * 1_000_000_000 + init).ok()
+}
+
 /// This boot's id ([`BootIdSource::System`]); "unknown" where the kernel does not say.
 pub fn current_boot_id() -> String {
     BootIdSource::System
@@ -518,6 +530,8 @@ mod tests {
         assert!(ticks.parse::<u64>().is_ok(), "{id}");
         assert_eq!(BootIdSource::System.read().unwrap(), id);
         assert_eq!(current_boot_id(), id);
+        let booted = booted_at().expect("the kernel's boot time and init's start");
+        assert!(booted < jiff::Timestamp::now(), "{booted}");
     }
 
     #[test]

@@ -263,6 +263,14 @@ impl TestNode {
         self.container.as_ref().expect("booted")
     }
 
+    /// The running boot's id (`/proc/sys/kernel/random/boot_id`, as the kubelet reports it).
+    pub fn boot_id(&self) -> String {
+        self.container()
+            .run(&["cat", "/proc/sys/kernel/random/boot_id"])
+            .trim()
+            .to_owned()
+    }
+
     /// [`boot`](Self::boot), then waits until the daemon is connected to the apiserver (its
     /// after-boot reconcile done), as a node's long-running daemon is when it shuts down: one
     /// signalled sooner begins its drain late.

@@ -23,6 +23,7 @@ mod shutdown;
 mod status;
 mod terminate;
 mod view;
+mod wave;
 
 pub(crate) use offline::FallbackSummary;
 use reflect::{Watch, Watches};
@@ -44,7 +45,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -61,7 +62,7 @@ use crate::nodeview::PodsOnNode;
 use crate::plan::budget::{BudgetReserves, StepSchedule};
 use crate::plan::freshness::{WatchLog, Written};
 use crate::plan::reachability::{GivenUp, Reachability};
-use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo, PodType};
+use crate::plan::{own, DrainPlanEntry, DrainTargets, PodInfo};
 use crate::shutdown::ShutdownKind;
 use crate::staticpods::StaticPodGate;
 
@@ -615,6 +616,11 @@ impl Engine {
         self.shared.under_way.subscribe()
     }
 
+    /// Changes each time the apiserver answers again after an outage of a second or more.
+    pub(crate) fn reconnects(&self) -> watch::Receiver<u64> {
+        self.shared.reconnect.subscribe()
+    }
+
     /// Where the engine asks the node about its terminating pods (`plan::bandend`); None: the
     /// API alone says when a band ends.
     pub fn look_at_node(&self, view: Option<Arc<dyn PodsOnNode>>) {
@@ -674,38 +680,6 @@ impl Engine {
             .state()
             .into_iter()
             .find(|n| n.metadata.name.as_deref() == Some(self.shared.node.as_str()))
-    }
-
-    /// Whether `node` is healthy again after a reboot (`plan::wave::health`), read from the
-    /// engine's stores: asked only while the node holds a slot of its wave.
-    pub(crate) fn health(&self, node: &Node) -> Result<(), String> {
-        let node_ready = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let not_ready: Vec<String> = self
-            .shared
-            .pods
-            .state()
-            .iter()
-            .filter(|p| own::is_bound_to(p, &self.shared.node))
-            .filter(|p| {
-                PodInfo::from_pod(p).is_ok_and(|i| !i.terminal && i.pod_type != PodType::Default)
-            })
-            .filter(|p| {
-                !p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
-            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-            .collect();
-        crate::plan::wave::health(
-            node_ready,
-            crate::cluster::node::unschedulable(node),
-            &not_ready,
-        )
     }
 
     /// The node's current pods as the engine sees them (for the pod cache and `status`).

@@ -262,11 +262,19 @@ fn a_node_not_healthy_within_its_budget_sticks_the_wave_and_keeps_its_slot() {
 }
 
 #[test]
-fn a_node_is_healthy_when_ready_uncordoned_and_its_node_pods_ready() {
-    assert_eq!(health(true, false, &[]), Ok(()));
+fn a_node_is_healthy_when_ready_by_this_boots_kubelet_uncordoned_and_its_node_pods_ready() {
+    assert_eq!(health(true, true, false, &[]), Ok(()));
     assert_eq!(
-        health(false, true, &["kube-system/proxy-x".into()]),
+        health(false, true, true, &["kube-system/proxy-x".into()]),
         Err("the Node is not Ready; the Node is cordoned; not Ready: kube-system/proxy-x".into())
+    );
+    // Ready, as the kubelet of the boot before the reboot left it.
+    assert_eq!(
+        health(true, false, false, &[]),
+        Err(
+            "the kubelet has not reported since the reboot (the Node's Ready is from before it)"
+                .into()
+        )
     );
 }
 
