@@ -373,10 +373,17 @@ async fn inject(
                         .map(|l| l.time)
                 };
                 let replaced = why("replaced by the inhibitor taken after reconnecting");
+                // A drain that finished before the fault (or as it came) let its inhibitor go
+                // already: there is none to replace.
+                let released = ours
+                    .iter()
+                    .find(|l| l.field("REASON") == Some("drain finished"))
+                    .map(|l| l.time);
                 let armed = why(
                     "logind restarted and lost the shutdown: the drain stopped; ask for the shutdown again",
                 );
-                if replaced.zip(armed).is_some_and(|(r, a)| r <= a) {
+                let let_go = replaced.or(released);
+                if let_go.zip(armed).is_some_and(|(r, a)| r <= a) {
                     let _ = container.exec(&["systemctl", "poweroff"]);
                     break realk8s::now_unix();
                 }
