@@ -73,6 +73,7 @@ enum Command {
     /// A node's last shutdowns drawn on a time axis (its bands, the pods that waited and on
     /// what, the apiserver's outages and re-plans, the escalations), read from the Events
     /// the daemon wrote on its shutdown NodeMaintenance: from any machine with a kubeconfig.
+    /// With --wave, a RebootWave's turns instead.
     #[command(after_help = HISTORY_HELP)]
     History {
         /// The node's name.
@@ -88,7 +89,8 @@ enum Command {
     },
     /// Ask for this node's turn in the RebootWave that selects it (as the sentinel
     /// /run/reboot-required does): it drains and reboots when the wave's limits allow.
-    /// Without a wave selecting the node, nothing reboots.
+    /// Without a wave selecting the node, nothing reboots unless `reboot.without_wave` is
+    /// true (then one node of the cluster at a time).
     Reboot {
         /// Withdraw the ask (a slot already taken is seen through to the reboot).
         #[arg(long)]

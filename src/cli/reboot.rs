@@ -22,7 +22,8 @@ pub fn reboot_command(cancel: bool) -> Result<ExitCode> {
     })?;
     super::print_stdout(
         "asked for a reboot: the node takes its turn in the RebootWave that selects it (kubectl get rebootwaves); \
-         without a wave selecting the node, nothing reboots\n",
+         without a wave selecting the node, nothing reboots unless reboot.without_wave is true \
+         (then one node of the cluster at a time)\n",
     )?;
     Ok(ExitCode::SUCCESS)
 }
