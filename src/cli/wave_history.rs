@@ -2,7 +2,7 @@
 //! (slots taken, freed, taken back, a stuck node, and why nodes waited), under the wave's
 //! slots and members now.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -104,7 +104,7 @@ pub(crate) fn tell(wave: &RebootWave, told: &[Told]) -> String {
     let named = format!("RebootWave {name}");
     let status = wave.status.clone().unwrap_or_default();
     let mut ours: Vec<&Told> = told.iter().filter(|t| t.note.contains(&named)).collect();
-    let nodes: Vec<&str> = status
+    let nodes: BTreeSet<&str> = status
         .members
         .iter()
         .map(|m| m.node.as_str())
@@ -113,7 +113,7 @@ pub(crate) fn tell(wave: &RebootWave, told: &[Told]) -> String {
         .collect();
     ours.extend(
         told.iter()
-            .filter(|t| t.reason == "RebootWaiting" && nodes.contains(&t.node.as_str())),
+            .filter(|t| t.reason == "RebootWaiting" && nodes.contains(t.node.as_str())),
     );
     ours.sort_by_key(|t| t.at);
     let held: Vec<String> = status
