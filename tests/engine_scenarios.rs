@@ -1903,6 +1903,61 @@ async fn the_boot_after_a_soft_reboot_whose_maintenance_was_deleted_leaves_nothi
     }
 }
 
+/// A shutdown cordons the node before it writes its maintenance; the apiserver gone between
+/// the two (the fleet's fault wave met it) leaves the node cordoned under the completed
+/// maintenance of the shutdown before, and a reboot wave waiting for the node to be
+/// uncordoned. The boot after undoes nodegrace's cordon and taint, not an operator's cordon.
+#[tokio::test]
+async fn the_boot_after_a_shutdown_that_cordoned_but_wrote_no_maintenance_uncordons() {
+    for operator_cordoned in [false, true] {
+        let env = Env::new(kubelet(50)).await;
+        env.pod("web", Kind::Default, 0, 30, json!({}));
+        let engine = env.engine(env.settings());
+        engine
+            .shutdown_drain(&request(ShutdownKind::Reboot, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        drop(engine);
+        let engine = env.engine(env.settings());
+        let outcome = engine
+            .after_boot_of("boot-2", false, CompletionPolicy::Complete, None)
+            .await
+            .unwrap();
+        assert_eq!(outcome, AfterBoot::Completed);
+        let name = shutdown_maintenance_name(NODE);
+        eventually(10, "the first shutdown completed", || {
+            env.maintenance(&name)
+                .is_some_and(|m| m.metadata.finalizers.is_none_or(|f| f.is_empty()))
+        })
+        .await;
+        drop(engine);
+        // The next shutdown's marks; its maintenance never written.
+        env.cluster
+            .store
+            .update_in_process("", "nodes", "", NODE, |n| {
+                n["spec"]["unschedulable"] = json!(true);
+                n["metadata"]["annotations"]["nodegrace.dev/previous-unschedulable"] =
+                    json!(operator_cordoned.to_string());
+                n["spec"]["taints"] =
+                    json!([{"key": "nodegrace.dev/maintenance", "effect": "NoSchedule"}]);
+            })
+            .unwrap();
+        let engine = env.engine(env.settings());
+        let outcome = engine
+            .after_boot_of("boot-3", false, CompletionPolicy::Complete, None)
+            .await
+            .unwrap();
+        assert_eq!(outcome, AfterBoot::AlreadyComplete);
+        let node = env.node();
+        let cordoned = node["spec"].get("unschedulable").is_some_and(|u| u == true);
+        assert_eq!(cordoned, operator_cordoned, "{node}");
+        assert!(
+            !node.to_string().contains("nodegrace.dev/"),
+            "nodegrace's marks left: {node}"
+        );
+    }
+}
+
 /// A file the kubelet refuses in its staticPodPath names no pod, so no priority: the
 /// shutdown gates it last, once the node is empty (after the static pods), and the boot's
 /// completion restores it, also when it is the only file gated.

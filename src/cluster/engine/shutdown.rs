@@ -285,7 +285,11 @@ impl Engine {
         let m = match (found, offline) {
             (Some(m), _) => m,
             (None, None) => {
-                sh.undo_shutdown_without_maintenance(&name).await?;
+                sh.undo_shutdown_marks(
+                    &name,
+                    "the shutdown maintenance was deleted before the boot after it completed it",
+                )
+                .await?;
                 return Ok(AfterBoot::NoMaintenance);
             }
             (None, Some(record)) => match sh.create_offline_record(record, policy).await? {
@@ -308,6 +312,12 @@ impl Engine {
         }
         sh.clear_shutdown_marks(REASON_SHUTDOWN_ENDED).await?;
         if m.spec.stage == Stage::Complete || is_deleting(&m) {
+            // A shutdown cordons before it writes its maintenance: the apiserver gone between
+            // the two leaves the node cordoned under an earlier shutdown's completed one.
+            if m.spec.stage == Stage::Complete && !is_deleting(&m) {
+                sh.undo_shutdown_marks(&name, "the last shutdown cordoned the node but could not write its maintenance (the apiserver went away)")
+                    .await?;
+            }
             return Ok(AfterBoot::AlreadyComplete);
         }
         match policy {
@@ -459,12 +469,12 @@ impl Shared {
         Ok(())
     }
 
-    /// `shutdown-<node>` is gone but the node still carries what a shutdown did to it (its
-    /// maintenance was deleted, finalizer and all, before a boot completed it: nodegrace was
-    /// down, e.g. during a soft reboot). With no other maintenance active on the node, what
-    /// its Complete stage would have undone is undone: cordon, taint, load-balancer
-    /// exclusion, gated static pod manifests.
-    async fn undo_shutdown_without_maintenance(&self, name: &str) -> Result<()> {
+    /// `shutdown-<node>` is gone or complete but the node still carries what a shutdown did
+    /// to it (`cause`: its maintenance deleted, finalizer and all, before a boot completed it,
+    /// or never written). With no other maintenance active on the node, what its Complete
+    /// stage would have undone is undone: cordon, taint, load-balancer exclusion, gated
+    /// static pod manifests.
+    async fn undo_shutdown_marks(&self, name: &str, cause: &str) -> Result<()> {
         let gate = self.gate.clone();
         let gated = tokio::task::spawn_blocking(move || gate.has_gated())
             .await
@@ -488,7 +498,7 @@ impl Shared {
             tracing::info!(node = %self.node, maintenance = %name, ?others, "the shutdown maintenance is gone; the node stays cordoned for the others");
             return Ok(());
         }
-        tracing::warn!(node = %self.node, maintenance = %name, gated, "the shutdown maintenance was deleted before the boot after it completed it: uncordoning the node and putting gated static pod manifests back");
+        tracing::warn!(node = %self.node, maintenance = %name, gated, "{cause}: uncordoning the node and putting gated static pod manifests back");
         patch_node_with(&api, &self.node, "undo the shutdown's cordon", marks).await?;
         if gated {
             let gate = self.gate.clone();
