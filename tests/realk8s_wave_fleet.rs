@@ -66,7 +66,8 @@ async fn reboot_twice(mut f: Fleet) {
     }
 
     let clean = run_wave(&mut f, Faults::default()).await;
-    let failures = judge(&f, &clean, "wave").await;
+    let mut failures = judge(&f, &clean, "wave").await;
+    failures.extend(judge_rounds(&f, &clean).await);
     if !failures.is_empty() {
         fail(f.finish(), failures);
     }
@@ -119,6 +120,51 @@ fn fail(finished: Vec<Finished>, failures: Vec<String>) -> ! {
         "{}\n\nthe daemons' journals:\n{journals}",
         failures.join("\n")
     );
+}
+
+/// Without faults the wave takes as few turns one after another as its limits allow: six
+/// nodes, two slots, so three (issue 43's ⌈N/k⌉), where first come, first served may leave
+/// one zone's two nodes for last, one after the other. Beside it, the issue's bound on the
+/// wave's duration: ⌈N/k⌉ × (the longest turn + 5 s).
+async fn judge_rounds(f: &Fleet, run: &WaveRun) -> Vec<String> {
+    let end = run.ended.unwrap_or_else(realk8s::now_unix);
+    let requests = f.daemon_requests(run.touched, end).await;
+    let turns = turns(run, &requests, &run.reboots(f));
+    let ideal = WAVE_NODES.div_ceil(MAX_UNAVAILABLE);
+    let longest = turns
+        .iter()
+        .map(|t| t.freed.unwrap_or(end) - t.took)
+        .fold(0.0, f64::max);
+    let bound = ideal as f64 * (longest + 5.0);
+    let took = end - run.opened.unwrap_or(end);
+    let rounds = rounds(&turns, end);
+    println!("wave: {rounds} turns one after another (ideal {ideal}); {took:.1} s against the bound {ideal} × ({longest:.1} s + 5 s) = {bound:.1} s");
+    let mut failures = Vec::new();
+    if rounds != ideal {
+        failures.push(format!(
+            "wave: {rounds} turns one after another, not {ideal}: the free slots did not go first to the zones where most nodes waited"
+        ));
+    }
+    if took > bound {
+        failures.push(format!("wave: took {took:.1} s, over {bound:.1} s"));
+    }
+    failures
+}
+
+/// The longest chain of turns each taken after the one before it was freed.
+fn rounds(turns: &[Turn], end: f64) -> usize {
+    let mut depth: Vec<usize> = Vec::new();
+    for (i, t) in turns.iter().enumerate() {
+        let before = turns[..i]
+            .iter()
+            .zip(&depth)
+            .filter(|(o, _)| o.freed.unwrap_or(end) <= t.took + 0.5)
+            .map(|(_, d)| *d)
+            .max()
+            .unwrap_or(0);
+        depth.push(before + 1);
+    }
+    depth.into_iter().max().unwrap_or(0)
 }
 
 /// The faults of the second wave happened, each at its time, and the control plane is whole.
@@ -299,7 +345,7 @@ fn turns(run: &WaveRun, requests: &[Request], reboots: &[(String, Vec<Reboot>)])
     let mut turns: Vec<Turn> = slot_spans(&run.samples)
         .iter()
         .map(|(node, from, to)| {
-            let joins = !run.members_before.contains(node);
+            let joins = !run.waiting_before.contains(node);
             let (took, freed) = slot_writes(requests, node, joins);
             let reboot = reboots
                 .iter()

@@ -424,16 +424,29 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     wave.delete().await;
 
     // No wave selects the node any more; its configuration turns reboots on without one
-    // (reboot.without_wave, as a reload sets it): it makes the wave of one node at a time,
-    // takes its one slot and reboots.
+    // (reboot.without_wave, as a reload sets it). An operator asks (`nodegrace reboot`) and
+    // the daemon crashes at once: the unit restarts it with the ask kept. It makes the wave
+    // of one node at a time, takes its one slot and reboots.
     let waves: Api<RebootWave> = Api::all(c.clone());
     let _ = waves.delete(ONE_AT_A_TIME, &DeleteParams::default()).await;
     f.restart_kubelet().await;
     f.node.boot_connected();
     reload_with(f.node.container(), "without_wave = true");
-    let _ = f.node.container().exec(&["touch", "/run/reboot-required"]);
+    let out = f.node.container().exec(&[
+        "sh",
+        "-c",
+        "nodegrace reboot && systemctl kill -s KILL nodegrace",
+    ]);
+    assert!(out.status.success(), "{out:?}");
     let down = rebooted(&mut f.node);
     let journal = journal_lines(&down);
+    let whole = down.journal_text();
+    assert!(
+        whole
+            .lines()
+            .any(|l| l.contains("nodegrace.service") && l.contains("Scheduled restart job")),
+        "the daemon was not restarted:\n{whole}"
+    );
     assert!(
         journal.contains("made the reboot wave of one node at a time"),
         "{journal}"

@@ -194,6 +194,10 @@ pub struct WaveMember {
     #[serde(default)]
     #[schemars(length(max = 63))]
     pub domain: String,
+    /// The node needs a reboot and holds no slot yet: a free slot goes first to a domain
+    /// where more nodes wait, so the wave ends in as few turns as its limits allow.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waiting: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -14,6 +14,7 @@ use kube::ResourceExt as _;
 use super::runtime;
 use crate::api::RebootWave;
 use crate::cluster::listing::{get_opt, list_each, Caps};
+use crate::daemon::wave::{FREED, REASONS, TAKEN, WAITING};
 use crate::text::escape;
 
 /// The Events on Nodes are a few per node and turn; a fleet of thousands fits.
@@ -22,15 +23,6 @@ const EVENTS_CAPS: Caps = Caps {
     bytes: 32 << 20,
 };
 const EVENTS_PAGE: u32 = 500;
-
-/// The reasons the daemon's wave writes on its Node (`daemon::wave`).
-const REASONS: [&str; 5] = [
-    "RebootSlotTaken",
-    "RebootSlotFreed",
-    "RebootSlotTakenBack",
-    "RebootWaveStuck",
-    "RebootWaiting",
-];
 
 /// One Event of the wave: when, on which node, why and what it says.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,7 +105,7 @@ pub(crate) fn tell(wave: &RebootWave, told: &[Told]) -> String {
         .collect();
     ours.extend(
         told.iter()
-            .filter(|t| t.reason == "RebootWaiting" && nodes.contains(t.node.as_str())),
+            .filter(|t| t.reason == WAITING && nodes.contains(t.node.as_str())),
     );
     ours.sort_by_key(|t| t.at);
     let held: Vec<String> = status
@@ -151,10 +143,10 @@ pub(crate) fn tell(wave: &RebootWave, told: &[Told]) -> String {
     let mut taken: BTreeMap<&str, Timestamp> = BTreeMap::new();
     for t in &ours {
         match t.reason.as_str() {
-            "RebootSlotTaken" => {
+            TAKEN => {
                 taken.insert(&t.node, t.at);
             }
-            "RebootSlotFreed" => {
+            FREED => {
                 if let Some(from) = taken.remove(t.node.as_str()) {
                     out.push_str(&format!(
                         "  {}: {} to {} ({} s)\n",

@@ -6,7 +6,7 @@
 //! resourceVersion read, so the apiserver orders them and its admission policy holds the
 //! limits; a conflict is read again at the next event.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +29,20 @@ use crate::cluster::node::{patch_node_with, reboot_pending_taint_patch, REBOOT_P
 use crate::cluster::Engine;
 use crate::config::RebootSettings;
 use crate::plan::selector::Selector;
-use crate::plan::wave::{self, Held, Limit, Mine, Opening, Phase, Rules, Seen, Step, Why, Window};
+use crate::plan::wave::{
+    self, Held, Limit, Member, Mine, Opening, Phase, Rules, Seen, Step, Why, Window,
+};
 
 /// `nodegrace reboot`: an operator asks for this node's turn.
 pub(crate) const ASKED: &str = "/run/nodegrace/reboot-requested";
+
+/// The reasons of the Events the wave writes on the node (`nodegrace history --wave` reads them).
+pub(crate) const TAKEN: &str = "RebootSlotTaken";
+pub(crate) const FREED: &str = "RebootSlotFreed";
+pub(crate) const TAKEN_BACK: &str = "RebootSlotTakenBack";
+pub(crate) const STUCK: &str = "RebootWaveStuck";
+pub(crate) const WAITING: &str = "RebootWaiting";
+pub(crate) const REASONS: [&str; 5] = [TAKEN, FREED, TAKEN_BACK, STUCK, WAITING];
 
 /// How often the node looks at its sentinel and its health between the wave's events.
 const TICK: Duration = Duration::from_secs(2);
@@ -69,6 +79,8 @@ pub(crate) async fn run(engine: Arc<Engine>, boot_id: String, stop: Cancellation
         made: None,
         others: HashMap::new(),
         said: None,
+        giving_way: None,
+        unhealthy_said: None,
         watch_failing: false,
     };
     let mut tick = tokio::time::interval(TICK);
@@ -210,6 +222,10 @@ struct Part {
     others: HashMap<String, Silence>,
     /// What the node last said about its turn.
     said: Option<String>,
+    /// Since when it has given way to another domain without a break.
+    giving_way: Option<Instant>,
+    /// What the node last said is missing for its health after the reboot.
+    unhealthy_said: Option<String>,
     watch_failing: bool,
 }
 
@@ -275,9 +291,20 @@ impl Part {
             taken: s.taken.0,
             healthy_since: s.healthy_since.as_ref().map(|t| t.0),
         });
+        if let (Some(Phase::Returning | Phase::Stuck), Err(why)) =
+            (mine.as_ref().map(|m| m.phase), &health)
+        {
+            if self.unhealthy_said.as_ref() != Some(why) {
+                tracing::info!(node = %self.node, wave = %wave.name_any(), why = %why, "back after the reboot, not healthy yet: the slot is kept");
+                self.unhealthy_said = Some(why.clone());
+            }
+        } else {
+            self.unhealthy_said = None;
+        }
         let take_back = self
             .silent_holder(&rules, &status.slots, needs && mine.is_none())
             .await;
+        let waiting = waiting_by_domain(&status);
         let seen = Seen {
             me: &self.node,
             boot_id: &self.boot_id,
@@ -288,8 +315,13 @@ impl Part {
                 .members
                 .iter()
                 .find(|m| m.node == self.node)
-                .map(|m| m.domain.as_str()),
+                .map(|m| Member {
+                    domain: &m.domain,
+                    waiting: m.waiting,
+                }),
             members: status.members.len(),
+            waiting: &waiting,
+            given_way_for: self.giving_way.map_or(Duration::ZERO, |at| at.elapsed()),
             held: &held,
             mine: mine.as_ref(),
             opening,
@@ -300,6 +332,11 @@ impl Part {
             now: Timestamp::now(),
         };
         let step = wave::next(&seen);
+        if matches!(step, Step::Wait(Why::GiveWay { .. })) {
+            self.giving_way.get_or_insert_with(Instant::now);
+        } else {
+            self.giving_way = None;
+        }
         metrics.set_wave(
             mine.is_some(),
             mine.as_ref().is_some_and(|m| m.phase == Phase::Stuck),
@@ -330,10 +367,11 @@ impl Part {
                 self.ask_reboot(&name).await;
                 return;
             }
-            Step::Join => {
+            Step::Join | Step::StopWaiting => {
                 let entry = WaveMember {
                     node: me.clone(),
                     domain: domain.to_owned(),
+                    waiting: step == Step::Join,
                 };
                 self.write(wave, |st| {
                     st.members.retain(|m| m.node != entry.node);
@@ -351,7 +389,13 @@ impl Part {
                     renew_time: now.clone(),
                     healthy_since: None,
                 };
-                self.write(wave, |st| st.slots.push(slot.clone())).await
+                self.write(wave, |st| {
+                    st.slots.push(slot.clone());
+                    for m in st.members.iter_mut().filter(|m| m.node == me) {
+                        m.waiting = false;
+                    }
+                })
+                .await
             }
             Step::TakeBack(other) => {
                 let other = other.clone();
@@ -390,7 +434,7 @@ impl Part {
                 return;
             }
         }
-        if !matches!(step, Step::Join | Step::TakeBack(_)) {
+        if !matches!(step, Step::Join | Step::StopWaiting | Step::TakeBack(_)) {
             self.renewed = Some(Instant::now());
         }
         self.written(&name, step, domain, health).await;
@@ -401,12 +445,15 @@ impl Part {
         let me = self.node.clone();
         match step {
             Step::Join => {
-                tracing::info!(node = %me, wave = %name, domain = %domain, "joined the reboot wave")
+                tracing::info!(node = %me, wave = %name, domain = %domain, "joined the reboot wave: waiting for a slot")
+            }
+            Step::StopWaiting => {
+                tracing::info!(node = %me, wave = %name, "needs no reboot any more: stopped waiting for a slot")
             }
             Step::Take => {
                 self.event(
                     false,
-                    "RebootSlotTaken",
+                    TAKEN,
                     format!("took a slot of RebootWave {name}: draining, then rebooting"),
                 );
                 tracing::info!(node = %me, wave = %name, domain = %domain, "took a slot of the reboot wave: rebooting");
@@ -414,7 +461,7 @@ impl Part {
             }
             Step::TakeBack(other) => {
                 self.engine.metrics().wave_slot_taken_back();
-                self.event(true, "RebootSlotTakenBack", format!("took back the slot of node {other} in RebootWave {name}: it was gone or silent past the wave's reboot budget"));
+                self.event(true, TAKEN_BACK, format!("took back the slot of node {other} in RebootWave {name}: it was gone or silent past the wave's reboot budget"));
                 tracing::warn!(node = %me, wave = %name, holder = %other, "took back the slot of a node gone or silent past the wave's reboot budget")
             }
             Step::Returning => {
@@ -428,12 +475,12 @@ impl Part {
             }
             Step::Free => {
                 self.renewed = None;
-                self.event(false, "RebootSlotFreed", format!("healthy for RebootWave {name}'s healthy time after the reboot: freed the slot"));
+                self.event(false, FREED, format!("healthy for RebootWave {name}'s healthy time after the reboot: freed the slot"));
                 tracing::info!(node = %me, wave = %name, "healthy for the wave's healthy time: freed the slot");
             }
             Step::Stuck => {
                 let why = health.err().unwrap_or_default();
-                self.event(true, "RebootWaveStuck", format!("not healthy within RebootWave {name}'s reboot budget ({why}): the wave stops here"));
+                self.event(true, STUCK, format!("not healthy within RebootWave {name}'s reboot budget ({why}): the wave stops here"));
                 tracing::error!(node = %me, wave = %name, why = %why, "not healthy within the wave's reboot budget: the wave stops here and the slot is kept until the node is healthy or an operator frees it")
             }
             Step::Renew | Step::Idle | Step::Wait(_) | Step::Reboot => {}
@@ -593,11 +640,7 @@ impl Part {
             why,
             Why::Invalid { .. } | Why::SelectedTwice { .. } | Why::Stuck { .. }
         );
-        self.event(
-            warning,
-            "RebootWaiting",
-            format!("waiting for a reboot: {text}"),
-        );
+        self.event(warning, WAITING, format!("waiting for a reboot: {text}"));
         match why {
             Why::Invalid { .. } | Why::SelectedTwice { .. } | Why::Stuck { .. } => {
                 tracing::warn!(node = %self.node, wave = %name, "waiting for a reboot: {text}")
@@ -677,6 +720,15 @@ pub(crate) fn domain_of(
         .as_ref()
         .and_then(|p| labels.get(&p.topology_key).cloned())
         .unwrap_or_default()
+}
+
+/// The members waiting for a slot, counted by domain.
+pub(crate) fn waiting_by_domain(status: &RebootWaveStatus) -> BTreeMap<String, usize> {
+    let mut waiting = BTreeMap::new();
+    for m in status.members.iter().filter(|m| m.waiting) {
+        *waiting.entry(m.domain.clone()).or_default() += 1;
+    }
+    waiting
 }
 
 pub(crate) fn held_slots(status: &RebootWaveStatus) -> Vec<Held> {

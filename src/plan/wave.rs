@@ -4,6 +4,7 @@
 //! is what an honest node decides before it writes, so that it waits instead of being
 //! refused, and what it tells the operator while it waits.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -150,6 +151,12 @@ pub(crate) enum Why {
         held: usize,
         slots: u32,
     },
+    /// A domain with room has more nodes waiting: it goes first ([`give_way`]).
+    GiveWay {
+        domain: String,
+        there: usize,
+        here: usize,
+    },
     /// The wave is stuck on a node that did not come back healthy in time: no one starts.
     Stuck {
         node: String,
@@ -179,6 +186,14 @@ impl fmt::Display for Why {
             } => {
                 write!(f, "domain {domain:?} full: {held} of {slots} slots held")
             }
+            Why::GiveWay {
+                domain,
+                there,
+                here,
+            } => write!(
+                f,
+                "domain {domain:?} goes first: {there} nodes wait there, {here} in this node's domain"
+            ),
             Why::SelectedTwice { waves } => write!(
                 f,
                 "selected by more than one wave ({}): the node takes part in none until an operator changes their nodeSelectors",
@@ -253,6 +268,42 @@ pub(crate) fn turn(
     Turn::Take
 }
 
+/// How long a node gives way to another domain at most. The nodes there take a free slot
+/// within a second while their daemons run; one that does not (its daemon down, its Node
+/// gone with its members entry left) must not hold the wave up.
+pub(crate) const GIVE_WAY_AT_MOST: Duration = Duration::from_secs(10);
+
+/// Whether a node whose turn it is leaves the free slot to another domain first: one with
+/// room where more nodes wait than in its own (`waiting` counts each domain's waiting
+/// members, this node among them). The longest queue first ends the wave in as few turns as
+/// the limits allow, ⌈N/k⌉ where the domains permit it; first come, first served can leave
+/// one domain's nodes for last, each alone in its turn. After giving way for
+/// [`GIVE_WAY_AT_MOST`] without a break the node takes its turn anyway.
+pub(crate) fn give_way(
+    rules: &Rules,
+    domain: &str,
+    held: &[Held],
+    waiting: &BTreeMap<String, usize>,
+    given_way_for: Duration,
+) -> Option<Why> {
+    let per = rules.per_domain? as usize;
+    if given_way_for >= GIVE_WAY_AT_MOST {
+        return None;
+    }
+    let here = waiting.get(domain).copied().unwrap_or(1);
+    let (first, there) = waiting
+        .iter()
+        .filter(|(d, _)| d.as_str() != domain)
+        .filter(|(d, _)| held.iter().filter(|h| &h.domain == *d).count() < per)
+        // The most waiting; of equals, the first by name.
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+    (*there > here).then(|| Why::GiveWay {
+        domain: first.clone(),
+        there: *there,
+        here,
+    })
+}
+
 /// Where a slot's holder is on its way through the reboot (`status.slots[].phase`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -274,6 +325,14 @@ pub(crate) struct Mine {
     pub(crate) healthy_since: Option<Timestamp>,
 }
 
+/// A node's own `status.members` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Member<'a> {
+    pub(crate) domain: &'a str,
+    /// It needs a reboot and holds no slot yet.
+    pub(crate) waiting: bool,
+}
+
 /// What a node knows when it takes its next step in its wave.
 #[derive(Debug, Clone)]
 pub(crate) struct Seen<'a> {
@@ -284,9 +343,12 @@ pub(crate) struct Seen<'a> {
     pub(crate) rules: &'a Rules,
     /// The node's value of the wave's topology key ("" without one).
     pub(crate) domain: &'a str,
-    /// The domain of its own `status.members` entry, when it has one.
-    pub(crate) member: Option<&'a str>,
+    pub(crate) member: Option<Member<'a>>,
     pub(crate) members: usize,
+    /// The members waiting for a slot, by domain.
+    pub(crate) waiting: &'a BTreeMap<String, usize>,
+    /// How long the node has given way to another domain without a break ([`give_way`]).
+    pub(crate) given_way_for: Duration,
     pub(crate) held: &'a [Held],
     pub(crate) mine: Option<&'a Mine>,
     pub(crate) opening: Opening,
@@ -307,9 +369,11 @@ pub(crate) struct Seen<'a> {
 pub(crate) enum Step {
     /// Nothing to do.
     Idle,
-    /// Write its own `status.members` entry in its domain.
+    /// Write its own `status.members` entry in its domain, waiting.
     Join,
-    /// Write its own slot (phase Down, this boot).
+    /// It needs no reboot any more: its members entry stops waiting.
+    StopWaiting,
+    /// Write its own slot (phase Down, this boot); its members entry stops waiting.
     Take,
     /// Ask logind to reboot: the slot is held in this boot.
     Reboot,
@@ -335,10 +399,18 @@ pub(crate) fn next(seen: &Seen<'_>) -> Step {
     if let Some(mine) = seen.mine {
         return way_back(seen, mine);
     }
+    let waiting = Member {
+        domain: seen.domain,
+        waiting: true,
+    };
     if !seen.needs_reboot {
-        return Step::Idle;
+        return if seen.member.is_some_and(|m| m.waiting) {
+            Step::StopWaiting
+        } else {
+            Step::Idle
+        };
     }
-    if seen.member != Some(seen.domain) {
+    if seen.member != Some(waiting) {
         return Step::Join;
     }
     if let Some(node) = seen.take_back {
@@ -353,7 +425,16 @@ pub(crate) fn next(seen: &Seen<'_>) -> Step {
         seen.opening,
         seen.stuck,
     ) {
-        Turn::Take => Step::Take,
+        Turn::Take => match give_way(
+            seen.rules,
+            seen.domain,
+            seen.held,
+            seen.waiting,
+            seen.given_way_for,
+        ) {
+            Some(why) => Step::Wait(why),
+            None => Step::Take,
+        },
         // Held by this node but not read back as its own yet: the watch catches up.
         Turn::Holding => Step::Idle,
         Turn::Wait(why) => Step::Wait(why),

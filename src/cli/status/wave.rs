@@ -2,6 +2,7 @@
 //! and this node's place: holding, or waiting and why (as `plan::wave` decides it).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
@@ -9,7 +10,8 @@ use serde::Serialize;
 
 use crate::api::RebootWave;
 use crate::daemon::wave::{
-    domain_of, held_slots, needs_reboot, read_rules, slot_of, stuck_holder, wave_of,
+    domain_of, held_slots, needs_reboot, read_rules, slot_of, stuck_holder, waiting_by_domain,
+    wave_of,
 };
 use crate::plan::wave::{self, Turn};
 
@@ -105,8 +107,16 @@ pub(crate) async fn section(
     let domain = domain_of(&w, node_obj.labels());
     let held = held_slots(&status);
     let stuck = stuck_holder(&status, node);
+    let waiting = waiting_by_domain(&status);
+    let first = wave::give_way(&rules, &domain, &held, &waiting, Duration::ZERO);
     out.this_node = match wave::turn(&rules, node, &domain, &held, out.members, opening, stuck) {
-        Turn::Take => "needs a reboot: takes its turn at the daemon's next look".into(),
+        Turn::Take => match first {
+            Some(why) => format!(
+                "needs a reboot, waits: {why} (for at most {:?})",
+                wave::GIVE_WAY_AT_MOST
+            ),
+            None => "needs a reboot: takes its turn at the daemon's next look".into(),
+        },
         Turn::Holding => "holds a slot".into(),
         Turn::Wait(why) => format!("needs a reboot, waits: {why}"),
     };

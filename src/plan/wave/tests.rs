@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::civil::{time, Weekday};
@@ -167,6 +168,12 @@ fn mine(phase: Phase, boot: &str, healthy_since: Option<&str>) -> Mine {
     }
 }
 
+static NONE_WAITING: BTreeMap<String, usize> = BTreeMap::new();
+
+fn member(domain: &str, waiting: bool) -> Option<Member<'_>> {
+    Some(Member { domain, waiting })
+}
+
 fn seen<'a>(r: &'a Rules, held: &'a [Held], mine: Option<&'a Mine>, now: &str) -> Seen<'a> {
     Seen {
         me: "one",
@@ -174,8 +181,13 @@ fn seen<'a>(r: &'a Rules, held: &'a [Held], mine: Option<&'a Mine>, now: &str) -
         needs_reboot: true,
         rules: r,
         domain: "z1",
-        member: Some("z1"),
+        member: Some(Member {
+            domain: "z1",
+            waiting: true,
+        }),
         members: 6,
+        waiting: &NONE_WAITING,
+        given_way_for: Duration::ZERO,
         held,
         mine,
         opening: Opening::Open,
@@ -193,12 +205,18 @@ fn a_node_joins_then_takes_its_turn_and_reboots_in_the_boot_it_took_the_slot() {
     let mut s = seen(&r, &[], None, "2026-12-01T21:00:00Z");
     s.member = None;
     assert_eq!(next(&s), Step::Join);
-    // A node that moved to another zone joins again in it.
-    s.member = Some("z2");
+    // A node that moved to another zone joins again in it, and one that rebooted before
+    // says it waits again.
+    s.member = member("z2", true);
     assert_eq!(next(&s), Step::Join);
-    s.member = Some("z1");
+    s.member = member("z1", false);
+    assert_eq!(next(&s), Step::Join);
+    s.member = member("z1", true);
     assert_eq!(next(&s), Step::Take);
+    // The sentinel went before its turn: it stops waiting, so no domain gives way to it.
     s.needs_reboot = false;
+    assert_eq!(next(&s), Step::StopWaiting);
+    s.member = member("z1", false);
     assert_eq!(next(&s), Step::Idle);
     let taken = mine(Phase::Down, "boot-2", None);
     let held = [held("one", "z1")];
@@ -207,6 +225,60 @@ fn a_node_joins_then_takes_its_turn_and_reboots_in_the_boot_it_took_the_slot() {
     let before = mine(Phase::Down, "boot-1", None);
     let s = seen(&r, &held, Some(&before), "2026-12-01T21:03:00Z");
     assert_eq!(next(&s), Step::Returning);
+}
+
+#[test]
+fn a_free_slot_goes_first_to_the_domain_with_room_where_most_nodes_wait() {
+    let r = rules(Limit::Count(2), Some(1));
+    let waiting: BTreeMap<String, usize> = [("z0", 2), ("z1", 2), ("z2", 1)]
+        .map(|(d, n)| (d.to_owned(), n))
+        .into();
+    let zero = Duration::ZERO;
+    assert_eq!(
+        give_way(&r, "z2", &[], &waiting, zero),
+        Some(Why::GiveWay {
+            domain: "z0".into(),
+            there: 2,
+            here: 1
+        })
+    );
+    assert_eq!(
+        give_way(&r, "z2", &[held("a", "z0")], &waiting, zero),
+        Some(Why::GiveWay {
+            domain: "z1".into(),
+            there: 2,
+            here: 1
+        })
+    );
+    // Those with more waiting are full, or wait no more than here: its turn.
+    let full = [held("a", "z0"), held("b", "z1")];
+    assert_eq!(give_way(&r, "z2", &full, &waiting, zero), None);
+    assert_eq!(give_way(&r, "z1", &[], &waiting, zero), None);
+    // The nodes given way to do not take the slot: after a while it is this node's.
+    let long = GIVE_WAY_AT_MOST;
+    assert_eq!(give_way(&r, "z2", &[], &waiting, long), None);
+    // Without a limit per domain, the order of the domains cannot lengthen the wave.
+    assert_eq!(
+        give_way(&rules(Limit::Count(2), None), "z2", &[], &waiting, zero),
+        None
+    );
+    let mut s = seen(&r, &[], None, "2026-12-01T21:00:00Z");
+    let waiting: BTreeMap<String, usize> = [("z0", 2), ("z1", 1)]
+        .map(|(d, n)| (d.to_owned(), n))
+        .into();
+    s.waiting = &waiting;
+    let why = Why::GiveWay {
+        domain: "z0".into(),
+        there: 2,
+        here: 1,
+    };
+    assert_eq!(
+        why.to_string(),
+        "domain \"z0\" goes first: 2 nodes wait there, 1 in this node's domain"
+    );
+    assert_eq!(next(&s), Step::Wait(why));
+    s.given_way_for = GIVE_WAY_AT_MOST;
+    assert_eq!(next(&s), Step::Take);
 }
 
 #[test]
@@ -350,5 +422,63 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+proptest! {
+    /// A fleet whose nodes all need a reboot, in domains of any sizes: in each turn every
+    /// slot is free and the waiting nodes ask one after another from a random one on, each
+    /// take written one at a time. With the longest queue first the wave takes as few turns as its limits allow:
+    /// ⌈N/k⌉, or more only where one domain holds more than its share.
+    #[test]
+    fn a_wave_ends_in_as_few_turns_as_its_limits_allow(
+        k in 1u32..5,
+        per in 1u32..3,
+        domains in proptest::collection::vec(0usize..4, 1..16),
+        order in proptest::collection::vec(any::<prop::sample::Index>(), 64),
+    ) {
+        let r = rules(Limit::Count(k), Some(per));
+        let n = domains.len();
+        let mut left: Vec<usize> = (0..n).collect();
+        let mut turns = 0;
+        while !left.is_empty() {
+            turns += 1;
+            prop_assert!(turns <= n, "a turn took no slot");
+            let mut slots: Vec<Held> = Vec::new();
+            let mut asked = 0;
+            loop {
+                let mut took = false;
+                for i in 0..left.len() {
+                    let start = order[asked % order.len()].index(left.len());
+                    let pick = (start + i) % left.len();
+                    let who = left[pick];
+                    let domain = format!("z{}", domains[who]);
+                    let mut waiting = BTreeMap::new();
+                    for w in &left {
+                        *waiting.entry(format!("z{}", domains[*w])).or_insert(0) += 1;
+                    }
+                    let me = format!("n{who}");
+                    if turn(&r, &me, &domain, &slots, n, Opening::Open, None) == Turn::Take
+                        && give_way(&r, &domain, &slots, &waiting, Duration::ZERO).is_none()
+                    {
+                        slots.push(held(&me, &domain));
+                        left.remove(pick);
+                        took = true;
+                        break;
+                    }
+                }
+                asked += 1;
+                if !took || left.is_empty() {
+                    break;
+                }
+            }
+        }
+        let mut per_domain = BTreeMap::new();
+        for d in &domains {
+            *per_domain.entry(*d).or_insert(0usize) += 1;
+        }
+        let widest = per_domain.values().map(|c| c.div_ceil(per as usize)).max().unwrap_or(0);
+        let ideal = n.div_ceil(k as usize).max(widest);
+        prop_assert_eq!(turns, ideal);
     }
 }

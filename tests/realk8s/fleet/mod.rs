@@ -391,18 +391,22 @@ impl Fleet {
         }
     }
 
-    /// The nodes in the wave's `status.members`.
-    pub async fn members(&self) -> BTreeSet<String> {
+    /// The nodes whose `status.members` entry says they wait for a slot.
+    pub async fn waiting(&self) -> BTreeSet<String> {
         let waves: Api<RebootWave> = Api::all(self.admin.clone());
         let status = waves.get(&self.wave).await.ok().and_then(|w| w.status);
         status.map_or_else(BTreeSet::new, |s| {
-            s.members.into_iter().map(|m| m.node).collect()
+            s.members
+                .into_iter()
+                .filter(|m| m.waiting)
+                .map(|m| m.node)
+                .collect()
         })
     }
 
-    /// Whether every wave node is a member of the wave and tainted reboot-pending.
+    /// Whether every wave node waits in the wave and is tainted reboot-pending.
     pub async fn all_waiting(&self) -> bool {
-        let members = self.members().await.len();
+        let members = self.waiting().await.len();
         let nodes: Api<Node> = Api::all(self.admin.clone());
         let selector = ListParams::default().labels(&format!("{WAVE_LABEL}={}", self.wave));
         let tainted = nodes

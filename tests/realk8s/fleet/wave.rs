@@ -73,8 +73,8 @@ pub struct WaveRun {
     pub originals: BTreeSet<String>,
     /// Each machine's reboots before the wave.
     pub marks: Vec<usize>,
-    /// The wave's members before the wave: a node not among them joins with its first write.
-    pub members_before: BTreeSet<String>,
+    /// The nodes waiting before the wave: one not among them joins with its first write.
+    pub waiting_before: BTreeSet<String>,
     pub killed: Option<Killed>,
     pub outage: Option<Outage>,
 }
@@ -200,7 +200,7 @@ async fn kill_a_holder(
 /// way.
 pub async fn run_wave(f: &mut Fleet, faults: Faults) -> WaveRun {
     f.set_window(false).await;
-    let members_before = f.members().await;
+    let waiting_before = f.waiting().await;
     let touched = now_unix();
     let mut run = WaveRun {
         touched,
@@ -211,7 +211,7 @@ pub async fn run_wave(f: &mut Fleet, faults: Faults) -> WaveRun {
         broken: Vec::new(),
         originals: BTreeSet::new(),
         marks: f.reboot_marks(),
-        members_before,
+        waiting_before,
         killed: None,
         outage: None,
     };
