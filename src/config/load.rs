@@ -1,20 +1,14 @@
-//! Reading and merging configuration files (main file, then drop-ins); syntax errors
-//! located by line and key. Validation is in `build.rs`.
+//! Reading and merging configuration files (main file, then drop-ins); errors located by
+//! file, line and key.
 
 use std::fs;
 use std::io;
-use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use toml::de::{DeTable, DeValue};
-use toml::Spanned;
-
-use super::build::{build, check_fragment};
-use super::check::Ctx;
-use super::error::{located, ConfigError, Fragment};
-use super::raw::{Merge, RawConfig};
-use super::{BandsSource, Settings};
+use super::error::{ConfigError, Fragment};
+use super::merge::Merged;
+use super::{check, BandsSource, Settings};
 use crate::fsutil::{read_regular, ReadError, Symlinks, CONFIG_FILE_LIMIT};
 
 /// The result of [`load_report`]: the settings and how they were found.
@@ -100,15 +94,12 @@ pub(crate) fn load_str(text: &str) -> Result<Settings, ConfigError> {
     load_fragments(&[Fragment::new("<string>", text)])
 }
 
-/// Merges fragments in the given order on top of the defaults and validates the result.
+/// Merges fragments in the given order on top of the defaults and checks the result.
 pub(crate) fn load_fragments(fragments: &[Fragment]) -> Result<Settings, ConfigError> {
-    let mut merged = RawConfig::default();
-    for (index, fragment) in fragments.iter().enumerate() {
-        let raw = parse_fragment(fragment)?;
-        check_fragment(&Ctx { fragments }, index, &raw)?;
-        merged.merge(raw, index);
-    }
-    build(&Ctx { fragments }, merged)
+    let files = Merged::parse(fragments)?;
+    let mut settings = files.deserialize()?;
+    check::across(&mut settings, &files)?;
+    Ok(settings)
 }
 
 /// The kubelet's own Graceful Node Shutdown, read from its configuration: whether it is on,
@@ -184,139 +175,4 @@ fn drop_in_paths(main: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     }
     names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     Ok(names.into_iter().map(|name| dir.join(name)).collect())
-}
-
-fn parse_fragment(fragment: &Fragment) -> Result<RawConfig, ConfigError> {
-    let error = |err: toml::de::Error, key: Option<String>| {
-        located(
-            fragment.name.clone(),
-            &fragment.text,
-            err.span().map(|span| span.start),
-            key,
-            err.message(),
-        )
-    };
-    let tree = DeTable::parse(&fragment.text).map_err(|err| syntax_error(fragment, err))?;
-    let deserializer = toml::de::Deserializer::from(tree.clone());
-    serde::Deserialize::deserialize(deserializer).map_err(|err| {
-        let key = err
-            .span()
-            .and_then(|span| key_at(tree.get_ref(), span.start));
-        error(err, key)
-    })
-}
-
-/// A TOML syntax error, with the key it happened in when the rest of the file parses.
-fn syntax_error(fragment: &Fragment, err: toml::de::Error) -> ConfigError {
-    let text = &fragment.text;
-    let span = err.span();
-    let mut message = err.message().to_string();
-    if message == "duplicate key" {
-        if let Some(key) = span.clone().and_then(|span| text.get(span)) {
-            message = format!("duplicate key `{key}`");
-        }
-    }
-    let (recovered, _) = DeTable::parse_recoverable(text);
-    let key = span
-        .as_ref()
-        .and_then(|span| key_at(recovered.get_ref(), span.start));
-    let offset = span
-        .map(|span| span.start)
-        .or_else(|| spanless_error_line(text, &message));
-    located(fragment.name.clone(), text, offset, key, &message)
-}
-
-/// Where an error that toml reports without a place (a dotted key nested past its recursion
-/// limit) is: the start of the first line up to which the file already fails that way.
-fn spanless_error_line(text: &str, message: &str) -> Option<usize> {
-    let ends: Vec<usize> = text
-        .match_indices('\n')
-        .map(|(i, _)| i + 1)
-        .chain(std::iter::once(text.len()))
-        .collect();
-    let fails = |end: usize| matches!(DeTable::parse(&text[..end]), Err(e) if e.span().is_none() && e.message() == message);
-    let line = ends.partition_point(|&end| !fails(end));
-    if line == ends.len() {
-        return None;
-    }
-    Some(if line == 0 { 0 } else { ends[line - 1] })
-}
-
-/// The dotted key of the deepest key or value whose span holds `offset`.
-fn key_at(table: &DeTable<'_>, offset: usize) -> Option<String> {
-    let mut best: Option<Vec<String>> = None;
-    let mut path = Vec::new();
-    walk_table(table, offset, &mut path, &mut best);
-    best.map(|parts| dotted(&parts))
-}
-
-fn dotted(parts: &[String]) -> String {
-    let mut out = String::new();
-    for part in parts {
-        if !out.is_empty() && !part.starts_with('[') {
-            out.push('.');
-        }
-        out.push_str(part);
-    }
-    out
-}
-
-fn holds(span: &Range<usize>, offset: usize) -> bool {
-    span.start <= offset && offset < span.end
-}
-
-fn consider(path: &[String], best: &mut Option<Vec<String>>) {
-    if best.as_ref().is_none_or(|b| b.len() < path.len()) {
-        *best = Some(path.to_vec());
-    }
-}
-
-fn walk_table(
-    table: &DeTable<'_>,
-    offset: usize,
-    path: &mut Vec<String>,
-    best: &mut Option<Vec<String>>,
-) {
-    for (key, value) in table.iter() {
-        path.push(quote_key(key.get_ref()));
-        if holds(&key.span(), offset) || holds(&value.span(), offset) {
-            consider(path, best);
-        }
-        walk_value(value, offset, path, best);
-        path.pop();
-    }
-}
-
-fn walk_value(
-    value: &Spanned<DeValue<'_>>,
-    offset: usize,
-    path: &mut Vec<String>,
-    best: &mut Option<Vec<String>>,
-) {
-    match value.get_ref() {
-        DeValue::Table(table) => walk_table(table, offset, path, best),
-        DeValue::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                path.push(format!("[{i}]"));
-                if holds(&item.span(), offset) {
-                    consider(path, best);
-                }
-                walk_value(item, offset, path, best);
-                path.pop();
-            }
-        }
-        _ => {}
-    }
-}
-
-fn quote_key(key: &str) -> String {
-    let bare = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if bare {
-        key.to_string()
-    } else {
-        format!("{key:?}")
-    }
 }
