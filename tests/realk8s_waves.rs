@@ -463,6 +463,85 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     f.cleanup().await;
 }
 
+/// The fleet-wide request: an operator sets the wave's `rebootRequestedAt`; the node, booted
+/// before it and with no sentinel, takes its turn and reboots; back and healthy, it frees its
+/// slot and is not asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_asked_to_reboot_reboots_its_node_once_without_a_sentinel() {
+    if !realk8s::enabled(
+        "realk8s_waves::a_wave_asked_to_reboot_reboots_its_node_once_without_a_sentinel",
+    ) {
+        return;
+    }
+    let mut f = Fixture::new("ng-wave-ask").await;
+    let (c, node) = (f.admin.clone(), f.name.clone());
+    let nodes: Api<Node> = Api::all(c.clone());
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"nodegrace-test/wave": node}}})),
+        )
+        .await
+        .unwrap();
+    let wave = Wave::create(
+        c.clone(),
+        json!({
+            "nodeSelector": {"matchLabels": {"nodegrace-test/wave": node}},
+            "healthySeconds": 3,
+        }),
+    )
+    .await;
+    f.node.boot_connected();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        wave.status().await["slots"].is_null(),
+        "a slot taken with nothing asking for a reboot"
+    );
+    let asked = jiff::Timestamp::now().to_string();
+    wave.admin
+        .patch(
+            &wave.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"rebootRequestedAt": asked}})),
+        )
+        .await
+        .unwrap();
+    let down = rebooted(&mut f.node);
+    let journal = journal_lines(&down);
+    assert!(
+        journal.contains("took a slot of the reboot wave: rebooting"),
+        "{journal}"
+    );
+    f.kubelet.stop();
+    f.node.boot_connected();
+    f.restart_kubelet().await;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !wave.status().await["slots"]
+        .as_array()
+        .is_none_or(Vec::is_empty)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the slot was not freed after the boot:\n{}",
+            journal_lines(f.node.container())
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Booted after the request: not asked again (a look every 2 s).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let status = wave.status().await;
+    assert!(
+        status["slots"].as_array().is_none_or(Vec::is_empty),
+        "asked again after its reboot: {status}"
+    );
+    let member = &status["members"][0];
+    assert_eq!(member["node"], json!(node), "{status}");
+    assert!(member.get("waiting").is_none(), "{status}");
+    wave.delete().await;
+    f.cleanup().await;
+}
+
 /// `nodegrace history --wave` as an operator with the packaged `nodegrace-viewer` only: the
 /// node's turn from its Events, slot taken to freed.
 fn wave_history_as_a_viewer(f: &Fixture, wave: &str) {

@@ -76,6 +76,12 @@ pub struct RebootWaveSpec {
     #[serde(default = "reboot_budget_seconds")]
     #[schemars(range(min = 60, max = 86400))]
     pub reboot_budget_seconds: u32,
+
+    /// An operator's request for the whole wave: every node it selects whose current boot
+    /// began before this time needs a reboot, as if its sentinel said so. Set to now, the
+    /// fleet reboots in turns; a node rebooted since is not asked again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot_requested_at: Option<Time>,
 }
 
 /// The wave of the nodes whose configuration turns reboots on without a wave selecting them.
@@ -94,6 +100,7 @@ impl RebootWave {
                 windows: Vec::new(),
                 healthy_seconds: healthy_seconds(),
                 reboot_budget_seconds: reboot_budget_seconds(),
+                reboot_requested_at: None,
             },
         )
     }

@@ -248,7 +248,8 @@ impl Part {
             }
         };
         // Without a wave the sentinel means nothing: it is not looked at (nor its command run).
-        let needs = (wave.is_some() || to_make) && self.needs_reboot().await;
+        let requested = wave.as_ref().is_some_and(|w| asked_by(w, self.booted_at));
+        let needs = (wave.is_some() || to_make) && (requested || self.needs_reboot().await);
         let taint = wave::pending_taint(needs, holding);
         self.keep_taint(node, taint).await;
         let metrics = self.engine.metrics();
@@ -708,6 +709,12 @@ enum Written {
     Yes,
     Conflict,
     Refused(String),
+}
+
+/// Whether the wave's `rebootRequestedAt` asks a node booted at `booted_at` for a reboot.
+pub(crate) fn asked_by(wave: &RebootWave, booted_at: Option<Timestamp>) -> bool {
+    let at = wave.spec.reboot_requested_at.as_ref().map(|t| t.0);
+    wave::requested(at, booted_at)
 }
 
 /// The node's value of the wave's topology key ("" without one).

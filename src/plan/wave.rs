@@ -502,6 +502,12 @@ pub(crate) fn health(
     }
 }
 
+/// Whether the wave's fleet-wide request (`spec.rebootRequestedAt`) asks this node for a
+/// reboot: its boot began before the request. A boot time this node cannot read is no.
+pub(crate) fn requested(requested_at: Option<Timestamp>, booted_at: Option<Timestamp>) -> bool {
+    matches!((requested_at, booted_at), (Some(at), Some(boot)) if boot < at)
+}
+
 /// The node's `nodegrace.dev/reboot-pending:PreferNoSchedule` taint: from the moment it
 /// knows it needs a reboot until its slot is free, so that the scheduler keeps evicted
 /// pods off every node that waits.

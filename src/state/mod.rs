@@ -498,16 +498,17 @@ fn init_start_ticks() -> Option<u64> {
     after_comm.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// When this boot began by the wall clock: the kernel's boot (`btime` of /proc/stat) plus the
-/// start of PID 1, since a node that is itself a container boots when its init starts.
+/// When this boot began by the wall clock: now less the time since the kernel's boot (`btime`
+/// is whole seconds: a reboot just asked must not look older than the ask), plus PID 1's start.
 pub(crate) fn booted_at() -> Option<jiff::Timestamp> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let btime = stat.lines().find_map(|l| l.strip_prefix("btime "))?;
-    let btime: i128 = btime.trim().parse().ok()?;
+    use nix::time::{clock_gettime, ClockId};
+    let ns =
+        |id| i128::try_from(std::time::Duration::from(clock_gettime(id).ok()?).as_nanos()).ok();
+    let (now, since_boot) = (ns(ClockId::CLOCK_REALTIME)?, ns(ClockId::CLOCK_BOOTTIME)?);
     // SAFETY: sysconf reads a constant of the system and touches no memory of ours.
     let hz = i128::from(unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) });
     let init = i128::from(init_start_ticks()?) * 1_000_000_000 / hz.max(1);
-    jiff::Timestamp::from_nanosecond(btime * 1_000_000_000 + init).ok()
+    jiff::Timestamp::from_nanosecond(now - since_boot + init).ok()
 }
 
 /// This boot's id ([`BootIdSource::System`]); "unknown" where the kernel does not say.

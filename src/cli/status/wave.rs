@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use crate::api::RebootWave;
 use crate::daemon::wave::{
-    domain_of, held_slots, needs_reboot, read_rules, slot_of, stuck_holder, waiting_by_domain,
-    wave_of,
+    asked_by, domain_of, held_slots, needs_reboot, read_rules, slot_of, stuck_holder,
+    waiting_by_domain, wave_of,
 };
 use crate::plan::wave::{self, Turn};
 
@@ -21,7 +21,7 @@ pub(crate) struct WaveSection {
     /// False when the waves could not be read.
     pub known: bool,
     pub error: Option<String>,
-    /// The sentinel or `nodegrace reboot` asks for a reboot.
+    /// The sentinel, `nodegrace reboot` or the wave's `rebootRequestedAt` asks for a reboot.
     pub needs_reboot: bool,
     pub wave: Option<String>,
     /// Slots the wave has now, and nodes taking part.
@@ -81,6 +81,8 @@ pub(crate) async fn section(
         }
     };
     out.wave = Some(w.name_any());
+    let needs = needs || asked_by(&w, crate::state::booted_at());
+    out.needs_reboot = needs;
     let status = w.status.clone().unwrap_or_default();
     out.members = status.members.len();
     out.held = status

@@ -351,6 +351,17 @@ fn a_node_is_healthy_when_ready_by_this_boots_kubelet_uncordoned_and_its_node_po
 }
 
 #[test]
+fn a_fleet_wide_request_asks_every_node_booted_before_it_once() {
+    let asked = Some(at("2026-12-01T21:00:00Z"));
+    assert!(requested(asked, Some(at("2026-11-20T08:00:00Z"))));
+    // Rebooted since: not asked again.
+    assert!(!requested(asked, Some(at("2026-12-01T21:04:00Z"))));
+    assert!(!requested(None, Some(at("2026-11-20T08:00:00Z"))));
+    // A boot time it cannot read: no reboot on a guess.
+    assert!(!requested(asked, None));
+}
+
+#[test]
 fn the_taint_stays_from_the_need_until_the_slot_is_free() {
     assert!(pending_taint(true, false));
     assert!(pending_taint(false, true));
