@@ -42,6 +42,21 @@ impl Wave {
         Wave { admin, name }
     }
 
+    /// A wave of `node` alone (labelled for it), healthy after 3 s.
+    async fn of_node(admin: Client, node: &str) -> Wave {
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let label = json!({"metadata": {"labels": {"nodegrace-test/wave": node}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(label))
+            .await
+            .unwrap();
+        let spec = json!({
+            "nodeSelector": {"matchLabels": {"nodegrace-test/wave": node}},
+            "healthySeconds": 3,
+        });
+        Wave::create(admin, spec).await
+    }
+
     async fn status(&self) -> Value {
         let wave = self.admin.get(&self.name).await.unwrap();
         serde_json::to_value(wave.status.unwrap_or_default()).unwrap()
@@ -316,22 +331,7 @@ async fn a_node_needing_a_reboot_takes_its_turn_reboots_and_frees_its_slot_once_
     let mut f = Fixture::new("ng-wave-node").await;
     let (c, ns, node) = (&f.admin.clone(), f.name.clone(), f.name.clone());
     let nodes: Api<Node> = Api::all(c.clone());
-    nodes
-        .patch(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"nodegrace-test/wave": node}}})),
-        )
-        .await
-        .unwrap();
-    let wave = Wave::create(
-        c.clone(),
-        json!({
-            "nodeSelector": {"matchLabels": {"nodegrace-test/wave": node}},
-            "healthySeconds": 3,
-        }),
-    )
-    .await;
+    let wave = Wave::of_node(c.clone(), &node).await;
     workload::deployment(c, &ns, &node, 1, PodShape::new("web")).await;
     f.kubelet.wait_running(1).await;
     f.node.boot_connected();
@@ -475,23 +475,7 @@ async fn a_wave_asked_to_reboot_reboots_its_node_once_without_a_sentinel() {
     }
     let mut f = Fixture::new("ng-wave-ask").await;
     let (c, node) = (f.admin.clone(), f.name.clone());
-    let nodes: Api<Node> = Api::all(c.clone());
-    nodes
-        .patch(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"nodegrace-test/wave": node}}})),
-        )
-        .await
-        .unwrap();
-    let wave = Wave::create(
-        c.clone(),
-        json!({
-            "nodeSelector": {"matchLabels": {"nodegrace-test/wave": node}},
-            "healthySeconds": 3,
-        }),
-    )
-    .await;
+    let wave = Wave::of_node(c.clone(), &node).await;
     f.node.boot_connected();
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(

@@ -495,7 +495,7 @@ impl Shared {
         }
         let others = other_active_maintenances(&self.client, &self.node).await?;
         if !others.is_empty() {
-            tracing::info!(node = %self.node, maintenance = %name, ?others, "the shutdown maintenance is gone; the node stays cordoned for the others");
+            tracing::info!(node = %self.node, maintenance = %name, ?others, "the shutdown maintenance is gone or complete; the node stays cordoned for the others");
             return Ok(());
         }
         tracing::warn!(node = %self.node, maintenance = %name, gated, "{cause}: uncordoning the node and putting gated static pod manifests back");
